@@ -1,0 +1,415 @@
+/*
+ * minference.h: the public C11 API of libminference.
+ *
+ * Dynamic sparse attention for the prefill of long-context LLMs: every (batch, query head) gets a
+ * sparse pattern (dense, A-shape, Tri-shape, vertical-slash, block-sparse) and a budget from a
+ * per-model config; the library estimates the exact index from the actual q/k and computes only
+ * the selected keys.
+ *
+ * Conventions
+ *  - Every function returns mi_status (MI_STATUS_SUCCESS = 0) unless it is a pure query.
+ *  - The library never aborts on caller input. On error, outputs are not written and the
+ *    context (when one is passed) holds a message: mi_context_last_error().
+ *  - Handles are opaque; destroy(NULL) is a no-op.
+ *  - Thread safety: a context is used by one thread at a time; distinct contexts are independent.
+ *    The library creates its own worker threads per call (n_threads in the context).
+ *
+ * Numerics contract
+ *  - Inputs fp32, fp16 or bf16; all accumulation, softmax statistics and estimation in fp32.
+ *  - Softmax scale defaults to 1/sqrt(D).
+ *  - LSE output (optional) is the natural-log log-sum-exp of the scaled scores of the keys the
+ *    row actually attended to: lse = m + log(sum exp(s - m)), fp32.
+ *  - A query row that sees no key (possible only with an empty pattern) gets output 0 and
+ *    LSE = -INFINITY; never NaN.
+ *  - Causality: key j is visible to query i of the same sequence iff j <= i. Every sparse kernel
+ *    applies the causal mask to every key it visits, whatever the index says.
+ *
+ * This header compiles as C11 and as C++; it includes no CUDA header.
+ */
+#ifndef MINFERENCE_H
+#define MINFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Version                                                                                     */
+
+#define MI_VERSION_MAJOR 0
+#define MI_VERSION_MINOR 1
+#define MI_VERSION_PATCH 0
+#define MI_VERSION_STRING "0.1.0"
+
+/* Runtime version, "MAJOR.MINOR.PATCH". Compare with MI_VERSION_STRING to detect a mismatch
+ * between the header and the loaded library. */
+const char *mi_version(void);
+/* (MAJOR << 16) | (MINOR << 8) | PATCH of the loaded library. */
+uint32_t mi_version_number(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes (append-only)                                                                  */
+
+#define MI_STATUS_LIST(X)                                                                      \
+    X(MI_STATUS_SUCCESS, 0, "success")                                                         \
+    X(MI_STATUS_INVALID_ARGUMENT, 1, "invalid argument")                                       \
+    X(MI_STATUS_SHAPE_MISMATCH, 2, "tensor shapes do not match")                               \
+    X(MI_STATUS_UNSUPPORTED, 3, "unsupported dtype, head size, device or option")              \
+    X(MI_STATUS_OUT_OF_MEMORY, 4, "out of memory")                                             \
+    X(MI_STATUS_IO_ERROR, 5, "file could not be read or written")                              \
+    X(MI_STATUS_PARSE_ERROR, 6, "malformed input file")                                        \
+    X(MI_STATUS_NOT_BUILT, 7, "feature not compiled into this build")                          \
+    X(MI_STATUS_DEVICE_ERROR, 8, "device (CUDA) error")                                        \
+    X(MI_STATUS_WORKSPACE_TOO_SMALL, 9, "workspace too small")                                 \
+    X(MI_STATUS_INTERNAL, 10, "internal error")
+
+typedef enum mi_status {
+#define MI_STATUS_ENUM_(name, value, text) name = value,
+    MI_STATUS_LIST(MI_STATUS_ENUM_)
+#undef MI_STATUS_ENUM_
+} mi_status;
+
+/* A static string for any status value ("unknown status" for values outside the table). */
+const char *mi_status_string(mi_status status);
+/* The enumerator's name, e.g. "MI_STATUS_UNSUPPORTED". */
+const char *mi_status_name(mi_status status);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                     */
+
+typedef enum mi_device_type {
+    MI_DEVICE_CPU = 0,
+    MI_DEVICE_CUDA = 1,
+} mi_device_type;
+
+typedef struct mi_context_params {
+    mi_device_type device; /* where the data lives and the kernels run */
+    int device_id;         /* CUDA device ordinal (ignored on the CPU) */
+    int n_threads;         /* CPU worker threads; <= 0 means all online cores */
+} mi_context_params;
+
+typedef struct mi_context mi_context;
+
+mi_context_params mi_context_default_params(void);
+/* Creates a context. MI_STATUS_NOT_BUILT for MI_DEVICE_CUDA in a build without CUDA. */
+mi_status mi_context_create(const mi_context_params *params, mi_context **out);
+void mi_context_destroy(mi_context *ctx);
+/* The message of the last failed call on this context ("" if none). Valid until the next call. */
+const char *mi_context_last_error(const mi_context *ctx);
+/* The effective number of CPU threads. */
+int mi_context_n_threads(const mi_context *ctx);
+mi_device_type mi_context_device(const mi_context *ctx);
+
+/* Build features, for `minference info`: a static string such as "cpu openblas cuda(sm_90a,sm_80)". */
+const char *mi_build_features(void);
+/* Number of usable CUDA devices (0 in a CPU-only build or without a GPU). */
+int mi_cuda_device_count(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensors: described, never owned                                                             */
+
+typedef enum mi_dtype {
+    MI_DTYPE_F32 = 0,
+    MI_DTYPE_F16 = 1,
+    MI_DTYPE_BF16 = 2,
+} mi_dtype;
+
+/* Size in bytes of one element; 0 for an unknown dtype. */
+size_t mi_dtype_size(mi_dtype dtype);
+const char *mi_dtype_name(mi_dtype dtype);
+
+/*
+ * An attention operand: logical dims always [B, H, L, D] (batch, heads, sequence, head_dim).
+ * stride[] is in elements for each logical dim; stride[3] must be 1 (D contiguous).
+ * [B, H, L, D] storage: stride = {H*L*D, L*D, D, 1}; [B, L, H, D] storage: {L*H*D, D, H*D, 1}.
+ * GQA: k and v have H_kv heads with H_q % H_kv == 0; query head h reads KV head h / (H_q/H_kv).
+ */
+typedef struct mi_tensor {
+    void *data;
+    mi_dtype dtype;
+    mi_device_type device;
+    int64_t shape[4];  /* B, H, L, D */
+    int64_t stride[4]; /* in elements */
+} mi_tensor;
+
+/* Descriptor of a contiguous [B, H, L, D] buffer. */
+mi_tensor mi_tensor_bhld(void *data, mi_dtype dtype, mi_device_type device, int64_t B, int64_t H,
+                         int64_t L, int64_t D);
+/* Descriptor of a contiguous [B, L, H, D] buffer (logical dims still B, H, L, D). */
+mi_tensor mi_tensor_blhd(void *data, mi_dtype dtype, mi_device_type device, int64_t B, int64_t H,
+                         int64_t L, int64_t D);
+
+/* fp16 / bf16 conversion helpers (round to nearest even). */
+uint16_t mi_f32_to_f16(float x);
+float mi_f16_to_f32(uint16_t h);
+uint16_t mi_f32_to_bf16(float x);
+float mi_bf16_to_f32(uint16_t h);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Per-head sparse patterns                                                                    */
+
+typedef enum mi_pattern_type {
+    MI_PATTERN_DENSE = 0,           /* causal flash attention */
+    MI_PATTERN_A_SHAPE = 1,         /* "stream_llm": n_init sinks + n_local window */
+    MI_PATTERN_TRI_SHAPE = 2,       /* A-shape + the last n_last query rows dense */
+    MI_PATTERN_VERTICAL_SLASH = 3,  /* "vertical_and_slash" */
+    MI_PATTERN_BLOCK_SPARSE = 4,    /* "block_sparse": top_k 64x64 blocks per row block */
+} mi_pattern_type;
+
+/* The config-file name of a pattern ("vertical_and_slash", "stream_llm", "block_sparse",
+ * "dense", "tri_shape"), NULL for an unknown value. */
+const char *mi_pattern_name(mi_pattern_type type);
+/* Parses a config-file or CLI name; accepts "a_shape" as an alias of "stream_llm". */
+mi_status mi_pattern_from_name(const char *name, mi_pattern_type *out);
+
+typedef struct mi_head_pattern {
+    mi_pattern_type type;
+    int32_t vertical_size; /* VS: key columns kept */
+    int32_t slash_size;    /* VS: diagonals kept */
+    int32_t n_init;        /* A-/Tri-shape: sink keys */
+    int32_t n_local;       /* A-/Tri-shape: local window, including the diagonal */
+    int32_t n_last;        /* Tri-shape: dense query rows at the end (clamped to L-1) */
+    int32_t top_k;         /* block-sparse: 64-key blocks per 64-query block */
+} mi_head_pattern;
+
+/* Defaults of the original: VS (1000, 6096); A-shape (128, 3968); Tri-shape n_last 100;
+ * block-sparse top_k 100. */
+mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
+
+/* Vertical-slash estimation parameters (spec §3.1). */
+typedef struct mi_vs_params {
+    int32_t last_q;           /* query rows used for the estimate (64) */
+    int32_t forced_columns;   /* first key columns always kept (30) */
+    int32_t forced_diagonals; /* diagonals d = 0..n-1 always kept (100) */
+    int32_t min_vertical;     /* minimum vertical budget (30) */
+    int32_t min_slash;        /* minimum slash budget (50) */
+} mi_vs_params;
+
+mi_vs_params mi_vs_default_params(void);
+
+/* Whole-layer prefill parameters. */
+typedef struct mi_prefill_params {
+    float softmax_scale;    /* <= 0: 1/sqrt(D) */
+    mi_vs_params vs;        /* vertical-slash estimation */
+    int32_t dense_below;    /* sequences shorter than this run dense; < 0: library default
+                               (the measured crossover for the device), 0: never fall back */
+} mi_prefill_params;
+
+mi_prefill_params mi_prefill_default_params(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sparse indices (caller-owned memory, int32, in the tensors' device memory)                  */
+
+#define MI_BLOCK_SIZE 64 /* rows and keys per block for every sparse kernel */
+
+/*
+ * Estimated vertical-slash sets per (b, h).
+ *   vertical_count [B, H]                number of valid entries
+ *   vertical_idx   [B, H, max_vertical]  key columns, ascending
+ *   slash_count    [B, H]
+ *   slash_idx      [B, H, max_slash]     diagonal distances d = i - j >= 0, descending
+ */
+typedef struct mi_vs_index {
+    int32_t batch, heads, max_vertical, max_slash;
+    int32_t *vertical_count;
+    int32_t *vertical_idx;
+    int32_t *slash_count;
+    int32_t *slash_idx;
+} mi_vs_index;
+
+/*
+ * A compiled block index (spec §3.2), consumed by mi_attention_sparse. R = ceil(L / 64) row blocks.
+ *   block_count  [B, H, R]               64-wide key ranges for row block m
+ *   block_offset [B, H, R, max_blocks]   start key of each range (any key, not only multiples of 64)
+ *   column_count [B, H, R]               extra single key columns
+ *   column_index [B, H, R, max_columns]  those keys, ascending
+ * Block-sparse indices use the same form with offsets = 64 * block and column_count = 0.
+ */
+typedef struct mi_sparse_index {
+    int32_t batch, heads, row_blocks, max_blocks, max_columns;
+    int32_t *block_count;
+    int32_t *block_offset;
+    int32_t *column_count;
+    int32_t *column_index;
+} mi_sparse_index;
+
+/* Bytes for a vs index / sparse index of the given capacities (one buffer, int32 aligned). */
+size_t mi_vs_index_bytes(int32_t batch, int32_t heads, int32_t max_vertical, int32_t max_slash);
+size_t mi_sparse_index_bytes(int32_t batch, int32_t heads, int32_t row_blocks, int32_t max_blocks,
+                             int32_t max_columns);
+/* Lay an index out over caller memory of at least the size above. */
+mi_status mi_vs_index_init(mi_vs_index *index, int32_t batch, int32_t heads, int32_t max_vertical,
+                           int32_t max_slash, void *buffer, size_t buffer_bytes);
+mi_status mi_sparse_index_init(mi_sparse_index *index, int32_t batch, int32_t heads,
+                               int32_t row_blocks, int32_t max_blocks, int32_t max_columns,
+                               void *buffer, size_t buffer_bytes);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernels                                                                                     */
+/*
+ * Shared arguments:
+ *   q        [B, H_q, L, D]
+ *   k, v     [B, H_kv, L, D]     H_q % H_kv == 0 (GQA broadcast, never copied)
+ *   out      [B, H_q, L, D]      same dtype as q; may not alias q/k/v
+ *   lse      [B, H_q, L] fp32, contiguous, optional (NULL)
+ *   seq_lens [B] int32, optional (NULL: every sequence has length L). Sequence b uses rows and
+ *            keys 0..seq_lens[b]-1; rows at or after seq_lens[b] are written as 0 (LSE -inf).
+ *            On CUDA, seq_lens lives in host memory.
+ *   scale    <= 0 means 1/sqrt(D).
+ * D must be 1..256 on the CPU; 64 or 128 on CUDA (else MI_STATUS_UNSUPPORTED).
+ */
+
+/* Dense causal attention, flash-style (tiled, online softmax). */
+mi_status mi_attention_dense(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                             const mi_tensor *v, const int32_t *seq_lens, float scale,
+                             mi_tensor *out, float *lse);
+
+/* A-shape: keys {j <= i : i - j < n_local} ∪ {j < n_init}. With n_last > 0 (Tri-shape), the last
+ * min(n_last, len-1) rows of each sequence attend densely to all their causal keys. */
+mi_status mi_attention_a_shape(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                               const mi_tensor *v, const int32_t *seq_lens, int32_t n_init,
+                               int32_t n_local, int32_t n_last, float scale, mi_tensor *out,
+                               float *lse);
+
+/* Vertical-slash estimation (spec §3.1) for all (b, h): the last last_q queries against all keys,
+ * causal corner mask, fp32 softmax, column and diagonal sums, forced entries, top-k.
+ * vertical_size / slash_size: [H_q] budgets per head (after the minimum budgets and clamping to
+ * the sequence length). index capacities must be >= the largest clamped budget. */
+mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                         const int32_t *seq_lens, const int32_t *vertical_size,
+                         const int32_t *slash_size, const mi_vs_params *params, float scale,
+                         mi_vs_index *index);
+
+/* Index conversion (spec §3.2) from vertical / slash sets to a block index, for sequences of
+ * padded length L. Inputs may be in any order and may hold duplicates or out-of-range entries
+ * (ignored). The result is causal-safe for any input: gathered columns are always < the row
+ * block start, and the kernel masks every key causally. index->max_blocks must be >=
+ * max_slash + 1 and index->max_columns >= max_vertical. */
+mi_status mi_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
+                            const mi_vs_index *vs, mi_sparse_index *index);
+
+/* Block-sparse estimation (spec §3.4): 64-row mean pooling of q and k (partial blocks pooled over
+ * their real rows), block-causal top-k per row block; the diagonal block and block 0 are always
+ * kept. top_k: [H_q] blocks per row block (clamped to the causal blocks). Writes offsets
+ * ascending, column_count = 0. index->max_blocks >= max top_k. */
+mi_status mi_block_sparse_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                   const int32_t *seq_lens, const int32_t *top_k,
+                                   mi_sparse_index *index);
+
+/* Sparse attention over a block index: phase 1 the 64-wide key ranges, phase 2 the gathered
+ * columns, one online softmax, causal mask everywhere. */
+mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                              const mi_tensor *v, const int32_t *seq_lens,
+                              const mi_sparse_index *index, float scale, mi_tensor *out,
+                              float *lse);
+
+/* A whole layer: every query head with its own pattern (patterns [H_q]), estimation, index and
+ * kernel, batch > 1 with a length per sequence. workspace may be NULL (the library allocates);
+ * otherwise it must hold mi_prefill_workspace_size() bytes in the device's memory. */
+mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                    const mi_head_pattern *patterns,
+                                    const mi_prefill_params *params, size_t *bytes);
+mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                               const mi_tensor *v, const int32_t *seq_lens,
+                               const mi_head_pattern *patterns, const mi_prefill_params *params,
+                               mi_tensor *out, float *lse, void *workspace,
+                               size_t workspace_size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pattern configs: the original's JSON                                                        */
+/*
+ * [ { "<head>": [pattern, vertical_size, slash_size, score], ... },   <- layer 0
+ *   ... ]
+ * pattern is "vertical_and_slash", "stream_llm" (n_init = vertical_size, n_local = slash_size) or
+ * "block_sparse" (top_k 100); this library also reads and writes "dense" and "tri_shape".
+ * Missing layers or heads get the config's default pattern (VS 1000/6096 unless set).
+ */
+typedef struct mi_config mi_config;
+
+/* ctx may be NULL (then only the status tells what went wrong). */
+mi_status mi_config_load(mi_context *ctx, const char *path, mi_config **out);
+mi_status mi_config_parse(mi_context *ctx, const char *json, size_t length, mi_config **out);
+/* An empty config (every head gets default_pattern, or VS 1000/6096 when NULL). */
+mi_status mi_config_create(mi_context *ctx, int32_t n_layers, int32_t n_heads,
+                           const mi_head_pattern *default_pattern, mi_config **out);
+void mi_config_destroy(mi_config *config);
+
+int32_t mi_config_n_layers(const mi_config *config);
+/* The largest head id + 1 seen in any layer (or set by create). */
+int32_t mi_config_n_heads(const mi_config *config);
+/* MI_STATUS_SHAPE_MISMATCH with a message when the config has more layers than n_layers or a
+ * head id >= n_heads. Fewer layers or heads are valid (defaults fill them). */
+mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_layers,
+                          int32_t n_heads);
+/* Patterns of one layer's heads, defaults filled in. patterns [n_heads]; scores optional [n_heads]
+ * (NaN where absent). */
+mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer,
+                          int32_t n_heads, mi_head_pattern *patterns, double *scores);
+mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, int32_t head,
+                             const mi_head_pattern *pattern, double score);
+/* Serialise: *out is malloc'ed, NUL-terminated; release with mi_free. */
+mi_status mi_config_to_json(mi_context *ctx, const mi_config *config, char **out);
+mi_status mi_config_save(mi_context *ctx, const mi_config *config, const char *path);
+/* Frees memory the library returned to the caller. */
+void mi_free(void *ptr);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Synthetic structured attention data                                                         */
+
+typedef struct mi_synth_params {
+    uint64_t seed;
+    int32_t n_sinks;        /* sink key columns at the start (strong for every query) */
+    int32_t n_verticals;    /* heavy-hitter key columns at random positions */
+    int32_t n_slashes;      /* slash lines at chosen distances (besides the local band) */
+    const int32_t *slash_distances; /* [n_slashes] or NULL: random distances */
+    int32_t local_window;   /* width of the local decay band */
+    int32_t n_needles;      /* retrieval pairs: a query row aligned with one far key */
+    float strength;         /* logit boost of planted structure (default 6) */
+    float noise;            /* scale of the random background (default 1) */
+} mi_synth_params;
+
+mi_synth_params mi_synth_default_params(void);
+
+/* What the generator planted, per head (caller arrays, may be NULL):
+ *   vertical_cols [H, n_verticals]; slash_dists [H, n_slashes]; needle_rows/needle_cols
+ *   [H, n_needles]. */
+typedef struct mi_synth_truth {
+    int32_t *vertical_cols;
+    int32_t *slash_dists;
+    int32_t *needle_rows;
+    int32_t *needle_cols;
+} mi_synth_truth;
+
+/* Fills q [B, H_q, L, D], k and v [B, H_kv, L, D] (CPU tensors, any dtype) with seeded data whose
+ * dense attention shows the planted structure. Heads in a GQA group share k/v structure. */
+mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_tensor *q,
+                            mi_tensor *k, mi_tensor *v, mi_synth_truth *truth);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Metrics (CPU)                                                                               */
+
+typedef struct mi_head_metrics {
+    double recall;        /* attention mass of dense kept by the pattern's keys, mean over rows */
+    double density;       /* fraction of causal (row, key) pairs computed */
+    double flops;         /* 4 * D * (keys visited), summed over rows (estimation excluded) */
+    double dense_flops;   /* 2 * len^2 * D -style count: 4 * D * causal pairs */
+} mi_head_metrics;
+
+/* Recall, density and FLOPs of each (b, h)'s pattern on these q/k, exact and blockwise (no
+ * L x L memory). out [B * H_q], row-major over (b, h). */
+mi_status mi_metrics_evaluate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                              const int32_t *seq_lens, const mi_head_pattern *patterns,
+                              const mi_prefill_params *params, mi_head_metrics *out);
+
+/* ||out - ref|| / ||ref|| over all valid rows (float64 sums). */
+mi_status mi_metrics_rel_l2(mi_context *ctx, const mi_tensor *out, const mi_tensor *ref,
+                            const int32_t *seq_lens, double *rel_err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MINFERENCE_H */

@@ -1,0 +1,44 @@
+/* metrics_api.c: public entry points of the evaluation metrics (computed on the CPU). */
+#include "backend.h"
+
+mi_status mi_metrics_evaluate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                              const int32_t *seq_lens, const mi_head_pattern *patterns,
+                              const mi_prefill_params *params, mi_head_metrics *out) {
+    mi_attn_shape s;
+    if (!ctx) return MI_STATUS_INVALID_ARGUMENT;
+    mi_clear_error(ctx);
+    if (ctx->params.device != MI_DEVICE_CPU)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "metrics are computed on CPU contexts");
+    if (!k || !patterns || !out)
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, patterns and out are required");
+    mi_status st = mi_check_attention(ctx, q, k, NULL, NULL, seq_lens, &s);
+    if (st != MI_STATUS_SUCCESS) return st;
+    mi_prefill_params p = params ? *params : mi_prefill_default_params();
+    if (p.softmax_scale != p.softmax_scale || p.vs.last_q < 1 || p.vs.forced_columns < 0 ||
+        p.vs.forced_diagonals < 0 || p.vs.min_vertical < 0 || p.vs.min_slash < 0)
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "invalid prefill params");
+    for (int64_t h = 0; h < s.heads_q; h++) {
+        const mi_head_pattern *hp = &patterns[h];
+        if (!mi_pattern_name(hp->type) || hp->vertical_size < 0 || hp->slash_size < 0 ||
+            hp->n_init < 0 || hp->n_local < 0 || hp->n_last < 0 || hp->top_k < 0)
+            return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "head %lld has an invalid pattern",
+                           (long long)h);
+    }
+    p.softmax_scale = mi_resolve_scale(p.softmax_scale, s.head_dim);
+    return mi_cpu_metrics_evaluate(ctx, &s, q, k, seq_lens, patterns, &p, out);
+}
+
+mi_status mi_metrics_rel_l2(mi_context *ctx, const mi_tensor *out, const mi_tensor *ref,
+                            const int32_t *seq_lens, double *rel_err) {
+    if (!ctx) return MI_STATUS_INVALID_ARGUMENT;
+    mi_clear_error(ctx);
+    if (!rel_err) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "rel_err is NULL");
+    if (ctx->params.device != MI_DEVICE_CPU)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "metrics are computed on CPU contexts");
+    mi_attn_shape s;
+    /* out plays q's role and ref the output's, so shape and dtype must agree exactly. */
+    mi_status st = mi_check_attention(ctx, out, NULL, NULL, ref, seq_lens, &s);
+    if (st != MI_STATUS_SUCCESS) return st;
+    if (!ref) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "ref is NULL");
+    return mi_cpu_metrics_rel_l2(ctx, &s, out, ref, seq_lens, rel_err);
+}
