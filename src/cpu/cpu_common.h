@@ -1,0 +1,178 @@
+/*
+ * cpu_common.h: what the CPU kernels share: element conversion, SIMD helpers, the tile state of
+ * one 64-row query block, and the attention "job" that every kernel family (dense, A-/Tri-shape,
+ * sparse, metrics) reduces to.
+ *
+ * Layout of the tile state (all fp32, 64-byte aligned, MI_BLOCK_SIZE = 64 columns):
+ *   qt [D][64]   query block, transposed, pre-multiplied by scale * log2(e) so that the
+ *                softmax runs in base 2 (exp2 is cheaper than exp and LSE converts exactly)
+ *   st [64][64]  scores of one key tile, key-major: st[j][i] = q_i . k_j; overwritten by P
+ *   ot [D][64]   unnormalised output, transposed
+ *   m, l [64]    running max (base-2 units) and running sum per query row
+ * Keeping everything "rows in the vector lanes" makes the softmax statistics plain vector ops and
+ * lets both GEMMs read K and V rows straight from the caller's fp32 tensor (scalar broadcasts),
+ * so fp32 inputs need no packing at all.
+ */
+#ifndef MI_CPU_COMMON_H
+#define MI_CPU_COMMON_H
+
+#include "backend.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MI_BS MI_BLOCK_SIZE
+#define MI_MAX_D 256
+
+/* ------------------------------------------------------------------------------------------ */
+/* Element access                                                                              */
+
+/* Address of element (b, h, l, 0) of a strided tensor. */
+static inline const void *mi_cpu_row(const mi_tensor *t, int64_t b, int64_t h, int64_t l) {
+    const size_t esz = t->dtype == MI_DTYPE_F32 ? 4 : 2;
+    return (const char *)t->data +
+           (size_t)(b * t->stride[0] + h * t->stride[1] + l * t->stride[2]) * esz;
+}
+
+static inline float mi_cpu_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint32_t mi_cpu_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Branch-free fp16 -> fp32 (gcc vectorises loops of it): the exponent rebias is a multiply by
+ * 2^112, which also turns fp16 subnormals into the right fp32 normals; Inf/NaN are patched. */
+static inline float mi_cpu_h2f(uint16_t h) {
+    const uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t bits = mi_cpu_f32_bits(mi_cpu_bits_f32(em) * 0x1p112f);
+    bits = em >= (0x7c00u << 13) ? (0x7f800000u | em) : bits;
+    return mi_cpu_bits_f32(bits | sign);
+}
+
+static inline float mi_cpu_b2f(uint16_t h) { return mi_cpu_bits_f32((uint32_t)h << 16); }
+
+/* Converts n elements starting at src (dtype) into dst (fp32); multiplies by mul. */
+void mi_cpu_load_f32(float *dst, const void *src, mi_dtype dtype, int64_t n, float mul);
+/* Stores n fp32 values to dst in dtype (round to nearest even). */
+void mi_cpu_store(void *dst, mi_dtype dtype, const float *src, int64_t n);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention jobs                                                                              */
+
+typedef enum mi_job_kind {
+    MI_JOB_DENSE = 0,  /* every causal key */
+    MI_JOB_ASHAPE = 1, /* sinks + window; rows >= tri_start dense (Tri-shape) */
+    MI_JOB_SPARSE = 2, /* 64-wide key ranges + gathered columns from a block index */
+} mi_job_kind;
+
+/* One (batch, query head) and how its keys are chosen. For MI_JOB_SPARSE the pointers are the
+ * (b, h) slices of a block index: block_count [R], block_offset [R, max_blocks], column_count [R],
+ * column_index [R, max_columns]; counts are clamped to the capacities and entries outside the
+ * sequence are skipped, so any index content is safe. */
+typedef struct mi_attn_job {
+    int64_t b, h;
+    int64_t len; /* valid rows and keys of this sequence */
+    mi_job_kind kind;
+    int64_t n_init, n_local, tri_start; /* A-/Tri-shape */
+    const int32_t *block_count, *block_offset, *column_count, *column_index;
+    int64_t max_blocks, max_columns;
+} mi_attn_job;
+
+/* B * H_q dense jobs, (b, h) row-major, len from seq_lens; NULL when out of memory. */
+mi_attn_job *mi_cpu_jobs_new(const mi_attn_shape *s, const int32_t *seq_lens);
+/* Points a job at its (b, h) slices of a block index. */
+void mi_cpu_job_sparse(mi_attn_job *job, const mi_sparse_index *index);
+
+/* A-shape job parameters resolved as the kernels use them (n_last clamped to len - 1). */
+void mi_cpu_job_ashape(mi_attn_job *job, int64_t n_init, int64_t n_local, int64_t n_last);
+
+/* Runs every row block of every job in parallel: writes out rows [0, L) of each job's (b, h)
+ * (rows >= len as 0) and lse [B, H_q, L] if non-NULL (rows >= len as -inf). */
+mi_status mi_cpu_run_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                          const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
+                          int64_t n_jobs, float scale, mi_tensor *out, float *lse);
+
+/* Per-row statistics of one job's pattern for the metrics: for rows [r0, r0 + nr) of the job,
+ * mass[i] = attention mass (of the dense softmax) on the keys the pattern visits, and *visited +=
+ * visited causal (row, key) pairs. Single-threaded; ws from mi_cpu_tile_alloc. */
+typedef struct mi_tile mi_tile;
+mi_tile *mi_cpu_tile_alloc(int64_t head_dim);
+void mi_cpu_tile_free(mi_tile *t);
+void mi_cpu_job_mass(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
+                     const mi_attn_job *job, float scale, int64_t r0, double *mass,
+                     double *visited);
+
+/* Vertical-slash estimation sums for one (b, h): the n last rows of the sequence against all its
+ * keys (causal), exact fp32 softmax, vert[j] += column mass of key j, slash[d] += mass on the
+ * diagonal d = i - j. vert and slash have len entries, zeroed by the caller. */
+void mi_cpu_vs_sums(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
+                    int64_t b, int64_t h, int64_t len, int64_t n, float scale, float *vert,
+                    float *slash);
+
+/* Scores of up to 64 pooled query blocks against pooled key blocks (both fp32 [n][D], row
+ * major): sc[j * 64 + i] = qp[i] . kp[j] for i < nq, j < nk (nk <= 64). */
+void mi_cpu_block_scores(mi_tile *t, int64_t D, const float *qp, int64_t nq, const float *kp,
+                         int64_t nk, float *sc);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shared helpers                                                                              */
+
+/* Selects the k largest of val[0..n) (NaN ranks lowest; ties go to the lower index) and writes
+ * their indices to idx ascending. tmp has room for n int32. Deterministic. */
+void mi_cpu_topk(const float *val, int32_t n, int32_t k, int32_t *tmp, int32_t *idx);
+
+/* Sorts ascending and removes duplicates; returns the new count. */
+int32_t mi_cpu_sort_unique(int32_t *a, int32_t n);
+
+/* Builds the block index of one (b, h) and all its row blocks (spec §3.2, made causal-safe).
+ * verticals / slashes: any order, duplicates and out-of-range entries allowed. scratch holds
+ * nv + ns int32. */
+void mi_cpu_vs_index_head(int64_t L, int64_t len, const int32_t *verticals, int32_t nv,
+                          const int32_t *slashes, int32_t ns, int32_t *scratch,
+                          int32_t *block_count, int32_t *block_offset, int64_t max_blocks,
+                          int32_t *column_count, int32_t *column_index, int64_t max_columns);
+
+/* Vertical-slash estimation of one (b, h): clamped budgets, forced entries, top-k; vidx written
+ * ascending, sidx (distances) descending. ws: mi_cpu_vs_ws_floats(len) floats. */
+size_t mi_cpu_vs_ws_floats(int64_t len);
+void mi_cpu_vs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
+                             const mi_tensor *k, int64_t b, int64_t h, int64_t len,
+                             int32_t vertical_size, int32_t slash_size, const mi_vs_params *p,
+                             float scale, float *ws, int32_t *vidx, int32_t *vcount,
+                             int32_t *sidx, int32_t *scount);
+
+/* Effective budgets of vertical-slash estimation for a sequence of length len. */
+static inline int32_t mi_cpu_vs_budget(int32_t size, int32_t minimum, int64_t len) {
+    int64_t n = size > minimum ? size : minimum;
+    if (n > len) n = len;
+    return n < 0 ? 0 : (int32_t)n;
+}
+
+/* Block-sparse estimation of one (b, h) into its index slices (block_count [R], block_offset
+ * [R, max_blocks], column_count [R]). ws: mi_cpu_bs_ws_floats(len, D) floats. */
+size_t mi_cpu_bs_ws_floats(int64_t len, int64_t D);
+void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
+                             const mi_tensor *k, int64_t b, int64_t h, int64_t len,
+                             int64_t row_blocks, int32_t top_k, float *ws, int32_t *block_count,
+                             int32_t *block_offset, int64_t max_blocks, int32_t *column_count);
+
+/* Prefill planning (prefill.c): lays the jobs and their indices out in workspace (of
+ * mi_cpu_prefill_workspace_size bytes) and runs the estimators. *jobs_out: B * H_q jobs. */
+mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const int32_t *seq_lens,
+                              const mi_head_pattern *patterns, const mi_prefill_params *params,
+                              void *workspace, mi_attn_job **jobs_out);
+
+static inline int64_t mi_cpu_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mi_cpu_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#endif /* MI_CPU_COMMON_H */

@@ -1,0 +1,211 @@
+/*
+ * prefill.c: one layer of prefill attention, every query head with its own pattern.
+ *
+ * q [B, H_q, L, D], k/v [B, H_kv, L, D], out like q, lse [B, H_q, L] (optional),
+ * patterns [H_q], per-sequence lengths (varlen). Steps:
+ *   1. plan: one job per (b, h); a sequence shorter than dense_below runs dense; vertical-slash
+ *      and block-sparse heads estimate their index from q/k (in parallel over (b, h));
+ *   2. run: every job's row blocks in one parallel loop (attn_core.c), so heads with different
+ *      patterns share the threads evenly.
+ * Workspace (caller memory or allocated here), 64-byte aligned parts:
+ *   jobs      [B * H_q] mi_attn_job
+ *   indices   per (b, h): vertical-slash: block_count [R], column_count [R],
+ *             block_offset [R, ns + 1], column_index [R, nv]; block-sparse: block_count [R],
+ *             column_count [R], block_offset [R, min(max(top_k, 2), R)]
+ *   threads   per thread: the estimators' scratch (O(L) floats) and the vertical/slash sets
+ * where nv / ns are the head's budgets clamped as in estimation with L for the length.
+ * The attention engine's per-thread tiles (about 5 * 64 * D floats) are allocated by the engine.
+ */
+#include "cpu_common.h"
+
+#include <omp.h>
+
+/*
+ * Sequences shorter than this run dense when params->dense_below < 0.
+ * Measured on the 2-core Xeon (fp32, D = 128, 1 head, default VS budgets 1000 / 6096 and the
+ * default estimation, -O3 -march=x86-64-v3): see MI_CPU_DENSE_BELOW_NOTE in the commit log;
+ * VS with these budgets keeps every key up to ~7K tokens (the 6096 diagonals cover the whole
+ * causal triangle), so it can only lose below that; the crossover is where estimation + index +
+ * sparse time equals dense time.
+ */
+#define MI_CPU_DENSE_BELOW 8192
+
+#define ALIGN64(x) (((x) + 63) / 64 * 64)
+
+static mi_prefill_params resolve_params(const mi_prefill_params *params) {
+    mi_prefill_params p = params ? *params : mi_prefill_default_params();
+    return p;
+}
+
+/* int32 count of one (b, h)'s index for pattern p at padded length L. */
+static size_t head_index_ints(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
+                              int32_t *nv, int32_t *ns, int32_t *maxb) {
+    const int64_t R = (L + MI_BS - 1) / MI_BS;
+    *nv = *ns = *maxb = 0;
+    if (p->type == MI_PATTERN_VERTICAL_SLASH) {
+        *nv = mi_cpu_vs_budget(p->vertical_size, pp->vs.min_vertical, L);
+        *ns = mi_cpu_vs_budget(p->slash_size, pp->vs.min_slash, L);
+        *maxb = *ns + 1;
+        return (size_t)R * (2 + (size_t)*maxb + (size_t)*nv);
+    }
+    if (p->type == MI_PATTERN_BLOCK_SPARSE) {
+        *maxb = (int32_t)mi_cpu_min64(mi_cpu_max64(p->top_k, 2), R);
+        return (size_t)R * (2 + (size_t)*maxb);
+    }
+    return 0;
+}
+
+typedef struct layout {
+    size_t jobs, indices, threads, per_thread, ws_floats_off, sets_off, total;
+    size_t index_ints; /* per batch row, all heads */
+} layout;
+
+static layout make_layout(const mi_context *ctx, const mi_attn_shape *s,
+                          const mi_head_pattern *patterns, const mi_prefill_params *pp) {
+    layout lay;
+    const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
+    int32_t nv_max = 0, ns_max = 0, any_vs = 0, any_bs = 0;
+    lay.index_ints = 0;
+    for (int64_t h = 0; h < s->heads_q; h++) {
+        int32_t nv, ns, maxb;
+        lay.index_ints += head_index_ints(&patterns[h], pp, s->len, &nv, &ns, &maxb);
+        nv_max = nv > nv_max ? nv : nv_max;
+        ns_max = ns > ns_max ? ns : ns_max;
+        any_vs |= patterns[h].type == MI_PATTERN_VERTICAL_SLASH;
+        any_bs |= patterns[h].type == MI_PATTERN_BLOCK_SPARSE;
+    }
+    size_t est_floats = 0;
+    if (any_vs) est_floats = mi_cpu_vs_ws_floats(s->len);
+    if (any_bs && mi_cpu_bs_ws_floats(s->len, s->head_dim) > est_floats) {
+        est_floats = mi_cpu_bs_ws_floats(s->len, s->head_dim);
+    }
+    lay.jobs = 0;
+    lay.indices = ALIGN64((size_t)(s->batch * s->heads_q) * sizeof(mi_attn_job));
+    lay.threads = lay.indices + ALIGN64((size_t)s->batch * lay.index_ints * sizeof(int32_t));
+    lay.ws_floats_off = 0;
+    lay.sets_off = ALIGN64(est_floats * sizeof(float));
+    /* vertical set, slash set, and the index builder's scratch (both again) */
+    lay.per_thread = lay.sets_off + ALIGN64(2 * ((size_t)nv_max + (size_t)ns_max + 1) * 4);
+    /* + 64: a caller's workspace need not be aligned; the plan aligns its start */
+    lay.total = lay.threads + (size_t)nt * lay.per_thread + 64;
+    return lay;
+}
+
+mi_status mi_cpu_prefill_workspace_size(mi_context *ctx, const mi_attn_shape *s,
+                                        const mi_head_pattern *patterns,
+                                        const mi_prefill_params *params, size_t *bytes) {
+    const mi_prefill_params pp = resolve_params(params);
+    *bytes = make_layout(ctx, s, patterns, &pp).total;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const int32_t *seq_lens,
+                              const mi_head_pattern *patterns, const mi_prefill_params *params,
+                              void *workspace, mi_attn_job **jobs_out) {
+    const mi_prefill_params pp = resolve_params(params);
+    const layout lay = make_layout(ctx, s, patterns, &pp);
+    const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
+    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, Hq = s->heads_q;
+    const int64_t n_jobs = s->batch * Hq;
+    const float scale = mi_resolve_scale(pp.softmax_scale, s->head_dim);
+    const int64_t dense_below = pp.dense_below < 0 ? MI_CPU_DENSE_BELOW : pp.dense_below;
+    char *ws = (char *)(((uintptr_t)workspace + 63) / 64 * 64);
+    mi_attn_job *jobs = (mi_attn_job *)(ws + lay.jobs);
+    int32_t *idx = (int32_t *)(ws + lay.indices);
+    int need_estimate = 0;
+    for (int64_t b = 0; b < s->batch; b++) {
+        for (int64_t h = 0; h < Hq; h++) {
+            mi_attn_job *j = &jobs[b * Hq + h];
+            const mi_head_pattern *p = &patterns[h];
+            int32_t nv, ns, maxb;
+            const size_t n_ints = head_index_ints(p, &pp, L, &nv, &ns, &maxb);
+            memset(j, 0, sizeof *j);
+            j->b = b;
+            j->h = h;
+            j->len = mi_seq_len(seq_lens, b, L);
+            j->kind = MI_JOB_DENSE;
+            const int fallback = dense_below > 0 && j->len < dense_below;
+            if (!fallback && (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE)) {
+                mi_cpu_job_ashape(j, p->n_init, p->n_local,
+                                  p->type == MI_PATTERN_TRI_SHAPE ? p->n_last : 0);
+            } else if (!fallback && n_ints > 0) {
+                /* index slices; estimation fills them below */
+                j->kind = MI_JOB_SPARSE;
+                int32_t *bc = idx, *cc = idx + R, *bo = idx + 2 * R, *ci = bo + R * maxb;
+                j->block_count = bc;
+                j->column_count = cc;
+                j->block_offset = bo;
+                j->column_index = nv > 0 ? ci : bo;
+                j->max_blocks = maxb;
+                j->max_columns = nv;
+                need_estimate = 1;
+            }
+            idx += n_ints;
+        }
+    }
+    if (need_estimate) {
+        mi_tile *tiles[nt];
+        int ok = 1;
+        for (int i = 0; i < nt; i++) ok = (tiles[i] = mi_cpu_tile_alloc(s->head_dim)) && ok;
+        if (ok) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+            for (int64_t it = 0; it < n_jobs; it++) {
+                mi_attn_job *j = &jobs[it];
+                if (j->kind != MI_JOB_SPARSE) continue;
+                const int tid = omp_get_thread_num();
+                char *mine = ws + lay.threads + (size_t)tid * lay.per_thread;
+                float *est = (float *)(mine + lay.ws_floats_off);
+                const mi_head_pattern *p = &patterns[j->h];
+                if (p->type == MI_PATTERN_BLOCK_SPARSE) {
+                    mi_cpu_bs_estimate_head(tiles[tid], s, q, k, j->b, j->h, j->len, R, p->top_k,
+                                            est, (int32_t *)j->block_count,
+                                            (int32_t *)j->block_offset, j->max_blocks,
+                                            (int32_t *)j->column_count);
+                    continue;
+                }
+                int32_t *vset = (int32_t *)(mine + lay.sets_off);
+                int32_t *sset = vset + j->max_columns;
+                int32_t *scratch = sset + j->max_blocks;
+                int32_t nv = 0, ns = 0;
+                mi_cpu_vs_estimate_head(tiles[tid], s, q, k, j->b, j->h, j->len, p->vertical_size,
+                                        p->slash_size, &pp.vs, scale, est, vset, &nv, sset, &ns);
+                mi_cpu_vs_index_head(L, j->len, vset, nv, sset, ns, scratch,
+                                     (int32_t *)j->block_count, (int32_t *)j->block_offset,
+                                     j->max_blocks, (int32_t *)j->column_count,
+                                     (int32_t *)j->column_index, j->max_columns);
+            }
+        }
+        for (int i = 0; i < nt; i++) mi_cpu_tile_free(tiles[i]);
+        if (!ok) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
+    }
+    *jobs_out = jobs;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_cpu_prefill_attention(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                   const mi_tensor *k, const mi_tensor *v,
+                                   const int32_t *seq_lens, const mi_head_pattern *patterns,
+                                   const mi_prefill_params *params, mi_tensor *out, float *lse,
+                                   void *workspace, size_t workspace_size) {
+    size_t need = 0;
+    mi_cpu_prefill_workspace_size(ctx, s, patterns, params, &need);
+    void *owned = NULL;
+    if (!workspace) {
+        owned = aligned_alloc(64, ALIGN64(need));
+        if (!owned) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
+        workspace = owned;
+    } else if (workspace_size < need) {
+        return mi_fail(ctx, MI_STATUS_WORKSPACE_TOO_SMALL,
+                       "prefill: workspace of %zu bytes, %zu needed", workspace_size, need);
+    }
+    mi_attn_job *jobs = NULL;
+    mi_status st = mi_cpu_prefill_plan(ctx, s, q, k, seq_lens, patterns, params, workspace, &jobs);
+    if (st == MI_STATUS_SUCCESS) {
+        const mi_prefill_params pp = resolve_params(params);
+        st = mi_cpu_run_jobs(ctx, s, q, k, v, jobs, s->batch * s->heads_q,
+                             mi_resolve_scale(pp.softmax_scale, s->head_dim), out, lse);
+    }
+    free(owned);
+    return st;
+}
