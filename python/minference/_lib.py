@@ -1,0 +1,355 @@
+"""ctypes declarations of include/minference.h and include/minference_cuda.h, and the loader.
+
+Structs mirror the C layout field for field; enums are C ints. The library is found, in order:
+  1. the MINFERENCE_LIBRARY environment variable (a path to libminference.so);
+  2. the library shipped in this package (minference/lib/libminference.so), or the prebuilt one
+     named at build time (minference/lib/external_library.txt);
+  3. a CMake build of the repository this package sits in (../build*/libminference.so);
+  4. the system's library search path (libminference.so.0 / libminference.so).
+"""
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from pathlib import Path
+
+c_int32 = ctypes.c_int32
+c_int64 = ctypes.c_int64
+c_size_t = ctypes.c_size_t
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+c_float = ctypes.c_float
+c_double = ctypes.c_double
+c_uint16 = ctypes.c_uint16
+c_uint32 = ctypes.c_uint32
+c_uint64 = ctypes.c_uint64
+c_int = ctypes.c_int
+P = ctypes.POINTER
+
+# ---- enums ----------------------------------------------------------------------------------
+
+STATUS_NAMES = {
+    0: "MI_STATUS_SUCCESS",
+    1: "MI_STATUS_INVALID_ARGUMENT",
+    2: "MI_STATUS_SHAPE_MISMATCH",
+    3: "MI_STATUS_UNSUPPORTED",
+    4: "MI_STATUS_OUT_OF_MEMORY",
+    5: "MI_STATUS_IO_ERROR",
+    6: "MI_STATUS_PARSE_ERROR",
+    7: "MI_STATUS_NOT_BUILT",
+    8: "MI_STATUS_DEVICE_ERROR",
+    9: "MI_STATUS_WORKSPACE_TOO_SMALL",
+    10: "MI_STATUS_INTERNAL",
+}
+for _value, _name in STATUS_NAMES.items():
+    globals()[_name] = _value
+
+MI_DEVICE_CPU = 0
+MI_DEVICE_CUDA = 1
+
+MI_DTYPE_F32 = 0
+MI_DTYPE_F16 = 1
+MI_DTYPE_BF16 = 2
+
+MI_PATTERN_DENSE = 0
+MI_PATTERN_A_SHAPE = 1
+MI_PATTERN_TRI_SHAPE = 2
+MI_PATTERN_VERTICAL_SLASH = 3
+MI_PATTERN_BLOCK_SPARSE = 4
+
+MI_BLOCK_SIZE = 64
+
+# ---- structs --------------------------------------------------------------------------------
+
+
+class mi_context_params(ctypes.Structure):
+    _fields_ = [("device", c_int), ("device_id", c_int), ("n_threads", c_int)]
+
+
+class mi_tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("dtype", c_int),
+        ("device", c_int),
+        ("shape", c_int64 * 4),
+        ("stride", c_int64 * 4),
+    ]
+
+
+class mi_head_pattern(ctypes.Structure):
+    _fields_ = [
+        ("type", c_int),
+        ("vertical_size", c_int32),
+        ("slash_size", c_int32),
+        ("n_init", c_int32),
+        ("n_local", c_int32),
+        ("n_last", c_int32),
+        ("top_k", c_int32),
+    ]
+
+
+class mi_vs_params(ctypes.Structure):
+    _fields_ = [
+        ("last_q", c_int32),
+        ("forced_columns", c_int32),
+        ("forced_diagonals", c_int32),
+        ("min_vertical", c_int32),
+        ("min_slash", c_int32),
+    ]
+
+
+class mi_prefill_params(ctypes.Structure):
+    _fields_ = [("softmax_scale", c_float), ("vs", mi_vs_params), ("dense_below", c_int32)]
+
+
+class mi_vs_index(ctypes.Structure):
+    _fields_ = [
+        ("batch", c_int32),
+        ("heads", c_int32),
+        ("max_vertical", c_int32),
+        ("max_slash", c_int32),
+        ("vertical_count", c_void_p),
+        ("vertical_idx", c_void_p),
+        ("slash_count", c_void_p),
+        ("slash_idx", c_void_p),
+    ]
+
+
+class mi_sparse_index(ctypes.Structure):
+    _fields_ = [
+        ("batch", c_int32),
+        ("heads", c_int32),
+        ("row_blocks", c_int32),
+        ("max_blocks", c_int32),
+        ("max_columns", c_int32),
+        ("block_count", c_void_p),
+        ("block_offset", c_void_p),
+        ("column_count", c_void_p),
+        ("column_index", c_void_p),
+    ]
+
+
+class mi_synth_params(ctypes.Structure):
+    _fields_ = [
+        ("seed", c_uint64),
+        ("n_sinks", c_int32),
+        ("n_verticals", c_int32),
+        ("n_slashes", c_int32),
+        ("slash_distances", c_void_p),
+        ("local_window", c_int32),
+        ("n_needles", c_int32),
+        ("strength", c_float),
+        ("noise", c_float),
+    ]
+
+
+class mi_synth_truth(ctypes.Structure):
+    _fields_ = [
+        ("vertical_cols", c_void_p),
+        ("slash_dists", c_void_p),
+        ("needle_rows", c_void_p),
+        ("needle_cols", c_void_p),
+    ]
+
+
+class mi_head_metrics(ctypes.Structure):
+    _fields_ = [
+        ("recall", c_double),
+        ("density", c_double),
+        ("flops", c_double),
+        ("dense_flops", c_double),
+    ]
+
+
+# ---- prototypes -----------------------------------------------------------------------------
+
+CTX = c_void_p  # mi_context *
+CFG = c_void_p  # mi_config *
+ST = c_int  # mi_status
+T = P(mi_tensor)
+I32P = c_void_p  # int32_t * (passed as an address)
+
+PROTOTYPES = {
+    "mi_version": (c_char_p, []),
+    "mi_version_number": (c_uint32, []),
+    "mi_status_string": (c_char_p, [c_int]),
+    "mi_status_name": (c_char_p, [c_int]),
+    "mi_context_default_params": (mi_context_params, []),
+    "mi_context_create": (ST, [P(mi_context_params), P(c_void_p)]),
+    "mi_context_destroy": (None, [CTX]),
+    "mi_context_last_error": (c_char_p, [CTX]),
+    "mi_context_n_threads": (c_int, [CTX]),
+    "mi_context_device": (c_int, [CTX]),
+    "mi_build_features": (c_char_p, []),
+    "mi_cuda_device_count": (c_int, []),
+    "mi_dtype_size": (c_size_t, [c_int]),
+    "mi_dtype_name": (c_char_p, [c_int]),
+    "mi_tensor_bhld": (mi_tensor, [c_void_p, c_int, c_int, c_int64, c_int64, c_int64, c_int64]),
+    "mi_tensor_blhd": (mi_tensor, [c_void_p, c_int, c_int, c_int64, c_int64, c_int64, c_int64]),
+    "mi_f32_to_f16": (c_uint16, [c_float]),
+    "mi_f16_to_f32": (c_float, [c_uint16]),
+    "mi_f32_to_bf16": (c_uint16, [c_float]),
+    "mi_bf16_to_f32": (c_float, [c_uint16]),
+    "mi_pattern_name": (c_char_p, [c_int]),
+    "mi_pattern_from_name": (ST, [c_char_p, P(c_int)]),
+    "mi_head_pattern_default": (mi_head_pattern, [c_int]),
+    "mi_vs_default_params": (mi_vs_params, []),
+    "mi_prefill_default_params": (mi_prefill_params, []),
+    "mi_vs_index_bytes": (c_size_t, [c_int32, c_int32, c_int32, c_int32]),
+    "mi_sparse_index_bytes": (c_size_t, [c_int32, c_int32, c_int32, c_int32, c_int32]),
+    "mi_vs_index_init": (
+        ST,
+        [P(mi_vs_index), c_int32, c_int32, c_int32, c_int32, c_void_p, c_size_t],
+    ),
+    "mi_sparse_index_init": (
+        ST,
+        [P(mi_sparse_index), c_int32, c_int32, c_int32, c_int32, c_int32, c_void_p, c_size_t],
+    ),
+    "mi_attention_dense": (ST, [CTX, T, T, T, I32P, c_float, T, c_void_p]),
+    "mi_attention_a_shape": (
+        ST,
+        [CTX, T, T, T, I32P, c_int32, c_int32, c_int32, c_float, T, c_void_p],
+    ),
+    "mi_vs_estimate": (
+        ST,
+        [CTX, T, T, I32P, I32P, I32P, P(mi_vs_params), c_float, P(mi_vs_index)],
+    ),
+    "mi_vs_build_index": (ST, [CTX, c_int64, I32P, P(mi_vs_index), P(mi_sparse_index)]),
+    "mi_block_sparse_estimate": (ST, [CTX, T, T, I32P, I32P, P(mi_sparse_index)]),
+    "mi_attention_sparse": (
+        ST,
+        [CTX, T, T, T, I32P, P(mi_sparse_index), c_float, T, c_void_p],
+    ),
+    "mi_prefill_workspace_size": (
+        ST,
+        [CTX, T, T, P(mi_head_pattern), P(mi_prefill_params), P(c_size_t)],
+    ),
+    "mi_prefill_attention": (
+        ST,
+        [CTX, T, T, T, I32P, P(mi_head_pattern), P(mi_prefill_params), T, c_void_p, c_void_p,
+         c_size_t],
+    ),
+    "mi_config_load": (ST, [CTX, c_char_p, P(c_void_p)]),
+    "mi_config_parse": (ST, [CTX, c_char_p, c_size_t, P(c_void_p)]),
+    "mi_config_create": (ST, [CTX, c_int32, c_int32, P(mi_head_pattern), P(c_void_p)]),
+    "mi_config_destroy": (None, [CFG]),
+    "mi_config_n_layers": (c_int32, [CFG]),
+    "mi_config_n_heads": (c_int32, [CFG]),
+    "mi_config_check": (ST, [CTX, CFG, c_int32, c_int32]),
+    "mi_config_layer": (ST, [CTX, CFG, c_int32, c_int32, P(mi_head_pattern), c_void_p]),
+    "mi_config_set_head": (ST, [CTX, CFG, c_int32, c_int32, P(mi_head_pattern), c_double]),
+    "mi_config_to_json": (ST, [CTX, CFG, P(c_void_p)]),
+    "mi_config_save": (ST, [CTX, CFG, c_char_p]),
+    "mi_free": (None, [c_void_p]),
+    "mi_synth_default_params": (mi_synth_params, []),
+    "mi_synth_generate": (ST, [CTX, P(mi_synth_params), T, T, T, P(mi_synth_truth)]),
+    "mi_metrics_evaluate": (
+        ST,
+        [CTX, T, T, I32P, P(mi_head_pattern), P(mi_prefill_params), P(mi_head_metrics)],
+    ),
+    "mi_metrics_rel_l2": (ST, [CTX, T, T, I32P, P(c_double)]),
+    # minference_cuda.h
+    "mi_context_set_stream": (ST, [CTX, c_void_p]),
+    "mi_context_stream": (c_void_p, [CTX]),
+    "mi_context_synchronize": (ST, [CTX]),
+}
+
+
+class LibraryNotFound(ImportError):
+    pass
+
+
+def _candidates():
+    env = os.environ.get("MINFERENCE_LIBRARY")
+    if env:
+        return [Path(env)], True
+    here = Path(__file__).resolve().parent
+    names = ["libminference.so", "libminference.dylib"]
+    out = [here / "lib" / n for n in names]
+    marker = here / "lib" / "external_library.txt"
+    if marker.is_file():
+        out.insert(0, Path(marker.read_text().strip()))
+    repo = here.parent.parent  # python/minference -> repository root
+    if (repo / "include" / "minference.h").is_file():
+        for d in [repo / "build", repo / "python" / "build" / "cmake"] + sorted(repo.glob("build*")):
+            out += [d / n for n in names]
+    return out, False
+
+
+_LIB = None
+_MISSING = set()
+
+
+def _missing_symbol(name):
+    def fn(*_a, **_k):
+        raise NotImplementedError(
+            f"the loaded libminference ({_LIB._name}) has no symbol {name}: it is older than this "
+            "package's header; rebuild the library (pip install ./python)"
+        )
+
+    return fn
+
+
+def load():
+    """Loads libminference once and declares every prototype; returns the CDLL."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    paths, from_env = _candidates()
+    errors = []
+    lib = None
+    for p in paths:
+        if p.is_file():
+            try:
+                lib = ctypes.CDLL(str(p))
+                break
+            except OSError as e:
+                errors.append(f"{p}: {e}")
+    if lib is None and not from_env:
+        for name in ("libminference.so.0", "libminference.so", ctypes.util.find_library("minference")):
+            if not name:
+                continue
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError as e:
+                errors.append(f"{name}: {e}")
+    if lib is None:
+        where = "MINFERENCE_LIBRARY=" + os.environ["MINFERENCE_LIBRARY"] if from_env else (
+            "the package, the repository build folders and the system library path")
+        detail = ("; ".join(errors)) if errors else "no file found"
+        raise LibraryNotFound(
+            f"minference: cannot load libminference from {where} ({detail}). Install the package "
+            "with `pip install ./python` from the repository (it builds the library with CMake), or "
+            "set MINFERENCE_LIBRARY to the path of libminference.so."
+        )
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            _MISSING.add(name)
+            setattr(lib, name, _missing_symbol(name))
+            continue
+        f.restype = restype
+        f.argtypes = argtypes
+    _LIB = lib
+    return lib
+
+
+def library_path():
+    """The file the loaded library came from."""
+    return load()._name
+
+
+def has_symbol(name):
+    load()
+    return name not in _MISSING
+
+
+def _decode(b):
+    return b.decode("utf-8", "replace") if b is not None else ""
+
+
+if sys.byteorder != "little":  # pragma: no cover
+    raise ImportError("minference supports little-endian hosts only")

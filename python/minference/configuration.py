@@ -1,0 +1,164 @@
+"""MInferenceConfig: the original's attention / KV-cache type lists, model names and config
+resolution, and what this package implements of them."""
+
+import os
+import warnings
+
+__all__ = ["MInferenceConfig", "MODEL2PATH", "get_support_models"]
+
+# The original's MODEL2PATH: Hugging Face model ids and the pattern config files shipped with the
+# original package. Those JSON files are not part of this package: pass config_path= (a file from
+# the original package, or one written by `minference search`), or set MINFERENCE_CONFIG_DIR to a
+# folder that holds them under these names.
+MODEL2PATH = {
+    "gradientai/Llama-3-8B-Instruct-262k": "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
+    "gradientai/Llama-3-8B-Instruct-Gradient-1048k": "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
+    "gradientai/Llama-3-8B-Instruct-Gradient-4194k": "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
+    "01-ai/Yi-9B-200K": "Yi_9B_200k_kv_out_v32_fit_o_best_pattern.json",
+    "microsoft/Phi-3-mini-128k-instruct": "Phi_3_mini_128k_instruct_kv_out_v32_fit_o_best_pattern.json",
+    "Qwen/Qwen2-7B-Instruct": "Qwen2_7B_Instruct_128k_instruct_kv_out_v32_fit_o_best_pattern.json",
+    "Qwen/Qwen2.5-7B-Instruct": "Qwen2.5_7B_Instruct_128k_instruct_kv_out_v32_fit_o_best_pattern.json",
+    "Qwen/Qwen2.5-32B-Instruct": "Qwen2.5_32B_Instruct_128k_kv_out_v32_fit_o_best_pattern.json",
+    "Qwen/Qwen2.5-72B-Instruct": "Qwen2.5_72B_Instruct_128k_kv_out_v32_fit_o_best_pattern.json",
+    "Qwen/Qwen2.5-7B-Instruct-1M": "Qwen2.5_7B_Instruct_1M.json",
+    "Qwen/Qwen2.5-14B-Instruct-1M": "Qwen2.5_14B_Instruct_1M.json",
+    "THUDM/glm-4-9b-chat-1m": "GLM_4_9B_1M_instruct_kv_out_v32_fit_o_best_pattern.json",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "Llama_3.1_8B_Instruct_128k_kv_out_v32_fit_o_best_pattern_v2.json",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "Llama_3.1_70B_Instruct_128k_kv_out_v32_fit_o_best_pattern_v2.json",
+    "meta-llama/Llama-3.1-8B-Instruct": "Llama_3.1_8B_Instruct_128k_kv_out_v32_fit_o_best_pattern_v2.json",
+    "meta-llama/Llama-3.1-70B-Instruct": "Llama_3.1_70B_Instruct_128k_kv_out_v32_fit_o_best_pattern_v2.json",
+    "gradientai/Llama-3-70B-Instruct-Gradient-262k": "Llama_3_70B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
+    "gradientai/Llama-3-70B-Instruct-Gradient-1048k": "Llama_3_70B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
+}
+
+NO_SHIPPED_CONFIGS = (
+    "this package does not ship the original's per-model pattern configs: pass "
+    "config_path= (a config JSON from the original package, or one written by `minference "
+    "search`), or set MINFERENCE_CONFIG_DIR to a folder holding the original files")
+
+
+def get_support_models():
+    """The model ids the original ships pattern configs for (MODEL2PATH keys). Their JSON files are
+    not included here; see MODEL2PATH."""
+    return list(MODEL2PATH.keys())
+
+
+class MInferenceConfig:
+    # The original's lists (get_available_*), then the subsets this package implements.
+    MINFERENCE_ATTENTION_TYPES = ["minference", "vllm_minference", "tri_mix_minference"]
+    OTHER_ATTENTION_TYPES = [
+        "hf", "vllm", "dense", "static", "dilated1", "dilated2", "a_shape", "tri_shape",
+        "vllm_a_shape", "vllm_tri_shape", "inf_llm", "flexprefill", "vllm_flexprefill",
+        "xattention", "tri_mix",
+    ]
+    KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn", "kivi",
+                "leank"]
+    ATTENTION_ALIASES = {"minference_with_dense": "dense"}
+
+    SUPPORTED_ATTENTION_TYPES = ["minference", "tri_mix_minference", "hf", "dense", "a_shape",
+                                 "tri_shape", "tri_mix"]
+    SUPPORTED_KV_TYPES = ["dense"]
+
+    # Per-type defaults (the original's), set onto attn_kwargs unless the caller gave them.
+    ATTENTION_DEFAULTS = {
+        "a_shape": {"n_init": 128, "n_local": 3968},
+        "tri_shape": {"n_init": 128, "n_local": 3968, "n_last": 100},
+        "tri_mix": {"n_init": 8, "n_local": 512, "n_last": 128, "starting_layer": 16},
+        "tri_mix_minference": {"n_init": 8, "n_local": 512, "n_last": 128, "starting_layer": 16},
+    }
+
+    def __init__(self, attn_type="minference", model_name=None, config_path=None,
+                 starting_layer=-1, kv_cache_cpu=False, kv_cache_cpu_device="cpu",
+                 kv_type="dense", is_search=False, attn_kwargs=None, **kwargs):
+        attn_type = self.ATTENTION_ALIASES.get(attn_type, attn_type)
+        if attn_type not in self.get_available_attn_types():
+            raise ValueError(f"unknown attn_type {attn_type!r}; the available types are "
+                             f"{self.get_available_attn_types()}")
+        if attn_type not in self.SUPPORTED_ATTENTION_TYPES:
+            raise NotImplementedError(
+                f"attn_type {attn_type!r} is not implemented by this minference yet; implemented: "
+                f"{self.SUPPORTED_ATTENTION_TYPES}")
+        kv_type = kv_type or "dense"
+        if kv_type not in self.KV_TYPES:
+            raise ValueError(f"unknown kv_type {kv_type!r}; the available types are {self.KV_TYPES}")
+        if kv_type not in self.SUPPORTED_KV_TYPES:
+            raise NotImplementedError(
+                f"kv_type {kv_type!r} is not implemented by this minference yet; only 'dense' "
+                "(transformers' own cache, un-repeated K/V) is")
+        if kv_cache_cpu:
+            raise NotImplementedError("kv_cache_cpu is not implemented by this minference yet")
+        if is_search:
+            raise NotImplementedError(
+                "is_search is not implemented in the Python package: run `minference search` (the "
+                "command-line tool of this project) to write a pattern config, then pass it as "
+                "config_path=")
+        self.attn_type = attn_type
+        self.kv_type = kv_type
+        self.model_name = model_name
+        self.starting_layer = int(starting_layer)
+        self.kv_cache_cpu = kv_cache_cpu
+        self.kv_cache_cpu_device = kv_cache_cpu_device
+        self.is_search = is_search
+        self.kwargs = kwargs
+        kw = dict(attn_kwargs or {})
+        if "last_n" in kw and "n_last" not in kw:  # the key TriangleMix's scripts pass
+            kw["n_last"] = kw.pop("last_n")
+        if self.starting_layer >= 0:
+            kw.setdefault("starting_layer", self.starting_layer)
+        for key, val in self.ATTENTION_DEFAULTS.get(attn_type, {}).items():
+            kw.setdefault(key, val)
+        kw.setdefault("starting_layer", -1)
+        self.starting_layer = int(kw["starting_layer"])
+        self.attn_kwargs = kw
+        self.config_path = self.update_config_path(config_path, model_name)
+
+    @classmethod
+    def get_available_attn_types(cls):
+        return cls.MINFERENCE_ATTENTION_TYPES + cls.OTHER_ATTENTION_TYPES
+
+    @classmethod
+    def get_available_kv_types(cls):
+        return list(cls.KV_TYPES)
+
+    @classmethod
+    def get_supported_attn_types(cls):
+        """The attention types this package implements."""
+        return list(cls.SUPPORTED_ATTENTION_TYPES)
+
+    @classmethod
+    def get_supported_kv_types(cls):
+        return list(cls.SUPPORTED_KV_TYPES)
+
+    @property
+    def uses_config(self):
+        return self.attn_type in self.MINFERENCE_ATTENTION_TYPES
+
+    def update_config_path(self, config_path, model_name):
+        """The config file for the MInference types: config_path when given, else the original's
+        file for model_name found in MINFERENCE_CONFIG_DIR, else None (default budgets)."""
+        if not self.uses_config:
+            return None
+        if config_path is not None:
+            if not os.path.isfile(config_path):
+                raise FileNotFoundError(f"pattern config {config_path!r} does not exist")
+            return os.fspath(config_path)
+        folder = os.environ.get("MINFERENCE_CONFIG_DIR")
+        if model_name in MODEL2PATH and folder:
+            path = os.path.join(folder, MODEL2PATH[model_name])
+            if os.path.isfile(path):
+                return path
+            warnings.warn(f"MINFERENCE_CONFIG_DIR has no {MODEL2PATH[model_name]} for {model_name}",
+                          stacklevel=3)
+        return None
+
+    def missing_config_message(self, what):
+        known = (f"{self.model_name} is one of the original's supported models, but "
+                 if self.model_name in MODEL2PATH else "")
+        return (f"MInference: no pattern config for {what}: every head uses the default budget "
+                f"(vertical_and_slash, 1000 vertical / 6096 slash). {known}{NO_SHIPPED_CONFIGS}. "
+                "Run `minference search` on the model to find per-head patterns.")
+
+    def __repr__(self):
+        return (f"MInferenceConfig(attn_type={self.attn_type!r}, model_name={self.model_name!r}, "
+                f"config_path={self.config_path!r}, kv_type={self.kv_type!r}, "
+                f"attn_kwargs={self.attn_kwargs!r})")

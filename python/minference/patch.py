@@ -1,0 +1,381 @@
+"""The Hugging Face transformers patch: `model = MInference("minference", model_name)(model)`.
+
+The patch registers an attention function named "minference" in transformers' AttentionInterface
+(with the sdpa mask builder in AttentionMaskInterface) and switches the model to it. For each call:
+
+* prefill (q_len == k_len > 1, no cache before this call): libminference's mi_prefill_attention,
+  every query head with its pattern from the layer's config entry (layer index = module.layer_idx).
+  k and v keep their H_kv heads (GQA is a broadcast in the library, never a repeat_kv copy). q, k,
+  v and the output are described to the library with their strides: no copies.
+* decode and follow-up turns (q_len != k_len, or q_len == 1): transformers' sdpa function.
+* padding (batch > 1): right padding becomes per-sequence lengths; left padding runs each sequence
+  over its valid span (a strided view: still no copies). Rows of padding tokens get output 0
+  (their values never reach a real token). A mask that is neither (custom 4-D masks, sliding
+  windows shorter than the prompt, attention biases) falls back to sdpa with a warning.
+* training (gradients needed) or dropout: sdpa, with a warning (the kernels are inference only).
+"""
+
+import warnings
+import weakref
+
+from . import _lib as L
+from .configuration import MInferenceConfig
+from .core import Config, MInferenceError, PrefillParams, VSParams, get_context
+
+__all__ = ["MInference", "minference_attention_forward", "register_attention", "ATTENTION_NAME"]
+
+ATTENTION_NAME = "minference"
+_registered = False
+
+
+def _warn_once(state, key, msg):
+    if state is None or key not in state.warned:
+        if state is not None:
+            state.warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+class _PatchState:
+    """What one patched model needs at run time; attached to each attention module."""
+
+    def __init__(self, config, patterns, params, n_heads, name):
+        self.config = config  # MInferenceConfig
+        self.patterns = patterns  # layer -> ctypes mi_head_pattern[n_heads]
+        self.params = params  # ctypes mi_prefill_params (softmax_scale set per call)
+        self.n_heads = n_heads
+        self.name = name
+        self.warned = set()
+        self.mask_ref = None
+        self.mask_info = None
+        self.calls = {"sparse": 0, "dense_fallback": 0}
+
+
+def _sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+def register_attention():
+    """Registers the "minference" attention (and its mask builder) with transformers."""
+    global _registered
+    if _registered:
+        return
+    try:
+        from transformers import AttentionInterface
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("the MInference patch needs transformers >= 4.48 (AttentionInterface)") from e
+    AttentionInterface.register(ATTENTION_NAME, minference_attention_forward)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    except ImportError:
+        # Older transformers build the eager (additive float) mask for unknown implementations;
+        # the mask analysis below reads those too.
+        pass
+    _registered = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask analysis: which (contiguous) span of each sequence holds its real tokens
+
+
+def _analyze_mask(torch, mask, B, Lq, Lk):
+    """None -> no padding. ("right", lens) / ("spans", [(start, end)] * B) / ("unsupported", why)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        return ("unsupported", f"attention mask of type {type(mask).__name__}")
+    if mask.dim() != 4 or mask.shape[-1] != Lk or mask.shape[-2] != Lq:
+        return ("unsupported", f"attention mask of shape {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:
+        big_neg = torch.finfo(mask.dtype).min / 2 if mask.dtype.is_floating_point else -1
+        allowed = mask > big_neg
+        if bool(((mask != 0) & allowed).any()):
+            return ("unsupported", "an attention mask with additive biases")
+    if allowed.shape[1] != 1:
+        if bool((allowed != allowed[:, :1]).any()):
+            return ("unsupported", "a per-head attention mask")
+    allowed = allowed[:, 0]
+    if allowed.shape[0] != B:
+        allowed = allowed.expand(B, Lq, Lk)
+    idx = torch.arange(Lk, device=allowed.device)
+    causal = idx[None, :] <= idx[:, None]  # [L, L], q_len == k_len here
+    spans = []
+    for b in range(B):
+        a = allowed[b]
+        key_valid = a.any(dim=0)
+        n = int(key_valid.sum())
+        if n == 0:
+            spans.append((0, 0))
+            continue
+        s = int(torch.argmax(key_valid.to(torch.int8)))
+        e = s + n
+        if not bool(key_valid[s:e].all()):
+            return ("unsupported", "padding inside a sequence")
+        expected = causal[s:e] & (idx >= s)[None, :] & (idx < e)[None, :]
+        if not bool((a[s:e] == expected).all()):
+            return ("unsupported", "a non-causal or custom attention mask")
+        spans.append((s, e))
+    if all(s == 0 and e == Lk for s, e in spans):
+        return None
+    if all(s == 0 for s, _ in spans):
+        return ("right", [e for _, e in spans])
+    return ("spans", spans)
+
+
+def _mask_info(state, torch, mask, B, Lq, Lk):
+    # Every layer of one forward gets the same mask object: analyse it once.
+    if mask is None:
+        return None
+    if state.mask_ref is not None and state.mask_ref() is mask:
+        return state.mask_info
+    info = _analyze_mask(torch, mask, B, Lq, Lk)
+    try:
+        state.mask_ref = weakref.ref(mask)
+        state.mask_info = info
+    except TypeError:
+        state.mask_ref = None
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# The attention function
+
+
+def minference_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
+                                 scaling=None, is_causal=None, **kwargs):
+    """transformers attention interface: query [B, H, q_len, D], key/value [B, H_kv, k_len, D]
+    (after RoPE and the cache update). Returns ([B, q_len, H, D], None)."""
+    import torch
+
+    state = getattr(module, "_minference_state", None)
+    sdpa = _sdpa()
+
+    def dense(reason=None):
+        if state is not None:
+            if reason:
+                _warn_once(state, reason, f"MInference: {reason}; this call runs dense (sdpa)")
+            state.calls["dense_fallback"] += 1
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                    is_causal=is_causal, **kwargs)
+
+    q_len, k_len = query.shape[2], key.shape[2]
+    if state is None or q_len != k_len or q_len <= 1:
+        return dense()  # decode, follow-up turn, or an unpatched module
+    if is_causal is False or not getattr(module, "is_causal", True):
+        return dense("non-causal attention")
+    if dropout and dropout > 0:
+        return dense("attention dropout (training mode)")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        return dense("gradients are required; the MInference kernels are inference only")
+    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
+        return dense("attention biases / soft-capping are not supported")
+    sliding = kwargs.get("sliding_window")
+    if sliding is not None and sliding < k_len:
+        return dense(f"a sliding window ({sliding}) shorter than the prompt ({k_len})")
+    if query.device.type not in ("cpu", "cuda"):
+        return dense(f"device {query.device.type} is not supported")
+    if query.dtype != key.dtype or query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return dense(f"dtype {query.dtype} is not supported")
+
+    B, H, _, D = query.shape
+    layer = getattr(module, "layer_idx", None)
+    if layer is None or layer >= len(state.patterns):
+        return dense("an attention module without a layer index")
+    patterns = state.patterns[layer]
+    if len(patterns) != H:
+        raise ValueError(f"MInference: layer {layer} has {H} query heads but the patch was built "
+                         f"for {len(patterns)}")
+
+    info = _mask_info(state, torch, attention_mask, B, q_len, k_len)
+    if info is not None and info[0] == "unsupported":
+        return dense(info[1] + " cannot be expressed by sequence lengths")
+
+    params = state.params
+    params.softmax_scale = float(scaling) if scaling else 0.0
+    # The output is written straight into the [B, L, H, D] layout that o_proj reads.
+    out = torch.empty((B, q_len, H, D), dtype=query.dtype, device=query.device)
+    out_bhld = out.transpose(1, 2)
+    from .ops import prefill_attention
+
+    try:
+        if info is None:
+            prefill_attention(query, key, value, patterns, params, out=out_bhld)
+        elif info[0] == "right":
+            prefill_attention(query, key, value, patterns, params, seq_lens=info[1], out=out_bhld)
+        else:  # left (or mixed) padding: each sequence over its own span
+            for b, (s, e) in enumerate(info[1]):
+                if e > s:
+                    prefill_attention(query[b:b + 1, :, s:e], key[b:b + 1, :, s:e],
+                                      value[b:b + 1, :, s:e], patterns, params,
+                                      out=out_bhld[b:b + 1, :, s:e])
+                if s > 0:
+                    out[b, :s].zero_()
+                if e < q_len:
+                    out[b, e:].zero_()
+    except MInferenceError as err:
+        if err.status == L.MI_STATUS_UNSUPPORTED:
+            return dense(f"libminference does not support this call ({err.message})")
+        raise
+    state.calls["sparse"] += 1
+    return out, None
+
+
+# ---------------------------------------------------------------------------------------------
+# The model patch
+
+
+def _text_config(model):
+    cfg = model.config
+    if hasattr(cfg, "get_text_config"):
+        try:
+            cfg = cfg.get_text_config()
+        except TypeError:
+            pass
+    return cfg
+
+
+def _attention_modules(model):
+    mods = []
+    for m in model.modules():
+        if hasattr(m, "layer_idx") and (hasattr(m, "o_proj") or hasattr(m, "q_proj")) and not any(
+                hasattr(c, "o_proj") and hasattr(c, "layer_idx") for c in m.children()):
+            mods.append(m)
+    return mods
+
+
+def _prefill_params(kw):
+    vs = VSParams(**{k: kw[k] for k in ("last_q", "forced_columns", "forced_diagonals",
+                                        "min_vertical", "min_slash") if k in kw})
+    return PrefillParams(None, vs, kw.get("dense_below")).to_c()
+
+
+def _uniform(n_heads, pattern_c):
+    arr = (L.mi_head_pattern * n_heads)()
+    for h in range(n_heads):
+        arr[h] = pattern_c
+    return arr
+
+
+def _build_patterns(cfg: MInferenceConfig, n_layers, n_heads, what):
+    lib = L.load()
+    kw = cfg.attn_kwargs
+    dense = _uniform(n_heads, lib.mi_head_pattern_default(L.MI_PATTERN_DENSE))
+    t = cfg.attn_type
+    if t == "dense":
+        return [dense] * n_layers
+    if t in ("a_shape", "tri_shape", "tri_mix", "tri_mix_minference"):
+        p = lib.mi_head_pattern_default(
+            L.MI_PATTERN_A_SHAPE if t == "a_shape" else L.MI_PATTERN_TRI_SHAPE)
+        p.n_init, p.n_local = int(kw["n_init"]), int(kw["n_local"])
+        if t != "a_shape":
+            p.n_last = int(kw["n_last"])
+        shaped = _uniform(n_heads, p)
+        if t in ("a_shape", "tri_shape"):
+            return [shaped] * n_layers
+    # minference / tri_mix_minference / tri_mix
+    start = int(kw.get("starting_layer", -1))
+    if t == "tri_mix":
+        return [dense if i < start else shaped for i in range(n_layers)]
+    ctx = get_context()
+    if cfg.config_path:
+        config = Config.load(cfg.config_path, ctx)
+    else:
+        warnings.warn(cfg.missing_config_message(what), stacklevel=4)
+        config = Config.create(n_layers, n_heads, None, ctx)
+    config.check(n_layers, n_heads, ctx)
+    ratio = kw.get("minference_ratio")
+    layers = []
+    for i in range(n_layers):
+        if t == "tri_mix_minference" and i >= start:
+            layers.append(shaped)
+            continue
+        if t == "minference" and i < start:
+            layers.append(dense)
+            continue
+        arr = config.layer_array(i, n_heads, ctx)
+        if ratio is not None:
+            for h in range(n_heads):
+                arr[h].vertical_size = int(arr[h].vertical_size * ratio)
+                arr[h].slash_size = int(arr[h].slash_size * ratio)
+        layers.append(arr)
+    config.close()
+    return layers
+
+
+class MInference:
+    """`model = MInference(attn_type, model_name, config_path=...)(model)` patches a transformers
+    causal LM (Llama, Qwen2, Mistral and other models whose attention goes through
+    AttentionInterface) so that its prefill attention runs on libminference.
+
+    attn_type: "minference" (per-head patterns from a config; heads missing from it, or every head
+    without a config, get vertical_and_slash 1000/6096), "dense", "a_shape", "tri_shape",
+    "tri_mix", "tri_mix_minference", or "hf" (no patch). The original's other types and KV types
+    raise NotImplementedError. attn_kwargs: n_init, n_local, n_last, starting_layer,
+    minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
+    library's crossover), last_q, forced_columns, forced_diagonals, min_vertical, min_slash."""
+
+    def __init__(self, attn_type="minference", model_name=None, config_path=None, kv_type="dense",
+                 starting_layer=-1, attn_kwargs=None, **kwargs):
+        self.config = MInferenceConfig(attn_type=attn_type, model_name=model_name,
+                                       config_path=config_path, kv_type=kv_type,
+                                       starting_layer=starting_layer, attn_kwargs=attn_kwargs,
+                                       **kwargs)
+
+    def __call__(self, model):
+        return self.patch_model(model)
+
+    def patch_model(self, model):
+        cfg = self.config
+        if cfg.attn_type == "hf":
+            return model
+        try:
+            import torch  # noqa: F401
+        except ImportError as e:
+            raise ImportError("the MInference model patch needs torch and transformers") from e
+        register_attention()
+        text_cfg = _text_config(model)
+        n_layers = int(text_cfg.num_hidden_layers)
+        n_heads = int(text_cfg.num_attention_heads)
+        mods = _attention_modules(model)
+        if not mods:
+            raise ValueError(f"{type(model).__name__}: no attention modules with a layer_idx found; "
+                             "the MInference patch supports transformers decoder models whose "
+                             "attention goes through AttentionInterface")
+        what = cfg.model_name or getattr(text_cfg, "_name_or_path", None) or type(model).__name__
+        patterns = _build_patterns(cfg, n_layers, n_heads, what)
+        state = _PatchState(cfg, patterns, _prefill_params(cfg.attn_kwargs), n_heads, what)
+        for m in mods:
+            m._minference_state = state
+        previous = getattr(model.config, "_attn_implementation", None)
+        try:
+            model.set_attn_implementation(ATTENTION_NAME)
+        except (AttributeError, ValueError, TypeError, KeyError):
+            model.config._attn_implementation = ATTENTION_NAME
+        if getattr(text_cfg, "_attn_implementation", ATTENTION_NAME) != ATTENTION_NAME:
+            text_cfg._attn_implementation = ATTENTION_NAME
+        state.previous_attn_implementation = previous
+        model._minference_state = state
+        return model
+
+
+def unpatch(model):
+    """Restores the attention implementation the model had before the patch."""
+    state = getattr(model, "_minference_state", None)
+    if state is None:
+        return model
+    prev = state.previous_attn_implementation or "sdpa"
+    try:
+        model.set_attn_implementation(prev)
+    except (AttributeError, ValueError, TypeError, KeyError):
+        model.config._attn_implementation = prev
+    for m in model.modules():
+        if getattr(m, "_minference_state", None) is state:
+            del m._minference_state
+    del model._minference_state
+    return model
+
