@@ -10,9 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-extern "C" {
-#include "../core/backend.h"
-}
+#include "cuda_kernels.h"
 
 #define MI_LOG2E 1.4426950408889634f
 #define MI_LN2 0.6931471805599453f

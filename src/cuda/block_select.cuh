@@ -1,0 +1,130 @@
+/*
+ * block_select.cuh: block-wide top-k by radix select, then an in-order compaction, so that the
+ * selected indices come out ascending without any sort. Used by the vertical-slash estimate
+ * (k out of up to L values per head) and the block-sparse estimate (k out of m+1 per row block).
+ *
+ * Keys are float values mapped to order-preserving uint32. Ties at the threshold are broken by
+ * position: lowest positions first, or highest first when prefer_high is set.
+ */
+#ifndef MI_BLOCK_SELECT_CUH
+#define MI_BLOCK_SELECT_CUH
+
+#include <cub/block/block_scan.cuh>
+
+namespace mi_cuda {
+
+__device__ __forceinline__ uint32_t float_order_key(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct select_smem {
+    int hist[256];
+    int bin, above, eq_total;
+};
+
+/* After the call (all threads): thr = the k-th largest key, n_take_eq = how many keys equal to
+ * thr to take, eq_total = how many there are. Requires 0 < k < n. */
+template <int NT, typename KeyFn>
+__device__ void block_radix_select(KeyFn key, int n, int k, select_smem &sm, uint32_t &thr,
+                                   int &n_take_eq, int &eq_total) {
+    uint32_t prefix = 0, mask = 0;
+    int kr = k;
+    const int tid = threadIdx.x;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += NT) sm.hist[i] = 0;
+        __syncthreads();
+        for (int i = tid; i < n; i += NT) {
+            const uint32_t u = key(i);
+            if ((u & mask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (tid < 32) {
+            const int lane = tid;
+            int cnt[8], sum = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                cnt[i] = sm.hist[255 - (8 * lane + i)];
+                sum += cnt[i];
+            }
+            int incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const int excl = incl - sum;
+            if (excl < kr && kr <= incl) {
+                int acc = excl;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    if (acc < kr && kr <= acc + cnt[i]) {
+                        sm.bin = 255 - (8 * lane + i);
+                        sm.above = acc;
+                        sm.eq_total = cnt[i];
+                    }
+                    acc += cnt[i];
+                }
+            }
+        }
+        __syncthreads();
+        prefix |= (uint32_t)sm.bin << shift;
+        mask |= 255u << shift;
+        kr -= sm.above;
+        __syncthreads();
+    }
+    thr = prefix;
+    n_take_eq = kr;
+    eq_total = sm.eq_total;
+}
+
+/* Visits the selected positions in ascending order: emit(position, rank). Selection: every key >
+ * thr, plus n_take_eq of the keys == thr (the first ones, or the last ones with prefer_high).
+ * k >= n (take_all) selects everything. */
+template <int NT, int ITEMS, typename KeyFn, typename EmitFn>
+__device__ void block_compact(KeyFn key, int n, bool take_all, uint32_t thr, int n_take_eq,
+                              int eq_total, bool prefer_high, EmitFn emit,
+                              typename cub::BlockScan<int, NT>::TempStorage &scan_tmp) {
+    using scan_t = cub::BlockScan<int, NT>;
+    const int tid = threadIdx.x;
+    int run_eq = 0, run_sel = 0;
+    for (int base = 0; base < n; base += NT * ITEMS) {
+        int eq[ITEMS], sel[ITEMS], gt[ITEMS];
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int pos = base + tid * ITEMS + i;
+            gt[i] = 0;
+            eq[i] = 0;
+            if (pos < n) {
+                if (take_all) {
+                    gt[i] = 1;
+                } else {
+                    const uint32_t u = key(pos);
+                    gt[i] = u > thr;
+                    eq[i] = u == thr;
+                }
+            }
+        }
+        int eq_rank[ITEMS], eq_agg;
+        scan_t(scan_tmp).ExclusiveSum(eq, eq_rank, eq_agg);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int r = run_eq + eq_rank[i];
+            const bool take_eq = prefer_high ? r >= eq_total - n_take_eq : r < n_take_eq;
+            sel[i] = gt[i] || (eq[i] && take_eq);
+        }
+        int sel_pos[ITEMS], sel_agg;
+        scan_t(scan_tmp).ExclusiveSum(sel, sel_pos, sel_agg);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i)
+            if (sel[i]) emit(base + tid * ITEMS + i, run_sel + sel_pos[i]);
+        run_eq += eq_agg;
+        run_sel += sel_agg;
+    }
+}
+
+} // namespace mi_cuda
+
+#endif /* MI_BLOCK_SELECT_CUH */

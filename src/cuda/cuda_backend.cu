@@ -1,0 +1,267 @@
+/*
+ * cuda_backend.cu: context hooks and the whole-layer prefill on CUDA.
+ *
+ * A layer runs in at most five launches whatever the head mix: VS estimation (two score passes +
+ * selection) over the VS heads, index conversion, block-sparse estimation over the block-sparse
+ * heads, then ONE attention launch in which every CTA reads its head's mode (dense, A-/Tri-shape,
+ * sparse) from the kernel parameters. Sequences shorter than dense_below run dense and skip the
+ * estimation.
+ */
+#include "cuda_common.cuh"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Below this length a sequence runs dense on CUDA when mi_prefill_params.dense_below < 0.
+ * Measured on an H200 (bf16, D = 128, VS 1000/6096, estimation included): see
+ * bench/results/ *-gpu-crossover.json. */
+#define MI_CUDA_DENSE_BELOW_DEFAULT 16384
+
+extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "%s: %s", what, cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" int mi_cuda_sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    return n;
+}
+
+extern "C" mi_status mi_cuda_context_init(mi_context *ctx) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "no CUDA device: %s",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (ctx->params.device_id < 0 || ctx->params.device_id >= n)
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "CUDA device %d out of range (0..%d)",
+                       ctx->params.device_id, n - 1);
+    e = cudaSetDevice(ctx->params.device_id);
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "cudaSetDevice(%d): %s",
+                       ctx->params.device_id, cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" void mi_cuda_context_release(mi_context *ctx) {
+    /* the stream belongs to the caller */
+    (void)ctx;
+}
+
+extern "C" mi_status mi_cuda_synchronize(mi_context *ctx) {
+    cudaError_t e = cudaStreamSynchronize(mi_stream(ctx));
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA: %s", cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" int mi_cuda_devices(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" const char *mi_cuda_features(void) {
+#ifdef MI_CUDA_FEATURES
+    return "cuda(" MI_CUDA_FEATURES ")";
+#else
+    return "cuda";
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Prefill                                                                                     */
+
+namespace {
+
+struct prefill_layout {
+    int64_t R;
+    int32_t max_v, max_s, max_blocks, max_cols;
+    bool any_vs, any_bs;
+    size_t off_vs, off_sp, off_scratch, total;
+    size_t scratch_bytes;
+};
+
+size_t al(size_t x) { return (x + 255) & ~(size_t)255; }
+
+int32_t clamp_budget(int32_t v, int32_t lo, int64_t L) {
+    int64_t x = v > lo ? v : lo;
+    if (x > L) x = L;
+    return (int32_t)(x < 0 ? 0 : x);
+}
+
+void plan_prefill(const mi_attn_shape *s, const mi_head_pattern *pat, const mi_prefill_params *pp,
+                  prefill_layout *lo) {
+    memset(lo, 0, sizeof(*lo));
+    const int64_t L = s->len, B = s->batch, H = s->heads_q;
+    lo->R = (L + 63) / 64;
+    int32_t max_topk = 0;
+    for (int64_t h = 0; h < H; ++h) {
+        if (pat[h].type == MI_PATTERN_VERTICAL_SLASH) {
+            lo->any_vs = true;
+            const int32_t v = clamp_budget(pat[h].vertical_size, pp->vs.min_vertical, L);
+            const int32_t sl = clamp_budget(pat[h].slash_size, pp->vs.min_slash, L);
+            if (v > lo->max_v) lo->max_v = v;
+            if (sl > lo->max_s) lo->max_s = sl;
+        } else if (pat[h].type == MI_PATTERN_BLOCK_SPARSE) {
+            lo->any_bs = true;
+            const int32_t t = (int32_t)(pat[h].top_k < lo->R ? pat[h].top_k : lo->R);
+            if (t > max_topk) max_topk = t;
+        }
+    }
+    lo->max_blocks = lo->any_vs ? lo->max_s + 1 : 0;
+    if (max_topk > lo->max_blocks) lo->max_blocks = max_topk;
+    if (lo->max_blocks < 1) lo->max_blocks = 1;
+    lo->max_cols = lo->max_v > 0 ? lo->max_v : 1;
+    size_t off = 0;
+    lo->off_vs = off;
+    if (lo->any_vs) off += al(mi_vs_index_bytes((int32_t)B, (int32_t)H, lo->max_v, lo->max_s));
+    lo->off_sp = off;
+    if (lo->any_vs || lo->any_bs)
+        off += al(mi_sparse_index_bytes((int32_t)B, (int32_t)H, (int32_t)lo->R, lo->max_blocks,
+                                        lo->max_cols));
+    lo->off_scratch = off;
+    size_t sc = 0;
+    if (lo->any_vs) sc = mi_cuda_vs_scratch_bytes(B, H, L);
+    if (lo->any_bs) {
+        const size_t b2 = mi_cuda_bs_scratch_bytes(B, H, s->heads_kv, L, s->head_dim);
+        if (b2 > sc) sc = b2;
+    }
+    lo->scratch_bytes = sc;
+    lo->total = off + al(sc) + 256;
+}
+
+int32_t resolve_dense_below(const mi_prefill_params *pp) {
+    return pp->dense_below < 0 ? MI_CUDA_DENSE_BELOW_DEFAULT : pp->dense_below;
+}
+
+} // namespace
+
+extern "C" mi_status mi_cuda_prefill_workspace_size(mi_context *ctx, const mi_attn_shape *s,
+                                                    const mi_head_pattern *patterns,
+                                                    const mi_prefill_params *params,
+                                                    size_t *bytes) {
+    (void)ctx;
+    prefill_layout lo;
+    plan_prefill(s, patterns, params, &lo);
+    *bytes = lo.total;
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_shape *s,
+                                               const mi_tensor *q, const mi_tensor *k,
+                                               const mi_tensor *v, const int32_t *seq_lens,
+                                               const mi_head_pattern *patterns,
+                                               const mi_prefill_params *params, mi_tensor *out,
+                                               float *lse, void *workspace,
+                                               size_t workspace_size) {
+    const float scale = mi_resolve_scale(params->softmax_scale, s->head_dim);
+    mi_cuda_attn_params p;
+    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, v, out, seq_lens, scale, lse, &p);
+    if (st != MI_STATUS_SUCCESS) return st;
+    prefill_layout lo;
+    plan_prefill(s, patterns, params, &lo);
+    const int32_t dense_below = resolve_dense_below(params);
+    cudaStream_t stream = mi_stream(ctx);
+
+    /* every sequence shorter than the crossover: one dense launch, no workspace */
+    bool all_dense = true;
+    for (int64_t b = 0; b < s->batch; ++b)
+        if (dense_below <= 0 || p.seq_lens[b] >= dense_below) all_dense = false;
+    bool only_dense = true;
+    for (int64_t h = 0; h < s->heads_q; ++h)
+        if (patterns[h].type != MI_PATTERN_DENSE) only_dense = false;
+    if (all_dense || only_dense) {
+        p.mode.mode = MI_CUDA_MODE_DENSE;
+        return mi_cuda_attn_run(ctx, &p, 128);
+    }
+
+    void *ws = workspace;
+    bool owned = false;
+    if (ws == nullptr) {
+        cudaError_t e = cudaMallocAsync(&ws, lo.total, stream);
+        if (e != cudaSuccess)
+            return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "CUDA prefill workspace (%zu bytes): %s",
+                           lo.total, cudaGetErrorString(e));
+        owned = true;
+    } else if (workspace_size < lo.total) {
+        return mi_fail(ctx, MI_STATUS_WORKSPACE_TOO_SMALL,
+                       "prefill workspace is %zu bytes, needs %zu", workspace_size, lo.total);
+    }
+    char *base = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(ws) + 255) & ~(uintptr_t)255);
+
+    mi_vs_index vsi;
+    mi_sparse_index spi;
+    memset(&vsi, 0, sizeof(vsi));
+    memset(&spi, 0, sizeof(spi));
+    const int32_t B = (int32_t)s->batch, H = (int32_t)s->heads_q;
+    if (lo.any_vs)
+        st = mi_vs_index_init(&vsi, B, H, lo.max_v, lo.max_s, base + lo.off_vs,
+                              mi_vs_index_bytes(B, H, lo.max_v, lo.max_s));
+    if (st == MI_STATUS_SUCCESS && (lo.any_vs || lo.any_bs))
+        st = mi_sparse_index_init(&spi, B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols,
+                                  base + lo.off_sp,
+                                  mi_sparse_index_bytes(B, H, (int32_t)lo.R, lo.max_blocks,
+                                                        lo.max_cols));
+    void *scratch = base + lo.off_scratch;
+
+    uint8_t act_vs[MI_CUDA_MAX_HEADS], act_bs[MI_CUDA_MAX_HEADS];
+    int32_t vsz[MI_CUDA_MAX_HEADS], ssz[MI_CUDA_MAX_HEADS], topk[MI_CUDA_MAX_HEADS];
+    for (int32_t h = 0; h < H; ++h) {
+        const mi_head_pattern *hp = &patterns[h];
+        act_vs[h] = hp->type == MI_PATTERN_VERTICAL_SLASH;
+        act_bs[h] = hp->type == MI_PATTERN_BLOCK_SPARSE;
+        vsz[h] = hp->vertical_size;
+        ssz[h] = hp->slash_size;
+        topk[h] = hp->top_k;
+        mi_cuda_head_mode *m = &p.head_modes[h];
+        memset(m, 0, sizeof(*m));
+        switch (hp->type) {
+        case MI_PATTERN_A_SHAPE:
+        case MI_PATTERN_TRI_SHAPE:
+            m->mode = MI_CUDA_MODE_A_SHAPE;
+            m->n_init = hp->n_init;
+            m->n_local = hp->n_local;
+            m->n_last = hp->type == MI_PATTERN_TRI_SHAPE ? hp->n_last : 0;
+            break;
+        case MI_PATTERN_VERTICAL_SLASH:
+        case MI_PATTERN_BLOCK_SPARSE:
+            m->mode = MI_CUDA_MODE_SPARSE;
+            break;
+        default:
+            m->mode = MI_CUDA_MODE_DENSE;
+            break;
+        }
+    }
+    p.use_head_modes = 1;
+    p.dense_below = dense_below;
+
+    if (st == MI_STATUS_SUCCESS && lo.any_vs)
+        st = mi_cuda_vs_estimate_run(ctx, s, q, k, seq_lens, vsz, ssz, &params->vs, scale, act_vs,
+                                     dense_below, scratch, &vsi);
+    if (st == MI_STATUS_SUCCESS && lo.any_vs)
+        st = mi_cuda_vs_index_run(ctx, s->len, seq_lens, &vsi, 1, act_vs, dense_below, &spi);
+    if (st == MI_STATUS_SUCCESS && lo.any_bs)
+        st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, dense_below, scratch,
+                                     &spi);
+    if (st == MI_STATUS_SUCCESS) {
+        p.block_count = spi.block_count;
+        p.block_offset = spi.block_offset;
+        p.column_count = spi.column_count;
+        p.column_index = spi.column_index;
+        p.row_blocks = spi.row_blocks;
+        p.max_blocks = spi.max_blocks;
+        p.max_columns = spi.max_columns;
+        st = mi_cuda_attn_run(ctx, &p, 64);
+    }
+    if (owned) cudaFreeAsync(ws, stream);
+    return st;
+}

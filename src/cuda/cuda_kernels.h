@@ -1,0 +1,90 @@
+/*
+ * cuda_kernels.h: the flat parameter blocks the C++ launchers of src/cuda take. Kept apart from
+ * the public API so that one attention kernel serves dense, A-shape, Tri-shape and sparse heads
+ * (and a whole layer that mixes them, in one launch).
+ */
+#ifndef MI_CUDA_KERNELS_H
+#define MI_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#include "../core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sequence lengths travel by value in the parameter block: no device copy, no allocation. */
+#define MI_CUDA_MAX_BATCH 256
+/* Per-head modes and budgets travel the same way (kernel parameters hold up to 32 KB). */
+#define MI_CUDA_MAX_HEADS 256
+
+enum {
+    MI_CUDA_MODE_DENSE = 0,
+    MI_CUDA_MODE_A_SHAPE = 1, /* also Tri-shape (n_last > 0) */
+    MI_CUDA_MODE_SPARSE = 2,  /* consumes an mi_sparse_index */
+    MI_CUDA_MODE_NONE = 3,    /* head skipped by this launch (prefill bookkeeping) */
+};
+
+/* Per-head mode of a mixed launch: {mode, n_init, n_local, n_last}. */
+typedef struct mi_cuda_head_mode {
+    int32_t mode, n_init, n_local, n_last;
+} mi_cuda_head_mode;
+
+typedef struct mi_cuda_attn_params {
+    const void *q, *k, *v;
+    void *o;
+    float *lse; /* [B, H, L] or NULL */
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* b, h, l in elements */
+    int32_t batch, heads, heads_kv, group, len, head_dim;
+    mi_dtype dtype;
+    float scale_log2; /* softmax scale * log2(e) */
+    /* Uniform mode (when head_modes is NULL) */
+    mi_cuda_head_mode mode;
+    int32_t use_head_modes;              /* 0: every head runs `mode` */
+    int32_t dense_below;                 /* sequences shorter than this run dense (0: never) */
+    /* Sparse index (device), used by MI_CUDA_MODE_SPARSE heads */
+    const int32_t *block_count, *block_offset, *column_count, *column_index;
+    int32_t row_blocks, max_blocks, max_columns;
+    int32_t seq_lens[MI_CUDA_MAX_BATCH];
+    mi_cuda_head_mode head_modes[MI_CUDA_MAX_HEADS];
+} mi_cuda_attn_params;
+
+/* Runs the attention kernel; block_m 64 (any mode) or 128 (dense only). */
+mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p, int block_m);
+
+/* Fills the sequence-length and stride fields shared by every launcher. */
+mi_status mi_cuda_fill_attn_params(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                   const mi_tensor *k, const mi_tensor *v, const mi_tensor *out,
+                                   const int32_t *seq_lens, float scale, float *lse,
+                                   mi_cuda_attn_params *p);
+
+/* Vertical-slash estimation over the heads whose active[h] != 0 (active may be NULL: all).
+ * scratch: mi_cuda_vs_scratch_bytes() bytes of device memory. */
+size_t mi_cuda_vs_scratch_bytes(int64_t batch, int64_t heads, int64_t len);
+mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                  const mi_tensor *k, const int32_t *seq_lens,
+                                  const int32_t *vertical_size, const int32_t *slash_size,
+                                  const mi_vs_params *params, float scale,
+                                  const uint8_t *active, int32_t dense_below, void *scratch,
+                                  mi_vs_index *index);
+
+/* Index conversion; `sorted` = the vs sets are known ascending / descending, unique, in range
+ * (as the estimator writes them), which skips the sort. active: host [H] or NULL. */
+mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_lens,
+                               const mi_vs_index *vs, int sorted, const uint8_t *active,
+                               int32_t dense_below, mi_sparse_index *index);
+
+/* Block-sparse estimation; scratch: mi_cuda_bs_scratch_bytes(). */
+size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
+                                int64_t head_dim);
+mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                  const mi_tensor *k, const int32_t *seq_lens,
+                                  const int32_t *top_k, const uint8_t *active,
+                                  int32_t dense_below, void *scratch, mi_sparse_index *index);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MI_CUDA_KERNELS_H */

@@ -1,0 +1,434 @@
+/*
+ * vs_estimate.cu: vertical-slash estimation (spec §3.1) for all heads in three launches.
+ *
+ *   1. stats:   the last n = min(64, len) queries against key chunks of 2048 keys, tensor cores;
+ *               per chunk and row the running max and sum of exp (base 2).
+ *   2. sums:    merge the chunk statistics into each row's log-sum-exp, recompute the scores,
+ *               P = exp(s - lse) in fp32, add column sums (each chunk owns its columns) and
+ *               diagonal sums (shared-memory accumulation, then global atomics for the 63-wide
+ *               overlap with the next chunk).
+ *   3. select:  per (b, h) and per vector, force the sinks / the local diagonals to +inf, radix
+ *               select the per-head budget, compact in index order: verticals come out ascending,
+ *               slash distances descending (index i = len-1-d ascending), with no sort.
+ * Recomputing the scores (twice the GEMM) avoids an [H, 64, L] fp32 buffer (8.6 GB at 1M x 32).
+ * The corner mask of the estimate is the causal mask of query position len-n+r, so the tile code
+ * is the attention kernel's.
+ * Scores are q.k accumulated in fp32 (the original rounds the product to the input dtype before
+ * scaling; keeping fp32 changes nothing but near-ties).
+ */
+#include "block_select.cuh"
+#include "cuda_common.cuh"
+
+#include <math.h>
+#include <string.h>
+
+namespace mi_cuda {
+
+constexpr int VS_CHUNK = 2048;
+constexpr int VS_ROWS = 64;
+
+struct vs_params {
+    const void *q, *k;
+    int64_t q_stride[3], k_stride[3];
+    int32_t heads, group, len, nchunks;
+    float scale_log2;
+    float *vert, *slash;   /* [B*H, len] */
+    float2 *stats;         /* [B*H, nchunks, 64]: (max, sum) base 2 */
+    int32_t dense_below;
+    int32_t seq_lens[MI_CUDA_MAX_BATCH];
+    uint8_t active[MI_CUDA_MAX_HEADS];
+};
+
+template <typename T, int D, int PASS>
+__global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ vs_params p) {
+    constexpr int PITCH = D + 8;
+    constexpr int CPR = D / 8;
+    constexpr int NT = 128;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *qs = reinterpret_cast<T *>(smem_raw);
+    T *ks = qs + VS_ROWS * PITCH; /* [2][64][PITCH] */
+    float *vsum = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [VS_CHUNK] */
+    float *ssum = vsum + VS_CHUNK;                                  /* [VS_CHUNK + 64] */
+    float *row_m = ssum + VS_CHUNK + 64;                            /* [64] */
+    float *row_il = row_m + 64;                                     /* [64] 1/sum */
+
+    const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
+    const int len = p.seq_lens[b];
+    if (!p.active[h] || len <= 0 || (p.dense_below > 0 && len < p.dense_below)) return;
+    const int c0 = chunk * VS_CHUNK;
+    if (c0 >= len) return;
+    const int c1 = min(c0 + VS_CHUNK, len);
+    const int n = min(VS_ROWS, len);
+    const int bh = b * p.heads + h;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, cq = lane % 4;
+    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] +
+                  (h / p.group) * p.k_stride[1];
+
+    for (int i = tid; i < VS_ROWS * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const bool ok = r < n;
+        const int64_t row = ok ? len - n + r : 0;
+        cp_async_16(qs + r * PITCH + c * 8, qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
+    }
+    const int n_tiles = (c1 - c0 + 63) / 64;
+    auto load_k = [&](int t, int buf) {
+        for (int i = tid; i < 64 * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int key = c0 + t * 64 + r;
+            const bool ok = key < c1;
+            cp_async_16(ks + (buf * 64 + r) * PITCH + c * 8,
+                        kg + (int64_t)(ok ? key : 0) * p.k_stride[2] + c * 8, ok ? 16 : 0);
+        }
+    };
+    load_k(0, 0);
+    cp_async_commit();
+
+    if (PASS == 2) {
+        for (int i = tid; i < 2 * VS_CHUNK + 64; i += NT) vsum[i] = 0.f;
+        if (tid < VS_ROWS) {
+            float m = -INFINITY, l = 0.f;
+            const float2 *st = p.stats + (int64_t)bh * p.nchunks * VS_ROWS + tid;
+            const int nch = (len + VS_CHUNK - 1) / VS_CHUNK;
+            for (int c = 0; c < nch; ++c) {
+                const float2 v = st[(int64_t)c * VS_ROWS];
+                if (v.x == -INFINITY) continue;
+                const float mn = fmaxf(m, v.x);
+                l = l * exp2f(m - mn) + v.y * exp2f(v.x - mn);
+                m = mn;
+            }
+            row_m[tid] = m;
+            row_il[tid] = (l > 0.f && tid < n) ? 1.f / l : 0.f;
+        }
+    }
+
+    const int qr0 = warp * 16 + g, qr1 = qr0 + 8; /* rows of this thread (0..63) */
+    const int qpos0 = qr0 < n ? len - n + qr0 : -1;
+    const int qpos1 = qr1 < n ? len - n + qr1 : -1;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float rm0 = 0.f, rm1 = 0.f, il0 = 0.f, il1 = 0.f;
+    uint32_t qf[D / 16][4];
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int buf = t & 1;
+        if (t + 1 < n_tiles) {
+            load_k(t + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(qf[kk], qs + r * PITCH + kk * 16 + 8 * (lane / 16));
+            }
+            if (PASS == 2) {
+                rm0 = row_m[qr0];
+                rm1 = row_m[qr1];
+                il0 = row_il[qr0];
+                il1 = row_il[qr1];
+                if (rm0 == -INFINITY) rm0 = 0.f;
+                if (rm1 == -INFINITY) rm1 = 0.f;
+            }
+        }
+        const T *kb = ks + buf * 64 * PITCH;
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t bfr[4];
+                const int key = 16 * j + (lane % 8) + 8 * (lane / 16);
+                ldmatrix_x4(bfr, kb + key * PITCH + kk * 16 + 8 * ((lane / 8) % 2));
+                mma_16816<T>(s[2 * j], qf[kk], bfr);
+                mma_16816<T>(s[2 * j + 1], qf[kk], bfr + 2);
+            }
+        }
+        const int kbase = c0 + t * 64;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = kbase + 8 * j + 2 * cq + (e & 1);
+                const int qpos = e < 2 ? qpos0 : qpos1;
+                s[j][e] = (key < c1 && key <= qpos) ? s[j][e] * p.scale_log2 : -INFINITY;
+            }
+        if (PASS == 1) {
+            float mx0 = m0, mx1 = m1;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            }
+            mx0 = warp_max_xor(warp_max_xor(mx0, 1), 2);
+            mx1 = warp_max_xor(warp_max_xor(mx1, 1), 2);
+            const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+            const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+            float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                a0 += exp2f(s[j][0] - mu0) + exp2f(s[j][1] - mu0);
+                a1 += exp2f(s[j][2] - mu1) + exp2f(s[j][3] - mu1);
+            }
+            l0 = l0 * exp2f(m0 - mu0) + a0;
+            l1 = l1 * exp2f(m1 - mu1) + a1;
+            m0 = mx0;
+            m1 = mx1;
+        } else {
+            /* P in fp32; column sums over the warp's 16 rows, then shared atomics */
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                float p_[4];
+                p_[0] = exp2f(s[j][0] - rm0) * il0;
+                p_[1] = exp2f(s[j][1] - rm0) * il0;
+                p_[2] = exp2f(s[j][2] - rm1) * il1;
+                p_[3] = exp2f(s[j][3] - rm1) * il1;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (p_[e] != 0.f) {
+                        const int col = t * 64 + 8 * j + 2 * cq + (e & 1); /* chunk-local */
+                        const int r = e < 2 ? qr0 : qr1;
+                        atomicAdd(&ssum[col + (n - 1 - r)], p_[e]);
+                    }
+                }
+                float c0s = p_[0] + p_[2], c1s = p_[1] + p_[3];
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) {
+                    c0s += __shfl_xor_sync(0xffffffffu, c0s, o);
+                    c1s += __shfl_xor_sync(0xffffffffu, c1s, o);
+                }
+                if (g == 0) {
+                    atomicAdd(&vsum[t * 64 + 8 * j + 2 * cq], c0s);
+                    atomicAdd(&vsum[t * 64 + 8 * j + 2 * cq + 1], c1s);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    if (PASS == 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        if (cq == 0) {
+            float2 *st = p.stats + ((int64_t)bh * p.nchunks + chunk) * VS_ROWS;
+            st[qr0] = make_float2(m0, l0);
+            st[qr1] = make_float2(m1, l1);
+        }
+    } else {
+        float *vg = p.vert + (int64_t)bh * p.len;
+        float *sg = p.slash + (int64_t)bh * p.len;
+        for (int i = tid; i < c1 - c0; i += NT) vg[c0 + i] = vsum[i];
+        /* diagonal index c0 + i for i in [0, c1-c0+n-1), capped at len */
+        const int ns = min(c1 - c0 + n - 1, len - c0);
+        for (int i = tid; i < ns; i += NT) {
+            const float v = ssum[i];
+            if (v != 0.f) atomicAdd(sg + c0 + i, v);
+        }
+    }
+}
+
+struct vs_select_params {
+    const float *vert, *slash;
+    int32_t heads, len;
+    int32_t forced_columns, forced_diagonals, min_vertical, min_slash;
+    int32_t max_vertical, max_slash;
+    int32_t *vertical_count, *vertical_idx, *slash_count, *slash_idx;
+    int32_t dense_below;
+    int32_t seq_lens[MI_CUDA_MAX_BATCH];
+    int32_t vertical_size[MI_CUDA_MAX_HEADS];
+    int32_t slash_size[MI_CUDA_MAX_HEADS];
+    uint8_t active[MI_CUDA_MAX_HEADS];
+};
+
+constexpr int SEL_NT = 1024;
+constexpr int SEL_ITEMS = 8;
+
+__global__ void __launch_bounds__(SEL_NT) vs_select_kernel(const __grid_constant__ vs_select_params p) {
+    __shared__ select_smem sm;
+    __shared__ typename cub::BlockScan<int, SEL_NT>::TempStorage scan_tmp;
+    const int bh = blockIdx.x, which = blockIdx.y; /* 0: vertical, 1: slash */
+    const int b = bh / p.heads, h = bh % p.heads;
+    if (!p.active[h]) return;
+    int len = p.seq_lens[b];
+    if (p.dense_below > 0 && len < p.dense_below) len = 0;
+    int32_t *count = which ? p.slash_count + bh : p.vertical_count + bh;
+    int32_t *out = which ? p.slash_idx + (int64_t)bh * p.max_slash
+                         : p.vertical_idx + (int64_t)bh * p.max_vertical;
+    int k;
+    if (which == 0)
+        k = min(min(len, max(p.vertical_size[h], p.min_vertical)), p.max_vertical);
+    else
+        k = min(min(len, max(p.slash_size[h], p.min_slash)), p.max_slash);
+    if (k <= 0) {
+        if (threadIdx.x == 0) *count = 0;
+        return;
+    }
+    const float *vals = (which ? p.slash : p.vert) + (int64_t)bh * p.len;
+    const int forced_lo = which ? len - p.forced_diagonals : 0x7fffffff;
+    const int forced_hi = which ? 0x7fffffff : p.forced_columns;
+    auto key = [&](int i) -> uint32_t {
+        if (i >= forced_lo || i < forced_hi) return 0xffffffffu; /* +inf */
+        return float_order_key(vals[i]);
+    };
+    uint32_t thr = 0;
+    int take_eq = 0, eq_total = 0;
+    const bool all = k >= len;
+    if (!all) block_radix_select<SEL_NT>(key, len, k, sm, thr, take_eq, eq_total);
+    const int lm1 = len - 1;
+    if (which == 0) {
+        block_compact<SEL_NT, SEL_ITEMS>(key, len, all, thr, take_eq, eq_total, false,
+                                         [&](int pos, int rank) { out[rank] = pos; }, scan_tmp);
+    } else {
+        /* ties prefer small distances (high index): with a budget below the forced window the
+         * nearest diagonals survive */
+        block_compact<SEL_NT, SEL_ITEMS>(key, len, all, thr, take_eq, eq_total, true,
+                                         [&](int pos, int rank) { out[rank] = lm1 - pos; },
+                                         scan_tmp);
+    }
+    if (threadIdx.x == 0) *count = k;
+}
+
+template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
+                                                              cudaStream_t st) {
+    const size_t smem = (size_t)3 * 64 * (D + 8) * sizeof(T) +
+                        (size_t)(2 * VS_CHUNK + 64 + 128) * sizeof(float);
+    auto k1 = vs_scores_kernel<T, D, 1>;
+    auto k2 = vs_scores_kernel<T, D, 2>;
+    cudaError_t e = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid(p.heads, p.nchunks, batch);
+    k1<<<grid, 128, smem, st>>>(p);
+    k2<<<grid, 128, smem, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace mi_cuda
+
+using namespace mi_cuda;
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+extern "C" size_t mi_cuda_vs_scratch_bytes(int64_t batch, int64_t heads, int64_t len) {
+    const int64_t nch = (len + VS_CHUNK - 1) / VS_CHUNK;
+    return 2 * align256((size_t)batch * heads * len * sizeof(float)) +
+           align256((size_t)batch * heads * nch * VS_ROWS * sizeof(float2));
+}
+
+extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
+                                             const mi_tensor *q, const mi_tensor *k,
+                                             const int32_t *seq_lens, const int32_t *vertical_size,
+                                             const int32_t *slash_size, const mi_vs_params *vp,
+                                             float scale, const uint8_t *active,
+                                             int32_t dense_below, void *scratch,
+                                             mi_vs_index *index) {
+    mi_cuda_attn_params ap;
+    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, nullptr, nullptr, seq_lens, scale,
+                                            nullptr, &ap);
+    if (st != MI_STATUS_SUCCESS) return st;
+    if (index->batch != s->batch || index->heads != s->heads_q)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index is [%d, %d], q is [%lld, %lld]",
+                       index->batch, index->heads, (long long)s->batch, (long long)s->heads_q);
+    if (vp->last_q != VS_ROWS)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA estimation uses last_q = 64, not %d",
+                       vp->last_q);
+    const int64_t L = s->len, BH = s->batch * s->heads_q;
+    if (L <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
+    cudaStream_t stream = mi_stream(ctx);
+
+    vs_params p;
+    memset(&p, 0, sizeof(p));
+    p.q = q->data;
+    p.k = k->data;
+    for (int i = 0; i < 3; ++i) {
+        p.q_stride[i] = q->stride[i];
+        p.k_stride[i] = k->stride[i];
+    }
+    p.heads = (int32_t)s->heads_q;
+    p.group = (int32_t)s->group;
+    p.len = (int32_t)L;
+    p.nchunks = (int32_t)((L + VS_CHUNK - 1) / VS_CHUNK);
+    p.scale_log2 = scale * MI_LOG2E;
+    char *w = static_cast<char *>(scratch);
+    p.vert = reinterpret_cast<float *>(w);
+    w += align256((size_t)BH * L * sizeof(float));
+    p.slash = reinterpret_cast<float *>(w);
+    w += align256((size_t)BH * L * sizeof(float));
+    p.stats = reinterpret_cast<float2 *>(w);
+    p.dense_below = dense_below;
+    memcpy(p.seq_lens, ap.seq_lens, sizeof(p.seq_lens));
+    for (int64_t h = 0; h < s->heads_q; ++h) p.active[h] = active ? active[h] : 1;
+
+    cudaError_t e = cudaMemsetAsync(p.slash, 0, (size_t)BH * L * sizeof(float), stream);
+    if (e == cudaSuccess) {
+        const bool bf = s->dtype == MI_DTYPE_BF16;
+        if (s->head_dim == 64)
+            e = bf ? launch_scores<__nv_bfloat16, 64>(p, (int)s->batch, stream)
+                   : launch_scores<__half, 64>(p, (int)s->batch, stream);
+        else
+            e = bf ? launch_scores<__nv_bfloat16, 128>(p, (int)s->batch, stream)
+                   : launch_scores<__half, 128>(p, (int)s->batch, stream);
+    }
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs estimation: %s",
+                       cudaGetErrorString(e));
+
+    vs_select_params sp;
+    memset(&sp, 0, sizeof(sp));
+    sp.vert = p.vert;
+    sp.slash = p.slash;
+    sp.heads = p.heads;
+    sp.len = p.len;
+    sp.forced_columns = vp->forced_columns;
+    sp.forced_diagonals = vp->forced_diagonals;
+    sp.min_vertical = vp->min_vertical;
+    sp.min_slash = vp->min_slash;
+    sp.max_vertical = index->max_vertical;
+    sp.max_slash = index->max_slash;
+    sp.vertical_count = index->vertical_count;
+    sp.vertical_idx = index->vertical_idx;
+    sp.slash_count = index->slash_count;
+    sp.slash_idx = index->slash_idx;
+    sp.dense_below = dense_below;
+    memcpy(sp.seq_lens, p.seq_lens, sizeof(sp.seq_lens));
+    memcpy(sp.active, p.active, sizeof(sp.active));
+    for (int64_t h = 0; h < s->heads_q; ++h) {
+        sp.vertical_size[h] = vertical_size[h];
+        sp.slash_size[h] = slash_size[h];
+    }
+    vs_select_kernel<<<dim3((unsigned)BH, 2), SEL_NT, 0, stream>>>(sp);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs selection: %s",
+                       cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" mi_status mi_cuda_vs_estimate(mi_context *ctx, const mi_attn_shape *s,
+                                         const mi_tensor *q, const mi_tensor *k,
+                                         const int32_t *seq_lens, const int32_t *vertical_size,
+                                         const int32_t *slash_size, const mi_vs_params *params,
+                                         float scale, mi_vs_index *index) {
+    if (s->heads_q > MI_CUDA_MAX_HEADS || s->batch > MI_CUDA_MAX_BATCH)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA estimation: too many heads or batches");
+    const size_t bytes = mi_cuda_vs_scratch_bytes(s->batch, s->heads_q, s->len);
+    cudaStream_t stream = mi_stream(ctx);
+    void *scratch = nullptr;
+    cudaError_t e = cudaMallocAsync(&scratch, bytes, stream);
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "CUDA estimation scratch (%zu bytes): %s",
+                       bytes, cudaGetErrorString(e));
+    mi_status st = mi_cuda_vs_estimate_run(ctx, s, q, k, seq_lens, vertical_size, slash_size,
+                                           params, scale, nullptr, 0, scratch, index);
+    cudaFreeAsync(scratch, stream);
+    return st;
+}

@@ -1,0 +1,234 @@
+/*
+ * vs_index.cu: vertical/slash sets -> block index (spec §3.2), one thread per (b, h, row block).
+ *
+ * The walk merges the 64-wide footprints of the diagonals left to right and keeps a vertical as
+ * a gathered column only if it lies left of the current range. Every range starts at or before
+ * the row block start (e = max(end - d, 64) <= end), so every gathered column is < start:
+ * causal-safe by construction. Verticals right of the last range but left of the block start
+ * (possible only without small distances) are kept as columns, like the CPU reference. Unsorted input (public mi_vs_build_index) is first sorted per
+ * (b, h) with cub's segmented sort into a stream-ordered scratch buffer; duplicates and
+ * out-of-range entries are skipped during the walk.
+ */
+#include "cuda_common.cuh"
+
+#include <cub/device/device_segmented_sort.cuh>
+#include <cuda/std/iterator>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include <string.h>
+
+namespace mi_cuda {
+
+struct index_params {
+    const int32_t *v_count, *v_idx, *s_count, *s_idx;
+    int32_t max_v, max_s;
+    int32_t heads, row_blocks_L; /* ceil(L/64) */
+    int32_t *block_count, *block_offset, *column_count, *column_index;
+    int32_t row_blocks, max_blocks, max_columns;
+    int32_t dense_below;
+    int32_t seq_lens[MI_CUDA_MAX_BATCH];
+    uint8_t active[MI_CUDA_MAX_HEADS];
+};
+
+__global__ void vs_index_kernel(const __grid_constant__ index_params p) {
+    const int m = blockIdx.x * blockDim.x + threadIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    if (m >= p.row_blocks || !p.active[h]) return;
+    const int64_t row = (int64_t)bh * p.row_blocks + m;
+    int len = p.seq_lens[b];
+    if (p.dense_below > 0 && len < p.dense_below) len = 0;
+    const int start = m * 64, end = start + 64;
+    int nb = 0, nc = 0;
+    if (start < len) {
+        const int32_t *V = p.v_idx + (int64_t)bh * p.max_v;
+        const int32_t *S = p.s_idx + (int64_t)bh * p.max_s;
+        const int nv = min(max(p.v_count[bh], 0), p.max_v);
+        const int ns = min(max(p.s_count[bh], 0), p.max_s);
+        int32_t *off = p.block_offset + row * p.max_blocks;
+        int32_t *col = p.column_index + row * p.max_columns;
+        /* next valid diagonal (descending, unique, 0 <= d < len) */
+        int si = 0, s_prev = 0x7fffffff;
+        auto next_s = [&]() -> int {
+            while (si < ns) {
+                const int d = S[si++];
+                if (d < 0 || d >= len || d >= s_prev) continue;
+                s_prev = d;
+                return d;
+            }
+            return -1;
+        };
+        int vi = 0, v_prev = -1;
+        auto peek_v = [&]() -> int {
+            while (vi < nv) {
+                const int c = V[vi];
+                if (c < 0 || c >= len || c <= v_prev) {
+                    ++vi;
+                    continue;
+                }
+                return c;
+            }
+            return 0x7fffffff;
+        };
+        auto emit = [&](int rs, int re) {
+            for (int x = rs; x < re && nb < p.max_blocks; x += 64) off[nb++] = x;
+        };
+        int d = next_s();
+        while (d >= end) d = next_s(); /* diagonals that miss this row block */
+        if (d < 0) {
+            /* no diagonal reaches the block: verticals left of it are all gathered */
+            for (int c = peek_v(); c < start && nc < p.max_columns; c = peek_v()) {
+                col[nc++] = c;
+                v_prev = c;
+                ++vi;
+            }
+        } else {
+            int e = max(end - d, 64);
+            int r_start = e - 64, r_end = e;
+            for (;;) {
+                const int c = peek_v();
+                if (c < r_end) {
+                    if (c < r_start && nc < p.max_columns) col[nc++] = c;
+                    v_prev = c;
+                    ++vi;
+                } else {
+                    const int dn = next_s();
+                    if (dn < 0) {
+                        emit(r_start, r_end);
+                        /* verticals right of the last range that the whole block still sees
+                         * (only without small distances): kept, as on the CPU */
+                        for (int c2 = peek_v(); c2 < start && nc < p.max_columns;
+                             c2 = peek_v()) {
+                            col[nc++] = c2;
+                            v_prev = c2;
+                            ++vi;
+                        }
+                        break;
+                    }
+                    e = max(end - dn, 64);
+                    if (e > r_end + 64) {
+                        emit(r_start, r_end);
+                        r_start = e - 64;
+                        r_end = e;
+                    } else if (e > r_end) {
+                        r_end += 64;
+                    }
+                }
+            }
+        }
+    }
+    p.block_count[row] = nb;
+    p.column_count[row] = nc;
+}
+
+/* Segment bounds of the per-(b, h) lists for the segmented sort. */
+struct seg_begin {
+    int32_t stride;
+    __host__ __device__ int64_t operator()(int64_t i) const { return i * stride; }
+};
+struct seg_end {
+    const int32_t *count;
+    int32_t stride;
+    __host__ __device__ int64_t operator()(int64_t i) const {
+        const int32_t c = count[i];
+        return i * stride + (c < 0 ? 0 : (c > stride ? stride : c));
+    }
+};
+
+} // namespace mi_cuda
+
+using namespace mi_cuda;
+
+extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_lens,
+                                          const mi_vs_index *vs, int sorted,
+                                          const uint8_t *active, int32_t dense_below,
+                                          mi_sparse_index *index) {
+    const int64_t R = (L + 63) / 64;
+    if (vs->batch != index->batch || vs->heads != index->heads)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index and sparse index disagree on B, H");
+    if (index->row_blocks < R)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "sparse index has %d row blocks, L needs %lld",
+                       index->row_blocks, (long long)R);
+    if (vs->batch > MI_CUDA_MAX_BATCH || vs->heads > MI_CUDA_MAX_HEADS)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA index: too many heads or batches");
+    const int64_t BH = (int64_t)vs->batch * vs->heads;
+    if (BH <= 0 || index->row_blocks <= 0) return MI_STATUS_SUCCESS;
+    if (BH > 65535)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA index: B*H exceeds 65535");
+    cudaStream_t stream = mi_stream(ctx);
+
+    index_params p;
+    memset(&p, 0, sizeof(p));
+    p.v_count = vs->vertical_count;
+    p.v_idx = vs->vertical_idx;
+    p.s_count = vs->slash_count;
+    p.s_idx = vs->slash_idx;
+    p.max_v = vs->max_vertical;
+    p.max_s = vs->max_slash;
+    p.heads = vs->heads;
+    p.block_count = index->block_count;
+    p.block_offset = index->block_offset;
+    p.column_count = index->column_count;
+    p.column_index = index->column_index;
+    p.row_blocks = index->row_blocks;
+    p.max_blocks = index->max_blocks;
+    p.max_columns = index->max_columns;
+    p.dense_below = dense_below;
+    for (int64_t b = 0; b < vs->batch; ++b) p.seq_lens[b] = (int32_t)mi_seq_len(seq_lens, b, L);
+    for (int64_t h = 0; h < vs->heads; ++h) p.active[h] = active ? active[h] : 1;
+
+    void *scratch = nullptr;
+    cudaError_t e = cudaSuccess;
+    if (!sorted && (p.max_v > 0 || p.max_s > 0)) {
+        /* sort copies of both lists (the caller's index is const) */
+        const size_t nv = (size_t)BH * p.max_v, ns = (size_t)BH * p.max_s;
+        auto cnt = thrust::make_counting_iterator<int64_t>(0);
+        auto vb = thrust::make_transform_iterator(cnt, seg_begin{p.max_v});
+        auto ve = thrust::make_transform_iterator(cnt, seg_end{p.v_count, p.max_v});
+        auto sb = thrust::make_transform_iterator(cnt, seg_begin{p.max_s});
+        auto se = thrust::make_transform_iterator(cnt, seg_end{p.s_count, p.max_s});
+        size_t tv = 0, ts = 0;
+        e = cub::DeviceSegmentedSort::SortKeys((void *)nullptr, tv, p.v_idx, (int32_t *)nullptr,
+                                               (int64_t)nv, (int64_t)BH, vb, ve, stream);
+        if (e == cudaSuccess)
+            e = cub::DeviceSegmentedSort::SortKeysDescending((void *)nullptr, ts, p.s_idx,
+                                                             (int32_t *)nullptr, (int64_t)ns,
+                                                             (int64_t)BH, sb, se, stream);
+        const size_t tmp = tv > ts ? tv : ts;
+        const size_t a_v = (nv * 4 + 255) & ~(size_t)255, a_s = (ns * 4 + 255) & ~(size_t)255;
+        if (e == cudaSuccess) e = cudaMallocAsync(&scratch, a_v + a_s + tmp + 256, stream);
+        if (e != cudaSuccess)
+            return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA index sort setup: %s",
+                           cudaGetErrorString(e));
+        int32_t *sv = static_cast<int32_t *>(scratch);
+        int32_t *ss = reinterpret_cast<int32_t *>(static_cast<char *>(scratch) + a_v);
+        void *tmpp = static_cast<char *>(scratch) + a_v + a_s;
+        if (nv > 0) {
+            size_t t = tmp;
+            e = cub::DeviceSegmentedSort::SortKeys(tmpp, t, p.v_idx, sv, (int64_t)nv, (int64_t)BH,
+                                                   vb, ve, stream);
+        }
+        if (e == cudaSuccess && ns > 0) {
+            size_t t = tmp;
+            e = cub::DeviceSegmentedSort::SortKeysDescending(tmpp, t, p.s_idx, ss, (int64_t)ns,
+                                                             (int64_t)BH, sb, se, stream);
+        }
+        p.v_idx = sv;
+        p.s_idx = ss;
+    }
+    if (e == cudaSuccess) {
+        dim3 grid((unsigned)((index->row_blocks + 63) / 64), (unsigned)BH);
+        vs_index_kernel<<<grid, 64, 0, stream>>>(p);
+        e = cudaGetLastError();
+    }
+    if (scratch) cudaFreeAsync(scratch, stream);
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA index build: %s", cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" mi_status mi_cuda_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
+                                            const mi_vs_index *vs, mi_sparse_index *index) {
+    return mi_cuda_vs_index_run(ctx, L, seq_lens, vs, 0, nullptr, 0, index);
+}

@@ -1,0 +1,712 @@
+/*
+ * test_cuda.c: every CUDA op against the CPU op, through the public API (a CPU context and a
+ * CUDA context on the same inputs).
+ *
+ * Inputs: seeded random data and planted-structure data (sinks, heavy columns, slashes); awkward
+ * shapes (L = 1, 63, 64, 65, 1000, 4099), GQA 1/4/8, D = 64/128, both layouts, batch 2 with
+ * per-sequence lengths, budgets 0 / tiny / > L. GPU outputs are poisoned (all-ones bytes = NaN)
+ * before every run, every output is scanned for NaN/Inf, and errors are judged per element
+ * (atol + rtol |ref|) and as a relative L2 norm.
+ *
+ * Exit status: 0 pass, 1 fail, 77 skipped (no GPU or a build without CUDA).
+ * Usage: test_cuda [--quick]   (--quick: a small subset, e.g. under compute-sanitizer)
+ */
+#include "minference.h"
+#include "minference_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SKIP 77
+
+/* Tolerances per output dtype, each with its reason.
+ * bf16: 8-bit mantissa; the GPU rounds P to bf16 before P.V (the CPU keeps fp32) and the output
+ *       is rounded to bf16 (relative 2^-9), so a few 1e-3 of the output scale. */
+#define TOL_BF16_ATOL 1.5e-2
+#define TOL_BF16_RTOL 2e-2
+#define TOL_BF16_L2 1e-2
+/* fp16: 11-bit mantissa, the same two roundings are 8x smaller. */
+#define TOL_F16_ATOL 3e-3
+#define TOL_F16_RTOL 5e-3
+#define TOL_F16_L2 2.5e-3
+/* LSE: fp32 on both sides from the same rounded inputs; only summation order differs. */
+#define TOL_LSE 2e-3
+
+static int g_fail = 0, g_pass = 0;
+static mi_context *g_cpu, *g_gpu;
+
+#define CUDA_OK(x)                                                                             \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));        \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+#define MI_OK(ctx, x)                                                                          \
+    do {                                                                                       \
+        mi_status s_ = (x);                                                                    \
+        if (s_ != MI_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, mi_status_name(s_),         \
+                    mi_context_last_error(ctx));                                               \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Random numbers (seeded, printed on failure)                                                 */
+
+static uint64_t g_rng;
+static uint32_t rnd32(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_rng >> 33);
+}
+static float rndu(void) { return (float)(rnd32() & 0xffffff) / 16777216.0f; }
+static float rndn(void) {
+    float u1 = rndu() + 1e-7f, u2 = rndu();
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Host / device tensors                                                                       */
+
+typedef struct pair {
+    mi_tensor h, d; /* same shape and strides; host and device copies */
+    size_t bytes;
+} pair;
+
+static mi_tensor make_desc(void *data, mi_dtype dt, mi_device_type dev, int64_t B, int64_t H,
+                           int64_t L, int64_t D, int blhd) {
+    return blhd ? mi_tensor_blhd(data, dt, dev, B, H, L, D) : mi_tensor_bhld(data, dt, dev, B, H, L, D);
+}
+
+static pair pair_alloc(mi_dtype dt, int64_t B, int64_t H, int64_t L, int64_t D, int blhd) {
+    pair p;
+    p.bytes = (size_t)(B * H * L * D) * mi_dtype_size(dt);
+    void *hd = malloc(p.bytes);
+    void *dd = NULL;
+    CUDA_OK(cudaMalloc(&dd, p.bytes));
+    p.h = make_desc(hd, dt, MI_DEVICE_CPU, B, H, L, D, blhd);
+    p.d = make_desc(dd, dt, MI_DEVICE_CUDA, B, H, L, D, blhd);
+    return p;
+}
+
+static void pair_free(pair *p) {
+    free(p->h.data);
+    cudaFree(p->d.data);
+}
+
+static float get_f(const mi_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d) {
+    const int64_t o = b * t->stride[0] + h * t->stride[1] + l * t->stride[2] + d;
+    const uint16_t x = ((const uint16_t *)t->data)[o];
+    return t->dtype == MI_DTYPE_BF16 ? mi_bf16_to_f32(x) : mi_f16_to_f32(x);
+}
+static void set_f(mi_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d, float v) {
+    const int64_t o = b * t->stride[0] + h * t->stride[1] + l * t->stride[2] + d;
+    ((uint16_t *)t->data)[o] = t->dtype == MI_DTYPE_BF16 ? mi_f32_to_bf16(v) : mi_f32_to_f16(v);
+}
+
+static void upload(pair *p) { CUDA_OK(cudaMemcpy(p->d.data, p->h.data, p->bytes, cudaMemcpyHostToDevice)); }
+
+/* Random N(0, 1) data, or planted structure: a few sink keys, heavy columns and slashes that
+ * every query sees strongly (q and k share a direction), as real heads do. */
+static void fill_inputs(pair *q, pair *k, pair *v, int structured) {
+    const int64_t B = q->h.shape[0], H = q->h.shape[1], L = q->h.shape[2], D = q->h.shape[3];
+    const int64_t Hk = k->h.shape[1];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t d = 0; d < D; d++) set_f(&q->h, b, h, l, d, rndn());
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hk; h++)
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t d = 0; d < D; d++) {
+                    set_f(&k->h, b, h, l, d, rndn());
+                    set_f(&v->h, b, h, l, d, rndn());
+                }
+    if (structured) {
+        /* sinks 0..3 and every 97th key get a large component along dim 0; all queries too */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hk; h++)
+                for (int64_t l = 0; l < L; l++)
+                    if (l < 4 || l % 97 == 13) set_f(&k->h, b, h, l, 0, 4.0f + (float)(l % 5));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t l = 0; l < L; l++) set_f(&q->h, b, h, l, 0, 2.5f);
+        /* slash at distance 300: q[l] ~ k[l-300] along dim 1 .. */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hk; h++)
+                for (int64_t l = 0; l < L; l++) set_f(&k->h, b, h, l, 1, (l % 7 == 3) ? 6.0f : 0.0f);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t l = 0; l < L; l++) set_f(&q->h, b, h, l, 1, ((l - 300) % 7 == 3) ? 3.0f : 0.0f);
+    }
+    upload(q);
+    upload(k);
+    upload(v);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Comparison                                                                                  */
+
+static int compare_out(const char *what, const mi_tensor *ref, const mi_tensor *got_dev_desc,
+                       const int32_t *seq_lens, const float *lse_ref, const float *lse_gpu_dev) {
+    const int64_t B = ref->shape[0], H = ref->shape[1], L = ref->shape[2], D = ref->shape[3];
+    const size_t bytes = (size_t)(B * H * L * D) * 2;
+    mi_tensor got = *got_dev_desc;
+    got.data = malloc(bytes);
+    got.device = MI_DEVICE_CPU;
+    CUDA_OK(cudaMemcpy(got.data, got_dev_desc->data, bytes, cudaMemcpyDeviceToHost));
+    const int bf = ref->dtype == MI_DTYPE_BF16;
+    const double atol = bf ? TOL_BF16_ATOL : TOL_F16_ATOL, rtol = bf ? TOL_BF16_RTOL : TOL_F16_RTOL;
+    const double l2tol = bf ? TOL_BF16_L2 : TOL_F16_L2;
+    double num = 0, den = 0, worst = 0;
+    int64_t bad = 0, nonfinite = 0, first_bad[3] = {-1, -1, -1};
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t len = seq_lens ? seq_lens[b] : L;
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t d = 0; d < D; d++) {
+                    const double r = get_f(ref, b, h, l, d), g = get_f(&got, b, h, l, d);
+                    if (!isfinite(g)) {
+                        nonfinite++;
+                        continue;
+                    }
+                    if (l >= len && g != 0.0) {
+                        bad++;
+                        continue;
+                    }
+                    num += (g - r) * (g - r);
+                    den += r * r;
+                    const double ex = fabs(g - r) - (atol + rtol * fabs(r));
+                    if (ex > 0) {
+                        if (bad == 0) {
+                            first_bad[0] = b * H + h;
+                            first_bad[1] = l;
+                            first_bad[2] = d;
+                        }
+                        bad++;
+                    }
+                    if (fabs(g - r) > worst) worst = fabs(g - r);
+                }
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    int64_t lse_bad = 0;
+    double lse_worst = 0;
+    if (lse_ref && lse_gpu_dev) {
+        const size_t n = (size_t)(B * H * L);
+        float *lg = malloc(n * sizeof(float));
+        CUDA_OK(cudaMemcpy(lg, lse_gpu_dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) {
+            const float r = lse_ref[i], g = lg[i];
+            if (isnan(g)) {
+                lse_bad++;
+                continue;
+            }
+            if (isinf(r) || isinf(g)) {
+                if (r != g) lse_bad++;
+                continue;
+            }
+            const double e = fabs((double)r - g);
+            if (e > lse_worst) lse_worst = e;
+            if (e > TOL_LSE * (1 + fabs(r))) lse_bad++;
+        }
+        free(lg);
+    }
+    free(got.data);
+    const int ok = bad == 0 && nonfinite == 0 && rel <= l2tol && lse_bad == 0;
+    if (ok) {
+        g_pass++;
+    } else {
+        g_fail++;
+        printf("FAIL %s: bad %lld nonfinite %lld rel_l2 %.3g max_abs %.3g lse_bad %lld "
+               "lse_max %.3g first bad (bh %lld, row %lld, d %lld)\n",
+               what, (long long)bad, (long long)nonfinite, rel, worst, (long long)lse_bad,
+               lse_worst, (long long)first_bad[0], (long long)first_bad[1],
+               (long long)first_bad[2]);
+    }
+    return ok;
+}
+
+static void poison(void *dev, size_t bytes) { CUDA_OK(cudaMemset(dev, 0xff, bytes)); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Cases                                                                                       */
+
+typedef struct shape {
+    int64_t B, H, Hk, L, D;
+    mi_dtype dt;
+    int blhd;
+    int32_t lens[2]; /* used when B == 2 */
+} shape;
+
+static const char *shape_str(const shape *s, char *buf, size_t n) {
+    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s", (long long)s->B, (long long)s->H,
+             (long long)s->Hk, (long long)s->L, (long long)s->D, mi_dtype_name(s->dt),
+             s->blhd ? "blhd" : "bhld", s->B > 1 ? " varlen" : "");
+    return buf;
+}
+
+typedef struct inputs {
+    pair q, k, v, o_cpu, o_gpu;
+    float *lse_cpu, *lse_gpu;
+    const int32_t *lens;
+} inputs;
+
+static void inputs_make(inputs *in, const shape *s, int structured) {
+    in->q = pair_alloc(s->dt, s->B, s->H, s->L, s->D, s->blhd);
+    in->k = pair_alloc(s->dt, s->B, s->Hk, s->L, s->D, s->blhd);
+    in->v = pair_alloc(s->dt, s->B, s->Hk, s->L, s->D, s->blhd);
+    in->o_cpu = pair_alloc(s->dt, s->B, s->H, s->L, s->D, s->blhd);
+    in->o_gpu = pair_alloc(s->dt, s->B, s->H, s->L, s->D, s->blhd);
+    fill_inputs(&in->q, &in->k, &in->v, structured);
+    const size_t n = (size_t)(s->B * s->H * s->L);
+    in->lse_cpu = malloc(n * sizeof(float));
+    CUDA_OK(cudaMalloc((void **)&in->lse_gpu, n * sizeof(float)));
+    in->lens = s->B > 1 ? s->lens : NULL;
+}
+
+static void inputs_poison(inputs *in) {
+    poison(in->o_gpu.d.data, in->o_gpu.bytes);
+    poison(in->lse_gpu, (size_t)(in->q.h.shape[0] * in->q.h.shape[1] * in->q.h.shape[2]) * 4);
+}
+
+static void inputs_free(inputs *in) {
+    pair_free(&in->q);
+    pair_free(&in->k);
+    pair_free(&in->v);
+    pair_free(&in->o_cpu);
+    pair_free(&in->o_gpu);
+    free(in->lse_cpu);
+    cudaFree(in->lse_gpu);
+}
+
+static void test_dense(const shape *s) {
+    char name[160], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0, &in.o_cpu.h,
+                                    in.lse_cpu));
+    MI_OK(g_gpu, mi_attention_dense(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, 0, &in.o_gpu.d,
+                                    in.lse_gpu));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "dense [%s]", shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    inputs_free(&in);
+}
+
+static void test_ashape(const shape *s, int32_t n_init, int32_t n_local, int32_t n_last) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_attention_a_shape(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, n_init, n_local,
+                                      n_last, 0, &in.o_cpu.h, in.lse_cpu));
+    MI_OK(g_gpu, mi_attention_a_shape(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, n_init, n_local,
+                                      n_last, 0, &in.o_gpu.d, in.lse_gpu));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "a_shape(%d,%d,%d) [%s]", n_init, n_local, n_last,
+             shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    inputs_free(&in);
+}
+
+/* An index on the host and its device copy. */
+typedef struct vs_pair {
+    mi_vs_index h, d;
+    void *hb, *db;
+    size_t bytes;
+} vs_pair;
+typedef struct sp_pair {
+    mi_sparse_index h, d;
+    void *hb, *db;
+    size_t bytes;
+} sp_pair;
+
+static void vs_alloc(vs_pair *p, int32_t B, int32_t H, int32_t mv, int32_t ms) {
+    p->bytes = mi_vs_index_bytes(B, H, mv, ms);
+    p->hb = calloc(1, p->bytes);
+    CUDA_OK(cudaMalloc(&p->db, p->bytes));
+    CUDA_OK(cudaMemset(p->db, 0xff, p->bytes));
+    MI_OK(g_cpu, mi_vs_index_init(&p->h, B, H, mv, ms, p->hb, p->bytes));
+    MI_OK(g_cpu, mi_vs_index_init(&p->d, B, H, mv, ms, p->db, p->bytes));
+}
+static void sp_alloc(sp_pair *p, int32_t B, int32_t H, int32_t R, int32_t mb, int32_t mc) {
+    p->bytes = mi_sparse_index_bytes(B, H, R, mb, mc);
+    p->hb = calloc(1, p->bytes);
+    CUDA_OK(cudaMalloc(&p->db, p->bytes));
+    CUDA_OK(cudaMemset(p->db, 0xff, p->bytes));
+    MI_OK(g_cpu, mi_sparse_index_init(&p->h, B, H, R, mb, mc, p->hb, p->bytes));
+    MI_OK(g_cpu, mi_sparse_index_init(&p->d, B, H, R, mb, mc, p->db, p->bytes));
+}
+static void vs_free(vs_pair *p) {
+    free(p->hb);
+    cudaFree(p->db);
+}
+static void sp_free(sp_pair *p) {
+    free(p->hb);
+    cudaFree(p->db);
+}
+
+/* Compares a device sparse index with the host one: counts and the used entries. Returns the
+ * number of differing row blocks. */
+static int64_t sp_diff(const sp_pair *p) {
+    void *tmp = malloc(p->bytes);
+    CUDA_OK(cudaMemcpy(tmp, p->db, p->bytes, cudaMemcpyDeviceToHost));
+    mi_sparse_index g;
+    MI_OK(g_cpu, mi_sparse_index_init(&g, p->h.batch, p->h.heads, p->h.row_blocks, p->h.max_blocks,
+                                      p->h.max_columns, tmp, p->bytes));
+    int64_t diff = 0;
+    const int64_t n = (int64_t)p->h.batch * p->h.heads * p->h.row_blocks;
+    for (int64_t i = 0; i < n; i++) {
+        int d = g.block_count[i] != p->h.block_count[i] || g.column_count[i] != p->h.column_count[i];
+        for (int32_t j = 0; !d && j < p->h.block_count[i]; j++)
+            d = g.block_offset[i * p->h.max_blocks + j] != p->h.block_offset[i * p->h.max_blocks + j];
+        for (int32_t j = 0; !d && j < p->h.column_count[i]; j++)
+            d = g.column_index[i * p->h.max_columns + j] !=
+                p->h.column_index[i * p->h.max_columns + j];
+        diff += d;
+    }
+    free(tmp);
+    return diff;
+}
+
+/* Entries of the device vs index missing from the host one (sets per (b, h)); -1 when a count
+ * differs. Order is checked too: verticals ascending, distances descending. */
+static int64_t vs_diff(const vs_pair *p, int64_t *order_bad) {
+    void *tmp = malloc(p->bytes);
+    CUDA_OK(cudaMemcpy(tmp, p->db, p->bytes, cudaMemcpyDeviceToHost));
+    mi_vs_index g;
+    MI_OK(g_cpu, mi_vs_index_init(&g, p->h.batch, p->h.heads, p->h.max_vertical, p->h.max_slash,
+                                  tmp, p->bytes));
+    int64_t miss = 0;
+    *order_bad = 0;
+    const int64_t n = (int64_t)p->h.batch * p->h.heads;
+    for (int64_t i = 0; i < n; i++) {
+        if (g.vertical_count[i] != p->h.vertical_count[i] ||
+            g.slash_count[i] != p->h.slash_count[i]) {
+            free(tmp);
+            return -1;
+        }
+        const int32_t *gv = g.vertical_idx + i * p->h.max_vertical;
+        const int32_t *hv = p->h.vertical_idx + i * p->h.max_vertical;
+        const int32_t *gs = g.slash_idx + i * p->h.max_slash;
+        const int32_t *hs = p->h.slash_idx + i * p->h.max_slash;
+        for (int32_t j = 1; j < g.vertical_count[i]; j++) *order_bad += gv[j] <= gv[j - 1];
+        for (int32_t j = 1; j < g.slash_count[i]; j++) *order_bad += gs[j] >= gs[j - 1];
+        /* both sorted: merge-count the common entries */
+        int32_t a = 0, c = 0, common = 0;
+        while (a < g.vertical_count[i] && c < g.vertical_count[i]) {
+            if (gv[a] == hv[c]) { common++; a++; c++; }
+            else if (gv[a] < hv[c]) a++;
+            else c++;
+        }
+        miss += g.vertical_count[i] - common;
+        a = c = common = 0;
+        while (a < g.slash_count[i] && c < g.slash_count[i]) {
+            if (gs[a] == hs[c]) { common++; a++; c++; }
+            else if (gs[a] > hs[c]) a++;
+            else c++;
+        }
+        miss += g.slash_count[i] - common;
+    }
+    free(tmp);
+    return miss;
+}
+
+static void check(int ok, const char *fmt, const char *what) {
+    if (ok) {
+        g_pass++;
+    } else {
+        g_fail++;
+        printf("FAIL %s: %s\n", what, fmt);
+    }
+}
+
+/* Estimate on both sides, compare the sets, then build the block index on both sides from the
+ * CPU sets (so the comparison is exact), run the sparse kernel on both from that same index. */
+static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
+    char name[220], sh[128];
+    inputs in;
+    inputs_make(&in, s, structured);
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H;
+    const mi_vs_params vp = mi_vs_default_params();
+    int32_t *vs = malloc(H * sizeof(int32_t)), *ss = malloc(H * sizeof(int32_t));
+    for (int32_t h = 0; h < H; h++) {
+        vs[h] = vsz + 7 * h; /* per-head budgets */
+        ss[h] = ssz + 5 * h;
+    }
+    int32_t mv = 0, ms = 0;
+    for (int32_t h = 0; h < H; h++) {
+        int32_t a = vs[h] > vp.min_vertical ? vs[h] : vp.min_vertical;
+        int32_t c = ss[h] > vp.min_slash ? ss[h] : vp.min_slash;
+        if (a > s->L) a = (int32_t)s->L;
+        if (c > s->L) c = (int32_t)s->L;
+        if (a > mv) mv = a;
+        if (c > ms) ms = c;
+    }
+    vs_pair vi;
+    vs_alloc(&vi, B, H, mv, ms);
+    MI_OK(g_cpu, mi_vs_estimate(g_cpu, &in.q.h, &in.k.h, in.lens, vs, ss, &vp, 0, &vi.h));
+    MI_OK(g_gpu, mi_vs_estimate(g_gpu, &in.q.d, &in.k.d, in.lens, vs, ss, &vp, 0, &vi.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    int64_t order_bad = 0;
+    const int64_t miss = vs_diff(&vi, &order_bad);
+    /* near-ties of fp32 sums summed in another order may swap a boundary entry: allow 2 per
+     * (b, h) and list, never a count or order difference */
+    snprintf(name, sizeof name, "vs_estimate(%d,%d)%s [%s] missing %lld", vsz, ssz,
+             structured ? " structured" : "", shape_str(s, sh, sizeof sh), (long long)miss);
+    check(miss >= 0 && miss <= 4 * (int64_t)B * H && order_bad == 0, "sets differ", name);
+
+    /* index from the CPU sets on both sides */
+    const int32_t R = (int32_t)((s->L + 63) / 64);
+    sp_pair si;
+    sp_alloc(&si, B, H, R, ms + 1, mv);
+    CUDA_OK(cudaMemcpy(vi.db, vi.hb, vi.bytes, cudaMemcpyHostToDevice));
+    MI_OK(g_cpu, mi_vs_build_index(g_cpu, s->L, in.lens, &vi.h, &si.h));
+    MI_OK(g_gpu, mi_vs_build_index(g_gpu, s->L, in.lens, &vi.d, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    const int64_t idiff = sp_diff(&si);
+    snprintf(name, sizeof name, "vs_build_index(%d,%d) [%s] differing row blocks %lld", vsz, ssz,
+             shape_str(s, sh, sizeof sh), (long long)idiff);
+    check(idiff == 0, "index differs", name);
+
+    /* sparse attention over the CPU index */
+    CUDA_OK(cudaMemcpy(si.db, si.hb, si.bytes, cudaMemcpyHostToDevice));
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, &si.h, 0,
+                                     &in.o_cpu.h, in.lse_cpu));
+    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, &si.d, 0,
+                                     &in.o_gpu.d, in.lse_gpu));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "sparse vs(%d,%d) [%s]", vsz, ssz, shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+
+    vs_free(&vi);
+    sp_free(&si);
+    free(vs);
+    free(ss);
+    inputs_free(&in);
+}
+
+/* Unsorted sets with duplicates and out-of-range entries, built on both sides. */
+static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) {
+    char name[160];
+    const int32_t B = 2, H = 3, R = (int32_t)((L + 63) / 64);
+    const int32_t lens[2] = {(int32_t)L, (int32_t)(L * 2 / 3 + 1)};
+    vs_pair vi;
+    vs_alloc(&vi, B, H, nv, ns);
+    for (int32_t i = 0; i < B * H; i++) {
+        vi.h.vertical_count[i] = nv - (i % 2);
+        vi.h.slash_count[i] = ns - (i % 3);
+        for (int32_t j = 0; j < nv; j++)
+            vi.h.vertical_idx[i * nv + j] = (int32_t)(rnd32() % (uint32_t)(L + 40)) - 20;
+        for (int32_t j = 0; j < ns; j++)
+            vi.h.slash_idx[i * ns + j] = (int32_t)(rnd32() % (uint32_t)(L + 40)) - 20;
+        if (with_small && ns > 3) {
+            vi.h.slash_idx[i * ns] = 0;
+            vi.h.slash_idx[i * ns + 1] = 5;
+            vi.h.slash_idx[i * ns + 2] = 5; /* duplicate */
+        }
+    }
+    CUDA_OK(cudaMemcpy(vi.db, vi.hb, vi.bytes, cudaMemcpyHostToDevice));
+    sp_pair si;
+    sp_alloc(&si, B, H, R, ns + 1, nv);
+    MI_OK(g_cpu, mi_vs_build_index(g_cpu, L, lens, &vi.h, &si.h));
+    MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi.d, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    const int64_t idiff = sp_diff(&si);
+    snprintf(name, sizeof name, "vs_build_index messy L%lld nv%d ns%d%s differing %lld",
+             (long long)L, nv, ns, with_small ? " +d0" : "", (long long)idiff);
+    check(idiff == 0, "index differs", name);
+    vs_free(&vi);
+    sp_free(&si);
+}
+
+static void test_block_sparse(const shape *s, int32_t topk) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
+    int32_t *tk = malloc(H * sizeof(int32_t));
+    for (int32_t h = 0; h < H; h++) tk[h] = topk + h % 3;
+    int32_t mb = topk + 2 > 2 ? topk + 2 : 2;
+    if (mb > R) mb = R;
+    sp_pair si;
+    sp_alloc(&si, B, H, R, mb, 1);
+    MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &in.q.h, &in.k.h, in.lens, tk, &si.h));
+    MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &in.q.d, &in.k.d, in.lens, tk, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    const int64_t idiff = sp_diff(&si);
+    const int64_t nrows = (int64_t)B * H * R;
+    snprintf(name, sizeof name, "block_sparse_estimate(top %d) [%s] differing %lld / %lld", topk,
+             shape_str(s, sh, sizeof sh), (long long)idiff, (long long)nrows);
+    /* pooled fp32 dot products in another order: a near-tie may swap a block in a few rows */
+    check(idiff * 100 <= nrows, "index differs", name);
+
+    CUDA_OK(cudaMemcpy(si.db, si.hb, si.bytes, cudaMemcpyHostToDevice));
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, &si.h, 0,
+                                     &in.o_cpu.h, in.lse_cpu));
+    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, &si.d, 0,
+                                     &in.o_gpu.d, in.lse_gpu));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "sparse block(top %d) [%s]", topk, shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    sp_free(&si);
+    free(tk);
+    inputs_free(&in);
+}
+
+/* A whole layer with one pattern per head. `wide` budgets cover every key (estimation cannot
+ * differ), otherwise structured inputs keep the estimate away from near-ties. */
+static void test_prefill(const shape *s, int wide, int use_workspace) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, !wide);
+    const int64_t H = s->H;
+    mi_head_pattern *pat = malloc(H * sizeof(mi_head_pattern));
+    for (int64_t h = 0; h < H; h++) {
+        const mi_pattern_type t = (mi_pattern_type)(h % 5);
+        pat[h] = mi_head_pattern_default(t);
+        if (t == MI_PATTERN_A_SHAPE) {
+            pat[h].n_init = 16;
+            pat[h].n_local = 200;
+        }
+        if (t == MI_PATTERN_TRI_SHAPE) {
+            pat[h].n_init = 8;
+            pat[h].n_local = 100;
+            pat[h].n_last = 70;
+        }
+        if (t == MI_PATTERN_VERTICAL_SLASH && !wide) {
+            pat[h].vertical_size = 100;
+            pat[h].slash_size = 400;
+        }
+        if (t == MI_PATTERN_VERTICAL_SLASH && wide) {
+            pat[h].vertical_size = (int32_t)s->L;
+            pat[h].slash_size = (int32_t)s->L;
+        }
+        if (t == MI_PATTERN_BLOCK_SPARSE) pat[h].top_k = wide ? 100000 : 4;
+    }
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    void *ws = NULL;
+    size_t wsz = 0;
+    if (use_workspace) {
+        MI_OK(g_gpu, mi_prefill_workspace_size(g_gpu, &in.q.d, &in.k.d, pat, &pp, &wsz));
+        CUDA_OK(cudaMalloc(&ws, wsz));
+    }
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
+                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                      &in.o_gpu.d, in.lse_gpu, ws, wsz));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "prefill %s%s [%s]", wide ? "wide" : "structured",
+             use_workspace ? " workspace" : "", shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    if (ws) cudaFree(ws);
+    free(pat);
+    inputs_free(&in);
+}
+
+static void test_errors(void) {
+    /* fp32 and D = 96 are refused with UNSUPPORTED and a message */
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, 1 << 20));
+    mi_tensor q32 = mi_tensor_bhld(d, MI_DTYPE_F32, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_status st = mi_attention_dense(g_gpu, &q32, &q32, &q32, NULL, 0, &q32, NULL);
+    check(st == MI_STATUS_UNSUPPORTED && strlen(mi_context_last_error(g_gpu)) > 0,
+          mi_context_last_error(g_gpu), "fp32 on CUDA is UNSUPPORTED");
+    mi_tensor q96 = mi_tensor_bhld(d, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 96);
+    st = mi_attention_dense(g_gpu, &q96, &q96, &q96, NULL, 0, &q96, NULL);
+    check(st == MI_STATUS_UNSUPPORTED && strlen(mi_context_last_error(g_gpu)) > 0,
+          mi_context_last_error(g_gpu), "D = 96 on CUDA is UNSUPPORTED");
+    cudaFree(d);
+}
+
+int main(int argc, char **argv) {
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const char *seed_env = getenv("MI_TEST_SEED");
+    const uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 20261130ull;
+    g_rng = seed;
+    if (mi_cuda_device_count() <= 0) {
+        printf("SKIP: no CUDA device (or a build without CUDA)\n");
+        return SKIP;
+    }
+    mi_context_params cp = mi_context_default_params();
+    cp.device = MI_DEVICE_CPU;
+    if (mi_context_create(&cp, &g_cpu) != MI_STATUS_SUCCESS) return 1;
+    cp.device = MI_DEVICE_CUDA;
+    cp.device_id = 0;
+    mi_status st = mi_context_create(&cp, &g_gpu);
+    if (st != MI_STATUS_SUCCESS) {
+        printf("SKIP: CUDA context: %s\n", mi_status_name(st));
+        return SKIP;
+    }
+    printf("seed %llu (MI_TEST_SEED), %s\n", (unsigned long long)seed, mi_build_features());
+
+    const int64_t Ls_full[] = {1, 63, 64, 65, 1000, 4099};
+    const int64_t Ls_quick[] = {1, 65, 1000};
+    const int64_t *Ls = quick ? Ls_quick : Ls_full;
+    const int nL = quick ? 3 : 6;
+    const mi_dtype dts[2] = {MI_DTYPE_BF16, MI_DTYPE_F16};
+    const int64_t gq[3][2] = {{4, 4}, {8, 2}, {8, 1}}; /* GQA 1, 4, 8 */
+
+    test_errors();
+    for (int li = 0; li < nL; li++) {
+        for (int di = 0; di < 2; di++) {
+            for (int g = 0; g < 3; g++) {
+                if (quick && g == 1) continue;
+                shape s = {1, gq[g][0], gq[g][1], Ls[li], (li + g) % 2 ? 64 : 128, dts[di],
+                           g == 2, {0, 0}};
+                test_dense(&s);
+                test_ashape(&s, 4, 64, 0);
+                test_ashape(&s, 128, 200, 30);
+                if (!quick) test_ashape(&s, 0, 0, 0); /* rows with no key: 0, LSE -inf */
+            }
+            /* batch 2 with per-sequence lengths */
+            shape sb = {2, 4, 2, Ls[li], 128, dts[di], di == 1, {(int32_t)Ls[li],
+                                                              (int32_t)(Ls[li] / 2 + 1)}};
+            test_dense(&sb);
+            test_ashape(&sb, 16, 100, 20);
+        }
+    }
+    /* estimation, index, sparse and prefill */
+    const int64_t Le_full[] = {1, 65, 1000, 4099};
+    const int64_t Le_quick[] = {65, 1000};
+    const int64_t *Le = quick ? Le_quick : Le_full;
+    const int nLe = quick ? 2 : 4;
+    for (int li = 0; li < nLe; li++) {
+        for (int di = 0; di < 2; di++) {
+            const int64_t L = Le[li];
+            shape s1 = {1, 8, 2, L, di ? 64 : 128, dts[di], di, {0, 0}};
+            shape s2 = {2, 4, 1, L, 128, dts[di], 0, {(int32_t)L, (int32_t)(L * 3 / 5 + 1)}};
+            test_vs(&s1, 0, 0, 1);        /* minimum budgets 30 / 50 */
+            test_vs(&s1, 200, 300, 1);    /* structured */
+            test_vs(&s2, 100, 500, 0);    /* random, varlen */
+            if (!quick) test_vs(&s1, 100000, 100000, 0); /* budgets > L: every key */
+            test_block_sparse(&s1, 0);
+            test_block_sparse(&s2, 5);
+            if (!quick) test_block_sparse(&s1, 100000);
+            shape sp = {2, 10, 2, L, 128, dts[di], di, {(int32_t)L, (int32_t)(L / 2 + 3)}};
+            test_prefill(&sp, 1, 0);
+            test_prefill(&sp, 0, 1);
+        }
+    }
+    test_index_messy(1000, 40, 60, 0);
+    test_index_messy(1000, 40, 60, 1);
+    test_index_messy(4099, 300, 700, 1);
+    test_index_messy(70, 5, 8, 0);
+
+    printf("%s: %d passed, %d failed\n", g_fail ? "FAILED" : "OK", g_pass, g_fail);
+    mi_context_destroy(g_gpu);
+    mi_context_destroy(g_cpu);
+    return g_fail ? 1 : 0;
+}
