@@ -1,0 +1,188 @@
+/*
+ * minference_model.h: the model runner. Loads a llama-family model (GGUF file or Hugging Face
+ * directory), tokenizes, and runs prefill through mi_prefill_attention with a per-head sparse
+ * pattern config, then decodes with a dense KV cache.
+ *
+ * Conventions are those of minference.h: every function returns mi_status, handles are opaque,
+ * destroy(NULL) is a no-op. A model handle is used by one thread at a time; it owns its worker
+ * threads (n_threads) and its KV cache.
+ *
+ * Supported: architectures llama (LLaMA 2/3/3.1, SmolLM2, Mistral) and qwen2 (q/k/v biases);
+ * RoPE scaling none / linear / dynamic NTK / llama3 / YaRN; tied embeddings; GGUF v2/v3 tensors
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_1; safetensors F32, F16, BF16; byte-level BPE (GPT-2, LLaMA-3,
+ * Qwen2, SmolLM pre-tokenizers) and SentencePiece BPE tokenizers.
+ */
+#ifndef MINFERENCE_MODEL_H
+#define MINFERENCE_MODEL_H
+
+#include "minference.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mi_model mi_model;
+
+/* Prefill attention mode. MINFERENCE uses the pattern config (or the default VS 1000/6096 for
+ * every head); the others apply one pattern with its default budget to every head. */
+typedef enum mi_attn_mode {
+    MI_ATTN_DENSE = 0,
+    MI_ATTN_MINFERENCE = 1,
+    MI_ATTN_A_SHAPE = 2,
+    MI_ATTN_TRI_SHAPE = 3,
+    MI_ATTN_BLOCK_SPARSE = 4,
+} mi_attn_mode;
+
+/* "dense", "minference", "a_shape", "tri_shape", "block_sparse"; NULL for an unknown value. */
+const char *mi_attn_mode_name(mi_attn_mode mode);
+mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out);
+
+typedef enum mi_rope_type {
+    MI_ROPE_NONE = 0, /* plain RoPE */
+    MI_ROPE_LINEAR = 1,
+    MI_ROPE_DYNAMIC = 2, /* dynamic NTK: base grows once the sequence exceeds the original length */
+    MI_ROPE_LLAMA3 = 3,
+    MI_ROPE_YARN = 4,
+} mi_rope_type;
+
+typedef struct mi_rope_scaling {
+    mi_rope_type type;
+    double factor;
+    int64_t original_context; /* original_max_position_embeddings */
+    double low_freq_factor;   /* llama3 (1) */
+    double high_freq_factor;  /* llama3 (4) */
+    double beta_fast;         /* YaRN (32) */
+    double beta_slow;         /* YaRN (1) */
+    double attention_factor;  /* YaRN cos/sin multiplier; <= 0: 0.1 ln(factor) + 1 */
+} mi_rope_scaling;
+
+/* The RoPE frequencies of a head: inv_freq [dim / 2] (radians per position) and the multiplier
+ * applied to cos and sin (YaRN; 1 otherwise), for a sequence of seq_len tokens. scaling may be
+ * NULL (plain RoPE). Matches Hugging Face transformers' rope initialisation functions. */
+mi_status mi_rope_frequencies(int32_t dim, double theta, const mi_rope_scaling *scaling,
+                              int64_t seq_len, float *inv_freq, float *mscale);
+
+typedef struct mi_model_params {
+    mi_device_type device; /* MI_DEVICE_CPU (CUDA: MI_STATUS_NOT_BUILT in this version) */
+    int n_threads;         /* <= 0: all online cores */
+    int64_t max_context;   /* KV cache capacity in tokens; <= 0: grows on demand */
+    int64_t mlp_chunk;     /* prefill rows per MLP chunk; <= 0: 4096 */
+} mi_model_params;
+
+mi_model_params mi_model_default_params(void);
+
+/* Loads a .gguf file or a Hugging Face directory (config.json, *.safetensors with or without
+ * model.safetensors.index.json, tokenizer.json). On failure *out is NULL and err (may be NULL)
+ * holds a message: MI_STATUS_IO_ERROR (cannot open), MI_STATUS_PARSE_ERROR (truncated or corrupt
+ * file), MI_STATUS_UNSUPPORTED (architecture, tensor type or tokenizer it cannot run). */
+mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out,
+                        char *err, size_t err_size);
+void mi_model_destroy(mi_model *model);
+/* Message of the last failed call on this model ("" if none). */
+const char *mi_model_last_error(const mi_model *model);
+
+typedef struct mi_model_info {
+    char arch[32];        /* "llama", "qwen2", "mistral" */
+    char source[16];      /* "gguf" or "safetensors" */
+    int32_t n_layers, n_heads, n_kv_heads, head_dim, hidden, ffn, vocab;
+    int64_t context_length;
+    double rope_theta, rms_eps;
+    mi_rope_scaling rope_scaling;
+    int32_t tied_embeddings; /* 1 if the LM head is the embedding matrix */
+    int32_t bos, eos, eot;   /* token ids, -1 if none */
+    uint64_t weight_bytes;   /* bytes of weights as stored (quantized) */
+} mi_model_info;
+
+mi_status mi_model_get_info(const mi_model *model, mi_model_info *info);
+
+/* Attention used by the next prefill. config may be NULL; it is borrowed (must outlive its use)
+ * and is checked against the model's layers and heads. dense_below: see mi_prefill_params
+ * (< 0 library default, 0 never fall back to dense). */
+mi_status mi_model_set_attention(mi_model *model, mi_attn_mode mode, const mi_config *config,
+                                 int32_t dense_below);
+
+/* Progress of a prefill: called after each layer. */
+typedef void (*mi_model_progress_fn)(void *user, int32_t layer, int32_t n_layers,
+                                     int64_t n_tokens);
+mi_status mi_model_set_progress(mi_model *model, mi_model_progress_fn fn, void *user);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokenizer                                                                                   */
+
+/* Tokenizes text. tokens may be NULL with capacity 0 to ask for the count: *n_tokens always gets
+ * the count, and MI_STATUS_WORKSPACE_TOO_SMALL is returned when capacity is smaller. add_bos
+ * < 0 uses the model's default; parse_special != 0 turns special-token text
+ * ("<|im_start|>") into its id. */
+mi_status mi_model_tokenize(mi_model *model, const char *text, size_t length, int add_bos,
+                            int parse_special, int32_t *tokens, size_t capacity,
+                            size_t *n_tokens);
+/* The bytes of one token (control tokens give their text). *length gets the full length; the
+ * copy is truncated to capacity (no NUL is written). */
+mi_status mi_model_token_to_piece(const mi_model *model, int32_t token, char *buf,
+                                  size_t capacity, size_t *length);
+/* 1 if generation should stop at this token (eos, eot, <|im_end|>, <|end_of_text|>). */
+int mi_model_token_is_eog(const mi_model *model, int32_t token);
+/* 1 for control tokens (not printed while streaming). */
+int mi_model_token_is_control(const mi_model *model, int32_t token);
+
+typedef enum mi_chat_template {
+    MI_CHAT_AUTO = 0, /* ChatML if the vocabulary has <|im_start|>, LLaMA-3 if it has
+                         <|start_header_id|> */
+    MI_CHAT_CHATML = 1,
+    MI_CHAT_LLAMA3 = 2,
+} mi_chat_template;
+
+/* Wraps one user message into the template (with a generation prompt). system may be NULL
+ * (ChatML then uses the model's customary default when it is SmolLM2, none otherwise).
+ * *out is malloc'ed; release with mi_free. MI_STATUS_UNSUPPORTED for AUTO when neither
+ * template's tokens are in the vocabulary. */
+mi_status mi_model_chat_prompt(const mi_model *model, mi_chat_template tmpl, const char *system,
+                               const char *user, char **out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forward                                                                                     */
+
+/* Runs the prompt from an empty cache (previous state is dropped) and writes the last position's
+ * logits [vocab] (may be NULL). Attention is the mode set by mi_model_set_attention. */
+mi_status mi_model_prefill(mi_model *model, const int32_t *tokens, size_t n_tokens,
+                           float *logits);
+/* Appends tokens to the cache (one token for decode; more for a follow-up turn, which attends
+ * densely, as in the original) and writes the last position's logits. */
+mi_status mi_model_decode(mi_model *model, const int32_t *tokens, size_t n_tokens,
+                          float *logits);
+/* Tokens in the cache. */
+int64_t mi_model_n_past(const mi_model *model);
+/* Index of the largest logit (the first one on ties). */
+int32_t mi_argmax(const float *logits, int32_t n);
+
+/* ------------------------------------------------------------------------------------------ */
+/* capture hook: a prefill that shows each layer's attention inputs and scores every token     */
+
+/* Called once per layer during mi_model_prefill_capture with the layer's post-RoPE operands:
+ * q [1, n_heads, n, head_dim], k and v [1, n_kv_heads, n, head_dim] (fp32, [B, L, H, D]
+ * storage, valid only during the call). A non-success return stops the prefill with that status. */
+typedef mi_status (*mi_model_layer_fn)(void *user, int32_t layer, const mi_tensor *q,
+                                       const mi_tensor *k, const mi_tensor *v);
+
+typedef struct mi_model_capture {
+    mi_model_layer_fn on_layer; /* may be NULL */
+    void *user;
+    /* Optional [n_tokens - 1]: log p(tokens[i + 1] | tokens[0..i]) under the attention set by
+     * mi_model_set_attention, for perplexity. Costs one LM-head GEMM over every position. */
+    double *token_log_probs;
+} mi_model_capture;
+
+/* A fresh prefill (attention as set by mi_model_set_attention) that calls capture->on_layer per
+ * layer and fills capture->token_log_probs. The KV cache is left empty (n_past = 0): this is a
+ * measurement pass, not the start of a generation. */
+mi_status mi_model_prefill_capture(mi_model *model, const int32_t *tokens, size_t n_tokens,
+                                   const mi_model_capture *capture);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MINFERENCE_MODEL_H */

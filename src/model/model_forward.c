@@ -1,0 +1,467 @@
+/*
+ * model_forward.c: the llama-family forward pass on the CPU.
+ *
+ * Per layer, for n new tokens at positions n_past..n_past+n-1:
+ *   h = RMSNorm(x); q, k, v = h Wq, h Wk, h Wv (+ biases); RoPE on q and k;
+ *   k, v are written straight into the layer's cache rows ([pos][n_kv * hd], which is the
+ *   [B, L, H, D] layout mi_tensor_blhd describes, so no copy or transpose is needed);
+ *   attention: a fresh prompt goes through mi_prefill_attention with the layer's per-head
+ *   patterns; a continuation (decode, follow-up turn) is dense over the cache, as in the
+ *   original (sparse prefill only applies to the first prompt);
+ *   x += attn Wo; then the MLP in chunks of mlp_chunk rows, so that the [n, ffn] intermediates
+ *   never exist for the whole prompt: x += (silu(h Wg) * (h Wu)) Wd with h = RMSNorm(x).
+ * The final norm and LM head run for the last position only.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "model_runner.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Matmul                                                                                      */
+
+typedef struct gemv_job {
+    const mim_weight *w;
+    const float *x;
+    int64_t n, ldo;
+    float *out;
+} gemv_job;
+
+static void gemv_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    const gemv_job *j = arg;
+    const unsigned char *base = j->w->data;
+    for (int64_t r = b; r < e; r++) {
+        const void *row = base + (size_t)r * j->w->row_bytes;
+        for (int64_t i = 0; i < j->n; i++)
+            j->out[i * j->ldo + r] = mim_dot_row(j->w->type, row, j->x + i * j->w->cols,
+                                                 j->w->cols);
+    }
+}
+
+typedef struct dequant_job {
+    const mim_weight *w;
+    float *dst;
+} dequant_job;
+
+static void dequant_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    const dequant_job *j = arg;
+    const unsigned char *base = j->w->data;
+    for (int64_t r = b; r < e; r++)
+        mim_dequant_row(j->w->type, base + (size_t)r * j->w->row_bytes, j->dst + r * j->w->cols,
+                        j->w->cols);
+}
+
+/* Below this many rows of x, reading each encoded weight row once per x row beats expanding
+ * the matrix for sgemm (decode is n = 1). */
+#define GEMV_MAX_ROWS 4
+
+void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
+                int64_t ldo)
+{
+    if (n <= 0)
+        return;
+    if (n <= GEMV_MAX_ROWS || !m->wscratch) {
+        gemv_job j = {w, x, n, ldo, out};
+        mim_pool_run(m->pool, w->rows, gemv_task, &j);
+        return;
+    }
+    const float *wf = w->data;
+    if (w->type != MIM_TYPE_F32) {
+        dequant_job j = {w, m->wscratch};
+        mim_pool_run(m->pool, w->rows, dequant_task, &j);
+        wf = m->wscratch;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)w->rows, (int)w->cols, 1.0f,
+                x, (int)w->cols, wf, (int)w->cols, 0.0f, out, (int)ldo);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Elementwise pieces                                                                          */
+
+static void rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * dim;
+        double ss = 0.0;
+        for (int64_t k = 0; k < dim; k++)
+            ss += (double)xi[k] * xi[k];
+        float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        for (int64_t k = 0; k < dim; k++)
+            out[i * dim + k] = xi[k] * r * w[k];
+    }
+}
+
+static void add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld)
+{
+    if (!b)
+        return;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < dim; k++)
+            x[i * ld + k] += b[k];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dense attention over the cache for rows that continue a sequence                           */
+
+typedef struct cont_job {
+    const float *q; /* [n, n_heads * hd] */
+    const float *k, *v;
+    float *out;
+    int64_t n, n_past;
+    int32_t n_heads, n_kv, hd;
+    float scale;
+} cont_job;
+
+/* One (row, head) per task item; online softmax over keys 0..n_past+row, so no score buffer. */
+static void cont_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    const cont_job *j = arg;
+    const int64_t kvd = (int64_t)j->n_kv * j->hd;
+    const int32_t group = j->n_heads / j->n_kv;
+    float acc[1024];
+    for (int64_t t = b; t < e; t++) {
+        int64_t row = t / j->n_heads;
+        int32_t h = (int32_t)(t % j->n_heads);
+        const float *q = j->q + row * (int64_t)j->n_heads * j->hd + (int64_t)h * j->hd;
+        const float *kb = j->k + (int64_t)(h / group) * j->hd;
+        const float *vb = j->v + (int64_t)(h / group) * j->hd;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int32_t d = 0; d < j->hd; d++)
+            acc[d] = 0.0f;
+        int64_t last = j->n_past + row;
+        for (int64_t p = 0; p <= last; p++) {
+            const float *kp = kb + p * kvd;
+            float s = 0.0f;
+            for (int32_t d = 0; d < j->hd; d++)
+                s += q[d] * kp[d];
+            s *= j->scale;
+            if (s > mx) {
+                float c = expf(mx - s);
+                sum *= c;
+                for (int32_t d = 0; d < j->hd; d++)
+                    acc[d] *= c;
+                mx = s;
+            }
+            float pw = expf(s - mx);
+            sum += pw;
+            const float *vp = vb + p * kvd;
+            for (int32_t d = 0; d < j->hd; d++)
+                acc[d] += pw * vp[d];
+        }
+        float *o = j->out + row * (int64_t)j->n_heads * j->hd + (int64_t)h * j->hd;
+        for (int32_t d = 0; d < j->hd; d++)
+            o[d] = acc[d] / sum;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static mi_status ensure_cache(mi_model *m, int64_t need)
+{
+    if (need <= m->cache_cap)
+        return MI_STATUS_SUCCESS;
+    if (m->params.max_context > 0 && need > m->params.max_context)
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
+                              "%lld tokens exceed the KV cache capacity max_context = %lld",
+                              (long long)need, (long long)m->params.max_context);
+    int64_t cap = m->cache_cap ? m->cache_cap : 256;
+    while (cap < need)
+        cap *= 2;
+    if (m->params.max_context > 0 && cap > m->params.max_context)
+        cap = m->params.max_context;
+    const size_t row = (size_t)m->n_kv * m->hd * sizeof(float);
+    if (!m->k_cache) {
+        m->k_cache = calloc((size_t)m->n_layers, sizeof(float *));
+        m->v_cache = calloc((size_t)m->n_layers, sizeof(float *));
+        if (!m->k_cache || !m->v_cache)
+            return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for the KV cache");
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        float *k = realloc(m->k_cache[l], (size_t)cap * row);
+        if (k)
+            m->k_cache[l] = k;
+        float *v = realloc(m->v_cache[l], (size_t)cap * row);
+        if (v)
+            m->v_cache[l] = v;
+        if (!k || !v)
+            return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
+                                  "out of memory for a KV cache of %lld tokens", (long long)cap);
+    }
+    m->cache_cap = cap;
+    return MI_STATUS_SUCCESS;
+}
+
+static mi_status layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat)
+{
+    mi_pattern_type t;
+    switch (m->mode) {
+    case MI_ATTN_DENSE:
+        t = MI_PATTERN_DENSE;
+        break;
+    case MI_ATTN_A_SHAPE:
+        t = MI_PATTERN_A_SHAPE;
+        break;
+    case MI_ATTN_TRI_SHAPE:
+        t = MI_PATTERN_TRI_SHAPE;
+        break;
+    case MI_ATTN_BLOCK_SPARSE:
+        t = MI_PATTERN_BLOCK_SPARSE;
+        break;
+    default:
+        if (m->config) {
+            mi_status st = mi_config_layer(m->ctx, m->config, layer, m->n_heads, pat, NULL);
+            if (st != MI_STATUS_SUCCESS)
+                return mim_model_fail(m, st, "pattern config, layer %d: %s", layer,
+                                      mi_context_last_error(m->ctx));
+            return MI_STATUS_SUCCESS;
+        }
+        t = MI_PATTERN_VERTICAL_SLASH;
+        break;
+    }
+    for (int32_t h = 0; h < m->n_heads; h++)
+        pat[h] = mi_head_pattern_default(t);
+    return MI_STATUS_SUCCESS;
+}
+
+typedef struct fwd_bufs {
+    float *x, *h, *q, *att, *g, *u, *cos_t, *sin_t, *inv_freq;
+    mi_head_pattern *pat;
+} fwd_bufs;
+
+static void free_bufs(fwd_bufs *b)
+{
+    free(b->x);
+    free(b->h);
+    free(b->q);
+    free(b->att);
+    free(b->g);
+    free(b->u);
+    free(b->cos_t);
+    free(b->sin_t);
+    free(b->inv_freq);
+    free(b->pat);
+}
+
+static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits)
+{
+    if (fresh)
+        m->n_past = 0;
+    const int64_t n_past = m->n_past;
+    mi_status st = ensure_cache(m, n_past + n);
+    if (st != MI_STATUS_SUCCESS)
+        return st;
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab)
+            return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
+                                  "token %d at %lld is outside the vocabulary (%d)", tokens[i],
+                                  (long long)i, m->vocab);
+    const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
+    const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
+    const int32_t half = m->rope.dim / 2;
+    if (n > GEMV_MAX_ROWS && !m->wscratch) {
+        size_t most = 0;
+        const mim_layer *L = &m->layers[0];
+        const mim_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+            if ((size_t)(ws[i]->rows * ws[i]->cols) > most)
+                most = (size_t)(ws[i]->rows * ws[i]->cols);
+        m->wscratch = malloc(most * sizeof(float));
+        m->wscratch_floats = most; /* NULL is fine: mim_matmul then stays on the GEMV path */
+    }
+    fwd_bufs b;
+    memset(&b, 0, sizeof(b));
+    b.x = malloc((size_t)(n * D) * sizeof(float));
+    b.h = malloc((size_t)(n * (D > qd ? D : qd)) * sizeof(float));
+    b.q = malloc((size_t)(n * qd) * sizeof(float));
+    b.att = malloc((size_t)(n * qd) * sizeof(float));
+    b.g = malloc((size_t)(chunk * m->ffn) * sizeof(float));
+    b.u = malloc((size_t)(chunk * m->ffn) * sizeof(float));
+    b.cos_t = malloc((size_t)(n * half) * sizeof(float));
+    b.sin_t = malloc((size_t)(n * half) * sizeof(float));
+    b.inv_freq = malloc((size_t)half * sizeof(float));
+    b.pat = malloc((size_t)m->n_heads * sizeof(mi_head_pattern));
+    if (!b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
+        !b.pat) {
+        free_bufs(&b);
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
+                              "out of memory for the activations of %lld tokens", (long long)n);
+    }
+    float mscale;
+    mim_rope_freqs(&m->rope, n_past + n, b.inv_freq, &mscale);
+    mim_rope_table(b.inv_freq, mscale, m->rope.dim, n_past, n, b.cos_t, b.sin_t);
+    for (int64_t i = 0; i < n; i++)
+        mim_dequant_row(m->tok_embd.type,
+                        (const unsigned char *)m->tok_embd.data +
+                            (size_t)tokens[i] * m->tok_embd.row_bytes,
+                        b.x + i * D, D);
+    const float scale = 1.0f / sqrtf((float)m->hd);
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.softmax_scale = scale;
+    pp.dense_below = m->dense_below;
+
+    for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
+        const mim_layer *L = &m->layers[l];
+        float *kc = m->k_cache[l] + n_past * kvd, *vc = m->v_cache[l] + n_past * kvd;
+        rmsnorm(b.x, L->attn_norm, b.h, n, D, m->eps);
+        mim_matmul(m, b.h, n, &L->wq, b.q, qd);
+        mim_matmul(m, b.h, n, &L->wk, kc, kvd);
+        mim_matmul(m, b.h, n, &L->wv, vc, kvd);
+        add_bias(b.q, L->bq, n, qd, qd);
+        add_bias(kc, L->bk, n, kvd, kvd);
+        add_bias(vc, L->bv, n, kvd, kvd);
+        mim_rope_apply(&m->rope, b.q, n, m->n_heads, m->hd, qd, b.cos_t, b.sin_t);
+        mim_rope_apply(&m->rope, kc, n, m->n_kv, m->hd, kvd, b.cos_t, b.sin_t);
+        if (n_past == 0 && n > 1) {
+            if ((st = layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS)
+                break;
+            mi_tensor tq = mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
+            mi_tensor tk = mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n,
+                                          m->hd);
+            mi_tensor tv = mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n,
+                                          m->hd);
+            mi_tensor to = mi_tensor_blhd(b.att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n,
+                                          m->hd);
+            st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, b.pat, &pp, &to, NULL, NULL, 0);
+            if (st != MI_STATUS_SUCCESS) {
+                mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
+                break;
+            }
+        } else {
+            cont_job j = {b.q, m->k_cache[l], m->v_cache[l], b.att, n, n_past,
+                          m->n_heads, m->n_kv, m->hd, scale};
+            mim_pool_run(m->pool, n * m->n_heads, cont_task, &j);
+        }
+        mim_matmul(m, b.att, n, &L->wo, b.h, D);
+        for (int64_t i = 0; i < n * D; i++)
+            b.x[i] += b.h[i];
+        for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+            int64_t c = n - c0 < chunk ? n - c0 : chunk;
+            float *xc = b.x + c0 * D;
+            rmsnorm(xc, L->ffn_norm, b.h, c, D, m->eps);
+            mim_matmul(m, b.h, c, &L->wg, b.g, m->ffn);
+            mim_matmul(m, b.h, c, &L->wu, b.u, m->ffn);
+            for (int64_t i = 0; i < c * m->ffn; i++) {
+                float g = b.g[i];
+                b.g[i] = g / (1.0f + expf(-g)) * b.u[i];
+            }
+            mim_matmul(m, b.g, c, &L->wd, b.h, D);
+            for (int64_t i = 0; i < c * D; i++)
+                xc[i] += b.h[i];
+        }
+        if (m->progress)
+            m->progress(m->progress_user, l + 1, m->n_layers, n);
+    }
+    if (st == MI_STATUS_SUCCESS) {
+        m->n_past = n_past + n;
+        if (logits) {
+            rmsnorm(b.x + (n - 1) * D, m->out_norm, b.h, 1, D, m->eps);
+            mim_matmul(m, b.h, 1, &m->output, logits, m->vocab);
+        }
+    } else if (fresh) {
+        m->n_past = 0;
+    }
+    free_bufs(&b);
+    return st;
+}
+
+mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *logits)
+{
+    if (!m)
+        return MI_STATUS_INVALID_ARGUMENT;
+    m->last_error[0] = 0;
+    if (!tokens || n == 0)
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "no tokens to prefill");
+    return forward(m, tokens, (int64_t)n, true, logits);
+}
+
+mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *logits)
+{
+    if (!m)
+        return MI_STATUS_INVALID_ARGUMENT;
+    m->last_error[0] = 0;
+    if (!tokens || n == 0)
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "no tokens to decode");
+    return forward(m, tokens, (int64_t)n, false, logits);
+}
+
+int64_t mi_model_n_past(const mi_model *m)
+{
+    return m ? m->n_past : 0;
+}
+
+int32_t mi_argmax(const float *logits, int32_t n)
+{
+    if (!logits || n <= 0)
+        return -1;
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    return best;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Settings                                                                                    */
+
+static const char *mode_names[] = {"dense", "minference", "a_shape", "tri_shape", "block_sparse"};
+
+const char *mi_attn_mode_name(mi_attn_mode mode)
+{
+    if ((int)mode < 0 || (int)mode >= (int)(sizeof(mode_names) / sizeof(mode_names[0])))
+        return NULL;
+    return mode_names[mode];
+}
+
+mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out)
+{
+    if (!name || !out)
+        return MI_STATUS_INVALID_ARGUMENT;
+    for (int i = 0; i < (int)(sizeof(mode_names) / sizeof(mode_names[0])); i++)
+        if (strcmp(name, mode_names[i]) == 0) {
+            *out = (mi_attn_mode)i;
+            return MI_STATUS_SUCCESS;
+        }
+    if (strcmp(name, "stream_llm") == 0 || strcmp(name, "vertical_and_slash") == 0) {
+        *out = name[0] == 's' ? MI_ATTN_A_SHAPE : MI_ATTN_MINFERENCE;
+        return MI_STATUS_SUCCESS;
+    }
+    return MI_STATUS_INVALID_ARGUMENT;
+}
+
+mi_status mi_model_set_attention(mi_model *m, mi_attn_mode mode, const mi_config *config,
+                                 int32_t dense_below)
+{
+    if (!m)
+        return MI_STATUS_INVALID_ARGUMENT;
+    if (!mi_attn_mode_name(mode))
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "unknown attention mode %d",
+                              (int)mode);
+    if (config) {
+        mi_status st = mi_config_check(m->ctx, config, m->n_layers, m->n_heads);
+        if (st != MI_STATUS_SUCCESS)
+            return mim_model_fail(m, st, "pattern config does not fit the model (%d layers, %d "
+                                  "heads): %s", m->n_layers, m->n_heads,
+                                  mi_context_last_error(m->ctx));
+    }
+    m->mode = mode;
+    m->config = config;
+    m->dense_below = dense_below;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_model_set_progress(mi_model *m, mi_model_progress_fn fn, void *user)
+{
+    if (!m)
+        return MI_STATUS_INVALID_ARGUMENT;
+    m->progress = fn;
+    m->progress_user = user;
+    return MI_STATUS_SUCCESS;
+}

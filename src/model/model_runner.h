@@ -1,0 +1,62 @@
+/*
+ * model_runner.h: the layout of a loaded model, shared by the loader and the forward pass.
+ */
+#ifndef MI_MODEL_RUNNER_H
+#define MI_MODEL_RUNNER_H
+
+#include "model_internal.h"
+
+typedef struct mim_layer {
+    mim_weight wq, wk, wv, wo, wg, wu, wd;
+    float *bq, *bk, *bv;        /* [n_heads*hd], [n_kv*hd]; NULL without biases */
+    float *attn_norm, *ffn_norm; /* [hidden] */
+} mim_layer;
+
+struct mi_model {
+    mi_model_info info;
+    mi_model_params params;
+    int32_t n_layers, hidden, n_heads, n_kv, hd, ffn, vocab;
+    float eps;
+    mim_rope rope;
+    mim_weight tok_embd, output;
+    float *out_norm;
+    mim_layer *layers;
+    mim_tokenizer *tok;
+    int32_t extra_eog[8]; /* further end-of-generation ids (config.json eos lists) */
+    int n_extra_eog;
+    bool smollm; /* for the customary ChatML system prompt */
+
+    /* storage */
+    mim_gguf *gguf;
+    mim_st_file *shards;
+    int n_shards;
+    void **owned; /* fp32 copies of norms, biases, rope factors */
+    int n_owned, cap_owned;
+
+    /* runtime */
+    mi_context *ctx;
+    mim_pool *pool;
+    mi_attn_mode mode;
+    const mi_config *config;
+    int32_t dense_below;
+    mi_model_progress_fn progress;
+    void *progress_user;
+    float **k_cache, **v_cache; /* [n_layers][cache_cap * n_kv * hd], rows by position */
+    int64_t cache_cap, n_past;
+    float *wscratch; /* one weight matrix expanded to fp32 for sgemm */
+    size_t wscratch_floats;
+    char last_error[MIM_ERROR_CAPACITY];
+};
+
+/* Records a message on the model and returns status. */
+mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* out [n, ldo] (columns 0..w->rows) = x [n, w->cols] . W^T */
+void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
+                int64_t ldo);
+
+#endif /* MI_MODEL_RUNNER_H */

@@ -1,0 +1,421 @@
+/*
+ * model_util.c: error formatting, UTF-8 and Unicode classes, hash maps and the worker pool that
+ * the rest of the model runner shares.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "model_internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+mi_status mim_fail(char *buf, size_t cap, mi_status status, const char *fmt, ...)
+{
+    if (buf && cap > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, cap, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Unicode                                                                                     */
+
+static bool in_ranges(const mi_unicode_range *r, size_t n, uint32_t cp)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cp < r[mid].lo)
+            hi = mid;
+        else if (cp > r[mid].hi)
+            lo = mid + 1;
+        else
+            return true;
+    }
+    return false;
+}
+
+bool mim_uc_is_letter(uint32_t cp)
+{
+    if (cp < 0x80)
+        return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
+    return in_ranges(mi_unicode_letters, mi_unicode_letters_count, cp);
+}
+
+bool mim_uc_is_number(uint32_t cp)
+{
+    if (cp < 0x80)
+        return cp >= '0' && cp <= '9';
+    return in_ranges(mi_unicode_numbers, mi_unicode_numbers_count, cp);
+}
+
+bool mim_uc_is_space(uint32_t cp)
+{
+    return (cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+           cp == 0x205F || cp == 0x3000;
+}
+
+size_t mim_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    unsigned char c = s[0];
+    size_t need;
+    uint32_t v;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    } else if ((c & 0xE0) == 0xC0) {
+        need = 2;
+        v = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+        need = 3;
+        v = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+        need = 4;
+        v = c & 0x07;
+    } else {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    if (need > n) {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xC0) != 0x80) {
+            *cp = 0xFFFD;
+            return 1;
+        }
+        v = (v << 6) | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return need;
+}
+
+size_t mim_utf8_encode(uint32_t cp, char out[4])
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    } else if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    } else if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hash maps: linear probing, capacity a power of two at most half full.                      */
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t hash_u64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static size_t pow2_cap(size_t expected)
+{
+    size_t cap = 16;
+    while (cap < expected * 2 + 1)
+        cap *= 2;
+    return cap;
+}
+
+bool mim_strmap_init(mim_strmap *m, size_t expected)
+{
+    memset(m, 0, sizeof(*m));
+    m->cap = pow2_cap(expected);
+    m->keys = calloc(m->cap, sizeof(*m->keys));
+    m->lens = calloc(m->cap, sizeof(*m->lens));
+    m->vals = calloc(m->cap, sizeof(*m->vals));
+    if (!m->keys || !m->lens || !m->vals) {
+        mim_strmap_free(m);
+        return false;
+    }
+    return true;
+}
+
+void mim_strmap_free(mim_strmap *m)
+{
+    free(m->keys);
+    free(m->lens);
+    free(m->vals);
+    memset(m, 0, sizeof(*m));
+}
+
+static bool strmap_grow(mim_strmap *m)
+{
+    mim_strmap bigger;
+    if (!mim_strmap_init(&bigger, m->cap))
+        return false;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->keys[i])
+            mim_strmap_put(&bigger, m->keys[i], m->lens[i], m->vals[i]);
+    mim_strmap_free(m);
+    *m = bigger;
+    return true;
+}
+
+bool mim_strmap_put(mim_strmap *m, const char *key, size_t len, int32_t val)
+{
+    if ((m->count + 1) * 2 > m->cap && !strmap_grow(m))
+        return false;
+    size_t mask = m->cap - 1;
+    for (size_t i = hash_bytes(key, len) & mask;; i = (i + 1) & mask) {
+        if (!m->keys[i]) {
+            m->keys[i] = key;
+            m->lens[i] = (uint32_t)len;
+            m->vals[i] = val;
+            m->count++;
+            return true;
+        }
+        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0)
+            return true;
+    }
+}
+
+int32_t mim_strmap_get(const mim_strmap *m, const char *key, size_t len)
+{
+    if (!m->cap)
+        return -1;
+    size_t mask = m->cap - 1;
+    for (size_t i = hash_bytes(key, len) & mask;; i = (i + 1) & mask) {
+        if (!m->keys[i])
+            return -1;
+        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0)
+            return m->vals[i];
+    }
+}
+
+/* Key 0 marks an empty slot, so keys are stored + 1 (pair ids never reach UINT64_MAX). */
+bool mim_pairmap_init(mim_pairmap *m, size_t expected)
+{
+    memset(m, 0, sizeof(*m));
+    m->cap = pow2_cap(expected);
+    m->keys = calloc(m->cap, sizeof(*m->keys));
+    m->rank = calloc(m->cap, sizeof(*m->rank));
+    m->merged = calloc(m->cap, sizeof(*m->merged));
+    if (!m->keys || !m->rank || !m->merged) {
+        mim_pairmap_free(m);
+        return false;
+    }
+    return true;
+}
+
+void mim_pairmap_free(mim_pairmap *m)
+{
+    free(m->keys);
+    free(m->rank);
+    free(m->merged);
+    memset(m, 0, sizeof(*m));
+}
+
+bool mim_pairmap_put(mim_pairmap *m, uint64_t key, int32_t rank, int32_t merged)
+{
+    if ((m->count + 1) * 2 > m->cap) {
+        mim_pairmap bigger;
+        if (!mim_pairmap_init(&bigger, m->cap))
+            return false;
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->keys[i])
+                mim_pairmap_put(&bigger, m->keys[i] - 1, m->rank[i], m->merged[i]);
+        mim_pairmap_free(m);
+        *m = bigger;
+    }
+    size_t mask = m->cap - 1;
+    for (size_t i = hash_u64(key) & mask;; i = (i + 1) & mask) {
+        if (!m->keys[i]) {
+            m->keys[i] = key + 1;
+            m->rank[i] = rank;
+            m->merged[i] = merged;
+            m->count++;
+            return true;
+        }
+        if (m->keys[i] == key + 1)
+            return true; /* the first (best-ranked) merge of a pair wins */
+    }
+}
+
+bool mim_pairmap_get(const mim_pairmap *m, uint64_t key, int32_t *rank, int32_t *merged)
+{
+    if (!m->cap)
+        return false;
+    size_t mask = m->cap - 1;
+    for (size_t i = hash_u64(key) & mask;; i = (i + 1) & mask) {
+        if (!m->keys[i])
+            return false;
+        if (m->keys[i] == key + 1) {
+            *rank = m->rank[i];
+            *merged = m->merged[i];
+            return true;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Worker pool: persistent threads woken per job, because decode issues hundreds of small
+ * parallel loops per token and thread creation would dominate them. */
+
+struct mim_pool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t start_cv, done_cv;
+    uint64_t generation;
+    int pending;
+    bool stop;
+    mim_task_fn fn;
+    void *arg;
+    int64_t total;
+};
+
+typedef struct pool_worker {
+    mim_pool *pool;
+    int index;
+} pool_worker;
+
+static void pool_range(const mim_pool *p, int index, int64_t *b, int64_t *e)
+{
+    int64_t chunk = (p->total + p->n - 1) / p->n;
+    *b = chunk * index;
+    *e = *b + chunk;
+    if (*b > p->total)
+        *b = p->total;
+    if (*e > p->total)
+        *e = p->total;
+}
+
+static void *pool_main(void *arg)
+{
+    pool_worker *w = arg;
+    mim_pool *p = w->pool;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->stop && p->generation == seen)
+            pthread_cond_wait(&p->start_cv, &p->mu);
+        if (p->stop) {
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        int64_t b, e;
+        pool_range(p, w->index, &b, &e);
+        if (b < e)
+            p->fn(p->arg, b, e, w->index);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0)
+            pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    free(w);
+    return NULL;
+}
+
+mim_pool *mim_pool_create(int n_threads)
+{
+    if (n_threads < 1)
+        n_threads = 1;
+    mim_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!p->threads) {
+        free(p);
+        return NULL;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        pool_worker *w = malloc(sizeof(*w));
+        if (w) {
+            w->pool = p;
+            w->index = i;
+        }
+        if (!w || pthread_create(&p->threads[i], NULL, pool_main, w) != 0) {
+            free(w);
+            p->n = i; /* run with the threads that did start */
+            break;
+        }
+    }
+    return p;
+}
+
+void mim_pool_destroy(mim_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++)
+        pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p->threads);
+    free(p);
+}
+
+int mim_pool_size(const mim_pool *p)
+{
+    return p ? p->n : 1;
+}
+
+void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg)
+{
+    if (n <= 0)
+        return;
+    if (!p || p->n == 1 || n == 1) {
+        fn(arg, 0, n, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->total = n;
+    p->pending = p->n - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    int64_t b, e;
+    pool_range(p, 0, &b, &e);
+    if (b < e)
+        fn(arg, b, e, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0)
+        pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}

