@@ -1,0 +1,214 @@
+/*
+ * test_cpu_prefill.c: a whole layer with a different pattern per head (mi_prefill_attention)
+ * and the metrics of those patterns (mi_metrics_evaluate, mi_metrics_rel_l2).
+ *  - every head against the float64 reference under its own element mask: dense, A-shape,
+ *    Tri-shape, empty A-shape, vertical-slash (index from mi_vs_estimate + mi_vs_build_index),
+ *    block-sparse (mi_block_sparse_estimate); batch 2 with different lengths, GQA 4;
+ *  - the dense fallback below dense_below (explicit, and the library default);
+ *  - a caller workspace gives the same bytes as the internal one;
+ *  - metrics: recall and density equal a float64 computation over the same masks.
+ */
+#include "test_util.h"
+
+typedef struct layer_mask {
+    const mi_head_pattern *pat;
+    const int32_t *lens;
+    int64_t L;
+    key_mask vs, bs;
+} layer_mask;
+
+static bool mask_layer(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const layer_mask *m = ctx;
+    const mi_head_pattern *p = &m->pat[h];
+    switch (p->type) {
+    case MI_PATTERN_DENSE:
+        return true;
+    case MI_PATTERN_A_SHAPE:
+    case MI_PATTERN_TRI_SHAPE: {
+        ashape_mask a = {p->n_init, p->n_local, p->type == MI_PATTERN_TRI_SHAPE ? p->n_last : 0,
+                         m->lens, m->L};
+        return mask_ashape(&a, b, h, i, j);
+    }
+    case MI_PATTERN_VERTICAL_SLASH:
+        return mask_keys((void *)&m->vs, b, h, i, j);
+    case MI_PATTERN_BLOCK_SPARSE:
+        return mask_keys((void *)&m->bs, b, h, i, j);
+    }
+    return false;
+}
+
+static mi_head_pattern pat(mi_pattern_type t, int32_t a, int32_t b, int32_t c) {
+    mi_head_pattern p = mi_head_pattern_default(t);
+    if (t == MI_PATTERN_VERTICAL_SLASH) p.vertical_size = a, p.slash_size = b;
+    if (t == MI_PATTERN_A_SHAPE || t == MI_PATTERN_TRI_SHAPE) p.n_init = a, p.n_local = b;
+    if (t == MI_PATTERN_TRI_SHAPE) p.n_last = c;
+    if (t == MI_PATTERN_BLOCK_SPARSE) p.top_k = a;
+    return p;
+}
+
+/* float64 recall and visited pairs of (b, h) under mask */
+static void ref_metrics(const tbuf *q, const tbuf *k, int64_t b, int64_t h, int64_t len,
+                        mask_fn mask, void *mctx, double *recall, double *visited) {
+    const int64_t D = q->D, hk = h / (q->H / k->H);
+    double *s = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
+    double rec = 0.0, vis = 0.0;
+    for (int64_t i = 0; i < len; i++) {
+        const double *qi = q->ref + ((b * q->H + h) * q->L + i) * D;
+        double mx = -INFINITY, sum = 0.0, kept = 0.0;
+        for (int64_t j = 0; j <= i; j++) {
+            const double *kj = k->ref + ((b * k->H + hk) * k->L + j) * D;
+            double dot = 0.0;
+            for (int64_t d = 0; d < D; d++) dot += qi[d] * kj[d];
+            s[j] = dot / sqrt((double)D);
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        for (int64_t j = 0; j <= i; j++) {
+            const double p = exp(s[j] - mx);
+            sum += p;
+            if (mask(mctx, b, h, i, j)) {
+                kept += p;
+                vis += 1.0;
+            }
+        }
+        rec += kept / sum;
+    }
+    *recall = len > 0 ? rec / (double)len : 1.0;
+    *visited = vis;
+    free(s);
+}
+
+int main(int argc, char **argv) {
+    g_seed = test_seed(argc, argv, 99);
+    rng r = {g_seed};
+    mi_context *ctx = test_context();
+    const int64_t B = 2, Hq = 8, Hkv = 2, L = 1100, D = 64;
+    const int32_t lens[2] = {1100, 777};
+    const mi_head_pattern pats[8] = {
+        pat(MI_PATTERN_DENSE, 0, 0, 0),           pat(MI_PATTERN_A_SHAPE, 4, 100, 0),
+        pat(MI_PATTERN_TRI_SHAPE, 4, 100, 50),    pat(MI_PATTERN_VERTICAL_SLASH, 40, 60, 0),
+        pat(MI_PATTERN_BLOCK_SPARSE, 3, 0, 0),    pat(MI_PATTERN_VERTICAL_SLASH, 5000, 5000, 0),
+        pat(MI_PATTERN_A_SHAPE, 0, 0, 0),         pat(MI_PATTERN_BLOCK_SPARSE, 0, 0, 0),
+    };
+    for (int dti = 0; dti < 2; dti++) {
+        const mi_dtype dt = dti == 0 ? MI_DTYPE_F32 : MI_DTYPE_BF16;
+        const bool blhd = dti == 1;
+        tbuf q = tb_new(dt, blhd, B, Hq, L, D), k = tb_new(dt, blhd, B, Hkv, L, D);
+        tbuf v = tb_new(dt, blhd, B, Hkv, L, D), o = tb_new(dt, blhd, B, Hq, L, D);
+        tbuf o2 = tb_new(dt, blhd, B, Hq, L, D);
+        tb_fill_normal(&q, &r, 2.0);
+        tb_fill_normal(&k, &r, 1.0);
+        tb_fill_normal(&v, &r, 1.0);
+        tb_poison(&o);
+        mi_prefill_params pp = mi_prefill_default_params();
+        pp.dense_below = 0;
+
+        /* the expected per-head key sets, from the public estimators */
+        int32_t vsz[8], ssz[8], tk[8];
+        for (int h = 0; h < 8; h++) {
+            vsz[h] = pats[h].type == MI_PATTERN_VERTICAL_SLASH ? pats[h].vertical_size : 0;
+            ssz[h] = pats[h].type == MI_PATTERN_VERTICAL_SLASH ? pats[h].slash_size : 0;
+            tk[h] = pats[h].type == MI_PATTERN_BLOCK_SPARSE ? pats[h].top_k : 0;
+        }
+        const int32_t R = (int32_t)((L + 63) / 64);
+        vs_buf vb = vs_new((int32_t)B, (int32_t)Hq, (int32_t)L, (int32_t)L);
+        sparse_buf vsx = sparse_new((int32_t)B, (int32_t)Hq, R, (int32_t)L + 1, (int32_t)L);
+        sparse_buf bsx = sparse_new((int32_t)B, (int32_t)Hq, R, R, 0);
+        CHECK_OK(mi_vs_estimate(ctx, &q.t, &k.t, lens, vsz, ssz, &pp.vs, 0.0f, &vb.x));
+        CHECK_OK(mi_vs_build_index(ctx, L, lens, &vb.x, &vsx.x));
+        CHECK_OK(mi_block_sparse_estimate(ctx, &q.t, &k.t, lens, tk, &bsx.x));
+        layer_mask lm = {pats, lens, L, key_mask_from_index(&vsx.x, L),
+                         key_mask_from_index(&bsx.x, L)};
+
+        const size_t n_rows = (size_t)(B * Hq * L);
+        float *lse = malloc(n_rows * sizeof(float)), *lse2 = malloc(n_rows * sizeof(float));
+        double *ref = malloc(n_rows * (size_t)D * sizeof(double));
+        double *ref_lse = malloc(n_rows * sizeof(double));
+        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o.t, lse, NULL,
+                                      0));
+        ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_layer, &lm, ref, ref_lse);
+        compare_out("prefill mixed patterns", &o, ref, lens);
+        compare_lse("prefill mixed patterns", lse, ref_lse, (int64_t)n_rows);
+
+        /* caller workspace: identical bytes */
+        size_t need = 0;
+        CHECK_OK(mi_prefill_workspace_size(ctx, &q.t, &k.t, pats, &pp, &need));
+        void *ws = malloc(need + 3);
+        tb_poison(&o2);
+        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, lse2,
+                                      (char *)ws + 3, need));
+        const size_t bytes = n_rows * (size_t)D * mi_dtype_size(dt);
+        CHECK(memcmp(o.data, o2.data, bytes) == 0, "prefill: caller workspace changes the output");
+        CHECK(memcmp(lse, lse2, n_rows * sizeof(float)) == 0, "prefill: workspace changes LSE");
+        free(ws);
+
+        /* metrics over the same patterns */
+        mi_head_metrics met[16];
+        CHECK_OK(mi_metrics_evaluate(ctx, &q.t, &k.t, lens, pats, &pp, met));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hq; h++) {
+                double rec = 0.0, vis = 0.0;
+                ref_metrics(&q, &k, b, h, lens[b], mask_layer, &lm, &rec, &vis);
+                const mi_head_metrics *m = &met[b * Hq + h];
+                const double causal = (double)lens[b] * (lens[b] + 1) / 2.0;
+                CHECK(fabs(m->recall - rec) < 1e-4, "metrics b%lld h%lld: recall %.6f vs %.6f",
+                      (long long)b, (long long)h, m->recall, rec);
+                CHECK(fabs(m->density - vis / causal) < 1e-12,
+                      "metrics b%lld h%lld: density %.6f vs %.6f", (long long)b, (long long)h,
+                      m->density, vis / causal);
+                CHECK(m->flops == 4.0 * D * vis && m->dense_flops == 4.0 * D * causal,
+                      "metrics b%lld h%lld: flops", (long long)b, (long long)h);
+            }
+        CHECK(met[0].recall > 0.999999 && met[0].density == 1.0, "dense head: recall %.9f",
+              met[0].recall);
+
+        /* rel_l2 of the kernel output against itself and against the float64 reference */
+        double rel = -1.0;
+        CHECK_OK(mi_metrics_rel_l2(ctx, &o.t, &o2.t, lens, &rel));
+        CHECK(rel == 0.0, "rel_l2 of identical tensors = %g", rel);
+
+        /* dense fallback: every sequence shorter than dense_below runs dense */
+        pp.dense_below = 2000;
+        tb_poison(&o2);
+        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, lse2, NULL,
+                                      0));
+        ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_all, NULL, ref, ref_lse);
+        compare_out("prefill dense fallback", &o2, ref, lens);
+        compare_lse("prefill dense fallback", lse2, ref_lse, (int64_t)n_rows);
+        /* the default crossover is above these lengths, so defaults run dense too */
+        tb_poison(&o2);
+        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, NULL, &o2.t, NULL, NULL,
+                                      0));
+        compare_out("prefill default fallback", &o2, ref, lens);
+        /* fallback only for the short sequence: batch 1 (777) dense, batch 0 (1100) sparse */
+        pp.dense_below = 1000;
+        tb_poison(&o2);
+        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, NULL, NULL,
+                                      0));
+        const size_t half = bytes / 2;
+        CHECK(memcmp(o.data, o2.data, blhd ? 0 : half) == 0, "fallback changed batch 0");
+        double *ref1 = malloc(n_rows * (size_t)D * sizeof(double));
+        memcpy(ref1, ref, n_rows * (size_t)D * sizeof(double)); /* dense reference */
+        ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_layer, &lm, ref, ref_lse);
+        memcpy(ref + n_rows * (size_t)D / 2, ref1 + n_rows * (size_t)D / 2,
+               n_rows * (size_t)D / 2 * sizeof(double));
+        compare_out("prefill partial fallback", &o2, ref, lens);
+        free(ref1);
+
+        free(lm.vs.keys);
+        free(lm.bs.keys);
+        free(vb.mem);
+        free(vsx.mem);
+        free(bsx.mem);
+        free(lse);
+        free(lse2);
+        free(ref);
+        free(ref_lse);
+        tb_free(&q);
+        tb_free(&k);
+        tb_free(&v);
+        tb_free(&o);
+        tb_free(&o2);
+    }
+    mi_context_destroy(ctx);
+    return test_finish("test_cpu_prefill");
+}
