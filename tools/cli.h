@@ -1,0 +1,15 @@
+/* cli.h: the subcommands of the minference command-line tool. Each returns the process exit
+ * status: 0 success, 1 failure, 2 usage error. */
+#ifndef MI_TOOLS_CLI_H
+#define MI_TOOLS_CLI_H
+
+int mi_cmd_bench(int argc, char **argv);
+int mi_cmd_info(int argc, char **argv);
+int mi_cmd_config(int argc, char **argv);
+int mi_cmd_generate(int argc, char **argv);
+
+/* Makes OpenBLAS use the CPU's real kernels for the bench's sgemm reference (may re-execute
+ * the tool with OPENBLAS_CORETYPE set; returns when nothing needs doing). */
+void mi_bench_prepare_blas(char **argv);
+
+#endif /* MI_TOOLS_CLI_H */

@@ -1,0 +1,35 @@
+/* cmd_info.c: `minference info`: versions, build features, devices and threads. */
+#include "args.h"
+#include "cli.h"
+#include "minference.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char usage[] = "usage: minference info\n"
+                            "\n"
+                            "Prints the library and header versions, the build features, the\n"
+                            "CUDA devices and the default number of CPU threads.\n";
+
+int mi_cmd_info(int argc, char **argv) {
+    const char *pos[1];
+    int np = 0;
+    args_result r = args_parse("info", usage, NULL, 0, argc, argv, pos, 0, &np);
+    if (r != ARGS_OK) return r == ARGS_HELP ? 0 : 2;
+
+    mi_context *ctx = NULL;
+    mi_context_params cp = mi_context_default_params();
+    int threads = 0;
+    if (mi_context_create(&cp, &ctx) == MI_STATUS_SUCCESS) {
+        threads = mi_context_n_threads(ctx);
+        mi_context_destroy(ctx);
+    }
+    const char *lib = mi_version();
+    printf("minference %s\n", lib);
+    printf("  header version   %s%s\n", MI_VERSION_STRING,
+           strcmp(lib, MI_VERSION_STRING) ? "  (MISMATCH with the loaded library)" : "");
+    printf("  build features   %s\n", mi_build_features());
+    printf("  CUDA devices     %d\n", mi_cuda_device_count());
+    printf("  CPU threads      %d\n", threads);
+    return 0;
+}
