@@ -374,8 +374,8 @@ def unpatch(model):
     except (AttributeError, ValueError, TypeError, KeyError):
         model.config._attn_implementation = prev
     for m in model.modules():
-        if getattr(m, "_minference_state", None) is state:
-            del m._minference_state
-    del model._minference_state
+        if m.__dict__.get("_minference_state") is state:
+            del m.__dict__["_minference_state"]
+    model.__dict__.pop("_minference_state", None)
     return model
 
