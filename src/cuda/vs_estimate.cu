@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(SEL_NT) vs_select_kernel(const __grid_constant
     }
     const float *vals = (which ? p.slash : p.vert) + (int64_t)bh * p.len;
     const int forced_lo = which ? len - p.forced_diagonals : 0x7fffffff;
-    const int forced_hi = which ? 0x7fffffff : p.forced_columns;
+    const int forced_hi = which ? 0 : p.forced_columns;
     auto key = [&](int i) -> uint32_t {
         if (i >= forced_lo || i < forced_hi) return 0xffffffffu; /* +inf */
         return float_order_key(vals[i]);

@@ -31,21 +31,35 @@ struct index_params {
     uint8_t active[MI_CUDA_MAX_HEADS];
 };
 
-__global__ void vs_index_kernel(const __grid_constant__ index_params p) {
+/* Every thread of a CTA walks the same two lists at its own pace: staged in shared memory when
+ * they fit (use_smem), so the walk does not wait on scattered global loads. */
+__global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_smem) {
+    extern __shared__ int32_t lists[];
     const int m = blockIdx.x * blockDim.x + threadIdx.x;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
-    if (m >= p.row_blocks || !p.active[h]) return;
+    if (!p.active[h]) return;
+    const int32_t *Vg = p.v_idx + (int64_t)bh * p.max_v;
+    const int32_t *Sg = p.s_idx + (int64_t)bh * p.max_s;
+    const int nv_ = min(max(p.v_count[bh], 0), p.max_v);
+    const int ns_ = min(max(p.s_count[bh], 0), p.max_s);
+    const int32_t *Vl = Vg, *Sl = Sg;
+    if (use_smem) {
+        for (int i = threadIdx.x; i < nv_; i += blockDim.x) lists[i] = Vg[i];
+        for (int i = threadIdx.x; i < ns_; i += blockDim.x) lists[nv_ + i] = Sg[i];
+        __syncthreads();
+        Vl = lists;
+        Sl = lists + nv_;
+    }
+    if (m >= p.row_blocks) return;
     const int64_t row = (int64_t)bh * p.row_blocks + m;
     int len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) len = 0;
     const int start = m * 64, end = start + 64;
     int nb = 0, nc = 0;
     if (start < len) {
-        const int32_t *V = p.v_idx + (int64_t)bh * p.max_v;
-        const int32_t *S = p.s_idx + (int64_t)bh * p.max_s;
-        const int nv = min(max(p.v_count[bh], 0), p.max_v);
-        const int ns = min(max(p.s_count[bh], 0), p.max_s);
+        const int32_t *V = Vl, *S = Sl;
+        const int nv = nv_, ns = ns_;
         int32_t *off = p.block_offset + row * p.max_blocks;
         int32_t *col = p.column_index + row * p.max_columns;
         /* next valid diagonal (descending, unique, 0 <= d < len) */
@@ -218,9 +232,16 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         p.s_idx = ss;
     }
     if (e == cudaSuccess) {
-        dim3 grid((unsigned)((index->row_blocks + 63) / 64), (unsigned)BH);
-        vs_index_kernel<<<grid, 64, 0, stream>>>(p);
-        e = cudaGetLastError();
+        const size_t lists = ((size_t)p.max_v + p.max_s) * sizeof(int32_t);
+        const int use_smem = lists <= 160 * 1024;
+        if (use_smem)
+            e = cudaFuncSetAttribute(vs_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)lists);
+        dim3 grid((unsigned)((index->row_blocks + 127) / 128), (unsigned)BH);
+        if (e == cudaSuccess) {
+            vs_index_kernel<<<grid, 128, use_smem ? lists : 0, stream>>>(p, use_smem);
+            e = cudaGetLastError();
+        }
     }
     if (scratch) cudaFreeAsync(scratch, stream);
     if (e != cudaSuccess)

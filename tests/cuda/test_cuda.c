@@ -619,13 +619,20 @@ static void test_prefill(const shape *s, int wide, int use_workspace) {
 static void test_errors(void) {
     /* fp32 and D = 96 are refused with UNSUPPORTED and a message */
     void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, 1 << 20));
-    mi_tensor q32 = mi_tensor_bhld(d, MI_DTYPE_F32, MI_DEVICE_CUDA, 1, 1, 64, 64);
-    mi_status st = mi_attention_dense(g_gpu, &q32, &q32, &q32, NULL, 0, &q32, NULL);
+    CUDA_OK(cudaMalloc(&d, 4 << 20));
+    char *c = d;
+    mi_tensor q32 = mi_tensor_bhld(c, MI_DTYPE_F32, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_tensor k32 = mi_tensor_bhld(c + (1 << 20), MI_DTYPE_F32, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_tensor v32 = mi_tensor_bhld(c + (2 << 20), MI_DTYPE_F32, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_tensor o32 = mi_tensor_bhld(c + (3 << 20), MI_DTYPE_F32, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_status st = mi_attention_dense(g_gpu, &q32, &k32, &v32, NULL, 0, &o32, NULL);
     check(st == MI_STATUS_UNSUPPORTED && strlen(mi_context_last_error(g_gpu)) > 0,
           mi_context_last_error(g_gpu), "fp32 on CUDA is UNSUPPORTED");
-    mi_tensor q96 = mi_tensor_bhld(d, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 96);
-    st = mi_attention_dense(g_gpu, &q96, &q96, &q96, NULL, 0, &q96, NULL);
+    mi_tensor q96 = mi_tensor_bhld(q32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 96);
+    mi_tensor k96 = mi_tensor_bhld(k32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 96);
+    mi_tensor v96 = mi_tensor_bhld(v32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 96);
+    mi_tensor o96 = mi_tensor_bhld(o32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 96);
+    st = mi_attention_dense(g_gpu, &q96, &k96, &v96, NULL, 0, &o96, NULL);
     check(st == MI_STATUS_UNSUPPORTED && strlen(mi_context_last_error(g_gpu)) > 0,
           mi_context_last_error(g_gpu), "D = 96 on CUDA is UNSUPPORTED");
     cudaFree(d);

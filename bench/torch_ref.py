@@ -1,0 +1,486 @@
+#!/usr/bin/env python3
+"""GPU attention benchmark: minference's CUDA kernels against PyTorch SDPA (cuDNN and flash
+backends) in one run, on the same inputs. The library is loaded with ctypes and fed
+tensor.data_ptr(), on torch's current stream.
+
+Measures (bf16, D = 128, causal; BENCHMARKS.md):
+  dense           ours vs cuDNN vs flash, per-head ms and TFLOP/s (2 L^2 D per head)
+  sparse          VS kernel on the prescribed index sets local / mixed / small (index built on
+                  the GPU and timed apart), effective TFLOP/s = 4 D (keys visited) / time
+  estimation      VS estimation + index build at default budgets (1000 / 6096), share of total
+  prefill         whole layer, every head VS 1000/6096, estimation included (random inputs)
+  crossover       prefill vs dense per length: where sparse starts to pay
+
+Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick] [--crossover-only]
+Writes DIR/<date>-gpu-attention.json and DIR/<date>-gpu-attention.png; prints a table last.
+"""
+import argparse
+import ctypes as C
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------
+# ctypes mirror of the public API (include/minference.h)
+
+MI_DEVICE_CUDA = 1
+MI_DTYPE_BF16 = 2
+MI_PATTERN_VERTICAL_SLASH = 3
+
+
+class ContextParams(C.Structure):
+    _fields_ = [("device", C.c_int), ("device_id", C.c_int), ("n_threads", C.c_int)]
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("device", C.c_int),
+                ("shape", C.c_int64 * 4), ("stride", C.c_int64 * 4)]
+
+
+class VsIndex(C.Structure):
+    _fields_ = [("batch", C.c_int32), ("heads", C.c_int32), ("max_vertical", C.c_int32),
+                ("max_slash", C.c_int32), ("vertical_count", C.c_void_p),
+                ("vertical_idx", C.c_void_p), ("slash_count", C.c_void_p),
+                ("slash_idx", C.c_void_p)]
+
+
+class SparseIndex(C.Structure):
+    _fields_ = [("batch", C.c_int32), ("heads", C.c_int32), ("row_blocks", C.c_int32),
+                ("max_blocks", C.c_int32), ("max_columns", C.c_int32),
+                ("block_count", C.c_void_p), ("block_offset", C.c_void_p),
+                ("column_count", C.c_void_p), ("column_index", C.c_void_p)]
+
+
+class HeadPattern(C.Structure):
+    _fields_ = [("type", C.c_int), ("vertical_size", C.c_int32), ("slash_size", C.c_int32),
+                ("n_init", C.c_int32), ("n_local", C.c_int32), ("n_last", C.c_int32),
+                ("top_k", C.c_int32)]
+
+
+class VsParams(C.Structure):
+    _fields_ = [("last_q", C.c_int32), ("forced_columns", C.c_int32),
+                ("forced_diagonals", C.c_int32), ("min_vertical", C.c_int32),
+                ("min_slash", C.c_int32)]
+
+
+class PrefillParams(C.Structure):
+    _fields_ = [("softmax_scale", C.c_float), ("vs", VsParams), ("dense_below", C.c_int32)]
+
+
+class Lib:
+    def __init__(self, path):
+        self.l = C.CDLL(path)
+        l = self.l
+        l.mi_context_default_params.restype = ContextParams
+        l.mi_context_last_error.restype = C.c_char_p
+        l.mi_status_name.restype = C.c_char_p
+        l.mi_vs_default_params.restype = VsParams
+        l.mi_prefill_default_params.restype = PrefillParams
+        l.mi_head_pattern_default.restype = HeadPattern
+        l.mi_vs_index_bytes.restype = C.c_size_t
+        l.mi_sparse_index_bytes.restype = C.c_size_t
+        l.mi_build_features.restype = C.c_char_p
+        p = l.mi_context_default_params()
+        p.device = MI_DEVICE_CUDA
+        p.device_id = 0
+        self.ctx = C.c_void_p()
+        self.check(l.mi_context_create(C.byref(p), C.byref(self.ctx)), "context")
+        stream = torch.cuda.current_stream().cuda_stream
+        self.check(l.mi_context_set_stream(self.ctx, C.c_void_p(stream)), "stream")
+
+    def check(self, st, what):
+        if st != 0:
+            msg = self.l.mi_context_last_error(self.ctx).decode() if self.ctx else ""
+            raise RuntimeError(f"{what}: {self.l.mi_status_name(st).decode()}: {msg}")
+
+
+def tdesc(t):
+    """[B, H, L, D] view of a torch tensor (any strides, D contiguous)."""
+    assert t.dim() == 4 and t.stride(3) == 1
+    d = Tensor()
+    d.data = t.data_ptr()
+    d.dtype = MI_DTYPE_BF16
+    d.device = MI_DEVICE_CUDA
+    for i in range(4):
+        d.shape[i] = t.shape[i]
+        d.stride[i] = t.stride(i)
+    return d
+
+
+def time_cuda(fn, reps, warmup=1):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Index sets (BENCHMARKS.md)
+
+def index_set(name, L, H, gen):
+    """Per-head vertical columns and slash distances of the prescribed sets."""
+    vs, ss = [], []
+    for _ in range(H):
+        if name in ("local", "mixed"):
+            rnd = torch.randperm(max(L - 30, 1), generator=gen)[:970] + 30
+            v = torch.cat([torch.arange(30), rnd])
+        else:  # small
+            rnd = torch.randperm(max(L - 30, 1), generator=gen)[:70] + 30
+            v = torch.cat([torch.arange(30), rnd])
+        if name == "local":
+            s = torch.arange(min(6096, L))
+        elif name == "mixed":
+            rnd = torch.randperm(max(L - 4096, 1), generator=gen)[:2000] + 4096
+            s = torch.cat([torch.arange(min(4096, L)), rnd])
+        else:
+            s = torch.arange(min(1024, L))
+        v = v[v < L].unique()
+        s = s[s < L].unique()
+        vs.append(v.sort().values)
+        ss.append(s.sort(descending=True).values)
+    return vs, ss
+
+
+def make_vs_index(lib, vs, ss):
+    H = len(vs)
+    mv = max(len(v) for v in vs)
+    ms = max(len(s) for s in ss)
+    n = lib.l.mi_vs_index_bytes(1, H, mv, ms)
+    buf = torch.zeros(n // 4 + 64, dtype=torch.int32, device="cuda")
+    idx = VsIndex()
+    lib.check(lib.l.mi_vs_index_init(C.byref(idx), 1, H, mv, ms, C.c_void_p(buf.data_ptr()),
+                                     C.c_size_t(n)), "vs index")
+    host = torch.zeros(n // 4, dtype=torch.int32)
+    for h in range(H):
+        host[h] = len(vs[h])
+        host[H + h] = len(ss[h])
+        host[2 * H + h * mv: 2 * H + h * mv + len(vs[h])] = vs[h].int()
+        o = 2 * H + H * mv + h * ms
+        host[o: o + len(ss[h])] = ss[h].int()
+    buf[: n // 4].copy_(host)
+    return idx, buf, mv, ms
+
+
+def make_sparse_index(lib, H, L, mb, mc):
+    R = (L + 63) // 64
+    n = lib.l.mi_sparse_index_bytes(1, H, R, mb, mc)
+    buf = torch.empty(n // 4 + 64, dtype=torch.int32, device="cuda")
+    idx = SparseIndex()
+    lib.check(lib.l.mi_sparse_index_init(C.byref(idx), 1, H, R, mb, mc,
+                                         C.c_void_p(buf.data_ptr()), C.c_size_t(n)), "sp index")
+    return idx, buf
+
+
+def keys_visited(buf, H, L, mb, mc):
+    """Sum over row blocks of 64 * (64 * block_count + column_count), i.e. (row, key) pairs
+    the kernel computes (rows >= L excluded)."""
+    R = (L + 63) // 64
+    bc = buf[: H * R].view(H, R).long()
+    cc = buf[H * R: 2 * H * R].view(H, R).long()
+    rows = torch.full((R,), 64, dtype=torch.long, device=buf.device)
+    rows[-1] = L - 64 * (R - 1)
+    return int(((64 * bc + cc) * rows).sum().item())
+
+
+# ---------------------------------------------------------------------------------------------
+
+def qkv(H, Hk, L, D=128, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, Hk, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, Hk, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    return q, k, v
+
+
+def bench_dense(lib, L, H, Hk, reps, do_torch=True):
+    q, k, v = qkv(H, Hk, L)
+    o = torch.empty_like(q)
+    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
+
+    def ours():
+        lib.check(lib.l.mi_attention_dense(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv), None,
+                                           C.c_float(0), C.byref(do_), None), "dense")
+
+    t_ours = time_cuda(ours, reps)
+    res = {"L": L, "heads": H, "heads_kv": Hk, "ours_ms": t_ours}
+    flops = 2.0 * L * L * 128 * H
+    res["ours_tflops"] = flops / t_ours / 1e9
+    if do_torch:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        ke = k.repeat_interleave(H // Hk, dim=1)
+        ve = v.repeat_interleave(H // Hk, dim=1)
+        ref = None
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                         ("flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel(be):
+                    fn = lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=True)
+                    t = time_cuda(fn, reps)
+                    if ref is None:
+                        ref = fn()
+                res[name + "_ms"] = t
+                res[name + "_tflops"] = flops / t / 1e9
+            except Exception as e:  # noqa: BLE001 - report and go on
+                res[name + "_error"] = str(e)[:200]
+        if ref is not None:
+            ours()
+            torch.cuda.synchronize()
+            res["max_abs_diff_vs_torch"] = float((o.float() - ref.float()).abs().max().item())
+        del ke, ve
+    for key in list(res):
+        if key.endswith("_ms"):
+            res[key.replace("_ms", "_ms_per_head")] = res[key] / H
+    if "cudnn_ms" in res:
+        res["ratio_to_cudnn"] = res["cudnn_ms"] / res["ours_ms"]
+    return res
+
+
+def bench_sparse(lib, L, H, Hk, name, reps):
+    gen = torch.Generator().manual_seed(1)
+    vs, ss = index_set(name, L, H, gen)
+    q, k, v = qkv(H, Hk, L, seed=2)
+    o = torch.empty_like(q)
+    vsi, vbuf, mv, ms = make_vs_index(lib, vs, ss)
+    mb, mc = ms + 1, mv
+    spi, sbuf = make_sparse_index(lib, H, L, mb, mc)
+
+    def build():
+        lib.check(lib.l.mi_vs_build_index(lib.ctx, C.c_int64(L), None, C.byref(vsi),
+                                          C.byref(spi)), "index")
+
+    t_idx = time_cuda(build, reps)
+    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
+
+    def run():
+        lib.check(lib.l.mi_attention_sparse(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv), None,
+                                            C.byref(spi), C.c_float(0), C.byref(do_), None),
+                  "sparse")
+
+    t = time_cuda(run, reps)
+    pairs = keys_visited(sbuf, H, L, mb, mc)
+    flops = 4.0 * 128 * pairs
+    return {"L": L, "heads": H, "set": name, "kernel_ms": t, "kernel_ms_per_head": t / H,
+            "index_ms": t_idx, "effective_tflops": flops / t / 1e9,
+            "keys_per_row": pairs / (H * L)}
+
+
+def prefill_call(lib, q, k, v, o, H, dense_below, vsz=1000, ssz=6096):
+    pats = (HeadPattern * H)()
+    for h in range(H):
+        pats[h] = lib.l.mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH)
+        pats[h].vertical_size = vsz
+        pats[h].slash_size = ssz
+    pp = lib.l.mi_prefill_default_params()
+    pp.dense_below = dense_below
+    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
+    nbytes = C.c_size_t(0)
+    lib.check(lib.l.mi_prefill_workspace_size(lib.ctx, C.byref(dq), C.byref(dk), pats,
+                                              C.byref(pp), C.byref(nbytes)), "ws")
+    ws = torch.empty(nbytes.value, dtype=torch.uint8, device="cuda")
+
+    def run():
+        lib.check(lib.l.mi_prefill_attention(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv),
+                                             None, pats, C.byref(pp), C.byref(do_), None,
+                                             C.c_void_p(ws.data_ptr()), nbytes), "prefill")
+    return run, ws
+
+
+def bench_estimation(lib, L, H, Hk, reps):
+    q, k, v = qkv(H, Hk, L, seed=3)
+    o = torch.empty_like(q)
+    vsz = (C.c_int32 * H)(*([1000] * H))
+    ssz = (C.c_int32 * H)(*([6096] * H))
+    mv, ms = min(1000, L), min(6096, L)
+    n = lib.l.mi_vs_index_bytes(1, H, mv, ms)
+    buf = torch.empty(n // 4 + 64, dtype=torch.int32, device="cuda")
+    vsi = VsIndex()
+    lib.check(lib.l.mi_vs_index_init(C.byref(vsi), 1, H, mv, ms, C.c_void_p(buf.data_ptr()),
+                                     C.c_size_t(n)), "vsi")
+    spi, sbuf = make_sparse_index(lib, H, L, ms + 1, mv)
+    dq, dk = tdesc(q), tdesc(k)
+    vp = lib.l.mi_vs_default_params()
+
+    def est():
+        lib.check(lib.l.mi_vs_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, vsz, ssz,
+                                       C.byref(vp), C.c_float(0), C.byref(vsi)), "estimate")
+
+    def build():
+        lib.check(lib.l.mi_vs_build_index(lib.ctx, C.c_int64(L), None, C.byref(vsi),
+                                          C.byref(spi)), "index")
+
+    t_est = time_cuda(est, reps)
+    t_idx = time_cuda(build, reps)
+    run, ws = prefill_call(lib, q, k, v, o, H, 0)
+    t_pre = time_cuda(run, reps)
+    return {"L": L, "heads": H, "estimate_ms": t_est, "index_ms": t_idx, "prefill_ms": t_pre,
+            "prefill_ms_per_head": t_pre / H,
+            "estimate_index_share": (t_est + t_idx) / t_pre,
+            "note": "random q/k: estimated diagonals are random, so the kernel is near 'mixed'"}
+
+
+def bench_crossover(lib, H, Hk, lengths, reps):
+    rows = []
+    for L in lengths:
+        q, k, v = qkv(H, Hk, L, seed=4)
+        o = torch.empty_like(q)
+        run, ws = prefill_call(lib, q, k, v, o, H, 0)
+        t_sparse = time_cuda(run, reps)
+        dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
+
+        def dense():
+            lib.check(lib.l.mi_attention_dense(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv),
+                                               None, C.c_float(0), C.byref(do_), None), "dense")
+        t_dense = time_cuda(dense, reps)
+        rows.append({"L": L, "heads": H, "sparse_prefill_ms": t_sparse, "dense_ms": t_dense,
+                     "speedup": t_dense / t_sparse})
+        del ws
+    cross = None
+    for r in rows:
+        if r["speedup"] > 1.0:
+            cross = r["L"]
+            break
+    return rows, cross
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libminference.so")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="dense,sparse,estimation,crossover")
+    args = ap.parse_args()
+    lib = Lib(os.path.abspath(args.lib))
+    sections = args.sections.split(",")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                         text=True).strip()
+    except Exception:  # noqa: BLE001
+        commit = os.environ.get("MI_COMMIT", "unknown")
+    res = {"date": date, "gpu": torch.cuda.get_device_name(0), "commit": commit,
+           "torch": torch.__version__, "features": lib.l.mi_build_features().decode(),
+           "dtype": "bf16", "head_dim": 128, "causal": True}
+    # (L, H, Hk, reps): fewer heads at long L, per-head times reported
+    if args.quick:
+        shapes = [(32768, 32, 8, 5), (131072, 8, 2, 5)]
+    else:
+        shapes = [(32768, 32, 8, 7), (131072, 32, 8, 5), (524288, 4, 1, 3), (1048576, 1, 1, 2)]
+    if "dense" in sections:
+        res["dense"] = []
+        for L, H, Hk, reps in shapes:
+            r = bench_dense(lib, L, H, Hk, reps)
+            print("dense", json.dumps(r), flush=True)
+            res["dense"].append(r)
+            torch.cuda.empty_cache()
+    if "sparse" in sections:
+        res["sparse"] = []
+        for L, H, Hk, reps in shapes:
+            if L < 131072 and not args.quick:
+                continue
+            for name in ("local", "mixed", "small"):
+                r = bench_sparse(lib, L, max(H // 4, 1) if L >= 524288 else H, Hk, name,
+                                 max(reps, 3))
+                print("sparse", json.dumps(r), flush=True)
+                res["sparse"].append(r)
+                torch.cuda.empty_cache()
+    if "estimation" in sections:
+        res["estimation"] = []
+        for L, H, Hk, reps in shapes:
+            if L < 131072:
+                continue
+            r = bench_estimation(lib, L, H, Hk, max(reps, 3))
+            print("estimation", json.dumps(r), flush=True)
+            res["estimation"].append(r)
+            torch.cuda.empty_cache()
+    if "crossover" in sections:
+        lengths = [4096, 8192, 12288, 16384, 24576, 32768, 49152]
+        rows, cross = bench_crossover(lib, 32, 8, lengths, 5)
+        res["crossover"] = {"rows": rows, "first_length_sparse_wins": cross,
+                            "pattern": "every head VS 1000/6096, estimation + index included"}
+        for r in rows:
+            print("crossover", json.dumps(r), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{date}-gpu-attention.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(args.out, f"{date}-gpu-attention.png"))
+    table(res)
+
+
+def plot(res, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001
+        return
+    fig, ax = plt.subplots(figsize=(7, 5))
+    d = res.get("dense", [])
+    for key, lab in (("ours_ms_per_head", "minference dense"),
+                     ("cudnn_ms_per_head", "SDPA cuDNN"), ("flash_ms_per_head", "SDPA flash")):
+        pts = [(r["L"], r[key]) for r in d if key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=lab)
+    for name in ("local", "mixed", "small"):
+        pts = [(r["L"], r["kernel_ms_per_head"]) for r in res.get("sparse", []) if r["set"] == name]
+        if pts:
+            ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"minference VS {name}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("ms per head")
+    ax.set_title(f"{res['gpu']}, bf16, D=128, causal")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(res):
+    print()
+    print(f"{res['gpu']}  commit {res['commit']}  {res['features']}")
+    if res.get("dense"):
+        print(f"{'dense L':>9} {'H':>3} {'ours ms/h':>10} {'TF/s':>6} {'cuDNN ms/h':>11} "
+              f"{'TF/s':>6} {'flash TF/s':>10} {'ours/cuDNN':>10}")
+        for r in res["dense"]:
+            print(f"{r['L']:>9} {r['heads']:>3} {r['ours_ms_per_head']:>10.3f} "
+                  f"{r['ours_tflops']:>6.0f} {r.get('cudnn_ms_per_head', float('nan')):>11.3f} "
+                  f"{r.get('cudnn_tflops', float('nan')):>6.0f} "
+                  f"{r.get('flash_tflops', float('nan')):>10.0f} "
+                  f"{r.get('ratio_to_cudnn', float('nan')):>10.2f}")
+    if res.get("sparse"):
+        print(f"{'sparse L':>9} {'set':>6} {'ms/head':>8} {'eff TF/s':>8} {'index ms':>9} "
+              f"{'keys/row':>8}")
+        for r in res["sparse"]:
+            print(f"{r['L']:>9} {r['set']:>6} {r['kernel_ms_per_head']:>8.3f} "
+                  f"{r['effective_tflops']:>8.0f} {r['index_ms']:>9.3f} {r['keys_per_row']:>8.0f}")
+    for r in res.get("estimation", []):
+        print(f"estimation L {r['L']} H {r['heads']}: estimate {r['estimate_ms']:.2f} ms, index "
+              f"{r['index_ms']:.2f} ms, prefill {r['prefill_ms']:.2f} ms "
+              f"({100 * r['estimate_index_share']:.1f} % estimation+index)")
+    if res.get("crossover"):
+        c = res["crossover"]
+        for r in c["rows"]:
+            print(f"crossover L {r['L']:>6}: sparse prefill {r['sparse_prefill_ms']:.3f} ms, "
+                  f"dense {r['dense_ms']:.3f} ms, speed-up {r['speedup']:.2f}")
+        print(f"first length where sparse wins: {c['first_length_sparse_wins']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
