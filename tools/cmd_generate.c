@@ -14,7 +14,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-int mi_cmd_generate(int argc, char **argv);
+#include "cli.h"
 
 static void usage(FILE *f)
 {

@@ -62,6 +62,22 @@ static void dequant_task(void *arg, int64_t b, int64_t e, int thread)
  * the matrix for sgemm (decode is n = 1). */
 #define GEMV_MAX_ROWS 4
 
+typedef struct sgemm_job {
+    const float *x, *w;
+    int64_t n, k, ldo;
+    float *out;
+} sgemm_job;
+
+/* Each thread multiplies x by its own slice of weight rows (output columns) with a
+ * single-threaded sgemm, so no BLAS thread pool competes with the OpenMP team. */
+static void sgemm_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    const sgemm_job *j = arg;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(e - b), (int)j->k, 1.0f,
+                j->x, (int)j->k, j->w + b * j->k, (int)j->k, 0.0f, j->out + b, (int)j->ldo);
+}
+
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
                 int64_t ldo)
 {
@@ -78,8 +94,8 @@ void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, flo
         mim_pool_run(m->pool, w->rows, dequant_task, &j);
         wf = m->wscratch;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)w->rows, (int)w->cols, 1.0f,
-                x, (int)w->cols, wf, (int)w->cols, 0.0f, out, (int)ldo);
+    sgemm_job j = {x, wf, n, w->cols, ldo, out};
+    mim_pool_run(m->pool, w->rows, sgemm_task, &j);
 }
 
 /* ------------------------------------------------------------------------------------------ */

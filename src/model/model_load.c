@@ -636,7 +636,7 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
             nt = c > 0 ? (int)c : 1;
         }
         m->params.n_threads = nt;
-        openblas_set_num_threads(nt);
+        openblas_set_num_threads(1); /* see mim_pool_run: threads come from OpenMP */
         m->pool = mim_pool_create(nt);
         if (!m->pool)
             st = mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");

@@ -5,7 +5,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "model_internal.h"
 
-#include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,111 +283,24 @@ bool mim_pairmap_get(const mim_pairmap *m, uint64_t key, int32_t *rank, int32_t 
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Worker pool: persistent threads woken per job, because decode issues hundreds of small
- * parallel loops per token and thread creation would dominate them. */
+/* Worker pool: OpenMP, the same thread team the attention library runs on. A pool of our own
+ * (or OpenBLAS's own threads) would leave two sets of threads spin-waiting against each other on
+ * the same cores after every parallel region, which halved throughput on two cores. */
 
 struct mim_pool {
     int n;
-    pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t start_cv, done_cv;
-    uint64_t generation;
-    int pending;
-    bool stop;
-    mim_task_fn fn;
-    void *arg;
-    int64_t total;
 };
-
-typedef struct pool_worker {
-    mim_pool *pool;
-    int index;
-} pool_worker;
-
-static void pool_range(const mim_pool *p, int index, int64_t *b, int64_t *e)
-{
-    int64_t chunk = (p->total + p->n - 1) / p->n;
-    *b = chunk * index;
-    *e = *b + chunk;
-    if (*b > p->total)
-        *b = p->total;
-    if (*e > p->total)
-        *e = p->total;
-}
-
-static void *pool_main(void *arg)
-{
-    pool_worker *w = arg;
-    mim_pool *p = w->pool;
-    uint64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (!p->stop && p->generation == seen)
-            pthread_cond_wait(&p->start_cv, &p->mu);
-        if (p->stop) {
-            pthread_mutex_unlock(&p->mu);
-            break;
-        }
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
-        int64_t b, e;
-        pool_range(p, w->index, &b, &e);
-        if (b < e)
-            p->fn(p->arg, b, e, w->index);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
-            pthread_cond_signal(&p->done_cv);
-        pthread_mutex_unlock(&p->mu);
-    }
-    free(w);
-    return NULL;
-}
 
 mim_pool *mim_pool_create(int n_threads)
 {
-    if (n_threads < 1)
-        n_threads = 1;
     mim_pool *p = calloc(1, sizeof(*p));
-    if (!p)
-        return NULL;
-    p->n = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->start_cv, NULL);
-    pthread_cond_init(&p->done_cv, NULL);
-    p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!p->threads) {
-        free(p);
-        return NULL;
-    }
-    for (int i = 1; i < n_threads; i++) {
-        pool_worker *w = malloc(sizeof(*w));
-        if (w) {
-            w->pool = p;
-            w->index = i;
-        }
-        if (!w || pthread_create(&p->threads[i], NULL, pool_main, w) != 0) {
-            free(w);
-            p->n = i; /* run with the threads that did start */
-            break;
-        }
-    }
+    if (p)
+        p->n = n_threads < 1 ? 1 : n_threads;
     return p;
 }
 
 void mim_pool_destroy(mim_pool *p)
 {
-    if (!p)
-        return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = true;
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->n; i++)
-        pthread_join(p->threads[i], NULL);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->start_cv);
-    pthread_cond_destroy(&p->done_cv);
-    free(p->threads);
     free(p);
 }
 
@@ -398,24 +313,27 @@ void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg)
 {
     if (n <= 0)
         return;
-    if (!p || p->n == 1 || n == 1) {
+    int nt = p ? p->n : 1;
+    if (nt > n)
+        nt = (int)n;
+    if (nt <= 1) {
         fn(arg, 0, n, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->arg = arg;
-    p->total = n;
-    p->pending = p->n - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-    int64_t b, e;
-    pool_range(p, 0, &b, &e);
-    if (b < e)
-        fn(arg, b, e, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
-        pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        int64_t chunk = (n + T - 1) / T;
+        int64_t b = chunk * t, e = b + chunk;
+        if (b > n)
+            b = n;
+        if (e > n)
+            e = n;
+        if (b < e)
+            fn(arg, b, e, t);
+    }
+#else
+    fn(arg, 0, n, 0);
+#endif
 }
