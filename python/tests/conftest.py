@@ -4,10 +4,17 @@ The reference is the ground truth for the CPU library (DESIGN.md §5): a sparse 
 dense attention under its mask expanded to elements.
 """
 
+import os
+import sys
 import zlib
 
 import numpy as np
 import pytest
+
+try:  # the installed package; else the source tree (it then loads ../build*/libminference.so)
+    import minference  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def causal_mask(L):
