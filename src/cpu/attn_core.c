@@ -51,8 +51,15 @@ typedef float vf __attribute__((vector_size(VL * 4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
 static inline vf vset1(float x) {
-    vf r = {0};
-    return r + x;
+#if VL == 16
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return (vf)_mm256_set1_ps(x);
+#else
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = x;
+    return r;
+#endif
 }
 
 static inline vf vfma(vf a, vf b, vf c) {

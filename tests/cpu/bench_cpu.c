@@ -1,0 +1,126 @@
+/*
+ * bench_cpu.c: CPU kernel benchmark (not a test): dense attention GFLOP/s against OpenBLAS sgemm
+ * in the same run, and the speed-up of vertical-slash / A-shape prefill over dense.
+ *
+ * usage: bench_cpu [max_len] [repeats] [threads]   (threads: 0 = all cores, for both libraries)
+ * FLOPs: causal dense 2 L^2 D per head; sgemm 2 n^3 (BENCHMARKS.md).
+ */
+#include "minference.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static float *random_buf(size_t n, unsigned seed) {
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 2.0f;
+    }
+    return p;
+}
+
+typedef struct run_args {
+    mi_context *ctx;
+    mi_tensor q, k, v, o;
+    mi_head_pattern pat;
+    int dense;
+} run_args;
+
+static double time_median(run_args *a, int reps) {
+    double t[32];
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    for (int i = 0; i <= reps; i++) {
+        const double t0 = now();
+        mi_status st = a->dense ? mi_attention_dense(a->ctx, &a->q, &a->k, &a->v, NULL, 0.0f,
+                                                      &a->o, NULL)
+                                : mi_prefill_attention(a->ctx, &a->q, &a->k, &a->v, NULL, &a->pat,
+                                                       &pp, &a->o, NULL, NULL, 0);
+        if (st != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "error: %s\n", mi_context_last_error(a->ctx));
+            exit(1);
+        }
+        if (i > 0) t[i - 1] = now() - t0; /* the first call is a warm-up */
+    }
+    qsort(t, (size_t)reps, sizeof(double), cmp_d);
+    return t[reps / 2];
+}
+
+int main(int argc, char **argv) {
+    const int64_t max_len = argc > 1 ? atoll(argv[1]) : 32768;
+    const int reps = argc > 2 ? atoi(argv[2]) : 5;
+    const int threads = argc > 3 ? atoi(argv[3]) : 0;
+    mi_context *ctx = NULL;
+    mi_context_params cp = mi_context_default_params();
+    cp.n_threads = threads;
+    if (threads > 0) openblas_set_num_threads(threads);
+    if (mi_context_create(&cp, &ctx) != MI_STATUS_SUCCESS) return 1;
+    printf("threads %d, features %s\n", mi_context_n_threads(ctx), mi_build_features());
+
+    /* sgemm reference: square n = 2048, all threads */
+    const int n = 2048;
+    float *A = random_buf((size_t)n * n, 1), *B = random_buf((size_t)n * n, 2);
+    float *C = calloc((size_t)n * n, sizeof(float));
+    double ts[16];
+    for (int i = 0; i <= reps; i++) {
+        const double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f,
+                    C, n);
+        if (i > 0) ts[i - 1] = now() - t0;
+    }
+    qsort(ts, (size_t)reps, sizeof(double), cmp_d);
+    const double sgemm_gf = 2.0 * n * (double)n * n / ts[reps / 2] * 1e-9;
+    printf("sgemm %d^3: %.1f GFLOP/s\n", n, sgemm_gf);
+    free(A);
+    free(B);
+    free(C);
+
+    const int64_t D = 128;
+    printf("%8s %10s %9s %7s %10s %9s %10s %9s\n", "L", "dense ms", "GFLOP/s", "/sgemm",
+           "VS ms", "VS x", "Ashape ms", "Ashape x");
+    for (int64_t L = 1024; L <= max_len; L *= 2) {
+        const size_t e = (size_t)(L * D);
+        run_args a = {0};
+        a.ctx = ctx;
+        float *q = random_buf(e, 3), *k = random_buf(e, 4), *v = random_buf(e, 5);
+        float *o = malloc(e * sizeof(float));
+        for (size_t i = 0; i < e; i++) q[i] *= 4.0f; /* peakier softmax than uniform noise */
+        a.q = mi_tensor_bhld(q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, 1, L, D);
+        a.k = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, 1, L, D);
+        a.v = mi_tensor_bhld(v, MI_DTYPE_F32, MI_DEVICE_CPU, 1, 1, L, D);
+        a.o = mi_tensor_bhld(o, MI_DTYPE_F32, MI_DEVICE_CPU, 1, 1, L, D);
+        const int r = L >= 32768 ? 3 : reps;
+        a.dense = 1;
+        const double td = time_median(&a, r);
+        a.dense = 0;
+        a.pat = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+        const double tv = time_median(&a, r);
+        a.pat = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+        const double ta = time_median(&a, r);
+        const double gf = 2.0 * (double)L * (double)L * (double)D / td * 1e-9;
+        printf("%8lld %10.2f %9.1f %7.2f %10.2f %9.2f %10.2f %9.2f\n", (long long)L, td * 1e3, gf,
+               gf / sgemm_gf, tv * 1e3, td / tv, ta * 1e3, td / ta);
+        fflush(stdout);
+        free(q);
+        free(k);
+        free(v);
+        free(o);
+    }
+    mi_context_destroy(ctx);
+    return 0;
+}
