@@ -75,7 +75,10 @@ typedef struct budget {
 
 static void budget_add(budget **list, int *n, int *cap, const mi_head_pattern *p) {
     int32_t a = p->vertical_size, b = p->slash_size;
-    if (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE) a = p->n_init, b = p->n_local;
+    if (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE) {
+        a = p->n_init;
+        b = p->n_local;
+    }
     for (int i = 0; i < *n; i++) {
         if ((*list)[i].type == p->type && (*list)[i].a == a && (*list)[i].b == b) {
             (*list)[i].count++;

@@ -11,22 +11,31 @@
  *  - Toeplitz part (a function of the distance x = i - j only), built like RoPE: a pair of
  *    dimensions rotated by t * theta at position t gives q_i . k_j = c * cos((i - j) * theta).
  *    The local band is one kernel K_l(x) = sum_m lambda_m cos(x theta_m) over M_l pairs with
- *    frequencies of order 1 / local_window: it peaks at x = 0 and decays over the window. A slash
- *    line at distance d is the same construction with the query rotated by (i - d): it peaks at
- *    x = d. Away from its peak each kernel is a sum of cosines with unrelated phases; its mass there
- *    is a product of per-pair factors e^-lambda I0(lambda), so it falls exponentially with the
- *    number of pairs, which is what makes the band and the lines stand out at any length.
- *    The amplitudes are kept moderate on purpose: a kernel's far field has logit std
- *    Lambda / sqrt(2M), and a large far field would drown every other component.
+ *    frequencies of order 1 / local_window: it peaks at x = 0 and decays over the window. Away
+ *    from its peak the kernel is a sum of cosines with unrelated phases; its mass there is a
+ *    product of per-pair factors e^-lambda I0(lambda), so it falls exponentially with the number
+ *    of pairs, which is what makes the band stand out at any length. The amplitude is moderate
+ *    on purpose: the far field has logit std Lambda / sqrt(2M), and a large one would drown
+ *    everything else.
+ *
+ *  - Slash lines use position codes, not kernels: every ordinary key j carries a random unit
+ *    vector h(j) (m random signs, drawn from a stream seeded by j), and query i carries
+ *    sum_s A_s(i) h(i - d_s). Then q_i . k_j is exactly A_s(i) on each line j = i - d_s and
+ *    zero-mean noise of std sqrt(sum_s A_s^2 / m) elsewhere. The leftover is unstructured noise,
+ *    not a second Toeplitz field: a rotation kernel per slash would add its own far field to
+ *    every diagonal, and a few of them together bury both the lines and the local band.
  *
  *  - Exact components: one dimension each for sinks and verticals, a small subspace for needles.
- *    Only the planted keys carry these dimensions (and carry no Toeplitz part), so every other key
- *    scores exactly 0 there. The query's coefficient is set per row from the mass that the
- *    Toeplitz part gives that row (computed exactly from the kernels), so that sinks, verticals
- *    and needles take a fixed share of every row's attention at any length. A constant logit
- *    boost cannot do that: at 1M keys the background alone weighs 10^6.
+ *    Only the planted keys carry these dimensions (and carry no Toeplitz part or code), so every
+ *    other key scores exactly 0 there.
  *
- * Cost: O(B * H * L * D) with a few transcendental calls per position and pair; single-threaded,
+ *  - Calibration: the mass of a row's ordinary keys is known exactly (a prefix sum of e^K_l), so
+ *    the query's coefficients are set per row to give each component a fixed share of the row at
+ *    any length: relative to the ordinary keys, sinks 2, verticals 0.4, each slash line 0.1 (times
+ *    e^(strength - 6)); a needle takes about 80% of its row. A constant logit boost cannot do
+ *    that: at 1M keys the background alone weighs 10^6.
+ *
+ * Cost: O(B * H * L * D), about one logarithm per two random entries; single-threaded,
  * deterministic given the seed (every (batch, head, tensor) draws from its own stream).
  */
 #include "internal.h"
@@ -35,7 +44,7 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------------ */
-/* Random numbers: splitmix64 seeds xoshiro256**; Box-Muller for normals.                      */
+/* Random numbers: splitmix64 seeds xoshiro256**; Marsaglia's polar method for normals.      */
 
 typedef struct rng {
     uint64_t s[4];
@@ -84,17 +93,22 @@ static int64_t rng_range(rng *r, int64_t lo, int64_t hi) {
     return lo + (int64_t)(rng_next(r) % span);
 }
 
+/* Marsaglia's polar form of Box-Muller: no trigonometry, two normals per accepted pair. */
 static double rng_normal(rng *r) {
     if (r->has_spare) {
         r->has_spare = false;
         return r->spare;
     }
-    double u1 = rng_uniform(r), u2 = rng_uniform(r);
-    if (u1 < 1e-300) u1 = 1e-300;
-    double rad = sqrt(-2.0 * log(u1)), ang = 6.283185307179586 * u2;
-    r->spare = rad * sin(ang);
+    double u, v, s;
+    do {
+        u = 2.0 * rng_uniform(r) - 1.0;
+        v = 2.0 * rng_uniform(r) - 1.0;
+        s = u * u + v * v;
+    } while (s >= 1.0 || s == 0.0);
+    const double f = sqrt(-2.0 * log(s) / s);
+    r->spare = v * f;
     r->has_spare = true;
-    return rad * cos(ang);
+    return u * f;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -122,8 +136,7 @@ typedef struct layout {
     int d_sink, d_vert;      /* one dimension each (-1: absent) */
     int d_needle, n_needle;  /* needle subspace */
     int d_local, m_local;    /* local kernel: m_local pairs */
-    int d_slash, m_slash;    /* per slash subspace: m_slash pairs, n_slash_sub subspaces */
-    int n_slash_sub;
+    int d_code, m_code;      /* slash position codes */
     int d_bg, n_bg;          /* background */
 } layout;
 
@@ -138,30 +151,51 @@ static void make_layout(int64_t D, int n_slashes, layout *lo) {
     lo->n_needle = D >= 32 ? 4 : (D >= 8 ? 1 : 0);
     lo->d_needle = next;
     next += lo->n_needle;
-    /* Keep a quarter of D (at least 2) for the random background. */
-    int budget = (int)D - next - (int)(D / 4 > 2 ? D / 4 : 2);
+    /* Keep an eighth of D (at least 2) for the random background. */
+    int budget = (int)D - next - (int)(D / 8 > 2 ? D / 8 : 2);
     if (budget < 0) budget = 0;
     lo->m_local = budget / 2 < 8 ? budget / 2 : 8;
     if (D < 128 && lo->m_local > 6) lo->m_local = 6;
     lo->d_local = next;
     next += 2 * lo->m_local;
     budget -= 2 * lo->m_local;
-    lo->d_slash = next;
-    if (n_slashes > 0 && budget >= 4) {
-        /* Each slash its own subspace when D allows; otherwise slashes share subspaces round
-         * robin, which costs sharpness but keeps every requested line. */
-        int per = budget / (2 * n_slashes);
-        if (per >= 2) {
-            lo->n_slash_sub = n_slashes;
-            lo->m_slash = per < 8 ? per : 8;
-        } else {
-            lo->m_slash = 2;
-            lo->n_slash_sub = budget / 4;
-        }
-        next += 2 * lo->m_slash * lo->n_slash_sub;
-    }
+    /* The codes take what is left: the code noise falls as 1 / sqrt(m). */
+    lo->d_code = next;
+    lo->m_code = n_slashes > 0 && budget >= 2 ? budget : 0;
+    next += lo->m_code;
     lo->d_bg = next;
     lo->n_bg = (int)D - next;
+}
+
+/* cos / sin of t * theta for consecutive t by rotation, recomputed exactly every 64 steps so
+ * that rounding cannot accumulate (sincos of large arguments was most of the cost). */
+typedef struct rotor {
+    double c[SYNTH_MAX_PAIRS], s[SYNTH_MAX_PAIRS];   /* at position t */
+    double dc[SYNTH_MAX_PAIRS], ds[SYNTH_MAX_PAIRS]; /* one step */
+    int64_t t;
+} rotor;
+
+static void rotor_set(rotor *ro, const double *theta, int n, int64_t t) {
+    for (int m = 0; m < n; m++) {
+        ro->c[m] = cos((double)t * theta[m]);
+        ro->s[m] = sin((double)t * theta[m]);
+        ro->dc[m] = cos(theta[m]);
+        ro->ds[m] = sin(theta[m]);
+    }
+    ro->t = t;
+}
+
+static void rotor_step(rotor *ro, const double *theta, int n) {
+    if ((ro->t + 1) % 64 == 0) {
+        rotor_set(ro, theta, n, ro->t + 1);
+        return;
+    }
+    for (int m = 0; m < n; m++) {
+        const double c = ro->c[m] * ro->dc[m] - ro->s[m] * ro->ds[m];
+        ro->s[m] = ro->s[m] * ro->dc[m] + ro->c[m] * ro->ds[m];
+        ro->c[m] = c;
+    }
+    ro->t++;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -173,7 +207,7 @@ typedef struct head_plan {
     int32_t *needle_rows, *needle_cols;
     double *needle_dir;     /* [n_needles, n_needle] unit vectors */
     double local_theta[SYNTH_MAX_PAIRS], local_amp[SYNTH_MAX_PAIRS];
-    double *slash_theta, *slash_amp; /* [n_slash_sub, m_slash] */
+    float *row_slash;                /* [L, n_slashes] code amplitude of each line in row i */
     double *row_sink, *row_vert;     /* [L] logit of a sink / vertical key for row i */
     double *needle_logit;            /* [n_needles] */
     unsigned char *special;          /* [L]: 1 sink, 2 vertical, 4 needle key */
@@ -185,10 +219,9 @@ static void plan_free(head_plan *hp) {
     free(hp->needle_rows);
     free(hp->needle_cols);
     free(hp->needle_dir);
-    free(hp->slash_theta);
-    free(hp->slash_amp);
     free(hp->row_sink);
     free(hp->row_vert);
+    free(hp->row_slash);
     free(hp->needle_logit);
     free(hp->special);
     memset(hp, 0, sizeof *hp);
@@ -199,12 +232,20 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The Toeplitz logit at distance x (any sign) of slash subspace s. */
-static double slash_kernel(const head_plan *hp, const layout *lo, int s, double x) {
-    double k = 0.0;
-    for (int m = 0; m < lo->m_slash; m++)
-        k += hp->slash_amp[s * lo->m_slash + m] * cos(x * hp->slash_theta[s * lo->m_slash + m]);
-    return k;
+/* The slash position code h(t) of KV head hk: m random signs / sqrt(m), the same wherever it is
+ * drawn (queries draw it for t = i - d, keys for t = j). Signs rather than Gaussians: the dot
+ * product of two codes is as close to normal (a sum of m independent terms) and 64 entries
+ * cost one draw, which matters at a million positions. */
+static void slash_code(uint64_t seed, uint64_t hk, int64_t t, int m, double *h) {
+    rng r;
+    uint64_t bits = 0;
+    const double v = 1.0 / sqrt((double)m);
+    rng_seed(&r, seed, 0xc0de, hk, (uint64_t)t);
+    for (int e = 0; e < m; e++) {
+        if (e % 64 == 0) bits = rng_next(&r);
+        /* Branch-free: random signs defeat the branch predictor. */
+        h[e] = v * (double)(1 - 2 * (int)((bits >> (e % 64)) & 1));
+    }
 }
 
 static double local_kernel(const head_plan *hp, const layout *lo, double x) {
@@ -225,16 +266,15 @@ static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const lay
     hp->needle_rows = calloc((size_t)nn + 1, sizeof(int32_t));
     hp->needle_cols = calloc((size_t)nn + 1, sizeof(int32_t));
     hp->needle_dir = calloc((size_t)nn * (size_t)(lo->n_needle + 1) + 1, sizeof(double));
-    hp->slash_theta = calloc((size_t)(lo->n_slash_sub * lo->m_slash) + 1, sizeof(double));
-    hp->slash_amp = calloc((size_t)(lo->n_slash_sub * lo->m_slash) + 1, sizeof(double));
     hp->row_sink = calloc((size_t)L, sizeof(double));
     hp->row_vert = calloc((size_t)L, sizeof(double));
+    hp->row_slash = calloc((size_t)L * (size_t)ns + 1, sizeof(float));
     hp->needle_logit = calloc((size_t)nn + 1, sizeof(double));
     hp->special = calloc((size_t)L, 1);
     double *mass = malloc((size_t)L * sizeof(double));
     if (!hp->vertical_cols || !hp->slash_dists || !hp->needle_rows || !hp->needle_cols ||
-        !hp->needle_dir || !hp->slash_theta || !hp->slash_amp || !hp->row_sink ||
-        !hp->row_vert || !hp->needle_logit || !hp->special || !mass) {
+        !hp->needle_dir || !hp->row_sink ||
+        !hp->row_vert || !hp->row_slash || !hp->needle_logit || !hp->special || !mass) {
         free(mass);
         plan_free(hp);
         return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "mi_synth_generate: out of memory");
@@ -294,14 +334,6 @@ static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const lay
         }
         hp->slash_dists[s] = (int32_t)d;
     }
-    /* Slash kernels: narrower (width ~ 8 keys), peak about strength. */
-    for (int s = 0; s < lo->n_slash_sub; s++) {
-        for (int m = 0; m < lo->m_slash; m++) {
-            hp->slash_theta[s * lo->m_slash + m] = 0.05 + 0.25 * rng_uniform(&r);
-            hp->slash_amp[s * lo->m_slash + m] = 1.5 * strength / lo->m_slash;
-        }
-    }
-
     /* Needles: a row in the second half, a key far before it (at least a quarter of the row
      * back), avoiding the other planted keys. */
     for (int n = 0; n < nn; n++) {
@@ -327,34 +359,57 @@ static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const lay
 
     /* Mass of the ordinary keys of each row: sum over x <= i of exp(Toeplitz logit(x)). Planted
      * keys have no Toeplitz part; leaving them in the sum changes it by a negligible amount. */
-    double peak = local_kernel(hp, lo, 0.0);
-    for (int s = 0; s < ns && lo->n_slash_sub > 0; s++)
-        peak += slash_kernel(hp, lo, s % lo->n_slash_sub, 0.0);
+    const double peak = local_kernel(hp, lo, 0.0);
     double acc = 0.0;
+    rotor ro;
+    rotor_set(&ro, hp->local_theta, lo->m_local, 0);
     for (int64_t x = 0; x < L; x++) {
-        double t = local_kernel(hp, lo, (double)x);
-        for (int s = 0; s < ns && lo->n_slash_sub > 0; s++)
-            t += slash_kernel(hp, lo, s % lo->n_slash_sub, (double)(x - hp->slash_dists[s]));
-        acc += exp(t - peak);
+        if (x > 0) rotor_step(&ro, hp->local_theta, lo->m_local);
+        double kx = 0.0;
+        for (int m = 0; m < lo->m_local; m++) kx += hp->local_amp[m] * ro.c[m];
+        acc += exp(kx - peak);
         mass[x] = acc;
     }
-
-    /* Shares of a row's attention relative to its ordinary keys. */
-    const double share_sink = exp(strength - 4.0);
-    const double share_vert = exp(strength - 6.5);
+    /* Shares of a row's attention relative to its ordinary keys (local band and far field):
+     * at the default strength, sinks 2, verticals 0.4, each slash line 0.1. */
+    const double boost = exp(strength - 6.0);
+    const double share_sink = 2.0 * boost, share_vert = 0.4 * boost, share_slash = 0.1 * boost;
     const double share_needle = exp(strength - 4.6);
+    double *k_at_slash = calloc((size_t)ns + 1, sizeof(double));
+    if (!k_at_slash) {
+        free(mass);
+        plan_free(hp);
+        return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "mi_synth_generate: out of memory");
+    }
+    for (int s = 0; s < ns; s++) k_at_slash[s] = local_kernel(hp, lo, hp->slash_dists[s]);
     int v_seen = 0;
     for (int64_t i = 0; i < L; i++) {
-        double log_mass = log(mass[i]) + peak;
+        const double log_ordinary = log(mass[i]) + peak;
+        /* A line's key already scores K(d) through the local kernel; its code adds the rest, so
+         * that the key weighs share_slash times the row's ordinary mass. The codes' noise then
+         * multiplies every ordinary key by e^(var / 2) on average, lines included. */
+        double var = 0.0, lines = 0.0;
+        for (int s = 0; s < ns && lo->m_code > 0; s++) {
+            if (hp->slash_dists[s] > i) continue;
+            double c = log(share_slash) + log_ordinary - k_at_slash[s];
+            /* Bounded: a line in a deep trough of the far field is left weaker rather than
+             * paid for with a code noise that would swamp the whole row. */
+            c = c < 0.0 ? 0.0 : (c > peak + 4.0 ? peak + 4.0 : c);
+            hp->row_slash[(size_t)i * (size_t)ns + (size_t)s] = (float)c;
+            var += c * c / lo->m_code;
+            lines += exp(k_at_slash[s] + c - log_ordinary);
+        }
+        const double log_mass = log_ordinary + log1p(lines) + 0.5 * var;
+        mass[i] = log_mass; /* reused below for the needles */
         int64_t s_vis = i + 1 < n_sinks ? i + 1 : n_sinks;
         while (v_seen < nv && hp->vertical_cols[v_seen] <= i) v_seen++;
         hp->row_sink[i] = s_vis > 0 ? log(share_sink / (double)s_vis) + log_mass : 0.0;
         hp->row_vert[i] = v_seen > 0 ? log(share_vert / v_seen) + log_mass : 0.0;
     }
+    free(k_at_slash);
     for (int n = 0; n < nn; n++) {
         int64_t row = hp->needle_rows[n];
-        hp->needle_logit[n] =
-            log(share_needle * (1.0 + share_sink + share_vert)) + log(mass[row]) + peak;
+        hp->needle_logit[n] = log(share_needle * (1.0 + share_sink + share_vert)) + mass[row];
     }
     free(mass);
     return MI_STATUS_SUCCESS;
@@ -366,7 +421,8 @@ static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const lay
 static void store(const mi_tensor *t, int64_t b, int64_t h, int64_t l, const float *row) {
     const int64_t D = t->shape[3];
     const size_t es = mi_dtype_size(t->dtype);
-    char *base = (char *)t->data + (size_t)(b * t->stride[0] + h * t->stride[1] + l * t->stride[2]) * es;
+    const int64_t off = b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
+    char *base = (char *)t->data + (size_t)off * es;
     switch (t->dtype) {
     case MI_DTYPE_F32: memcpy(base, row, (size_t)D * sizeof(float)); break;
     case MI_DTYPE_F16:
@@ -435,10 +491,10 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
     const double bg_logit = 0.5 * p->noise;
     const double bg_scale = lo.n_bg > 0 ? r4 * sqrt(bg_logit) / pow((double)lo.n_bg, 0.25) : 0;
     float *row = malloc((size_t)D * sizeof(float));
-    double *qcoef = malloc((size_t)L * sizeof(double));
-    if (!row || !qcoef) {
+    double *code = malloc((size_t)(D + 1) * sizeof(double));
+    if (!row || !code) {
         free(row);
-        free(qcoef);
+        free(code);
         return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "mi_synth_generate: out of memory");
     }
 
@@ -447,18 +503,22 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
         st = plan_build(ctx, p, &lo, L, (uint64_t)hk, &hp);
         if (st != MI_STATUS_SUCCESS) {
             free(row);
-            free(qcoef);
+            free(code);
             return st;
         }
         /* Sink and vertical keys carry sqrt of the last row's boost, so q and k entries have
          * similar magnitudes (half-precision friendly). */
         const double ks = sqrt(fabs(hp.row_sink[L - 1]) + 1.0);
         const double kv = sqrt(fabs(hp.row_vert[L - 1]) + 1.0);
+        const double kc = sqrt(hp.row_slash[(size_t)(L - 1) * (size_t)p->n_slashes] + 1.0);
         for (int64_t b = 0; b < B; b++) {
             rng r;
             /* Keys and values. */
             rng_seed(&r, p->seed, 1 + (uint64_t)b, (uint64_t)hk, 1);
+            rotor ro;
+            rotor_set(&ro, hp.local_theta, lo.m_local, 0);
             for (int64_t j = 0; j < L; j++) {
+                if (j > 0) rotor_step(&ro, hp.local_theta, lo.m_local);
                 memset(row, 0, (size_t)D * sizeof(float));
                 const unsigned char sp = hp.special[j];
                 if ((sp & 1) && lo.d_sink >= 0) row[lo.d_sink] = (float)(r4 * ks);
@@ -474,19 +534,14 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
                 }
                 if (!sp) {
                     for (int m = 0; m < lo.m_local; m++) {
-                        const double a = r4 * sqrt(hp.local_amp[m]), ang = (double)j * hp.local_theta[m];
-                        row[lo.d_local + 2 * m] = (float)(a * cos(ang));
-                        row[lo.d_local + 2 * m + 1] = (float)(a * sin(ang));
+                        const double a = r4 * sqrt(hp.local_amp[m]);
+                        row[lo.d_local + 2 * m] = (float)(a * ro.c[m]);
+                        row[lo.d_local + 2 * m + 1] = (float)(a * ro.s[m]);
                     }
-                    for (int s = 0; s < lo.n_slash_sub; s++) {
-                        for (int m = 0; m < lo.m_slash; m++) {
-                            const int idx = s * lo.m_slash + m;
-                            const double a = r4 * sqrt(hp.slash_amp[idx]);
-                            const double ang = (double)j * hp.slash_theta[idx];
-                            const int dd = lo.d_slash + 2 * idx;
-                            row[dd] = (float)(a * cos(ang));
-                            row[dd + 1] = (float)(a * sin(ang));
-                        }
+                    if (lo.m_code > 0) {
+                        slash_code(p->seed, (uint64_t)hk, j, lo.m_code, code);
+                        for (int e = 0; e < lo.m_code; e++)
+                            row[lo.d_code + e] = (float)(r4 * kc * code[e]);
                     }
                 }
                 for (int e = 0; e < lo.n_bg; e++)
@@ -502,7 +557,10 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
             for (int64_t g = 0; g < group; g++) {
                 const int64_t hq = hk * group + g;
                 rng_seed(&r, p->seed, 1 + (uint64_t)b, (uint64_t)hq, 3);
+                rotor ro;
+                rotor_set(&ro, hp.local_theta, lo.m_local, 0);
                 for (int64_t i = 0; i < L; i++) {
+                    if (i > 0) rotor_step(&ro, hp.local_theta, lo.m_local);
                     memset(row, 0, (size_t)D * sizeof(float));
                     if (lo.d_sink >= 0) row[lo.d_sink] = (float)(r4 * hp.row_sink[i] / ks);
                     if (lo.d_vert >= 0) row[lo.d_vert] = (float)(r4 * hp.row_vert[i] / kv);
@@ -514,21 +572,18 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
                                 (float)(a * hp.needle_dir[(size_t)n * (size_t)lo.n_needle + e]);
                     }
                     for (int m = 0; m < lo.m_local; m++) {
-                        const double a = r4 * sqrt(hp.local_amp[m]), ang = (double)i * hp.local_theta[m];
-                        row[lo.d_local + 2 * m] = (float)(a * cos(ang));
-                        row[lo.d_local + 2 * m + 1] = (float)(a * sin(ang));
+                        const double a = r4 * sqrt(hp.local_amp[m]);
+                        row[lo.d_local + 2 * m] = (float)(a * ro.c[m]);
+                        row[lo.d_local + 2 * m + 1] = (float)(a * ro.s[m]);
                     }
-                    /* Slash s peaks where i - j = d_s: rotate the query by (i - d_s). */
-                    for (int s = 0; s < p->n_slashes && lo.n_slash_sub > 0; s++) {
-                        const int sub = s % lo.n_slash_sub;
-                        for (int m = 0; m < lo.m_slash; m++) {
-                            const int idx = sub * lo.m_slash + m;
-                            const double a = r4 * sqrt(hp.slash_amp[idx]);
-                            const double ang = (double)(i - hp.slash_dists[s]) * hp.slash_theta[idx];
-                            const int dd = lo.d_slash + 2 * idx;
-                            row[dd] += (float)(a * cos(ang));
-                            row[dd + 1] += (float)(a * sin(ang));
-                        }
+                    /* Slash s: the code of the key d_s behind this row. */
+                    for (int s = 0; s < p->n_slashes && lo.m_code > 0; s++) {
+                        if (hp.slash_dists[s] > i) continue;
+                        slash_code(p->seed, (uint64_t)hk, i - hp.slash_dists[s], lo.m_code, code);
+                        const double c = hp.row_slash[(size_t)i * (size_t)p->n_slashes + (size_t)s];
+                        const double a = r4 * c / kc;
+                        for (int e = 0; e < lo.m_code; e++)
+                            row[lo.d_code + e] += (float)(a * code[e]);
                     }
                     for (int e = 0; e < lo.n_bg; e++)
                         row[lo.d_bg + e] = (float)(bg_scale * rng_normal(&r));
@@ -556,6 +611,6 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
         plan_free(&hp);
     }
     free(row);
-    free(qcoef);
+    free(code);
     return MI_STATUS_SUCCESS;
 }
