@@ -105,6 +105,24 @@ mi_status mi_cpu_run_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_tens
  * mass[i] = attention mass (of the dense softmax) on the keys the pattern visits, and *visited +=
  * visited causal (row, key) pairs. Single-threaded; ws from mi_cpu_tile_alloc. */
 typedef struct mi_tile mi_tile;
+/* Tile state of one 64-row query block (layout in the comment at the top of this file). */
+struct mi_tile {
+    _Alignas(64) float m[MI_BS];     /* running max, base-2 units */
+    _Alignas(64) float l[MI_BS];     /* running sum */
+    _Alignas(64) float alpha[MI_BS]; /* rescale factor of the current tile */
+    _Alignas(64) float lse2[MI_BS];  /* final base-2 LSE (metrics / estimation passes) */
+    _Alignas(64) float acc[MI_BS];   /* per-row mass (metrics) */
+    int32_t kpos[MI_BS];             /* key positions of the current tile */
+    int64_t D;
+    int64_t r0, nr; /* query rows of the block */
+    double visited;
+    float *qt; /* [D][64] */
+    float *st; /* [64][64] */
+    float *ot; /* [D][64] */
+    float *kb; /* [64][D] */
+    float *vb; /* [64][D] */
+    float *row; /* [D] */
+};
 mi_tile *mi_cpu_tile_alloc(int64_t head_dim);
 void mi_cpu_tile_free(mi_tile *t);
 void mi_cpu_job_mass(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
@@ -122,6 +140,30 @@ void mi_cpu_vs_sums(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, cons
  * major): sc[j * 64 + i] = qp[i] . kp[j] for i < nq, j < nk (nk <= 64). */
 void mi_cpu_block_scores(mi_tile *t, int64_t D, const float *qp, int64_t nq, const float *kp,
                          int64_t nk, float *sc);
+
+/* The engine (attn_engine.h) is compiled for the build's target (suffix _base) and, on x86-64
+ * builds below AVX-512, a second time with AVX-512 enabled (suffix _avx512), picked at run time. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__AVX512F__)
+#define MI_CPU_AVX512_ENGINE 1
+#else
+#define MI_CPU_AVX512_ENGINE 0
+#endif
+
+#define MI_CPU_ENGINE_DECLARE(sfx)                                                             \
+    mi_status mi_cpu_run_jobs##sfx(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q, \
+                                   const mi_tensor *k, const mi_tensor *v,                     \
+                                   const mi_attn_job *jobs, int64_t n_jobs, float scale,       \
+                                   mi_tensor *out, float *lse);                                \
+    void mi_cpu_job_mass##sfx(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,          \
+                              const mi_tensor *k, const mi_attn_job *job, float scale,         \
+                              int64_t r0, double *mass, double *visited);                      \
+    void mi_cpu_vs_sums##sfx(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,           \
+                             const mi_tensor *k, int64_t b, int64_t h, int64_t len, int64_t n, \
+                             float scale, float *vert, float *slash);                          \
+    void mi_cpu_block_scores##sfx(mi_tile *t, int64_t D, const float *qp, int64_t nq,          \
+                                  const float *kp, int64_t nk, float *sc);
+MI_CPU_ENGINE_DECLARE(_base)
+MI_CPU_ENGINE_DECLARE(_avx512)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared helpers                                                                              */

@@ -1,0 +1,509 @@
+/*
+ * attn_engine.h: the attention engine, written once and compiled once per instruction set
+ * (included by attn_core.c for the build's target, and by attn_core_avx512.c with AVX-512
+ * enabled for runtime dispatch). Define ENGINE(name) to suffix the four entry points.
+ *
+ * A work item is one 64-row query block of one (b, h) "job" (cpu_common.h). The item loads its
+ * queries transposed (qt [D][64], pre-scaled by scale * log2 e), then visits key tiles of up to
+ * 64 keys. A key tile is either a contiguous range (read in place when the tensor is fp32,
+ * converted into a scratch tile otherwise) or a gathered list of columns (copied). Per tile:
+ *
+ *   GEMM 1   st[j][i] = sum_d K[j][d] * qt[d][i]          (64 keys x 64 rows x D)
+ *   mask     st[j][i] = -inf where key j is invisible to row i (causal, window, sinks, Tri rows)
+ *   softmax  m_new = max(m, max_j st); alpha = 2^(m - m_new); P = 2^(st - m_new); l = l*alpha + sum P
+ *   GEMM 2   ot[d][i] = alpha[i] * ot[d][i] + sum_j V[j][d] * P[j][i]
+ *
+ * Both GEMMs are the same register-blocked micro-kernel: MR scalars of the "A" operand (K or V
+ * elements, broadcast) times NV vectors of 64-wide rows of the "B" operand (qt or P), FMA into
+ * MR x NV accumulators held in registers for the whole contraction. The vector width follows the
+ * target (8 floats with AVX2, 16 with AVX-512). Vector code uses GCC vector extensions, with
+ * intrinsics for FMA / max / min / broadcast where the target has them, because the build's strict
+ * C11 mode turns floating-point contraction off.
+ *
+ * Online-softmax numerics: everything fp32; a row whose max is still -inf uses 0 as the reference
+ * so that 2^(-inf - ref) = 0 and no NaN appears; a row that saw no key ends with l = 0 and gets
+ * output 0 and LSE -inf (the header's contract).
+ *
+ * No include guard: meant to be included once per translation unit.
+ */
+#include "cpu_common.h"
+
+#include <math.h>
+#include <omp.h>
+
+#if defined(__AVX__) || defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* SIMD                                                                                        */
+
+#if defined(__AVX512F__)
+#define VL 16
+#define MR 8 /* 8 x 2 accumulators of 16 floats: 16 of the 32 zmm registers */
+#define NV 2
+#else
+#define VL 8
+#define MR 4 /* 4 x 2 accumulators of 8 floats + 2 B vectors + 1 broadcast: 11 of 16 ymm */
+#define NV 2
+#endif
+#define NVEC (MI_BS / VL)
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+
+static inline vf vset1(float x) {
+#if VL == 16
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return (vf)_mm256_set1_ps(x);
+#else
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = x;
+    return r;
+#endif
+}
+
+static inline vf vfma(vf a, vf b, vf c) {
+#if VL == 16
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
+}
+
+static inline vf vsel(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+
+static inline vf vmax(vf a, vf b) {
+#if VL == 16
+    return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+    return (vf)_mm256_max_ps((__m256)a, (__m256)b);
+#else
+    return vsel(a > b, a, b);
+#endif
+}
+
+static inline vf vmin(vf a, vf b) {
+#if VL == 16
+    return (vf)_mm512_min_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+    return (vf)_mm256_min_ps((__m256)a, (__m256)b);
+#else
+    return vsel(a < b, a, b);
+#endif
+}
+
+/* 2^x in fp32: x = n + f with n = round(x), |f| <= 1/2; 2^f by its degree-7 Taylor polynomial
+ * (truncation error < 1e-8 relative, below fp32 rounding); 2^n assembled in the exponent bits.
+ * x < -126 gives exactly 0 (masked scores are -inf and must contribute nothing); NaN stays NaN. */
+static inline vf vexp2(vf x) {
+    const vi keep = x >= vset1(-126.0f);
+    const vi nan = x != x;
+    const vf xc = vmin(vmax(x, vset1(-126.0f)), vset1(127.0f));
+    const vi n = __builtin_convertvector(xc + vset1(128.5f), vi) - 128;
+    const vf f = xc - __builtin_convertvector(n, vf);
+    vf p = vset1(1.525273380405984e-05f);
+    p = vfma(p, f, vset1(1.5403530393381606e-04f));
+    p = vfma(p, f, vset1(1.3333558146428443e-03f));
+    p = vfma(p, f, vset1(9.618129107628477e-03f));
+    p = vfma(p, f, vset1(5.550410866482158e-02f));
+    p = vfma(p, f, vset1(2.402265069591007e-01f));
+    p = vfma(p, f, vset1(6.931471805599453e-01f));
+    p = vfma(p, f, vset1(1.0f));
+    const vf scale = (vf)((n + 127) << 23);
+    const vf r = (vf)((vi)(p * scale) & keep);
+    return vsel(nan, x, r);
+}
+
+static inline float hsum(vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < VL; i++) s += v[i];
+    return s;
+}
+
+/*
+ * The micro-kernel. For r < mr:
+ *   C[r][0:64] = (alpha ? alpha * C[r] : 0) + sum_{p < np} A(r, p) * B[p][0:64]
+ * with A(r, p) = a[r * ars + p * acs] and B, C row-major with 64 columns, 64-byte aligned.
+ * always_inline with a constant mr lets gcc unroll the register block completely.
+ */
+static inline __attribute__((always_inline)) void mk(const int mr, const int64_t np,
+                                                     const float *restrict a, const int64_t ars,
+                                                     const int64_t acs, const float *restrict B,
+                                                     float *restrict C,
+                                                     const float *restrict alpha) {
+    for (int c0 = 0; c0 < NVEC; c0 += NV) {
+        vf acc[MR][NV];
+        for (int r = 0; r < mr; r++) {
+            for (int v = 0; v < NV; v++) {
+                if (alpha) {
+                    acc[r][v] = *(const vf *)(alpha + (c0 + v) * VL) *
+                                *(const vf *)(C + r * MI_BS + (c0 + v) * VL);
+                } else {
+                    acc[r][v] = vset1(0.0f);
+                }
+            }
+        }
+        const float *ap = a;
+        const float *bp = B + c0 * VL;
+        for (int64_t p = 0; p < np; p++) {
+            vf bv[NV];
+            for (int v = 0; v < NV; v++) bv[v] = *(const vf *)(bp + v * VL);
+            for (int r = 0; r < mr; r++) {
+                const vf av = vset1(ap[r * ars]);
+                for (int v = 0; v < NV; v++) acc[r][v] = vfma(av, bv[v], acc[r][v]);
+            }
+            ap += acs;
+            bp += MI_BS;
+        }
+        for (int r = 0; r < mr; r++) {
+            for (int v = 0; v < NV; v++) *(vf *)(C + r * MI_BS + (c0 + v) * VL) = acc[r][v];
+        }
+    }
+}
+
+/* C[0:m][0:64] = (alpha ? alpha * C : 0) + A B, A(r, p) as in mk, m rows in blocks of MR. */
+static void gemm(int64_t m, int64_t np, const float *a, int64_t ars, int64_t acs, const float *B,
+                 float *C, const float *alpha) {
+    int64_t r = 0;
+    for (; r + MR <= m; r += MR) mk(MR, np, a + r * ars, ars, acs, B, C + r * MI_BS, alpha);
+    for (; r < m; r++) mk(1, np, a + r * ars, ars, acs, B, C + r * MI_BS, alpha);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tile rows                                                                                   */
+
+/* Loads rows [r0, r0 + nr) of (b, h) transposed into qt, multiplied by mul; clears the state. */
+static void tile_begin(mi_tile *t, const mi_tensor *q, int64_t b, int64_t h, int64_t r0,
+                       int64_t nr, float mul) {
+    const int64_t D = t->D;
+    t->r0 = r0;
+    t->nr = nr;
+    t->visited = 0.0;
+    memset(t->qt, 0, (size_t)D * MI_BS * sizeof(float));
+    memset(t->ot, 0, (size_t)D * MI_BS * sizeof(float));
+    for (int i = 0; i < MI_BS; i++) {
+        t->m[i] = -INFINITY;
+        t->l[i] = 0.0f;
+        t->acc[i] = 0.0f;
+    }
+    for (int64_t i = 0; i < nr; i++) {
+        mi_cpu_load_f32(t->row, mi_cpu_row(q, b, h, r0 + i), q->dtype, D, mul);
+        for (int64_t d = 0; d < D; d++) t->qt[d * MI_BS + i] = t->row[d];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One key tile                                                                                */
+
+typedef enum tile_mode {
+    MODE_ATTN, /* online softmax + P V */
+    MODE_LSE,  /* online softmax statistics only */
+    MODE_MASS, /* acc[i] += sum_j 2^(s - lse2[i]); visited pairs counted */
+    MODE_VS,   /* as MASS but scattered into column and diagonal sums */
+} tile_mode;
+
+/* Which keys a row sees, beyond the key list itself: key j is visible to row r iff j <= r and
+ * (r - j < n_local or j < n_init or r >= tri_start). Dense: n_local = INT64_MAX. */
+typedef struct mask_params {
+    int64_t n_init, n_local, tri_start;
+} mask_params;
+
+/* Sets invisible scores to -inf; returns the number of visible (row, key) pairs among rows < nr. */
+static int64_t tile_mask(mi_tile *t, int64_t nk, const mask_params *mp) {
+    const int64_t r0 = t->r0, nr = t->nr;
+    const int64_t tl = mi_cpu_max64(0, mi_cpu_min64(MI_BS, mp->tri_start - r0));
+    int64_t visible = 0;
+    for (int64_t j = 0; j < nk; j++) {
+        const int64_t kp = t->kpos[j];
+        const int64_t lo = mi_cpu_max64(0, mi_cpu_min64(MI_BS, kp - r0));
+        int64_t hi = MI_BS;
+        if (kp >= mp->n_init && mp->n_local < INT64_MAX / 2) {
+            hi = mi_cpu_max64(lo, mi_cpu_min64(MI_BS, kp + mp->n_local - r0));
+        }
+        /* visible rows: [lo, hi) and [max(lo, tl), 64) */
+        float *row = t->st + j * MI_BS;
+        for (int64_t i = 0; i < lo; i++) row[i] = -INFINITY;
+        const int64_t gap_end = mi_cpu_max64(hi, tl);
+        for (int64_t i = hi; i < gap_end; i++) row[i] = -INFINITY;
+        const int64_t a = mi_cpu_min64(hi, nr), c = mi_cpu_max64(mi_cpu_max64(lo, tl), hi);
+        visible += mi_cpu_max64(0, a - lo) + mi_cpu_max64(0, nr - mi_cpu_min64(c, nr));
+    }
+    return visible;
+}
+
+/* Processes nk keys at positions t->kpos[0..nk): K rows at k (row stride ldk), V rows at v. */
+static void tile_step(mi_tile *t, tile_mode mode, int64_t nk, const float *k, int64_t ldk,
+                      const float *v, int64_t ldv, const mask_params *mp, float *vert,
+                      float *slash) {
+    const int64_t D = t->D;
+    float *st = t->st;
+    gemm(nk, D, k, ldk, 1, t->qt, st, NULL);
+    const int64_t visible = tile_mask(t, nk, mp);
+    t->visited += (double)visible;
+    if (mode == MODE_ATTN || mode == MODE_LSE) {
+        for (int c = 0; c < NVEC; c++) {
+            const vf m_old = *(vf *)(t->m + c * VL);
+            vf mx = m_old;
+            for (int64_t j = 0; j < nk; j++) mx = vmax(mx, *(vf *)(st + j * MI_BS + c * VL));
+            /* A row with no visible key so far keeps -inf as its max; 0 serves as the reference
+             * so that every masked probability is 2^-inf = 0 rather than NaN. */
+            const vf ref = vsel(mx == vset1(-INFINITY), vset1(0.0f), mx);
+            const vf alpha = vexp2(m_old - ref);
+            vf sum = vset1(0.0f);
+            for (int64_t j = 0; j < nk; j++) {
+                vf *sp = (vf *)(st + j * MI_BS + c * VL);
+                const vf p = vexp2(*sp - ref);
+                *sp = p;
+                sum += p;
+            }
+            *(vf *)(t->m + c * VL) = mx;
+            *(vf *)(t->l + c * VL) = *(vf *)(t->l + c * VL) * alpha + sum;
+            *(vf *)(t->alpha + c * VL) = alpha;
+        }
+        if (mode == MODE_ATTN) gemm(D, nk, v, 1, ldv, st, t->ot, t->alpha);
+    } else {
+        for (int c = 0; c < NVEC; c++) {
+            const vf lse = *(vf *)(t->lse2 + c * VL);
+            vf sum = vset1(0.0f);
+            for (int64_t j = 0; j < nk; j++) {
+                vf *sp = (vf *)(st + j * MI_BS + c * VL);
+                const vf p = vexp2(*sp - lse);
+                *sp = p;
+                sum += p;
+            }
+            *(vf *)(t->acc + c * VL) += sum;
+        }
+        if (mode == MODE_VS) {
+            for (int64_t j = 0; j < nk; j++) {
+                const int64_t kp = t->kpos[j];
+                const float *p = st + j * MI_BS;
+                float colsum = 0.0f;
+                /* rows i < kp - r0 are masked (p = 0) and would give negative distances */
+                for (int64_t i = mi_cpu_max64(0, kp - t->r0); i < t->nr; i++) {
+                    colsum += p[i];
+                    slash[t->r0 + i - kp] += p[i];
+                }
+                vert[kp] += colsum;
+            }
+        }
+    }
+}
+
+/* Keys [lo, hi) of (b, hk) in tiles of 64. */
+static void visit_range(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
+                        int64_t b, int64_t hk, int64_t lo, int64_t hi, const mask_params *mp,
+                        float *vert, float *slash) {
+    const int64_t D = t->D;
+    for (int64_t k0 = lo; k0 < hi; k0 += MI_BS) {
+        const int64_t nk = mi_cpu_min64(MI_BS, hi - k0);
+        for (int64_t j = 0; j < nk; j++) t->kpos[j] = (int32_t)(k0 + j);
+        const float *kp, *vp = NULL;
+        int64_t ldk, ldv = D;
+        if (k->dtype == MI_DTYPE_F32) {
+            /* fp32 rows are read in place: no packing */
+            kp = (const float *)mi_cpu_row(k, b, hk, k0);
+            ldk = k->stride[2];
+            if (mode == MODE_ATTN) {
+                vp = (const float *)mi_cpu_row(v, b, hk, k0);
+                ldv = v->stride[2];
+            }
+        } else {
+            for (int64_t j = 0; j < nk; j++) {
+                mi_cpu_load_f32(t->kb + j * D, mi_cpu_row(k, b, hk, k0 + j), k->dtype, D, 1.0f);
+            }
+            kp = t->kb;
+            ldk = D;
+            if (mode == MODE_ATTN) {
+                for (int64_t j = 0; j < nk; j++) {
+                    mi_cpu_load_f32(t->vb + j * D, mi_cpu_row(v, b, hk, k0 + j), v->dtype, D,
+                                    1.0f);
+                }
+                vp = t->vb;
+            }
+        }
+        tile_step(t, mode, nk, kp, ldk, vp, ldv, mp, vert, slash);
+    }
+}
+
+/* Gathered keys t->kpos[0..nk) (already valid positions). */
+static void visit_gathered(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
+                           int64_t b, int64_t hk, int64_t nk, const mask_params *mp) {
+    const int64_t D = t->D;
+    for (int64_t j = 0; j < nk; j++) {
+        mi_cpu_load_f32(t->kb + j * D, mi_cpu_row(k, b, hk, t->kpos[j]), k->dtype, D, 1.0f);
+        if (mode == MODE_ATTN) {
+            mi_cpu_load_f32(t->vb + j * D, mi_cpu_row(v, b, hk, t->kpos[j]), v->dtype, D, 1.0f);
+        }
+    }
+    tile_step(t, mode, nk, t->kb, D, t->vb, D, mp, NULL, NULL);
+}
+
+static mask_params job_mask(const mi_attn_job *job) {
+    mask_params mp = {0, INT64_MAX, INT64_MAX};
+    if (job->kind == MI_JOB_ASHAPE) {
+        mp.n_init = job->n_init;
+        mp.n_local = job->n_local;
+        mp.tri_start = job->tri_start;
+    }
+    return mp;
+}
+
+/* Visits every key the job's pattern gives the current row block (t->r0 .. t->r0 + t->nr). Keys
+ * after the block's last row are causally invisible to all its rows and are skipped. */
+static void visit_job(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
+                      const mi_attn_job *job, int64_t hk) {
+    const int64_t r0 = t->r0, r1 = t->r0 + t->nr, b = job->b;
+    const mask_params mp = job_mask(job);
+    switch (job->kind) {
+    case MI_JOB_DENSE:
+        visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
+        break;
+    case MI_JOB_ASHAPE: {
+        if (r1 - 1 >= job->tri_start) {
+            visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
+            break;
+        }
+        const int64_t sink_hi = mi_cpu_min64(mi_cpu_max64(job->n_init, 0), r1);
+        const int64_t win_lo = mi_cpu_max64(0, r0 - job->n_local + 1);
+        if (win_lo <= sink_hi) {
+            visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
+        } else {
+            visit_range(t, mode, k, v, b, hk, 0, sink_hi, &mp, NULL, NULL);
+            visit_range(t, mode, k, v, b, hk, win_lo, r1, &mp, NULL, NULL);
+        }
+        break;
+    }
+    case MI_JOB_SPARSE: {
+        const int64_t m = r0 / MI_BS;
+        const int64_t nb = mi_cpu_max64(0, mi_cpu_min64(job->block_count[m], job->max_blocks));
+        const int32_t *offs = job->block_offset + m * job->max_blocks;
+        for (int64_t i = 0; i < nb; i++) {
+            const int64_t lo = mi_cpu_max64(0, offs[i]);
+            const int64_t hi = mi_cpu_min64((int64_t)offs[i] + MI_BS, r1);
+            if (lo < hi) visit_range(t, mode, k, v, b, hk, lo, hi, &mp, NULL, NULL);
+        }
+        const int64_t nc = mi_cpu_max64(0, mi_cpu_min64(job->column_count[m], job->max_columns));
+        const int32_t *cols = job->column_index + m * job->max_columns;
+        int64_t n = 0;
+        for (int64_t i = 0; i < nc; i++) {
+            if (cols[i] < 0 || cols[i] >= r1) continue; /* outside the sequence or invisible */
+            t->kpos[n++] = cols[i];
+            if (n == MI_BS) {
+                visit_gathered(t, mode, k, v, b, hk, n, &mp);
+                n = 0;
+            }
+        }
+        if (n > 0) visit_gathered(t, mode, k, v, b, hk, n, &mp);
+        break;
+    }
+    }
+}
+
+/* Writes rows [r0, r0 + nr) of out (normalised) and lse from the tile state. */
+static void tile_finish(mi_tile *t, mi_tensor *out, float *lse, int64_t b, int64_t h,
+                        int64_t L, int64_t Hq) {
+    const int64_t D = t->D;
+    for (int64_t i = 0; i < t->nr; i++) {
+        const float l = t->l[i];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t d = 0; d < D; d++) t->row[d] = t->ot[d * MI_BS + i] * inv;
+        mi_cpu_store((void *)mi_cpu_row(out, b, h, t->r0 + i), out->dtype, t->row, D);
+        if (lse) {
+            lse[(b * Hq + h) * L + t->r0 + i] =
+                l > 0.0f ? (t->m[i] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+        }
+    }
+}
+
+static void zero_rows(mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t r0, int64_t r1,
+                      int64_t L, int64_t Hq) {
+    const size_t bytes = (size_t)out->shape[3] * (out->dtype == MI_DTYPE_F32 ? 4 : 2);
+    for (int64_t r = r0; r < r1; r++) {
+        memset((void *)mi_cpu_row(out, b, h, r), 0, bytes);
+        if (lse) lse[(b * Hq + h) * L + r] = -INFINITY;
+    }
+}
+
+mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                          const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
+                          int64_t n_jobs, float scale, mi_tensor *out, float *lse) {
+    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS;
+    const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
+    mi_tile *tiles[nt];
+    for (int i = 0; i < nt; i++) {
+        tiles[i] = mi_cpu_tile_alloc(s->head_dim);
+        if (!tiles[i]) {
+            for (int j = 0; j < i; j++) mi_cpu_tile_free(tiles[j]);
+            return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "cpu attention: out of memory");
+        }
+    }
+    const float mul = scale * 1.4426950408889634f;
+    const int64_t n_items = n_jobs * R;
+    /* Later row blocks see more keys: hand them out first so the dynamic schedule ends evenly. */
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; it++) {
+        mi_tile *t = tiles[omp_get_thread_num()];
+        const int64_t m = R - 1 - it / n_jobs;
+        const mi_attn_job *job = &jobs[it % n_jobs];
+        const int64_t r0 = m * MI_BS, r1 = mi_cpu_min64(r0 + MI_BS, L);
+        const int64_t nr = mi_cpu_max64(0, mi_cpu_min64(r1, job->len) - r0);
+        if (nr > 0) {
+            tile_begin(t, q, job->b, job->h, r0, nr, mul);
+            visit_job(t, MODE_ATTN, k, v, job, job->h / s->group);
+            tile_finish(t, out, lse, job->b, job->h, L, s->heads_q);
+        }
+        zero_rows(out, lse, job->b, job->h, r0 + nr, r1, L, s->heads_q);
+    }
+    for (int i = 0; i < nt; i++) mi_cpu_tile_free(tiles[i]);
+    return MI_STATUS_SUCCESS;
+}
+
+/* Base-2 LSE of the rows from the (finished) online-softmax statistics. */
+static void tile_lse2(mi_tile *t) {
+    for (int i = 0; i < MI_BS; i++) {
+        t->lse2[i] = t->l[i] > 0.0f ? t->m[i] + log2f(t->l[i]) : INFINITY;
+    }
+}
+
+void ENGINE(mi_cpu_job_mass)(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
+                     const mi_attn_job *job, float scale, int64_t r0, double *mass,
+                     double *visited) {
+    const int64_t nr = mi_cpu_min64(MI_BS, job->len - r0);
+    const int64_t hk = job->h / s->group;
+    const mask_params dense = {0, INT64_MAX, INT64_MAX};
+    tile_begin(t, q, job->b, job->h, r0, nr, scale * 1.4426950408889634f);
+    visit_range(t, MODE_LSE, k, NULL, job->b, hk, 0, r0 + nr, &dense, NULL, NULL);
+    tile_lse2(t);
+    t->visited = 0.0;
+    visit_job(t, MODE_MASS, k, NULL, job, hk);
+    for (int64_t i = 0; i < nr; i++) mass[i] = t->acc[i];
+    *visited += t->visited;
+}
+
+void ENGINE(mi_cpu_vs_sums)(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
+                    int64_t b, int64_t h, int64_t len, int64_t n, float scale, float *vert,
+                    float *slash) {
+    const int64_t hk = h / s->group;
+    const mask_params causal = {0, INT64_MAX, INT64_MAX};
+    for (int64_t c0 = len - n; c0 < len; c0 += MI_BS) {
+        const int64_t nr = mi_cpu_min64(MI_BS, len - c0);
+        tile_begin(t, q, b, h, c0, nr, scale * 1.4426950408889634f);
+        visit_range(t, MODE_LSE, k, NULL, b, hk, 0, c0 + nr, &causal, NULL, NULL);
+        tile_lse2(t);
+        visit_range(t, MODE_VS, k, NULL, b, hk, 0, c0 + nr, &causal, vert, slash);
+    }
+}
+
+void ENGINE(mi_cpu_block_scores)(mi_tile *t, int64_t D, const float *qp, int64_t nq, const float *kp,
+                         int64_t nk, float *sc) {
+    memset(t->qt, 0, (size_t)D * MI_BS * sizeof(float));
+    for (int64_t i = 0; i < nq; i++) {
+        for (int64_t d = 0; d < D; d++) t->qt[d * MI_BS + i] = qp[i * D + d];
+    }
+    gemm(nk, D, kp, D, 1, t->qt, t->st, NULL);
+    memcpy(sc, t->st, (size_t)nk * MI_BS * sizeof(float));
+}
