@@ -702,7 +702,8 @@ int main(int argc, char **argv) {
             test_block_sparse(&s1, 0);
             test_block_sparse(&s2, 5);
             if (!quick) test_block_sparse(&s1, 100000);
-            shape sp = {2, 10, 2, L, 128, dts[di], di, {(int32_t)L, (int32_t)(L / 2 + 3)}};
+            const int32_t l2 = (int32_t)(L / 2 + 3 < L ? L / 2 + 3 : L);
+            shape sp = {2, 10, 2, L, 128, dts[di], di, {(int32_t)L, l2}};
             test_prefill(&sp, 1, 0);
             test_prefill(&sp, 0, 1);
         }

@@ -1,0 +1,96 @@
+/*
+ * attn_plan.cuh: the tile list of one CTA of the attention kernels (sm_80 and sm_90a), so that
+ * both walk exactly the same keys: phase A contiguous 64-key ranges (dense: 0, 64, ...; A-shape:
+ * sinks then window; sparse: block_offset[]), phase B gathered columns 64 at a time.
+ */
+#ifndef MI_ATTN_PLAN_CUH
+#define MI_ATTN_PLAN_CUH
+
+#include "cuda_common.cuh"
+
+namespace mi_cuda {
+
+constexpr int BN = 64;
+
+struct tile_plan {
+    int mode;
+    int n_a, n_b;       /* range tiles, column tiles */
+    int sink_tiles;     /* A-shape: tiles [0, sink_tiles) then window tiles from win_start */
+    int win_start;
+    const int32_t *offsets; /* sparse: block_offset row */
+    const int32_t *cols;    /* sparse: column_index row */
+    int n_cols;
+    int n_init, n_local, tri_start;
+};
+
+__device__ __forceinline__ int tile_offset(const tile_plan &tp, int t) {
+    if (tp.mode == MI_CUDA_MODE_DENSE) return t * BN;
+    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+        return t < tp.sink_tiles ? t * BN : (tp.win_start + t - tp.sink_tiles) * BN;
+    return __ldg(tp.offsets + t);
+}
+
+/* Key position of row r of tile t, or MI_NO_KEY when it does not exist. */
+__device__ __forceinline__ int tile_key(const tile_plan &tp, int t, int r, int len) {
+    int pos;
+    if (t < tp.n_a) {
+        pos = tile_offset(tp, t) + r;
+    } else {
+        const int c = (t - tp.n_a) * BN + r;
+        pos = c < tp.n_cols ? __ldg(tp.cols + c) : -1;
+    }
+    return (pos >= 0 && pos < len) ? pos : MI_NO_KEY;
+}
+
+/* Plans the keys of query rows [rs, rs + BM) of (b, h); false when this launch skips the head. */
+__device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, int bh, int m_blk,
+                                           int rs, int BM, int len, tile_plan &tp) {
+    tp.mode = p.use_head_modes ? p.head_modes[h].mode : p.mode.mode;
+    tp.n_a = tp.n_b = 0;
+    tp.n_cols = 0;
+    tp.sink_tiles = tp.win_start = 0;
+    tp.offsets = tp.cols = nullptr;
+    tp.n_init = tp.n_local = 0;
+    tp.tri_start = 0x7fffffff;
+    const int re = min(rs + BM, len); /* exclusive end of the real rows */
+    if (tp.mode == MI_CUDA_MODE_NONE) return false;
+    if (p.dense_below > 0 && len < p.dense_below) tp.mode = MI_CUDA_MODE_DENSE;
+    if (rs < len) {
+        if (tp.mode == MI_CUDA_MODE_DENSE) {
+            tp.n_a = (re - 1) / BN + 1;
+        } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
+            const mi_cuda_head_mode hm = p.use_head_modes ? p.head_modes[h] : p.mode;
+            tp.n_init = max(hm.n_init, 0);
+            tp.n_local = max(hm.n_local, 0);
+            const int nl = min(max(hm.n_last, 0), len - 1);
+            tp.tri_start = nl > 0 ? len - nl : 0x7fffffff;
+            const int last_tile = (re - 1) / BN;
+            if (re - 1 >= tp.tri_start) {
+                tp.sink_tiles = last_tile + 1;
+                tp.n_a = last_tile + 1;
+            } else {
+                const int sinks = min(tp.n_init, len);
+                tp.sink_tiles = min((sinks + BN - 1) / BN, last_tile + 1);
+                int n_win = 0;
+                if (tp.n_local > 0) {
+                    const int w0 = max(0, rs - tp.n_local + 1) / BN;
+                    tp.win_start = max(tp.sink_tiles, w0);
+                    n_win = max(0, last_tile - tp.win_start + 1);
+                }
+                tp.n_a = tp.sink_tiles + n_win;
+            }
+        } else { /* sparse: BM == 64, one index row block */
+            const int64_t row = (int64_t)bh * p.row_blocks + m_blk;
+            tp.n_a = min(max(p.block_count[row], 0), p.max_blocks);
+            tp.offsets = p.block_offset + row * p.max_blocks;
+            tp.n_cols = min(max(p.column_count[row], 0), p.max_columns);
+            tp.cols = p.column_index + row * p.max_columns;
+            tp.n_b = (tp.n_cols + BN - 1) / BN;
+        }
+    }
+    return true;
+}
+
+} // namespace mi_cuda
+
+#endif /* MI_ATTN_PLAN_CUH */
