@@ -56,6 +56,8 @@ from .ops import (
     vs_estimate,
 )
 from .patch import MInference, unpatch
+from . import search
+from .search import SearchParams, search_default_candidates, search_layer, search_scale_pattern
 
 __version__ = "0.1.0"
 
@@ -71,5 +73,6 @@ __all__ = [
     "version", "version_number", "build_features", "cuda_device_count", "library_path",
     "status_name", "status_string", "pattern_name", "pattern_from_name", "patterns_array",
     "get_context", "f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "dtype_name",
-    "dtype_size",
+    "dtype_size", "search", "SearchParams", "search_layer", "search_default_candidates",
+    "search_scale_pattern",
 ]

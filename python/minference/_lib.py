@@ -162,6 +162,26 @@ class mi_head_metrics(ctypes.Structure):
     ]
 
 
+class mi_search_params(ctypes.Structure):
+    _fields_ = [
+        ("candidates", c_void_p),
+        ("n_candidates", c_int32),
+        ("mode", c_int),
+        ("target_density", c_double),
+        ("target_recall", c_double),
+        ("error_weight", c_double),
+        ("max_scale", c_double),
+        ("min_scale", c_double),
+        ("iterations", c_int32),
+        ("prefill", mi_prefill_params),
+    ]
+
+
+MI_SEARCH_FIXED = 0
+MI_SEARCH_FLOPS = 1
+MI_SEARCH_ADAPTIVE = 2
+
+
 # ---- prototypes -----------------------------------------------------------------------------
 
 CTX = c_void_p  # mi_context *
@@ -249,6 +269,27 @@ PROTOTYPES = {
         [CTX, T, T, I32P, P(mi_head_pattern), P(mi_prefill_params), P(mi_head_metrics)],
     ),
     "mi_metrics_rel_l2": (ST, [CTX, T, T, I32P, P(c_double)]),
+    "mi_search_default_params": (mi_search_params, []),
+    "mi_search_default_candidates": (ST, [c_int64, P(mi_head_pattern), c_int32, P(c_int32)]),
+    "mi_search_scale_pattern": (ST, [P(mi_head_pattern), c_double, P(mi_head_pattern)]),
+    "mi_search_layer": (
+        ST,
+        [CTX, T, T, T, I32P, P(mi_search_params), P(mi_head_pattern), c_void_p,
+         P(mi_head_metrics)],
+    ),
+    "mi_eval_needle_match": (ST, [c_char_p, c_char_p, P(c_int)]),
+    "mi_eval_passkey_match": (ST, [c_char_p, c_char_p, P(c_int)]),
+    "mi_eval_string_match_all": (ST, [c_char_p, P(c_char_p), c_int32, P(c_double)]),
+    "mi_eval_string_match_part": (ST, [c_char_p, P(c_char_p), c_int32, P(c_double)]),
+    "mi_eval_kv_match": (ST, [c_char_p, c_char_p, P(c_char_p), c_int32, P(c_int)]),
+    "mi_eval_log_prob": (ST, [c_void_p, c_int32, c_int32, P(c_double)]),
+    "mi_eval_perplexity": (ST, [c_void_p, c_int64, P(c_double)]),
+    "mi_eval_haystack": (ST, [c_char_p, c_size_t, c_size_t, P(c_void_p), P(c_size_t)]),
+    "mi_eval_needle_offset": (ST, [c_char_p, c_size_t, c_double, P(c_size_t)]),
+    "mi_eval_insert_needle": (
+        ST,
+        [c_char_p, c_size_t, c_char_p, c_double, P(c_void_p), P(c_size_t)],
+    ),
     # minference_cuda.h
     "mi_context_set_stream": (ST, [CTX, c_void_p]),
     "mi_context_stream": (c_void_p, [CTX]),
