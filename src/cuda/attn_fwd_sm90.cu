@@ -68,7 +68,7 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uin
 }
 
 template <typename T, int NWG>
-__global__ void __launch_bounds__(NWG * 128, 1)
+__global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
     attn_fwd_sm90_kernel(const __grid_constant__ mi_cuda_attn_params p) {
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
@@ -310,6 +310,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, in
     const char *sw = getenv("MI_CUDA_SM90_VDESC_SWAP");
     q.sm90_flags = sw && sw[0] == '1';
     p = &q;
+    /* MI_CUDA_SM90_DENSE_BM=64: dense with one warpgroup per CTA, two CTAs per SM (experiment) */
+    const char *bm = getenv("MI_CUDA_SM90_DENSE_BM");
+    if (bm && bm[0] == '6') block_m = 64;
     if (block_m == 128)
         return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, st)
                   : mi_cuda::launch_sm90<__half, 2>(*p, st);

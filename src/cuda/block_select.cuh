@@ -34,9 +34,19 @@ __device__ void block_radix_select(KeyFn key, int n, int k, select_smem &sm, uin
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += NT) sm.hist[i] = 0;
         __syncthreads();
-        for (int i = tid; i < n; i += NT) {
-            const uint32_t u = key(i);
-            if ((u & mask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 255u], 1);
+        /* Values of one vector share their top bits, so most keys land in a few bins: lanes
+         * with the same bin are merged (match_any) and one of them adds the count, instead of
+         * up to 32 serialised atomics on one address. */
+        const int n_round = (n + NT - 1) / NT * NT;
+        for (int i = tid; i < n_round; i += NT) {
+            int bin = -1;
+            if (i < n) {
+                const uint32_t u = key(i);
+                if ((u & mask) == prefix) bin = (int)((u >> shift) & 255u);
+            }
+            const unsigned same = __match_any_sync(0xffffffffu, bin);
+            if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1)
+                atomicAdd(&sm.hist[bin], __popc(same));
         }
         __syncthreads();
         if (tid < 32) {

@@ -5,9 +5,11 @@
  * a gathered column only if it lies left of the current range. Every range starts at or before
  * the row block start (e = max(end - d, 64) <= end), so every gathered column is < start:
  * causal-safe by construction. Verticals right of the last range but left of the block start
- * (possible only without small distances) are kept as columns, like the CPU reference. Unsorted input (public mi_vs_build_index) is first sorted per
- * (b, h) with cub's segmented sort into a stream-ordered scratch buffer; duplicates and
- * out-of-range entries are skipped during the walk.
+ * (possible only without small distances) are kept as columns, like the CPU reference.
+ * Each CTA stages both lists of its (b, h) in shared memory; unordered input (the public
+ * mi_vs_build_index accepts any order) is bitonic-sorted there, and only lists too large for
+ * shared memory go through cub's segmented sort into a stream-ordered scratch buffer. Duplicates
+ * and out-of-range entries are skipped during the walk.
  */
 #include "cuda_common.cuh"
 
@@ -31,6 +33,32 @@ struct index_params {
     uint8_t active[MI_CUDA_MAX_HEADS];
 };
 
+__device__ __forceinline__ int pow2_at_least(int n) {
+    int p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+/* In-place bitonic sort of n (a power of two) ints in shared memory by the whole CTA. */
+__device__ void bitonic_sort(int32_t *a, int n, bool ascending) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int ixj = i ^ j;
+                if (ixj > i) {
+                    const bool up = ((i & k) == 0) == ascending;
+                    const int32_t x = a[i], y = a[ixj];
+                    if ((x > y) == up) {
+                        a[i] = y;
+                        a[ixj] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
 /* Every thread of a CTA walks the same two lists at its own pace: staged in shared memory when
  * they fit (use_smem), so the walk does not wait on scattered global loads. */
 __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_smem) {
@@ -45,11 +73,26 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
     const int ns_ = min(max(p.s_count[bh], 0), p.max_s);
     const int32_t *Vl = Vg, *Sl = Sg;
     if (use_smem) {
-        for (int i = threadIdx.x; i < nv_; i += blockDim.x) lists[i] = Vg[i];
-        for (int i = threadIdx.x; i < ns_; i += blockDim.x) lists[nv_ + i] = Sg[i];
+        /* lists padded to powers of two with sentinels that sort last */
+        const int vp = pow2_at_least(nv_), sp = pow2_at_least(ns_);
+        int32_t *Vs = lists, *Ss = lists + pow2_at_least(p.max_v);
+        int ordered = 1;
+        for (int i = threadIdx.x; i < vp; i += blockDim.x) {
+            Vs[i] = i < nv_ ? Vg[i] : 0x7fffffff;
+            if (i > 0 && i < nv_ && Vg[i] < Vg[i - 1]) ordered = 0;
+        }
+        for (int i = threadIdx.x; i < sp; i += blockDim.x) {
+            Ss[i] = i < ns_ ? Sg[i] : (int32_t)0x80000000;
+            if (i > 0 && i < ns_ && Sg[i] > Sg[i - 1]) ordered = 0;
+        }
+        /* the estimator's output is ordered already; anything else is sorted here */
+        if (!__syncthreads_and(ordered)) {
+            bitonic_sort(Vs, vp, true);
+            bitonic_sort(Ss, sp, false);
+        }
         __syncthreads();
-        Vl = lists;
-        Sl = lists + nv_;
+        Vl = Vs;
+        Sl = Ss;
     }
     if (m >= p.row_blocks) return;
     const int64_t row = (int64_t)bh * p.row_blocks + m;
@@ -194,7 +237,12 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
 
     void *scratch = nullptr;
     cudaError_t e = cudaSuccess;
-    if (!sorted && (p.max_v > 0 || p.max_s > 0)) {
+    size_t pv = 1, ps = 1;
+    while (pv < (size_t)p.max_v) pv <<= 1;
+    while (ps < (size_t)p.max_s) ps <<= 1;
+    const size_t lists = (pv + ps) * sizeof(int32_t);
+    const int use_smem = lists <= 160 * 1024;
+    if (!sorted && !use_smem && (p.max_v > 0 || p.max_s > 0)) {
         /* sort copies of both lists (the caller's index is const) */
         const size_t nv = (size_t)BH * p.max_v, ns = (size_t)BH * p.max_s;
         auto cnt = thrust::make_counting_iterator<int64_t>(0);
@@ -232,8 +280,6 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         p.s_idx = ss;
     }
     if (e == cudaSuccess) {
-        const size_t lists = ((size_t)p.max_v + p.max_s) * sizeof(int32_t);
-        const int use_smem = lists <= 160 * 1024;
         if (use_smem)
             e = cudaFuncSetAttribute(vs_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)lists);
