@@ -87,11 +87,10 @@ class MInferenceConfig:
                 "(transformers' own cache, un-repeated K/V) is")
         if kv_cache_cpu:
             raise NotImplementedError("kv_cache_cpu is not implemented by this minference yet")
-        if is_search:
-            raise NotImplementedError(
-                "is_search is not implemented in the Python package: run `minference search` (the "
-                "command-line tool of this project) to write a pattern config, then pass it as "
-                "config_path=")
+        if is_search and attn_type not in self.MINFERENCE_ATTENTION_TYPES:
+            raise ValueError(f"is_search applies to {self.MINFERENCE_ATTENTION_TYPES}, not {attn_type!r}")
+        if is_search and not config_path:
+            raise ValueError("is_search=True needs config_path=, the JSON file the search writes")
         self.attn_type = attn_type
         self.kv_type = kv_type
         self.model_name = model_name
@@ -138,6 +137,8 @@ class MInferenceConfig:
         file for model_name found in MINFERENCE_CONFIG_DIR, else None (default budgets)."""
         if not self.uses_config:
             return None
+        if self.is_search:
+            return os.fspath(config_path)  # the output; layers already in it are kept
         if config_path is not None:
             if not os.path.isfile(config_path):
                 raise FileNotFoundError(f"pattern config {config_path!r} does not exist")

@@ -48,6 +48,22 @@ class _PatchState:
         self.mask_ref = None
         self.mask_info = None
         self.calls = {"sparse": 0, "dense_fallback": 0}
+        self.search = None  # _Search when is_search
+
+
+class _Search:
+    """is_search: every prefill runs dense (sdpa) and searches the layers not yet in the output
+    file, appending each searched layer to it (as the original does)."""
+
+    def __init__(self, path, n_layers, n_heads, params):
+        import os
+
+        self.path = path
+        self.n_layers = n_layers
+        self.n_heads = n_heads
+        self.params = params
+        self.entries = Config.load(path).to_list() if os.path.isfile(path) else []
+        self.searched = []
 
 
 def _sdpa():
@@ -172,6 +188,11 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     q_len, k_len = query.shape[2], key.shape[2]
     if state is None or q_len != k_len or q_len <= 1:
         return dense()  # decode, follow-up turn, or an unpatched module
+    if state.search is not None:
+        _search_step(state, module, torch, query, key, value, attention_mask)
+        state.calls["dense_fallback"] += 1
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                    is_causal=is_causal, **kwargs)
     if is_causal is False or not getattr(module, "is_causal", True):
         return dense("non-causal attention")
     if dropout and dropout > 0:
@@ -229,6 +250,42 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
         raise
     state.calls["sparse"] += 1
     return out, None
+
+
+def _search_step(state, module, torch, query, key, value, attention_mask):
+    from .search import search_layer
+
+    srch = state.search
+    layer = getattr(module, "layer_idx", None)
+    if layer is None or layer != len(srch.entries):
+        if len(srch.entries) >= srch.n_layers:
+            _warn_once(state, "search-complete",
+                       f"MInference search already complete: {srch.path} has every layer")
+        return
+    B, H, Lq, _ = query.shape
+    info = _mask_info(state, torch, attention_mask, B, Lq, Lq)
+    s, e = 0, Lq
+    if info is not None and info[0] == "unsupported":
+        _warn_once(state, "search-mask", f"MInference search: {info[1]}; layer not searched")
+        return
+    if info is not None:
+        s, e = (0, info[1][0]) if info[0] == "right" else info[1][0]
+    if B > 1:
+        _warn_once(state, "search-batch", "MInference search uses the first sequence of the batch")
+
+    def cpu(x):
+        return x[:1, :, s:e].detach().to("cpu", torch.float32)
+
+    pats, scores, _ = search_layer(cpu(query), cpu(key), cpu(value), srch.params)
+    one = Config.create(1, H)
+    for h in range(H):
+        one.set_head(0, h, pats[h], float(scores[h]))
+    srch.entries.append(one.to_list()[0])
+    srch.searched.append(layer)
+    Config.from_list(srch.entries).save(srch.path)
+    if len(srch.entries) == srch.n_layers:
+        _warn_once(state, "search-done", f"MInference search complete: wrote {srch.path}; use "
+                   f"MInference('minference', config_path={srch.path!r})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,14 +380,18 @@ class MInference:
     "tri_mix", "tri_mix_minference", or "hf" (no patch). The original's other types and KV types
     raise NotImplementedError. attn_kwargs: n_init, n_local, n_last, starting_layer,
     minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
-    library's crossover), last_q, forced_columns, forced_diagonals, min_vertical, min_slash."""
+    library's crossover), last_q, forced_columns, forced_diagonals, min_vertical, min_slash.
+
+    is_search=True (with config_path= the output file): every prefill runs dense and searches
+    the layers not yet in the file (minference.search.search_layer on the CPU, parameters from
+    attn_kwargs["search"], a SearchParams or dict), appending each to the file."""
 
     def __init__(self, attn_type="minference", model_name=None, config_path=None, kv_type="dense",
-                 starting_layer=-1, attn_kwargs=None, **kwargs):
+                 starting_layer=-1, attn_kwargs=None, is_search=False, **kwargs):
         self.config = MInferenceConfig(attn_type=attn_type, model_name=model_name,
                                        config_path=config_path, kv_type=kv_type,
                                        starting_layer=starting_layer, attn_kwargs=attn_kwargs,
-                                       **kwargs)
+                                       is_search=is_search, **kwargs)
 
     def __call__(self, model):
         return self.patch_model(model)
@@ -353,8 +414,13 @@ class MInference:
                              "the MInference patch supports transformers decoder models whose "
                              "attention goes through AttentionInterface")
         what = cfg.model_name or getattr(text_cfg, "_name_or_path", None) or type(model).__name__
-        patterns = _build_patterns(cfg, n_layers, n_heads, what)
+        if cfg.is_search:
+            patterns = [None] * n_layers
+        else:
+            patterns = _build_patterns(cfg, n_layers, n_heads, what)
         state = _PatchState(cfg, patterns, _prefill_params(cfg.attn_kwargs), n_heads, what)
+        if cfg.is_search:
+            state.search = _Search(cfg.config_path, n_layers, n_heads, cfg.attn_kwargs.get("search"))
         for m in mods:
             m._minference_state = state
         previous = getattr(model.config, "_attn_implementation", None)

@@ -197,8 +197,10 @@ def test_unimplemented_kv_types(kv_type):
 def test_minference_constructor():
     with pytest.raises(ValueError):
         MInference("no_such_type")
-    with pytest.raises(NotImplementedError):
-        MInferenceConfig("minference", is_search=True)
+    with pytest.raises(ValueError, match="config_path"):
+        MInferenceConfig("minference", is_search=True)  # the output file is required
+    assert MInferenceConfig("minference", is_search=True,
+                            config_path="/tmp/not-yet.json").config_path == "/tmp/not-yet.json"
     with pytest.raises(FileNotFoundError):
         MInference("minference", config_path="/nonexistent/config.json")
     m = MInference("minference", "meta-llama/Llama-3.1-8B-Instruct")

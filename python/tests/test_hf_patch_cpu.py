@@ -203,3 +203,24 @@ def test_unsupported_types_raise_before_touching_the_model():
     with pytest.raises(NotImplementedError):
         mi.MInference("minference", kv_type="snapkv")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_is_search_writes_a_config(tmp_path):
+    model = make_model("qwen2", seed=13)
+    ids = random_ids(L, seed=14)
+    ref = prefill_logits(model, ids)
+    out_path = tmp_path / "searched.json"
+    mi.MInference("minference", is_search=True, config_path=str(out_path),
+                  attn_kwargs={"search": {"mode": "adaptive", "target_recall": 0.9}})(model)
+    with pytest.warns(UserWarning, match="search complete"):
+        logits = prefill_logits(model, ids)
+    assert rel_l2(logits, ref) < 1e-6  # the model runs dense while searching
+    cfg = mi.Config.load(out_path)
+    assert cfg.n_layers == model.config.num_hidden_layers
+    assert cfg.n_heads == model.config.num_attention_heads
+    mi.unpatch(model)
+    # The searched config drives the sparse patch.
+    mi.MInference("minference", config_path=str(out_path), attn_kwargs=FORCE_SPARSE)(model)
+    out = prefill_logits(model, ids)
+    print(f"searched config: rel L2 of logits {rel_l2(out, ref):.3e}")
+    assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.5

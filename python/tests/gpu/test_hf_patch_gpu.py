@@ -187,13 +187,17 @@ def test_default_budgets_close(arch, L):
     _prefill(model, ids)
     logits, t = _prefill(model, ids)
     err = rel_l2(logits, ref32)
+    e_sdpa = rel_l2(sdpa_logits, ref32)
     agree = float((logits.argmax(-1) == ref32.argmax(-1)).float().mean())
+    agree_sdpa = float((sdpa_logits.argmax(-1) == ref32.argmax(-1)).float().mean())
     last = rel_l2(logits[:, -1], ref32[:, -1])
     print(f"{arch} L={L} minference default budgets (VS 1000/6096): rel L2 of logits vs fp32 "
-          f"{err:.3e} (sdpa {DTYPE}: {rel_l2(sdpa_logits, ref32):.3e}), last position {last:.3e}, "
-          f"argmax agreement {agree:.4f}; prefill {t * 1e3:.1f} ms (sdpa {t_ref * 1e3:.1f} ms)")
+          f"{err:.3e} (sdpa {DTYPE}: {e_sdpa:.3e}), vs sdpa {rel_l2(logits, sdpa_logits):.3e}, "
+          f"last position {last:.3e}, argmax agreement with fp32 {agree:.4f} (sdpa {agree_sdpa:.4f}); "
+          f"prefill {t * 1e3:.1f} ms (sdpa {t_ref * 1e3:.1f} ms)")
     assert torch.isfinite(logits).all()
-    assert err < 0.25 and agree > 0.8
+    # Close: the sparse error stays small next to the dtype's own rounding error.
+    assert err < e_sdpa + 0.1 and agree > agree_sdpa - 0.1
     out = _gen(model, ids, 8)
     assert out.sequences.shape[1] == L + 8
     mi.unpatch(model)
