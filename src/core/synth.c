@@ -31,7 +31,7 @@
  *
  *  - Calibration: the mass of a row's ordinary keys is known exactly (a prefix sum of e^K_l), so
  *    the query's coefficients are set per row to give each component a fixed share of the row at
- *    any length: relative to the ordinary keys, sinks 2, verticals 0.4, each slash line 0.1 (times
+ *    any length: relative to the ordinary keys, sinks 2, verticals 0.25, each slash line 0.1 (times
  *    e^(strength - 6)); a needle takes about 80% of its row. A constant logit boost cannot do
  *    that: at 1M keys the background alone weighs 10^6.
  *
@@ -371,9 +371,9 @@ static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const lay
         mass[x] = acc;
     }
     /* Shares of a row's attention relative to its ordinary keys (local band and far field):
-     * at the default strength, sinks 2, verticals 0.4, each slash line 0.1. */
+     * at the default strength, sinks 2, verticals 0.25, each slash line 0.1. */
     const double boost = exp(strength - 6.0);
-    const double share_sink = 2.0 * boost, share_vert = 0.4 * boost, share_slash = 0.1 * boost;
+    const double share_sink = 2.0 * boost, share_vert = 0.25 * boost, share_slash = 0.1 * boost;
     const double share_needle = exp(strength - 4.6);
     double *k_at_slash = calloc((size_t)ns + 1, sizeof(double));
     if (!k_at_slash) {
