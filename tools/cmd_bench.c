@@ -22,7 +22,7 @@
 
 static const char usage[] =
     "usage: minference bench [--len L] [--heads H] [--kv-heads H_KV] [--dim D] [--dtype T]\n"
-    "                        [--threads N] [--seed S] [--repeats R] [--json FILE]\n"
+    "                        [--threads N] [--seed S] [--repeats R] [--methods M] [--json FILE]\n"
     "\n"
     "Dense causal attention against every sparse pattern (library defaults: a_shape 128/3968,\n"
     "tri_shape 128/3968 + last 100 rows, vertical_and_slash 1000/6096, block_sparse top-100) on\n"
@@ -36,6 +36,8 @@ static const char usage[] =
     "  --threads N    CPU threads (default 0: all online cores)\n"
     "  --seed S       data seed (default 1234)\n"
     "  --repeats R    timed runs per method; the median is reported (default 3)\n"
+    "  --methods M    comma-separated subset of a_shape, tri_shape, vertical_slash, block_sparse\n"
+    "                 (default: all; dense always runs, as the reference)\n"
     "  --json FILE    also write the results as one JSON object\n";
 
 typedef struct method {
@@ -53,6 +55,7 @@ static const method methods[] = {
 #define N_METHODS ((int)(sizeof methods / sizeof methods[0]))
 
 typedef struct result {
+    bool run;
     double ms, speedup, density, recall, rel_err, gflops, flops;
     mi_head_pattern pattern;
 } result;
@@ -120,11 +123,30 @@ static void json_number(FILE *f, double v) {
     else fputs("null", f);
 }
 
-static void progress(int index, const char *name, int done, int total) {
+static void progress(int index, int count, const char *name, int done, int total) {
     static const char spin[] = "|/-\\";
     if (isatty(2))
-        fprintf(stderr, "\r[%d/%d] %-15s %c %3d%%", index + 1, N_METHODS, name, spin[done % 4],
+        fprintf(stderr, "\r[%d/%d] %-15s %c %3d%%", index + 1, count, name, spin[done % 4],
                 total ? 100 * done / total : 100);
+}
+
+/* Marks the methods named in a comma-separated list; false on an unknown name. */
+static bool select_methods(const char *list, result *res) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    res[0].run = true;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        bool found = false;
+        for (int m = 0; m < N_METHODS; m++) {
+            if (strcmp(tok, methods[m].name) == 0) {
+                res[m].run = true;
+                found = true;
+            }
+        }
+        if (!found) return false;
+    }
+    return true;
 }
 
 void mi_bench_prepare_blas(char **argv) {
@@ -213,8 +235,12 @@ static int write_json(const char *path, const char *machine, int threads, int le
     fprintf(f, ",\n  \"sgemm_gflops\": ");
     json_number(f, sgemm);
     fprintf(f, ",\n  \"results\": [\n");
+    int last = 0;
+    for (int m = 0; m < N_METHODS; m++)
+        if (res[m].run) last = m;
     for (int m = 0; m < N_METHODS; m++) {
         const result *r = &res[m];
+        if (!r->run) continue;
         fprintf(f, "    {\"method\": \"%s\", \"pattern\": \"%s\", \"ms\": ", methods[m].name,
                 mi_pattern_name(methods[m].type));
         json_number(f, r->ms);
@@ -235,7 +261,7 @@ static int write_json(const char *path, const char *machine, int threads, int le
                 "\"n_last\": %d, \"top_k\": %d}%s\n",
                 (int)r->pattern.vertical_size, (int)r->pattern.slash_size, (int)r->pattern.n_init,
                 (int)r->pattern.n_local, (int)r->pattern.n_last, (int)r->pattern.top_k,
-                m + 1 < N_METHODS ? "," : "");
+                m < last ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     if (fclose(f) != 0) {
@@ -247,7 +273,7 @@ static int write_json(const char *path, const char *machine, int threads, int le
 
 int mi_cmd_bench(int argc, char **argv) {
     int len = 16384, heads = 1, kv_heads = 0, dim = 128, threads = 0, seed = 1234, repeats = 3;
-    const char *dtype_name = "bf16", *json_path = NULL;
+    const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL;
     const arg_spec specs[] = {
         {"len", ARG_INT, &len, 1, 1 << 24, NULL},
         {"heads", ARG_INT, &heads, 1, 1024, NULL},
@@ -258,6 +284,7 @@ int mi_cmd_bench(int argc, char **argv) {
         {"seed", ARG_INT, &seed, 0, INT32_MAX, NULL},
         {"repeats", ARG_INT, &repeats, 1, 1000, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
+        {"methods", ARG_STR, &method_list, 0, 0, NULL},
     };
     const char *pos[1];
     int np = 0;
@@ -270,6 +297,19 @@ int mi_cmd_bench(int argc, char **argv) {
                 dtype_name, usage);
         return 2;
     }
+    result res[N_METHODS];
+    memset(res, 0, sizeof res);
+    if (method_list) {
+        if (!select_methods(method_list, res)) {
+            fprintf(stderr, "minference bench: bad value '%s' for '--methods'\n\n%s", method_list,
+                    usage);
+            return 2;
+        }
+    } else {
+        for (int m = 0; m < N_METHODS; m++) res[m].run = true;
+    }
+    int n_run = 0;
+    for (int m = 0; m < N_METHODS; m++) n_run += res[m].run;
     if (kv_heads == 0) kv_heads = heads;
     if (heads % kv_heads != 0) {
         fprintf(stderr, "minference bench: --heads %d is not a multiple of --kv-heads %d\n\n%s",
@@ -296,9 +336,7 @@ int mi_cmd_bench(int argc, char **argv) {
     mi_head_pattern *pats = malloc((size_t)heads * sizeof *pats);
     mi_head_metrics *hm = malloc((size_t)heads * sizeof *hm);
     double *times = malloc((size_t)repeats * sizeof(double));
-    result res[N_METHODS];
-    int rc = 1;
-    memset(res, 0, sizeof res);
+    int rc = 1, index = 0;
     if (!q || !k || !v || !out_dense || !out || !pats || !hm || !times) {
         fprintf(stderr, "minference bench: out of memory for L=%d, H=%d, D=%d\n", len, heads,
                 dim);
@@ -329,6 +367,7 @@ int mi_cmd_bench(int argc, char **argv) {
     for (int m = 0; m < N_METHODS; m++) {
         const mi_head_pattern hp = mi_head_pattern_default(methods[m].type);
         result *r = &res[m];
+        if (!r->run) continue;
         r->pattern = hp;
         for (int h = 0; h < heads; h++) pats[h] = hp;
         size_t ws_size = 0;
@@ -345,7 +384,7 @@ int mi_cmd_bench(int argc, char **argv) {
         mi_tensor *dst = m == 0 ? &tref : &tout;
         double t_start = now_s();
         for (int rep = 0; rep < repeats; rep++) {
-            progress(m, methods[m].name, rep, repeats + 1);
+            progress(index, n_run, methods[m].name, rep, repeats + 1);
             double ts = now_s();
             st = mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, dst, NULL, ws,
                                       ws_size);
@@ -358,7 +397,7 @@ int mi_cmd_bench(int argc, char **argv) {
             goto done;
         }
         r->ms = 1e3 * median(times, repeats);
-        progress(m, methods[m].name, repeats, repeats + 1);
+        progress(index, n_run, methods[m].name, repeats, repeats + 1);
         if ((st = mi_metrics_evaluate(ctx, &tq, &tk, NULL, pats, &pp, hm))) {
             rc = fail_status(ctx, "metrics", st);
             goto done;
@@ -380,7 +419,7 @@ int mi_cmd_bench(int argc, char **argv) {
         r->speedup = res[0].ms / r->ms;
         r->gflops = r->flops / (r->ms * 1e6);
         if (isatty(2)) fprintf(stderr, "\r");
-        fprintf(stderr, "[%d/%d] %-15s %10.2f ms  (%.1f s with metrics)\n", m + 1, N_METHODS,
+        fprintf(stderr, "[%d/%d] %-15s %10.2f ms  (%.1f s with metrics)\n", ++index, n_run,
                 methods[m].name, r->ms, now_s() - t_start);
     }
 
@@ -402,6 +441,7 @@ int mi_cmd_bench(int argc, char **argv) {
            "rel_err", "GFLOP/s");
     for (int m = 0; m < N_METHODS; m++) {
         const result *r = &res[m];
+        if (!r->run) continue;
         printf("%-15s %10.2f %7.2fx %8.4f %8.4f %10.2e %9.1f\n", methods[m].name, r->ms,
                r->speedup, r->density, r->recall, r->rel_err, r->gflops);
     }
