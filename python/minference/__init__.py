@@ -37,6 +37,9 @@ from .core import (
     status_name,
     status_string,
     synth_generate,
+    sparse_index_bytes,
+    tensor_descriptor,
+    vs_index_bytes,
     version,
     version_number,
 )
@@ -73,6 +76,6 @@ __all__ = [
     "version", "version_number", "build_features", "cuda_device_count", "library_path",
     "status_name", "status_string", "pattern_name", "pattern_from_name", "patterns_array",
     "get_context", "f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "dtype_name",
-    "dtype_size", "search", "SearchParams", "search_layer", "search_default_candidates",
+    "dtype_size", "vs_index_bytes", "sparse_index_bytes", "tensor_descriptor", "search", "SearchParams", "search_layer", "search_default_candidates",
     "search_scale_pattern",
 ]

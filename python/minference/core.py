@@ -623,6 +623,25 @@ class VSIndex:
                    _int32_zeros(like, (batch, heads)),
                    _int32_zeros(like, (batch, heads, max(1, max_slash))))
 
+    @classmethod
+    def in_buffer(cls, batch, heads, max_vertical, max_slash):
+        """CPU index laid out by mi_vs_index_init over one buffer of mi_vs_index_bytes()."""
+        lib = _lib()
+        n = lib.mi_vs_index_bytes(batch, heads, max_vertical, max_slash)
+        buf = np.zeros(n, dtype=np.uint8)
+        s = L.mi_vs_index()
+        _check(lib.mi_vs_index_init(ctypes.byref(s), batch, heads, max_vertical, max_slash,
+                                    buf.ctypes.data, n), None, "mi_vs_index_init")
+        base = buf.ctypes.data
+
+        def view(ptr, shape):
+            return np.frombuffer(buf, np.int32, int(np.prod(shape)), ptr - base).reshape(shape)
+
+        return cls(view(s.vertical_count, (batch, heads)),
+                   view(s.vertical_idx, (batch, heads, max_vertical)),
+                   view(s.slash_count, (batch, heads)),
+                   view(s.slash_idx, (batch, heads, max_slash)))
+
     def to_c(self):
         s = L.mi_vs_index()
         B, H, mv = self.vertical_idx.shape
@@ -659,6 +678,26 @@ class SparseIndex:
                    _int32_zeros(like, (batch, heads, row_blocks, max(1, max_blocks))),
                    _int32_zeros(like, (batch, heads, row_blocks)),
                    _int32_zeros(like, (batch, heads, row_blocks, max(1, max_columns))))
+
+    @classmethod
+    def in_buffer(cls, batch, heads, row_blocks, max_blocks, max_columns):
+        """CPU index laid out by mi_sparse_index_init over one buffer of mi_sparse_index_bytes()."""
+        lib = _lib()
+        n = lib.mi_sparse_index_bytes(batch, heads, row_blocks, max_blocks, max_columns)
+        buf = np.zeros(n, dtype=np.uint8)
+        s = L.mi_sparse_index()
+        _check(lib.mi_sparse_index_init(ctypes.byref(s), batch, heads, row_blocks, max_blocks,
+                                        max_columns, buf.ctypes.data, n), None,
+               "mi_sparse_index_init")
+        base = buf.ctypes.data
+
+        def view(ptr, shape):
+            return np.frombuffer(buf, np.int32, int(np.prod(shape)), ptr - base).reshape(shape)
+
+        return cls(view(s.block_count, (batch, heads, row_blocks)),
+                   view(s.block_offset, (batch, heads, row_blocks, max_blocks)),
+                   view(s.column_count, (batch, heads, row_blocks)),
+                   view(s.column_index, (batch, heads, row_blocks, max_columns)))
 
     def to_c(self, max_blocks=None, max_columns=None):
         s = L.mi_sparse_index()
@@ -945,6 +984,21 @@ def f32_to_bf16(x):
 
 def bf16_to_f32(h):
     return float(_lib().mi_bf16_to_f32(int(h)))
+
+
+def vs_index_bytes(batch, heads, max_vertical, max_slash):
+    return int(_lib().mi_vs_index_bytes(batch, heads, max_vertical, max_slash))
+
+
+def sparse_index_bytes(batch, heads, row_blocks, max_blocks, max_columns):
+    return int(_lib().mi_sparse_index_bytes(batch, heads, row_blocks, max_blocks, max_columns))
+
+
+def tensor_descriptor(x, name="x"):
+    """The mi_tensor (ctypes) describing a [B, H, L, D] array or tensor, and the object that
+    holds its memory (keep it alive while the descriptor is used)."""
+    a = _describe(x, name)
+    return a.desc, a.obj
 
 
 def dtype_size(code):

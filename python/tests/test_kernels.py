@@ -290,3 +290,29 @@ def test_torch_cpu_tensors(rng):
     assert_close(ob.float().numpy(), ref, what="torch bf16", atol=1e-2, rtol=2e-2)
     with pytest.raises(TypeError):
         mi.dense_attention(tq, k, v)
+
+
+def test_index_layout_in_one_buffer(rng):
+    # Indices laid out by mi_*_index_init over one buffer work like separately allocated ones.
+    B, H, L, D = 1, 2, 300, 16
+    q, k, v = qkv(rng, B, H, 1, L, D)
+    est = mi.vs_estimate(q, k, 40, 80)
+    mv, ms = est.vertical_idx.shape[2], est.slash_idx.shape[2]
+    assert mi.vs_index_bytes(B, H, mv, ms) >= 4 * (2 * B * H + B * H * (mv + ms))
+    vsi = mi.VSIndex.in_buffer(B, H, mv, ms)
+    for name in ("vertical_count", "vertical_idx", "slash_count", "slash_idx"):
+        getattr(vsi, name)[...] = getattr(est, name)
+    R = (L + 63) // 64
+    a = mi.vs_build_index(L, est)
+    assert mi.sparse_index_bytes(B, H, R, ms + 1, mv) > 0
+    b = mi.SparseIndex.in_buffer(B, H, R, ms + 1, mv)
+    from minference.core import _check, _lib
+
+    cvs, cb = vsi.to_c(), b.to_c()
+    ctx = mi.get_context()
+    _check(_lib().mi_vs_build_index(ctx.handle, L, None, cvs, cb), ctx.handle)
+    for name in ("block_count", "column_count"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    np.testing.assert_array_equal(mi.sparse_attention(q, k, v, a), mi.sparse_attention(q, k, v, b))
+    desc, keep = mi.tensor_descriptor(q)
+    assert list(desc.shape) == [B, H, L, D] and keep is q
