@@ -121,9 +121,31 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
         const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
         cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
     }
+    /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
+     * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
+     * term is the same for all of them and every address is a base plus a constant. */
+    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
+    const int lr0 = tid / CPR, lc = tid % CPR;
+    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
+    const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
+    const T *kbase = kg + lr0 * ksl + lc * 8;
+    const T *vbase = vg + lr0 * vsl + lc * 8;
     auto load_kv = [&](int t, int buf) {
         unsigned char *kd = ks + buf * KTILE;
         unsigned char *vd = vs + buf * KTILE;
+        if (t < tp.n_a) {
+            const int off = tile_offset(tp, t);
+            if (off >= 0 && off + BN <= len) {
+                const T *kp = kbase + off * ksl;
+                const T *vp = vbase + off * vsl;
+#pragma unroll
+                for (int i = 0; i < PASSES; ++i) {
+                    cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
+                    cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
+                }
+                return;
+            }
+        }
 #pragma unroll
         for (int i = tid; i < BN * CPR; i += NT) {
             const int r = i / CPR, c = i % CPR;
@@ -174,20 +196,21 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
         wgmma_commit();
         wgmma_wait0();
 
-        bool full = false;
-        if (t < tp.n_a && tp.mode != MI_CUDA_MODE_A_SHAPE) {
-            const int off = tile_offset(tp, t);
-            full = off >= 0 && off + BN - 1 < len && off + BN - 1 <= rs;
-        }
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] *= p.scale_log2;
+        /* Range tiles know their key positions (off + column); column tiles read them from
+         * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
+        const bool range = t < tp.n_a;
+        const int off = range ? tile_offset(tp, t) : 0;
+        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
+                          off + BN - 1 < len && off + BN - 1 <= rs;
         if (!full) {
             const int *kp = kpos + buf * BN;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int key = kp[8 * j + 2 * cq + (e & 1)];
+                    const int col = 8 * j + 2 * cq + (e & 1);
+                    int key = range ? off + col : kp[col];
+                    if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
                     const int row = e < 2 ? qrow0 : qrow1;
                     bool vis = key <= row;
                     if (tp.mode == MI_CUDA_MODE_A_SHAPE)
@@ -197,14 +220,16 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
                 }
             }
         }
-        float mx0 = m0, mx1 = m1;
+        /* running max in scaled base-2 units (scale > 0, so max and scale commute) */
+        const float sc = p.scale_log2;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
             mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
-        mx0 = warp_max_xor(warp_max_xor(mx0, 1), 2);
-        mx1 = warp_max_xor(warp_max_xor(mx1, 1), 2);
+        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
+        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
         const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
         const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
         const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
@@ -213,10 +238,10 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            s[4 * j] = exp2f(s[4 * j] - mu0);
-            s[4 * j + 1] = exp2f(s[4 * j + 1] - mu0);
-            s[4 * j + 2] = exp2f(s[4 * j + 2] - mu1);
-            s[4 * j + 3] = exp2f(s[4 * j + 3] - mu1);
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
             rs0 += s[4 * j] + s[4 * j + 1];
             rs1 += s[4 * j + 2] + s[4 * j + 3];
         }
