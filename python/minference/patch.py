@@ -424,6 +424,12 @@ class MInference:
         for m in mods:
             m._minference_state = state
         previous = getattr(model.config, "_attn_implementation", None)
+        earlier = getattr(model, "_minference_state", None)
+        if earlier is not None:  # patched again: keep what the model had before the first patch
+            previous = earlier.previous_attn_implementation
+            for m in model.modules():
+                if m.__dict__.get("_minference_state") is earlier:
+                    del m.__dict__["_minference_state"]
         try:
             model.set_attn_implementation(ATTENTION_NAME)
         except (AttributeError, ValueError, TypeError, KeyError):
