@@ -6,6 +6,7 @@
 #include "minference.h"
 #include "minference_model.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -99,6 +101,43 @@ static char *default_model(void)
     return strdup(line);
 }
 
+/* OpenBLAS picks its kernels from the CPU model and, on CPUs it does not recognise (common in
+ * virtual machines), falls back to SSE3 kernels at a fraction of the speed, which would dominate
+ * the prefill. The kernel set is fixed when the library loads, so set OPENBLAS_CORETYPE from the
+ * CPU's features and run the same command again (the command line comes from /proc/self/cmdline
+ * because the dispatcher hands us only the options). */
+static void prefer_fast_blas(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    const char *config = openblas_get_config();
+    if (getenv("OPENBLAS_CORETYPE") || !config || !strstr(config, "Prescott"))
+        return;
+    __builtin_cpu_init();
+    const char *core = __builtin_cpu_supports("avx512f")                                 ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                                          : NULL;
+    if (!core)
+        return;
+    FILE *f = fopen("/proc/self/cmdline", "rb");
+    if (!f)
+        return;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    if (n == 0 || n >= sizeof(buf) - 1)
+        return;
+    buf[n] = 0;
+    char *args[1024];
+    int na = 0;
+    for (size_t i = 0; i < n && na < 1023; i += strlen(buf + i) + 1)
+        args[na++] = buf + i;
+    args[na] = NULL;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    execv("/proc/self/exe", args);
+    /* exec failed: carry on with the kernels OpenBLAS chose */
+#endif
+}
+
 static bool parse_int(const char *s, long long lo, long long hi, long long *out)
 {
     char *end;
@@ -138,7 +177,10 @@ int mi_cmd_generate(int argc, char **argv)
     bool chat = false, quiet = false;
     mi_chat_template tmpl = MI_CHAT_AUTO;
 
-    for (int i = 1; i < argc; i++) {
+    prefer_fast_blas();
+
+    /* argv holds the options only (the dispatcher strips "minference generate"). */
+    for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define TAKE()                                                                                 \
