@@ -198,7 +198,8 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     if dropout and dropout > 0:
         return dense("attention dropout (training mode)")
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
-        return dense("gradients are required; the MInference kernels are inference only")
+        return dense("gradients are required (the MInference kernels are inference only: run "
+                     "the model under torch.no_grad() or torch.inference_mode())")
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         return dense("attention biases / soft-capping are not supported")
     sliding = kwargs.get("sliding_window")
