@@ -176,6 +176,9 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
     int counts[5] = {0, 0, 0, 0, 0};
     double rs = 0, ds = 0;
     for (int32_t h = 0; h < H; h++) {
+        /* The file format has no top_k field (the original always runs block-sparse with 100
+         * blocks and ignores both sizes), so the searched top_k travels in the vertical slot. */
+        if (best[h].type == MI_PATTERN_BLOCK_SPARSE) best[h].vertical_size = best[h].top_k;
         st = mi_config_set_head(s->ctx, s->config, layer, h, &best[h], scores[h]);
         if (st != MI_STATUS_SUCCESS) return st;
         counts[best[h].type]++;
@@ -324,7 +327,8 @@ int mi_cmd_search(int argc, char **argv) {
     if (sp.mode == MI_SEARCH_FLOPS) fprintf(stderr, ", density %.3f", sp.target_density);
     fprintf(stderr, "\n");
     /* Dense attention for the sample, as in the original: every layer sees exact inputs. */
-    if ((st = mi_model_set_attention(model, MI_ATTN_DENSE, NULL, 0)) != MI_STATUS_SUCCESS) goto done;
+    if ((st = mi_model_set_attention(model, MI_ATTN_DENSE, NULL, 0)) != MI_STATUS_SUCCESS)
+        goto done;
     mi_model_capture cap = {on_layer, &s, NULL};
     const double t0 = now_s();
     s.t_layer = t0;

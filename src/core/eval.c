@@ -212,7 +212,8 @@ mi_status mi_eval_haystack(const char *text, size_t text_len, size_t min_bytes, 
 }
 
 mi_status mi_eval_needle_offset(const char *hay, size_t hay_len, double depth, size_t *offset) {
-    if (!hay || !offset) return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "hay and offset required");
+    if (!hay || !offset)
+        return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "hay and offset are required");
     if (!(depth >= 0.0 && depth <= 100.0))
         return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "depth %g is outside [0, 100]", depth);
     if (depth >= 100.0) {
