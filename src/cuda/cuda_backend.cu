@@ -16,8 +16,9 @@
  * Measured on an H200 (bf16, D = 128, 32 query / 8 KV heads, every head VS 1000/6096 with
  * estimation and index building included, position-coded q/k so the estimate is local-like;
  * bench/results/2026-11-30-gpu-attention.json, "crossover"): the speed-up (dense time over
- * sparse time) was 0.67 at 16K, 0.89 at 24K, 1.04 at 32K, 1.25 at 48K. Sparse pays from 32K. */
-#define MI_CUDA_DENSE_BELOW_DEFAULT 32768
+ * sparse time) was 0.64 at 12K, 0.81 at 16K, 1.12 at 24K, 1.34 at 32K, 1.58 at 48K: even at
+ * about 20K; 24K is the first measured length where sparse wins. */
+#define MI_CUDA_DENSE_BELOW_DEFAULT 24576
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
