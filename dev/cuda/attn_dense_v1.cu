@@ -1,0 +1,496 @@
+/*
+ * dev/cuda/attn_dense_v1.cu: experiment 1, the portable sm_80 kernel (FlashAttention-2 style,
+ * mma.sync m16n8k16 + ldmatrix + cp.async, 2-stage K/V double buffer, one tile plan for dense,
+ * A-shape and sparse). Snapshot of src/cuda/attn_fwd.cu as first committed (7caa3fe); compiles
+ * against the src/cuda headers, not built by CMake. Still the live path on sm_80 and with
+ * MI_CUDA_DISABLE_SM90=1.
+ *
+ * Reached on an NVIDIA H200 (CUDA 13.0, bf16, D = 128, causal; bench/torch_ref.py):
+ *   dense  BM=128, 8 warps x 16 rows, 229 registers, 1 CTA/SM:
+ *          32K x 32 heads 264 TFLOP/s (1.04 ms/head), 128K 269, 512K 269, 1M 270 (1044 ms/head)
+ *          = 0.39-0.59x cuDNN SDPA (681 -> 461), 0.77-0.89x torch flash (FA2, 344 -> 304)
+ *   sparse BM=64, 4 warps: VS local 198-203, mixed 218-219, small 182-188 effective TFLOP/s
+ *          (128K..1M); VS local 1M = 17.8 ms/head
+ * SASS: 1536 HMMA, 0 HGMMA. Lesson: mma.sync tops out near FA2; Hopper needs wgmma (v2).
+ */
+/*
+ * attn_fwd.cu: one flash-attention forward kernel (FlashAttention-2 style, sm_80 mma.sync) that
+ * serves every pattern. A CTA owns BM query rows of one (b, h) and walks a list of 64-key tiles:
+ *   phase A: contiguous 64-key ranges starting anywhere (dense: 0, 64, ...; A-shape: sinks then
+ *            window; sparse: block_offset[]),
+ *   phase B: gathered single columns, 64 at a time (sparse: column_index[]).
+ * Key positions of the tile sit in shared memory, so one mask test (causal, sequence length,
+ * A-shape window) covers all tile kinds; tiles that are provably fully visible skip the mask.
+ * K/V rows that do not exist are zero-filled by cp.async, so a masked probability (0) never
+ * multiplies garbage.
+ */
+#include "../../src/cuda/cuda_common.cuh"
+
+#include <math.h>
+#include <string.h>
+
+namespace mi_cuda {
+
+constexpr int BN = 64;
+
+template <int D> struct attn_smem {
+    static constexpr int PITCH = D + 8; /* +16 bytes a row: ldmatrix rows land on distinct banks */
+};
+
+struct tile_plan {
+    int mode;
+    int n_a, n_b;       /* range tiles, column tiles */
+    int sink_tiles;     /* A-shape: tiles [0, sink_tiles) then window tiles from win_start */
+    int win_start;
+    const int32_t *offsets; /* sparse: block_offset row */
+    const int32_t *cols;    /* sparse: column_index row */
+    int n_cols;
+    int n_init, n_local, tri_start;
+};
+
+__device__ __forceinline__ int tile_offset(const tile_plan &tp, int t) {
+    if (tp.mode == MI_CUDA_MODE_DENSE) return t * BN;
+    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+        return t < tp.sink_tiles ? t * BN : (tp.win_start + t - tp.sink_tiles) * BN;
+    return __ldg(tp.offsets + t);
+}
+
+/* Key position of row r of tile t, or MI_NO_KEY when it does not exist. */
+__device__ __forceinline__ int tile_key(const tile_plan &tp, int t, int r, int len) {
+    int pos;
+    if (t < tp.n_a) {
+        pos = tile_offset(tp, t) + r;
+    } else {
+        const int c = (t - tp.n_a) * BN + r;
+        pos = c < tp.n_cols ? __ldg(tp.cols + c) : -1;
+    }
+    return (pos >= 0 && pos < len) ? pos : MI_NO_KEY;
+}
+
+template <typename T, int D, int BM>
+__global__ void __launch_bounds__(BM * 2) attn_fwd_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+    constexpr int NW = BM / 16;
+    constexpr int NT = NW * 32;
+    constexpr int PITCH = attn_smem<D>::PITCH;
+    constexpr int CPR = D / 8; /* 16-byte chunks per row */
+    using tr = dtype_traits<T>;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *qs = reinterpret_cast<T *>(smem_raw);
+    T *ks = qs + BM * PITCH;         /* [2][BN][PITCH] */
+    T *vs = ks + 2 * BN * PITCH;     /* [2][BN][PITCH] */
+    int *kpos = reinterpret_cast<int *>(vs + 2 * BN * PITCH); /* [2][BN] */
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int hk = h / p.group;
+    const int len = p.seq_lens[b];
+    const int rs = m_blk * BM;
+
+    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+
+    /* ---- plan the tile list ---- */
+    tile_plan tp;
+    tp.mode = p.use_head_modes ? p.head_modes[h].mode : p.mode.mode;
+    tp.n_a = tp.n_b = 0;
+    tp.n_cols = 0;
+    tp.sink_tiles = tp.win_start = 0;
+    tp.offsets = tp.cols = nullptr;
+    tp.n_init = tp.n_local = 0;
+    tp.tri_start = 0x7fffffff;
+    const int re = min(rs + BM, len); /* exclusive end of the real rows */
+    if (tp.mode == MI_CUDA_MODE_NONE) return;
+    if (p.dense_below > 0 && len < p.dense_below) tp.mode = MI_CUDA_MODE_DENSE;
+    if (rs < len) {
+        if (tp.mode == MI_CUDA_MODE_DENSE) {
+            tp.n_a = (re - 1) / BN + 1;
+        } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
+            const mi_cuda_head_mode hm = p.use_head_modes ? p.head_modes[h] : p.mode;
+            tp.n_init = max(hm.n_init, 0);
+            tp.n_local = max(hm.n_local, 0);
+            const int nl = min(max(hm.n_last, 0), len - 1);
+            tp.tri_start = nl > 0 ? len - nl : 0x7fffffff;
+            const int last_tile = (re - 1) / BN;
+            if (re - 1 >= tp.tri_start) {
+                tp.sink_tiles = last_tile + 1;
+                tp.n_a = last_tile + 1;
+            } else {
+                const int sinks = min(tp.n_init, len);
+                tp.sink_tiles = min((sinks + BN - 1) / BN, last_tile + 1);
+                int n_win = 0;
+                if (tp.n_local > 0) {
+                    const int w0 = max(0, rs - tp.n_local + 1) / BN;
+                    tp.win_start = max(tp.sink_tiles, w0);
+                    n_win = max(0, last_tile - tp.win_start + 1);
+                }
+                tp.n_a = tp.sink_tiles + n_win;
+            }
+        } else { /* sparse: BM == 64, one index row block */
+            const int64_t row = (int64_t)bh * p.row_blocks + m_blk;
+            tp.n_a = min(max(p.block_count[row], 0), p.max_blocks);
+            tp.offsets = p.block_offset + row * p.max_blocks;
+            tp.n_cols = min(max(p.column_count[row], 0), p.max_columns);
+            tp.cols = p.column_index + row * p.max_columns;
+            tp.n_b = (tp.n_cols + BN - 1) / BN;
+        }
+    }
+    const int n_tiles = tp.n_a + tp.n_b;
+
+    /* ---- rows without work: zeros, LSE -inf ---- */
+    if (n_tiles == 0) {
+        const int rows = min(BM, p.len - rs);
+        for (int i = tid; i < rows * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
+                make_uint4(0, 0, 0, 0);
+        }
+        if (lseg)
+            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
+        return;
+    }
+
+    /* ---- async loads ---- */
+    for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + r;
+        const bool ok = row < len;
+        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        cp_async_16(qs + r * PITCH + c * 8, src, ok ? 16 : 0);
+    }
+    auto load_kv = [&](int t, int buf) {
+        T *kd = ks + buf * BN * PITCH;
+        T *vd = vs + buf * BN * PITCH;
+#pragma unroll
+        for (int i = tid; i < BN * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int pos = tile_key(tp, t, r, len);
+            const bool ok = pos != MI_NO_KEY;
+            const int64_t row = ok ? pos : 0;
+            cp_async_16(kd + r * PITCH + c * 8, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
+            cp_async_16(vd + r * PITCH + c * 8, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
+            if (c == 0) kpos[buf * BN + r] = pos;
+        }
+    };
+    load_kv(0, 0);
+    cp_async_commit();
+
+    /* ---- per-thread state: rows r0 = warp*16 + lane/4 and r0 + 8 ---- */
+    const int g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + warp * 16 + g, qrow1 = qrow0 + 8;
+    float acc_o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    uint32_t qf[D / 16][4];
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int buf = t & 1;
+        if (t + 1 < n_tiles) {
+            load_kv(t + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+                const int c = kk * 16 + 8 * (lane / 16);
+                ldmatrix_x4(qf[kk], qs + r * PITCH + c);
+            }
+        }
+        const T *kb = ks + buf * BN * PITCH;
+        const T *vb = vs + buf * BN * PITCH;
+
+        /* S = Q K^T, 16 x 64 per warp */
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t bfr[4];
+                const int key = 16 * j + (lane % 8) + 8 * (lane / 16);
+                const int d = kk * 16 + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(bfr, kb + key * PITCH + d);
+                mma_16816<T>(s[2 * j], qf[kk], bfr);
+                mma_16816<T>(s[2 * j + 1], qf[kk], bfr + 2);
+            }
+        }
+
+        /* scale, mask */
+        bool full = false;
+        if (t < tp.n_a && tp.mode != MI_CUDA_MODE_A_SHAPE) {
+            const int off = tile_offset(tp, t);
+            full = off >= 0 && off + BN - 1 < len && off + BN - 1 <= rs;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] *= p.scale_log2;
+        if (!full) {
+            const int *kp = kpos + buf * BN;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kp[8 * j + 2 * cq + (e & 1)];
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    bool vis = key <= row;
+                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
+                                      row >= tp.tri_start);
+                    if (!vis) s[j][e] = -INFINITY;
+                }
+            }
+        }
+
+        /* online softmax (base 2) */
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = warp_max_xor(warp_max_xor(mx0, 1), 2);
+        mx1 = warp_max_xor(warp_max_xor(mx1, 1), 2);
+        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[j][0] = exp2f(s[j][0] - mu0);
+            s[j][1] = exp2f(s[j][1] - mu0);
+            s[j][2] = exp2f(s[j][2] - mu1);
+            s[j][3] = exp2f(s[j][3] - mu1);
+            rs0 += s[j][0] + s[j][1];
+            rs1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            acc_o[i][0] *= al0;
+            acc_o[i][1] *= al0;
+            acc_o[i][2] *= al1;
+            acc_o[i][3] *= al1;
+        }
+
+        /* O += P V */
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            uint32_t a[4];
+            a[0] = tr::pack2(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = tr::pack2(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = tr::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = tr::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dn = 0; dn < D / 16; ++dn) {
+                uint32_t bfr[4];
+                const int key = 16 * kk + (lane % 8) + 8 * ((lane / 8) % 2);
+                const int d = 16 * dn + 8 * (lane / 16);
+                ldmatrix_x4_trans(bfr, vb + key * PITCH + d);
+                mma_16816<T>(acc_o[2 * dn], a, bfr);
+                mma_16816<T>(acc_o[2 * dn + 1], a, bfr + 2);
+            }
+        }
+        __syncthreads();
+    }
+
+    /* ---- epilogue: normalise, stage through shared memory, 16-byte stores ---- */
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+    T *stage = qs + warp * 16 * PITCH; /* this warp's own Q rows, no longer read */
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        const int c = 8 * i + 2 * cq;
+        *reinterpret_cast<uint32_t *>(stage + g * PITCH + c) =
+            tr::pack2(acc_o[i][0] * inv0, acc_o[i][1] * inv0);
+        *reinterpret_cast<uint32_t *>(stage + (g + 8) * PITCH + c) =
+            tr::pack2(acc_o[i][2] * inv1, acc_o[i][3] * inv1);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * CPR; i += 32) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + warp * 16 + r;
+        if (row < p.len)
+            *reinterpret_cast<uint4 *>(og + (int64_t)row * p.o_stride[2] + c * 8) =
+                *reinterpret_cast<const uint4 *>(stage + r * PITCH + c * 8);
+    }
+}
+
+template <typename T, int D, int BM>
+static cudaError_t launch_attn(const mi_cuda_attn_params &p, cudaStream_t st) {
+    constexpr int PITCH = attn_smem<D>::PITCH;
+    const size_t smem = (size_t)(BM + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
+    auto kern = attn_fwd_kernel<T, D, BM>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid((p.len + BM - 1) / BM, p.batch * p.heads);
+    kern<<<grid, BM * 2, smem, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace mi_cuda
+
+using namespace mi_cuda;
+
+extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p,
+                                      int block_m) {
+    if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
+    if ((int64_t)p->batch * p->heads > 65535)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA attention: B*H = %lld exceeds 65535",
+                       (long long)p->batch * p->heads);
+    cudaStream_t st = mi_stream(ctx);
+    cudaError_t e = cudaErrorInvalidValue;
+    const bool bf = p->dtype == MI_DTYPE_BF16;
+    if (block_m == 128) {
+        if (p->head_dim == 64)
+            e = bf ? launch_attn<__nv_bfloat16, 64, 128>(*p, st) : launch_attn<__half, 64, 128>(*p, st);
+        else
+            e = bf ? launch_attn<__nv_bfloat16, 128, 128>(*p, st)
+                   : launch_attn<__half, 128, 128>(*p, st);
+    } else {
+        if (p->head_dim == 64)
+            e = bf ? launch_attn<__nv_bfloat16, 64, 64>(*p, st) : launch_attn<__half, 64, 64>(*p, st);
+        else
+            e = bf ? launch_attn<__nv_bfloat16, 128, 64>(*p, st) : launch_attn<__half, 128, 64>(*p, st);
+    }
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA attention launch: %s",
+                       cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+static int64_t tensor_align_ok(const mi_tensor *t) {
+    if (((uintptr_t)t->data & 15u) != 0) return 0;
+    for (int i = 0; i < 3; ++i)
+        if (t->stride[i] % 8 != 0) return 0;
+    return 1;
+}
+
+extern "C" mi_status mi_cuda_fill_attn_params(mi_context *ctx, const mi_attn_shape *s,
+                                              const mi_tensor *q, const mi_tensor *k,
+                                              const mi_tensor *v, const mi_tensor *out,
+                                              const int32_t *seq_lens, float scale, float *lse,
+                                              mi_cuda_attn_params *p) {
+    if (s->dtype != MI_DTYPE_BF16 && s->dtype != MI_DTYPE_F16)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "CUDA kernels take bf16 or fp16 tensors, not %s", mi_dtype_name(s->dtype));
+    if (s->head_dim != 64 && s->head_dim != 128)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA kernels support head_dim 64 or 128, not %lld",
+                       (long long)s->head_dim);
+    if (s->batch > MI_CUDA_MAX_BATCH || s->heads_q > MI_CUDA_MAX_HEADS)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "CUDA kernels support batch <= %d and heads <= %d, not %lld and %lld",
+                       MI_CUDA_MAX_BATCH, MI_CUDA_MAX_HEADS, (long long)s->batch,
+                       (long long)s->heads_q);
+    if (s->len > 0x3fffffff)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "sequence too long for CUDA kernels");
+    const mi_tensor *ts[4] = {q, k, v, out};
+    const char *names[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; ++i)
+        if (ts[i] && !tensor_align_ok(ts[i]))
+            return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                           "CUDA kernels need %s 16-byte aligned with strides a multiple of 8",
+                           names[i]);
+    memset(p, 0, sizeof(*p));
+    p->q = q->data;
+    p->k = k ? k->data : nullptr;
+    p->v = v ? v->data : nullptr;
+    p->o = out ? out->data : nullptr;
+    p->lse = lse;
+    for (int i = 0; i < 3; ++i) {
+        p->q_stride[i] = q->stride[i];
+        p->k_stride[i] = k ? k->stride[i] : 0;
+        p->v_stride[i] = v ? v->stride[i] : 0;
+        p->o_stride[i] = out ? out->stride[i] : 0;
+    }
+    p->batch = (int32_t)s->batch;
+    p->heads = (int32_t)s->heads_q;
+    p->heads_kv = (int32_t)s->heads_kv;
+    p->group = (int32_t)s->group;
+    p->len = (int32_t)s->len;
+    p->head_dim = (int32_t)s->head_dim;
+    p->dtype = s->dtype;
+    p->scale_log2 = scale * MI_LOG2E;
+    p->mode.mode = MI_CUDA_MODE_DENSE;
+    for (int64_t b = 0; b < s->batch; ++b) p->seq_lens[b] = (int32_t)mi_seq_len(seq_lens, b, s->len);
+    return MI_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Backend entry points                                                                        */
+
+extern "C" mi_status mi_cuda_attention_dense(mi_context *ctx, const mi_attn_shape *s,
+                                             const mi_tensor *q, const mi_tensor *k,
+                                             const mi_tensor *v, const int32_t *seq_lens,
+                                             float scale, mi_tensor *out, float *lse) {
+    mi_cuda_attn_params p;
+    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, v, out, seq_lens, scale, lse, &p);
+    if (st != MI_STATUS_SUCCESS) return st;
+    p.mode.mode = MI_CUDA_MODE_DENSE;
+    return mi_cuda_attn_run(ctx, &p, 128);
+}
+
+extern "C" mi_status mi_cuda_attention_a_shape(mi_context *ctx, const mi_attn_shape *s,
+                                               const mi_tensor *q, const mi_tensor *k,
+                                               const mi_tensor *v, const int32_t *seq_lens,
+                                               int32_t n_init, int32_t n_local, int32_t n_last,
+                                               float scale, mi_tensor *out, float *lse) {
+    mi_cuda_attn_params p;
+    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, v, out, seq_lens, scale, lse, &p);
+    if (st != MI_STATUS_SUCCESS) return st;
+    p.mode.mode = MI_CUDA_MODE_A_SHAPE;
+    p.mode.n_init = n_init;
+    p.mode.n_local = n_local;
+    p.mode.n_last = n_last;
+    return mi_cuda_attn_run(ctx, &p, 64);
+}
+
+extern "C" mi_status mi_cuda_attention_sparse(mi_context *ctx, const mi_attn_shape *s,
+                                              const mi_tensor *q, const mi_tensor *k,
+                                              const mi_tensor *v, const int32_t *seq_lens,
+                                              const mi_sparse_index *index, float scale,
+                                              mi_tensor *out, float *lse) {
+    mi_cuda_attn_params p;
+    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, v, out, seq_lens, scale, lse, &p);
+    if (st != MI_STATUS_SUCCESS) return st;
+    const int64_t R = (s->len + MI_BLOCK_SIZE - 1) / MI_BLOCK_SIZE;
+    if (index->row_blocks < R || index->batch != s->batch || index->heads != s->heads_q)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
+                       "sparse index is [%d, %d, %d], the call needs [%lld, %lld, %lld]",
+                       index->batch, index->heads, index->row_blocks, (long long)s->batch,
+                       (long long)s->heads_q, (long long)R);
+    p.mode.mode = MI_CUDA_MODE_SPARSE;
+    p.block_count = index->block_count;
+    p.block_offset = index->block_offset;
+    p.column_count = index->column_count;
+    p.column_index = index->column_index;
+    p.row_blocks = index->row_blocks;
+    p.max_blocks = index->max_blocks;
+    p.max_columns = index->max_columns;
+    return mi_cuda_attn_run(ctx, &p, 64);
+}
