@@ -163,8 +163,17 @@ static inline bool mask_all(void *ctx, int64_t b, int64_t h, int64_t i, int64_t 
     return true;
 }
 
+/* Rows the reference computes. Long sequences (> 1100) are checked on a deterministic sample:
+ * the first and last 160 rows (every tile phase near both ends, the Tri-shape tail) and every
+ * 13th row (13 is prime to 64, so every row offset inside a tile gets visited); the reference
+ * is quadratic and would dominate the suite's time, notably under sanitizers. The kernel output
+ * of every row is still scanned for NaN/Inf and unwritten (poisoned) elements. */
+static inline bool ref_row_sampled(int64_t i, int64_t len) {
+    return len <= 1100 || i < 160 || i >= len - 160 || i % 13 == 0;
+}
+
 /* float64 attention: out [B, Hq, L, D], lse [B, Hq, L] (natural log; -inf and 0 output for rows
- * without keys or beyond seq_len). */
+ * without keys or beyond seq_len; NaN for rows outside the sample, which the comparisons skip). */
 static inline void ref_attention(const tbuf *q, const tbuf *k, const tbuf *v, const int32_t *seq_lens,
                           double scale, mask_fn mask, void *mctx, double *out, double *lse) {
     const int64_t B = q->B, Hq = q->H, L = q->L, D = q->D, group = q->H / k->H;
@@ -179,6 +188,11 @@ static inline void ref_attention(const tbuf *q, const tbuf *k, const tbuf *v, co
                 for (int64_t d = 0; d < D; d++) o[d] = 0.0;
                 *ls = -INFINITY;
                 if (i >= len) continue;
+                if (!ref_row_sampled(i, len)) {
+                    for (int64_t d = 0; d < D; d++) o[d] = NAN;
+                    *ls = NAN;
+                    continue;
+                }
                 const double *qi = q->ref + (((size_t)b * Hq + h) * L + i) * D;
                 double mx = -INFINITY;
                 for (int64_t j = 0; j <= i; j++) {
@@ -257,6 +271,7 @@ static inline bool compare_out(const char *what, const tbuf *out, const double *
                         nonfinite++;
                         continue;
                     }
+                    if (r != r) continue; /* row not in the reference sample */
                     const double e = fabs(x - r);
                     const double lim = t.atol + t.rtol * fabs(r);
                     if (l >= len && x != 0.0) bad++;
@@ -287,6 +302,7 @@ static inline bool compare_lse(const char *what, const float *lse, const double 
     int64_t first = -1;
     for (int64_t i = 0; i < n; i++) {
         const double x = lse[i], r = ref[i];
+        if (r != r) continue; /* row not in the reference sample */
         const bool ok = (r == -INFINITY) ? (x == -INFINITY) : (isfinite(x) && fabs(x - r) <= LSE_ATOL);
         if (!ok) {
             bad++;
