@@ -47,6 +47,15 @@ extern "C" mi_status mi_cuda_context_init(mi_context *ctx) {
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "cudaSetDevice(%d): %s",
                        ctx->params.device_id, cudaGetErrorString(e));
+    /* Calls without a workspace take scratch from the device's default stream-ordered pool.
+     * With its default release threshold (0) the pool hands memory back at every synchronize
+     * and the next call maps it again (milliseconds); keep it instead. */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, ctx->params.device_id) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    cudaGetLastError();
     return MI_STATUS_SUCCESS;
 }
 
