@@ -113,10 +113,12 @@ def test_vertical_slash_sparse_attention(rng):
     np.testing.assert_array_equal(out, out2)
 
 
-def test_vertical_slash_full_sets_equal_dense(rng):
-    q, k, v = qkv(rng, 1, 2, 2, 200, 16)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_vertical_slash_full_sets_equal_dense(rng, dtype):
+    q, k, v = qkv(rng, 1, 2, 2, 200, 16, dtype)
     out = mi.vertical_slash_sparse_attention(q, k, v, np.arange(200), np.arange(200))
-    assert_close(out, reference_attention(q, k, v)[0], what="vs full")
+    assert out.dtype == dtype
+    assert_close(out, reference_attention(q, k, v)[0], dtype, "vs full")
 
 
 def test_vertical_slash_broadcast_and_torch_style_args(rng):
@@ -178,10 +180,11 @@ def test_vs_estimate_matches_numpy_estimate(rng):
 
 # ---- block-sparse ------------------------------------------------------------------------------
 
-def test_block_sparse_full_top_k_equals_dense(rng):
-    q, k, v = qkv(rng, 1, 4, 2, 300, 32)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_block_sparse_full_top_k_equals_dense(rng, dtype):
+    q, k, v = qkv(rng, 1, 4, 2, 300, 32, dtype)
     out = mi.block_sparse_attention(q, k, v, top_k=100)
-    assert_close(out, reference_attention(q, k, v)[0], what="block full")
+    assert_close(out, reference_attention(q, k, v)[0], dtype, "block full")
 
 
 def test_block_sparse_index_and_output(rng):
@@ -215,9 +218,10 @@ def test_block_sparse_index_and_output(rng):
 
 # ---- whole-layer prefill -----------------------------------------------------------------------
 
-def test_prefill_per_head_patterns(rng):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_prefill_per_head_patterns(rng, dtype):
     B, H, Hkv, L, D = 1, 5, 5, 400, 32
-    q, k, v = qkv(rng, B, H, Hkv, L, D)
+    q, k, v = qkv(rng, B, H, Hkv, L, D, dtype)
     patterns = [
         mi.HeadPattern.dense(),
         mi.HeadPattern.a_shape(n_init=8, n_local=50),
@@ -229,7 +233,7 @@ def test_prefill_per_head_patterns(rng):
     masks = [None, a_shape_mask(L, 8, 50), a_shape_mask(L, 8, 50, 30), None, None]
     for h in range(H):
         ref, _ = reference_attention(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], masks[h])
-        assert_close(out[:, h:h + 1], ref, what=f"prefill head {h} ({patterns[h]})")
+        assert_close(out[:, h:h + 1], ref, dtype, f"prefill head {h} ({patterns[h]})")
 
 
 def test_prefill_sparse_vs_equals_pipeline(rng):
