@@ -95,6 +95,7 @@ static void test_layouts(void)
               "layouts disagree at %d", j);
     /* rotation keeps the norm of each pair */
     float a = 0.3f, b = -0.7f, v[2] = {a, b};
+    r.dim = 2; /* one pair, rotated by the table's first angle */
     mim_rope_apply(&r, v, 1, 1, 2, 2, ct, st);
     CHECK(fabsf(v[0] * v[0] + v[1] * v[1] - (a * a + b * b)) < 1e-6f, "norm");
     CHECK(mi_rope_frequencies(3, 10000, NULL, 0, inv, &ms) == MI_STATUS_INVALID_ARGUMENT, "odd");
