@@ -3,12 +3,16 @@
  * A-shape job set-up, and the dispatch between the engine compiled for the build's target and
  * the AVX-512 one (attn_core_avx512.c) when the build targets less and the CPU has it.
  *
- * Measured (2-core Xeon with AVX-512, shared machine, fp32, D = 128, one head, one thread,
- * L = 4096): engine at AVX2 about 0.42-0.53 of OpenBLAS sgemm with its SkylakeX kernels; the
- * AVX-512 engine about 0.8 of it. (OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernels on
- * this CPU unless OPENBLAS_CORETYPE is set; against that it is 2x slower than the engine.)
- * Per-tile cblas_sgemm calls are not used: they need K packed and transposed per tile and
- * cannot fuse the softmax rescale, and lose to the in-place micro-kernel.
+ * Measured with tests/cpu/bench_cpu (fp32, D = 128, one head, process CPU time on the shared
+ * 2-core Xeon with AVX-512; OpenBLAS 0.3.21 forced to its SkylakeX kernels with
+ * OPENBLAS_CORETYPE=SkylakeX, since on this CPU it otherwise falls back to SSE3 "Prescott"):
+ *   1 thread:  sgemm 2048^3 164 GFLOP/s; dense 117-132 GFLOP/s for L = 1K..16K (0.71-0.81x)
+ *   2 threads: sgemm 314 GFLOP/s; dense 229-249 GFLOP/s for L = 4K..12K (0.73-0.79x), 184-216
+ *              at 16K..32K (0.59-0.69x)
+ *   AVX2 engine alone (before the AVX-512 one existed): about 0.42-0.53x of the same sgemm.
+ *   Against OpenBLAS's default (Prescott) sgemm, 68 GFLOP/s on 2 threads, dense is ~3x faster.
+ * Per-tile cblas_sgemm calls are not used: they need K packed and transposed per tile, cannot
+ * fuse the softmax rescale into the P V product, and OpenBLAS picks its SSE3 kernels here.
  */
 #include "cpu_common.h"
 

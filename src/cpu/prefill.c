@@ -21,12 +21,15 @@
 #include <omp.h>
 
 /*
- * Sequences shorter than this run dense when params->dense_below < 0.
- * Measured on the 2-core Xeon (fp32, D = 128, 1 head, default VS budgets 1000 / 6096 and the
- * default estimation, -O3 -march=x86-64-v3): see MI_CPU_DENSE_BELOW_NOTE in the commit log;
- * VS with these budgets keeps every key up to ~7K tokens (the 6096 diagonals cover the whole
- * causal triangle), so it can only lose below that; the crossover is where estimation + index +
- * sparse time equals dense time.
+ * Sequences shorter than this run dense when params->dense_below < 0: where vertical-slash with
+ * the default budgets (1000 / 6096, default estimation) stops beating dense on the CPU.
+ * Measured with tests/cpu/bench_cpu (fp32, D = 128, one head, synthetic structured q/k from
+ * mi_synth_generate, process CPU time on the shared 2-core Xeon, AVX-512 engine), VS time
+ * (estimation + index + sparse) over dense time:
+ *   1 thread:   L 4096 0.89x, 6144 0.95x, 8192 1.02x, 12288 1.14x, 16384 1.24x
+ *   2 threads:  L 4096 0.82x, 6144 0.95x, 8192 1.07x, 12288 0.96x, 16384 1.37x, 24576 1.94x
+ * Below ~8K the 6096 diagonals cover nearly the whole causal triangle (index density >= 0.94),
+ * so VS does the dense work plus estimation.
  */
 #define MI_CPU_DENSE_BELOW 8192
 
