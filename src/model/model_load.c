@@ -519,7 +519,14 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
     m->rope.dim = m->hd;
     m->rope.neox = true;
     m->info.context_length = (int64_t)jnum(cfg, "max_position_embeddings", 0);
+    /* transformers >= 5 writes "rope_parameters" (theta inside it) instead of "rope_scaling" */
     json_t *rs = json_object_get(cfg, "rope_scaling");
+    json_t *rp = json_object_get(cfg, "rope_parameters");
+    if (json_is_object(rp)) {
+        m->rope.theta = jnum(rp, "rope_theta", m->rope.theta);
+        if (!json_is_object(rs))
+            rs = rp;
+    }
     mi_rope_scaling *sc = &m->rope.scaling;
     if (json_is_object(rs)) {
         const char *t = json_string_value(json_object_get(rs, "rope_type"));
