@@ -47,8 +47,10 @@ class _PatchState:
         self.warned = set()
         self.mask_ref = None
         self.mask_info = None
+        self.mask_window = None
         self.calls = {"sparse": 0, "dense_fallback": 0}
         self.search = None  # _Search when is_search
+        self.cache = {}
 
 
 class _Search:
@@ -97,7 +99,7 @@ def register_attention():
 # Mask analysis: which (contiguous) span of each sequence holds its real tokens
 
 
-def _analyze_mask(torch, mask, B, Lq, Lk):
+def _analyze_mask(torch, mask, B, Lq, Lk, window=None):
     """None -> no padding. ("right", lens) / ("spans", [(start, end)] * B) / ("unsupported", why)."""
     if mask is None:
         return None
@@ -139,6 +141,8 @@ def _analyze_mask(torch, mask, B, Lq, Lk):
             r1 = min(e, r0 + chunk)
             rows = torch.arange(r0, r1, device=a.device)
             expected = (idx[None, :] <= rows[:, None]) & in_span[None, :]
+            if window is not None:
+                expected &= idx[None, :] > rows[:, None] - window
             if not bool((a[r0:r1] == expected).all()):
                 return ("unsupported", "a non-causal or custom attention mask")
         spans.append((s, e))
@@ -149,15 +153,16 @@ def _analyze_mask(torch, mask, B, Lq, Lk):
     return ("spans", spans)
 
 
-def _mask_info(state, torch, mask, B, Lq, Lk):
+def _mask_info(state, torch, mask, B, Lq, Lk, window=None):
     # Every layer of one forward gets the same mask object: analyse it once.
     if mask is None:
         return None
-    if state.mask_ref is not None and state.mask_ref() is mask:
+    if state.mask_ref is not None and state.mask_ref() is mask and state.mask_window == window:
         return state.mask_info
-    info = _analyze_mask(torch, mask, B, Lq, Lk)
+    info = _analyze_mask(torch, mask, B, Lq, Lk, window)
     try:
         state.mask_ref = weakref.ref(mask)
+        state.mask_window = window
         state.mask_info = info
     except TypeError:
         state.mask_ref = None
@@ -202,9 +207,6 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
                      "the model under torch.no_grad() or torch.inference_mode())")
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         return dense("attention biases / soft-capping are not supported")
-    sliding = kwargs.get("sliding_window")
-    if sliding is not None and sliding < k_len:
-        return dense(f"a sliding window ({sliding}) shorter than the prompt ({k_len})")
     if query.device.type not in ("cpu", "cuda"):
         return dense(f"device {query.device.type} is not supported")
     if query.dtype != key.dtype or query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -218,8 +220,17 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     if len(patterns) != H:
         raise ValueError(f"MInference: layer {layer} has {H} query heads but the patch was built "
                          f"for {len(patterns)}")
+    sliding = kwargs.get("sliding_window")
+    window = None
+    if sliding is not None and 0 < sliding < k_len:
+        if not all(p.type == L.MI_PATTERN_DENSE for p in patterns):
+            return dense(f"a sliding window ({sliding}) shorter than the prompt ({k_len}) with "
+                         "sparse patterns")
+        # Dense attention within a window is exactly an A-shape without sinks.
+        window = int(sliding)
+        patterns = _window_patterns(state, window, H)
 
-    info = _mask_info(state, torch, attention_mask, B, q_len, k_len)
+    info = _mask_info(state, torch, attention_mask, B, q_len, k_len, window)
     if info is not None and info[0] == "unsupported":
         return dense(info[1] + " cannot be expressed by sequence lengths")
 
@@ -251,6 +262,16 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
         raise
     state.calls["sparse"] += 1
     return out, None
+
+
+def _window_patterns(state, window, n_heads):
+    key = ("window", window, n_heads)
+    arr = state.cache.get(key)
+    if arr is None:
+        p = L.load().mi_head_pattern_default(L.MI_PATTERN_A_SHAPE)
+        p.n_init, p.n_local, p.n_last = 0, window, 0
+        arr = state.cache[key] = _uniform(n_heads, p)
+    return arr
 
 
 def _search_step(state, module, torch, query, key, value, attention_mask):

@@ -179,15 +179,38 @@ def test_pipeline_text_generation():
     assert model._minference_state.calls["sparse"] > 0
 
 
-def test_fallbacks_warn_and_stay_correct():
-    # A sliding window shorter than the prompt cannot be expressed: sdpa, with a warning.
+def test_sliding_window():
+    # Dense within a window shorter than the prompt runs as an A-shape without sinks; sparse
+    # patterns cannot be combined with the window: sdpa, with a warning.
     model = make_model("mistral", sliding_window=128, seed=9)
     ids = random_ids(300)
     ref = prefill_logits(model, ids)
-    mi.MInference("dense")(model)
+    mi.MInference("dense", attn_kwargs=FORCE_SPARSE)(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = prefill_logits(model, ids)
+    assert model._minference_state.calls == {"sparse": 2, "dense_fallback": 0}
+    assert rel_l2(out, ref) < 1e-5
+    # With left padding too.
+    seqs = [random_ids(n, seed=n)[0] for n in (300, 200)]
+    ids2, mask2 = left_pad(seqs)
+    mi.unpatch(model)
+    ref2 = prefill_logits(model, ids2, mask2)
+    mi.MInference("dense", attn_kwargs=FORCE_SPARSE)(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out2 = prefill_logits(model, ids2, mask2)
+    for i in range(2):
+        real = mask2[i].bool()
+        assert rel_l2(out2[i][real], ref2[i][real]) < 1e-5
+    mi.unpatch(model)
+    mi.MInference("a_shape", attn_kwargs=FORCE_SPARSE)(model)
     with pytest.warns(UserWarning, match="sliding window"):
         out = prefill_logits(model, ids)
     assert rel_l2(out, ref) < 1e-6
+
+
+def test_fallbacks_warn_and_stay_correct():
     # Gradients: the kernels are inference only.
     model = make_model("llama", seed=9)
     mi.MInference("dense")(model)
