@@ -54,6 +54,12 @@ __device__ __forceinline__ void wgmma_wait0() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+/* Pins accumulator registers in place around asynchronous wgmma (no instruction emitted): the
+ * compiler may not move or reuse them across these points. */
+template <int N> __device__ __forceinline__ void fence_operands(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
 #endif
 
 /* Byte offset of 16-byte chunk c (0..15) of row r in a swizzled [2 halves][rows][128 B] tile. */
@@ -72,16 +78,16 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
     attn_fwd_sm90_kernel(const __grid_constant__ mi_cuda_attn_params p) {
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
-    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF, NSTAGE = 3;
     using tr = dtype_traits<T>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base =
         reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
     unsigned char *qs = base;
-    unsigned char *ks = qs + 2 * QHALF; /* [2 stages] */
-    unsigned char *vs = ks + 2 * KTILE; /* [2 stages] */
-    int *kpos = reinterpret_cast<int *>(vs + 2 * KTILE);
+    unsigned char *ks = qs + 2 * QHALF;      /* [NSTAGE] */
+    unsigned char *vs = ks + NSTAGE * KTILE; /* [NSTAGE] */
+    int *kpos = reinterpret_cast<int *>(vs + NSTAGE * KTILE);
 
     const int tid = threadIdx.x;
     const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
@@ -158,9 +164,6 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
             if (c == 0) kpos[buf * BN + r] = pos;
         }
     };
-    load_kv(0, 0);
-    cp_async_commit();
-
     const int g = lane / 4, cq = lane % 4;
     const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
     float o[64];
@@ -169,21 +172,9 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
 
-    for (int t = 0; t < n_tiles; ++t) {
-        const int buf = t & 1;
-        if (t + 1 < n_tiles) {
-            load_kv(t + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_proxy_async();
-        __syncthreads();
-        const uint32_t k_addr = smem_addr(ks + buf * KTILE);
-        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
-
-        float s[32];
+    /* S = Q K^T of tile t into s, issued asynchronously (committed, not waited). */
+    auto issue_s = [&](float *s, int t) {
+        const uint32_t k_addr = smem_addr(ks + (t % NSTAGE) * KTILE);
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.f;
         wgmma_fence();
@@ -194,7 +185,30 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
             wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait0();
+        fence_operands<32>(s);
+    };
+
+    /* One step of the software pipeline: S of tile t+1 runs on the tensor cores while this
+     * warpgroup does the softmax of tile t (masks, max, exp2, sums); then O is rescaled and
+     * O += P V of tile t runs. Three K/V stages: tile t+2 loads into the stage tile t-1 used,
+     * which every warpgroup has finished with at the barrier. */
+    auto step = [&](int t, float *cur, float *nxt) {
+        if (t + 1 < n_tiles) {
+            cp_async_wait<0>(); /* this thread's copies of tile t+1 */
+            fence_proxy_async();
+        }
+        __syncthreads();
+        if (t + 2 < n_tiles) {
+            load_kv(t + 2, (t + 2) % NSTAGE);
+            cp_async_commit();
+        }
+        if (t + 1 < n_tiles) issue_s(nxt, t + 1);
+        /* a private copy: writing the masks and exponentials into the accumulator registers of
+         * tile t while tile t+1's wgmma is in flight would make ptxas serialise the wgmma */
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = cur[i];
+        const int buf = t % NSTAGE;
 
         /* Range tiles know their key positions (off + column); column tiles read them from
          * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
@@ -247,6 +261,10 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
         }
         l0 = l0 * al0 + rs0;
         l1 = l1 * al1 + rs1;
+        /* S of tile t+1 done before O is touched: no other instruction may write a wgmma
+         * accumulator while wgmma of the same stage are in flight (ptxas would serialise). */
+        wgmma_wait0();
+        if (t + 1 < n_tiles) fence_operands<32>(nxt);
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             o[4 * i] *= al0;
@@ -262,6 +280,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
             a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
             a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
         }
+        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -271,7 +290,28 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
                       1);
         wgmma_commit();
         wgmma_wait0();
-        __syncthreads();
+        fence_operands<64>(o);
+    };
+
+    /* prologue: tiles 0 and 1 in flight, S of tile 0 computed */
+    load_kv(0, 0);
+    cp_async_commit();
+    if (n_tiles > 1) {
+        load_kv(1, 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float sa[32], sb[32];
+    issue_s(sa, 0);
+    wgmma_wait0();
+    fence_operands<32>(sa);
+    for (int t = 0; t < n_tiles; t += 2) {
+        step(t, sa, sb);
+        if (t + 1 < n_tiles) step(t + 1, sb, sa);
     }
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -298,7 +338,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
 }
 
 template <typename T, int NWG> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
-    const size_t smem = 1024 + (size_t)NWG * 64 * 256 + 4 * 64 * 256 + 2 * BN * sizeof(int);
+    const size_t smem = 1024 + (size_t)NWG * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
     auto kern = attn_fwd_sm90_kernel<T, NWG>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
