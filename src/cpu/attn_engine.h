@@ -293,39 +293,69 @@ static void tile_step(mi_tile *t, tile_mode mode, int64_t nk, const float *k, in
     }
 }
 
+/* Points kp / vp at nk key and value rows from k0 of (b, hk): in place for fp32 (no packing),
+ * else converted into t's scratch tiles. V only in MODE_ATTN. */
+static void load_kv(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v, int64_t b,
+                    int64_t hk, int64_t k0, int64_t nk, const float **kp, int64_t *ldk,
+                    const float **vp, int64_t *ldv) {
+    const int64_t D = t->D;
+    *vp = NULL;
+    *ldv = D;
+    if (k->dtype == MI_DTYPE_F32) {
+        *kp = (const float *)mi_cpu_row(k, b, hk, k0);
+        *ldk = k->stride[2];
+        if (mode == MODE_ATTN) {
+            *vp = (const float *)mi_cpu_row(v, b, hk, k0);
+            *ldv = v->stride[2];
+        }
+        return;
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        mi_cpu_load_f32(t->kb + j * D, mi_cpu_row(k, b, hk, k0 + j), k->dtype, D, 1.0f);
+    }
+    *kp = t->kb;
+    *ldk = D;
+    if (mode == MODE_ATTN) {
+        for (int64_t j = 0; j < nk; j++) {
+            mi_cpu_load_f32(t->vb + j * D, mi_cpu_row(v, b, hk, k0 + j), v->dtype, D, 1.0f);
+        }
+        *vp = t->vb;
+    }
+}
+
 /* Keys [lo, hi) of (b, hk) in tiles of 64. */
 static void visit_range(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
                         int64_t b, int64_t hk, int64_t lo, int64_t hi, const mask_params *mp,
                         float *vert, float *slash) {
-    const int64_t D = t->D;
     for (int64_t k0 = lo; k0 < hi; k0 += MI_BS) {
         const int64_t nk = mi_cpu_min64(MI_BS, hi - k0);
         for (int64_t j = 0; j < nk; j++) t->kpos[j] = (int32_t)(k0 + j);
-        const float *kp, *vp = NULL;
-        int64_t ldk, ldv = D;
-        if (k->dtype == MI_DTYPE_F32) {
-            /* fp32 rows are read in place: no packing */
-            kp = (const float *)mi_cpu_row(k, b, hk, k0);
-            ldk = k->stride[2];
-            if (mode == MODE_ATTN) {
-                vp = (const float *)mi_cpu_row(v, b, hk, k0);
-                ldv = v->stride[2];
-            }
-        } else {
-            for (int64_t j = 0; j < nk; j++) {
-                mi_cpu_load_f32(t->kb + j * D, mi_cpu_row(k, b, hk, k0 + j), k->dtype, D, 1.0f);
-            }
-            kp = t->kb;
-            ldk = D;
-            if (mode == MODE_ATTN) {
-                for (int64_t j = 0; j < nk; j++) {
-                    mi_cpu_load_f32(t->vb + j * D, mi_cpu_row(v, b, hk, k0 + j), v->dtype, D,
-                                    1.0f);
-                }
-                vp = t->vb;
-            }
-        }
+        const float *kp, *vp;
+        int64_t ldk, ldv;
+        load_kv(t, mode, k, v, b, hk, k0, nk, &kp, &ldk, &vp, &ldv);
         tile_step(t, mode, nk, kp, ldk, vp, ldv, mp, vert, slash);
+    }
+}
+
+/* Dense causal attention of G row-block tiles at once (t[0..G), rows already loaded): each key
+ * tile is loaded once and applied to every block that sees it, so K and V stream from memory
+ * once per G blocks instead of once per block (at 16K+ keys they no longer fit in L2). */
+static void visit_dense_group(mi_tile *const *t, int G, const mi_tensor *k, const mi_tensor *v,
+                              int64_t b, int64_t hk) {
+    const mask_params mp = {0, INT64_MAX, INT64_MAX};
+    int64_t hi = 0;
+    for (int g = 0; g < G; g++) hi = mi_cpu_max64(hi, t[g]->r0 + t[g]->nr);
+    for (int64_t k0 = 0; k0 < hi; k0 += MI_BS) {
+        const float *kp, *vp;
+        int64_t ldk, ldv;
+        load_kv(t[0], MODE_ATTN, k, v, b, hk, k0, mi_cpu_min64(MI_BS, hi - k0), &kp, &ldk, &vp,
+                &ldv);
+        for (int g = 0; g < G; g++) {
+            const int64_t nk = mi_cpu_min64(MI_BS, t[g]->r0 + t[g]->nr - k0);
+            if (nk <= 0) continue;
+            for (int64_t j = 0; j < nk; j++) t[g]->kpos[j] = (int32_t)(k0 + j);
+            tile_step(t[g], MODE_ATTN, nk, kp, ldk, vp, ldv, &mp, NULL, NULL);
+        }
     }
 }
 
@@ -428,13 +458,17 @@ static void zero_rows(mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t 
     }
 }
 
+/* Row blocks per work item: dense jobs share each K/V tile among the group (visit_dense_group);
+ * other kinds run the group's blocks one after another. */
+#define GROUP 4
+
 mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
-                          const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
-                          int64_t n_jobs, float scale, mi_tensor *out, float *lse) {
-    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS;
+                                  const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
+                                  int64_t n_jobs, float scale, mi_tensor *out, float *lse) {
+    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, NG = (R + GROUP - 1) / GROUP;
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
-    mi_tile *tiles[nt];
-    for (int i = 0; i < nt; i++) {
+    mi_tile *tiles[nt * GROUP];
+    for (int i = 0; i < nt * GROUP; i++) {
         tiles[i] = mi_cpu_tile_alloc(s->head_dim);
         if (!tiles[i]) {
             for (int j = 0; j < i; j++) mi_cpu_tile_free(tiles[j]);
@@ -442,23 +476,36 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
         }
     }
     const float mul = scale * 1.4426950408889634f;
-    const int64_t n_items = n_jobs * R;
+    const int64_t n_items = n_jobs * NG;
     /* Later row blocks see more keys: hand them out first so the dynamic schedule ends evenly. */
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; it++) {
-        mi_tile *t = tiles[omp_get_thread_num()];
-        const int64_t m = R - 1 - it / n_jobs;
+        mi_tile **t = tiles + omp_get_thread_num() * GROUP;
+        const int64_t grp = NG - 1 - it / n_jobs;
         const mi_attn_job *job = &jobs[it % n_jobs];
-        const int64_t r0 = m * MI_BS, r1 = mi_cpu_min64(r0 + MI_BS, L);
-        const int64_t nr = mi_cpu_max64(0, mi_cpu_min64(r1, job->len) - r0);
-        if (nr > 0) {
-            tile_begin(t, q, job->b, job->h, r0, nr, mul);
-            visit_job(t, MODE_ATTN, k, v, job, job->h / s->group);
-            tile_finish(t, out, lse, job->b, job->h, L, s->heads_q);
+        const int64_t hk = job->h / s->group;
+        int n_live = 0;
+        for (int g = 0; g < GROUP; g++) {
+            const int64_t r0 = (grp * GROUP + g) * MI_BS;
+            if (r0 >= L) break;
+            const int64_t r1 = mi_cpu_min64(r0 + MI_BS, L);
+            const int64_t nr = mi_cpu_max64(0, mi_cpu_min64(r1, job->len) - r0);
+            zero_rows(out, lse, job->b, job->h, r0 + nr, r1, L, s->heads_q);
+            if (nr == 0) continue;
+            tile_begin(t[n_live], q, job->b, job->h, r0, nr, mul);
+            if (job->kind != MI_JOB_DENSE) {
+                visit_job(t[n_live], MODE_ATTN, k, v, job, hk);
+                tile_finish(t[n_live], out, lse, job->b, job->h, L, s->heads_q);
+            } else {
+                n_live++;
+            }
         }
-        zero_rows(out, lse, job->b, job->h, r0 + nr, r1, L, s->heads_q);
+        if (n_live > 0) {
+            visit_dense_group(t, n_live, k, v, job->b, hk);
+            for (int g = 0; g < n_live; g++) tile_finish(t[g], out, lse, job->b, job->h, L, s->heads_q);
+        }
     }
-    for (int i = 0; i < nt; i++) mi_cpu_tile_free(tiles[i]);
+    for (int i = 0; i < nt * GROUP; i++) mi_cpu_tile_free(tiles[i]);
     return MI_STATUS_SUCCESS;
 }
 
