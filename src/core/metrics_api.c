@@ -35,10 +35,21 @@ mi_status mi_metrics_rel_l2(mi_context *ctx, const mi_tensor *out, const mi_tens
     if (!rel_err) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "rel_err is NULL");
     if (ctx->params.device != MI_DEVICE_CPU)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "metrics are computed on CPU contexts");
-    mi_attn_shape s;
-    /* out plays q's role and ref the output's, so shape and dtype must agree exactly. */
-    mi_status st = mi_check_attention(ctx, out, NULL, NULL, ref, seq_lens, &s);
+    mi_status st = mi_check_tensor(ctx, out, "out");
+    if (st == MI_STATUS_SUCCESS) st = mi_check_tensor(ctx, ref, "ref");
     if (st != MI_STATUS_SUCCESS) return st;
-    if (!ref) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "ref is NULL");
+    /* Both operands are only read, so out and ref may be the same buffer. */
+    for (int i = 0; i < 4; i++)
+        if (out->shape[i] != ref->shape[i])
+            return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "out and ref differ in dim %d (%lld vs %lld)",
+                           i, (long long)out->shape[i], (long long)ref->shape[i]);
+    if (out->dtype != ref->dtype)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "out is %s but ref is %s",
+                       mi_dtype_name(out->dtype), mi_dtype_name(ref->dtype));
+    if (out->device != MI_DEVICE_CPU || ref->device != MI_DEVICE_CPU)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "metrics read CPU tensors only");
+    mi_attn_shape s;
+    st = mi_check_attention(ctx, out, NULL, NULL, NULL, seq_lens, &s);
+    if (st != MI_STATUS_SUCCESS) return st;
     return mi_cpu_metrics_rel_l2(ctx, &s, out, ref, seq_lens, rel_err);
 }
