@@ -47,6 +47,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Process CPU time (all threads): next to wall time it shows when other processes held the
+ * cores during a measurement. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static char *read_text(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -101,22 +110,38 @@ static char *default_model(void)
     return strdup(line);
 }
 
-/* OpenBLAS picks its kernels from the CPU model and, on CPUs it does not recognise (common in
- * virtual machines), falls back to SSE3 kernels at a fraction of the speed, which would dominate
- * the prefill. The kernel set is fixed when the library loads, so set OPENBLAS_CORETYPE from the
- * CPU's features and run the same command again (the command line comes from /proc/self/cmdline
- * because the dispatcher hands us only the options). */
-static void prefer_fast_blas(void)
+/* Runtime settings that libraries read once when they load, so they are set here and the same
+ * command runs again (its command line comes from /proc/self/cmdline because the dispatcher
+ * hands us only the options):
+ *  - OpenBLAS picks its kernels from the CPU model and, on CPUs it does not recognise (common in
+ *    virtual machines), falls back to SSE3 kernels at a fraction of the speed;
+ *  - OpenMP threads spin-wait between parallel regions by default, which collapses throughput
+ *    (by 20x measured on a shared two-core machine) whenever another process holds a core;
+ *    decode opens hundreds of short regions per token, so waiting threads sleep instead.
+ * Either is left alone when the user set it. */
+static void prepare_runtime(void)
 {
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__linux__) && defined(__GNUC__)
+    bool again = false;
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        again = true;
+    }
+#if defined(__x86_64__)
     const char *config = openblas_get_config();
-    if (getenv("OPENBLAS_CORETYPE") || !config || !strstr(config, "Prescott"))
-        return;
-    __builtin_cpu_init();
-    const char *core = __builtin_cpu_supports("avx512f")                                 ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
-                                                                                          : NULL;
-    if (!core)
+    if (!getenv("OPENBLAS_CORETYPE") && config && strstr(config, "Prescott")) {
+        __builtin_cpu_init();
+        const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                               ? "Haswell"
+                               : NULL;
+        if (core) {
+            setenv("OPENBLAS_CORETYPE", core, 1);
+            again = true;
+        }
+    }
+#endif
+    if (!again)
         return;
     FILE *f = fopen("/proc/self/cmdline", "rb");
     if (!f)
@@ -132,9 +157,8 @@ static void prefer_fast_blas(void)
     for (size_t i = 0; i < n && na < 1023; i += strlen(buf + i) + 1)
         args[na++] = buf + i;
     args[na] = NULL;
-    setenv("OPENBLAS_CORETYPE", core, 1);
     execv("/proc/self/exe", args);
-    /* exec failed: carry on with the kernels OpenBLAS chose */
+    /* exec failed: carry on with the settings as they are */
 #endif
 }
 
@@ -177,7 +201,7 @@ int mi_cmd_generate(int argc, char **argv)
     bool chat = false, quiet = false;
     mi_chat_template tmpl = MI_CHAT_AUTO;
 
-    prefer_fast_blas();
+    prepare_runtime();
 
     /* argv holds the options only (the dispatcher strips "minference generate"). */
     for (int i = 0; i < argc; i++) {
@@ -351,16 +375,16 @@ int mi_cmd_generate(int argc, char **argv)
     progress_state ps = {now_s(), false};
     if (!quiet)
         mi_model_set_progress(model, on_progress, &ps);
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     st = mi_model_prefill(model, tokens, n_tok, logits);
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: prefill failed: %s\n", mi_model_last_error(model));
         goto done;
     }
     mi_model_set_progress(model, NULL, NULL);
-    double t_prefill = now_s() - t0, ttft = 0;
+    double t_prefill = now_s() - t0, c_prefill = cpu_s() - c0, ttft = 0;
     long long n_gen = 0, n_dec = 0;
-    double t_dec0 = now_s();
+    double t_dec0 = now_s(), c_dec0 = cpu_s();
     char piece[256];
     for (long long i = 0; i < max_new; i++) {
         int32_t next = mi_argmax(logits, info.vocab);
@@ -385,7 +409,7 @@ int mi_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
-    double t_dec = now_s() - t_dec0;
+    double t_dec = now_s() - t_dec0, c_dec = cpu_s() - c_dec0;
     printf("\n");
     fflush(stdout);
     if (!quiet) {
@@ -394,13 +418,13 @@ int mi_cmd_generate(int argc, char **argv)
         double dec_steps = (double)n_dec;
         fprintf(stderr,
                 "prompt tokens: %zu\n"
-                "prefill: %.3f s (%.1f tokens/s)\n"
+                "prefill: %.3f s (%.1f tokens/s), cpu %.3f s\n"
                 "TTFT: %.3f s\n"
                 "generated tokens: %lld\n"
-                "decode: %.1f tokens/s\n"
+                "decode: %.1f tokens/s, cpu %.3f s\n"
                 "peak RSS: %.1f MiB\n",
-                n_tok, t_prefill, (double)n_tok / (t_prefill > 0 ? t_prefill : 1e-9), ttft, n_gen,
-                dec_steps > 0 && t_dec > 0 ? dec_steps / t_dec : 0.0,
+                n_tok, t_prefill, (double)n_tok / (t_prefill > 0 ? t_prefill : 1e-9), c_prefill,
+                ttft, n_gen, dec_steps > 0 && t_dec > 0 ? dec_steps / t_dec : 0.0, c_dec,
                 (double)ru.ru_maxrss / 1024.0);
     }
     rc = 0;

@@ -98,6 +98,51 @@ void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, flo
     mim_pool_run(m->pool, w->rows, sgemm_task, &j);
 }
 
+/* Several matrices of the same input in one parallel region (q/k/v, gate/up): decode is a
+ * chain of short GEMVs, and each region costs a fork/join. Prefill rows go to mim_matmul. */
+typedef struct multi_job {
+    const mim_weight *w[3];
+    float *out[3];
+    int64_t first[4]; /* global row index where each matrix starts; first[count] = total */
+    int count;
+    const float *x;
+} multi_job;
+
+static void multi_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    const multi_job *j = arg;
+    int k = 0;
+    for (int64_t g = b; g < e; g++) {
+        while (g >= j->first[k + 1])
+            k++;
+        const mim_weight *w = j->w[k];
+        const int64_t r = g - j->first[k];
+        j->out[k][r] = mim_dot_row(w->type, (const unsigned char *)w->data + (size_t)r * w->row_bytes,
+                                   j->x, w->cols);
+    }
+}
+
+static void matmul_multi(mi_model *m, const float *x, int64_t n, int count,
+                         const mim_weight *const *ws, float *const *outs, const int64_t *ldos)
+{
+    if (n != 1) {
+        for (int i = 0; i < count; i++)
+            mim_matmul(m, x, n, ws[i], outs[i], ldos[i]);
+        return;
+    }
+    multi_job j;
+    memset(&j, 0, sizeof(j));
+    j.count = count;
+    j.x = x;
+    for (int i = 0; i < count; i++) {
+        j.w[i] = ws[i];
+        j.out[i] = outs[i];
+        j.first[i + 1] = j.first[i] + ws[i]->rows;
+    }
+    mim_pool_run(m->pool, j.first[count], multi_task, &j);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Elementwise pieces                                                                          */
 
@@ -327,9 +372,12 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         const mim_layer *L = &m->layers[l];
         float *kc = m->k_cache[l] + n_past * kvd, *vc = m->v_cache[l] + n_past * kvd;
         rmsnorm(b.x, L->attn_norm, b.h, n, D, m->eps);
-        mim_matmul(m, b.h, n, &L->wq, b.q, qd);
-        mim_matmul(m, b.h, n, &L->wk, kc, kvd);
-        mim_matmul(m, b.h, n, &L->wv, vc, kvd);
+        {
+            const mim_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
+            float *outs[3] = {b.q, kc, vc};
+            const int64_t ldos[3] = {qd, kvd, kvd};
+            matmul_multi(m, b.h, n, 3, ws, outs, ldos);
+        }
         add_bias(b.q, L->bq, n, qd, qd);
         add_bias(kc, L->bk, n, kvd, kvd);
         add_bias(vc, L->bv, n, kvd, kvd);
@@ -362,8 +410,10 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
             int64_t c = n - c0 < chunk ? n - c0 : chunk;
             float *xc = b.x + c0 * D;
             rmsnorm(xc, L->ffn_norm, b.h, c, D, m->eps);
-            mim_matmul(m, b.h, c, &L->wg, b.g, m->ffn);
-            mim_matmul(m, b.h, c, &L->wu, b.u, m->ffn);
+            const mim_weight *ws[2] = {&L->wg, &L->wu};
+            float *outs[2] = {b.g, b.u};
+            const int64_t ldos[2] = {m->ffn, m->ffn};
+            matmul_multi(m, b.h, c, 2, ws, outs, ldos);
             for (int64_t i = 0; i < c * m->ffn; i++) {
                 float g = b.g[i];
                 b.g[i] = g / (1.0f + expf(-g)) * b.u[i];
