@@ -270,6 +270,49 @@ static void test_formats_agree(bool qwen2)
     mi_model_destroy(b);
 }
 
+static void write_text(const char *path, const char *text)
+{
+    tbuf b = {(unsigned char *)text, strlen(text), 0};
+    CHECK(tb_write(&b, path), "write %s", path);
+}
+
+/* Hugging Face directories that cannot load: a clear status and a message naming the cause. */
+static void test_hf_errors(void)
+{
+    char dir[512], path[600], err[512];
+    mi_model *m = NULL;
+    snprintf(dir, sizeof(dir), "%s/hf_bad", g_dir);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    write_text(path, "{\"model_type\": \"gpt_neox\", \"hidden_size\": 64}");
+    mi_status st = mi_model_load(dir, NULL, &m, err, sizeof(err));
+    CHECK(st == MI_STATUS_UNSUPPORTED && strstr(err, "gpt_neox"), "%s: %s", mi_status_name(st),
+          err);
+    write_text(path, "{\"model_type\": \"llama\", ");
+    st = mi_model_load(dir, NULL, &m, err, sizeof(err));
+    CHECK(st == MI_STATUS_PARSE_ERROR, "broken config.json: %s", mi_status_name(st));
+    write_text(path, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                     "\"num_attention_heads\": 5, \"num_key_value_heads\": 2, "
+                     "\"intermediate_size\": 96}");
+    st = mi_model_load(dir, NULL, &m, err, sizeof(err));
+    CHECK(st == MI_STATUS_PARSE_ERROR && strstr(err, "dimensions"), "5/2 heads: %s", err);
+
+    /* A shard cut short: the tiny model's first shard loses its last bytes. */
+    char good[512];
+    snprintf(good, sizeof(good), "%s/trunc_hf", g_dir);
+    snprintf(path, sizeof(path), "%s/trunc_hf.gguf", g_dir);
+    CHECK(tm_write(path, good, false, 5), "write");
+    snprintf(path, sizeof(path), "%s/model-00001-of-00002.safetensors", good);
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    CHECK(truncate(path, size - 64) == 0, "truncate");
+    st = mi_model_load(good, NULL, &m, err, sizeof(err));
+    CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL, "truncated shard: %s", mi_status_name(st));
+    printf("truncated shard: %s\n", err);
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof(g_dir), "/tmp/mi_model_test_%d", (int)getpid());
@@ -279,6 +322,7 @@ int main(void)
     test_unsupported_type();
     test_formats_agree(false);
     test_formats_agree(true);
+    test_hf_errors();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
