@@ -118,8 +118,8 @@ static void multi_task(void *arg, int64_t b, int64_t e, int thread)
             k++;
         const mim_weight *w = j->w[k];
         const int64_t r = g - j->first[k];
-        j->out[k][r] = mim_dot_row(w->type, (const unsigned char *)w->data + (size_t)r * w->row_bytes,
-                                   j->x, w->cols);
+        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * w->row_bytes;
+        j->out[k][r] = mim_dot_row(w->type, row, j->x, w->cols);
     }
 }
 
@@ -386,7 +386,8 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         if (n_past == 0 && n > 1) {
             if ((st = layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS)
                 break;
-            mi_tensor tq = mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
+            mi_tensor tq =
+                mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
             mi_tensor tk = mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n,
                                           m->hd);
             mi_tensor tv = mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n,

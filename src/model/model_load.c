@@ -95,8 +95,8 @@ static tref lookup(const mi_model *m, const char *name)
     return r;
 }
 
-static mi_status get_tensor(mi_model *m, const char *name, int64_t rows, int64_t cols, bool required,
-                            tref *out, char *err, size_t cap)
+static mi_status get_tensor(mi_model *m, const char *name, int64_t rows, int64_t cols,
+                            bool required, tref *out, char *err, size_t cap)
 {
     *out = lookup(m, name);
     if (!out->found) {

@@ -9,7 +9,7 @@
  *
  * Block layouts (32 elements each, little endian):
  *   Q8_0: f16 d, int8 q[32]            x = d * q
- *   Q4_0: f16 d, u8 q[16]              x[j] = d * ((q[j] & 15) - 8), x[j+16] = d * ((q[j] >> 4) - 8)
+ *   Q4_0: f16 d, u8 q[16]              x[j] = d ((q[j] & 15) - 8), x[j+16] = d ((q[j] >> 4) - 8)
  *   Q4_1: f16 d, f16 m, u8 q[16]       x[j] = d * (q[j] & 15) + m,   x[j+16] = d * (q[j] >> 4) + m
  */
 #include "model_internal.h"

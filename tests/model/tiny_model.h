@@ -208,8 +208,8 @@ static inline void tm_add(tiny_model *t, const char *gguf, const char *hf, int64
         for (int64_t h = 0; h < perm_heads; h++)
             for (int64_t j = 0; j < hd / 2; j++)
                 for (int64_t s = 0; s < 2; s++)
-                    memcpy(tmp + (h * hd + 2 * j + s) * cols, src + (h * hd + s * hd / 2 + j) * cols,
-                           (size_t)cols * 4);
+                    memcpy(tmp + (h * hd + 2 * j + s) * cols,
+                           src + (h * hd + s * hd / 2 + j) * cols, (size_t)cols * 4);
         memcpy(m->q, tmp, n * 4);
         free(tmp);
     }
