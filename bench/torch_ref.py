@@ -380,8 +380,8 @@ def main():
     sections = args.sections.split(",")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                         text=True).strip()
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                         stderr=subprocess.DEVNULL).strip()
     except Exception:  # noqa: BLE001
         commit = os.environ.get("MI_COMMIT", "unknown")
     res = {"date": date, "gpu": torch.cuda.get_device_name(0), "commit": commit,

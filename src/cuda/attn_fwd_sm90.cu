@@ -9,8 +9,13 @@
  * row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
  * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
  * the register layout of the A operand) and V read transposed (MN-major B).
- * Tiles arrive by cp.async (any key positions, as sparse tiles need), double-buffered; the writes
- * are made visible to the async proxy with fence.proxy.async before the barrier.
+ * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
+ * to the async proxy with fence.proxy.async before the barrier.
+ * Two loops (numbers and history: dev/cuda/attn_dense_v3.cu, v4.cu):
+ *   - attn_fwd_sm90_kernel (dense, 2 warpgroups): three K/V stages, S of the next tile on the
+ *     tensor cores during the softmax of the current one (H200: 401-407 TFLOP/s);
+ *   - attn_fwd_sm90_1wg_kernel (64-row blocks: sparse, A-/Tri-shape): two stages, two CTAs per
+ *     SM (the pipelined loop fits only one there and is slower).
  */
 #include "attn_plan.cuh"
 
@@ -337,14 +342,258 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
 #endif
 }
 
-template <typename T, int NWG> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
-    const size_t smem = 1024 + (size_t)NWG * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
-    auto kern = attn_fwd_sm90_kernel<T, NWG>;
+/* One warpgroup per CTA (64-row sparse, A-shape and Tri-shape blocks): the two-stage loop of
+ * dev/cuda/attn_dense_v3.cu. The three-stage pipeline of the kernel above needs 114 KB of shared
+ * memory and 254 registers, which leaves one such CTA per SM; two CTAs per SM of this simpler
+ * loop were 1.5x faster on sparse tiles (H200: VS local 318-324 vs 197-200 effective TFLOP/s). */
+template <typename T, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 2)
+    attn_fwd_sm90_1wg_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+#ifdef MI_SM90_DEVICE
+    constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
+    using tr = dtype_traits<T>;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base =
+        reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base;
+    unsigned char *ks = qs + 2 * QHALF; /* [2 stages] */
+    unsigned char *vs = ks + 2 * KTILE; /* [2 stages] */
+    int *kpos = reinterpret_cast<int *>(vs + 2 * KTILE);
+
+    const int tid = threadIdx.x;
+    const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int m_blk = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int hk = h / p.group;
+    const int len = p.seq_lens[b];
+    const int rs = m_blk * BM;
+
+    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+
+    tile_plan tp;
+    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
+    const int n_tiles = tp.n_a + tp.n_b;
+
+    if (n_tiles == 0) {
+        const int rows = min(BM, p.len - rs);
+        for (int i = tid; i < rows * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
+                make_uint4(0, 0, 0, 0);
+        }
+        if (lseg)
+            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
+        return;
+    }
+
+    for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + r;
+        const bool ok = row < len;
+        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
+    }
+    /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
+     * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
+     * term is the same for all of them and every address is a base plus a constant. */
+    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
+    const int lr0 = tid / CPR, lc = tid % CPR;
+    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
+    const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
+    const T *kbase = kg + lr0 * ksl + lc * 8;
+    const T *vbase = vg + lr0 * vsl + lc * 8;
+    auto load_kv = [&](int t, int buf) {
+        unsigned char *kd = ks + buf * KTILE;
+        unsigned char *vd = vs + buf * KTILE;
+        if (t < tp.n_a) {
+            const int off = tile_offset(tp, t);
+            if (off >= 0 && off + BN <= len) {
+                const T *kp = kbase + off * ksl;
+                const T *vp = vbase + off * vsl;
+#pragma unroll
+                for (int i = 0; i < PASSES; ++i) {
+                    cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
+                    cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
+                }
+                return;
+            }
+        }
+#pragma unroll
+        for (int i = tid; i < BN * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int pos = tile_key(tp, t, r, len);
+            const bool ok = pos != MI_NO_KEY;
+            const int64_t row = ok ? pos : 0;
+            const uint32_t o = sw_off(r, c, KHALF);
+            cp_async_16(kd + o, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
+            cp_async_16(vd + o, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
+            if (c == 0) kpos[buf * BN + r] = pos;
+        }
+    };
+    load_kv(0, 0);
+    cp_async_commit();
+
+    const int g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int buf = t & 1;
+        if (t + 1 < n_tiles) {
+            load_kv(t + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        const uint32_t k_addr = smem_addr(ks + buf * KTILE);
+        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
+
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
+            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
+            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+
+        /* Range tiles know their key positions (off + column); column tiles read them from
+         * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
+        const bool range = t < tp.n_a;
+        const int off = range ? tile_offset(tp, t) : 0;
+        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
+                          off + BN - 1 < len && off + BN - 1 <= rs;
+        if (!full) {
+            const int *kp = kpos + buf * BN;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = 8 * j + 2 * cq + (e & 1);
+                    int key = range ? off + col : kp[col];
+                    if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    bool vis = key <= row;
+                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
+                                      row >= tp.tri_start);
+                    if (!vis) s[4 * j + e] = -INFINITY;
+                }
+            }
+        }
+        /* running max in scaled base-2 units (scale > 0, so max and scale commute) */
+        const float sc = p.scale_log2;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
+        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
+        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
+            rs0 += s[4 * j] + s[4 * j + 1];
+            rs1 += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            o[4 * i] *= al0;
+            o[4 * i + 1] *= al0;
+            o[4 * i + 2] *= al1;
+            o[4 * i + 3] *= al1;
+        }
+        uint32_t a[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            a[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
+            a[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+            a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+            a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg<T>::rs(o, a[kk],
+                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
+                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
+                      1);
+        wgmma_commit();
+        wgmma_wait0();
+        __syncthreads();
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int c = 8 * i + 2 * cq;
+        if (qrow0 < p.len)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * p.o_stride[2] + c) =
+                tr::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (qrow1 < p.len)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * p.o_stride[2] + c) =
+                tr::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+#endif
+}
+
+template <typename K>
+static cudaError_t launch_kernel(K kern, const mi_cuda_attn_params &p, int bm, int threads,
+                                 size_t smem, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.len + NWG * 64 - 1) / (NWG * 64), p.batch * p.heads);
-    kern<<<grid, NWG * 128, smem, st>>>(p);
+    dim3 grid((p.len + bm - 1) / bm, p.batch * p.heads);
+    kern<<<grid, threads, smem, st>>>(p);
     return cudaGetLastError();
+}
+
+template <typename T, int NWG> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    if constexpr (NWG == 2) {
+        const size_t smem = 1024 + 2 * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
+        return launch_kernel(attn_fwd_sm90_kernel<T, 2>, p, 128, 256, smem, st);
+    } else {
+        const size_t smem = 1024 + 64 * 256 + 4 * 64 * 256 + 2 * BN * sizeof(int);
+        return launch_kernel(attn_fwd_sm90_1wg_kernel<T, 1>, p, 64, 128, smem, st);
+    }
 }
 
 } // namespace mi_cuda

@@ -1,0 +1,403 @@
+/*
+ * dev/cuda/attn_dense_v4.cu: experiment 4, v3 plus a software pipeline (snapshot of
+ * src/cuda/attn_fwd_sm90.cu at 5078b1a): three K/V stages; at step t the wgmma of S(t+1) runs
+ * while the warpgroup does the softmax of tile t (mask, max, exp2, sums); then S(t+1) is waited,
+ * O rescaled and O += P V(t) issued. Two pitfalls met on the way (ptxas C7515, "wgmma serialized
+ * due to non wgmma instructions defining accumulator registers"): writing the masks and
+ * exponentials in place into the accumulator registers of tile t, and rescaling O, while S(t+1)
+ * is in flight both serialise every wgmma; a private copy of the scores and waiting S(t+1)
+ * before touching O avoid it. 254 registers, 114 KB of shared memory.
+ *
+ * Reached on an NVIDIA H200 (CUDA 13.0, bf16, D = 128, causal; 334/334 GPU tests):
+ *   dense  2 warpgroups: 32K 401 TFLOP/s (0.685 ms/head), 128K 406, 512K 407, 1M 404
+ *          (697 ms/head) = 0.67 / 0.72 / 0.85 / 0.87x cuDNN SDPA in the same run
+ *   1 warpgroup (sparse 64-row blocks): only one CTA per SM fits (254 registers x 128 threads
+ *          x 2 would, 2 x 114 KB of shared memory does not): VS local 197-200, mixed 267-270,
+ *          small 167-171 effective TFLOP/s, i.e. slower than v3 (318-324 / 378-387 / 256-280).
+ * Outcome: src/cuda runs v4 for dense (2 warpgroups) and v3 for 64-row blocks.
+ */
+/*
+ * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA
+ * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
+ * attn_fwd.cu.
+ *
+ * A CTA has NWG warpgroups of 64 query rows each (NWG = 2 for dense, 1 for 64-row sparse / A-shape
+ * blocks). Q, K and V tiles sit in shared memory in the 128-byte-swizzled K-major layout wgmma
+ * reads directly: each 128-column row is split in two 64-column halves, and 16-byte chunk c of
+ * row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
+ * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
+ * the register layout of the A operand) and V read transposed (MN-major B).
+ * Tiles arrive by cp.async (any key positions, as sparse tiles need), double-buffered; the writes
+ * are made visible to the async proxy with fence.proxy.async before the barrier.
+ */
+#include "../../src/cuda/attn_plan.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MI_SM90_DEVICE 1
+#endif
+
+namespace mi_cuda {
+
+#ifdef MI_SM90_DEVICE
+#include "../../src/cuda/wgmma_ops.cuh"
+
+template <typename T> struct wg;
+template <> struct wg<__nv_bfloat16> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_bf16(d, a, b, sc);
+    }
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
+    }
+};
+template <> struct wg<__half> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_f16(d, a, b, sc);
+    }
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n128_tb_f16(d, a, b, sc);
+    }
+};
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* Pins accumulator registers in place around asynchronous wgmma (no instruction emitted): the
+ * compiler may not move or reuse them across these points. */
+template <int N> __device__ __forceinline__ void fence_operands(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+#endif
+
+/* Byte offset of 16-byte chunk c (0..15) of row r in a swizzled [2 halves][rows][128 B] tile. */
+__device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
+    return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* wgmma shared-memory descriptor, 128-byte swizzle. */
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
+}
+
+template <typename T, int NWG>
+__global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
+    attn_fwd_sm90_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+#ifdef MI_SM90_DEVICE
+    constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF, NSTAGE = 3;
+    using tr = dtype_traits<T>;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base =
+        reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base;
+    unsigned char *ks = qs + 2 * QHALF;      /* [NSTAGE] */
+    unsigned char *vs = ks + NSTAGE * KTILE; /* [NSTAGE] */
+    int *kpos = reinterpret_cast<int *>(vs + NSTAGE * KTILE);
+
+    const int tid = threadIdx.x;
+    const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int m_blk = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int hk = h / p.group;
+    const int len = p.seq_lens[b];
+    const int rs = m_blk * BM;
+
+    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+
+    tile_plan tp;
+    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
+    const int n_tiles = tp.n_a + tp.n_b;
+
+    if (n_tiles == 0) {
+        const int rows = min(BM, p.len - rs);
+        for (int i = tid; i < rows * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
+                make_uint4(0, 0, 0, 0);
+        }
+        if (lseg)
+            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
+        return;
+    }
+
+    for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + r;
+        const bool ok = row < len;
+        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
+    }
+    /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
+     * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
+     * term is the same for all of them and every address is a base plus a constant. */
+    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
+    const int lr0 = tid / CPR, lc = tid % CPR;
+    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
+    const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
+    const T *kbase = kg + lr0 * ksl + lc * 8;
+    const T *vbase = vg + lr0 * vsl + lc * 8;
+    auto load_kv = [&](int t, int buf) {
+        unsigned char *kd = ks + buf * KTILE;
+        unsigned char *vd = vs + buf * KTILE;
+        if (t < tp.n_a) {
+            const int off = tile_offset(tp, t);
+            if (off >= 0 && off + BN <= len) {
+                const T *kp = kbase + off * ksl;
+                const T *vp = vbase + off * vsl;
+#pragma unroll
+                for (int i = 0; i < PASSES; ++i) {
+                    cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
+                    cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
+                }
+                return;
+            }
+        }
+#pragma unroll
+        for (int i = tid; i < BN * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int pos = tile_key(tp, t, r, len);
+            const bool ok = pos != MI_NO_KEY;
+            const int64_t row = ok ? pos : 0;
+            const uint32_t o = sw_off(r, c, KHALF);
+            cp_async_16(kd + o, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
+            cp_async_16(vd + o, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
+            if (c == 0) kpos[buf * BN + r] = pos;
+        }
+    };
+    const int g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
+
+    /* S = Q K^T of tile t into s, issued asynchronously (committed, not waited). */
+    auto issue_s = [&](float *s, int t) {
+        const uint32_t k_addr = smem_addr(ks + (t % NSTAGE) * KTILE);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
+            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
+            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        fence_operands<32>(s);
+    };
+
+    /* One step of the software pipeline: S of tile t+1 runs on the tensor cores while this
+     * warpgroup does the softmax of tile t (masks, max, exp2, sums); then O is rescaled and
+     * O += P V of tile t runs. Three K/V stages: tile t+2 loads into the stage tile t-1 used,
+     * which every warpgroup has finished with at the barrier. */
+    auto step = [&](int t, float *cur, float *nxt) {
+        if (t + 1 < n_tiles) {
+            cp_async_wait<0>(); /* this thread's copies of tile t+1 */
+            fence_proxy_async();
+        }
+        __syncthreads();
+        if (t + 2 < n_tiles) {
+            load_kv(t + 2, (t + 2) % NSTAGE);
+            cp_async_commit();
+        }
+        if (t + 1 < n_tiles) issue_s(nxt, t + 1);
+        /* a private copy: writing the masks and exponentials into the accumulator registers of
+         * tile t while tile t+1's wgmma is in flight would make ptxas serialise the wgmma */
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = cur[i];
+        const int buf = t % NSTAGE;
+
+        /* Range tiles know their key positions (off + column); column tiles read them from
+         * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
+        const bool range = t < tp.n_a;
+        const int off = range ? tile_offset(tp, t) : 0;
+        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
+                          off + BN - 1 < len && off + BN - 1 <= rs;
+        if (!full) {
+            const int *kp = kpos + buf * BN;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = 8 * j + 2 * cq + (e & 1);
+                    int key = range ? off + col : kp[col];
+                    if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    bool vis = key <= row;
+                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
+                                      row >= tp.tri_start);
+                    if (!vis) s[4 * j + e] = -INFINITY;
+                }
+            }
+        }
+        /* running max in scaled base-2 units (scale > 0, so max and scale commute) */
+        const float sc = p.scale_log2;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
+        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
+        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
+            rs0 += s[4 * j] + s[4 * j + 1];
+            rs1 += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+        /* S of tile t+1 done before O is touched: no other instruction may write a wgmma
+         * accumulator while wgmma of the same stage are in flight (ptxas would serialise). */
+        wgmma_wait0();
+        if (t + 1 < n_tiles) fence_operands<32>(nxt);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            o[4 * i] *= al0;
+            o[4 * i + 1] *= al0;
+            o[4 * i + 2] *= al1;
+            o[4 * i + 3] *= al1;
+        }
+        uint32_t a[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            a[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
+            a[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+            a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+            a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg<T>::rs(o, a[kk],
+                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
+                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
+                      1);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operands<64>(o);
+    };
+
+    /* prologue: tiles 0 and 1 in flight, S of tile 0 computed */
+    load_kv(0, 0);
+    cp_async_commit();
+    if (n_tiles > 1) {
+        load_kv(1, 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float sa[32], sb[32];
+    issue_s(sa, 0);
+    wgmma_wait0();
+    fence_operands<32>(sa);
+    for (int t = 0; t < n_tiles; t += 2) {
+        step(t, sa, sb);
+        if (t + 1 < n_tiles) step(t + 1, sb, sa);
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int c = 8 * i + 2 * cq;
+        if (qrow0 < p.len)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * p.o_stride[2] + c) =
+                tr::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (qrow1 < p.len)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * p.o_stride[2] + c) =
+                tr::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+#endif
+}
+
+template <typename T, int NWG> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    const size_t smem = 1024 + (size_t)NWG * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
+    auto kern = attn_fwd_sm90_kernel<T, NWG>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid((p.len + NWG * 64 - 1) / (NWG * 64), p.batch * p.heads);
+    kern<<<grid, NWG * 128, smem, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace mi_cuda
+
+/* Whether the Hopper kernels can run here: built for sm_90a, a compute capability 9.0 device, and
+ * not disabled with MI_CUDA_DISABLE_SM90=1 (to compare both paths on one GPU). */
+extern "C" int mi_cuda_sm90_usable(void) {
+#ifdef MI_HAVE_SM90A
+    static int cached = -1;
+    if (cached < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        const char *off = getenv("MI_CUDA_DISABLE_SM90");
+        cached = major == 9 && minor == 0 && !(off && off[0] == '1');
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, int block_m,
+                                                cudaStream_t st) {
+    const bool bf = p->dtype == MI_DTYPE_BF16;
+    mi_cuda_attn_params q = *p;
+    const char *sw = getenv("MI_CUDA_SM90_VDESC_SWAP");
+    q.sm90_flags = sw && sw[0] == '1';
+    p = &q;
+    /* MI_CUDA_SM90_DENSE_BM=64: dense with one warpgroup per CTA, two CTAs per SM (experiment) */
+    const char *bm = getenv("MI_CUDA_SM90_DENSE_BM");
+    if (bm && bm[0] == '6') block_m = 64;
+    if (block_m == 128)
+        return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, st)
+                  : mi_cuda::launch_sm90<__half, 2>(*p, st);
+    return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 1>(*p, st) : mi_cuda::launch_sm90<__half, 1>(*p, st);
+}
