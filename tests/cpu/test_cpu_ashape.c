@@ -71,6 +71,7 @@ int main(int argc, char **argv) {
         {MI_DTYPE_F16, true, 2, 4, 2, 500, 64, 7, 90, 33, {500, 129}, true},
         {MI_DTYPE_F32, false, 2, 2, 1, 200, 128, 16, 40, 0, {0, 70}, true},
         {MI_DTYPE_F32, false, 1, 1, 1, 4099, 128, 128, 1000, 100, {0, 0}, false},
+        {MI_DTYPE_F16, false, 1, 2, 1, 333, 96, 10, 77, 20, {0, 0}, false}, /* D = 96 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_ashape(ctx, &cases[i], &r);
     mi_context_destroy(ctx);

@@ -1,6 +1,7 @@
 /*
  * test_cpu_dense.c: dense causal attention and its LSE against the float64 reference, over
- * lengths around the 64-row tile (1, 63, 64, 65, 1000, 4099), GQA groups 1/4/8, D 64/128, all
+ * lengths around the 64-row tile (1, 63, 64, 65, 1000, 4099), GQA groups 1/4/8, D 64/128 (and
+ * 3, 200, 256), all
  * dtypes, both layouts, batches with different lengths (including an empty sequence) and a
  * custom softmax scale.
  */
@@ -88,6 +89,13 @@ int main(int argc, char **argv) {
     run_dense(ctx, &v2, &r);
     dense_case v3 = {MI_DTYPE_F16, true, 2, 8, 2, 300, 128, {300, 65}, true, 0.05f};
     run_dense(ctx, &v3, &r);
+    /* head sizes that are not multiples of the register block or the vector width */
+    dense_case d3 = {MI_DTYPE_F32, false, 1, 2, 1, 130, 3, {0, 0}, false, 0.0f};
+    run_dense(ctx, &d3, &r);
+    dense_case d200 = {MI_DTYPE_F16, true, 1, 2, 2, 100, 200, {0, 0}, false, 0.0f};
+    run_dense(ctx, &d200, &r);
+    dense_case d256 = {MI_DTYPE_BF16, false, 1, 1, 1, 70, 256, {0, 0}, false, 0.0f};
+    run_dense(ctx, &d256, &r);
     /* long sequences, a few only: the float64 reference is quadratic */
     dense_case l1 = {MI_DTYPE_F32, false, 1, 1, 1, 4099, 128, {0, 0}, false, 0.0f};
     run_dense(ctx, &l1, &r);
