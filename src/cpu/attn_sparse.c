@@ -8,7 +8,9 @@
  * sequence; phase 2 the gathered columns, 64 per tile; one online softmax across both phases.
  * Unlike the original, the causal mask is applied in both phases, so any index is safe: keys after
  * a row (and keys >= seq_len) never contribute, whatever the index holds. Counts are clamped to
- * the index capacities and out-of-range entries skipped.
+ * the index capacities and out-of-range entries skipped. The index is read as a list: a key
+ * listed twice (overlapping ranges, or a column inside a range) is counted twice, as in the
+ * original; the library's own index builders never list a key twice.
  */
 #include "cpu_common.h"
 
