@@ -7,6 +7,8 @@ int mi_cmd_bench(int argc, char **argv);
 int mi_cmd_info(int argc, char **argv);
 int mi_cmd_config(int argc, char **argv);
 int mi_cmd_generate(int argc, char **argv);
+int mi_cmd_search(int argc, char **argv);
+int mi_cmd_eval(int argc, char **argv);
 
 /* Makes OpenBLAS use the CPU's real kernels for the bench's sgemm reference (may re-execute
  * the tool with OPENBLAS_CORETYPE set; returns when nothing needs doing). */
