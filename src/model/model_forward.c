@@ -180,47 +180,54 @@ typedef struct cont_job {
     float scale;
 } cont_job;
 
-/* One (row, head) per task item; online softmax over keys 0..n_past+row, so no score buffer. */
+/* One (row, head) per task item, in three passes over the keys (scores, exponentials, weighted
+ * values) so that each inner loop is a plain vectorisable loop over head_dim; the scores need
+ * one buffer of the context length per task range. */
 static void cont_task(void *arg, int64_t b, int64_t e, int thread)
 {
     (void)thread;
     const cont_job *j = arg;
     const int64_t kvd = (int64_t)j->n_kv * j->hd;
-    const int32_t group = j->n_heads / j->n_kv;
+    const int32_t group = j->n_heads / j->n_kv, hd = j->hd;
+    float *sc = malloc((size_t)(j->n_past + j->n) * sizeof(float));
     float acc[1024];
     for (int64_t t = b; t < e; t++) {
         int64_t row = t / j->n_heads;
         int32_t h = (int32_t)(t % j->n_heads);
-        const float *q = j->q + row * (int64_t)j->n_heads * j->hd + (int64_t)h * j->hd;
-        const float *kb = j->k + (int64_t)(h / group) * j->hd;
-        const float *vb = j->v + (int64_t)(h / group) * j->hd;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int32_t d = 0; d < j->hd; d++)
-            acc[d] = 0.0f;
-        int64_t last = j->n_past + row;
-        for (int64_t p = 0; p <= last; p++) {
-            const float *kp = kb + p * kvd;
-            float s = 0.0f;
-            for (int32_t d = 0; d < j->hd; d++)
-                s += q[d] * kp[d];
-            s *= j->scale;
-            if (s > mx) {
-                float c = expf(mx - s);
-                sum *= c;
-                for (int32_t d = 0; d < j->hd; d++)
-                    acc[d] *= c;
-                mx = s;
-            }
-            float pw = expf(s - mx);
-            sum += pw;
-            const float *vp = vb + p * kvd;
-            for (int32_t d = 0; d < j->hd; d++)
-                acc[d] += pw * vp[d];
+        const float *q = j->q + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
+        const float *kb = j->k + (int64_t)(h / group) * hd;
+        const float *vb = j->v + (int64_t)(h / group) * hd;
+        float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
+        const int64_t n_keys = j->n_past + row + 1;
+        if (!sc) { /* out of memory: a row of zeros rather than a crash */
+            memset(o, 0, (size_t)hd * sizeof(float));
+            continue;
         }
-        float *o = j->out + row * (int64_t)j->n_heads * j->hd + (int64_t)h * j->hd;
-        for (int32_t d = 0; d < j->hd; d++)
-            o[d] = acc[d] / sum;
+        float mx = -INFINITY;
+        for (int64_t p = 0; p < n_keys; p++) {
+            /* a float reduction does not vectorise by itself (no reassociation): use the
+             * explicit vector dot */
+            sc[p] = mim_dot_row(MIM_TYPE_F32, kb + p * kvd, q, hd) * j->scale;
+            mx = sc[p] > mx ? sc[p] : mx;
+        }
+        float sum = 0.0f;
+        for (int64_t p = 0; p < n_keys; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        for (int32_t d = 0; d < hd; d++)
+            acc[d] = 0.0f;
+        for (int64_t p = 0; p < n_keys; p++) {
+            const float *vp = vb + p * kvd;
+            const float w = sc[p];
+            for (int32_t d = 0; d < hd; d++)
+                acc[d] += w * vp[d];
+        }
+        const float inv = 1.0f / sum;
+        for (int32_t d = 0; d < hd; d++)
+            o[d] = acc[d] * inv;
     }
+    free(sc);
 }
 
 /* ------------------------------------------------------------------------------------------ */
