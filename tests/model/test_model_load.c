@@ -260,6 +260,23 @@ static void test_formats_agree(bool qwen2)
         CHECK(mi_model_decode(b, &ta[i], 1, lb) == MI_STATUS_SUCCESS, "decode");
     float d = max_diff(la, lb, TM_VOCAB);
     CHECK(d < 1e-3f, "incremental decode differs from prefill by %g", d);
+    /* A pattern config for another model is refused; one that fits runs. */
+    mi_config *cfg = NULL;
+    CHECK(mi_config_create(NULL, TM_LAYERS + 3, TM_HEADS, NULL, &cfg) == MI_STATUS_SUCCESS, "cfg");
+    CHECK(mi_model_set_attention(a, MI_ATTN_MINFERENCE, cfg, 0) == MI_STATUS_SHAPE_MISMATCH,
+          "config with too many layers accepted");
+    mi_config_destroy(cfg);
+    mi_head_pattern ash = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+    ash.n_init = 2;
+    ash.n_local = 4;
+    CHECK(mi_config_create(NULL, TM_LAYERS, TM_HEADS, &ash, &cfg) == MI_STATUS_SUCCESS, "cfg");
+    CHECK(mi_model_set_attention(a, MI_ATTN_MINFERENCE, cfg, 0) == MI_STATUS_SUCCESS, "%s",
+          mi_model_last_error(a));
+    CHECK(mi_model_prefill(a, ta, na, la) == MI_STATUS_SUCCESS, "%s", mi_model_last_error(a));
+    mi_model_set_attention(a, MI_ATTN_DENSE, NULL, 0);
+    mi_config_destroy(cfg);
+    CHECK(mi_model_set_attention(a, (mi_attn_mode)99, NULL, 0) == MI_STATUS_INVALID_ARGUMENT,
+          "bad mode");
     /* Invalid input */
     int32_t badtok = TM_VOCAB + 5;
     CHECK(mi_model_decode(a, &badtok, 1, la) == MI_STATUS_INVALID_ARGUMENT, "bad token");
