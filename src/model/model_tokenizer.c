@@ -242,31 +242,110 @@ static bool pair_priority(const mim_tokenizer *t, bool by_score, const char *buf
     return true;
 }
 
-/* Merges greedily, best pair first (leftmost on ties), until no pair merges. Quadratic in the
- * piece length, which the pre-tokenizer keeps short. */
-static void merge_symbols(const mim_tokenizer *t, bool by_score, const char *buf, sym *s,
+/* A candidate merge of symbols left and right; stale once either side changed (the lengths are
+ * the version stamps: a symbol only ever grows). */
+typedef struct cand {
+    float prio;
+    uint32_t left, right, left_len, right_len;
+} cand;
+
+static bool cand_less(const cand *a, const cand *b)
+{
+    return a->prio < b->prio || (a->prio == b->prio && a->left < b->left);
+}
+
+static void heap_push(cand *h, size_t *n, cand c)
+{
+    size_t i = (*n)++;
+    while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *n)
+{
+    cand top = h[0], last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c]))
+            c++;
+        if (!cand_less(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+/* Merges best pair first (leftmost on ties) until no pair merges, with a heap of candidate
+ * pairs and a linked list of symbols: O(n log n), so a single piece of 100k characters (a long
+ * run of spaces or punctuation) stays fast. Compacts s[] to the surviving symbols in order. */
+static bool merge_symbols(const mim_tokenizer *t, bool by_score, const char *buf, sym *s,
                           size_t *n)
 {
-    for (;;) {
-        float best = FLT_MAX;
-        size_t at = SIZE_MAX;
-        int32_t best_id = -1;
-        for (size_t i = 0; i + 1 < *n; i++) {
-            float p;
-            int32_t id;
-            if (pair_priority(t, by_score, buf, &s[i], &s[i + 1], &p, &id) && p < best) {
-                best = p;
-                at = i;
-                best_id = id;
-            }
-        }
-        if (at == SIZE_MAX)
-            return;
-        s[at].id = best_id;
-        s[at].len += s[at + 1].len;
-        memmove(&s[at + 1], &s[at + 2], (*n - at - 2) * sizeof(sym));
-        (*n)--;
+    if (*n < 2)
+        return true;
+    const size_t count = *n;
+    uint32_t *next = malloc(count * sizeof(uint32_t)), *prev = malloc(count * sizeof(uint32_t));
+    /* every merge adds at most two candidates */
+    cand *heap = malloc((3 * count + 1) * sizeof(cand));
+    if (!next || !prev || !heap) {
+        free(next);
+        free(prev);
+        free(heap);
+        return false;
     }
+    const uint32_t none = UINT32_MAX;
+    for (size_t i = 0; i < count; i++) {
+        next[i] = i + 1 < count ? (uint32_t)(i + 1) : none;
+        prev[i] = i > 0 ? (uint32_t)(i - 1) : none;
+    }
+    size_t hn = 0;
+    float p;
+    int32_t id;
+    for (size_t i = 0; i + 1 < count; i++)
+        if (pair_priority(t, by_score, buf, &s[i], &s[i + 1], &p, &id))
+            heap_push(heap, &hn, (cand){p, (uint32_t)i, (uint32_t)(i + 1), s[i].len, s[i + 1].len});
+    while (hn > 0) {
+        cand c = heap_pop(heap, &hn);
+        sym *l = &s[c.left], *r = &s[c.right];
+        if (r->len == 0 || next[c.left] != c.right || l->len != c.left_len ||
+            r->len != c.right_len)
+            continue; /* stale */
+        if (!pair_priority(t, by_score, buf, l, r, &p, &id))
+            continue;
+        l->id = id;
+        l->len += r->len;
+        r->len = 0; /* dead */
+        next[c.left] = next[c.right];
+        if (next[c.right] != none)
+            prev[next[c.right]] = c.left;
+        if (prev[c.left] != none) {
+            uint32_t pl = prev[c.left];
+            if (pair_priority(t, by_score, buf, &s[pl], l, &p, &id))
+                heap_push(heap, &hn, (cand){p, pl, c.left, s[pl].len, l->len});
+        }
+        if (next[c.left] != none) {
+            uint32_t nr = next[c.left];
+            if (pair_priority(t, by_score, buf, l, &s[nr], &p, &id))
+                heap_push(heap, &hn, (cand){p, c.left, nr, l->len, s[nr].len});
+        }
+    }
+    size_t w = 0;
+    for (uint32_t i = 0; i != none; i = next[i])
+        s[w++] = s[i];
+    *n = w;
+    free(next);
+    free(prev);
+    free(heap);
+    return true;
 }
 
 static bool encode_byte_bpe(const mim_tokenizer *t, const char *text, size_t len, out_buf *o)
@@ -309,7 +388,7 @@ static bool encode_byte_bpe(const mim_tokenizer *t, const char *text, size_t len
             }
         }
         size_t n = plen;
-        merge_symbols(t, false, buf, s, &n);
+        ok = merge_symbols(t, false, buf, s, &n);
         for (size_t i = 0; i < n && ok; i++)
             if (s[i].id >= 0 || t->unk >= 0)
                 ok = push(o, s[i].id >= 0 ? s[i].id : t->unk);
@@ -354,8 +433,7 @@ static bool encode_spm(const mim_tokenizer *t, const char *text, size_t len, boo
         n++;
         p += k;
     }
-    merge_symbols(t, t->merges.count == 0, buf, s, &n);
-    bool ok = true;
+    bool ok = merge_symbols(t, t->merges.count == 0, buf, s, &n);
     for (size_t i = 0; i < n && ok; i++) {
         if (s[i].id >= 0) {
             ok = push(o, s[i].id);

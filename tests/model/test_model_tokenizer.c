@@ -306,6 +306,30 @@ static void test_smollm2(const char *fixture)
     /* Without special parsing the same text is ordinary characters. */
     mi_model_tokenize(m, "<|im_end|>", 10, 0, 0, NULL, 0, &n);
     CHECK(n > 1, "special text parsed although parse_special = 0");
+    /* Long single pieces (a run of spaces, of punctuation) merge in O(n log n) and round-trip. */
+    const size_t big = 200000;
+    char *run = malloc(big + 2);
+    for (int kind = 0; kind < 2; kind++) {
+        memset(run, kind ? '=' : ' ', big);
+        run[big] = 'x';
+        run[big + 1] = 0;
+        size_t nt = 0;
+        CHECK(mi_model_tokenize(m, run, big + 1, 0, 0, NULL, 0, &nt) ==
+                  MI_STATUS_WORKSPACE_TOO_SMALL && nt > 0 && nt < big / 2,
+              "long run: %zu tokens", nt);
+        int32_t *ids = malloc(nt * sizeof(int32_t));
+        mi_model_tokenize(m, run, big + 1, 0, 0, ids, nt, &nt);
+        size_t w = 0, len;
+        char *back = malloc(big + 64);
+        for (size_t k = 0; k < nt; k++) {
+            mi_model_token_to_piece(m, ids[k], back + w, big + 64 - w, &len);
+            w += len;
+        }
+        CHECK(w == big + 1 && memcmp(back, run, w) == 0, "long run round trip");
+        free(back);
+        free(ids);
+    }
+    free(run);
     json_decref(fx);
     mi_model_destroy(m);
 }
