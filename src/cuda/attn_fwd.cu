@@ -21,7 +21,8 @@ template <int D> struct attn_smem {
 };
 
 template <typename T, int D, int BM>
-__global__ void __launch_bounds__(BM * 2) attn_fwd_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+__global__ void __launch_bounds__(BM * 2)
+    attn_fwd_kernel(const __grid_constant__ mi_cuda_attn_params p) {
     constexpr int NW = BM / 16;
     constexpr int NT = NW * 32;
     constexpr int PITCH = attn_smem<D>::PITCH;
@@ -280,15 +281,18 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
         e = mi_cuda_attn_sm90_launch(p, block_m, st);
     } else if (block_m == 128) {
         if (p->head_dim == 64)
-            e = bf ? launch_attn<__nv_bfloat16, 64, 128>(*p, st) : launch_attn<__half, 64, 128>(*p, st);
+            e = bf ? launch_attn<__nv_bfloat16, 64, 128>(*p, st)
+                   : launch_attn<__half, 64, 128>(*p, st);
         else
             e = bf ? launch_attn<__nv_bfloat16, 128, 128>(*p, st)
                    : launch_attn<__half, 128, 128>(*p, st);
     } else {
         if (p->head_dim == 64)
-            e = bf ? launch_attn<__nv_bfloat16, 64, 64>(*p, st) : launch_attn<__half, 64, 64>(*p, st);
+            e = bf ? launch_attn<__nv_bfloat16, 64, 64>(*p, st)
+                   : launch_attn<__half, 64, 64>(*p, st);
         else
-            e = bf ? launch_attn<__nv_bfloat16, 128, 64>(*p, st) : launch_attn<__half, 128, 64>(*p, st);
+            e = bf ? launch_attn<__nv_bfloat16, 128, 64>(*p, st)
+                   : launch_attn<__half, 128, 64>(*p, st);
     }
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA attention launch: %s",
@@ -312,8 +316,8 @@ extern "C" mi_status mi_cuda_fill_attn_params(mi_context *ctx, const mi_attn_sha
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA kernels take bf16 or fp16 tensors, not %s", mi_dtype_name(s->dtype));
     if (s->head_dim != 64 && s->head_dim != 128)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA kernels support head_dim 64 or 128, not %lld",
-                       (long long)s->head_dim);
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "CUDA kernels support head_dim 64 or 128, not %lld", (long long)s->head_dim);
     if (s->batch > MI_CUDA_MAX_BATCH || s->heads_q > MI_CUDA_MAX_HEADS)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA kernels support batch <= %d and heads <= %d, not %lld and %lld",
@@ -349,7 +353,8 @@ extern "C" mi_status mi_cuda_fill_attn_params(mi_context *ctx, const mi_attn_sha
     p->dtype = s->dtype;
     p->scale_log2 = scale * MI_LOG2E;
     p->mode.mode = MI_CUDA_MODE_DENSE;
-    for (int64_t b = 0; b < s->batch; ++b) p->seq_lens[b] = (int32_t)mi_seq_len(seq_lens, b, s->len);
+    for (int64_t b = 0; b < s->batch; ++b)
+        p->seq_lens[b] = (int32_t)mi_seq_len(seq_lens, b, s->len);
     return MI_STATUS_SUCCESS;
 }
 

@@ -49,7 +49,9 @@ template <> struct wg<__half> {
     }
 };
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -87,8 +89,8 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
     using tr = dtype_traits<T>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base =
-        reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
     unsigned char *qs = base;
     unsigned char *ks = qs + 2 * QHALF;      /* [NSTAGE] */
     unsigned char *vs = ks + NSTAGE * KTILE; /* [NSTAGE] */
@@ -355,8 +357,8 @@ __global__ void __launch_bounds__(NWG * 128, 2)
     using tr = dtype_traits<T>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base =
-        reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
     unsigned char *qs = base;
     unsigned char *ks = qs + 2 * QHALF; /* [2 stages] */
     unsigned char *vs = ks + 2 * KTILE; /* [2 stages] */
@@ -579,14 +581,16 @@ __global__ void __launch_bounds__(NWG * 128, 2)
 template <typename K>
 static cudaError_t launch_kernel(K kern, const mi_cuda_attn_params &p, int bm, int threads,
                                  size_t smem, cudaStream_t st) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((p.len + bm - 1) / bm, p.batch * p.heads);
     kern<<<grid, threads, smem, st>>>(p);
     return cudaGetLastError();
 }
 
-template <typename T, int NWG> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+template <typename T, int NWG>
+static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
     if constexpr (NWG == 2) {
         const size_t smem = 1024 + 2 * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
         return launch_kernel(attn_fwd_sm90_kernel<T, 2>, p, 128, 256, smem, st);
@@ -630,5 +634,6 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, in
     if (block_m == 128)
         return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, st)
                   : mi_cuda::launch_sm90<__half, 2>(*p, st);
-    return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 1>(*p, st) : mi_cuda::launch_sm90<__half, 1>(*p, st);
+    return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 1>(*p, st)
+              : mi_cuda::launch_sm90<__half, 1>(*p, st);
 }

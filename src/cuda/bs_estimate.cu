@@ -32,7 +32,8 @@ __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const int r0 = m * 64, r1 = min(r0 + 64, len);
     float acc = 0.f;
     for (int r = r0; r < r1; ++r) acc += dtype_traits<T>::to_float(x[(int64_t)r * p.stride[2] + d]);
-    p.out[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] = r1 > r0 ? acc / (float)(r1 - r0) : 0.f;
+    p.out[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] =
+        r1 > r0 ? acc / (float)(r1 - r0) : 0.f;
 }
 
 struct bs_select_params {
@@ -48,7 +49,8 @@ struct bs_select_params {
 
 constexpr int BS_NT = 256;
 
-__global__ void __launch_bounds__(BS_NT) bs_select_kernel(const __grid_constant__ bs_select_params p) {
+__global__ void __launch_bounds__(BS_NT)
+    bs_select_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ float scores[]; /* [m+1] then the pooled query row */
     __shared__ select_smem sm;
     __shared__ typename cub::BlockScan<int, BS_NT>::TempStorage scan_tmp;
@@ -184,7 +186,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     cudaError_t e = cudaFuncSetAttribute(bs_select_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) {
-        bs_select_kernel<<<dim3((unsigned)index->row_blocks, (unsigned)BH), BS_NT, smem, stream>>>(sp);
+        bs_select_kernel<<<dim3((unsigned)index->row_blocks, (unsigned)BH), BS_NT, smem, stream>>>(
+            sp);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess)

@@ -209,7 +209,8 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         return mi_fail(ctx, MI_STATUS_WORKSPACE_TOO_SMALL,
                        "prefill workspace is %zu bytes, needs %zu", workspace_size, lo.total);
     }
-    char *base = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(ws) + 255) & ~(uintptr_t)255);
+    char *base =
+        reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(ws) + 255) & ~(uintptr_t)255);
 
     mi_vs_index vsi;
     mi_sparse_index spi;

@@ -251,7 +251,8 @@ struct vs_select_params {
 constexpr int SEL_NT = 1024;
 constexpr int SEL_ITEMS = 8;
 
-__global__ void __launch_bounds__(SEL_NT) vs_select_kernel(const __grid_constant__ vs_select_params p) {
+__global__ void __launch_bounds__(SEL_NT)
+    vs_select_kernel(const __grid_constant__ vs_select_params p) {
     __shared__ select_smem sm;
     __shared__ typename cub::BlockScan<int, SEL_NT>::TempStorage scan_tmp;
     const int bh = blockIdx.x, which = blockIdx.y; /* 0: vertical, 1: slash */
@@ -302,7 +303,8 @@ template <typename T, int D> static cudaError_t launch_scores(const vs_params &p
                         (size_t)(2 * VS_CHUNK + 64 + 128) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
     auto k2 = vs_scores_kernel<T, D, 2>;
-    cudaError_t e = cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;

@@ -205,8 +205,9 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
     if (vs->batch != index->batch || vs->heads != index->heads)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index and sparse index disagree on B, H");
     if (index->row_blocks < R)
-        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "sparse index has %d row blocks, L needs %lld",
-                       index->row_blocks, (long long)R);
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
+                       "sparse index has %d row blocks, L needs %lld", index->row_blocks,
+                       (long long)R);
     if (vs->batch > MI_CUDA_MAX_BATCH || vs->heads > MI_CUDA_MAX_HEADS)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA index: too many heads or batches");
     const int64_t BH = (int64_t)vs->batch * vs->heads;

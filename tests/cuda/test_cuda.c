@@ -82,7 +82,8 @@ typedef struct pair {
 
 static mi_tensor make_desc(void *data, mi_dtype dt, mi_device_type dev, int64_t B, int64_t H,
                            int64_t L, int64_t D, int blhd) {
-    return blhd ? mi_tensor_blhd(data, dt, dev, B, H, L, D) : mi_tensor_bhld(data, dt, dev, B, H, L, D);
+    return blhd ? mi_tensor_blhd(data, dt, dev, B, H, L, D)
+                : mi_tensor_bhld(data, dt, dev, B, H, L, D);
 }
 
 static pair pair_alloc(mi_dtype dt, int64_t B, int64_t H, int64_t L, int64_t D, int blhd) {
@@ -111,7 +112,9 @@ static void set_f(mi_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d, floa
     ((uint16_t *)t->data)[o] = t->dtype == MI_DTYPE_BF16 ? mi_f32_to_bf16(v) : mi_f32_to_f16(v);
 }
 
-static void upload(pair *p) { CUDA_OK(cudaMemcpy(p->d.data, p->h.data, p->bytes, cudaMemcpyHostToDevice)); }
+static void upload(pair *p) {
+    CUDA_OK(cudaMemcpy(p->d.data, p->h.data, p->bytes, cudaMemcpyHostToDevice));
+}
 
 /* Random N(0, 1) data, or planted structure: a few sink keys, heavy columns and slashes that
  * every query sees strongly (q and k share a direction), as real heads do. */
@@ -141,10 +144,12 @@ static void fill_inputs(pair *q, pair *k, pair *v, int structured) {
         /* slash at distance 300: q[l] ~ k[l-300] along dim 1 .. */
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < Hk; h++)
-                for (int64_t l = 0; l < L; l++) set_f(&k->h, b, h, l, 1, (l % 7 == 3) ? 6.0f : 0.0f);
+                for (int64_t l = 0; l < L; l++)
+                    set_f(&k->h, b, h, l, 1, (l % 7 == 3) ? 6.0f : 0.0f);
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H; h++)
-                for (int64_t l = 0; l < L; l++) set_f(&q->h, b, h, l, 1, ((l - 300) % 7 == 3) ? 3.0f : 0.0f);
+                for (int64_t l = 0; l < L; l++)
+                    set_f(&q->h, b, h, l, 1, ((l - 300) % 7 == 3) ? 3.0f : 0.0f);
     }
     upload(q);
     upload(k);
@@ -365,9 +370,11 @@ static int64_t sp_diff(const sp_pair *p) {
     int64_t diff = 0;
     const int64_t n = (int64_t)p->h.batch * p->h.heads * p->h.row_blocks;
     for (int64_t i = 0; i < n; i++) {
-        int d = g.block_count[i] != p->h.block_count[i] || g.column_count[i] != p->h.column_count[i];
+        int d =
+            g.block_count[i] != p->h.block_count[i] || g.column_count[i] != p->h.column_count[i];
         for (int32_t j = 0; !d && j < p->h.block_count[i]; j++)
-            d = g.block_offset[i * p->h.max_blocks + j] != p->h.block_offset[i * p->h.max_blocks + j];
+            d = g.block_offset[i * p->h.max_blocks + j] !=
+                p->h.block_offset[i * p->h.max_blocks + j];
         for (int32_t j = 0; !d && j < p->h.column_count[i]; j++)
             d = g.column_index[i * p->h.max_columns + j] !=
                 p->h.column_index[i * p->h.max_columns + j];
