@@ -240,9 +240,12 @@ static mi_status ensure_cache(mi_model *m, int64_t need)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
                               "%lld tokens exceed the KV cache capacity max_context = %lld",
                               (long long)need, (long long)m->params.max_context);
-    int64_t cap = m->cache_cap ? m->cache_cap : 256;
-    while (cap < need)
-        cap *= 2;
+    /* A prompt gets what it needs plus room for a generation; decode growth is geometric (by a
+     * quarter) so appending stays amortised O(1) without doubling a long prompt's cache. */
+    int64_t cap = need + 1024;
+    if (m->cache_cap > 0 && cap < m->cache_cap + m->cache_cap / 4)
+        cap = m->cache_cap + m->cache_cap / 4;
+    cap = (cap + 255) / 256 * 256;
     if (m->params.max_context > 0 && cap > m->params.max_context)
         cap = m->params.max_context;
     const size_t row = (size_t)m->n_kv * m->hd * sizeof(float);
