@@ -175,7 +175,7 @@ static bool parse_int(const char *s, long long lo, long long hi, long long *out)
 
 typedef struct progress_state {
     double t0;
-    bool shown;
+    bool tty;
 } progress_state;
 
 static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens)
@@ -184,11 +184,16 @@ static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_t
     if (n_tokens < 512)
         return; /* short prompts finish before a progress line would help */
     double el = now_s() - ps->t0;
-    fprintf(stderr, "\rprefill %lld tokens: layer %d/%d (%.1f s)", (long long)n_tokens, layer,
-            n_layers, el);
-    ps->shown = true;
-    if (layer == n_layers)
-        fprintf(stderr, "\n");
+    if (ps->tty) {
+        fprintf(stderr, "\rprefill %lld tokens: layer %d/%d (%.1f s)", (long long)n_tokens,
+                layer, n_layers, el);
+        if (layer == n_layers)
+            fprintf(stderr, "\n");
+    } else if (layer % (n_layers >= 4 ? n_layers / 4 : 1) == 0 || layer == n_layers) {
+        /* a log file gets a few whole lines instead of carriage returns */
+        fprintf(stderr, "prefill %lld tokens: layer %d/%d (%.1f s)\n", (long long)n_tokens,
+                layer, n_layers, el);
+    }
 }
 
 int mi_cmd_generate(int argc, char **argv)
@@ -372,7 +377,7 @@ int mi_cmd_generate(int argc, char **argv)
                 "%d threads, loaded in %.2f s\n", model_path, info.arch, info.n_layers,
                 info.n_heads, info.n_kv_heads, n_tok, mi_attn_mode_name(mode),
                 mp.n_threads > 0 ? mp.n_threads : 0, t_load);
-    progress_state ps = {now_s(), false};
+    progress_state ps = {now_s(), isatty(2) != 0};
     if (!quiet)
         mi_model_set_progress(model, on_progress, &ps);
     double t0 = now_s(), c0 = cpu_s();
