@@ -252,6 +252,22 @@ static void test_formats_agree(bool qwen2)
         CHECK(d < 1e-3f, "%s decode logits differ by %g", qwen2 ? "qwen2" : "llama", d);
         CHECK(mi_model_n_past(a) == (int64_t)na + 1, "n_past");
     }
+    /* Every attention mode through the library: on a prompt this short each pattern's default
+     * budget covers every causal pair, so all must agree with dense. */
+    {
+        float ld[TM_VOCAB];
+        mi_model_set_attention(a, MI_ATTN_DENSE, NULL, 0);
+        CHECK(mi_model_prefill(a, ta, na, ld) == MI_STATUS_SUCCESS, "dense");
+        const mi_attn_mode modes[] = {MI_ATTN_MINFERENCE, MI_ATTN_A_SHAPE, MI_ATTN_TRI_SHAPE,
+                                      MI_ATTN_BLOCK_SPARSE};
+        for (size_t k = 0; k < sizeof(modes) / sizeof(modes[0]); k++) {
+            CHECK(mi_model_set_attention(a, modes[k], NULL, 0) == MI_STATUS_SUCCESS, "mode");
+            CHECK(mi_model_prefill(a, ta, na, la) == MI_STATUS_SUCCESS, "%s: %s",
+                  mi_attn_mode_name(modes[k]), mi_model_last_error(a));
+            float dd = max_diff(la, ld, TM_VOCAB);
+            CHECK(dd < 1e-3f, "%s differs from dense by %g", mi_attn_mode_name(modes[k]), dd);
+        }
+    }
     /* Decoding token by token equals one prefill of the whole sequence. */
     mi_model_set_attention(a, MI_ATTN_DENSE, NULL, 0);
     CHECK(mi_model_prefill(a, ta, na, la) == MI_STATUS_SUCCESS, "prefill");

@@ -200,6 +200,64 @@ static void test_spm_json(void)
     mim_tokenizer_free(t);
 }
 
+/* ---- which pre-tokenizer a tokenizer.json asks for ---- */
+
+static void test_json_pretok_detection(void)
+{
+    /* A vocabulary of the printable ASCII bytes (their GPT-2 characters are themselves). */
+    char vocab[4096] = "";
+    size_t w = 0;
+    for (int c = 33; c < 127; c++) {
+        if (c == '"' || c == '\\')
+            continue;
+        w += (size_t)snprintf(vocab + w, sizeof(vocab) - w, "%s\"%c\":%d", w ? "," : "", c, c);
+    }
+    const char *l3 = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
+                     "\"pattern\":{\"Regex\":\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n"
+                     "\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}"
+                     "\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|"
+                     "\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},"
+                     "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}";
+    const char *q2 = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
+                     "\"pattern\":{\"Regex\":\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n"
+                     "\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}"
+                     "\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|"
+                     "\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},"
+                     "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}";
+    const char *sm = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\","
+                     "\"individual_digits\":true},{\"type\":\"ByteLevel\","
+                     "\"add_prefix_space\":false,\"use_regex\":true}]}";
+    const char *g2 = "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}";
+    const struct {
+        const char *pre;
+        mim_pretok want;
+    } cases[] = {{l3, MIM_PRE_LLAMA3}, {q2, MIM_PRE_QWEN2}, {sm, MIM_PRE_SMOLLM},
+                 {g2, MIM_PRE_GPT2}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char json[16384];
+        snprintf(json, sizeof(json),
+                 "{\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":%s,"
+                 "\"post_processor\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{%s},"
+                 "\"merges\":[]}}", cases[i].pre, vocab);
+        mim_tokenizer *t = NULL;
+        char err[256];
+        CHECK(mim_tokenizer_from_json(json, strlen(json), &t, err, sizeof(err)) ==
+                  MI_STATUS_SUCCESS, "case %zu: %s", i, err);
+        CHECK(t && t->kind == MIM_TOK_BYTE_BPE && t->pre == cases[i].want,
+              "case %zu: pre-tokenizer %d, want %d", i, t ? (int)t->pre : -1,
+              (int)cases[i].want);
+        mim_tokenizer_free(t);
+    }
+    /* Not BPE: refused by name. */
+    const char *wp = "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}";
+    mim_tokenizer *t = NULL;
+    char err[256];
+    CHECK(mim_tokenizer_from_json(wp, strlen(wp), &t, err, sizeof(err)) == MI_STATUS_UNSUPPORTED &&
+              strstr(err, "WordPiece"), "WordPiece: %s", err);
+    CHECK(mim_tokenizer_from_json("{", 1, &t, err, sizeof(err)) == MI_STATUS_PARSE_ERROR,
+          "broken JSON");
+}
+
 /* ---- SentencePiece from GGUF metadata: merges by score ---- */
 
 static void test_spm_gguf(void)
@@ -339,6 +397,7 @@ int main(int argc, char **argv)
     test_pretokenizers();
     test_spm_json();
     test_spm_gguf();
+    test_json_pretok_detection();
     if (argc > 1)
         test_smollm2(argv[1]);
     return test_finish("test_model_tokenizer");
