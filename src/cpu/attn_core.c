@@ -6,11 +6,11 @@
  * Measured with tests/cpu/bench_cpu (fp32, D = 128, one head, process CPU time on the shared
  * 2-core Xeon with AVX-512; OpenBLAS 0.3.21 forced to its SkylakeX kernels with
  * OPENBLAS_CORETYPE=SkylakeX, since on this CPU it otherwise falls back to SSE3 "Prescott"):
- *   1 thread:  sgemm 2048^3 164 GFLOP/s; dense 117-132 GFLOP/s for L = 1K..16K (0.71-0.81x)
- *   2 threads: sgemm 314 GFLOP/s; dense 229-249 GFLOP/s for L = 4K..12K (0.73-0.79x), 184-216
- *              at 16K..32K (0.59-0.69x)
- *   AVX2 engine alone (before the AVX-512 one existed): about 0.42-0.53x of the same sgemm.
- *   Against OpenBLAS's default (Prescott) sgemm, 68 GFLOP/s on 2 threads, dense is ~3x faster.
+ *   1 thread:  sgemm 2048^3 164 GFLOP/s; dense 130-145 GFLOP/s for L = 2K..16K (0.8-0.88x)
+ *   2 threads: sgemm 300 GFLOP/s; dense 229 (L 4K), 252-274 GFLOP/s for L = 6K..64K (0.84-0.91x)
+ *   The AVX2 engine alone reaches about half of that (66 GFLOP/s on 1 thread).
+ *   Against OpenBLAS's default (Prescott) sgemm here, 62-68 GFLOP/s on 2 threads, dense is
+ *   more than 3x faster.
  * Per-tile cblas_sgemm calls are not used: they need K packed and transposed per tile, cannot
  * fuse the softmax rescale into the P V product, and OpenBLAS picks its SSE3 kernels here.
  */
