@@ -423,6 +423,10 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
             return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "%s: no weight_map", path);
         }
         files = calloc(json_object_size(map) + 1, sizeof(char *));
+        if (!files) {
+            json_decref(root);
+            return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+        }
         const char *key;
         json_t *val;
         json_object_foreach(map, key, val) {
@@ -435,8 +439,10 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
             bool seen = false;
             for (int i = 0; i < n && !seen; i++)
                 seen = strcmp(files[i], f) == 0;
-            if (!seen)
-                files[n++] = strdup(f);
+            if (!seen && !(files[n++] = strdup(f))) {
+                st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+                break;
+            }
         }
         json_decref(root);
     } else {
@@ -455,7 +461,9 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
                         break;
                     files = p;
                 }
-                files[n++] = strdup(de->d_name);
+                if (!(files[n] = strdup(de->d_name)))
+                    break;
+                n++;
             }
         }
         closedir(dp);
