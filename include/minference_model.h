@@ -9,8 +9,9 @@
  *
  * Supported: architectures llama (LLaMA 2/3/3.1, SmolLM2, Mistral) and qwen2 (q/k/v biases);
  * RoPE scaling none / linear / dynamic NTK / llama3 / YaRN; tied embeddings; GGUF v2/v3 tensors
- * F32, F16, BF16, Q8_0, Q4_0, Q4_1; safetensors F32, F16, BF16; byte-level BPE (GPT-2, LLaMA-3,
- * Qwen2, SmolLM pre-tokenizers) and SentencePiece BPE tokenizers.
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; safetensors F32, F16, BF16;
+ * byte-level BPE (GPT-2, LLaMA-3, Qwen2, SmolLM pre-tokenizers) and SentencePiece BPE
+ * tokenizers.
  */
 #ifndef MINFERENCE_MODEL_H
 #define MINFERENCE_MODEL_H

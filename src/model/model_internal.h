@@ -55,7 +55,12 @@ enum {
     MIM_TYPE_F16 = 1,
     MIM_TYPE_Q4_0 = 2,
     MIM_TYPE_Q4_1 = 3,
+    MIM_TYPE_Q5_0 = 6,
+    MIM_TYPE_Q5_1 = 7,
     MIM_TYPE_Q8_0 = 8,
+    MIM_TYPE_Q4_K = 12,
+    MIM_TYPE_Q5_K = 13,
+    MIM_TYPE_Q6_K = 14,
     MIM_TYPE_BF16 = 30,
 };
 
@@ -64,6 +69,8 @@ enum {
 /* Name of any GGML type id, including the ones this runner cannot read ("Q6_K"), or "unknown". */
 const char *mim_type_name(uint32_t type);
 bool mim_type_supported(uint32_t type);
+/* Elements per block (1 for F32/F16/BF16, 32, or 256 for the K-quants); 0 if unsupported. */
+uint64_t mim_type_block(uint32_t type);
 /* Bytes of a row of n elements; false if n is not a multiple of the block or the type is not
  * supported. */
 bool mim_type_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes);

@@ -107,7 +107,8 @@ static mi_status get_tensor(mi_model *m, const char *name, int64_t rows, int64_t
     if (!mim_type_supported(out->type))
         return mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
                         "tensor '%s' has type %s, which this runner does not support (F32, F16, "
-                        "BF16, Q8_0, Q4_0, Q4_1 are)", name, out->type_name);
+                        "BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are)", name,
+                        out->type_name);
     if (out->rows != rows || out->cols != cols)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                         "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,

@@ -11,6 +11,13 @@
  *   Q8_0: f16 d, int8 q[32]            x = d * q
  *   Q4_0: f16 d, u8 q[16]              x[j] = d ((q[j] & 15) - 8), x[j+16] = d ((q[j] >> 4) - 8)
  *   Q4_1: f16 d, f16 m, u8 q[16]       x[j] = d * (q[j] & 15) + m,   x[j+16] = d * (q[j] >> 4) + m
+ *   Q5_0 / Q5_1: as Q4_0 / Q4_1 with a fifth bit per element from a u32 qh (bit j for element j),
+ *         centred at 16 (Q5_0) or offset by m (Q5_1)
+ * and the 256-element "K" super-blocks, where 6-bit sub-block scales multiply an f16 scale:
+ *   Q4_K: f16 d, f16 dmin, u8 scales[12] (8 x (6-bit scale, 6-bit min)), u8 q[128]
+ *         each 32-element sub-block s: x = d * sc[s] * q - dmin * mn[s]
+ *   Q5_K: as Q4_K plus u8 qh[32], one high bit per element
+ *   Q6_K: u8 ql[128], u8 qh[64], int8 scales[16], f16 d; x = d * scales[s16] * (q6 - 32)
  */
 #include "model_internal.h"
 
@@ -21,6 +28,8 @@
 #include <immintrin.h>
 #define MIM_AVX2 1
 #endif
+
+#define MIM_QK_K 256 /* elements per K-quant super-block */
 
 static float f16_table[65536];
 static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
@@ -78,33 +87,152 @@ const char *mim_type_name(uint32_t type)
     return "unknown";
 }
 
+/* Elements per block and bytes per block of each readable type (0: not readable). */
+static void block_shape(uint32_t type, uint64_t *elems, uint64_t *bytes)
+{
+    *elems = 0;
+    *bytes = 0;
+    switch (type) {
+    case MIM_TYPE_F32:
+        *elems = 1, *bytes = 4;
+        break;
+    case MIM_TYPE_F16:
+    case MIM_TYPE_BF16:
+        *elems = 1, *bytes = 2;
+        break;
+    case MIM_TYPE_Q8_0:
+        *elems = MIM_QK, *bytes = 34;
+        break;
+    case MIM_TYPE_Q4_0:
+        *elems = MIM_QK, *bytes = 18;
+        break;
+    case MIM_TYPE_Q4_1:
+        *elems = MIM_QK, *bytes = 20;
+        break;
+    case MIM_TYPE_Q5_0:
+        *elems = MIM_QK, *bytes = 22;
+        break;
+    case MIM_TYPE_Q5_1:
+        *elems = MIM_QK, *bytes = 24;
+        break;
+    case MIM_TYPE_Q4_K:
+        *elems = MIM_QK_K, *bytes = 144;
+        break;
+    case MIM_TYPE_Q5_K:
+        *elems = MIM_QK_K, *bytes = 176;
+        break;
+    case MIM_TYPE_Q6_K:
+        *elems = MIM_QK_K, *bytes = 210;
+        break;
+    default:
+        break;
+    }
+}
+
 bool mim_type_supported(uint32_t type)
 {
-    return type == MIM_TYPE_F32 || type == MIM_TYPE_F16 || type == MIM_TYPE_BF16 ||
-           type == MIM_TYPE_Q8_0 || type == MIM_TYPE_Q4_0 || type == MIM_TYPE_Q4_1;
+    uint64_t e, b;
+    block_shape(type, &e, &b);
+    return e != 0;
+}
+
+uint64_t mim_type_block(uint32_t type)
+{
+    uint64_t e, b;
+    block_shape(type, &e, &b);
+    return e;
 }
 
 bool mim_type_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
 {
-    switch (type) {
-    case MIM_TYPE_F32:
-        *bytes = n * 4;
-        return n <= UINT64_MAX / 4;
-    case MIM_TYPE_F16:
-    case MIM_TYPE_BF16:
-        *bytes = n * 2;
-        return n <= UINT64_MAX / 2;
-    case MIM_TYPE_Q8_0:
-        *bytes = n / MIM_QK * 34;
-        return n % MIM_QK == 0;
-    case MIM_TYPE_Q4_0:
-        *bytes = n / MIM_QK * 18;
-        return n % MIM_QK == 0;
-    case MIM_TYPE_Q4_1:
-        *bytes = n / MIM_QK * 20;
-        return n % MIM_QK == 0;
-    default:
+    uint64_t e, b;
+    block_shape(type, &e, &b);
+    if (e == 0 || n % e != 0 || n / e > UINT64_MAX / b)
         return false;
+    *bytes = n / e * b;
+    return true;
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block. */
+static inline void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void dequant_q5(const unsigned char *p, float *dst, int64_t n, bool with_min)
+{
+    const int64_t bs = with_min ? 24 : 22;
+    for (int64_t b = 0; b < n / MIM_QK; b++, p += bs) {
+        const float d = fp16(p), m = with_min ? fp16(p + 2) : 0.0f;
+        const unsigned char *hq = p + (with_min ? 4 : 2);
+        const uint32_t qh = (uint32_t)hq[0] | ((uint32_t)hq[1] << 8) | ((uint32_t)hq[2] << 16) |
+                            ((uint32_t)hq[3] << 24);
+        const unsigned char *q = hq + 4;
+        const int centre = with_min ? 0 : 16;
+        for (int j = 0; j < 16; j++) {
+            int lo = (q[j] & 15) | (int)(((qh >> j) & 1) << 4);
+            int hi = (q[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            dst[b * MIM_QK + j] = d * (float)(lo - centre) + m;
+            dst[b * MIM_QK + j + 16] = d * (float)(hi - centre) + m;
+        }
+    }
+}
+
+static void dequant_q45k(const unsigned char *p, float *dst, int64_t n, bool five)
+{
+    const int64_t bs = five ? 176 : 144;
+    for (int64_t b = 0; b < n / MIM_QK_K; b++, p += bs) {
+        const float d = fp16(p), dmin = fp16(p + 2);
+        const unsigned char *scales = p + 4;
+        const unsigned char *qh = five ? p + 16 : NULL;
+        const unsigned char *q = p + (five ? 48 : 16);
+        float *y = dst + b * MIM_QK_K;
+        for (int j = 0, is = 0; j < MIM_QK_K; j += 64, is += 2, q += 32) {
+            int sc, mn;
+            k_scale_min(is, scales, &sc, &mn);
+            const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+            k_scale_min(is + 1, scales, &sc, &mn);
+            const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+            const int u1 = 1 << is, u2 = 2 << is; /* high bits of this 64-element pair */
+            for (int l = 0; l < 32; l++) {
+                int lo = q[l] & 15, hi = q[l] >> 4;
+                if (five) {
+                    lo += (qh[l] & u1) ? 16 : 0;
+                    hi += (qh[l] & u2) ? 16 : 0;
+                }
+                y[j + l] = d1 * (float)lo - m1;
+                y[j + 32 + l] = d2 * (float)hi - m2;
+            }
+        }
+    }
+}
+
+static void dequant_q6k(const unsigned char *p, float *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / MIM_QK_K; b++, p += 210) {
+        const unsigned char *ql = p, *qh = p + 128;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        const float d = fp16(p + 208);
+        float *y = dst + b * MIM_QK_K;
+        for (int half = 0; half < 2; half++, y += 128, ql += 64, qh += 32, sc += 8) {
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * (float)sc[is] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+        }
     }
 }
 
@@ -151,6 +279,17 @@ void mim_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
                 dst[b * MIM_QK + j + 16] = d * (float)(q[j] >> 4) + m;
             }
         }
+        break;
+    case MIM_TYPE_Q5_0:
+    case MIM_TYPE_Q5_1:
+        dequant_q5(p, dst, n, type == MIM_TYPE_Q5_1);
+        break;
+    case MIM_TYPE_Q4_K:
+    case MIM_TYPE_Q5_K:
+        dequant_q45k(p, dst, n, type == MIM_TYPE_Q5_K);
+        break;
+    case MIM_TYPE_Q6_K:
+        dequant_q6k(p, dst, n);
         break;
     default:
         memset(dst, 0, (size_t)n * 4);
@@ -339,7 +478,18 @@ float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n)
             acc += fp16(p) * s + fp16(p + 2) * sx;
         }
         return acc;
-    default:
-        return 0.0f;
+    default: {
+        /* The other encodings: expand one block at a time and dot it. */
+        uint64_t be = 0, bb = 0;
+        block_shape(type, &be, &bb);
+        if (be == 0)
+            return 0.0f;
+        float buf[MIM_QK_K];
+        for (int64_t i = 0; i < n; i += (int64_t)be) {
+            mim_dequant_row(type, p + (uint64_t)i / be * bb, buf, (int64_t)be);
+            acc += mim_dot_row(MIM_TYPE_F32, buf, x + i, (int64_t)be);
+        }
+        return acc;
+    }
     }
 }
