@@ -165,10 +165,12 @@ static inline __attribute__((always_inline)) void mk(const int mr, const int64_t
     }
 }
 
-/* C[0:m][0:64] = (alpha ? alpha * C : 0) + A B, A(r, p) as in mk, m rows in blocks of MR. */
-static void gemm(int64_t m, int64_t np, const float *a, int64_t ars, int64_t acs, const float *B,
-                 float *C, const float *alpha) {
-    int64_t r = 0;
+/* C[0:m][0:64] = (alpha ? alpha * C : 0) + A B, A(r, p) as in mk, m rows in blocks of MR.
+ * Kept out of line: one call per tile costs nothing, and inlined copies only grow the code. */
+static __attribute__((noinline)) void gemm(int m, int64_t np, const float *a, int64_t ars,
+                                           int64_t acs, const float *B, float *C,
+                                           const float *alpha) {
+    int r = 0; /* m <= max(64, D) <= 256 */
     for (; r + MR <= m; r += MR) mk(MR, np, a + r * ars, ars, acs, B, C + r * MI_BS, alpha);
     for (; r < m; r++) mk(1, np, a + r * ars, ars, acs, B, C + r * MI_BS, alpha);
 }
@@ -241,7 +243,7 @@ static void tile_step(mi_tile *t, tile_mode mode, int64_t nk, const float *k, in
                       float *slash) {
     const int64_t D = t->D;
     float *st = t->st;
-    gemm(nk, D, k, ldk, 1, t->qt, st, NULL);
+    gemm((int)nk, D, k, ldk, 1, t->qt, st, NULL);
     const int64_t visible = tile_mask(t, nk, mp);
     t->visited += (double)visible;
     if (mode == MODE_ATTN || mode == MODE_LSE) {
@@ -264,7 +266,7 @@ static void tile_step(mi_tile *t, tile_mode mode, int64_t nk, const float *k, in
             *(vf *)(t->l + c * VL) = *(vf *)(t->l + c * VL) * alpha + sum;
             *(vf *)(t->alpha + c * VL) = alpha;
         }
-        if (mode == MODE_ATTN) gemm(D, nk, v, 1, ldv, st, t->ot, t->alpha);
+        if (mode == MODE_ATTN) gemm((int)D, nk, v, 1, ldv, st, t->ot, t->alpha);
     } else {
         for (int c = 0; c < NVEC; c++) {
             const vf lse = *(vf *)(t->lse2 + c * VL);
@@ -322,6 +324,10 @@ static void load_kv(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_ten
         *vp = t->vb;
     }
 }
+
+/* Row blocks per work item (run_jobs): dense and sparse jobs visit the group's keys together so
+ * that K and V tiles are reused from cache; A-shape jobs run the blocks one after another. */
+#define GROUP 4
 
 /* Keys [lo, hi) of (b, hk) in tiles of 64. */
 static void visit_range(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
@@ -382,6 +388,59 @@ static mask_params job_mask(const mi_attn_job *job) {
     return mp;
 }
 
+/* The gathered columns of the sparse job for t's row block, 64 per tile. */
+static void visit_columns(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
+                          const mi_attn_job *job, int64_t hk) {
+    const mask_params mp = {0, INT64_MAX, INT64_MAX};
+    const int64_t m = t->r0 / MI_BS, r1 = t->r0 + t->nr;
+    const int64_t nc = mi_cpu_max64(0, mi_cpu_min64(job->column_count[m], job->max_columns));
+    const int32_t *cols = job->column_index + m * job->max_columns;
+    int64_t n = 0;
+    for (int64_t i = 0; i < nc; i++) {
+        if (cols[i] < 0 || cols[i] >= r1) continue; /* outside the sequence or invisible */
+        t->kpos[n++] = cols[i];
+        if (n == MI_BS) {
+            visit_gathered(t, mode, k, v, job->b, hk, n, &mp);
+            n = 0;
+        }
+    }
+    if (n > 0) visit_gathered(t, mode, k, v, job->b, hk, n, &mp);
+}
+
+/* Sparse job, G consecutive row blocks (t[0..G), rows loaded). Phase 1 walks the blocks' range
+ * lists merged by start key, so that ranges of neighbouring row blocks over the same keys (a
+ * diagonal moves 64 keys per row block) run back to back and find K and V still in cache; each
+ * block still sees its own ranges in its own order, so the result is the one of a lone block.
+ * Phase 2: each block's gathered columns. */
+static void visit_sparse_group(mi_tile *const *t, int G, tile_mode mode, const mi_tensor *k,
+                               const mi_tensor *v, const mi_attn_job *job, int64_t hk) {
+    const mask_params mp = {0, INT64_MAX, INT64_MAX};
+    int64_t pos[GROUP], nb[GROUP];
+    const int32_t *offs[GROUP];
+    for (int g = 0; g < G; g++) {
+        const int64_t m = t[g]->r0 / MI_BS;
+        pos[g] = 0;
+        nb[g] = mi_cpu_max64(0, mi_cpu_min64(job->block_count[m], job->max_blocks));
+        offs[g] = job->block_offset + m * job->max_blocks;
+    }
+    for (;;) {
+        int best = -1;
+        int64_t start = 0;
+        for (int g = 0; g < G; g++) {
+            if (pos[g] < nb[g] && (best < 0 || offs[g][pos[g]] < start)) {
+                best = g;
+                start = offs[g][pos[g]];
+            }
+        }
+        if (best < 0) break;
+        pos[best]++;
+        const int64_t lo = mi_cpu_max64(0, start);
+        const int64_t hi = mi_cpu_min64(start + MI_BS, t[best]->r0 + t[best]->nr);
+        if (lo < hi) visit_range(t[best], mode, k, v, job->b, hk, lo, hi, &mp, NULL, NULL);
+    }
+    for (int g = 0; g < G; g++) visit_columns(t[g], mode, k, v, job, hk);
+}
+
 /* Visits every key the job's pattern gives the current row block (t->r0 .. t->r0 + t->nr). Keys
  * after the block's last row are causally invisible to all its rows and are skipped. */
 static void visit_job(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
@@ -407,29 +466,9 @@ static void visit_job(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_t
         }
         break;
     }
-    case MI_JOB_SPARSE: {
-        const int64_t m = r0 / MI_BS;
-        const int64_t nb = mi_cpu_max64(0, mi_cpu_min64(job->block_count[m], job->max_blocks));
-        const int32_t *offs = job->block_offset + m * job->max_blocks;
-        for (int64_t i = 0; i < nb; i++) {
-            const int64_t lo = mi_cpu_max64(0, offs[i]);
-            const int64_t hi = mi_cpu_min64((int64_t)offs[i] + MI_BS, r1);
-            if (lo < hi) visit_range(t, mode, k, v, b, hk, lo, hi, &mp, NULL, NULL);
-        }
-        const int64_t nc = mi_cpu_max64(0, mi_cpu_min64(job->column_count[m], job->max_columns));
-        const int32_t *cols = job->column_index + m * job->max_columns;
-        int64_t n = 0;
-        for (int64_t i = 0; i < nc; i++) {
-            if (cols[i] < 0 || cols[i] >= r1) continue; /* outside the sequence or invisible */
-            t->kpos[n++] = cols[i];
-            if (n == MI_BS) {
-                visit_gathered(t, mode, k, v, b, hk, n, &mp);
-                n = 0;
-            }
-        }
-        if (n > 0) visit_gathered(t, mode, k, v, b, hk, n, &mp);
+    case MI_JOB_SPARSE:
+        visit_sparse_group(&t, 1, mode, k, v, job, hk);
         break;
-    }
     }
 }
 
@@ -458,9 +497,6 @@ static void zero_rows(mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t 
     }
 }
 
-/* Row blocks per work item: dense jobs share each K/V tile among the group (visit_dense_group);
- * other kinds run the group's blocks one after another. */
-#define GROUP 4
 
 mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
@@ -493,7 +529,7 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
             zero_rows(out, lse, job->b, job->h, r0 + nr, r1, L, s->heads_q);
             if (nr == 0) continue;
             tile_begin(t[n_live], q, job->b, job->h, r0, nr, mul);
-            if (job->kind != MI_JOB_DENSE) {
+            if (job->kind == MI_JOB_ASHAPE) {
                 visit_job(t[n_live], MODE_ATTN, k, v, job, hk);
                 tile_finish(t[n_live], out, lse, job->b, job->h, L, s->heads_q);
             } else {
@@ -501,7 +537,11 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
             }
         }
         if (n_live > 0) {
-            visit_dense_group(t, n_live, k, v, job->b, hk);
+            if (job->kind == MI_JOB_DENSE) {
+                visit_dense_group(t, n_live, k, v, job->b, hk);
+            } else {
+                visit_sparse_group(t, n_live, MODE_ATTN, k, v, job, hk);
+            }
             for (int g = 0; g < n_live; g++) tile_finish(t[g], out, lse, job->b, job->h, L, s->heads_q);
         }
     }
@@ -551,6 +591,6 @@ void ENGINE(mi_cpu_block_scores)(mi_tile *t, int64_t D, const float *qp, int64_t
     for (int64_t i = 0; i < nq; i++) {
         for (int64_t d = 0; d < D; d++) t->qt[d * MI_BS + i] = qp[i * D + d];
     }
-    gemm(nk, D, kp, D, 1, t->qt, t->st, NULL);
+    gemm((int)nk, D, kp, D, 1, t->qt, t->st, NULL);
     memcpy(sc, t->st, (size_t)nk * MI_BS * sizeof(float));
 }
