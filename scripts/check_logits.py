@@ -11,7 +11,7 @@ Recorded in the fixture:
   |logit difference| over the prompt's last position and each greedy step (teacher-forced on our
   tokens), and tokenizer cases (text -> transformers ids) that the C tokenizer test replays.
 
-Usage: scripts/check_logits.py --dump BUILD/tests/model/model_dump_logits [--model GGUF]
+Usage: scripts/check_logits.py --dump BUILD/tests/model/model_dump_logits [--model GGUF|HF_DIR]
        [--out tests/model/golden_smollm2.json] [--steps 16]
 Needs: pip install torch transformers gguf accelerate (CPU torch is enough).
 """
@@ -70,7 +70,12 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_path = args.model or find_model()
-    d, f = os.path.dirname(model_path), os.path.basename(model_path)
+    # a GGUF file, or a Hugging Face directory (config.json, safetensors, tokenizer.json)
+    if os.path.isdir(model_path):
+        d, f, load_kw = model_path, os.path.basename(model_path.rstrip("/")), {}
+    else:
+        d, f = os.path.dirname(model_path), os.path.basename(model_path)
+        load_kw = {"gguf_file": f}
 
     with tempfile.TemporaryDirectory() as tmp:
         logits_path = os.path.join(tmp, "logits.f32")
@@ -80,7 +85,7 @@ def main():
         vocab = ours["vocab"]
         our_logits = np.fromfile(logits_path, dtype=np.float32).reshape(args.steps, vocab)
 
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    tok = AutoTokenizer.from_pretrained(d, **load_kw)
     hf_prompt_ids = tok(PROMPT, add_special_tokens=True)["input_ids"]
     cases = []
     tok_mismatch = 0
@@ -93,7 +98,8 @@ def main():
     if hf_prompt_ids != ours["prompt_ids"]:
         print("prompt ids differ:\n  hf  ", hf_prompt_ids, "\n  ours", ours["prompt_ids"])
 
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # fp32 compute over the stored weights (bf16 checkpoints are widened exactly)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **load_kw)
     model.eval()
     n = len(ours["prompt_ids"])
     seq = torch.tensor([ours["prompt_ids"] + ours["greedy"][:-1]])
