@@ -6,8 +6,9 @@
  * Measured with tests/cpu/bench_cpu (fp32, D = 128, one head, process CPU time on the shared
  * 2-core Xeon with AVX-512; OpenBLAS 0.3.21 forced to its SkylakeX kernels with
  * OPENBLAS_CORETYPE=SkylakeX, since on this CPU it otherwise falls back to SSE3 "Prescott"):
- *   1 thread:  sgemm 2048^3 164 GFLOP/s; dense 130-145 GFLOP/s for L = 2K..16K (0.8-0.88x)
- *   2 threads: sgemm 300 GFLOP/s; dense 229 (L 4K), 252-274 GFLOP/s for L = 6K..64K (0.84-0.91x)
+ *   1 thread:  sgemm 2048^3 160 GFLOP/s; dense 137-146 GFLOP/s for L = 2K..16K (0.86-0.92x)
+ *   2 threads: sgemm 300-314 GFLOP/s; dense 235 (L 4K), 261-281 GFLOP/s for L = 6K..64K
+ *              (0.82-0.90x)
  *   The AVX2 engine alone reaches about half of that (66 GFLOP/s on 1 thread).
  *   Against OpenBLAS's default (Prescott) sgemm here, 62-68 GFLOP/s on 2 threads, dense is
  *   more than 3x faster.

@@ -26,10 +26,10 @@
  * Measured with tests/cpu/bench_cpu (fp32, D = 128, one head, synthetic structured q/k from
  * mi_synth_generate, process CPU time on the shared 2-core Xeon, AVX-512 engine), the VS
  * speed-up = dense time / VS time (estimation + index + sparse):
- *   1 thread:   L 4096 0.89x, 6144 0.95x, 8192 1.02x, 12288 1.14x, 16384 1.24x
- *   2 threads:  L 4096 0.81x, 6144 0.85x, 8192 0.96x, 12288 1.02x, 16384 1.12x, 24576 1.59x,
- *               32768 1.94x, 65536 2.36x  (run-to-run noise on the shared machine is ~5%)
- * so the crossover lies at 8K..12K; between them both take the same time within noise.
+ *   1 thread:   L 4096 0.96x, 6144 0.96x, 8192 1.04x, 12288 1.09x, 16384 1.22x
+ *   2 threads:  L 4096 0.81x, 6144 0.89x, 8192 0.96x, 12288 1.06x, 16384 1.15x, 24576 1.81x,
+ *               32768 2.06x, 49152 2.66x, 65536 2.73x  (run-to-run noise here is ~5%)
+ * so the crossover lies at about 8K: there both take the same time within noise.
  * Below ~8K the 6096 diagonals cover nearly the whole causal triangle (index density >= 0.94),
  * so VS does the dense work plus estimation.
  */
