@@ -47,14 +47,14 @@ void mi_cpu_vs_index_head(int64_t L, int64_t len, const int32_t *verticals, int3
     }
     n_v = mi_cpu_sort_unique(V, n_v);
     n_s = mi_cpu_sort_unique(S, n_s); /* ascending; walked from the back = largest d first */
-    int32_t s_hi = n_s; /* S[0 .. s_hi) holds the distances < end of the current row block */
+    /* S[0 .. s_hi) holds the distances < end of the current row block; end only grows */
+    int32_t s_hi = 0;
     for (int64_t m = 0; m < R; m++) {
         const int64_t start = m * MI_BS, end = start + MI_BS;
         int32_t *offs = block_offset + m * max_blocks;
         int32_t *cols = column_index + m * max_columns;
         int32_t bc = 0, cc = 0;
         if (start < len) {
-            s_hi = 0;
             while (s_hi < n_s && S[s_hi] < end) s_hi++;
             int32_t si = s_hi - 1; /* next distance to merge, walking down */
             int32_t vi = 0;
