@@ -62,7 +62,16 @@ void mi_cpu_load_f32(float *restrict dst, const void *restrict src, mi_dtype dty
         for (int64_t i = 0; i < n; i++) dst[i] = s[i] * mul;
     } else if (dtype == MI_DTYPE_F16) {
         const uint16_t *s = (const uint16_t *)src;
-        for (int64_t i = 0; i < n; i++) dst[i] = mi_cpu_h2f(s[i]) * mul;
+        int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+        /* the hardware conversion: gcc does not vectorise the portable bit manipulation */
+        const __m256 m = _mm256_set1_ps(mul);
+        for (; i + 8 <= n; i += 8) {
+            const __m128i h = _mm_loadu_si128((const __m128i *)(s + i));
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(h), m));
+        }
+#endif
+        for (; i < n; i++) dst[i] = mi_cpu_h2f(s[i]) * mul;
     } else {
         const uint16_t *s = (const uint16_t *)src;
         for (int64_t i = 0; i < n; i++) dst[i] = mi_cpu_b2f(s[i]) * mul;
