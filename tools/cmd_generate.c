@@ -33,6 +33,7 @@ static void usage(FILE *f)
             "                 (scripts/fetch_model.sh installs it).\n"
             "  --attn         prefill attention (default minference: the --config patterns, or\n"
             "                 vertical_and_slash 1000/6096 for every head)\n"
+            "  --config       per-head patterns in the original's JSON (with --attn minference)\n"
             "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
             "  --dense-below  prompts shorter than this run dense attention (default: the\n"
             "                 library's crossover; 0: always sparse)\n"
@@ -387,7 +388,7 @@ int mi_cmd_generate(int argc, char **argv)
         goto done;
     }
     mi_model_set_progress(model, NULL, NULL);
-    double t_prefill = now_s() - t0, c_prefill = cpu_s() - c0, ttft = 0;
+    double t_prefill = now_s() - t0, c_prefill = cpu_s() - c0, ttft = t_prefill;
     long long n_gen = 0, n_dec = 0;
     double t_dec0 = now_s(), c_dec0 = cpu_s();
     char piece[256];
