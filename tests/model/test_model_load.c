@@ -207,12 +207,12 @@ static float max_diff(const float *a, const float *b, int n)
 }
 
 /* Same model through both loaders: same tokens, same logits for prefill and decode. */
-static void test_formats_agree(bool qwen2)
+static void test_formats_agree(bool qwen2, bool llama3_rope)
 {
     char gpath[512], hdir[512], err[512];
-    snprintf(gpath, sizeof(gpath), "%s/agree_%d.gguf", g_dir, qwen2);
-    snprintf(hdir, sizeof(hdir), "%s/agree_%d_hf", g_dir, qwen2);
-    CHECK(tm_write(gpath, hdir, qwen2, 99 + qwen2), "write");
+    snprintf(gpath, sizeof(gpath), "%s/agree_%d%d.gguf", g_dir, qwen2, llama3_rope);
+    snprintf(hdir, sizeof(hdir), "%s/agree_%d%d_hf", g_dir, qwen2, llama3_rope);
+    CHECK(tm_write_ex(gpath, hdir, qwen2, llama3_rope, 99 + qwen2), "write");
     mi_model *a = NULL, *b = NULL;
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
@@ -228,6 +228,9 @@ static void test_formats_agree(bool qwen2)
     mi_model_get_info(b, &ib);
     CHECK(ia.tied_embeddings == 1 && ib.tied_embeddings == 1, "tied");
     CHECK(strcmp(ib.source, "safetensors") == 0 && strcmp(ia.source, "gguf") == 0, "sources");
+    CHECK(ia.rope_scaling.type == (llama3_rope ? MI_ROPE_LLAMA3 : MI_ROPE_NONE) &&
+              ib.rope_scaling.type == ia.rope_scaling.type, "rope scaling %d / %d",
+          (int)ia.rope_scaling.type, (int)ib.rope_scaling.type);
     const char *text = "<|s|>hello world, hello  world!\n123";
     int32_t ta[64], tb2[64];
     size_t na = 0, nb = 0;
@@ -353,8 +356,10 @@ int main(void)
     test_truncation();
     test_corrupt_fields();
     test_unsupported_type();
-    test_formats_agree(false);
-    test_formats_agree(true);
+    test_formats_agree(false, false);
+    test_formats_agree(true, false);
+    /* GGUF rope_freqs divisors and config.json's llama3 rope_scaling describe one model */
+    test_formats_agree(false, true);
     test_hf_errors();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);

@@ -223,8 +223,13 @@ static inline void tm_free(tiny_model *t)
     }
 }
 
+/* LLaMA-3.1 RoPE scaling of the tiny model: config.json names it; the GGUF copy carries it as
+ * per-frequency divisors (rope_freqs.weight), the way the GGUF converter stores it. */
+static const mi_rope_scaling tm_llama3 = {MI_ROPE_LLAMA3, 8.0, 1024, 1.0, 4.0, 0, 0, 0};
+
 /* Builds the model and writes gguf_path and hf_dir. qwen2: biases and neox RoPE in both. */
-static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen2, uint64_t seed)
+static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool qwen2,
+                               bool llama3_rope, uint64_t seed)
 {
     tm_rng = seed;
     tiny_model t = {0};
@@ -277,6 +282,16 @@ static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen
     gw_u32(&w, AK("context_length"), 2048);
     gw_f32(&w, AK("attention.layer_norm_rms_epsilon"), 1e-5f);
     gw_f32(&w, AK("rope.freq_base"), 10000.0f);
+    static float freq_factors[TM_HD / 2];
+    if (llama3_rope) {
+        float plain[TM_HD / 2], scaled[TM_HD / 2], ms;
+        mi_rope_frequencies(TM_HD, 10000.0, NULL, 0, plain, &ms);
+        mi_rope_frequencies(TM_HD, 10000.0, &tm_llama3, 0, scaled, &ms);
+        for (int i = 0; i < TM_HD / 2; i++)
+            freq_factors[i] = plain[i] / scaled[i];
+        gw_tensor_add(&w, "rope_freqs.weight", 0, TM_HD / 2, 0, freq_factors,
+                      sizeof(freq_factors));
+    }
 #undef AK
     gw_str(&w, "tokenizer.ggml.model", "gpt2");
     gw_str(&w, "tokenizer.ggml.pre", "gpt-2");
@@ -335,9 +350,13 @@ static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen
              "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
              "\"rms_norm_eps\":1e-5,\"rope_theta\":10000.0,\"max_position_embeddings\":2048,"
              "\"vocab_size\":%d,\"tie_word_embeddings\":true,\"bos_token_id\":%d,"
-             "\"eos_token_id\":%d}",
+             "\"eos_token_id\":%d%s}",
              qwen2 ? "qwen2" : "llama", TM_HIDDEN, TM_FFN, TM_LAYERS, TM_HEADS, TM_KV, TM_VOCAB,
-             TM_VOCAB - 2, TM_VOCAB - 1);
+             TM_VOCAB - 2, TM_VOCAB - 1,
+             llama3_rope ? ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+                           "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                           "\"original_max_position_embeddings\":1024}"
+                         : "");
     tbuf cb = {0};
     tb_put(&cb, cfg, strlen(cfg));
     snprintf(path, sizeof(path), "%s/config.json", hf_dir);
@@ -377,6 +396,11 @@ static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen
     free(tj.p);
     tm_free(&t);
     return ok;
+}
+
+static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen2, uint64_t seed)
+{
+    return tm_write_ex(gguf_path, hf_dir, qwen2, false, seed);
 }
 
 #endif /* MI_TINY_MODEL_H */
