@@ -207,12 +207,14 @@ static float max_diff(const float *a, const float *b, int n)
 }
 
 /* Same model through both loaders: same tokens, same logits for prefill and decode. */
-static void test_formats_agree(bool qwen2, bool llama3_rope)
+static void test_formats_agree(bool qwen2, int rope)
 {
+    static const mi_rope_type types[] = {MI_ROPE_NONE, MI_ROPE_LLAMA3, MI_ROPE_YARN,
+                                         MI_ROPE_LINEAR};
     char gpath[512], hdir[512], err[512];
-    snprintf(gpath, sizeof(gpath), "%s/agree_%d%d.gguf", g_dir, qwen2, llama3_rope);
-    snprintf(hdir, sizeof(hdir), "%s/agree_%d%d_hf", g_dir, qwen2, llama3_rope);
-    CHECK(tm_write_ex(gpath, hdir, qwen2, llama3_rope, 99 + qwen2), "write");
+    snprintf(gpath, sizeof(gpath), "%s/agree_%d%d.gguf", g_dir, qwen2, rope);
+    snprintf(hdir, sizeof(hdir), "%s/agree_%d%d_hf", g_dir, qwen2, rope);
+    CHECK(tm_write_ex(gpath, hdir, qwen2, rope, 99 + qwen2), "write");
     mi_model *a = NULL, *b = NULL;
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
@@ -228,7 +230,7 @@ static void test_formats_agree(bool qwen2, bool llama3_rope)
     mi_model_get_info(b, &ib);
     CHECK(ia.tied_embeddings == 1 && ib.tied_embeddings == 1, "tied");
     CHECK(strcmp(ib.source, "safetensors") == 0 && strcmp(ia.source, "gguf") == 0, "sources");
-    CHECK(ia.rope_scaling.type == (llama3_rope ? MI_ROPE_LLAMA3 : MI_ROPE_NONE) &&
+    CHECK(ia.rope_scaling.type == types[rope] &&
               ib.rope_scaling.type == ia.rope_scaling.type, "rope scaling %d / %d",
           (int)ia.rope_scaling.type, (int)ib.rope_scaling.type);
     const char *text = "<|s|>hello world, hello  world!\n123";
@@ -356,10 +358,13 @@ int main(void)
     test_truncation();
     test_corrupt_fields();
     test_unsupported_type();
-    test_formats_agree(false, false);
-    test_formats_agree(true, false);
-    /* GGUF rope_freqs divisors and config.json's llama3 rope_scaling describe one model */
-    test_formats_agree(false, true);
+    test_formats_agree(false, 0);
+    test_formats_agree(true, 0);
+    /* GGUF rope_freqs divisors and config.json's llama3 rope_scaling describe one model; so do
+     * the GGUF rope.scaling keys and config.json's YaRN and linear scaling */
+    test_formats_agree(false, 1);
+    test_formats_agree(false, 2);
+    test_formats_agree(true, 3);
     test_hf_errors();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);

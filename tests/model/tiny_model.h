@@ -228,9 +228,11 @@ static inline void tm_free(tiny_model *t)
 static const mi_rope_scaling tm_llama3 = {MI_ROPE_LLAMA3, 8.0, 1024, 1.0, 4.0, 0, 0, 0};
 
 /* Builds the model and writes gguf_path and hf_dir. qwen2: biases and neox RoPE in both. */
-static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool qwen2,
-                               bool llama3_rope, uint64_t seed)
+/* rope: 0 plain, 1 llama3, 2 YaRN (factor 4 over 512), 3 linear (factor 2) */
+static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool qwen2, int rope,
+                               uint64_t seed)
 {
+    const bool llama3_rope = rope == 1;
     tm_rng = seed;
     tiny_model t = {0};
     char g[64], h[96];
@@ -292,6 +294,16 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
         gw_tensor_add(&w, "rope_freqs.weight", 0, TM_HD / 2, 0, freq_factors,
                       sizeof(freq_factors));
     }
+    char key2[96];
+    snprintf(key2, sizeof(key2), "%s.rope.scaling.type", arch);
+    if (rope == 2 || rope == 3)
+        gw_str(&w, key2, rope == 2 ? "yarn" : "linear");
+    snprintf(key2, sizeof(key2), "%s.rope.scaling.factor", arch);
+    if (rope == 2 || rope == 3)
+        gw_f32(&w, key2, rope == 2 ? 4.0f : 2.0f);
+    snprintf(key2, sizeof(key2), "%s.rope.scaling.original_context_length", arch);
+    if (rope == 2)
+        gw_u32(&w, key2, 512);
 #undef AK
     gw_str(&w, "tokenizer.ggml.model", "gpt2");
     gw_str(&w, "tokenizer.ggml.pre", "gpt-2");
@@ -353,9 +365,12 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
              "\"eos_token_id\":%d%s}",
              qwen2 ? "qwen2" : "llama", TM_HIDDEN, TM_FFN, TM_LAYERS, TM_HEADS, TM_KV, TM_VOCAB,
              TM_VOCAB - 2, TM_VOCAB - 1,
-             llama3_rope ? ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+             rope == 1   ? ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
                            "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
                            "\"original_max_position_embeddings\":1024}"
+             : rope == 2 ? ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0,"
+                           "\"original_max_position_embeddings\":512}"
+             : rope == 3 ? ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}"
                          : "");
     tbuf cb = {0};
     tb_put(&cb, cfg, strlen(cfg));
@@ -400,7 +415,7 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
 
 static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen2, uint64_t seed)
 {
-    return tm_write_ex(gguf_path, hf_dir, qwen2, false, seed);
+    return tm_write_ex(gguf_path, hf_dir, qwen2, 0, seed);
 }
 
 #endif /* MI_TINY_MODEL_H */
