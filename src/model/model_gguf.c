@@ -247,6 +247,14 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
             if (st != MI_STATUS_SUCCESS)
                 break;
             uint64_t row_bytes;
+            if (offsets[i] % alignment != 0) {
+                /* aligned data is part of the format, and typed loads rely on it */
+                st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                              "GGUF corrupt: tensor '%.*s' data offset %llu is not a multiple of "
+                              "the alignment %llu", (int)t->name_len, t->name,
+                              (unsigned long long)offsets[i], (unsigned long long)alignment);
+                break;
+            }
             if (!mim_type_supported(t->type)) {
                 /* Size unknown to this reader: record the start only; the loader rejects the
                  * tensor by type name if it is ever needed. */

@@ -332,8 +332,11 @@ static bool dot_avx2(uint32_t type, const unsigned char *p, const float *x, int6
             a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a2);
         }
         float t = hsum8(_mm256_add_ps(acc, a2));
-        for (; i < n; i++)
-            t += w[i] * x[i];
+        for (; i < n; i++) {
+            float wi; /* safetensors data need not be 4-byte aligned */
+            memcpy(&wi, w + i, 4);
+            t += wi * x[i];
+        }
         *r = t;
         return true;
     }
@@ -424,14 +427,20 @@ float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n)
 #endif
     switch (type) {
     case MIM_TYPE_F32: {
-        const float *w = row;
+        const unsigned char *w = row; /* possibly unaligned (safetensors): memcpy loads */
         float s[8] = {0};
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
+        for (; i + 8 <= n; i += 8) {
+            float wv[8];
+            memcpy(wv, w + 4 * i, sizeof(wv));
             for (int j = 0; j < 8; j++)
-                s[j] += w[i + j] * x[i + j];
-        for (; i < n; i++)
-            acc += w[i] * x[i];
+                s[j] += wv[j] * x[i + j];
+        }
+        for (; i < n; i++) {
+            float wi;
+            memcpy(&wi, w + 4 * i, 4);
+            acc += wi * x[i];
+        }
         for (int j = 0; j < 8; j++)
             acc += s[j];
         return acc;

@@ -139,6 +139,10 @@ static void test_corrupt_fields(void)
     memset(c + ti + 25, 0x7F, 8); /* data offset */
     CHECK(open_prefix(c, b.n, err, sizeof(err)) == MI_STATUS_PARSE_ERROR, "offset");
     RESET();
+    c[ti + 25] = 4; /* data offset 4: inside the file but not aligned */
+    CHECK(open_prefix(c, b.n, err, sizeof(err)) == MI_STATUS_PARSE_ERROR, "unaligned offset");
+    CHECK(strstr(err, "alignment") != NULL, "%s", err);
+    RESET();
     memset(c + ti + 13, 0xFF, 8); /* ne0 */
     CHECK(open_prefix(c, b.n, err, sizeof(err)) == MI_STATUS_PARSE_ERROR, "huge shape");
 #undef RESET
