@@ -325,8 +325,8 @@ static void load_kv(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_ten
     }
 }
 
-/* Row blocks per work item (run_jobs): dense and sparse jobs visit the group's keys together so
- * that K and V tiles are reused from cache; A-shape jobs run the blocks one after another. */
+/* Row blocks per work item (run_jobs): the group's blocks visit their keys together so that K
+ * and V tiles are reused from cache. */
 #define GROUP 4
 
 /* Keys [lo, hi) of (b, hk) in tiles of 64. */
@@ -441,31 +441,67 @@ static void visit_sparse_group(mi_tile *const *t, int G, tile_mode mode, const m
     for (int g = 0; g < G; g++) visit_columns(t[g], mode, k, v, job, hk);
 }
 
+/* Key ranges of an A-shape job for rows [r0, r1): [0, r1) when the block holds Tri-shape rows
+ * or the sinks touch the window, else the sinks [0, min(n_init, r1)) and the window
+ * [r0 - n_local + 1, r1). Returns the number of ranges (1 or 2). */
+static int ashape_ranges(const mi_attn_job *job, int64_t r0, int64_t r1, int64_t *lo,
+                         int64_t *hi) {
+    const int64_t sink_hi = mi_cpu_min64(mi_cpu_max64(job->n_init, 0), r1);
+    const int64_t win_lo = mi_cpu_max64(0, r0 - job->n_local + 1);
+    if (r1 - 1 >= job->tri_start || win_lo <= sink_hi) {
+        lo[0] = 0;
+        hi[0] = r1;
+        return 1;
+    }
+    lo[0] = 0;
+    hi[0] = sink_hi;
+    lo[1] = win_lo;
+    hi[1] = r1;
+    return 2;
+}
+
+/* A-shape job, G consecutive row blocks. Key tiles are taken one at a time from the block whose
+ * walk is furthest behind, so that neighbouring blocks, whose windows are the same keys shifted
+ * by one tile, use each K/V tile back to back while it is in cache. Each block still sees its
+ * own tiles in its own order (results equal those of a lone block). */
+static void visit_ashape_group(mi_tile *const *t, int G, tile_mode mode, const mi_tensor *k,
+                               const mi_tensor *v, const mi_attn_job *job, int64_t hk) {
+    const mask_params mp = job_mask(job);
+    int64_t lo[GROUP][2], hi[GROUP][2], pos[GROUP];
+    int n[GROUP], ri[GROUP];
+    for (int g = 0; g < G; g++) {
+        n[g] = ashape_ranges(job, t[g]->r0, t[g]->r0 + t[g]->nr, lo[g], hi[g]);
+        ri[g] = 0;
+        pos[g] = lo[g][0];
+    }
+    for (;;) {
+        int best = -1;
+        for (int g = 0; g < G; g++) {
+            while (ri[g] < n[g] && pos[g] >= hi[g][ri[g]]) {
+                if (++ri[g] < n[g]) pos[g] = lo[g][ri[g]];
+            }
+            if (ri[g] < n[g] && (best < 0 || pos[g] < pos[best])) best = g;
+        }
+        if (best < 0) break;
+        const int64_t end = mi_cpu_min64(pos[best] + MI_BS, hi[best][ri[best]]);
+        visit_range(t[best], mode, k, v, job->b, hk, pos[best], end, &mp, NULL, NULL);
+        pos[best] = end;
+    }
+}
+
 /* Visits every key the job's pattern gives the current row block (t->r0 .. t->r0 + t->nr). Keys
  * after the block's last row are causally invisible to all its rows and are skipped. */
 static void visit_job(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_tensor *v,
                       const mi_attn_job *job, int64_t hk) {
-    const int64_t r0 = t->r0, r1 = t->r0 + t->nr, b = job->b;
+    const int64_t r1 = t->r0 + t->nr, b = job->b;
     const mask_params mp = job_mask(job);
     switch (job->kind) {
     case MI_JOB_DENSE:
         visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
         break;
-    case MI_JOB_ASHAPE: {
-        if (r1 - 1 >= job->tri_start) {
-            visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
-            break;
-        }
-        const int64_t sink_hi = mi_cpu_min64(mi_cpu_max64(job->n_init, 0), r1);
-        const int64_t win_lo = mi_cpu_max64(0, r0 - job->n_local + 1);
-        if (win_lo <= sink_hi) {
-            visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
-        } else {
-            visit_range(t, mode, k, v, b, hk, 0, sink_hi, &mp, NULL, NULL);
-            visit_range(t, mode, k, v, b, hk, win_lo, r1, &mp, NULL, NULL);
-        }
+    case MI_JOB_ASHAPE:
+        visit_ashape_group(&t, 1, mode, k, v, job, hk);
         break;
-    }
     case MI_JOB_SPARSE:
         visit_sparse_group(&t, 1, mode, k, v, job, hk);
         break;
@@ -528,17 +564,13 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
             const int64_t nr = mi_cpu_max64(0, mi_cpu_min64(r1, job->len) - r0);
             zero_rows(out, lse, job->b, job->h, r0 + nr, r1, L, s->heads_q);
             if (nr == 0) continue;
-            tile_begin(t[n_live], q, job->b, job->h, r0, nr, mul);
-            if (job->kind == MI_JOB_ASHAPE) {
-                visit_job(t[n_live], MODE_ATTN, k, v, job, hk);
-                tile_finish(t[n_live], out, lse, job->b, job->h, L, s->heads_q);
-            } else {
-                n_live++;
-            }
+            tile_begin(t[n_live++], q, job->b, job->h, r0, nr, mul);
         }
         if (n_live > 0) {
             if (job->kind == MI_JOB_DENSE) {
                 visit_dense_group(t, n_live, k, v, job->b, hk);
+            } else if (job->kind == MI_JOB_ASHAPE) {
+                visit_ashape_group(t, n_live, MODE_ATTN, k, v, job, hk);
             } else {
                 visit_sparse_group(t, n_live, MODE_ATTN, k, v, job, hk);
             }
