@@ -133,16 +133,24 @@ static mi_status check_scale(mi_context *ctx, float scale) {
         if (st_ != MI_STATUS_SUCCESS) return st_;                                              \
     } while (0)
 
+/* The checks every attention kernel call shares: context, operands, LSE buffer, scale. */
+static mi_status check_attention_call(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                      const mi_tensor *v, const mi_tensor *out,
+                                      const int32_t *seq_lens, const float *lse, float scale,
+                                      mi_attn_shape *s) {
+    MI_TRY(check_ctx(ctx));
+    if (!k || !v || !out)
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
+    MI_TRY(mi_check_attention(ctx, q, k, v, out, seq_lens, s));
+    MI_TRY(check_lse(ctx, lse));
+    return check_scale(ctx, scale);
+}
+
 mi_status mi_attention_dense(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
                              const mi_tensor *v, const int32_t *seq_lens, float scale,
                              mi_tensor *out, float *lse) {
     mi_attn_shape s;
-    MI_TRY(check_ctx(ctx));
-    if (!k || !v || !out)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
-    MI_TRY(mi_check_attention(ctx, q, k, v, out, seq_lens, &s));
-    MI_TRY(check_lse(ctx, lse));
-    MI_TRY(check_scale(ctx, scale));
+    MI_TRY(check_attention_call(ctx, q, k, v, out, seq_lens, lse, scale, &s));
     scale = mi_resolve_scale(scale, s.head_dim);
     return MI_DISPATCH(ctx, attention_dense, &s, q, k, v, seq_lens, scale, out, lse);
 }
@@ -152,12 +160,7 @@ mi_status mi_attention_a_shape(mi_context *ctx, const mi_tensor *q, const mi_ten
                                int32_t n_local, int32_t n_last, float scale, mi_tensor *out,
                                float *lse) {
     mi_attn_shape s;
-    MI_TRY(check_ctx(ctx));
-    if (!k || !v || !out)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
-    MI_TRY(mi_check_attention(ctx, q, k, v, out, seq_lens, &s));
-    MI_TRY(check_lse(ctx, lse));
-    MI_TRY(check_scale(ctx, scale));
+    MI_TRY(check_attention_call(ctx, q, k, v, out, seq_lens, lse, scale, &s));
     if (n_init < 0 || n_local < 0 || n_last < 0)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
                        "n_init (%d), n_local (%d) and n_last (%d) must be >= 0", (int)n_init,
@@ -312,12 +315,7 @@ mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tens
                               const mi_sparse_index *index, float scale, mi_tensor *out,
                               float *lse) {
     mi_attn_shape s;
-    MI_TRY(check_ctx(ctx));
-    if (!k || !v || !out)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
-    MI_TRY(mi_check_attention(ctx, q, k, v, out, seq_lens, &s));
-    MI_TRY(check_lse(ctx, lse));
-    MI_TRY(check_scale(ctx, scale));
+    MI_TRY(check_attention_call(ctx, q, k, v, out, seq_lens, lse, scale, &s));
     MI_TRY(check_sparse_index(ctx, index, s.batch, s.heads_q, s.len));
     if (ctx->params.device == MI_DEVICE_CPU) {
         const int64_t n = (int64_t)index->batch * index->heads * index->row_blocks;
