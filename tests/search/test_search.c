@@ -208,6 +208,49 @@ static void test_fixed_and_bad_input(mi_context *ctx, const mi_tensor *tq, const
     CHECK(best[0].top_k == -7);
 }
 
+/* GQA (2 query heads per KV head), a batch of two with a short second sequence, bf16 inputs:
+ * the adaptive target holds for the batch-averaged recall and every output is a valid pattern. */
+static void test_gqa_batch(mi_context *ctx) {
+    enum { B = 2, HQ = 4, HKV = 2, LL = 384, DD = 32 };
+    uint16_t *buf = calloc((size_t)B * (HQ + 2 * HKV) * LL * DD, sizeof(uint16_t));
+    if (!buf) return;
+    mi_tensor tq = mi_tensor_bhld(buf, MI_DTYPE_BF16, MI_DEVICE_CPU, B, HQ, LL, DD);
+    mi_tensor tk = mi_tensor_bhld(buf + B * HQ * LL * DD, MI_DTYPE_BF16, MI_DEVICE_CPU, B, HKV,
+                                  LL, DD);
+    mi_tensor tv = mi_tensor_bhld(buf + B * (HQ + HKV) * LL * DD, MI_DTYPE_BF16, MI_DEVICE_CPU, B,
+                                  HKV, LL, DD);
+    mi_synth_params sp = mi_synth_default_params();
+    sp.seed = 7;
+    CHECK_STATUS(mi_synth_generate(ctx, &sp, &tq, &tk, &tv, NULL), MI_STATUS_SUCCESS);
+    const int32_t lens[B] = {LL, 200};
+    mi_search_params p = mi_search_default_params();
+    p.mode = MI_SEARCH_ADAPTIVE;
+    p.target_recall = 0.9;
+    p.iterations = 3;
+    mi_head_pattern best[HQ];
+    double scores[HQ];
+    mi_head_metrics m[HQ];
+    CHECK_STATUS(mi_search_layer(ctx, &tq, &tk, &tv, lens, &p, best, scores, m),
+                 MI_STATUS_SUCCESS);
+    for (int h = 0; h < HQ; h++) {
+        CHECK(mi_pattern_name(best[h].type) != NULL);
+        CHECK(m[h].recall >= 0.9 && m[h].recall <= 1.0 + 1e-6);
+        CHECK(m[h].density > 0.0 && m[h].density <= 1.0 + 1e-6);
+        CHECK(scores[h] <= 1.0 + 1e-6);
+    }
+    /* The kernel error term runs the real prefill on the batch. */
+    p.mode = MI_SEARCH_FIXED;
+    p.error_weight = 1.0;
+    CHECK_STATUS(mi_search_layer(ctx, &tq, &tk, &tv, lens, &p, best, scores, m),
+                 MI_STATUS_SUCCESS);
+    for (int h = 0; h < HQ; h++) {
+        fprintf(stderr, "fixed+error head %d: %s score %.4f\n", h, mi_pattern_name(best[h].type),
+                scores[h]);
+        CHECK(scores[h] > 0.9 && scores[h] <= 1.0 + 1e-6);
+    }
+    free(buf);
+}
+
 int main(void) {
     build();
     mi_context *ctx = NULL;
@@ -220,6 +263,7 @@ int main(void) {
     test_adaptive(ctx, &tq, &tk, &tv);
     test_flops_matched(ctx, &tq, &tk, &tv);
     test_fixed_and_bad_input(ctx, &tq, &tk, &tv);
+    test_gqa_batch(ctx);
     mi_context_destroy(ctx);
     return CHECK_SUMMARY("search");
 }
