@@ -55,6 +55,64 @@ def cpu_table(runs):
     return out
 
 
+def gpu_tables(runs):
+    """GPU attention runs (bench/torch_ref.py). Several runs recorded kernel variants; for each
+    section the run of the variant the final build uses is the one with the full set of lengths
+    and the highest throughput (a final quick run re-checks it at 32K and 128K)."""
+    gpu = [r for r in runs if r.get("gpu") and isinstance(r.get("dense"), list)]
+    if not gpu:
+        return []
+
+    def best(key, rate):
+        cands = [r for r in gpu if isinstance(r.get(key), list) and r[key]]
+        if not cands:
+            return None
+        most = max(len(r[key]) for r in cands)
+        full = [r for r in cands if len(r[key]) == most]
+        return max(full, key=lambda r: sum(e.get(rate, 0) for e in r[key]) / len(r[key]))
+
+    out = []
+    d = best("dense", "ours_tflops")
+    if d:
+        out += [f"**GPU dense attention**, {d['gpu']}, {d.get('dtype', 'bf16')}, D = "
+                f"{d.get('head_dim', 128)}, causal (`{d['_file']}`, commit {d.get('commit', '?')}). "
+                "Per-head times; cuDNN and FlashAttention-2 are PyTorch SDPA backends measured in "
+                "the same run on the same inputs.", "",
+                "| L | heads | ours ms/head | ours TFLOP/s | cuDNN TFLOP/s | flash TFLOP/s | ours / cuDNN |",
+                "|---|---|---|---|---|---|---|"]
+        for e in d["dense"]:
+            out.append(f"| {e['L'] // 1024}K | {e.get('heads')} | {fmt(e.get('ours_ms_per_head'), '.2f')} "
+                       f"| {fmt(e.get('ours_tflops'), '.0f')} | {fmt(e.get('cudnn_tflops'), '.0f')} "
+                       f"| {fmt(e.get('flash_tflops'), '.0f')} | {fmt(e.get('ratio_to_cudnn'), '.2f')} |")
+        out.append("")
+    sp = best("sparse", "effective_tflops")
+    if sp:
+        out += [f"**GPU sparse kernel** on the prescribed index sets (`{sp['_file']}`, commit "
+                f"{sp.get('commit', '?')}); effective TFLOP/s count only the keys computed.", "",
+                "| L | set | keys/row | ms/head | effective TFLOP/s | index build ms |",
+                "|---|---|---|---|---|---|"]
+        for e in sp["sparse"]:
+            out.append(f"| {e['L'] // 1024}K | {e['set']} | {fmt(e.get('keys_per_row'), '.0f')} "
+                       f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
+                       f"| {fmt(e.get('effective_tflops'), '.0f')} | {fmt(e.get('index_ms'), '.2f')} |")
+        out.append("")
+    es = next((r for r in gpu if r.get("estimation")), None)
+    if es:
+        out += [f"**GPU whole-layer prefill** (every head vertical-slash 1000/6096, estimation and "
+                f"index included; `{es['_file']}`)", "",
+                "| L | heads | prefill ms/head | estimation + index share |", "|---|---|---|---|"]
+        for e in es["estimation"]:
+            out.append(f"| {e['L'] // 1024}K | {e['heads']} | {fmt(e.get('prefill_ms_per_head'), '.2f')} "
+                       f"| {fmt(100 * e.get('estimate_index_share', 0), '.1f')} % |")
+        out.append("")
+    if any(r["_file"].endswith(".json") for r in gpu):
+        pngs = sorted(glob.glob(os.path.join(ROOT, "bench", "results", "*gpu-attention*.png")))
+        if pngs:
+            rel = os.path.relpath(pngs[-1], ROOT)
+            out += [f"![time per head against length]({rel})", ""]
+    return out
+
+
 def generic_tables(runs):
     """Other result files carry a ready-made table: 'columns' (names) and 'table' (row dicts)."""
     out = []
@@ -76,7 +134,7 @@ def generic_tables(runs):
 
 def main():
     runs = load_runs()
-    lines = cpu_table(runs) + generic_tables(runs)
+    lines = cpu_table(runs) + gpu_tables(runs) + generic_tables(runs)
     if not lines:
         lines = ["No benchmark results recorded yet."]
     readme_path = os.path.join(ROOT, "README.md")
