@@ -324,7 +324,9 @@ mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_ten
  * [ { "<head>": [pattern, vertical_size, slash_size, score], ... },   <- layer 0
  *   ... ]
  * pattern is "vertical_and_slash", "stream_llm" (n_init = vertical_size, n_local = slash_size) or
- * "block_sparse" (top_k 100); this library also reads and writes "dense" and "tri_shape".
+ * "block_sparse" (top_k = vertical_size: the original ignores the sizes of such heads and never
+ * writes them); this library also reads and writes "dense" and "tri_shape" (n_init, n_local as
+ * for stream_llm; n_last is not stored and reads back as 100).
  * Missing layers or heads get the config's default pattern (VS 1000/6096 unless set).
  */
 typedef struct mi_config mi_config;

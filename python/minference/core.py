@@ -503,7 +503,8 @@ def _as_head_pattern(p):
         if code == L.MI_PATTERN_TRI_SHAPE:
             return HeadPattern(name, n_init=vs, n_local=ss)
         if code == L.MI_PATTERN_BLOCK_SPARSE:
-            return HeadPattern(name)
+            # As the C config reader: the first size is the block budget.
+            return HeadPattern(name, top_k=vs) if vs is not None else HeadPattern(name)
         if code == L.MI_PATTERN_DENSE:
             return HeadPattern(name)
         return HeadPattern(name, vertical_size=vs, slash_size=ss)

@@ -56,7 +56,7 @@ def test_config_parse_layers_and_defaults():
     assert pats[3].name == "vertical_and_slash"  # missing head -> default
     assert scores[0] == pytest.approx(0.91) and np.isnan(scores[3])
     pats1, _ = cfg.layer(1, 4)
-    assert pats1[1].name == "block_sparse" and pats1[1].to_c().top_k == 100
+    assert pats1[1].name == "block_sparse" and pats1[1].to_c().top_k == 8  # first size = blocks
     cfg.check(2, 3)
     cfg.check(32, 32)  # fewer layers / heads than the model: defaults fill them
     with pytest.raises(MInferenceError) as e:

@@ -220,6 +220,10 @@ static bool parse_entry(const json_t *arr, config_entry *e, char *why, size_t wh
     if (type == MI_PATTERN_A_SHAPE || type == MI_PATTERN_TRI_SHAPE) {
         p.n_init = vs;
         p.n_local = ss;
+    } else if (type == MI_PATTERN_BLOCK_SPARSE) {
+        /* The original ignores both sizes here (always 100 blocks) and never writes such heads;
+         * the first size carries the searched block budget so that it survives a round trip. */
+        p.top_k = vs;
     }
     e->pattern = p;
     return true;
@@ -443,6 +447,8 @@ mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, 
     if (pattern->type == MI_PATTERN_A_SHAPE || pattern->type == MI_PATTERN_TRI_SHAPE) {
         e->pattern.vertical_size = pattern->n_init;
         e->pattern.slash_size = pattern->n_local;
+    } else if (pattern->type == MI_PATTERN_BLOCK_SPARSE) {
+        e->pattern.vertical_size = pattern->top_k;
     }
     e->score = score;
     e->score_int = 0;
@@ -520,6 +526,8 @@ static void sb_entry(strbuf *sb, int32_t head, const mi_head_pattern *p, score_k
     if (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE) {
         vs = p->n_init;
         ss = p->n_local;
+    } else if (p->type == MI_PATTERN_BLOCK_SPARSE) {
+        vs = p->top_k;
     }
     sb_printf(sb, "\"%d\": [\"%s\", %d, %d, ", (int)head, mi_pattern_name(p->type), (int)vs,
               (int)ss);

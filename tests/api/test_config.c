@@ -63,8 +63,8 @@ static void test_good_file(mi_context *ctx) {
           s[1] == 0.8125);
     /* A head missing from the layer gets the default, with no score. */
     CHECK(same_pattern(&p[2], &vs_default) && isnan(s[2]));
-    /* block_sparse: top_k 100 whatever the sizes, the sizes kept as read. */
-    CHECK(p[3].type == MI_PATTERN_BLOCK_SPARSE && p[3].top_k == 100 && p[3].vertical_size == 30 &&
+    /* block_sparse: the first size is the block budget; both sizes kept as read. */
+    CHECK(p[3].type == MI_PATTERN_BLOCK_SPARSE && p[3].top_k == 30 && p[3].vertical_size == 30 &&
           p[3].slash_size == 800 && s[3] == 2.0);
 
     CHECK_STATUS(mi_config_layer(ctx, cfg, 2, 4, p, s), MI_STATUS_SUCCESS);
