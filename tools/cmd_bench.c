@@ -14,6 +14,7 @@
 #include "args.h"
 #include "cli.h"
 #include "minference.h"
+#include "tool_util.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -63,12 +64,6 @@ typedef struct result {
     double ms, speedup, density, recall, rel_err, gflops, flops;
     mi_head_pattern pattern;
 } result;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -194,10 +189,10 @@ static double sgemm_gflops(int64_t n, int64_t d, int threads, int repeats) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0f, a,
                     (int)d, b, (int)d, 0.0f, c, (int)n);
         for (int r = 0; r < repeats; r++) {
-            double t0 = now_s();
+            double t0 = tool_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0f, a,
                         (int)d, b, (int)d, 0.0f, c, (int)n);
-            t[r] = now_s() - t0;
+            t[r] = tool_now_s() - t0;
         }
         result = 2.0 * (double)n * (double)n * (double)d / median(t, repeats) * 1e-9;
     }
@@ -356,14 +351,14 @@ int mi_cmd_bench(int argc, char **argv) {
     machine_name(machine, sizeof machine);
     fprintf(stderr, "minference bench: L=%d heads=%d/%d D=%d %s, %d threads, seed %d\n", len,
             heads, kv_heads, dim, mi_dtype_name(dtype), threads, seed);
-    double t0 = now_s();
+    double t0 = tool_now_s();
     mi_synth_params sp = mi_synth_default_params();
     sp.seed = (uint64_t)seed;
     if ((st = mi_synth_generate(ctx, &sp, &tq, &tk, &tv, NULL)) != MI_STATUS_SUCCESS) {
         rc = fail_status(ctx, "synthetic data", st);
         goto done;
     }
-    fprintf(stderr, "  synthetic data: %.2f s\n", now_s() - t0);
+    fprintf(stderr, "  synthetic data: %.2f s\n", tool_now_s() - t0);
 
     /* Kernels are measured as they are: no fallback to dense below the crossover. */
     mi_prefill_params pp = mi_prefill_default_params();
@@ -386,13 +381,13 @@ int mi_cmd_bench(int argc, char **argv) {
             goto done;
         }
         mi_tensor *dst = m == 0 ? &tref : &tout;
-        double t_start = now_s();
+        double t_start = tool_now_s();
         for (int rep = 0; rep < repeats; rep++) {
             progress(index, n_run, methods[m].name, rep, repeats + 1);
-            double ts = now_s();
+            double ts = tool_now_s();
             st = mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, dst, NULL, ws,
                                       ws_size);
-            times[rep] = now_s() - ts;
+            times[rep] = tool_now_s() - ts;
             if (st != MI_STATUS_SUCCESS) break;
         }
         free(ws);
@@ -424,7 +419,7 @@ int mi_cmd_bench(int argc, char **argv) {
         r->gflops = r->flops / (r->ms * 1e6);
         if (isatty(2)) fprintf(stderr, "\r");
         fprintf(stderr, "[%d/%d] %-15s %10.2f ms  (%.1f s with metrics)\n", ++index, n_run,
-                methods[m].name, r->ms, now_s() - t_start);
+                methods[m].name, r->ms, tool_now_s() - t_start);
     }
 
     /* After the attention runs: OpenBLAS's worker threads keep spinning for a while after a

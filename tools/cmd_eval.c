@@ -29,6 +29,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "tool_util.h"
 
 #define MAX_METHODS 16
 #define MAX_POINTS 32
@@ -152,65 +153,6 @@ static mi_status method_layer(const method *m, int32_t layer, int32_t n_heads,
 
 /* ------------------------------------------------------------------------------------------ */
 /* Small helpers                                                                               */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf) buf[n] = '\0';
-    if (len) *len = n;
-    return buf;
-}
-
-/* Real English text available on every Debian system: the license texts, concatenated. */
-static char *default_text(size_t *len) {
-    static const char *files[] = {"GPL-3", "GFDL-1.3", "Apache-2.0", "MPL-2.0", "LGPL-2.1",
-                                  "Artistic", "GPL-2"};
-    size_t total = 0;
-    char *out = NULL;
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char path[256];
-        snprintf(path, sizeof path, "/usr/share/common-licenses/%s", files[i]);
-        size_t n = 0;
-        char *t = read_file(path, &n);
-        if (!t) continue;
-        char *p = realloc(out, total + n + 3);
-        if (!p) {
-            free(t);
-            break;
-        }
-        out = p;
-        memcpy(out + total, t, n);
-        total += n;
-        out[total++] = '\n';
-        out[total++] = '\n';
-        out[total] = '\0';
-        free(t);
-    }
-    if (len) *len = total;
-    return out;
-}
 
 /* The packaged SmolLM2 GGUF, found without importing the package. */
 static char *default_model(void) {
@@ -474,9 +416,9 @@ static mi_status answer(eval_state *e, const int32_t *tokens, size_t n, int max_
         return MI_STATUS_OUT_OF_MEMORY;
     }
     text[0] = '\0';
-    double t0 = now_s();
+    double t0 = tool_now_s();
     mi_status st = mi_model_prefill(e->model, tokens, n, logits);
-    *prefill_s = now_s() - t0;
+    *prefill_s = tool_now_s() - t0;
     for (int i = 0; i < max_new && st == MI_STATUS_SUCCESS; i++) {
         int32_t tok = mi_argmax(logits, e->info.vocab);
         if (mi_model_token_is_eog(e->model, tok)) break;
@@ -820,13 +762,13 @@ int mi_cmd_eval(int argc, char **argv) {
         }
     }
     if (text_path) {
-        text = read_file(text_path, &text_len);
+        text = tool_read_file(text_path, &text_len);
         if (!text) {
             fprintf(stderr, "minference eval: cannot read %s\n", text_path);
             goto out;
         }
     } else if (strcmp(task, "passkey") != 0 && strcmp(task, "kv-retrieval") != 0) {
-        text = default_text(&text_len);
+        text = tool_license_text(&text_len);
         if (!text) {
             fprintf(stderr, "minference eval: no --text and no /usr/share/common-licenses\n");
             goto out;
@@ -935,7 +877,7 @@ int mi_cmd_eval(int argc, char **argv) {
             if (strcmp(task, "ppl") == 0) {
                 for (int m = 0; m < nm; m++) {
                     mi_model_capture cap = {NULL, NULL, lp};
-                    double t0 = now_s();
+                    double t0 = tool_now_s();
                     if ((st = use_method(&e, &methods[m])) == MI_STATUS_SUCCESS)
                         st = mi_model_prefill_capture(model, tok, n, &cap);
                     double ppl = NAN, ppl_tail = NAN;
@@ -956,11 +898,11 @@ int mi_cmd_eval(int argc, char **argv) {
                     grid[cell] = ppl;
                     aux[cell] = ppl_tail;
                     fprintf(stderr, "%-22s len %6zu: ppl %.4f (last quarter %.4f) %.1f s\n",
-                            methods[m].name, n, ppl, ppl_tail, now_s() - t0);
+                            methods[m].name, n, ppl, ppl_tail, tool_now_s() - t0);
                     json_array_append_new(
                         runs, json_pack("{s:s, s:I, s:f, s:f, s:f}", "method", methods[m].name,
                                         "length", (json_int_t)n, "ppl", ppl, "ppl_last_quarter",
-                                        ppl_tail, "seconds", now_s() - t0));
+                                        ppl_tail, "seconds", tool_now_s() - t0));
                 }
             } else {
                 recall_acc acc = {&e, ctx, rsum, rsum + nm, 0, MI_STATUS_SUCCESS};

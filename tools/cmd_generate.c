@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "tool_util.h"
 
 static void usage(FILE *f)
 {
@@ -39,13 +40,6 @@ static void usage(FILE *f)
             "                 library's crossover; 0: always sparse)\n"
             "  --quiet        no progress or statistics on stderr\n"
             "Decoding is greedy. Output streams to stdout; statistics go to stderr.\n");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Process CPU time (all threads): next to wall time it shows when other processes held the
@@ -184,7 +178,7 @@ static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_t
     progress_state *ps = user;
     if (n_tokens < 512)
         return; /* short prompts finish before a progress line would help */
-    double el = now_s() - ps->t0;
+    double el = tool_now_s() - ps->t0;
     if (ps->tty) {
         fprintf(stderr, "\rprefill %lld tokens: layer %d/%d (%.1f s)", (long long)n_tokens,
                 layer, n_layers, el);
@@ -325,14 +319,14 @@ int mi_cmd_generate(int argc, char **argv)
     mi_model_params mp = mi_model_default_params();
     mp.device = device;
     mp.n_threads = (int)threads;
-    double t_load = now_s();
+    double t_load = tool_now_s();
     mi_status st = mi_model_load(model_path, &mp, &model, err, sizeof(err));
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: cannot load %s: %s (%s)\n", model_path, err,
                 mi_status_name(st));
         goto done;
     }
-    t_load = now_s() - t_load;
+    t_load = tool_now_s() - t_load;
     mi_model_info info;
     mi_model_get_info(model, &info);
     if (config_path) {
@@ -378,24 +372,24 @@ int mi_cmd_generate(int argc, char **argv)
                 "%d threads, loaded in %.2f s\n", model_path, info.arch, info.n_layers,
                 info.n_heads, info.n_kv_heads, n_tok, mi_attn_mode_name(mode),
                 mp.n_threads > 0 ? mp.n_threads : 0, t_load);
-    progress_state ps = {now_s(), isatty(2) != 0};
+    progress_state ps = {tool_now_s(), isatty(2) != 0};
     if (!quiet)
         mi_model_set_progress(model, on_progress, &ps);
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = tool_now_s(), c0 = cpu_s();
     st = mi_model_prefill(model, tokens, n_tok, logits);
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: prefill failed: %s\n", mi_model_last_error(model));
         goto done;
     }
     mi_model_set_progress(model, NULL, NULL);
-    double t_prefill = now_s() - t0, c_prefill = cpu_s() - c0, ttft = t_prefill;
+    double t_prefill = tool_now_s() - t0, c_prefill = cpu_s() - c0, ttft = t_prefill;
     long long n_gen = 0, n_dec = 0;
-    double t_dec0 = now_s(), c_dec0 = cpu_s();
+    double t_dec0 = tool_now_s(), c_dec0 = cpu_s();
     char piece[256];
     for (long long i = 0; i < max_new; i++) {
         int32_t next = mi_argmax(logits, info.vocab);
         if (i == 0)
-            ttft = now_s() - t0;
+            ttft = tool_now_s() - t0;
         if (mi_model_token_is_eog(model, next))
             break;
         n_gen++;
@@ -415,7 +409,7 @@ int mi_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
-    double t_dec = now_s() - t_dec0, c_dec = cpu_s() - c_dec0;
+    double t_dec = tool_now_s() - t_dec0, c_dec = cpu_s() - c_dec0;
     printf("\n");
     fflush(stdout);
     if (!quiet) {

@@ -16,6 +16,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "tool_util.h"
 
 static const char usage_text[] =
     "usage: minference search --out CFG.json [--model PATH] [--sample FILE] [--len N]\n"
@@ -37,62 +38,6 @@ static const char usage_text[] =
     "  --candidates  comma list of families, e.g. a_shape:100:800,vs:1000:6096,block_sparse:8\n"
     "                (default: the original's seven)\n"
     "Progress per layer goes to stderr; the config is written after every layer.\n";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf) buf[n] = '\0';
-    if (len) *len = n;
-    return buf;
-}
-
-static char *license_text(size_t *len) {
-    static const char *files[] = {"GPL-3", "GFDL-1.3", "Apache-2.0", "MPL-2.0", "LGPL-2.1",
-                                  "Artistic", "GPL-2"};
-    size_t total = 0;
-    char *out = NULL;
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char path[256];
-        snprintf(path, sizeof path, "/usr/share/common-licenses/%s", files[i]);
-        size_t n = 0;
-        char *t = read_file(path, &n);
-        if (!t) continue;
-        char *p = realloc(out, total + n + 1);
-        if (!p) {
-            free(t);
-            break;
-        }
-        out = p;
-        memcpy(out + total, t, n);
-        total += n;
-        out[total] = '\0';
-        free(t);
-    }
-    if (len) *len = total;
-    return out;
-}
 
 static char *default_model(void) {
     const char *env = getenv("MI_MODEL");
@@ -194,7 +139,7 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
         fprintf(stderr, "minference search: %s\n", mi_context_last_error(s->ctx));
         return st;
     }
-    const double t = now_s();
+    const double t = tool_now_s();
     fprintf(stderr,
             "layer %2d/%d  %5.1f s  a_shape %d  tri_shape %d  vs %d  block_sparse %d  dense %d"
             "  recall %.3f  density %.3f\n",
@@ -274,7 +219,7 @@ int mi_cmd_search(int argc, char **argv) {
         return 1;
     }
     size_t text_len = 0;
-    char *text = sample ? read_file(sample, &text_len) : license_text(&text_len);
+    char *text = sample ? tool_read_file(sample, &text_len) : tool_license_text(&text_len);
     if (!text) {
         fprintf(stderr, "minference search: cannot read %s\n",
                 sample ? sample : "/usr/share/common-licenses");
@@ -330,7 +275,7 @@ int mi_cmd_search(int argc, char **argv) {
     if ((st = mi_model_set_attention(model, MI_ATTN_DENSE, NULL, 0)) != MI_STATUS_SUCCESS)
         goto done;
     mi_model_capture cap = {on_layer, &s, NULL};
-    const double t0 = now_s();
+    const double t0 = tool_now_s();
     s.t_layer = t0;
     st = mi_model_prefill_capture(model, tok, n, &cap);
     if (st != MI_STATUS_SUCCESS) {
@@ -341,7 +286,7 @@ int mi_cmd_search(int argc, char **argv) {
     fprintf(stderr,
             "done in %.1f s: a_shape %d, tri_shape %d, vs %d, block_sparse %d, dense %d heads; "
             "mean recall %.4f, density %.4f; wrote %s\n",
-            now_s() - t0, s.counts[MI_PATTERN_A_SHAPE], s.counts[MI_PATTERN_TRI_SHAPE],
+            tool_now_s() - t0, s.counts[MI_PATTERN_A_SHAPE], s.counts[MI_PATTERN_TRI_SHAPE],
             s.counts[MI_PATTERN_VERTICAL_SLASH], s.counts[MI_PATTERN_BLOCK_SPARSE],
             s.counts[MI_PATTERN_DENSE], s.recall_sum / heads, s.density_sum / heads, out);
     rc = 0;

@@ -1,0 +1,17 @@
+/* tool_util.h: small helpers the subcommands share (timing, whole-file reads, default text). */
+#ifndef MI_TOOL_UTIL_H
+#define MI_TOOL_UTIL_H
+
+#include <stddef.h>
+
+/* Monotonic wall-clock seconds. */
+double tool_now_s(void);
+
+/* The whole file, NUL-terminated, malloc'ed (NULL if it cannot be read); *len gets its size. */
+char *tool_read_file(const char *path, size_t *len);
+
+/* Real English text present on every Debian system: the license texts of
+ * /usr/share/common-licenses, concatenated with blank lines between them. NULL if none. */
+char *tool_license_text(size_t *len);
+
+#endif
