@@ -113,6 +113,25 @@ def gpu_tables(runs):
     return out
 
 
+def ttft_tables(runs):
+    """Projected TTFT of the 8B shape (bench/project_8b_ttft.py)."""
+    out = []
+    for r in runs:
+        if r.get("model_shape") is None or not isinstance(r.get("rows"), list):
+            continue
+        out += [f"**Projected TTFT, {r['model_shape']}**, {r.get('gpu', '?')} (`{r['_file']}`): "
+                f"{r.get('what', '')}.", "",
+                "| L | GEMMs / layer | attention / layer, dense | attention / layer, minference "
+                "| TTFT dense | TTFT minference |", "|---|---|---|---|---|---|"]
+        for e in r["rows"]:
+            out.append(f"| {e['L'] // 1024}K | {fmt(e['gemm_ms_per_layer'], '.0f')} ms "
+                       f"| {fmt(e['attn_dense_ms_per_layer'], '.0f')} ms "
+                       f"| {fmt(e['attn_minference_ms_per_layer'], '.0f')} ms "
+                       f"| {fmt(e['ttft_dense_s'], '.1f')} s | {fmt(e['ttft_minference_s'], '.1f')} s |")
+        out.append("")
+    return out
+
+
 def generic_tables(runs):
     """Other result files carry a ready-made table: 'columns' (names) and 'table' (row dicts)."""
     out = []
@@ -134,7 +153,7 @@ def generic_tables(runs):
 
 def main():
     runs = load_runs()
-    lines = cpu_table(runs) + gpu_tables(runs) + generic_tables(runs)
+    lines = cpu_table(runs) + gpu_tables(runs) + ttft_tables(runs) + generic_tables(runs)
     if not lines:
         lines = ["No benchmark results recorded yet."]
     readme_path = os.path.join(ROOT, "README.md")
