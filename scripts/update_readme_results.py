@@ -29,6 +29,11 @@ def load_runs():
     return runs
 
 
+def length(L):
+    """32K, 128K, 1M: the way the benchmarks name lengths."""
+    return f"{L // 1048576}M" if L % 1048576 == 0 else f"{L // 1024}K"
+
+
 def fmt(x, spec):
     return format(x, spec) if isinstance(x, (int, float)) else "-"
 
@@ -81,7 +86,7 @@ def gpu_tables(runs):
                 "| L | heads | ours ms/head | ours TFLOP/s | cuDNN TFLOP/s | flash TFLOP/s | ours / cuDNN |",
                 "|---|---|---|---|---|---|---|"]
         for e in d["dense"]:
-            out.append(f"| {e['L'] // 1024}K | {e.get('heads')} | {fmt(e.get('ours_ms_per_head'), '.2f')} "
+            out.append(f"| {length(e['L'])} | {e.get('heads')} | {fmt(e.get('ours_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('ours_tflops'), '.0f')} | {fmt(e.get('cudnn_tflops'), '.0f')} "
                        f"| {fmt(e.get('flash_tflops'), '.0f')} | {fmt(e.get('ratio_to_cudnn'), '.2f')} |")
         out.append("")
@@ -92,7 +97,7 @@ def gpu_tables(runs):
                 "| L | set | keys/row | ms/head | effective TFLOP/s | index build ms |",
                 "|---|---|---|---|---|---|"]
         for e in sp["sparse"]:
-            out.append(f"| {e['L'] // 1024}K | {e['set']} | {fmt(e.get('keys_per_row'), '.0f')} "
+            out.append(f"| {length(e['L'])} | {e['set']} | {fmt(e.get('keys_per_row'), '.0f')} "
                        f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('effective_tflops'), '.0f')} | {fmt(e.get('index_ms'), '.2f')} |")
         out.append("")
@@ -102,7 +107,7 @@ def gpu_tables(runs):
                 f"index included; `{es['_file']}`)", "",
                 "| L | heads | prefill ms/head | estimation + index share |", "|---|---|---|---|"]
         for e in es["estimation"]:
-            out.append(f"| {e['L'] // 1024}K | {e['heads']} | {fmt(e.get('prefill_ms_per_head'), '.2f')} "
+            out.append(f"| {length(e['L'])} | {e['heads']} | {fmt(e.get('prefill_ms_per_head'), '.2f')} "
                        f"| {fmt(100 * e.get('estimate_index_share', 0), '.1f')} % |")
         out.append("")
     if any(r["_file"].endswith(".json") for r in gpu):
@@ -124,7 +129,7 @@ def ttft_tables(runs):
                 "| L | GEMMs / layer | attention / layer, dense | attention / layer, minference "
                 "| TTFT dense | TTFT minference |", "|---|---|---|---|---|---|"]
         for e in r["rows"]:
-            out.append(f"| {e['L'] // 1024}K | {fmt(e['gemm_ms_per_layer'], '.0f')} ms "
+            out.append(f"| {length(e['L'])} | {fmt(e['gemm_ms_per_layer'], '.0f')} ms "
                        f"| {fmt(e['attn_dense_ms_per_layer'], '.0f')} ms "
                        f"| {fmt(e['attn_minference_ms_per_layer'], '.0f')} ms "
                        f"| {fmt(e['ttft_dense_s'], '.1f')} s | {fmt(e['ttft_minference_s'], '.1f')} s |")
