@@ -53,17 +53,17 @@ uint32_t mi_version_number(void);
 /* ------------------------------------------------------------------------------------------ */
 /* Status codes (append-only)                                                                  */
 
-#define MI_STATUS_LIST(X)                                                                      \
-    X(MI_STATUS_SUCCESS, 0, "success")                                                         \
-    X(MI_STATUS_INVALID_ARGUMENT, 1, "invalid argument")                                       \
-    X(MI_STATUS_SHAPE_MISMATCH, 2, "tensor shapes do not match")                               \
-    X(MI_STATUS_UNSUPPORTED, 3, "unsupported dtype, head size, device or option")              \
-    X(MI_STATUS_OUT_OF_MEMORY, 4, "out of memory")                                             \
-    X(MI_STATUS_IO_ERROR, 5, "file could not be read or written")                              \
-    X(MI_STATUS_PARSE_ERROR, 6, "malformed input file")                                        \
-    X(MI_STATUS_NOT_BUILT, 7, "feature not compiled into this build")                          \
-    X(MI_STATUS_DEVICE_ERROR, 8, "device (CUDA) error")                                        \
-    X(MI_STATUS_WORKSPACE_TOO_SMALL, 9, "workspace too small")                                 \
+#define MI_STATUS_LIST(X)                                                                          \
+    X(MI_STATUS_SUCCESS, 0, "success")                                                             \
+    X(MI_STATUS_INVALID_ARGUMENT, 1, "invalid argument")                                           \
+    X(MI_STATUS_SHAPE_MISMATCH, 2, "tensor shapes do not match")                                   \
+    X(MI_STATUS_UNSUPPORTED, 3, "unsupported dtype, head size, device or option")                  \
+    X(MI_STATUS_OUT_OF_MEMORY, 4, "out of memory")                                                 \
+    X(MI_STATUS_IO_ERROR, 5, "file could not be read or written")                                  \
+    X(MI_STATUS_PARSE_ERROR, 6, "malformed input file")                                            \
+    X(MI_STATUS_NOT_BUILT, 7, "feature not compiled into this build")                              \
+    X(MI_STATUS_DEVICE_ERROR, 8, "device (CUDA) error")                                            \
+    X(MI_STATUS_WORKSPACE_TOO_SMALL, 9, "workspace too small")                                     \
     X(MI_STATUS_INTERNAL, 10, "internal error")
 
 typedef enum mi_status {
@@ -152,11 +152,11 @@ float mi_bf16_to_f32(uint16_t h);
 /* Per-head sparse patterns                                                                    */
 
 typedef enum mi_pattern_type {
-    MI_PATTERN_DENSE = 0,           /* causal flash attention */
-    MI_PATTERN_A_SHAPE = 1,         /* "stream_llm": n_init sinks + n_local window */
-    MI_PATTERN_TRI_SHAPE = 2,       /* A-shape + the last n_last query rows dense */
-    MI_PATTERN_VERTICAL_SLASH = 3,  /* "vertical_and_slash" */
-    MI_PATTERN_BLOCK_SPARSE = 4,    /* "block_sparse": top_k 64x64 blocks per row block */
+    MI_PATTERN_DENSE = 0,          /* causal flash attention */
+    MI_PATTERN_A_SHAPE = 1,        /* "stream_llm": n_init sinks + n_local window */
+    MI_PATTERN_TRI_SHAPE = 2,      /* A-shape + the last n_last query rows dense */
+    MI_PATTERN_VERTICAL_SLASH = 3, /* "vertical_and_slash" */
+    MI_PATTERN_BLOCK_SPARSE = 4,   /* "block_sparse": top_k 64x64 blocks per row block */
 } mi_pattern_type;
 
 /* The config-file name of a pattern ("vertical_and_slash", "stream_llm", "block_sparse",
@@ -192,9 +192,9 @@ mi_vs_params mi_vs_default_params(void);
 
 /* Whole-layer prefill parameters. */
 typedef struct mi_prefill_params {
-    float softmax_scale;    /* <= 0: 1/sqrt(D) */
-    mi_vs_params vs;        /* vertical-slash estimation */
-    int32_t dense_below;    /* sequences shorter than this run dense; < 0: library default
+    float softmax_scale; /* <= 0: 1/sqrt(D) */
+    mi_vs_params vs;     /* vertical-slash estimation */
+    int32_t dense_below; /* sequences shorter than this run dense; < 0: library default
                                (the measured crossover for the device), 0: never fall back */
 } mi_prefill_params;
 
@@ -315,8 +315,7 @@ mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const m
 mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
                                const mi_tensor *v, const int32_t *seq_lens,
                                const mi_head_pattern *patterns, const mi_prefill_params *params,
-                               mi_tensor *out, float *lse, void *workspace,
-                               size_t workspace_size);
+                               mi_tensor *out, float *lse, void *workspace, size_t workspace_size);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Pattern configs: the original's JSON                                                        */
@@ -348,8 +347,8 @@ mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_la
                           int32_t n_heads);
 /* Patterns of one layer's heads, defaults filled in. patterns [n_heads]; scores optional [n_heads]
  * (NaN where absent). */
-mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer,
-                          int32_t n_heads, mi_head_pattern *patterns, double *scores);
+mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer, int32_t n_heads,
+                          mi_head_pattern *patterns, double *scores);
 mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, int32_t head,
                              const mi_head_pattern *pattern, double score);
 /* Serialise: *out is malloc'ed, NUL-terminated; release with mi_free. */
@@ -363,14 +362,14 @@ void mi_free(void *ptr);
 
 typedef struct mi_synth_params {
     uint64_t seed;
-    int32_t n_sinks;        /* sink key columns at the start (strong for every query) */
-    int32_t n_verticals;    /* heavy-hitter key columns at random positions */
-    int32_t n_slashes;      /* slash lines at chosen distances (besides the local band) */
+    int32_t n_sinks;                /* sink key columns at the start (strong for every query) */
+    int32_t n_verticals;            /* heavy-hitter key columns at random positions */
+    int32_t n_slashes;              /* slash lines at chosen distances (besides the local band) */
     const int32_t *slash_distances; /* [n_slashes] or NULL: random distances */
-    int32_t local_window;   /* width of the local decay band */
-    int32_t n_needles;      /* retrieval pairs: a query row aligned with one far key */
-    float strength;         /* logit boost of planted structure (default 6) */
-    float noise;            /* scale of the random background (default 1) */
+    int32_t local_window;           /* width of the local decay band */
+    int32_t n_needles;              /* retrieval pairs: a query row aligned with one far key */
+    float strength;                 /* logit boost of planted structure (default 6) */
+    float noise;                    /* scale of the random background (default 1) */
 } mi_synth_params;
 
 mi_synth_params mi_synth_default_params(void);
@@ -394,10 +393,10 @@ mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_t
 /* Metrics (CPU)                                                                               */
 
 typedef struct mi_head_metrics {
-    double recall;        /* attention mass of dense kept by the pattern's keys, mean over rows */
-    double density;       /* fraction of causal (row, key) pairs computed */
-    double flops;         /* 4 * D * (keys visited), summed over rows (estimation excluded) */
-    double dense_flops;   /* 2 * len^2 * D -style count: 4 * D * causal pairs */
+    double recall;      /* attention mass of dense kept by the pattern's keys, mean over rows */
+    double density;     /* fraction of causal (row, key) pairs computed */
+    double flops;       /* 4 * D * (keys visited), summed over rows (estimation excluded) */
+    double dense_flops; /* 2 * len^2 * D -style count: 4 * D * causal pairs */
 } mi_head_metrics;
 
 /* Recall, density and FLOPs of each (b, h)'s pattern on these q/k, exact and blockwise (no
@@ -442,12 +441,12 @@ typedef struct mi_search_params {
     const mi_head_pattern *candidates; /* [n_candidates]; NULL: mi_search_default_candidates */
     int32_t n_candidates;
     mi_search_mode mode;
-    double target_density;  /* MI_SEARCH_FLOPS: in (0, 1] (default 0.1) */
-    double target_recall;   /* MI_SEARCH_ADAPTIVE: in (0, 1] (default 0.95) */
-    double error_weight;    /* weight of the kernel output error in the score (default 1) */
-    double max_scale;       /* largest budget scale tried (default 64) */
-    double min_scale;       /* smallest budget scale tried (default 1/64) */
-    int32_t iterations;     /* bisection steps per candidate (default 6) */
+    double target_density;     /* MI_SEARCH_FLOPS: in (0, 1] (default 0.1) */
+    double target_recall;      /* MI_SEARCH_ADAPTIVE: in (0, 1] (default 0.95) */
+    double error_weight;       /* weight of the kernel output error in the score (default 1) */
+    double max_scale;          /* largest budget scale tried (default 64) */
+    double min_scale;          /* smallest budget scale tried (default 1/64) */
+    int32_t iterations;        /* bisection steps per candidate (default 6) */
     mi_prefill_params prefill; /* estimation parameters; dense_below is forced to 0 */
 } mi_search_params;
 
@@ -501,7 +500,7 @@ mi_status mi_eval_log_prob(const float *logits, int32_t n_vocab, int32_t token, 
 mi_status mi_eval_perplexity(const double *log_probs, int64_t n, double *ppl);
 
 /* The RULER filler sentence block, repeated. */
-#define MI_EVAL_FILLER                                                                         \
+#define MI_EVAL_FILLER                                                                             \
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 /* A haystack of at least min_bytes bytes: MI_EVAL_FILLER repeated when text is NULL, else text

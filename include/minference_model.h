@@ -79,15 +79,15 @@ mi_model_params mi_model_default_params(void);
  * model.safetensors.index.json, tokenizer.json). On failure *out is NULL and err (may be NULL)
  * holds a message: MI_STATUS_IO_ERROR (cannot open), MI_STATUS_PARSE_ERROR (truncated or corrupt
  * file), MI_STATUS_UNSUPPORTED (architecture, tensor type or tokenizer it cannot run). */
-mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out,
-                        char *err, size_t err_size);
+mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out, char *err,
+                        size_t err_size);
 void mi_model_destroy(mi_model *model);
 /* Message of the last failed call on this model ("" if none). */
 const char *mi_model_last_error(const mi_model *model);
 
 typedef struct mi_model_info {
-    char arch[32];        /* "llama", "qwen2", "mistral" */
-    char source[16];      /* "gguf" or "safetensors" */
+    char arch[32];   /* "llama", "qwen2", "mistral" */
+    char source[16]; /* "gguf" or "safetensors" */
     int32_t n_layers, n_heads, n_kv_heads, head_dim, hidden, ffn, vocab;
     int64_t context_length;
     double rope_theta, rms_eps;
@@ -106,8 +106,7 @@ mi_status mi_model_set_attention(mi_model *model, mi_attn_mode mode, const mi_co
                                  int32_t dense_below);
 
 /* Progress of a prefill: called after each layer. */
-typedef void (*mi_model_progress_fn)(void *user, int32_t layer, int32_t n_layers,
-                                     int64_t n_tokens);
+typedef void (*mi_model_progress_fn)(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens);
 mi_status mi_model_set_progress(mi_model *model, mi_model_progress_fn fn, void *user);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -118,12 +117,11 @@ mi_status mi_model_set_progress(mi_model *model, mi_model_progress_fn fn, void *
  * < 0 uses the model's default; parse_special != 0 turns special-token text
  * ("<|im_start|>") into its id. */
 mi_status mi_model_tokenize(mi_model *model, const char *text, size_t length, int add_bos,
-                            int parse_special, int32_t *tokens, size_t capacity,
-                            size_t *n_tokens);
+                            int parse_special, int32_t *tokens, size_t capacity, size_t *n_tokens);
 /* The bytes of one token (control tokens give their text). *length gets the full length; the
  * copy is truncated to capacity (no NUL is written). */
-mi_status mi_model_token_to_piece(const mi_model *model, int32_t token, char *buf,
-                                  size_t capacity, size_t *length);
+mi_status mi_model_token_to_piece(const mi_model *model, int32_t token, char *buf, size_t capacity,
+                                  size_t *length);
 /* 1 if generation should stop at this token (eos, eot, <|im_end|>, <|end_of_text|>). */
 int mi_model_token_is_eog(const mi_model *model, int32_t token);
 /* 1 for control tokens (not printed while streaming). */
@@ -148,12 +146,10 @@ mi_status mi_model_chat_prompt(const mi_model *model, mi_chat_template tmpl, con
 
 /* Runs the prompt from an empty cache (previous state is dropped) and writes the last position's
  * logits [vocab] (may be NULL). Attention is the mode set by mi_model_set_attention. */
-mi_status mi_model_prefill(mi_model *model, const int32_t *tokens, size_t n_tokens,
-                           float *logits);
+mi_status mi_model_prefill(mi_model *model, const int32_t *tokens, size_t n_tokens, float *logits);
 /* Appends tokens to the cache (one token for decode; more for a follow-up turn, which attends
  * densely, as in the original) and writes the last position's logits. */
-mi_status mi_model_decode(mi_model *model, const int32_t *tokens, size_t n_tokens,
-                          float *logits);
+mi_status mi_model_decode(mi_model *model, const int32_t *tokens, size_t n_tokens, float *logits);
 /* Tokens in the cache. */
 int64_t mi_model_n_past(const mi_model *model);
 /* Index of the largest logit (the first one on ties). */

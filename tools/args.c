@@ -23,9 +23,9 @@ static bool parse_int(const char *text, long long min, long long max, int *out) 
     return true;
 }
 
-args_result args_parse(const char *command, const char *usage, const arg_spec *specs,
-                       int n_specs, int argc, char **argv, const char **positional,
-                       int max_positional, int *n_positional) {
+args_result args_parse(const char *command, const char *usage, const arg_spec *specs, int n_specs,
+                       int argc, char **argv, const char **positional, int max_positional,
+                       int *n_positional) {
     int np = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];

@@ -19,9 +19,9 @@ typedef enum arg_kind {
 typedef struct arg_spec {
     const char *name; /* without the leading "--" */
     arg_kind kind;
-    void *value;      /* int *, const char ** or bool * */
+    void *value;        /* int *, const char ** or bool * */
     long long min, max; /* ARG_INT only */
-    bool *seen;       /* optional: set when the flag appears */
+    bool *seen;         /* optional: set when the flag appears */
 } arg_spec;
 
 typedef enum args_result {
@@ -32,8 +32,8 @@ typedef enum args_result {
 
 /* Parses argv[0..argc-1] (no program or subcommand name). Positionals go to positional[], at most
  * max_positional of them (more is an error). usage is printed on error or help. */
-args_result args_parse(const char *command, const char *usage, const arg_spec *specs,
-                       int n_specs, int argc, char **argv, const char **positional,
-                       int max_positional, int *n_positional);
+args_result args_parse(const char *command, const char *usage, const arg_spec *specs, int n_specs,
+                       int argc, char **argv, const char **positional, int max_positional,
+                       int *n_positional);
 
 #endif /* MI_TOOLS_ARGS_H */

@@ -76,10 +76,14 @@ static double median(double *v, int n) {
 }
 
 static bool parse_dtype(const char *s, mi_dtype *out) {
-    if (!strcmp(s, "f32") || !strcmp(s, "fp32") || !strcmp(s, "float32")) *out = MI_DTYPE_F32;
-    else if (!strcmp(s, "f16") || !strcmp(s, "fp16") || !strcmp(s, "float16")) *out = MI_DTYPE_F16;
-    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = MI_DTYPE_BF16;
-    else return false;
+    if (!strcmp(s, "f32") || !strcmp(s, "fp32") || !strcmp(s, "float32"))
+        *out = MI_DTYPE_F32;
+    else if (!strcmp(s, "f16") || !strcmp(s, "fp16") || !strcmp(s, "float16"))
+        *out = MI_DTYPE_F16;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
+        *out = MI_DTYPE_BF16;
+    else
+        return false;
     return true;
 }
 
@@ -109,17 +113,22 @@ static void json_string(FILE *f, const char *s) {
     fputc('"', f);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
     }
     fputc('"', f);
 }
 
 /* JSON has no NaN or infinity: write null for them. */
 static void json_number(FILE *f, double v) {
-    if (isfinite(v)) fprintf(f, "%.6g", v);
-    else fputs("null", f);
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
 }
 
 static void progress(int index, int count, const char *name, int done, int total) {
@@ -161,8 +170,10 @@ void mi_bench_prepare_blas(char **argv) {
         return;
     const char *core = NULL;
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) core = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) core = "Haswell";
+    if (__builtin_cpu_supports("avx512f"))
+        core = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        core = "Haswell";
     if (!core) return;
     setenv("OPENBLAS_CORETYPE", core, 1);
     execv("/proc/self/exe", argv);
@@ -210,8 +221,8 @@ static int fail_status(mi_context *ctx, const char *what, mi_status st) {
 }
 
 static int write_json(const char *path, const char *machine, int threads, int len, int heads,
-                      int kv_heads, int dim, mi_dtype dtype, int seed, int repeats,
-                      double sgemm, const result *res) {
+                      int kv_heads, int dim, mi_dtype dtype, int seed, int repeats, double sgemm,
+                      const result *res) {
     FILE *f = fopen(path, "w");
     if (!f) {
         perror(path);
@@ -228,8 +239,7 @@ static int write_json(const char *path, const char *machine, int threads, int le
             ",\n  \"library_version\": \"%s\",\n  \"threads\": %d,\n  \"len\": %d,\n"
             "  \"heads\": %d,\n  \"kv_heads\": %d,\n  \"dim\": %d,\n  \"dtype\": \"%s\",\n"
             "  \"seed\": %d,\n  \"repeats\": %d,\n  \"blas\": ",
-            mi_version(), threads, len, heads, kv_heads, dim, mi_dtype_name(dtype), seed,
-            repeats);
+            mi_version(), threads, len, heads, kv_heads, dim, mi_dtype_name(dtype), seed, repeats);
     json_string(f, openblas_get_config());
     fprintf(f, ",\n  \"sgemm_gflops\": ");
     json_number(f, sgemm);
@@ -287,8 +297,8 @@ int mi_cmd_bench(int argc, char **argv) {
     };
     const char *pos[1];
     int np = 0;
-    args_result ar = args_parse("bench", usage, specs, (int)(sizeof specs / sizeof specs[0]),
-                                argc, argv, pos, 0, &np);
+    args_result ar = args_parse("bench", usage, specs, (int)(sizeof specs / sizeof specs[0]), argc,
+                                argv, pos, 0, &np);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
     mi_dtype dtype;
     if (!parse_dtype(dtype_name, &dtype)) {
@@ -337,8 +347,7 @@ int mi_cmd_bench(int argc, char **argv) {
     double *times = malloc((size_t)repeats * sizeof(double));
     int rc = 1, index = 0;
     if (!q || !k || !v || !out_dense || !out || !pats || !hm || !times) {
-        fprintf(stderr, "minference bench: out of memory for L=%d, H=%d, D=%d\n", len, heads,
-                dim);
+        fprintf(stderr, "minference bench: out of memory for L=%d, H=%d, D=%d\n", len, heads, dim);
         goto done;
     }
     mi_tensor tq = mi_tensor_bhld(q, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
@@ -349,8 +358,8 @@ int mi_cmd_bench(int argc, char **argv) {
 
     char machine[384];
     machine_name(machine, sizeof machine);
-    fprintf(stderr, "minference bench: L=%d heads=%d/%d D=%d %s, %d threads, seed %d\n", len,
-            heads, kv_heads, dim, mi_dtype_name(dtype), threads, seed);
+    fprintf(stderr, "minference bench: L=%d heads=%d/%d D=%d %s, %d threads, seed %d\n", len, heads,
+            kv_heads, dim, mi_dtype_name(dtype), threads, seed);
     double t0 = tool_now_s();
     mi_synth_params sp = mi_synth_default_params();
     sp.seed = (uint64_t)seed;
@@ -376,8 +385,7 @@ int mi_cmd_bench(int argc, char **argv) {
         }
         void *ws = ws_size ? malloc(ws_size) : NULL;
         if (ws_size && !ws) {
-            fprintf(stderr, "minference bench: out of memory for a %zu-byte workspace\n",
-                    ws_size);
+            fprintf(stderr, "minference bench: out of memory for a %zu-byte workspace\n", ws_size);
             goto done;
         }
         mi_tensor *dst = m == 0 ? &tref : &tout;
@@ -385,8 +393,7 @@ int mi_cmd_bench(int argc, char **argv) {
         for (int rep = 0; rep < repeats; rep++) {
             progress(index, n_run, methods[m].name, rep, repeats + 1);
             double ts = tool_now_s();
-            st = mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, dst, NULL, ws,
-                                      ws_size);
+            st = mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, dst, NULL, ws, ws_size);
             times[rep] = tool_now_s() - ts;
             if (st != MI_STATUS_SUCCESS) break;
         }
@@ -441,8 +448,8 @@ int mi_cmd_bench(int argc, char **argv) {
     for (int m = 0; m < N_METHODS; m++) {
         const result *r = &res[m];
         if (!r->run) continue;
-        printf("%-15s %10.2f %7.2fx %8.4f %8.4f %10.2e %9.1f\n", methods[m].name, r->ms,
-               r->speedup, r->density, r->recall, r->rel_err, r->gflops);
+        printf("%-15s %10.2f %7.2fx %8.4f %8.4f %10.2e %9.1f\n", methods[m].name, r->ms, r->speedup,
+               r->density, r->recall, r->rel_err, r->gflops);
     }
     rc = 0;
     if (json_path) {

@@ -186,8 +186,10 @@ int mi_cmd_config(int argc, char **argv) {
         return 1;
     }
     int rc;
-    if (strcmp(argv[0], "validate") == 0) rc = cmd_validate(argc - 1, argv + 1, ctx);
-    else if (strcmp(argv[0], "show") == 0) rc = cmd_show(argc - 1, argv + 1, ctx);
+    if (strcmp(argv[0], "validate") == 0)
+        rc = cmd_validate(argc - 1, argv + 1, ctx);
+    else if (strcmp(argv[0], "show") == 0)
+        rc = cmd_show(argc - 1, argv + 1, ctx);
     else {
         fprintf(stderr, "minference config: unknown subcommand '%s'\n\n%s", argv[0], usage);
         rc = 2;

@@ -10,8 +10,8 @@
 
 #define MI_MAX_HEAD_DIM 256
 
-#define MI_DISPATCH(ctx, fn, ...)                                                              \
-    ((ctx)->params.device == MI_DEVICE_CUDA ? mi_cuda_##fn(ctx, __VA_ARGS__)                   \
+#define MI_DISPATCH(ctx, fn, ...)                                                                  \
+    ((ctx)->params.device == MI_DEVICE_CUDA ? mi_cuda_##fn(ctx, __VA_ARGS__)                       \
                                             : mi_cpu_##fn(ctx, __VA_ARGS__))
 
 mi_status mi_check_tensor(mi_context *ctx, const mi_tensor *t, const char *name) {
@@ -47,7 +47,8 @@ mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tenso
 
     const int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], D = q->shape[3];
     if (q->device != ctx->params.device)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "q is on the %s but the context is on the %s",
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
+                       "q is on the %s but the context is on the %s",
                        q->device == MI_DEVICE_CUDA ? "GPU" : "CPU",
                        ctx->params.device == MI_DEVICE_CUDA ? "GPU" : "CPU");
     if (D > MI_MAX_HEAD_DIM)
@@ -127,10 +128,10 @@ static mi_status check_scale(mi_context *ctx, float scale) {
     return MI_STATUS_SUCCESS;
 }
 
-#define MI_TRY(expr)                                                                           \
-    do {                                                                                       \
-        mi_status st_ = (expr);                                                                \
-        if (st_ != MI_STATUS_SUCCESS) return st_;                                              \
+#define MI_TRY(expr)                                                                               \
+    do {                                                                                           \
+        mi_status st_ = (expr);                                                                    \
+        if (st_ != MI_STATUS_SUCCESS) return st_;                                                  \
     } while (0)
 
 /* The checks every attention kernel call shares: context, operands, LSE buffer, scale. */
@@ -208,7 +209,8 @@ mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k
     MI_TRY(mi_check_attention(ctx, q, k, NULL, NULL, seq_lens, &s));
     MI_TRY(check_scale(ctx, scale));
     if (!vertical_size || !slash_size)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "vertical_size and slash_size are required");
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
+                       "vertical_size and slash_size are required");
     mi_vs_params p = params ? *params : mi_vs_default_params();
     MI_TRY(check_vs_params(ctx, &p));
     MI_TRY(check_vs_index(ctx, index, s.batch, s.heads_q));
@@ -230,8 +232,8 @@ mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k
                        index);
 }
 
-static mi_status check_sparse_index(mi_context *ctx, const mi_sparse_index *x, int64_t B,
-                                    int64_t H, int64_t L) {
+static mi_status check_sparse_index(mi_context *ctx, const mi_sparse_index *x, int64_t B, int64_t H,
+                                    int64_t L) {
     if (!x) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "sparse index is NULL");
     if (!x->block_count || !x->column_count || (!x->block_offset && x->max_blocks > 0) ||
         (!x->column_index && x->max_columns > 0))
@@ -240,8 +242,8 @@ static mi_status check_sparse_index(mi_context *ctx, const mi_sparse_index *x, i
     if (x->batch != B || x->heads != H || x->row_blocks != R)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
                        "sparse index is [%d, %d, %d row blocks], the call needs [%lld, %lld, %lld]",
-                       (int)x->batch, (int)x->heads, (int)x->row_blocks, (long long)B,
-                       (long long)H, (long long)R);
+                       (int)x->batch, (int)x->heads, (int)x->row_blocks, (long long)B, (long long)H,
+                       (long long)R);
     if (x->max_blocks < 0 || x->max_columns < 0)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "sparse index capacities are negative");
     return MI_STATUS_SUCCESS;
@@ -304,8 +306,8 @@ mi_status mi_block_sparse_estimate(mi_context *ctx, const mi_tensor *q, const mi
         if (need > R) need = R;
         if (index->max_blocks < need)
             return mi_fail(ctx, MI_STATUS_WORKSPACE_TOO_SMALL,
-                           "head %lld keeps up to %lld blocks but the index holds %d",
-                           (long long)h, (long long)need, (int)index->max_blocks);
+                           "head %lld keeps up to %lld blocks but the index holds %d", (long long)h,
+                           (long long)need, (int)index->max_blocks);
     }
     return MI_DISPATCH(ctx, block_sparse_estimate, &s, q, k, seq_lens, top_k, index);
 }
@@ -366,8 +368,7 @@ mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const m
 mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
                                const mi_tensor *v, const int32_t *seq_lens,
                                const mi_head_pattern *patterns, const mi_prefill_params *params,
-                               mi_tensor *out, float *lse, void *workspace,
-                               size_t workspace_size) {
+                               mi_tensor *out, float *lse, void *workspace, size_t workspace_size) {
     mi_attn_shape s;
     MI_TRY(check_ctx(ctx));
     if (!k || !v || !out)

@@ -66,8 +66,8 @@ static mi_config *config_alloc(int32_t n_layers, const mi_head_pattern *default_
         return NULL;
     }
     c->n_layers = n_layers;
-    c->default_pattern = default_pattern ? *default_pattern
-                                         : mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+    c->default_pattern =
+        default_pattern ? *default_pattern : mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
     return c;
 }
 
@@ -85,8 +85,10 @@ static int32_t layer_find(const config_layer *layer, int32_t head) {
     int32_t lo = 0, hi = layer->count;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo) / 2;
-        if (layer->entries[mid].head < head) lo = mid + 1;
-        else hi = mid;
+        if (layer->entries[mid].head < head)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     if (lo < layer->count && layer->entries[lo].head == head) return lo;
     return -lo - 1;
@@ -248,8 +250,7 @@ static mi_status parse_root(mi_context *ctx, const json_t *root, const char *ori
         json_t *value;
         if (!json_is_object(layer)) {
             mi_config_destroy(c);
-            return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu is not an object", origin,
-                           l);
+            return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu is not an object", origin, l);
         }
         json_object_foreach((json_t *)layer, key, value) {
             int32_t head;
@@ -264,8 +265,8 @@ static mi_status parse_root(mi_context *ctx, const json_t *root, const char *ori
             }
             if (!parse_entry(value, &parsed, why, sizeof why)) {
                 mi_config_destroy(c);
-                return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu, head %d: %s", origin,
-                               l, (int)head, why);
+                return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu, head %d: %s", origin, l,
+                               (int)head, why);
             }
             config_entry *e = layer_upsert(&c->layers[l], head);
             if (!e) {
@@ -281,8 +282,8 @@ static mi_status parse_root(mi_context *ctx, const json_t *root, const char *ori
     return MI_STATUS_SUCCESS;
 }
 
-static mi_status parse_buffer(mi_context *ctx, const char *json, size_t length,
-                              const char *origin, mi_config **out) {
+static mi_status parse_buffer(mi_context *ctx, const char *json, size_t length, const char *origin,
+                              mi_config **out) {
     json_error_t err;
     /* Duplicate head keys would make the file mean different things to different readers. */
     json_t *root = json_loadb(json, length, JSON_REJECT_DUPLICATES, &err);
@@ -378,9 +379,8 @@ mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_la
                        "mi_config_check: invalid model shape %d layers x %d heads", (int)n_layers,
                        (int)n_heads);
     if (config->n_layers > n_layers)
-        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
-                       "config has %d layers but the model has %d", (int)config->n_layers,
-                       (int)n_layers);
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "config has %d layers but the model has %d",
+                       (int)config->n_layers, (int)n_layers);
     for (int32_t l = 0; l < config->n_layers; l++) {
         const config_layer *layer = &config->layers[l];
         /* Entries are sorted, so the last one holds the largest head id. */
@@ -392,8 +392,8 @@ mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_la
     return MI_STATUS_SUCCESS;
 }
 
-mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer,
-                          int32_t n_heads, mi_head_pattern *patterns, double *scores) {
+mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer, int32_t n_heads,
+                          mi_head_pattern *patterns, double *scores) {
     mi_clear_error(ctx);
     if (!config || !patterns)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
@@ -531,9 +531,12 @@ static void sb_entry(strbuf *sb, int32_t head, const mi_head_pattern *p, score_k
     }
     sb_printf(sb, "\"%d\": [\"%s\", %d, %d, ", (int)head, mi_pattern_name(p->type), (int)vs,
               (int)ss);
-    if (kind == SCORE_INT) sb_printf(sb, "%lld", score_int);
-    else if (kind == SCORE_REAL) sb_real(sb, score);
-    else sb_printf(sb, "null");
+    if (kind == SCORE_INT)
+        sb_printf(sb, "%lld", score_int);
+    else if (kind == SCORE_REAL)
+        sb_real(sb, score);
+    else
+        sb_printf(sb, "null");
     sb_printf(sb, "]");
 }
 

@@ -109,8 +109,7 @@ mi_status mi_eval_kv_match(const char *output, const char *value, const char *co
                            int32_t n_distractors, int *match) {
     if (!output || !value || !match || n_distractors < 0 || (n_distractors > 0 && !distractors))
         return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "output, value and match are required");
-    if (value[0] == '\0')
-        return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "value is empty");
+    if (value[0] == '\0') return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "value is empty");
     int m = strstr(output, value) != NULL;
     /* Listing every value would pass a plain substring test; a retrieval names only the one. */
     for (int32_t i = 0; i < n_distractors && m; i++)

@@ -41,8 +41,9 @@ mi_status mi_metrics_rel_l2(mi_context *ctx, const mi_tensor *out, const mi_tens
     /* Both operands are only read, so out and ref may be the same buffer. */
     for (int i = 0; i < 4; i++)
         if (out->shape[i] != ref->shape[i])
-            return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "out and ref differ in dim %d (%lld vs %lld)",
-                           i, (long long)out->shape[i], (long long)ref->shape[i]);
+            return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
+                           "out and ref differ in dim %d (%lld vs %lld)", i,
+                           (long long)out->shape[i], (long long)ref->shape[i]);
     if (out->dtype != ref->dtype)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "out is %s but ref is %s",
                        mi_dtype_name(out->dtype), mi_dtype_name(ref->dtype));

@@ -78,11 +78,8 @@ static void scale_pattern(const mi_head_pattern *base, double s, mi_head_pattern
         out->n_local = scale_budget(base->n_local, s, 1);
         if (s < 1.0) out->n_init = scale_budget(base->n_init, s, base->n_init > 0 ? 1 : 0);
         break;
-    case MI_PATTERN_BLOCK_SPARSE:
-        out->top_k = scale_budget(base->top_k, s, 1);
-        break;
-    case MI_PATTERN_DENSE:
-        break;
+    case MI_PATTERN_BLOCK_SPARSE: out->top_k = scale_budget(base->top_k, s, 1); break;
+    case MI_PATTERN_DENSE: break;
     }
 }
 
@@ -111,16 +108,16 @@ typedef struct search_run {
     const int32_t *seq_lens;
     const mi_search_params *p;
     int64_t B, H, L, D;
-    mi_head_pattern *pats;   /* [H] scratch */
-    mi_head_metrics *met;    /* [B * H] scratch */
+    mi_head_pattern *pats; /* [H] scratch */
+    mi_head_metrics *met;  /* [B * H] scratch */
 } search_run;
 
 /* Measures the candidate at per-head scales s[H]; out [H]. */
 static mi_status measure(search_run *r, const mi_head_pattern *base, const double *s,
                          head_eval *out) {
     for (int64_t h = 0; h < r->H; h++) scale_pattern(base, s[h], &r->pats[h]);
-    mi_status st = mi_metrics_evaluate(r->ctx, r->q, r->k, r->seq_lens, r->pats, &r->p->prefill,
-                                       r->met);
+    mi_status st =
+        mi_metrics_evaluate(r->ctx, r->q, r->k, r->seq_lens, r->pats, &r->p->prefill, r->met);
     if (st != MI_STATUS_SUCCESS) return st;
     for (int64_t h = 0; h < r->H; h++) {
         head_eval e = {0, 0, 0, 0};
@@ -194,8 +191,8 @@ static mi_status match_flops(search_run *r, const mi_head_pattern *base, double 
             const double w = hi[h] - lo[h], m = 0.1 * w;
             if (nx < lo[h] + m) nx = lo[h] + m;
             if (nx > hi[h] - m) nx = hi[h] - m;
-            const bool done = fabs(log_density(best[h].density) - lt) < MI_SEARCH_DENSITY_TOL ||
-                              w < 1e-3;
+            const bool done =
+                fabs(log_density(best[h].density) - lt) < MI_SEARCH_DENSITY_TOL || w < 1e-3;
             if (!done) all_done = false;
             s[h] = done ? scale[h] : exp(nx);
         }
@@ -265,17 +262,24 @@ static mi_status reach_recall(search_run *r, const mi_head_pattern *base, double
             }
             if (phase[h] < 0 || phase[h] == 0 || phase[h] == 1) {
                 if (phase[h] < 0) phase[h] = ok ? 1 : 0;
-                if (phase[h] == 0 && ok) phase[h] = 2;       /* bracketed from below */
-                else if (phase[h] == 1 && !ok) phase[h] = 2; /* bracketed from above */
-                else if (phase[h] == 0 && x + 1e-9 >= lmax) phase[h] = 3;
-                else if (phase[h] == 1 && x - 1e-9 <= lmin) phase[h] = 3;
+                if (phase[h] == 0 && ok)
+                    phase[h] = 2; /* bracketed from below */
+                else if (phase[h] == 1 && !ok)
+                    phase[h] = 2; /* bracketed from above */
+                else if (phase[h] == 0 && x + 1e-9 >= lmax)
+                    phase[h] = 3;
+                else if (phase[h] == 1 && x - 1e-9 <= lmin)
+                    phase[h] = 3;
             }
             if (phase[h] == 2 && (bis[h]++ >= r->p->iterations || hi[h] - lo[h] < 0.02))
                 phase[h] = 3;
             double nx = x;
-            if (phase[h] == 0) nx = fmin(x + log(2.0), lmax);
-            else if (phase[h] == 1) nx = fmax(x - log(2.0), lmin);
-            else if (phase[h] == 2) nx = 0.5 * (lo[h] + hi[h]);
+            if (phase[h] == 0)
+                nx = fmin(x + log(2.0), lmax);
+            else if (phase[h] == 1)
+                nx = fmax(x - log(2.0), lmin);
+            else if (phase[h] == 2)
+                nx = 0.5 * (lo[h] + hi[h]);
             if (phase[h] != 3) {
                 all_done = false;
                 s[h] = exp(nx);
@@ -311,8 +315,9 @@ static mi_status head_errors(search_run *r, void *out, void *ref, double *err) {
 static mi_status check_params(mi_context *ctx, const mi_search_params *p) {
     if (p->n_candidates < 0 || (p->n_candidates > 0 && !p->candidates) ||
         (p->candidates && p->n_candidates == 0))
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "search: candidates and n_candidates "
-                                                        "disagree");
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
+                       "search: candidates and n_candidates "
+                       "disagree");
     for (int32_t c = 0; c < p->n_candidates; c++)
         if (!pattern_ok(&p->candidates[c]))
             return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "search: candidate %d is invalid", c);
@@ -361,7 +366,7 @@ mi_status mi_search_layer(mi_context *ctx, const mi_tensor *q, const mi_tensor *
         p.candidates = defaults;
     }
     const int64_t H = shape.heads_q, C = p.n_candidates;
-    search_run r = {ctx, q, k, v, seq_lens, &p, shape.batch, H, shape.len, shape.head_dim,
+    search_run r = {ctx,  q,   k, v, seq_lens, &p, shape.batch, H, shape.len, shape.head_dim,
                     NULL, NULL};
     const size_t out_bytes =
         (size_t)(shape.batch * H * shape.len * shape.head_dim) * mi_dtype_size(shape.dtype);
@@ -396,17 +401,17 @@ mi_status mi_search_layer(mi_context *ctx, const mi_tensor *q, const mi_tensor *
     }
 
     if (use_err) {
-        mi_tensor tref = mi_tensor_bhld(ref, shape.dtype, MI_DEVICE_CPU, shape.batch, H,
-                                        shape.len, shape.head_dim);
-        mi_tensor tout = mi_tensor_bhld(out, shape.dtype, MI_DEVICE_CPU, shape.batch, H,
-                                        shape.len, shape.head_dim);
+        mi_tensor tref = mi_tensor_bhld(ref, shape.dtype, MI_DEVICE_CPU, shape.batch, H, shape.len,
+                                        shape.head_dim);
+        mi_tensor tout = mi_tensor_bhld(out, shape.dtype, MI_DEVICE_CPU, shape.batch, H, shape.len,
+                                        shape.head_dim);
         st = mi_attention_dense(ctx, q, k, v, seq_lens, p.prefill.softmax_scale, &tref, NULL);
         if (st != MI_STATUS_SUCCESS) goto done;
         for (int64_t c = 0; c < C; c++) {
             for (int64_t h = 0; h < H; h++)
                 scale_pattern(&p.candidates[c], scale[c * H + h], &r.pats[h]);
-            st = mi_prefill_attention(ctx, q, k, v, seq_lens, r.pats, &p.prefill, &tout, NULL,
-                                      NULL, 0);
+            st = mi_prefill_attention(ctx, q, k, v, seq_lens, r.pats, &p.prefill, &tout, NULL, NULL,
+                                      0);
             if (st != MI_STATUS_SUCCESS) goto done;
             if ((st = head_errors(&r, out, ref, err + c * H)) != MI_STATUS_SUCCESS) goto done;
         }
@@ -426,9 +431,12 @@ mi_status mi_search_layer(mi_context *ctx, const mi_tensor *q, const mi_tensor *
                  * wins; among those that miss it the higher score. */
                 const bool rc = reached[c * H + h], rw = reached[win * H + h];
                 const head_eval *w = &ev[win * H + h];
-                if (rc != rw) better = rc;
-                else if (rc) better = e->flops < w->flops;
-                else better = score > win_score;
+                if (rc != rw)
+                    better = rc;
+                else if (rc)
+                    better = e->flops < w->flops;
+                else
+                    better = score > win_score;
             } else {
                 better = score > win_score;
             }

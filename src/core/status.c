@@ -13,9 +13,8 @@ uint32_t mi_version_number(void) {
 
 const char *mi_status_string(mi_status status) {
     switch (status) {
-#define MI_STATUS_TEXT_(name, value, text)                                                     \
-    case name:                                                                                 \
-        return text;
+#define MI_STATUS_TEXT_(name, value, text)                                                         \
+    case name: return text;
         MI_STATUS_LIST(MI_STATUS_TEXT_)
 #undef MI_STATUS_TEXT_
     }
@@ -24,9 +23,8 @@ const char *mi_status_string(mi_status status) {
 
 const char *mi_status_name(mi_status status) {
     switch (status) {
-#define MI_STATUS_NAME_(name, value, text)                                                     \
-    case name:                                                                                 \
-        return #name;
+#define MI_STATUS_NAME_(name, value, text)                                                         \
+    case name: return #name;
         MI_STATUS_LIST(MI_STATUS_NAME_)
 #undef MI_STATUS_NAME_
     }

@@ -133,11 +133,11 @@ mi_synth_params mi_synth_default_params(void) {
 
 /* Dimension layout of one head. */
 typedef struct layout {
-    int d_sink, d_vert;      /* one dimension each (-1: absent) */
-    int d_needle, n_needle;  /* needle subspace */
-    int d_local, m_local;    /* local kernel: m_local pairs */
-    int d_code, m_code;      /* slash position codes */
-    int d_bg, n_bg;          /* background */
+    int d_sink, d_vert;     /* one dimension each (-1: absent) */
+    int d_needle, n_needle; /* needle subspace */
+    int d_local, m_local;   /* local kernel: m_local pairs */
+    int d_code, m_code;     /* slash position codes */
+    int d_bg, n_bg;         /* background */
 } layout;
 
 static void make_layout(int64_t D, int n_slashes, layout *lo) {
@@ -205,12 +205,12 @@ typedef struct head_plan {
     int32_t *vertical_cols; /* [n_verticals] ascending */
     int32_t *slash_dists;   /* [n_slashes] */
     int32_t *needle_rows, *needle_cols;
-    double *needle_dir;     /* [n_needles, n_needle] unit vectors */
+    double *needle_dir; /* [n_needles, n_needle] unit vectors */
     double local_theta[SYNTH_MAX_PAIRS], local_amp[SYNTH_MAX_PAIRS];
-    float *row_slash;                /* [L, n_slashes] code amplitude of each line in row i */
-    double *row_sink, *row_vert;     /* [L] logit of a sink / vertical key for row i */
-    double *needle_logit;            /* [n_needles] */
-    unsigned char *special;          /* [L]: 1 sink, 2 vertical, 4 needle key */
+    float *row_slash;            /* [L, n_slashes] code amplitude of each line in row i */
+    double *row_sink, *row_vert; /* [L] logit of a sink / vertical key for row i */
+    double *needle_logit;        /* [n_needles] */
+    unsigned char *special;      /* [L]: 1 sink, 2 vertical, 4 needle key */
 } head_plan;
 
 static void plan_free(head_plan *hp) {
@@ -254,8 +254,8 @@ static double local_kernel(const head_plan *hp, const layout *lo, double x) {
     return k;
 }
 
-static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const layout *lo,
-                            int64_t L, uint64_t kv_head, head_plan *hp) {
+static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const layout *lo, int64_t L,
+                            uint64_t kv_head, head_plan *hp) {
     rng r;
     const int nv = p->n_verticals, ns = p->n_slashes, nn = p->n_needles;
     const double strength = p->strength;
@@ -273,8 +273,8 @@ static mi_status plan_build(mi_context *ctx, const mi_synth_params *p, const lay
     hp->special = calloc((size_t)L, 1);
     double *mass = malloc((size_t)L * sizeof(double));
     if (!hp->vertical_cols || !hp->slash_dists || !hp->needle_rows || !hp->needle_cols ||
-        !hp->needle_dir || !hp->row_sink ||
-        !hp->row_vert || !hp->row_slash || !hp->needle_logit || !hp->special || !mass) {
+        !hp->needle_dir || !hp->row_sink || !hp->row_vert || !hp->row_slash || !hp->needle_logit ||
+        !hp->special || !mass) {
         free(mass);
         plan_free(hp);
         return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "mi_synth_generate: out of memory");

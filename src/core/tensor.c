@@ -64,7 +64,7 @@ uint16_t mi_f32_to_f16(float x) {
     uint32_t u = f32_bits(x);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t absu = u & 0x7fffffffu;
-    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
     if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: Inf */
     if (absu < 0x38800000u) {
         /* Subnormal half (or zero): scale into the integer range and round to nearest even. */

@@ -12,9 +12,9 @@
 #include "cpu_common.h"
 
 mi_status mi_cpu_attention_a_shape(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
-                                   const mi_tensor *k, const mi_tensor *v,
-                                   const int32_t *seq_lens, int32_t n_init, int32_t n_local,
-                                   int32_t n_last, float scale, mi_tensor *out, float *lse) {
+                                   const mi_tensor *k, const mi_tensor *v, const int32_t *seq_lens,
+                                   int32_t n_init, int32_t n_local, int32_t n_last, float scale,
+                                   mi_tensor *out, float *lse) {
     mi_attn_job *jobs = mi_cpu_jobs_new(s, seq_lens);
     if (!jobs) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "a-shape attention: out of memory");
     const int64_t n = s->batch * s->heads_q;

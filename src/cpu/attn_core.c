@@ -95,11 +95,11 @@ void mi_cpu_store(void *restrict dst, mi_dtype dtype, const float *restrict src,
 /* ------------------------------------------------------------------------------------------ */
 /* Tile state                                                                                  */
 
-
 mi_tile *mi_cpu_tile_alloc(int64_t D) {
     const size_t big = (size_t)D * MI_BS * sizeof(float);
     const size_t n_floats = 4 * (size_t)D * MI_BS + (size_t)MI_BS * MI_BS + (size_t)D + 16;
-    const size_t bytes = (sizeof(mi_tile) + 63) / 64 * 64 + (n_floats * sizeof(float) + 63) / 64 * 64;
+    const size_t bytes =
+        (sizeof(mi_tile) + 63) / 64 * 64 + (n_floats * sizeof(float) + 63) / 64 * 64;
     char *base = aligned_alloc(64, bytes);
     if (!base) return NULL;
     mi_tile *t = (mi_tile *)base;
@@ -117,7 +117,6 @@ mi_tile *mi_cpu_tile_alloc(int64_t D) {
 
 void mi_cpu_tile_free(mi_tile *t) { free(t); }
 
-
 void mi_cpu_job_ashape(mi_attn_job *job, int64_t n_init, int64_t n_local, int64_t n_last) {
     job->kind = MI_JOB_ASHAPE;
     job->n_init = n_init < 0 ? 0 : n_init;
@@ -125,7 +124,6 @@ void mi_cpu_job_ashape(mi_attn_job *job, int64_t n_init, int64_t n_local, int64_
     const int64_t last = mi_cpu_max64(0, mi_cpu_min64(n_last, job->len - 1));
     job->tri_start = last > 0 ? job->len - last : INT64_MAX;
 }
-
 
 /* ------------------------------------------------------------------------------------------ */
 /* Dispatch                                                                                    */

@@ -130,11 +130,9 @@ static inline float hsum(vf v) {
  * with A(r, p) = a[r * ars + p * acs] and B, C row-major with 64 columns, 64-byte aligned.
  * always_inline with a constant mr lets gcc unroll the register block completely.
  */
-static inline __attribute__((always_inline)) void mk(const int mr, const int64_t np,
-                                                     const float *restrict a, const int64_t ars,
-                                                     const int64_t acs, const float *restrict B,
-                                                     float *restrict C,
-                                                     const float *restrict alpha) {
+static inline __attribute__((always_inline)) void
+mk(const int mr, const int64_t np, const float *restrict a, const int64_t ars, const int64_t acs,
+   const float *restrict B, float *restrict C, const float *restrict alpha) {
     for (int c0 = 0; c0 < NVEC; c0 += NV) {
         vf acc[MR][NV];
         for (int r = 0; r < mr; r++) {
@@ -179,8 +177,8 @@ static __attribute__((noinline)) void gemm(int m, int64_t np, const float *a, in
 /* Tile rows                                                                                   */
 
 /* Loads rows [r0, r0 + nr) of (b, h) transposed into qt, multiplied by mul; clears the state. */
-static void tile_begin(mi_tile *t, const mi_tensor *q, int64_t b, int64_t h, int64_t r0,
-                       int64_t nr, float mul) {
+static void tile_begin(mi_tile *t, const mi_tensor *q, int64_t b, int64_t h, int64_t r0, int64_t nr,
+                       float mul) {
     const int64_t D = t->D;
     t->r0 = r0;
     t->nr = nr;
@@ -444,8 +442,7 @@ static void visit_sparse_group(mi_tile *const *t, int G, tile_mode mode, const m
 /* Key ranges of an A-shape job for rows [r0, r1): [0, r1) when the block holds Tri-shape rows
  * or the sinks touch the window, else the sinks [0, min(n_init, r1)) and the window
  * [r0 - n_local + 1, r1). Returns the number of ranges (1 or 2). */
-static int ashape_ranges(const mi_attn_job *job, int64_t r0, int64_t r1, int64_t *lo,
-                         int64_t *hi) {
+static int ashape_ranges(const mi_attn_job *job, int64_t r0, int64_t r1, int64_t *lo, int64_t *hi) {
     const int64_t sink_hi = mi_cpu_min64(mi_cpu_max64(job->n_init, 0), r1);
     const int64_t win_lo = mi_cpu_max64(0, r0 - job->n_local + 1);
     if (r1 - 1 >= job->tri_start || win_lo <= sink_hi) {
@@ -496,21 +493,15 @@ static void visit_job(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_t
     const int64_t r1 = t->r0 + t->nr, b = job->b;
     const mask_params mp = job_mask(job);
     switch (job->kind) {
-    case MI_JOB_DENSE:
-        visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL);
-        break;
-    case MI_JOB_ASHAPE:
-        visit_ashape_group(&t, 1, mode, k, v, job, hk);
-        break;
-    case MI_JOB_SPARSE:
-        visit_sparse_group(&t, 1, mode, k, v, job, hk);
-        break;
+    case MI_JOB_DENSE: visit_range(t, mode, k, v, b, hk, 0, r1, &mp, NULL, NULL); break;
+    case MI_JOB_ASHAPE: visit_ashape_group(&t, 1, mode, k, v, job, hk); break;
+    case MI_JOB_SPARSE: visit_sparse_group(&t, 1, mode, k, v, job, hk); break;
     }
 }
 
 /* Writes rows [r0, r0 + nr) of out (normalised) and lse from the tile state. */
-static void tile_finish(mi_tile *t, mi_tensor *out, float *lse, int64_t b, int64_t h,
-                        int64_t L, int64_t Hq) {
+static void tile_finish(mi_tile *t, mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t L,
+                        int64_t Hq) {
     const int64_t D = t->D;
     for (int64_t i = 0; i < t->nr; i++) {
         const float l = t->l[i];
@@ -532,7 +523,6 @@ static void zero_rows(mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t 
         if (lse) lse[(b * Hq + h) * L + r] = -INFINITY;
     }
 }
-
 
 mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
@@ -574,7 +564,8 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
             } else {
                 visit_sparse_group(t, n_live, MODE_ATTN, k, v, job, hk);
             }
-            for (int g = 0; g < n_live; g++) tile_finish(t[g], out, lse, job->b, job->h, L, s->heads_q);
+            for (int g = 0; g < n_live; g++)
+                tile_finish(t[g], out, lse, job->b, job->h, L, s->heads_q);
         }
     }
     for (int i = 0; i < nt * GROUP; i++) mi_cpu_tile_free(tiles[i]);
@@ -588,9 +579,9 @@ static void tile_lse2(mi_tile *t) {
     }
 }
 
-void ENGINE(mi_cpu_job_mass)(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
-                     const mi_attn_job *job, float scale, int64_t r0, double *mass,
-                     double *visited) {
+void ENGINE(mi_cpu_job_mass)(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
+                             const mi_tensor *k, const mi_attn_job *job, float scale, int64_t r0,
+                             double *mass, double *visited) {
     const int64_t nr = mi_cpu_min64(MI_BS, job->len - r0);
     const int64_t hk = job->h / s->group;
     const mask_params dense = {0, INT64_MAX, INT64_MAX};
@@ -603,9 +594,9 @@ void ENGINE(mi_cpu_job_mass)(mi_tile *t, const mi_attn_shape *s, const mi_tensor
     *visited += t->visited;
 }
 
-void ENGINE(mi_cpu_vs_sums)(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
-                    int64_t b, int64_t h, int64_t len, int64_t n, float scale, float *vert,
-                    float *slash) {
+void ENGINE(mi_cpu_vs_sums)(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
+                            const mi_tensor *k, int64_t b, int64_t h, int64_t len, int64_t n,
+                            float scale, float *vert, float *slash) {
     const int64_t hk = h / s->group;
     const mask_params causal = {0, INT64_MAX, INT64_MAX};
     for (int64_t c0 = len - n; c0 < len; c0 += MI_BS) {
@@ -617,8 +608,8 @@ void ENGINE(mi_cpu_vs_sums)(mi_tile *t, const mi_attn_shape *s, const mi_tensor 
     }
 }
 
-void ENGINE(mi_cpu_block_scores)(mi_tile *t, int64_t D, const float *qp, int64_t nq, const float *kp,
-                         int64_t nk, float *sc) {
+void ENGINE(mi_cpu_block_scores)(mi_tile *t, int64_t D, const float *qp, int64_t nq,
+                                 const float *kp, int64_t nk, float *sc) {
     memset(t->qt, 0, (size_t)D * MI_BS * sizeof(float));
     for (int64_t i = 0; i < nq; i++) {
         for (int64_t d = 0; d < D; d++) t->qt[d * MI_BS + i] = qp[i * D + d];

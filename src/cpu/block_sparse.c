@@ -81,10 +81,9 @@ void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor
     }
 }
 
-mi_status mi_cpu_block_sparse_estimate(mi_context *ctx, const mi_attn_shape *s,
-                                       const mi_tensor *q, const mi_tensor *k,
-                                       const int32_t *seq_lens, const int32_t *top_k,
-                                       mi_sparse_index *index) {
+mi_status mi_cpu_block_sparse_estimate(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                       const mi_tensor *k, const int32_t *seq_lens,
+                                       const int32_t *top_k, mi_sparse_index *index) {
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
     const int64_t n_jobs = s->batch * s->heads_q;
     const int64_t R = index->row_blocks;

@@ -116,11 +116,11 @@ struct mi_tile {
     int64_t D;
     int64_t r0, nr; /* query rows of the block */
     double visited;
-    float *qt; /* [D][64] */
-    float *st; /* [64][64] */
-    float *ot; /* [D][64] */
-    float *kb; /* [64][D] */
-    float *vb; /* [64][D] */
+    float *qt;  /* [D][64] */
+    float *st;  /* [64][64] */
+    float *ot;  /* [D][64] */
+    float *kb;  /* [64][D] */
+    float *vb;  /* [64][D] */
     float *row; /* [D] */
 };
 mi_tile *mi_cpu_tile_alloc(int64_t head_dim);
@@ -149,18 +149,18 @@ void mi_cpu_block_scores(mi_tile *t, int64_t D, const float *qp, int64_t nq, con
 #define MI_CPU_AVX512_ENGINE 0
 #endif
 
-#define MI_CPU_ENGINE_DECLARE(sfx)                                                             \
-    mi_status mi_cpu_run_jobs##sfx(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q, \
-                                   const mi_tensor *k, const mi_tensor *v,                     \
-                                   const mi_attn_job *jobs, int64_t n_jobs, float scale,       \
-                                   mi_tensor *out, float *lse);                                \
-    void mi_cpu_job_mass##sfx(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,          \
-                              const mi_tensor *k, const mi_attn_job *job, float scale,         \
-                              int64_t r0, double *mass, double *visited);                      \
-    void mi_cpu_vs_sums##sfx(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,           \
-                             const mi_tensor *k, int64_t b, int64_t h, int64_t len, int64_t n, \
-                             float scale, float *vert, float *slash);                          \
-    void mi_cpu_block_scores##sfx(mi_tile *t, int64_t D, const float *qp, int64_t nq,          \
+#define MI_CPU_ENGINE_DECLARE(sfx)                                                                 \
+    mi_status mi_cpu_run_jobs##sfx(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,    \
+                                   const mi_tensor *k, const mi_tensor *v,                         \
+                                   const mi_attn_job *jobs, int64_t n_jobs, float scale,           \
+                                   mi_tensor *out, float *lse);                                    \
+    void mi_cpu_job_mass##sfx(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,              \
+                              const mi_tensor *k, const mi_attn_job *job, float scale, int64_t r0, \
+                              double *mass, double *visited);                                      \
+    void mi_cpu_vs_sums##sfx(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,               \
+                             const mi_tensor *k, int64_t b, int64_t h, int64_t len, int64_t n,     \
+                             float scale, float *vert, float *slash);                              \
+    void mi_cpu_block_scores##sfx(mi_tile *t, int64_t D, const float *qp, int64_t nq,              \
                                   const float *kp, int64_t nk, float *sc);
 MI_CPU_ENGINE_DECLARE(_base)
 MI_CPU_ENGINE_DECLARE(_avx512)
@@ -189,8 +189,8 @@ size_t mi_cpu_vs_ws_floats(int64_t len);
 void mi_cpu_vs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
                              const mi_tensor *k, int64_t b, int64_t h, int64_t len,
                              int32_t vertical_size, int32_t slash_size, const mi_vs_params *p,
-                             float scale, float *ws, int32_t *vidx, int32_t *vcount,
-                             int32_t *sidx, int32_t *scount);
+                             float scale, float *ws, int32_t *vidx, int32_t *vcount, int32_t *sidx,
+                             int32_t *scount);
 
 /* Effective budgets of vertical-slash estimation for a sequence of length len. */
 static inline int32_t mi_cpu_vs_budget(int32_t size, int32_t minimum, int64_t len) {

@@ -16,8 +16,8 @@
 
 mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const int32_t *seq_lens,
-                                  const mi_head_pattern *patterns,
-                                  const mi_prefill_params *params, mi_head_metrics *out) {
+                                  const mi_head_pattern *patterns, const mi_prefill_params *params,
+                                  mi_head_metrics *out) {
     const mi_prefill_params pp = params ? *params : mi_prefill_default_params();
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
     const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, n_jobs = s->batch * s->heads_q;

@@ -189,10 +189,10 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
 }
 
 mi_status mi_cpu_prefill_attention(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
-                                   const mi_tensor *k, const mi_tensor *v,
-                                   const int32_t *seq_lens, const mi_head_pattern *patterns,
-                                   const mi_prefill_params *params, mi_tensor *out, float *lse,
-                                   void *workspace, size_t workspace_size) {
+                                   const mi_tensor *k, const mi_tensor *v, const int32_t *seq_lens,
+                                   const mi_head_pattern *patterns, const mi_prefill_params *params,
+                                   mi_tensor *out, float *lse, void *workspace,
+                                   size_t workspace_size) {
     size_t need = 0;
     mi_cpu_prefill_workspace_size(ctx, s, patterns, params, &need);
     void *owned = NULL;

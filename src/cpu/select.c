@@ -36,9 +36,21 @@ void mi_cpu_topk(const float *val, int32_t n, int32_t k, int32_t *tmp, int32_t *
         const int32_t mid = lo + (hi - lo) / 2;
         int32_t a = tmp[lo], b = tmp[mid], c = tmp[hi];
         /* median of three */
-        if (better(val, b, a)) { const int32_t x = a; a = b; b = x; }
-        if (better(val, c, b)) { const int32_t x = b; b = c; c = x; }
-        if (better(val, b, a)) { const int32_t x = a; a = b; b = x; }
+        if (better(val, b, a)) {
+            const int32_t x = a;
+            a = b;
+            b = x;
+        }
+        if (better(val, c, b)) {
+            const int32_t x = b;
+            b = c;
+            c = x;
+        }
+        if (better(val, b, a)) {
+            const int32_t x = a;
+            a = b;
+            b = x;
+        }
         const int32_t p = b;
         int32_t i = lo, j = hi;
         while (i <= j) {

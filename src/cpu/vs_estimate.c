@@ -24,8 +24,8 @@ size_t mi_cpu_vs_ws_floats(int64_t len) { return 3 * (size_t)(len > 0 ? len : 1)
 void mi_cpu_vs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
                              const mi_tensor *k, int64_t b, int64_t h, int64_t len,
                              int32_t vertical_size, int32_t slash_size, const mi_vs_params *p,
-                             float scale, float *ws, int32_t *vidx, int32_t *vcount,
-                             int32_t *sidx, int32_t *scount) {
+                             float scale, float *ws, int32_t *vidx, int32_t *vcount, int32_t *sidx,
+                             int32_t *scount) {
     *vcount = 0;
     *scount = 0;
     if (len <= 0) return;
@@ -86,11 +86,10 @@ mi_status mi_cpu_vs_estimate(mi_context *ctx, const mi_attn_shape *s, const mi_t
             mi_vs_params p = *params;
             if (p.min_vertical > index->max_vertical) p.min_vertical = index->max_vertical;
             if (p.min_slash > index->max_slash) p.min_slash = index->max_slash;
-            mi_cpu_vs_estimate_head(tiles[tid], s, q, k, b, h, len, vs, ss, &p, scale, ws[tid],
-                                    index->vertical_idx + it * index->max_vertical,
-                                    index->vertical_count + it,
-                                    index->slash_idx + it * index->max_slash,
-                                    index->slash_count + it);
+            mi_cpu_vs_estimate_head(
+                tiles[tid], s, q, k, b, h, len, vs, ss, &p, scale, ws[tid],
+                index->vertical_idx + it * index->max_vertical, index->vertical_count + it,
+                index->slash_idx + it * index->max_slash, index->slash_count + it);
         }
     }
     for (int i = 0; i < nt; i++) {

@@ -106,18 +106,17 @@ mi_status mi_cpu_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_l
         const int64_t b = it / index->heads;
         const int64_t len = mi_seq_len(seq_lens, b, L);
         /* counts come from the caller: clamp them to the capacities */
-        const int32_t nv = (int32_t)mi_cpu_max64(
-            0, mi_cpu_min64(vs->vertical_count[it], vs->max_vertical));
+        const int32_t nv =
+            (int32_t)mi_cpu_max64(0, mi_cpu_min64(vs->vertical_count[it], vs->max_vertical));
         const int32_t ns =
             (int32_t)mi_cpu_max64(0, mi_cpu_min64(vs->slash_count[it], vs->max_slash));
         int32_t *bcnt = index->block_count + it * R, *ccnt = index->column_count + it * R;
-        mi_cpu_vs_index_head(R_used * MI_BS < L ? R_used * MI_BS : L, len,
-                             vs->vertical_idx + it * vs->max_vertical, nv,
-                             vs->slash_idx + it * vs->max_slash, ns,
-                             scratch + (size_t)omp_get_thread_num() * scratch_n, bcnt,
-                             index->block_offset + it * R * index->max_blocks, index->max_blocks,
-                             ccnt, index->column_index + it * R * index->max_columns,
-                             index->max_columns);
+        mi_cpu_vs_index_head(
+            R_used * MI_BS < L ? R_used * MI_BS : L, len, vs->vertical_idx + it * vs->max_vertical,
+            nv, vs->slash_idx + it * vs->max_slash, ns,
+            scratch + (size_t)omp_get_thread_num() * scratch_n, bcnt,
+            index->block_offset + it * R * index->max_blocks, index->max_blocks, ccnt,
+            index->column_index + it * R * index->max_columns, index->max_columns);
         for (int64_t m = R_used; m < R; m++) bcnt[m] = ccnt[m] = 0;
     }
     free(scratch);

@@ -232,8 +232,7 @@ mi_status mi_model_prefill_capture(mi_model *m, const int32_t *tokens, size_t n_
         }
         if (m->progress) m->progress(m->progress_user, l + 1, m->n_layers, n);
     }
-    if (capture->token_log_probs)
-        st = cap_log_probs(m, x, tokens, n, capture->token_log_probs);
+    if (capture->token_log_probs) st = cap_log_probs(m, x, tokens, n, capture->token_log_probs);
 
 done:
     free(x);

@@ -30,16 +30,15 @@ typedef struct gemv_job {
     float *out;
 } gemv_job;
 
-static void gemv_task(void *arg, int64_t b, int64_t e, int thread)
-{
+static void gemv_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const gemv_job *j = arg;
     const unsigned char *base = j->w->data;
     for (int64_t r = b; r < e; r++) {
         const void *row = base + (size_t)r * j->w->row_bytes;
         for (int64_t i = 0; i < j->n; i++)
-            j->out[i * j->ldo + r] = mim_dot_row(j->w->type, row, j->x + i * j->w->cols,
-                                                 j->w->cols);
+            j->out[i * j->ldo + r] =
+                mim_dot_row(j->w->type, row, j->x + i * j->w->cols, j->w->cols);
     }
 }
 
@@ -48,8 +47,7 @@ typedef struct dequant_job {
     float *dst;
 } dequant_job;
 
-static void dequant_task(void *arg, int64_t b, int64_t e, int thread)
-{
+static void dequant_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const dequant_job *j = arg;
     const unsigned char *base = j->w->data;
@@ -70,8 +68,7 @@ typedef struct sgemm_job {
 
 /* Each thread multiplies x by its own slice of weight rows (output columns) with a
  * single-threaded sgemm, so no BLAS thread pool competes with the OpenMP team. */
-static void sgemm_task(void *arg, int64_t b, int64_t e, int thread)
-{
+static void sgemm_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const sgemm_job *j = arg;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->n, (int)(e - b), (int)j->k, 1.0f,
@@ -79,10 +76,8 @@ static void sgemm_task(void *arg, int64_t b, int64_t e, int thread)
 }
 
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
-                int64_t ldo)
-{
-    if (n <= 0)
-        return;
+                int64_t ldo) {
+    if (n <= 0) return;
     if (n <= GEMV_MAX_ROWS || !m->wscratch) {
         gemv_job j = {w, x, n, ldo, out};
         mim_pool_run(m->pool, w->rows, gemv_task, &j);
@@ -108,14 +103,12 @@ typedef struct multi_job {
     const float *x;
 } multi_job;
 
-static void multi_task(void *arg, int64_t b, int64_t e, int thread)
-{
+static void multi_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const multi_job *j = arg;
     int k = 0;
     for (int64_t g = b; g < e; g++) {
-        while (g >= j->first[k + 1])
-            k++;
+        while (g >= j->first[k + 1]) k++;
         const mim_weight *w = j->w[k];
         const int64_t r = g - j->first[k];
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * w->row_bytes;
@@ -124,11 +117,9 @@ static void multi_task(void *arg, int64_t b, int64_t e, int thread)
 }
 
 static void matmul_multi(mi_model *m, const float *x, int64_t n, int count,
-                         const mim_weight *const *ws, float *const *outs, const int64_t *ldos)
-{
+                         const mim_weight *const *ws, float *const *outs, const int64_t *ldos) {
     if (n != 1) {
-        for (int i = 0; i < count; i++)
-            mim_matmul(m, x, n, ws[i], outs[i], ldos[i]);
+        for (int i = 0; i < count; i++) mim_matmul(m, x, n, ws[i], outs[i], ldos[i]);
         return;
     }
     multi_job j;
@@ -146,26 +137,20 @@ static void matmul_multi(mi_model *m, const float *x, int64_t n, int count,
 /* ------------------------------------------------------------------------------------------ */
 /* Elementwise pieces                                                                          */
 
-static void rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps)
-{
+static void rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps) {
     for (int64_t i = 0; i < n; i++) {
         const float *xi = x + i * dim;
         double ss = 0.0;
-        for (int64_t k = 0; k < dim; k++)
-            ss += (double)xi[k] * xi[k];
+        for (int64_t k = 0; k < dim; k++) ss += (double)xi[k] * xi[k];
         float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-        for (int64_t k = 0; k < dim; k++)
-            out[i * dim + k] = xi[k] * r * w[k];
+        for (int64_t k = 0; k < dim; k++) out[i * dim + k] = xi[k] * r * w[k];
     }
 }
 
-static void add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld)
-{
-    if (!b)
-        return;
+static void add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld) {
+    if (!b) return;
     for (int64_t i = 0; i < n; i++)
-        for (int64_t k = 0; k < dim; k++)
-            x[i * ld + k] += b[k];
+        for (int64_t k = 0; k < dim; k++) x[i * ld + k] += b[k];
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -183,8 +168,7 @@ typedef struct cont_job {
 /* One (row, head) per task item, in three passes over the keys (scores, exponentials, weighted
  * values) so that each inner loop is a plain vectorisable loop over head_dim; the scores need
  * one buffer of the context length per task range. */
-static void cont_task(void *arg, int64_t b, int64_t e, int thread)
-{
+static void cont_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const cont_job *j = arg;
     const int64_t kvd = (int64_t)j->n_kv * j->hd;
@@ -215,27 +199,22 @@ static void cont_task(void *arg, int64_t b, int64_t e, int thread)
             sc[p] = expf(sc[p] - mx);
             sum += sc[p];
         }
-        for (int32_t d = 0; d < hd; d++)
-            acc[d] = 0.0f;
+        for (int32_t d = 0; d < hd; d++) acc[d] = 0.0f;
         for (int64_t p = 0; p < n_keys; p++) {
             const float *vp = vb + p * kvd;
             const float w = sc[p];
-            for (int32_t d = 0; d < hd; d++)
-                acc[d] += w * vp[d];
+            for (int32_t d = 0; d < hd; d++) acc[d] += w * vp[d];
         }
         const float inv = 1.0f / sum;
-        for (int32_t d = 0; d < hd; d++)
-            o[d] = acc[d] * inv;
+        for (int32_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
     }
     free(sc);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 
-static mi_status ensure_cache(mi_model *m, int64_t need)
-{
-    if (need <= m->cache_cap)
-        return MI_STATUS_SUCCESS;
+static mi_status ensure_cache(mi_model *m, int64_t need) {
+    if (need <= m->cache_cap) return MI_STATUS_SUCCESS;
     if (m->params.max_context > 0 && need > m->params.max_context)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
                               "%lld tokens exceed the KV cache capacity max_context = %lld",
@@ -246,8 +225,7 @@ static mi_status ensure_cache(mi_model *m, int64_t need)
     if (m->cache_cap > 0 && cap < m->cache_cap + m->cache_cap / 4)
         cap = m->cache_cap + m->cache_cap / 4;
     cap = (cap + 255) / 256 * 256;
-    if (m->params.max_context > 0 && cap > m->params.max_context)
-        cap = m->params.max_context;
+    if (m->params.max_context > 0 && cap > m->params.max_context) cap = m->params.max_context;
     const size_t row = (size_t)m->n_kv * m->hd * sizeof(float);
     if (!m->k_cache) {
         m->k_cache = calloc((size_t)m->n_layers, sizeof(float *));
@@ -257,11 +235,9 @@ static mi_status ensure_cache(mi_model *m, int64_t need)
     }
     for (int l = 0; l < m->n_layers; l++) {
         float *k = realloc(m->k_cache[l], (size_t)cap * row);
-        if (k)
-            m->k_cache[l] = k;
+        if (k) m->k_cache[l] = k;
         float *v = realloc(m->v_cache[l], (size_t)cap * row);
-        if (v)
-            m->v_cache[l] = v;
+        if (v) m->v_cache[l] = v;
         if (!k || !v)
             return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
                                   "out of memory for a KV cache of %lld tokens", (long long)cap);
@@ -270,22 +246,13 @@ static mi_status ensure_cache(mi_model *m, int64_t need)
     return MI_STATUS_SUCCESS;
 }
 
-static mi_status layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat)
-{
+static mi_status layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat) {
     mi_pattern_type t;
     switch (m->mode) {
-    case MI_ATTN_DENSE:
-        t = MI_PATTERN_DENSE;
-        break;
-    case MI_ATTN_A_SHAPE:
-        t = MI_PATTERN_A_SHAPE;
-        break;
-    case MI_ATTN_TRI_SHAPE:
-        t = MI_PATTERN_TRI_SHAPE;
-        break;
-    case MI_ATTN_BLOCK_SPARSE:
-        t = MI_PATTERN_BLOCK_SPARSE;
-        break;
+    case MI_ATTN_DENSE: t = MI_PATTERN_DENSE; break;
+    case MI_ATTN_A_SHAPE: t = MI_PATTERN_A_SHAPE; break;
+    case MI_ATTN_TRI_SHAPE: t = MI_PATTERN_TRI_SHAPE; break;
+    case MI_ATTN_BLOCK_SPARSE: t = MI_PATTERN_BLOCK_SPARSE; break;
     default:
         if (m->config) {
             mi_status st = mi_config_layer(m->ctx, m->config, layer, m->n_heads, pat, NULL);
@@ -297,8 +264,7 @@ static mi_status layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat
         t = MI_PATTERN_VERTICAL_SLASH;
         break;
     }
-    for (int32_t h = 0; h < m->n_heads; h++)
-        pat[h] = mi_head_pattern_default(t);
+    for (int32_t h = 0; h < m->n_heads; h++) pat[h] = mi_head_pattern_default(t);
     return MI_STATUS_SUCCESS;
 }
 
@@ -307,8 +273,7 @@ typedef struct fwd_bufs {
     mi_head_pattern *pat;
 } fwd_bufs;
 
-static void free_bufs(fwd_bufs *b)
-{
+static void free_bufs(fwd_bufs *b) {
     free(b->x);
     free(b->h);
     free(b->q);
@@ -321,14 +286,11 @@ static void free_bufs(fwd_bufs *b)
     free(b->pat);
 }
 
-static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits)
-{
-    if (fresh)
-        m->n_past = 0;
+static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits) {
+    if (fresh) m->n_past = 0;
     const int64_t n_past = m->n_past;
     mi_status st = ensure_cache(m, n_past + n);
-    if (st != MI_STATUS_SUCCESS)
-        return st;
+    if (st != MI_STATUS_SUCCESS) return st;
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab)
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
@@ -394,29 +356,27 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         mim_rope_apply(&m->rope, b.q, n, m->n_heads, m->hd, qd, b.cos_t, b.sin_t);
         mim_rope_apply(&m->rope, kc, n, m->n_kv, m->hd, kvd, b.cos_t, b.sin_t);
         if (n_past == 0 && n > 1) {
-            if ((st = layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS)
-                break;
+            if ((st = layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS) break;
             mi_tensor tq =
                 mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
-            mi_tensor tk = mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n,
-                                          m->hd);
-            mi_tensor tv = mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n,
-                                          m->hd);
-            mi_tensor to = mi_tensor_blhd(b.att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n,
-                                          m->hd);
+            mi_tensor tk =
+                mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            mi_tensor tv =
+                mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            mi_tensor to =
+                mi_tensor_blhd(b.att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
             st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, b.pat, &pp, &to, NULL, NULL, 0);
             if (st != MI_STATUS_SUCCESS) {
                 mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
                 break;
             }
         } else {
-            cont_job j = {b.q, m->k_cache[l], m->v_cache[l], b.att, n, n_past,
-                          m->n_heads, m->n_kv, m->hd, scale};
+            cont_job j = {b.q,    m->k_cache[l], m->v_cache[l], b.att, n,
+                          n_past, m->n_heads,    m->n_kv,       m->hd, scale};
             mim_pool_run(m->pool, n * m->n_heads, cont_task, &j);
         }
         mim_matmul(m, b.att, n, &L->wo, b.h, D);
-        for (int64_t i = 0; i < n * D; i++)
-            b.x[i] += b.h[i];
+        for (int64_t i = 0; i < n * D; i++) b.x[i] += b.h[i];
         for (int64_t c0 = 0; c0 < n; c0 += chunk) {
             int64_t c = n - c0 < chunk ? n - c0 : chunk;
             float *xc = b.x + c0 * D;
@@ -430,11 +390,9 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
                 b.g[i] = g / (1.0f + expf(-g)) * b.u[i];
             }
             mim_matmul(m, b.g, c, &L->wd, b.h, D);
-            for (int64_t i = 0; i < c * D; i++)
-                xc[i] += b.h[i];
+            for (int64_t i = 0; i < c * D; i++) xc[i] += b.h[i];
         }
-        if (m->progress)
-            m->progress(m->progress_user, l + 1, m->n_layers, n);
+        if (m->progress) m->progress(m->progress_user, l + 1, m->n_layers, n);
     }
     if (st == MI_STATUS_SUCCESS) {
         m->n_past = n_past + n;
@@ -449,39 +407,29 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
     return st;
 }
 
-mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *logits)
-{
-    if (!m)
-        return MI_STATUS_INVALID_ARGUMENT;
+mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *logits) {
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
     m->last_error[0] = 0;
     if (!tokens || n == 0)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "no tokens to prefill");
     return forward(m, tokens, (int64_t)n, true, logits);
 }
 
-mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *logits)
-{
-    if (!m)
-        return MI_STATUS_INVALID_ARGUMENT;
+mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *logits) {
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
     m->last_error[0] = 0;
     if (!tokens || n == 0)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "no tokens to decode");
     return forward(m, tokens, (int64_t)n, false, logits);
 }
 
-int64_t mi_model_n_past(const mi_model *m)
-{
-    return m ? m->n_past : 0;
-}
+int64_t mi_model_n_past(const mi_model *m) { return m ? m->n_past : 0; }
 
-int32_t mi_argmax(const float *logits, int32_t n)
-{
-    if (!logits || n <= 0)
-        return -1;
+int32_t mi_argmax(const float *logits, int32_t n) {
+    if (!logits || n <= 0) return -1;
     int32_t best = 0;
     for (int32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best])
-            best = i;
+        if (logits[i] > logits[best]) best = i;
     return best;
 }
 
@@ -490,17 +438,14 @@ int32_t mi_argmax(const float *logits, int32_t n)
 
 static const char *mode_names[] = {"dense", "minference", "a_shape", "tri_shape", "block_sparse"};
 
-const char *mi_attn_mode_name(mi_attn_mode mode)
-{
+const char *mi_attn_mode_name(mi_attn_mode mode) {
     if ((int)mode < 0 || (int)mode >= (int)(sizeof(mode_names) / sizeof(mode_names[0])))
         return NULL;
     return mode_names[mode];
 }
 
-mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out)
-{
-    if (!name || !out)
-        return MI_STATUS_INVALID_ARGUMENT;
+mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out) {
+    if (!name || !out) return MI_STATUS_INVALID_ARGUMENT;
     for (int i = 0; i < (int)(sizeof(mode_names) / sizeof(mode_names[0])); i++)
         if (strcmp(name, mode_names[i]) == 0) {
             *out = (mi_attn_mode)i;
@@ -514,19 +459,18 @@ mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out)
 }
 
 mi_status mi_model_set_attention(mi_model *m, mi_attn_mode mode, const mi_config *config,
-                                 int32_t dense_below)
-{
-    if (!m)
-        return MI_STATUS_INVALID_ARGUMENT;
+                                 int32_t dense_below) {
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
     if (!mi_attn_mode_name(mode))
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "unknown attention mode %d",
                               (int)mode);
     if (config) {
         mi_status st = mi_config_check(m->ctx, config, m->n_layers, m->n_heads);
         if (st != MI_STATUS_SUCCESS)
-            return mim_model_fail(m, st, "pattern config does not fit the model (%d layers, %d "
-                                  "heads): %s", m->n_layers, m->n_heads,
-                                  mi_context_last_error(m->ctx));
+            return mim_model_fail(m, st,
+                                  "pattern config does not fit the model (%d layers, %d "
+                                  "heads): %s",
+                                  m->n_layers, m->n_heads, mi_context_last_error(m->ctx));
     }
     m->mode = mode;
     m->config = config;
@@ -534,10 +478,8 @@ mi_status mi_model_set_attention(mi_model *m, mi_attn_mode mode, const mi_config
     return MI_STATUS_SUCCESS;
 }
 
-mi_status mi_model_set_progress(mi_model *m, mi_model_progress_fn fn, void *user)
-{
-    if (!m)
-        return MI_STATUS_INVALID_ARGUMENT;
+mi_status mi_model_set_progress(mi_model *m, mi_model_progress_fn fn, void *user) {
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
     m->progress = fn;
     m->progress_user = user;
     return MI_STATUS_SUCCESS;

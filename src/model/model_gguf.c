@@ -31,76 +31,61 @@ typedef struct cursor {
     size_t cap;
 } cursor;
 
-static bool need(cursor *c, uint64_t n, const char *what)
-{
+static bool need(cursor *c, uint64_t n, const char *what) {
     if (n > c->size - c->pos) {
         mim_fail(c->err, c->cap, MI_STATUS_PARSE_ERROR,
-                 "GGUF truncated or corrupt: %s needs %llu bytes at offset %zu, file has %zu",
-                 what, (unsigned long long)n, c->pos, c->size);
+                 "GGUF truncated or corrupt: %s needs %llu bytes at offset %zu, file has %zu", what,
+                 (unsigned long long)n, c->pos, c->size);
         return false;
     }
     return true;
 }
 
-static bool rd_u32(cursor *c, uint32_t *v, const char *what)
-{
-    if (!need(c, 4, what))
-        return false;
+static bool rd_u32(cursor *c, uint32_t *v, const char *what) {
+    if (!need(c, 4, what)) return false;
     const unsigned char *p = c->base + c->pos;
     *v = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
     c->pos += 4;
     return true;
 }
 
-static bool rd_u64(cursor *c, uint64_t *v, const char *what)
-{
+static bool rd_u64(cursor *c, uint64_t *v, const char *what) {
     uint32_t lo, hi;
-    if (!need(c, 8, what) || !rd_u32(c, &lo, what) || !rd_u32(c, &hi, what))
-        return false;
+    if (!need(c, 8, what) || !rd_u32(c, &lo, what) || !rd_u32(c, &hi, what)) return false;
     *v = (uint64_t)lo | ((uint64_t)hi << 32);
     return true;
 }
 
-static bool rd_str(cursor *c, const char **s, size_t *len, const char *what)
-{
+static bool rd_str(cursor *c, const char **s, size_t *len, const char *what) {
     uint64_t n;
-    if (!rd_u64(c, &n, what) || !need(c, n, what))
-        return false;
+    if (!rd_u64(c, &n, what) || !need(c, n, what)) return false;
     *s = (const char *)(c->base + c->pos);
     *len = (size_t)n;
     c->pos += (size_t)n;
     return true;
 }
 
-static size_t scalar_size(uint32_t type)
-{
+static size_t scalar_size(uint32_t type) {
     switch (type) {
     case MIM_GGUF_U8:
     case MIM_GGUF_I8:
-    case MIM_GGUF_BOOL:
-        return 1;
+    case MIM_GGUF_BOOL: return 1;
     case MIM_GGUF_U16:
-    case MIM_GGUF_I16:
-        return 2;
+    case MIM_GGUF_I16: return 2;
     case MIM_GGUF_U32:
     case MIM_GGUF_I32:
-    case MIM_GGUF_F32:
-        return 4;
+    case MIM_GGUF_F32: return 4;
     case MIM_GGUF_U64:
     case MIM_GGUF_I64:
-    case MIM_GGUF_F64:
-        return 8;
-    default:
-        return 0;
+    case MIM_GGUF_F64: return 8;
+    default: return 0;
     }
 }
 
 /* Skips over one value of the given type, checking every piece. */
-static bool skip_value(cursor *c, uint32_t type, int depth, const char *what)
-{
+static bool skip_value(cursor *c, uint32_t type, int depth, const char *what) {
     size_t sz = scalar_size(type);
-    if (sz)
-        return need(c, sz, what) && (c->pos += sz, true);
+    if (sz) return need(c, sz, what) && (c->pos += sz, true);
     if (type == MIM_GGUF_STRING) {
         const char *s;
         size_t n;
@@ -110,16 +95,16 @@ static bool skip_value(cursor *c, uint32_t type, int depth, const char *what)
         uint32_t et;
         uint64_t count;
         if (depth >= GGUF_MAX_NESTING) {
-            mim_fail(c->err, c->cap, MI_STATUS_PARSE_ERROR, "GGUF corrupt: arrays nested too deep "
-                     "in %s", what);
+            mim_fail(c->err, c->cap, MI_STATUS_PARSE_ERROR,
+                     "GGUF corrupt: arrays nested too deep "
+                     "in %s",
+                     what);
             return false;
         }
-        if (!rd_u32(c, &et, what) || !rd_u64(c, &count, what))
-            return false;
+        if (!rd_u32(c, &et, what) || !rd_u64(c, &count, what)) return false;
         size_t esz = scalar_size(et);
         if (esz) {
-            if (count > UINT64_MAX / esz)
-                return need(c, UINT64_MAX, what);
+            if (count > UINT64_MAX / esz) return need(c, UINT64_MAX, what);
             return need(c, count * esz, what) && (c->pos += (size_t)(count * esz), true);
         }
         if (et != MIM_GGUF_STRING && et != MIM_GGUF_ARRAY) {
@@ -128,11 +113,9 @@ static bool skip_value(cursor *c, uint32_t type, int depth, const char *what)
             return false;
         }
         /* Each element takes at least 8 bytes, which bounds a corrupt count cheaply. */
-        if (count > (c->size - c->pos) / 8)
-            return need(c, UINT64_MAX, what);
+        if (count > (c->size - c->pos) / 8) return need(c, UINT64_MAX, what);
         for (uint64_t i = 0; i < count; i++)
-            if (!skip_value(c, et, depth + 1, what))
-                return false;
+            if (!skip_value(c, et, depth + 1, what)) return false;
         return true;
     }
     mim_fail(c->err, c->cap, MI_STATUS_PARSE_ERROR, "GGUF corrupt: unknown value type %u in %s",
@@ -140,17 +123,14 @@ static bool skip_value(cursor *c, uint32_t type, int depth, const char *what)
     return false;
 }
 
-static mi_status parse(mim_gguf *g, char *err, size_t cap)
-{
+static mi_status parse(mim_gguf *g, char *err, size_t cap) {
     cursor c = {g->base, g->size, 0, err, cap};
     uint32_t magic;
-    if (!rd_u32(&c, &magic, "magic"))
-        return MI_STATUS_PARSE_ERROR;
+    if (!rd_u32(&c, &magic, "magic")) return MI_STATUS_PARSE_ERROR;
     if (magic != GGUF_MAGIC)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "not a GGUF file (bad magic 0x%08x)",
                         magic);
-    if (!rd_u32(&c, &g->version, "version"))
-        return MI_STATUS_PARSE_ERROR;
+    if (!rd_u32(&c, &g->version, "version")) return MI_STATUS_PARSE_ERROR;
     if (g->version != 2 && g->version != 3)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                         "unsupported GGUF version %u (2 and 3 are supported)", g->version);
@@ -169,8 +149,7 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
     uint64_t alignment = GGUF_DEFAULT_ALIGNMENT;
     for (uint64_t i = 0; i < g->n_kv; i++) {
         mim_gguf_kv *kv = &g->kv[i];
-        if (!rd_str(&c, &kv->key, &kv->key_len, "key") ||
-            !rd_u32(&c, &kv->type, "value type"))
+        if (!rd_str(&c, &kv->key, &kv->key_len, "key") || !rd_u32(&c, &kv->type, "value type"))
             return MI_STATUS_PARSE_ERROR;
         char what[96];
         snprintf(what, sizeof(what), "value of '%.*s'", (int)(kv->key_len < 60 ? kv->key_len : 60),
@@ -184,8 +163,7 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
         } else {
             kv->value = c.base + c.pos;
         }
-        if (!skip_value(&c, kv->type, 0, what))
-            return MI_STATUS_PARSE_ERROR;
+        if (!skip_value(&c, kv->type, 0, what)) return MI_STATUS_PARSE_ERROR;
         if (kv->key_len == 17 && memcmp(kv->key, "general.alignment", 17) == 0) {
             if (kv->type != MIM_GGUF_U32)
                 return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
@@ -211,15 +189,15 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
             break;
         }
         if (t->n_dims == 0 || t->n_dims > GGUF_MAX_DIMS) {
-            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "GGUF corrupt: tensor '%.*s' has %u "
-                          "dimensions", (int)t->name_len, t->name, t->n_dims);
+            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                          "GGUF corrupt: tensor '%.*s' has %u "
+                          "dimensions",
+                          (int)t->name_len, t->name, t->n_dims);
             break;
         }
-        for (int d = 0; d < 4; d++)
-            t->ne[d] = 1;
+        for (int d = 0; d < 4; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims && st == MI_STATUS_SUCCESS; d++)
-            if (!rd_u64(&c, &t->ne[d], "tensor shape"))
-                st = MI_STATUS_PARSE_ERROR;
+            if (!rd_u64(&c, &t->ne[d], "tensor shape")) st = MI_STATUS_PARSE_ERROR;
         if (st != MI_STATUS_SUCCESS || !rd_u32(&c, &t->type, "tensor type") ||
             !rd_u64(&c, &offsets[i], "tensor offset")) {
             st = MI_STATUS_PARSE_ERROR;
@@ -244,15 +222,15 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
                 }
                 n *= t->ne[d];
             }
-            if (st != MI_STATUS_SUCCESS)
-                break;
+            if (st != MI_STATUS_SUCCESS) break;
             uint64_t row_bytes;
             if (offsets[i] % alignment != 0) {
                 /* aligned data is part of the format, and typed loads rely on it */
                 st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                               "GGUF corrupt: tensor '%.*s' data offset %llu is not a multiple of "
-                              "the alignment %llu", (int)t->name_len, t->name,
-                              (unsigned long long)offsets[i], (unsigned long long)alignment);
+                              "the alignment %llu",
+                              (int)t->name_len, t->name, (unsigned long long)offsets[i],
+                              (unsigned long long)alignment);
                 break;
             }
             if (!mim_type_supported(t->type)) {
@@ -271,8 +249,9 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
             if (!mim_type_row_bytes(t->type, t->ne[0], &row_bytes)) {
                 st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                               "GGUF corrupt: tensor '%.*s' row of %llu is not a whole number of "
-                              "%s blocks", (int)t->name_len, t->name,
-                              (unsigned long long)t->ne[0], mim_type_name(t->type));
+                              "%s blocks",
+                              (int)t->name_len, t->name, (unsigned long long)t->ne[0],
+                              mim_type_name(t->type));
                 break;
             }
             uint64_t rows = t->ne[0] ? n / t->ne[0] : 0;
@@ -300,16 +279,12 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap)
 }
 
 mi_status mim_gguf_open_memory(const void *data, size_t size, mim_gguf **out, char *err,
-                               size_t cap)
-{
-    if (!out)
-        return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
+                               size_t cap) {
+    if (!out) return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
-    if (!data && size)
-        return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "data is NULL");
+    if (!data && size) return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "data is NULL");
     mim_gguf *g = calloc(1, sizeof(*g));
-    if (!g)
-        return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (!g) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     g->base = data;
     g->size = size;
     mi_status st = parse(g, err, cap);
@@ -321,20 +296,16 @@ mi_status mim_gguf_open_memory(const void *data, size_t size, mim_gguf **out, ch
     return MI_STATUS_SUCCESS;
 }
 
-mi_status mim_gguf_open(const char *path, mim_gguf **out, char *err, size_t cap)
-{
-    if (!path || !out)
-        return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "path or out is NULL");
+mi_status mim_gguf_open(const char *path, mim_gguf **out, char *err, size_t cap) {
+    if (!path || !out) return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "path or out is NULL");
     *out = NULL;
     int fd = open(path, O_RDONLY);
     if (fd < 0)
-        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot open %s: %s", path,
-                        strerror(errno));
+        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);
-        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot stat %s: %s", path,
-                        strerror(errno));
+        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(errno));
     }
     size_t size = (size_t)sb.st_size;
     if (size == 0) {
@@ -344,8 +315,7 @@ mi_status mim_gguf_open(const char *path, mim_gguf **out, char *err, size_t cap)
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
-        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot map %s: %s", path,
-                        strerror(errno));
+        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot map %s: %s", path, strerror(errno));
     mi_status st = mim_gguf_open_memory(map, size, out, err, cap);
     if (st != MI_STATUS_SUCCESS) {
         munmap(map, size);
@@ -355,28 +325,22 @@ mi_status mim_gguf_open(const char *path, mim_gguf **out, char *err, size_t cap)
     return MI_STATUS_SUCCESS;
 }
 
-void mim_gguf_close(mim_gguf *g)
-{
-    if (!g)
-        return;
-    if (g->mapped)
-        munmap((void *)g->base, g->size);
+void mim_gguf_close(mim_gguf *g) {
+    if (!g) return;
+    if (g->mapped) munmap((void *)g->base, g->size);
     free(g->kv);
     free(g->tensors);
     free(g);
 }
 
-const mim_gguf_kv *mim_gguf_find(const mim_gguf *g, const char *key)
-{
+const mim_gguf_kv *mim_gguf_find(const mim_gguf *g, const char *key) {
     size_t n = strlen(key);
     for (uint64_t i = 0; i < g->n_kv; i++)
-        if (g->kv[i].key_len == n && memcmp(g->kv[i].key, key, n) == 0)
-            return &g->kv[i];
+        if (g->kv[i].key_len == n && memcmp(g->kv[i].key, key, n) == 0) return &g->kv[i];
     return NULL;
 }
 
-const mim_gguf_tensor *mim_gguf_find_tensor(const mim_gguf *g, const char *name)
-{
+const mim_gguf_tensor *mim_gguf_find_tensor(const mim_gguf *g, const char *name) {
     size_t n = strlen(name);
     for (uint64_t i = 0; i < g->n_tensors; i++)
         if (g->tensors[i].name_len == n && memcmp(g->tensors[i].name, name, n) == 0)
@@ -384,15 +348,12 @@ const mim_gguf_tensor *mim_gguf_find_tensor(const mim_gguf *g, const char *name)
     return NULL;
 }
 
-static double scalar_num(uint32_t type, const unsigned char *p, bool *ok)
-{
+static double scalar_num(uint32_t type, const unsigned char *p, bool *ok) {
     *ok = true;
     switch (type) {
     case MIM_GGUF_U8:
-    case MIM_GGUF_BOOL:
-        return p[0];
-    case MIM_GGUF_I8:
-        return (int8_t)p[0];
+    case MIM_GGUF_BOOL: return p[0];
+    case MIM_GGUF_I8: return (int8_t)p[0];
     case MIM_GGUF_U16: {
         uint16_t v;
         memcpy(&v, p, 2);
@@ -433,61 +394,48 @@ static double scalar_num(uint32_t type, const unsigned char *p, bool *ok)
         memcpy(&v, p, 8);
         return v;
     }
-    default:
-        *ok = false;
-        return 0;
+    default: *ok = false; return 0;
     }
 }
 
-bool mim_gguf_get_i64(const mim_gguf *g, const char *key, int64_t *out)
-{
+bool mim_gguf_get_i64(const mim_gguf *g, const char *key, int64_t *out) {
     const mim_gguf_kv *kv = mim_gguf_find(g, key);
     bool ok = false;
-    if (!kv)
-        return false;
+    if (!kv) return false;
     if (kv->type == MIM_GGUF_U64 || kv->type == MIM_GGUF_I64) {
         memcpy(out, kv->value, 8); /* exact beyond 2^53 */
         return true;
     }
     double v = scalar_num(kv->type, kv->value, &ok);
-    if (ok)
-        *out = (int64_t)v;
+    if (ok) *out = (int64_t)v;
     return ok;
 }
 
-bool mim_gguf_get_f64(const mim_gguf *g, const char *key, double *out)
-{
+bool mim_gguf_get_f64(const mim_gguf *g, const char *key, double *out) {
     const mim_gguf_kv *kv = mim_gguf_find(g, key);
     bool ok = false;
-    if (!kv)
-        return false;
+    if (!kv) return false;
     double v = scalar_num(kv->type, kv->value, &ok);
-    if (ok)
-        *out = v;
+    if (ok) *out = v;
     return ok;
 }
 
-bool mim_gguf_get_bool(const mim_gguf *g, const char *key, bool *out)
-{
+bool mim_gguf_get_bool(const mim_gguf *g, const char *key, bool *out) {
     int64_t v;
-    if (!mim_gguf_get_i64(g, key, &v))
-        return false;
+    if (!mim_gguf_get_i64(g, key, &v)) return false;
     *out = v != 0;
     return true;
 }
 
-bool mim_gguf_get_str(const mim_gguf *g, const char *key, const char **s, size_t *len)
-{
+bool mim_gguf_get_str(const mim_gguf *g, const char *key, const char **s, size_t *len) {
     const mim_gguf_kv *kv = mim_gguf_find(g, key);
-    if (!kv || kv->type != MIM_GGUF_STRING)
-        return false;
+    if (!kv || kv->type != MIM_GGUF_STRING) return false;
     const unsigned char *p = kv->value;
     mim_gguf_next_str(&p, s, len);
     return true;
 }
 
-void mim_gguf_next_str(const unsigned char **cursor, const char **s, size_t *len)
-{
+void mim_gguf_next_str(const unsigned char **cursor, const char **s, size_t *len) {
     uint64_t n;
     memcpy(&n, *cursor, 8);
     *s = (const char *)(*cursor + 8);
@@ -495,11 +443,9 @@ void mim_gguf_next_str(const unsigned char **cursor, const char **s, size_t *len
     *cursor += 8 + n;
 }
 
-double mim_gguf_array_num(const mim_gguf_kv *kv, uint64_t i)
-{
+double mim_gguf_array_num(const mim_gguf_kv *kv, uint64_t i) {
     bool ok;
     size_t sz = scalar_size(kv->array_type);
-    if (kv->type != MIM_GGUF_ARRAY || !sz || i >= kv->array_count)
-        return 0;
+    if (kv->type != MIM_GGUF_ARRAY || !sz || i >= kv->array_count) return 0;
     return scalar_num(kv->array_type, kv->value + i * sz, &ok);
 }

@@ -241,11 +241,11 @@ typedef struct mim_tokenizer {
     mim_tok_kind kind;
     mim_pretok pre;
     int32_t n_vocab;
-    char *arena;        /* all token strings, NUL-separated */
-    const char **text;  /* [n_vocab] */
-    uint32_t *len;      /* [n_vocab] */
-    float *score;       /* [n_vocab] SPM merge priority */
-    int32_t *type;      /* [n_vocab] MIM_TT_* */
+    char *arena;       /* all token strings, NUL-separated */
+    const char **text; /* [n_vocab] */
+    uint32_t *len;     /* [n_vocab] */
+    float *score;      /* [n_vocab] SPM merge priority */
+    int32_t *type;     /* [n_vocab] MIM_TT_* */
     mim_strmap vocab;
     mim_pairmap merges; /* byte BPE: (left id, right id) -> rank, merged id */
     int32_t *specials;  /* ids matched literally in text, longest first */
@@ -290,11 +290,11 @@ void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg);
 /* RoPE                                                                                        */
 
 typedef struct mim_rope {
-    int32_t dim;      /* rotated dimensions (head_dim unless partial) */
-    double theta;     /* base */
+    int32_t dim;  /* rotated dimensions (head_dim unless partial) */
+    double theta; /* base */
     mi_rope_scaling scaling;
     const float *freq_factors; /* [dim/2] divisors of the frequencies (GGUF rope_freqs), or NULL */
-    bool neox;        /* pairs (i, i + dim/2); else adjacent pairs (2i, 2i+1) */
+    bool neox;                 /* pairs (i, i + dim/2); else adjacent pairs (2i, 2i+1) */
 } mim_rope;
 
 /* inv_freq [dim/2] and the cos/sin multiplier (YaRN attention factor; 1 otherwise) for a

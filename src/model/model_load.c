@@ -22,8 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
-{
+mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...) {
     if (m) {
         va_list ap;
         va_start(ap, fmt);
@@ -33,8 +32,7 @@ mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
     return status;
 }
 
-mi_model_params mi_model_default_params(void)
-{
+mi_model_params mi_model_default_params(void) {
     mi_model_params p;
     memset(&p, 0, sizeof(p));
     p.device = MI_DEVICE_CPU;
@@ -57,14 +55,12 @@ typedef struct tref {
     uint64_t nbytes;
 } tref;
 
-static tref lookup(const mi_model *m, const char *name)
-{
+static tref lookup(const mi_model *m, const char *name) {
     tref r;
     memset(&r, 0, sizeof(r));
     if (m->gguf) {
         const mim_gguf_tensor *t = mim_gguf_find_tensor(m->gguf, name);
-        if (!t)
-            return r;
+        if (!t) return r;
         r.found = true;
         r.data = t->data;
         r.type = t->type;
@@ -78,8 +74,7 @@ static tref lookup(const mi_model *m, const char *name)
     for (int s = 0; s < m->n_shards; s++)
         for (int i = 0; i < m->shards[s].n_tensors; i++) {
             const mim_st_tensor *t = &m->shards[s].tensors[i];
-            if (strcmp(t->name, name) != 0)
-                continue;
+            if (strcmp(t->name, name) != 0) continue;
             r.found = true;
             r.data = t->data;
             r.type = t->type;
@@ -87,8 +82,7 @@ static tref lookup(const mi_model *m, const char *name)
             r.n_dims = t->n_dims;
             r.cols = t->n_dims > 0 ? t->shape[t->n_dims - 1] : 1;
             r.rows = 1;
-            for (int d = 0; d + 1 < t->n_dims; d++)
-                r.rows *= t->shape[d];
+            for (int d = 0; d + 1 < t->n_dims; d++) r.rows *= t->shape[d];
             r.nbytes = t->nbytes;
             return r;
         }
@@ -96,19 +90,17 @@ static tref lookup(const mi_model *m, const char *name)
 }
 
 static mi_status get_tensor(mi_model *m, const char *name, int64_t rows, int64_t cols,
-                            bool required, tref *out, char *err, size_t cap)
-{
+                            bool required, tref *out, char *err, size_t cap) {
     *out = lookup(m, name);
     if (!out->found) {
-        if (!required)
-            return MI_STATUS_SUCCESS;
+        if (!required) return MI_STATUS_SUCCESS;
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tensor '%s' is missing", name);
     }
     if (!mim_type_supported(out->type))
         return mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
                         "tensor '%s' has type %s, which this runner does not support (F32, F16, "
-                        "BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are)", name,
-                        out->type_name);
+                        "BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are)",
+                        name, out->type_name);
     if (out->rows != rows || out->cols != cols)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                         "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
@@ -122,12 +114,10 @@ static mi_status get_tensor(mi_model *m, const char *name, int64_t rows, int64_t
 }
 
 static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t cols,
-                            mim_weight *w, char *err, size_t cap)
-{
+                            mim_weight *w, char *err, size_t cap) {
     tref t;
     mi_status st = get_tensor(m, name, rows, cols, true, &t, err, cap);
-    if (st != MI_STATUS_SUCCESS)
-        return st;
+    if (st != MI_STATUS_SUCCESS) return st;
     uint64_t rb = 0;
     mim_type_row_bytes(t.type, (uint64_t)cols, &rb);
     w->data = t.data;
@@ -139,34 +129,28 @@ static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t
     return MI_STATUS_SUCCESS;
 }
 
-static float *own_floats(mi_model *m, size_t n)
-{
+static float *own_floats(mi_model *m, size_t n) {
     if (m->n_owned == m->cap_owned) {
         int cap = m->cap_owned ? m->cap_owned * 2 : 64;
         void **p = realloc(m->owned, (size_t)cap * sizeof(void *));
-        if (!p)
-            return NULL;
+        if (!p) return NULL;
         m->owned = p;
         m->cap_owned = cap;
     }
     float *f = malloc(n * sizeof(float));
-    if (f)
-        m->owned[m->n_owned++] = f;
+    if (f) m->owned[m->n_owned++] = f;
     return f;
 }
 
 /* A vector (1-D, or [1, n]) copied to fp32; NULL in *out when absent and not required. */
 static mi_status get_vector(mi_model *m, const char *name, int64_t n, bool required, float **out,
-                            char *err, size_t cap)
-{
+                            char *err, size_t cap) {
     tref t;
     *out = NULL;
     mi_status st = get_tensor(m, name, 1, n, required, &t, err, cap);
-    if (st != MI_STATUS_SUCCESS || !t.found)
-        return st;
+    if (st != MI_STATUS_SUCCESS || !t.found) return st;
     float *f = own_floats(m, (size_t)n);
-    if (!f)
-        return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (!f) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     mim_dequant_row(t.type, t.data, f, n);
     *out = f;
     return MI_STATUS_SUCCESS;
@@ -175,14 +159,14 @@ static mi_status get_vector(mi_model *m, const char *name, int64_t n, bool requi
 /* ------------------------------------------------------------------------------------------ */
 /* Shapes and weights                                                                          */
 
-static mi_status check_dims(mi_model *m, char *err, size_t cap)
-{
+static mi_status check_dims(mi_model *m, char *err, size_t cap) {
     if (m->n_layers <= 0 || m->hidden <= 0 || m->n_heads <= 0 || m->n_kv <= 0 || m->ffn <= 0 ||
         m->hd <= 0 || m->n_heads % m->n_kv != 0 || m->n_layers > 4096 || m->hidden > (1 << 20) ||
         m->ffn > (1 << 22) || m->hd > 1024 || m->n_heads > 4096)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                         "implausible model dimensions: layers %d hidden %d heads %d/%d head_dim "
-                        "%d ffn %d", m->n_layers, m->hidden, m->n_heads, m->n_kv, m->hd, m->ffn);
+                        "%d ffn %d",
+                        m->n_layers, m->hidden, m->n_heads, m->n_kv, m->hd, m->ffn);
     if (m->rope.dim <= 0 || m->rope.dim > m->hd || m->rope.dim % 2)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "bad rope dimension %d for head_dim %d",
                         m->rope.dim, m->hd);
@@ -195,47 +179,49 @@ typedef struct names {
 } names;
 
 static const names gguf_names = {
-    "token_embd.weight", "output.weight", "output_norm.weight",
-    "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight",
-    "blk.%d.attn_output.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight",
-    "blk.%d.ffn_down.weight", "blk.%d.attn_norm.weight", "blk.%d.ffn_norm.weight",
-    "blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias",
+    "token_embd.weight",         "output.weight",           "output_norm.weight",
+    "blk.%d.attn_q.weight",      "blk.%d.attn_k.weight",    "blk.%d.attn_v.weight",
+    "blk.%d.attn_output.weight", "blk.%d.ffn_gate.weight",  "blk.%d.ffn_up.weight",
+    "blk.%d.ffn_down.weight",    "blk.%d.attn_norm.weight", "blk.%d.ffn_norm.weight",
+    "blk.%d.attn_q.bias",        "blk.%d.attn_k.bias",      "blk.%d.attn_v.bias",
 };
 
 static const names hf_names = {
-    "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-    "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
-    "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
-    "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight",
-    "model.layers.%d.mlp.down_proj.weight", "model.layers.%d.input_layernorm.weight",
-    "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.self_attn.q_proj.bias",
-    "model.layers.%d.self_attn.k_proj.bias", "model.layers.%d.self_attn.v_proj.bias",
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    "model.norm.weight",
+    "model.layers.%d.self_attn.q_proj.weight",
+    "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight",
+    "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.mlp.gate_proj.weight",
+    "model.layers.%d.mlp.up_proj.weight",
+    "model.layers.%d.mlp.down_proj.weight",
+    "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.self_attn.q_proj.bias",
+    "model.layers.%d.self_attn.k_proj.bias",
+    "model.layers.%d.self_attn.v_proj.bias",
 };
 
-static mi_status load_weights(mi_model *m, const names *nm, char *err, size_t cap)
-{
+static mi_status load_weights(mi_model *m, const names *nm, char *err, size_t cap) {
     mi_status st;
     const int64_t qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     tref emb = lookup(m, nm->embd);
     if (!emb.found)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tensor '%s' is missing", nm->embd);
-    if (m->vocab <= 0)
-        m->vocab = (int32_t)emb.rows;
-    if ((st = get_weight(m, nm->embd, m->vocab, m->hidden, &m->tok_embd, err, cap)))
-        return st;
+    if (m->vocab <= 0) m->vocab = (int32_t)emb.rows;
+    if ((st = get_weight(m, nm->embd, m->vocab, m->hidden, &m->tok_embd, err, cap))) return st;
     if (lookup(m, nm->out).found) {
-        if ((st = get_weight(m, nm->out, m->vocab, m->hidden, &m->output, err, cap)))
-            return st;
+        if ((st = get_weight(m, nm->out, m->vocab, m->hidden, &m->output, err, cap))) return st;
         m->info.tied_embeddings = 0;
     } else {
         m->output = m->tok_embd;
         m->info.tied_embeddings = 1;
     }
-    if ((st = get_vector(m, nm->out_norm, m->hidden, true, &m->out_norm, err, cap)))
-        return st;
+    if ((st = get_vector(m, nm->out_norm, m->hidden, true, &m->out_norm, err, cap))) return st;
     m->layers = calloc((size_t)m->n_layers, sizeof(mim_layer));
-    if (!m->layers)
-        return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (!m->layers) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     char name[160];
 #define NAME(fmt) (snprintf(name, sizeof(name), fmt, l), name)
     for (int l = 0; l < m->n_layers; l++) {
@@ -265,18 +251,15 @@ static mi_status load_weights(mi_model *m, const names *nm, char *err, size_t ca
 /* ------------------------------------------------------------------------------------------ */
 /* GGUF                                                                                        */
 
-static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
-{
+static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap) {
     mi_status st = mim_gguf_open(path, &m->gguf, err, cap);
-    if (st != MI_STATUS_SUCCESS)
-        return st;
+    if (st != MI_STATUS_SUCCESS) return st;
     const mim_gguf *g = m->gguf;
     const char *arch;
     size_t arch_len;
     if (!mim_gguf_get_str(g, "general.architecture", &arch, &arch_len))
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "GGUF has no general.architecture");
-    if (arch_len >= sizeof(m->info.arch))
-        arch_len = sizeof(m->info.arch) - 1;
+    if (arch_len >= sizeof(m->info.arch)) arch_len = sizeof(m->info.arch) - 1;
     memcpy(m->info.arch, arch, arch_len);
     m->info.arch[arch_len] = 0;
     bool qwen2 = strcmp(m->info.arch, "qwen2") == 0;
@@ -288,12 +271,12 @@ static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
     int64_t v;
     double d;
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", m->info.arch, suffix), key)
-#define REQ_INT(suffix, dst)                                                                   \
-    do {                                                                                       \
-        if (!mim_gguf_get_i64(g, KEY(suffix), &v) || v <= 0 || v > INT32_MAX)                 \
-            return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "GGUF key %s missing or invalid", \
-                            key);                                                              \
-        dst = (int32_t)v;                                                                      \
+#define REQ_INT(suffix, dst)                                                                       \
+    do {                                                                                           \
+        if (!mim_gguf_get_i64(g, KEY(suffix), &v) || v <= 0 || v > INT32_MAX)                      \
+            return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "GGUF key %s missing or invalid",     \
+                            key);                                                                  \
+        dst = (int32_t)v;                                                                          \
     } while (0)
     REQ_INT("block_count", m->n_layers);
     REQ_INT("embedding_length", m->hidden);
@@ -306,17 +289,14 @@ static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
     if (mim_gguf_get_i64(g, KEY("attention.key_length"), &v) && v > 0 && v <= 4096)
         m->hd = (int32_t)v;
     m->eps = 1e-5f;
-    if (mim_gguf_get_f64(g, KEY("attention.layer_norm_rms_epsilon"), &d))
-        m->eps = (float)d;
+    if (mim_gguf_get_f64(g, KEY("attention.layer_norm_rms_epsilon"), &d)) m->eps = (float)d;
     m->rope.theta = 10000.0;
-    if (mim_gguf_get_f64(g, KEY("rope.freq_base"), &d) && d > 0)
-        m->rope.theta = d;
+    if (mim_gguf_get_f64(g, KEY("rope.freq_base"), &d) && d > 0) m->rope.theta = d;
     m->rope.dim = m->hd;
     if (mim_gguf_get_i64(g, KEY("rope.dimension_count"), &v) && v > 0 && v <= 4096)
         m->rope.dim = (int32_t)v;
     m->info.context_length = 0;
-    if (mim_gguf_get_i64(g, KEY("context_length"), &v))
-        m->info.context_length = v;
+    if (mim_gguf_get_i64(g, KEY("context_length"), &v)) m->info.context_length = v;
     m->rope.neox = qwen2;
     const char *stype;
     size_t stype_len;
@@ -327,8 +307,10 @@ static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
         else if (stype_len == 4 && memcmp(stype, "yarn", 4) == 0)
             sc->type = MI_ROPE_YARN;
         else if (!(stype_len == 4 && memcmp(stype, "none", 4) == 0))
-            return mim_fail(err, cap, MI_STATUS_UNSUPPORTED, "rope scaling '%.*s' is not "
-                            "supported", (int)stype_len, stype);
+            return mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
+                            "rope scaling '%.*s' is not "
+                            "supported",
+                            (int)stype_len, stype);
     }
     if (mim_gguf_get_f64(g, KEY("rope.scaling.factor"), &d))
         sc->factor = d;
@@ -338,27 +320,19 @@ static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
     }
     if (mim_gguf_get_i64(g, KEY("rope.scaling.original_context_length"), &v))
         sc->original_context = v;
-    if (mim_gguf_get_f64(g, KEY("rope.scaling.yarn_beta_fast"), &d))
-        sc->beta_fast = d;
-    if (mim_gguf_get_f64(g, KEY("rope.scaling.yarn_beta_slow"), &d))
-        sc->beta_slow = d;
-    if (mim_gguf_get_f64(g, KEY("rope.scaling.attn_factor"), &d))
-        sc->attention_factor = d;
-    if (sc->type == MI_ROPE_LINEAR && !(sc->factor > 0))
-        sc->type = MI_ROPE_NONE;
+    if (mim_gguf_get_f64(g, KEY("rope.scaling.yarn_beta_fast"), &d)) sc->beta_fast = d;
+    if (mim_gguf_get_f64(g, KEY("rope.scaling.yarn_beta_slow"), &d)) sc->beta_slow = d;
+    if (mim_gguf_get_f64(g, KEY("rope.scaling.attn_factor"), &d)) sc->attention_factor = d;
+    if (sc->type == MI_ROPE_LINEAR && !(sc->factor > 0)) sc->type = MI_ROPE_NONE;
 #undef REQ_INT
 #undef KEY
-    if ((st = check_dims(m, err, cap)))
-        return st;
+    if ((st = check_dims(m, err, cap))) return st;
     /* LLaMA-3.1's llama3 scaling is baked into per-frequency divisors. */
     float *ff = NULL;
-    if ((st = get_vector(m, "rope_freqs.weight", m->rope.dim / 2, false, &ff, err, cap)))
-        return st;
-    if (ff)
-        sc->type = MI_ROPE_LLAMA3; /* reported as such; applied through freq_factors */
+    if ((st = get_vector(m, "rope_freqs.weight", m->rope.dim / 2, false, &ff, err, cap))) return st;
+    if (ff) sc->type = MI_ROPE_LLAMA3; /* reported as such; applied through freq_factors */
     m->rope.freq_factors = ff;
-    if ((st = mim_tokenizer_from_gguf(g, &m->tok, err, cap)))
-        return st;
+    if ((st = mim_tokenizer_from_gguf(g, &m->tok, err, cap))) return st;
     const char *name;
     size_t name_len;
     m->smollm = mim_gguf_get_str(g, "general.basename", &name, &name_len) && name_len >= 6 &&
@@ -372,11 +346,9 @@ static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
 /* ------------------------------------------------------------------------------------------ */
 /* Hugging Face directory                                                                      */
 
-static char *read_file(const char *path, size_t *len)
-{
+static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
+    if (!f) return NULL;
     char *buf = NULL;
     if (fseek(f, 0, SEEK_END) == 0) {
         long n = ftell(f);
@@ -394,19 +366,16 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-static double jnum(json_t *o, const char *key, double dflt)
-{
+static double jnum(json_t *o, const char *key, double dflt) {
     json_t *v = json_object_get(o, key);
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
+static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap)
-{
+static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap) {
     char path[4096];
     char **files = NULL;
     int n = 0;
@@ -433,13 +402,12 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
         json_object_foreach(map, key, val) {
             const char *f = json_string_value(val);
             if (!f || strchr(f, '/')) {
-                st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "%s: bad shard name for '%s'",
-                              path, key);
+                st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "%s: bad shard name for '%s'", path,
+                              key);
                 break;
             }
             bool seen = false;
-            for (int i = 0; i < n && !seen; i++)
-                seen = strcmp(files[i], f) == 0;
+            for (int i = 0; i < n && !seen; i++) seen = strcmp(files[i], f) == 0;
             if (!seen && !(files[n++] = strdup(f))) {
                 st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
                 break;
@@ -448,8 +416,7 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
         json_decref(root);
     } else {
         DIR *dp = opendir(dir);
-        if (!dp)
-            return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot open directory %s", dir);
+        if (!dp) return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot open directory %s", dir);
         struct dirent *de;
         int capf = 0;
         while ((de = readdir(dp))) {
@@ -458,12 +425,10 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
                 if (n == capf) {
                     capf = capf ? capf * 2 : 8;
                     char **p = realloc(files, (size_t)capf * sizeof(char *));
-                    if (!p)
-                        break;
+                    if (!p) break;
                     files = p;
                 }
-                if (!(files[n] = strdup(de->d_name)))
-                    break;
+                if (!(files[n] = strdup(de->d_name))) break;
                 n++;
             }
         }
@@ -474,29 +439,24 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
     if (st == MI_STATUS_SUCCESS) {
         qsort(files, (size_t)n, sizeof(char *), cmp_str);
         m->shards = calloc((size_t)n, sizeof(mim_st_file));
-        if (!m->shards)
-            st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+        if (!m->shards) st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     }
     for (int i = 0; i < n && st == MI_STATUS_SUCCESS; i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
         st = mim_st_open(path, &m->shards[i], err, cap);
-        if (st == MI_STATUS_SUCCESS)
-            m->n_shards = i + 1;
+        if (st == MI_STATUS_SUCCESS) m->n_shards = i + 1;
     }
-    for (int i = 0; i < n; i++)
-        free(files[i]);
+    for (int i = 0; i < n; i++) free(files[i]);
     free(files);
     return st;
 }
 
-static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
-{
+static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap) {
     char path[4096];
     size_t len;
     snprintf(path, sizeof(path), "%s/config.json", dir);
     char *text = read_file(path, &len);
-    if (!text)
-        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot read %s", path);
+    if (!text) return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot read %s", path);
     json_error_t jerr;
     json_t *cfg = json_loadb(text, len, 0, &jerr);
     free(text);
@@ -508,9 +468,9 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
     mi_status st = MI_STATUS_SUCCESS;
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     if (!mt || (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2"))) {
-        st = mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
-                      "model_type '%s' is not supported (llama, mistral, qwen2 are)",
-                      mt ? mt : "?");
+        st =
+            mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
+                     "model_type '%s' is not supported (llama, mistral, qwen2 are)", mt ? mt : "?");
         goto done;
     }
     snprintf(m->info.arch, sizeof(m->info.arch), "%s", mt);
@@ -533,14 +493,12 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
     json_t *rp = json_object_get(cfg, "rope_parameters");
     if (json_is_object(rp)) {
         m->rope.theta = jnum(rp, "rope_theta", m->rope.theta);
-        if (!json_is_object(rs))
-            rs = rp;
+        if (!json_is_object(rs)) rs = rp;
     }
     mi_rope_scaling *sc = &m->rope.scaling;
     if (json_is_object(rs)) {
         const char *t = json_string_value(json_object_get(rs, "rope_type"));
-        if (!t)
-            t = json_string_value(json_object_get(rs, "type"));
+        if (!t) t = json_string_value(json_object_get(rs, "type"));
         if (!t || strcmp(t, "default") == 0)
             sc->type = MI_ROPE_NONE;
         else if (strcmp(t, "linear") == 0)
@@ -552,21 +510,22 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
         else if (strcmp(t, "yarn") == 0)
             sc->type = MI_ROPE_YARN;
         else {
-            st = mim_fail(err, cap, MI_STATUS_UNSUPPORTED, "rope_scaling type '%s' is not "
-                          "supported", t);
+            st = mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
+                          "rope_scaling type '%s' is not "
+                          "supported",
+                          t);
             goto done;
         }
         sc->factor = jnum(rs, "factor", 1.0);
-        sc->original_context = (int64_t)jnum(rs, "original_max_position_embeddings",
-                                             (double)m->info.context_length);
+        sc->original_context =
+            (int64_t)jnum(rs, "original_max_position_embeddings", (double)m->info.context_length);
         sc->low_freq_factor = jnum(rs, "low_freq_factor", 1.0);
         sc->high_freq_factor = jnum(rs, "high_freq_factor", 4.0);
         sc->beta_fast = jnum(rs, "beta_fast", 32.0);
         sc->beta_slow = jnum(rs, "beta_slow", 1.0);
         sc->attention_factor = jnum(rs, "attention_factor", 0.0);
     }
-    if ((st = check_dims(m, err, cap)))
-        goto done;
+    if ((st = check_dims(m, err, cap))) goto done;
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     text = read_file(path, &len);
     if (!text) {
@@ -575,19 +534,15 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
     }
     st = mim_tokenizer_from_json(text, len, &m->tok, err, cap);
     free(text);
-    if (st != MI_STATUS_SUCCESS)
-        goto done;
+    if (st != MI_STATUS_SUCCESS) goto done;
     json_t *bos = json_object_get(cfg, "bos_token_id"), *eos = json_object_get(cfg, "eos_token_id");
-    if (json_is_integer(bos) && m->tok->bos < 0)
-        m->tok->bos = (int32_t)json_integer_value(bos);
-    if (json_is_integer(eos))
-        m->tok->eos = (int32_t)json_integer_value(eos);
+    if (json_is_integer(bos) && m->tok->bos < 0) m->tok->bos = (int32_t)json_integer_value(bos);
+    if (json_is_integer(eos)) m->tok->eos = (int32_t)json_integer_value(eos);
     if (json_is_array(eos)) {
         size_t i;
         json_t *e;
         json_array_foreach(eos, i, e) {
-            if (!json_is_integer(e))
-                continue;
+            if (!json_is_integer(e)) continue;
             if (i == 0)
                 m->tok->eos = (int32_t)json_integer_value(e);
             else if (m->n_extra_eog < 8)
@@ -596,8 +551,7 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap)
     }
     m->smollm = mim_tokenizer_find(m->tok, "<|im_start|>") >= 0 &&
                 mim_tokenizer_find(m->tok, "<jupyter_script>") >= 0;
-    if ((st = open_shards(m, dir, err, cap)))
-        goto done;
+    if ((st = open_shards(m, dir, err, cap))) goto done;
     snprintf(m->info.source, sizeof(m->info.source), "safetensors");
     st = load_weights(m, &hf_names, err, cap);
 done:
@@ -607,14 +561,11 @@ done:
 
 /* ------------------------------------------------------------------------------------------ */
 
-mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out,
-                        char *err, size_t err_size)
-{
-    if (!out)
-        return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
+mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out, char *err,
+                        size_t err_size) {
+    if (!out) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
-    if (!path)
-        return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "path is NULL");
+    if (!path) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "path is NULL");
     mi_model_params p = params ? *params : mi_model_default_params();
     if (p.device == MI_DEVICE_CUDA)
         return mim_fail(err, err_size, MI_STATUS_NOT_BUILT,
@@ -622,20 +573,18 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
     if (p.device != MI_DEVICE_CPU)
         return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "unknown device %d",
                         (int)p.device);
-    if (p.mlp_chunk <= 0)
-        p.mlp_chunk = 4096;
+    if (p.mlp_chunk <= 0) p.mlp_chunk = 4096;
     struct stat sb;
     if (stat(path, &sb) != 0)
         return mim_fail(err, err_size, MI_STATUS_IO_ERROR, "cannot open %s: %s", path,
                         strerror(errno));
     mi_model *m = calloc(1, sizeof(*m));
-    if (!m)
-        return mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (!m) return mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     m->params = p;
     m->mode = MI_ATTN_MINFERENCE;
     m->dense_below = -1;
-    mi_status st = S_ISDIR(sb.st_mode) ? load_hf(m, path, err, err_size)
-                                       : load_gguf(m, path, err, err_size);
+    mi_status st =
+        S_ISDIR(sb.st_mode) ? load_hf(m, path, err, err_size) : load_gguf(m, path, err, err_size);
     if (st == MI_STATUS_SUCCESS) {
         mi_context_params cp = mi_context_default_params();
         cp.device = MI_DEVICE_CPU;
@@ -654,8 +603,7 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
         m->params.n_threads = nt;
         openblas_set_num_threads(1); /* see mim_pool_run: threads come from OpenMP */
         m->pool = mim_pool_create(nt);
-        if (!m->pool)
-            st = mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");
+        if (!m->pool) st = mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");
     }
     if (st != MI_STATUS_SUCCESS) {
         mi_model_destroy(m);
@@ -679,10 +627,8 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
     return MI_STATUS_SUCCESS;
 }
 
-void mi_model_destroy(mi_model *m)
-{
-    if (!m)
-        return;
+void mi_model_destroy(mi_model *m) {
+    if (!m) return;
     mim_pool_destroy(m->pool);
     mi_context_destroy(m->ctx);
     if (m->k_cache)
@@ -694,26 +640,19 @@ void mi_model_destroy(mi_model *m)
     free(m->v_cache);
     free(m->wscratch);
     free(m->layers);
-    for (int i = 0; i < m->n_owned; i++)
-        free(m->owned[i]);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     mim_tokenizer_free(m->tok);
     mim_gguf_close(m->gguf);
-    for (int i = 0; i < m->n_shards; i++)
-        mim_st_close(&m->shards[i], true);
+    for (int i = 0; i < m->n_shards; i++) mim_st_close(&m->shards[i], true);
     free(m->shards);
     free(m);
 }
 
-const char *mi_model_last_error(const mi_model *m)
-{
-    return m ? m->last_error : "";
-}
+const char *mi_model_last_error(const mi_model *m) { return m ? m->last_error : ""; }
 
-mi_status mi_model_get_info(const mi_model *m, mi_model_info *info)
-{
-    if (!m || !info)
-        return MI_STATUS_INVALID_ARGUMENT;
+mi_status mi_model_get_info(const mi_model *m, mi_model_info *info) {
+    if (!m || !info) return MI_STATUS_INVALID_ARGUMENT;
     *info = m->info;
     return MI_STATUS_SUCCESS;
 }

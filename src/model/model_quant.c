@@ -34,8 +34,7 @@
 static float f16_table[65536];
 static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
 
-static float f16_convert(uint16_t h)
-{
+static float f16_convert(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F;
     uint32_t man = h & 0x3FF;
@@ -53,109 +52,76 @@ static float f16_convert(uint16_t h)
     return v;
 }
 
-static void f16_init(void)
-{
-    for (uint32_t i = 0; i < 65536; i++)
-        f16_table[i] = f16_convert((uint16_t)i);
+static void f16_init(void) {
+    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = f16_convert((uint16_t)i);
 }
 
-static inline float fp16(const unsigned char *p)
-{
+static inline float fp16(const unsigned char *p) {
     return f16_table[(uint16_t)(p[0] | (p[1] << 8))];
 }
 
-static inline float bf16(uint16_t h)
-{
+static inline float bf16(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float v;
     memcpy(&v, &bits, 4);
     return v;
 }
 
-const char *mim_type_name(uint32_t type)
-{
+const char *mim_type_name(uint32_t type) {
     static const char *names[] = {
-        "F32",     "F16",     "Q4_0",    "Q4_1",   "Q4_2",   "Q4_3",    "Q5_0",    "Q5_1",
-        "Q8_0",    "Q8_1",    "Q2_K",    "Q3_K",   "Q4_K",   "Q5_K",    "Q6_K",    "Q8_K",
-        "IQ2_XXS", "IQ2_XS",  "IQ3_XXS", "IQ1_S",  "IQ4_NL", "IQ3_S",   "IQ2_S",   "IQ4_XS",
-        "I8",      "I16",     "I32",     "I64",    "F64",    "IQ1_M",   "BF16",    "Q4_0_4_4",
-        "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0",  "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
-        "MXFP4",
+        "F32",   "F16",        "Q4_0",       "Q4_1",       "Q4_2",     "Q4_3",     "Q5_0",
+        "Q5_1",  "Q8_0",       "Q8_1",       "Q2_K",       "Q3_K",     "Q4_K",     "Q5_K",
+        "Q6_K",  "Q8_K",       "IQ2_XXS",    "IQ2_XS",     "IQ3_XXS",  "IQ1_S",    "IQ4_NL",
+        "IQ3_S", "IQ2_S",      "IQ4_XS",     "I8",         "I16",      "I32",      "I64",
+        "F64",   "IQ1_M",      "BF16",       "Q4_0_4_4",   "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",
+        "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
     };
-    if (type < sizeof(names) / sizeof(names[0]))
-        return names[type];
+    if (type < sizeof(names) / sizeof(names[0])) return names[type];
     return "unknown";
 }
 
 /* Elements per block and bytes per block of each readable type (0: not readable). */
-static void block_shape(uint32_t type, uint64_t *elems, uint64_t *bytes)
-{
+static void block_shape(uint32_t type, uint64_t *elems, uint64_t *bytes) {
     *elems = 0;
     *bytes = 0;
     switch (type) {
-    case MIM_TYPE_F32:
-        *elems = 1, *bytes = 4;
-        break;
+    case MIM_TYPE_F32: *elems = 1, *bytes = 4; break;
     case MIM_TYPE_F16:
-    case MIM_TYPE_BF16:
-        *elems = 1, *bytes = 2;
-        break;
-    case MIM_TYPE_Q8_0:
-        *elems = MIM_QK, *bytes = 34;
-        break;
-    case MIM_TYPE_Q4_0:
-        *elems = MIM_QK, *bytes = 18;
-        break;
-    case MIM_TYPE_Q4_1:
-        *elems = MIM_QK, *bytes = 20;
-        break;
-    case MIM_TYPE_Q5_0:
-        *elems = MIM_QK, *bytes = 22;
-        break;
-    case MIM_TYPE_Q5_1:
-        *elems = MIM_QK, *bytes = 24;
-        break;
-    case MIM_TYPE_Q4_K:
-        *elems = MIM_QK_K, *bytes = 144;
-        break;
-    case MIM_TYPE_Q5_K:
-        *elems = MIM_QK_K, *bytes = 176;
-        break;
-    case MIM_TYPE_Q6_K:
-        *elems = MIM_QK_K, *bytes = 210;
-        break;
-    default:
-        break;
+    case MIM_TYPE_BF16: *elems = 1, *bytes = 2; break;
+    case MIM_TYPE_Q8_0: *elems = MIM_QK, *bytes = 34; break;
+    case MIM_TYPE_Q4_0: *elems = MIM_QK, *bytes = 18; break;
+    case MIM_TYPE_Q4_1: *elems = MIM_QK, *bytes = 20; break;
+    case MIM_TYPE_Q5_0: *elems = MIM_QK, *bytes = 22; break;
+    case MIM_TYPE_Q5_1: *elems = MIM_QK, *bytes = 24; break;
+    case MIM_TYPE_Q4_K: *elems = MIM_QK_K, *bytes = 144; break;
+    case MIM_TYPE_Q5_K: *elems = MIM_QK_K, *bytes = 176; break;
+    case MIM_TYPE_Q6_K: *elems = MIM_QK_K, *bytes = 210; break;
+    default: break;
     }
 }
 
-bool mim_type_supported(uint32_t type)
-{
+bool mim_type_supported(uint32_t type) {
     uint64_t e, b;
     block_shape(type, &e, &b);
     return e != 0;
 }
 
-uint64_t mim_type_block(uint32_t type)
-{
+uint64_t mim_type_block(uint32_t type) {
     uint64_t e, b;
     block_shape(type, &e, &b);
     return e;
 }
 
-bool mim_type_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
-{
+bool mim_type_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes) {
     uint64_t e, b;
     block_shape(type, &e, &b);
-    if (e == 0 || n % e != 0 || n / e > UINT64_MAX / b)
-        return false;
+    if (e == 0 || n % e != 0 || n / e > UINT64_MAX / b) return false;
     *bytes = n / e * b;
     return true;
 }
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block. */
-static inline void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
-{
+static inline void k_scale_min(int j, const unsigned char *q, int *sc, int *mn) {
     if (j < 4) {
         *sc = q[j] & 63;
         *mn = q[j + 4] & 63;
@@ -165,8 +131,7 @@ static inline void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
     }
 }
 
-static void dequant_q5(const unsigned char *p, float *dst, int64_t n, bool with_min)
-{
+static void dequant_q5(const unsigned char *p, float *dst, int64_t n, bool with_min) {
     const int64_t bs = with_min ? 24 : 22;
     for (int64_t b = 0; b < n / MIM_QK; b++, p += bs) {
         const float d = fp16(p), m = with_min ? fp16(p + 2) : 0.0f;
@@ -184,8 +149,7 @@ static void dequant_q5(const unsigned char *p, float *dst, int64_t n, bool with_
     }
 }
 
-static void dequant_q45k(const unsigned char *p, float *dst, int64_t n, bool five)
-{
+static void dequant_q45k(const unsigned char *p, float *dst, int64_t n, bool five) {
     const int64_t bs = five ? 176 : 144;
     for (int64_t b = 0; b < n / MIM_QK_K; b++, p += bs) {
         const float d = fp16(p), dmin = fp16(p + 2);
@@ -213,8 +177,7 @@ static void dequant_q45k(const unsigned char *p, float *dst, int64_t n, bool fiv
     }
 }
 
-static void dequant_q6k(const unsigned char *p, float *dst, int64_t n)
-{
+static void dequant_q6k(const unsigned char *p, float *dst, int64_t n) {
     for (int64_t b = 0; b < n / MIM_QK_K; b++, p += 210) {
         const unsigned char *ql = p, *qh = p + 128;
         const int8_t *sc = (const int8_t *)(p + 192);
@@ -238,28 +201,22 @@ static void dequant_q6k(const unsigned char *p, float *dst, int64_t n)
     }
 }
 
-void mim_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
-{
+void mim_dequant_row(uint32_t type, const void *src, float *dst, int64_t n) {
     pthread_once(&f16_once, f16_init);
     const unsigned char *p = src;
     switch (type) {
-    case MIM_TYPE_F32:
-        memcpy(dst, src, (size_t)n * 4);
-        break;
+    case MIM_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
     case MIM_TYPE_F16:
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = fp16(p + 2 * i);
+        for (int64_t i = 0; i < n; i++) dst[i] = fp16(p + 2 * i);
         break;
     case MIM_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = bf16((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
         break;
     case MIM_TYPE_Q8_0:
         for (int64_t b = 0; b < n / MIM_QK; b++, p += 34) {
             const float d = fp16(p);
             const int8_t *q = (const int8_t *)(p + 2);
-            for (int j = 0; j < MIM_QK; j++)
-                dst[b * MIM_QK + j] = d * (float)q[j];
+            for (int j = 0; j < MIM_QK; j++) dst[b * MIM_QK + j] = d * (float)q[j];
         }
         break;
     case MIM_TYPE_Q4_0:
@@ -283,25 +240,16 @@ void mim_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
         }
         break;
     case MIM_TYPE_Q5_0:
-    case MIM_TYPE_Q5_1:
-        dequant_q5(p, dst, n, type == MIM_TYPE_Q5_1);
-        break;
+    case MIM_TYPE_Q5_1: dequant_q5(p, dst, n, type == MIM_TYPE_Q5_1); break;
     case MIM_TYPE_Q4_K:
-    case MIM_TYPE_Q5_K:
-        dequant_q45k(p, dst, n, type == MIM_TYPE_Q5_K);
-        break;
-    case MIM_TYPE_Q6_K:
-        dequant_q6k(p, dst, n);
-        break;
-    default:
-        memset(dst, 0, (size_t)n * 4);
-        break;
+    case MIM_TYPE_Q5_K: dequant_q45k(p, dst, n, type == MIM_TYPE_Q5_K); break;
+    case MIM_TYPE_Q6_K: dequant_q6k(p, dst, n); break;
+    default: memset(dst, 0, (size_t)n * 4); break;
     }
 }
 
 #ifdef MIM_AVX2
-static inline float hsum8(__m256 v)
-{
+static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -309,22 +257,15 @@ static inline float hsum8(__m256 v)
 }
 
 /* 8 unsigned bytes to 8 floats */
-static inline __m256 u8x8_ps(__m128i v)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-}
+static inline __m256 u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
-static inline __m256 i8x8_ps(__m128i v)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-}
+static inline __m256 i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 /* Vector versions of the dots below; same block algebra, 8 lanes at a time. Decode streams every
  * weight once per token and is bound by memory, so the quantized loops prefetch 1 KB ahead
  * (rows are contiguous, so this runs into the next rows): 15-20% faster decode measured. A
  * prefetch never faults, so reaching past the tensor is harmless. */
-static bool dot_avx2(uint32_t type, const unsigned char *p, const float *x, int64_t n, float *r)
-{
+static bool dot_avx2(uint32_t type, const unsigned char *p, const float *x, int64_t n, float *r) {
     __m256 acc = _mm256_setzero_ps();
     const int64_t nb = n / MIM_QK;
     switch (type) {
@@ -346,8 +287,7 @@ static bool dot_avx2(uint32_t type, const unsigned char *p, const float *x, int6
         return true;
     }
     case MIM_TYPE_F16: {
-        if (n % 8)
-            return false;
+        if (n % 8) return false;
         for (int64_t i = 0; i < n; i += 8) {
             __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
             acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + i), acc);
@@ -356,8 +296,7 @@ static bool dot_avx2(uint32_t type, const unsigned char *p, const float *x, int6
         return true;
     }
     case MIM_TYPE_BF16: {
-        if (n % 8)
-            return false;
+        if (n % 8) return false;
         for (int64_t i = 0; i < n; i += 8) {
             __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
             __m256 w = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
@@ -415,22 +354,19 @@ static bool dot_avx2(uint32_t type, const unsigned char *p, const float *x, int6
         *r = hsum8(_mm256_add_ps(acc, accm));
         return true;
     }
-    default:
-        return false;
+    default: return false;
     }
 }
 #endif
 
 /* The quantized dots factor the scale out of each block: sum(d q x) = d sum(q x), and Q4_1's
  * offset adds m * sum(x). The inner loops are fixed-length so the compiler vectorizes them. */
-float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n)
-{
+float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n) {
     pthread_once(&f16_once, f16_init);
     const unsigned char *p = row;
     float acc = 0.0f;
 #ifdef MIM_AVX2
-    if (dot_avx2(type, p, x, n, &acc))
-        return acc;
+    if (dot_avx2(type, p, x, n, &acc)) return acc;
 #endif
     switch (type) {
     case MIM_TYPE_F32: {
@@ -440,16 +376,14 @@ float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n)
         for (; i + 8 <= n; i += 8) {
             float wv[8];
             memcpy(wv, w + 4 * i, sizeof(wv));
-            for (int j = 0; j < 8; j++)
-                s[j] += wv[j] * x[i + j];
+            for (int j = 0; j < 8; j++) s[j] += wv[j] * x[i + j];
         }
         for (; i < n; i++) {
             float wi;
             memcpy(&wi, w + 4 * i, 4);
             acc += wi * x[i];
         }
-        for (int j = 0; j < 8; j++)
-            acc += s[j];
+        for (int j = 0; j < 8; j++) acc += s[j];
         return acc;
     }
     case MIM_TYPE_F16:
@@ -467,8 +401,7 @@ float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n)
             const int8_t *q = (const int8_t *)(p + 2);
             const float *xb = x + b * MIM_QK;
             float s = 0.0f;
-            for (int j = 0; j < MIM_QK; j++)
-                s += (float)q[j] * xb[j];
+            for (int j = 0; j < MIM_QK; j++) s += (float)q[j] * xb[j];
             acc += fp16(p) * s;
         }
         return acc;
@@ -498,8 +431,7 @@ float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n)
         /* The other encodings: expand one block at a time and dot it. */
         uint64_t be = 0, bb = 0;
         block_shape(type, &be, &bb);
-        if (be == 0)
-            return 0.0f;
+        if (be == 0) return 0.0f;
         float buf[MIM_QK_K];
         for (int64_t i = 0; i < n; i += (int64_t)be) {
             mim_dequant_row(type, p + (uint64_t)i / be * bb, buf, (int64_t)be);

@@ -13,18 +13,13 @@
 
 #define MIM_PI 3.14159265358979323846
 
-static double yarn_mscale(double scale)
-{
-    return scale <= 1.0 ? 1.0 : 0.1 * log(scale) + 1.0;
-}
+static double yarn_mscale(double scale) { return scale <= 1.0 ? 1.0 : 0.1 * log(scale) + 1.0; }
 
-static double yarn_correction_dim(double rotations, int32_t dim, double base, double max_pos)
-{
+static double yarn_correction_dim(double rotations, int32_t dim, double base, double max_pos) {
     return (dim * log(max_pos / (rotations * 2.0 * MIM_PI))) / (2.0 * log(base));
 }
 
-void mim_rope_freqs(const mim_rope *r, int64_t seq_len, float *inv_freq, float *mscale)
-{
+void mim_rope_freqs(const mim_rope *r, int64_t seq_len, float *inv_freq, float *mscale) {
     const int32_t half = r->dim / 2;
     const mi_rope_scaling *sc = &r->scaling;
     double base = r->theta;
@@ -42,19 +37,16 @@ void mim_rope_freqs(const mim_rope *r, int64_t seq_len, float *inv_freq, float *
     switch (sc->type) {
     case MI_ROPE_LINEAR:
         if (sc->factor > 0)
-            for (int32_t i = 0; i < half; i++)
-                inv_freq[i] = (float)(inv_freq[i] / sc->factor);
+            for (int32_t i = 0; i < half; i++) inv_freq[i] = (float)(inv_freq[i] / sc->factor);
         break;
     case MI_ROPE_LLAMA3: {
         double old = (double)sc->original_context, f = sc->factor;
         double lo = sc->low_freq_factor, hi = sc->high_freq_factor;
-        if (old <= 0 || f <= 0 || hi == lo)
-            break;
+        if (old <= 0 || f <= 0 || hi == lo) break;
         double low_wavelen = old / lo, high_wavelen = old / hi;
         for (int32_t i = 0; i < half; i++) {
             double inv = inv_freq[i], wavelen = 2.0 * MIM_PI / inv;
-            if (wavelen < high_wavelen)
-                continue;
+            if (wavelen < high_wavelen) continue;
             if (wavelen > low_wavelen) {
                 inv_freq[i] = (float)(inv / f);
             } else {
@@ -71,12 +63,9 @@ void mim_rope_freqs(const mim_rope *r, int64_t seq_len, float *inv_freq, float *
         double bs = sc->beta_slow > 0 ? sc->beta_slow : 1.0;
         double low = floor(yarn_correction_dim(bf, r->dim, base, orig));
         double high = ceil(yarn_correction_dim(bs, r->dim, base, orig));
-        if (low < 0)
-            low = 0;
-        if (high > r->dim - 1)
-            high = r->dim - 1;
-        if (low == high)
-            high += 0.001;
+        if (low < 0) low = 0;
+        if (high > r->dim - 1) high = r->dim - 1;
+        if (low == high) high += 0.001;
         for (int32_t i = 0; i < half; i++) {
             double ramp = ((double)i - low) / (high - low);
             ramp = ramp < 0 ? 0 : (ramp > 1 ? 1 : ramp);
@@ -87,17 +76,14 @@ void mim_rope_freqs(const mim_rope *r, int64_t seq_len, float *inv_freq, float *
         *mscale = (float)(sc->attention_factor > 0 ? sc->attention_factor : yarn_mscale(f));
         break;
     }
-    default:
-        break;
+    default: break;
     }
     if (r->freq_factors)
-        for (int32_t i = 0; i < half; i++)
-            inv_freq[i] /= r->freq_factors[i];
+        for (int32_t i = 0; i < half; i++) inv_freq[i] /= r->freq_factors[i];
 }
 
 void mim_rope_table(const float *inv_freq, float mscale, int32_t dim, int64_t pos0, int64_t n,
-                    float *cos_t, float *sin_t)
-{
+                    float *cos_t, float *sin_t) {
     const int32_t half = dim / 2;
     for (int64_t p = 0; p < n; p++) {
         float pos = (float)(pos0 + p);
@@ -110,8 +96,7 @@ void mim_rope_table(const float *inv_freq, float mscale, int32_t dim, int64_t po
 }
 
 void mim_rope_apply(const mim_rope *r, float *x, int64_t n, int64_t n_heads, int64_t hd,
-                    int64_t row_stride, const float *cos_t, const float *sin_t)
-{
+                    int64_t row_stride, const float *cos_t, const float *sin_t) {
     const int32_t half = r->dim / 2;
     for (int64_t p = 0; p < n; p++) {
         const float *c = cos_t + p * half, *s = sin_t + p * half;
@@ -135,8 +120,7 @@ void mim_rope_apply(const mim_rope *r, float *x, int64_t n, int64_t n_heads, int
 }
 
 mi_status mi_rope_frequencies(int32_t dim, double theta, const mi_rope_scaling *scaling,
-                              int64_t seq_len, float *inv_freq, float *mscale)
-{
+                              int64_t seq_len, float *inv_freq, float *mscale) {
     if (dim <= 0 || dim % 2 != 0 || !(theta > 0) || !inv_freq || !mscale || seq_len < 0)
         return MI_STATUS_INVALID_ARGUMENT;
     mim_rope r;

@@ -8,7 +8,7 @@
 
 typedef struct mim_layer {
     mim_weight wq, wk, wv, wo, wg, wu, wd;
-    float *bq, *bk, *bv;        /* [n_heads*hd], [n_kv*hd]; NULL without biases */
+    float *bq, *bk, *bv;         /* [n_heads*hd], [n_kv*hd]; NULL without biases */
     float *attn_norm, *ffn_norm; /* [hidden] */
 } mim_layer;
 

@@ -17,8 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static mi_status parse_header(mim_st_file *f, char *err, size_t cap)
-{
+static mi_status parse_header(mim_st_file *f, char *err, size_t cap) {
     if (f->size < 8)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "safetensors truncated: %zu bytes",
                         f->size);
@@ -32,8 +31,10 @@ static mi_status parse_header(mim_st_file *f, char *err, size_t cap)
     json_t *root = json_loadb((const char *)f->base + 8, (size_t)n, 0, &jerr);
     if (!root || !json_is_object(root)) {
         json_decref(root);
-        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "safetensors header is not a JSON "
-                        "object: %s", jerr.text);
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                        "safetensors header is not a JSON "
+                        "object: %s",
+                        jerr.text);
     }
     const unsigned char *data = f->base + 8 + n;
     uint64_t data_size = f->size - 8 - n;
@@ -47,15 +48,14 @@ static mi_status parse_header(mim_st_file *f, char *err, size_t cap)
     const char *key;
     json_t *val;
     json_object_foreach(root, key, val) {
-        if (strcmp(key, "__metadata__") == 0)
-            continue;
+        if (strcmp(key, "__metadata__") == 0) continue;
         json_t *dt = json_object_get(val, "dtype");
         json_t *shape = json_object_get(val, "shape");
         json_t *offs = json_object_get(val, "data_offsets");
         if (!json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) ||
             json_array_size(offs) != 2 || json_array_size(shape) > 4) {
-            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
-                          "safetensors: bad entry for tensor '%s'", key);
+            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "safetensors: bad entry for tensor '%s'",
+                          key);
             break;
         }
         mim_st_tensor *t = &f->tensors[f->n_tensors];
@@ -96,23 +96,21 @@ static mi_status parse_header(mim_st_file *f, char *err, size_t cap)
             }
             elems *= (uint64_t)t->shape[d];
         }
-        if (st != MI_STATUS_SUCCESS)
-            break;
+        if (st != MI_STATUS_SUCCESS) break;
         json_t *b = json_array_get(offs, 0), *e = json_array_get(offs, 1);
         if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
             json_integer_value(e) < json_integer_value(b) ||
             (uint64_t)json_integer_value(e) > data_size) {
-            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
-                          "safetensors truncated or corrupt: data of '%s' is outside the file",
-                          key);
+            st =
+                mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                         "safetensors truncated or corrupt: data of '%s' is outside the file", key);
             break;
         }
         t->nbytes = (uint64_t)(json_integer_value(e) - json_integer_value(b));
         if (esize && t->nbytes != elems * esize) {
             st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
                           "safetensors corrupt: '%s' has %llu bytes for %llu %s elements", key,
-                          (unsigned long long)t->nbytes, (unsigned long long)elems,
-                          t->dtype_name);
+                          (unsigned long long)t->nbytes, (unsigned long long)elems, t->dtype_name);
             break;
         }
         t->data = data + json_integer_value(b);
@@ -122,28 +120,23 @@ static mi_status parse_header(mim_st_file *f, char *err, size_t cap)
 }
 
 mi_status mim_st_open_memory(const void *data, size_t size, mim_st_file *out, char *err,
-                             size_t cap)
-{
+                             size_t cap) {
     if (!out || (!data && size))
         return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "NULL argument");
     memset(out, 0, sizeof(*out));
     out->base = data;
     out->size = size;
     mi_status st = parse_header(out, err, cap);
-    if (st != MI_STATUS_SUCCESS)
-        mim_st_close(out, false);
+    if (st != MI_STATUS_SUCCESS) mim_st_close(out, false);
     return st;
 }
 
-mi_status mim_st_open(const char *path, mim_st_file *out, char *err, size_t cap)
-{
-    if (!path || !out)
-        return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "NULL argument");
+mi_status mim_st_open(const char *path, mim_st_file *out, char *err, size_t cap) {
+    if (!path || !out) return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT, "NULL argument");
     memset(out, 0, sizeof(*out));
     int fd = open(path, O_RDONLY);
     if (fd < 0)
-        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot open %s: %s", path,
-                        strerror(errno));
+        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || sb.st_size < 8) {
         close(fd);
@@ -152,22 +145,16 @@ mi_status mim_st_open(const char *path, mim_st_file *out, char *err, size_t cap)
     void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
-        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot map %s: %s", path,
-                        strerror(errno));
+        return mim_fail(err, cap, MI_STATUS_IO_ERROR, "cannot map %s: %s", path, strerror(errno));
     mi_status st = mim_st_open_memory(map, (size_t)sb.st_size, out, err, cap);
-    if (st != MI_STATUS_SUCCESS)
-        munmap(map, (size_t)sb.st_size);
+    if (st != MI_STATUS_SUCCESS) munmap(map, (size_t)sb.st_size);
     return st;
 }
 
-void mim_st_close(mim_st_file *f, bool unmap)
-{
-    if (!f)
-        return;
-    for (int i = 0; i < f->n_tensors; i++)
-        free(f->tensors[i].name);
+void mim_st_close(mim_st_file *f, bool unmap) {
+    if (!f) return;
+    for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
-    if (unmap && f->base)
-        munmap((void *)f->base, f->size);
+    if (unmap && f->base) munmap((void *)f->base, f->size);
     memset(f, 0, sizeof(*f));
 }

@@ -9,8 +9,7 @@
 #include <string.h>
 
 mi_status mi_model_tokenize(mi_model *m, const char *text, size_t length, int add_bos,
-                            int parse_special, int32_t *tokens, size_t capacity, size_t *n_tokens)
-{
+                            int parse_special, int32_t *tokens, size_t capacity, size_t *n_tokens) {
     if (!m || !n_tokens || (!text && length) || (!tokens && capacity))
         return MI_STATUS_INVALID_ARGUMENT;
     int32_t *ids = NULL;
@@ -30,45 +29,33 @@ mi_status mi_model_tokenize(mi_model *m, const char *text, size_t length, int ad
 }
 
 mi_status mi_model_token_to_piece(const mi_model *m, int32_t token, char *buf, size_t capacity,
-                                  size_t *length)
-{
-    if (!m || !length || (!buf && capacity))
-        return MI_STATUS_INVALID_ARGUMENT;
-    if (token < 0 || token >= m->tok->n_vocab)
-        return MI_STATUS_INVALID_ARGUMENT;
+                                  size_t *length) {
+    if (!m || !length || (!buf && capacity)) return MI_STATUS_INVALID_ARGUMENT;
+    if (token < 0 || token >= m->tok->n_vocab) return MI_STATUS_INVALID_ARGUMENT;
     *length = mim_token_bytes(m->tok, token, buf, capacity);
     return MI_STATUS_SUCCESS;
 }
 
-int mi_model_token_is_eog(const mi_model *m, int32_t token)
-{
-    if (!m || token < 0)
-        return 0;
+int mi_model_token_is_eog(const mi_model *m, int32_t token) {
+    if (!m || token < 0) return 0;
     const mim_tokenizer *t = m->tok;
-    if (token == t->eos || token == t->eot)
-        return 1;
+    if (token == t->eos || token == t->eot) return 1;
     for (int i = 0; i < m->n_extra_eog; i++)
-        if (token == m->extra_eog[i])
-            return 1;
+        if (token == m->extra_eog[i]) return 1;
     static const char *names[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (token == mim_tokenizer_find(t, names[i]))
-            return 1;
+        if (token == mim_tokenizer_find(t, names[i])) return 1;
     return 0;
 }
 
-int mi_model_token_is_control(const mi_model *m, int32_t token)
-{
-    if (!m || token < 0 || token >= m->tok->n_vocab)
-        return 0;
+int mi_model_token_is_control(const mi_model *m, int32_t token) {
+    if (!m || token < 0 || token >= m->tok->n_vocab) return 0;
     return m->tok->type[token] == MIM_TT_CONTROL;
 }
 
 mi_status mi_model_chat_prompt(const mi_model *m, mi_chat_template tmpl, const char *system,
-                               const char *user, char **out)
-{
-    if (!m || !user || !out)
-        return MI_STATUS_INVALID_ARGUMENT;
+                               const char *user, char **out) {
+    if (!m || !user || !out) return MI_STATUS_INVALID_ARGUMENT;
     *out = NULL;
     if (tmpl == MI_CHAT_AUTO) {
         if (mim_tokenizer_find(m->tok, "<|im_start|>") >= 0)
@@ -78,19 +65,18 @@ mi_status mi_model_chat_prompt(const mi_model *m, mi_chat_template tmpl, const c
         else
             return MI_STATUS_UNSUPPORTED;
     }
-    if (tmpl != MI_CHAT_CHATML && tmpl != MI_CHAT_LLAMA3)
-        return MI_STATUS_INVALID_ARGUMENT;
+    if (tmpl != MI_CHAT_CHATML && tmpl != MI_CHAT_LLAMA3) return MI_STATUS_INVALID_ARGUMENT;
     if (!system && tmpl == MI_CHAT_CHATML && m->smollm)
         system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
     size_t need = strlen(user) + (system ? strlen(system) : 0) + 256;
     char *s = malloc(need);
-    if (!s)
-        return MI_STATUS_OUT_OF_MEMORY;
+    if (!s) return MI_STATUS_OUT_OF_MEMORY;
     if (tmpl == MI_CHAT_CHATML) {
         if (system)
             snprintf(s, need,
                      "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n"
-                     "<|im_start|>assistant\n", system, user);
+                     "<|im_start|>assistant\n",
+                     system, user);
         else
             snprintf(s, need, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
     } else {
@@ -99,11 +85,13 @@ mi_status mi_model_chat_prompt(const mi_model *m, mi_chat_template tmpl, const c
             snprintf(s, need,
                      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>"
                      "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>"
-                     "<|start_header_id|>assistant<|end_header_id|>\n\n", system, user);
+                     "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                     system, user);
         else
             snprintf(s, need,
                      "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>"
-                     "<|start_header_id|>assistant<|end_header_id|>\n\n", user);
+                     "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                     user);
     }
     *out = s;
     return MI_STATUS_SUCCESS;

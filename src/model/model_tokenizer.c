@@ -25,35 +25,23 @@
 /* Pre-tokenizer matchers. Each returns the length (in code points) of the match at i within
  * [i, n); they mirror the alternation order of the original expressions. */
 
-static bool is_crlf(uint32_t c)
-{
-    return c == '\r' || c == '\n';
-}
+static bool is_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
 
-static size_t run_of(const uint32_t *c, size_t i, size_t n, bool (*pred)(uint32_t))
-{
+static size_t run_of(const uint32_t *c, size_t i, size_t n, bool (*pred)(uint32_t)) {
     size_t j = i;
-    while (j < n && pred(c[j]))
-        j++;
+    while (j < n && pred(c[j])) j++;
     return j - i;
 }
 
-static uint32_t lower_ascii(uint32_t c)
-{
-    return (c >= 'A' && c <= 'Z') ? c + 32 : c;
-}
+static uint32_t lower_ascii(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
 /* 's|'t|'re|'ve|'m|'ll|'d, optionally case-insensitive. */
-static size_t match_contraction(const uint32_t *c, size_t i, size_t n, bool ci)
-{
-    if (c[i] != '\'' || i + 1 >= n)
-        return 0;
+static size_t match_contraction(const uint32_t *c, size_t i, size_t n, bool ci) {
+    if (c[i] != '\'' || i + 1 >= n) return 0;
     uint32_t a = ci ? lower_ascii(c[i + 1]) : c[i + 1];
     uint32_t b = i + 2 < n ? (ci ? lower_ascii(c[i + 2]) : c[i + 2]) : 0;
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
-        return 3;
-    if (a == 's' || a == 't' || a == 'm' || a == 'd')
-        return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
     return 0;
 }
 
@@ -64,71 +52,54 @@ static bool is_other(uint32_t c) /* [^\s\p{L}\p{N}] */
 
 /* \s+(?!\S) then \s+: a whitespace run leaves its last character to the next piece when a
  * non-space follows (so " word" keeps its space), unless the run is that one character. */
-static size_t match_space_tail(const uint32_t *c, size_t i, size_t n)
-{
+static size_t match_space_tail(const uint32_t *c, size_t i, size_t n) {
     size_t r = run_of(c, i, n, mim_uc_is_space);
-    if (r == 0)
-        return 0;
-    if (i + r == n || r == 1)
-        return r;
+    if (r == 0) return 0;
+    if (i + r == n || r == 1) return r;
     return r - 1;
 }
 
 /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static size_t match_gpt2(const uint32_t *c, size_t i, size_t n)
-{
+static size_t match_gpt2(const uint32_t *c, size_t i, size_t n) {
     size_t m = match_contraction(c, i, n, false);
-    if (m)
-        return m;
+    if (m) return m;
     size_t j = i + (c[i] == ' ' && i + 1 < n ? 1 : 0);
-    if ((m = run_of(c, j, n, mim_uc_is_letter)))
-        return j - i + m;
-    if ((m = run_of(c, j, n, mim_uc_is_number)))
-        return j - i + m;
-    if ((m = run_of(c, j, n, is_other)))
-        return j - i + m;
-    if ((m = match_space_tail(c, i, n)))
-        return m;
+    if ((m = run_of(c, j, n, mim_uc_is_letter))) return j - i + m;
+    if ((m = run_of(c, j, n, mim_uc_is_number))) return j - i + m;
+    if ((m = run_of(c, j, n, is_other))) return j - i + m;
+    if ((m = match_space_tail(c, i, n))) return m;
     return 1;
 }
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|
  * \s*[\r\n]+|\s+(?!\S)|\s+   with D = 3 (LLaMA-3) or 1 (Qwen2) */
-static size_t match_llama3(const uint32_t *c, size_t i, size_t n, size_t max_digits)
-{
+static size_t match_llama3(const uint32_t *c, size_t i, size_t n, size_t max_digits) {
     size_t m = match_contraction(c, i, n, true);
-    if (m)
-        return m;
+    if (m) return m;
     if (!is_crlf(c[i]) && !mim_uc_is_letter(c[i]) && !mim_uc_is_number(c[i]) && i + 1 < n &&
         mim_uc_is_letter(c[i + 1]))
         return 1 + run_of(c, i + 1, n, mim_uc_is_letter);
-    if ((m = run_of(c, i, n, mim_uc_is_letter)))
-        return m;
-    if ((m = run_of(c, i, n, mim_uc_is_number)))
-        return m < max_digits ? m : max_digits;
+    if ((m = run_of(c, i, n, mim_uc_is_letter))) return m;
+    if ((m = run_of(c, i, n, mim_uc_is_number))) return m < max_digits ? m : max_digits;
     size_t j = i + (c[i] == ' ' && i + 1 < n ? 1 : 0);
     if ((m = run_of(c, j, n, is_other))) {
         size_t k = j + m;
-        while (k < n && is_crlf(c[k]))
-            k++;
+        while (k < n && is_crlf(c[k])) k++;
         return k - i;
     }
     size_t r = run_of(c, i, n, mim_uc_is_space);
     if (r) {
         size_t last = SIZE_MAX;
         for (size_t k = i; k < i + r; k++)
-            if (is_crlf(c[k]))
-                last = k;
-        if (last != SIZE_MAX)
-            return last + 1 - i;
+            if (is_crlf(c[k])) last = k;
+        if (last != SIZE_MAX) return last + 1 - i;
         return match_space_tail(c, i, n);
     }
     return 1;
 }
 
 bool mim_pretokenize(mim_pretok pre, const char *text, size_t len, size_t **bounds,
-                     size_t *n_pieces)
-{
+                     size_t *n_pieces) {
     *bounds = NULL;
     *n_pieces = 0;
     uint32_t *cps = malloc((len + 1) * sizeof(uint32_t));
@@ -161,21 +132,14 @@ bool mim_pretokenize(mim_pretok pre, const char *text, size_t len, size_t **boun
                 continue;
             }
             seg_end = seg;
-            while (seg_end < n && !mim_uc_is_number(cps[seg_end]))
-                seg_end++;
+            while (seg_end < n && !mim_uc_is_number(cps[seg_end])) seg_end++;
         }
         for (size_t i = seg; i < seg_end;) {
             size_t m;
             switch (pre) {
-            case MIM_PRE_LLAMA3:
-                m = match_llama3(cps, i, seg_end, 3);
-                break;
-            case MIM_PRE_QWEN2:
-                m = match_llama3(cps, i, seg_end, 1);
-                break;
-            default:
-                m = match_gpt2(cps, i, seg_end);
-                break;
+            case MIM_PRE_LLAMA3: m = match_llama3(cps, i, seg_end, 3); break;
+            case MIM_PRE_QWEN2: m = match_llama3(cps, i, seg_end, 1); break;
+            default: m = match_gpt2(cps, i, seg_end); break;
             }
             out[2 * np] = offs[i];
             out[2 * np + 1] = offs[i + m];
@@ -204,13 +168,11 @@ typedef struct out_buf {
     size_t n, cap;
 } out_buf;
 
-static bool push(out_buf *o, int32_t id)
-{
+static bool push(out_buf *o, int32_t id) {
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 256;
         int32_t *p = realloc(o->ids, cap * sizeof(int32_t));
-        if (!p)
-            return false;
+        if (!p) return false;
         o->ids = p;
         o->cap = cap;
     }
@@ -222,14 +184,11 @@ static bool push(out_buf *o, int32_t id)
  * Score mode (SPM from GGUF): the concatenation must be a token; its score decides.
  * Rank mode: the (left, right) pair must be in the merge list; its rank decides. */
 static bool pair_priority(const mim_tokenizer *t, bool by_score, const char *buf, const sym *a,
-                          const sym *b, float *prio, int32_t *merged)
-{
-    if (a->id < 0 || b->id < 0)
-        return false;
+                          const sym *b, float *prio, int32_t *merged) {
+    if (a->id < 0 || b->id < 0) return false;
     if (by_score) {
         int32_t id = mim_strmap_get(&t->vocab, buf + a->start, a->len + b->len);
-        if (id < 0)
-            return false;
+        if (id < 0) return false;
         *prio = -t->score[id];
         *merged = id;
         return true;
@@ -249,13 +208,11 @@ typedef struct cand {
     uint32_t left, right, left_len, right_len;
 } cand;
 
-static bool cand_less(const cand *a, const cand *b)
-{
+static bool cand_less(const cand *a, const cand *b) {
     return a->prio < b->prio || (a->prio == b->prio && a->left < b->left);
 }
 
-static void heap_push(cand *h, size_t *n, cand c)
-{
+static void heap_push(cand *h, size_t *n, cand c) {
     size_t i = (*n)++;
     while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) {
         h[i] = h[(i - 1) / 2];
@@ -264,23 +221,18 @@ static void heap_push(cand *h, size_t *n, cand c)
     h[i] = c;
 }
 
-static cand heap_pop(cand *h, size_t *n)
-{
+static cand heap_pop(cand *h, size_t *n) {
     cand top = h[0], last = h[--(*n)];
     size_t i = 0;
     for (;;) {
         size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && cand_less(&h[c + 1], &h[c]))
-            c++;
-        if (!cand_less(&h[c], &last))
-            break;
+        if (c >= *n) break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c])) c++;
+        if (!cand_less(&h[c], &last)) break;
         h[i] = h[c];
         i = c;
     }
-    if (*n > 0)
-        h[i] = last;
+    if (*n > 0) h[i] = last;
     return top;
 }
 
@@ -288,10 +240,8 @@ static cand heap_pop(cand *h, size_t *n)
  * pairs and a linked list of symbols: O(n log n), so a single piece of 100k characters (a long
  * run of spaces or punctuation) stays fast. Compacts s[] to the surviving symbols in order. */
 static bool merge_symbols(const mim_tokenizer *t, bool by_score, const char *buf, sym *s,
-                          size_t *n)
-{
-    if (*n < 2)
-        return true;
+                          size_t *n) {
+    if (*n < 2) return true;
     const size_t count = *n;
     uint32_t *next = malloc(count * sizeof(uint32_t)), *prev = malloc(count * sizeof(uint32_t));
     /* every merge adds at most two candidates */
@@ -316,17 +266,14 @@ static bool merge_symbols(const mim_tokenizer *t, bool by_score, const char *buf
     while (hn > 0) {
         cand c = heap_pop(heap, &hn);
         sym *l = &s[c.left], *r = &s[c.right];
-        if (r->len == 0 || next[c.left] != c.right || l->len != c.left_len ||
-            r->len != c.right_len)
+        if (r->len == 0 || next[c.left] != c.right || l->len != c.left_len || r->len != c.right_len)
             continue; /* stale */
-        if (!pair_priority(t, by_score, buf, l, r, &p, &id))
-            continue;
+        if (!pair_priority(t, by_score, buf, l, r, &p, &id)) continue;
         l->id = id;
         l->len += r->len;
         r->len = 0; /* dead */
         next[c.left] = next[c.right];
-        if (next[c.right] != none)
-            prev[next[c.right]] = c.left;
+        if (next[c.right] != none) prev[next[c.right]] = c.left;
         if (prev[c.left] != none) {
             uint32_t pl = prev[c.left];
             if (pair_priority(t, by_score, buf, &s[pl], l, &p, &id))
@@ -339,8 +286,7 @@ static bool merge_symbols(const mim_tokenizer *t, bool by_score, const char *buf
         }
     }
     size_t w = 0;
-    for (uint32_t i = 0; i != none; i = next[i])
-        s[w++] = s[i];
+    for (uint32_t i = 0; i != none; i = next[i]) s[w++] = s[i];
     *n = w;
     free(next);
     free(prev);
@@ -348,11 +294,9 @@ static bool merge_symbols(const mim_tokenizer *t, bool by_score, const char *buf
     return true;
 }
 
-static bool encode_byte_bpe(const mim_tokenizer *t, const char *text, size_t len, out_buf *o)
-{
+static bool encode_byte_bpe(const mim_tokenizer *t, const char *text, size_t len, out_buf *o) {
     size_t *bounds, np;
-    if (!mim_pretokenize(t->pre, text, len, &bounds, &np))
-        return false;
+    if (!mim_pretokenize(t->pre, text, len, &bounds, &np)) return false;
     bool ok = true;
     char *buf = NULL;
     sym *s = NULL;
@@ -390,8 +334,7 @@ static bool encode_byte_bpe(const mim_tokenizer *t, const char *text, size_t len
         size_t n = plen;
         ok = merge_symbols(t, false, buf, s, &n);
         for (size_t i = 0; i < n && ok; i++)
-            if (s[i].id >= 0 || t->unk >= 0)
-                ok = push(o, s[i].id >= 0 ? s[i].id : t->unk);
+            if (s[i].id >= 0 || t->unk >= 0) ok = push(o, s[i].id >= 0 ? s[i].id : t->unk);
     }
     free(buf);
     free(s);
@@ -400,8 +343,7 @@ static bool encode_byte_bpe(const mim_tokenizer *t, const char *text, size_t len
 }
 
 static bool encode_spm(const mim_tokenizer *t, const char *text, size_t len, bool prefix,
-                       out_buf *o)
-{
+                       out_buf *o) {
     /* Each space becomes 3 bytes. */
     char *buf = malloc(len * 3 + 4);
     sym *s = malloc((len * 3 + 4) * sizeof(sym));
@@ -441,10 +383,8 @@ static bool encode_spm(const mim_tokenizer *t, const char *text, size_t len, boo
         }
         for (uint32_t b = 0; b < s[i].len && ok; b++) {
             int32_t id = t->byte_token[(unsigned char)buf[s[i].start + b]];
-            if (id < 0)
-                id = t->unk;
-            if (id >= 0)
-                ok = push(o, id);
+            if (id < 0) id = t->unk;
+            if (id >= 0) ok = push(o, id);
         }
     }
     free(buf);
@@ -453,22 +393,17 @@ static bool encode_spm(const mim_tokenizer *t, const char *text, size_t len, boo
 }
 
 static bool encode_segment(const mim_tokenizer *t, const char *text, size_t len, bool at_start,
-                           out_buf *o)
-{
-    if (len == 0)
-        return true;
-    if (t->kind == MIM_TOK_SPM)
-        return encode_spm(t, text, len, at_start && t->add_space_prefix, o);
+                           out_buf *o) {
+    if (len == 0) return true;
+    if (t->kind == MIM_TOK_SPM) return encode_spm(t, text, len, at_start && t->add_space_prefix, o);
     return encode_byte_bpe(t, text, len, o);
 }
 
 bool mim_tokenize(const mim_tokenizer *t, const char *text, size_t len, bool add_bos,
-                  bool parse_special, int32_t **tokens, size_t *n_out)
-{
+                  bool parse_special, int32_t **tokens, size_t *n_out) {
     out_buf o = {0};
     bool ok = true;
-    if (add_bos && t->bos >= 0)
-        ok = push(&o, t->bos);
+    if (add_bos && t->bos >= 0) ok = push(&o, t->bos);
     size_t seg = 0;
     bool first = true;
     for (size_t i = 0; i < len && ok && parse_special;) {
@@ -490,8 +425,7 @@ bool mim_tokenize(const mim_tokenizer *t, const char *text, size_t len, bool add
         i += t->len[hit];
         seg = i;
     }
-    if (ok)
-        ok = encode_segment(t, text + seg, len - seg, first, &o);
+    if (ok) ok = encode_segment(t, text + seg, len - seg, first, &o);
     if (!ok) {
         free(o.ids);
         return false;
@@ -501,34 +435,28 @@ bool mim_tokenize(const mim_tokenizer *t, const char *text, size_t len, bool add
     return *tokens != NULL;
 }
 
-size_t mim_token_bytes(const mim_tokenizer *t, int32_t id, char *out, size_t cap)
-{
-    if (id < 0 || id >= t->n_vocab)
-        return 0;
+size_t mim_token_bytes(const mim_tokenizer *t, int32_t id, char *out, size_t cap) {
+    if (id < 0 || id >= t->n_vocab) return 0;
     const char *s = t->text[id];
     size_t n = t->len[id], w = 0;
     if (t->type[id] == MIM_TT_CONTROL || t->type[id] == MIM_TT_USER_DEFINED ||
         t->type[id] == MIM_TT_UNKNOWN) {
-        if (out)
-            memcpy(out, s, n < cap ? n : cap);
+        if (out) memcpy(out, s, n < cap ? n : cap);
         return n;
     }
     if (t->kind == MIM_TOK_SPM) {
         unsigned int byte;
         if (n == 6 && sscanf(s, "<0x%02X>", &byte) == 1) {
-            if (out && cap > 0)
-                out[0] = (char)byte;
+            if (out && cap > 0) out[0] = (char)byte;
             return 1;
         }
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && memcmp(s + i, SPM_SPACE, 3) == 0) {
-                if (w < cap && out)
-                    out[w] = ' ';
+                if (w < cap && out) out[w] = ' ';
                 w++;
                 i += 3;
             } else {
-                if (w < cap && out)
-                    out[w] = s[i];
+                if (w < cap && out) out[w] = s[i];
                 w++;
                 i++;
             }
@@ -539,15 +467,13 @@ size_t mim_token_bytes(const mim_tokenizer *t, int32_t id, char *out, size_t cap
         uint32_t cp;
         i += mim_utf8_decode((const unsigned char *)s + i, n - i, &cp);
         if (cp < 512 && t->cp_to_byte[cp] >= 0) {
-            if (w < cap && out)
-                out[w] = (char)t->cp_to_byte[cp];
+            if (w < cap && out) out[w] = (char)t->cp_to_byte[cp];
             w++;
         } else {
             char tmp[4];
             size_t k = mim_utf8_encode(cp, tmp);
             for (size_t j = 0; j < k; j++, w++)
-                if (w < cap && out)
-                    out[w] = tmp[j];
+                if (w < cap && out) out[w] = tmp[j];
         }
     }
     return w;
@@ -556,12 +482,10 @@ size_t mim_token_bytes(const mim_tokenizer *t, int32_t id, char *out, size_t cap
 /* ------------------------------------------------------------------------------------------ */
 /* Construction                                                                                */
 
-static void init_byte_map(mim_tokenizer *t)
-{
+static void init_byte_map(mim_tokenizer *t) {
     /* GPT-2: printable Latin-1 bytes stand for themselves, the rest move to 256 + k. */
     uint32_t next = 256;
-    for (int i = 0; i < 512; i++)
-        t->cp_to_byte[i] = -1;
+    for (int i = 0; i < 512; i++) t->cp_to_byte[i] = -1;
     for (int b = 0; b < 256; b++) {
         bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
         t->byte_to_cp[b] = printable ? (uint32_t)b : next++;
@@ -569,11 +493,9 @@ static void init_byte_map(mim_tokenizer *t)
     }
 }
 
-static mim_tokenizer *alloc_tokenizer(int32_t n_vocab, size_t text_bytes)
-{
+static mim_tokenizer *alloc_tokenizer(int32_t n_vocab, size_t text_bytes) {
     mim_tokenizer *t = calloc(1, sizeof(*t));
-    if (!t)
-        return NULL;
+    if (!t) return NULL;
     t->n_vocab = n_vocab;
     t->arena = malloc(text_bytes + (size_t)n_vocab + 1);
     t->text = calloc((size_t)n_vocab, sizeof(*t->text));
@@ -585,19 +507,15 @@ static mim_tokenizer *alloc_tokenizer(int32_t n_vocab, size_t text_bytes)
         mim_tokenizer_free(t);
         return NULL;
     }
-    for (int32_t i = 0; i < n_vocab; i++)
-        t->type[i] = MIM_TT_NORMAL;
+    for (int32_t i = 0; i < n_vocab; i++) t->type[i] = MIM_TT_NORMAL;
     t->bos = t->eos = t->eot = t->unk = -1;
-    for (int i = 0; i < 256; i++)
-        t->byte_token[i] = -1;
+    for (int i = 0; i < 256; i++) t->byte_token[i] = -1;
     init_byte_map(t);
     return t;
 }
 
-void mim_tokenizer_free(mim_tokenizer *t)
-{
-    if (!t)
-        return;
+void mim_tokenizer_free(mim_tokenizer *t) {
+    if (!t) return;
     free(t->arena);
     free(t->text);
     free(t->len);
@@ -609,17 +527,14 @@ void mim_tokenizer_free(mim_tokenizer *t)
     free(t);
 }
 
-int32_t mim_tokenizer_find(const mim_tokenizer *t, const char *s)
-{
+int32_t mim_tokenizer_find(const mim_tokenizer *t, const char *s) {
     return mim_strmap_get(&t->vocab, s, strlen(s));
 }
 
-static bool finish(mim_tokenizer *t, char *err, size_t cap, mi_status *st)
-{
+static bool finish(mim_tokenizer *t, char *err, size_t cap, mi_status *st) {
     int32_t n = 0;
     for (int32_t i = 0; i < t->n_vocab; i++)
-        if ((t->type[i] == MIM_TT_CONTROL || t->type[i] == MIM_TT_USER_DEFINED) && t->len[i])
-            n++;
+        if ((t->type[i] == MIM_TT_CONTROL || t->type[i] == MIM_TT_USER_DEFINED) && t->len[i]) n++;
     t->specials = malloc(((size_t)n + 1) * sizeof(int32_t));
     if (!t->specials) {
         *st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -653,21 +568,16 @@ static bool finish(mim_tokenizer *t, char *err, size_t cap, mi_status *st)
     return true;
 }
 
-static mim_pretok pretok_from_gguf_name(const char *s, size_t n)
-{
+static mim_pretok pretok_from_gguf_name(const char *s, size_t n) {
 #define IS(lit) (n == sizeof(lit) - 1 && memcmp(s, lit, n) == 0)
-    if (IS("llama3") || IS("llama-bpe") || IS("llama-v3") || IS("smaug-bpe"))
-        return MIM_PRE_LLAMA3;
-    if (IS("qwen2") || IS("deepseek-r1-qwen"))
-        return MIM_PRE_QWEN2;
-    if (IS("smollm") || IS("starcoder") || IS("refact") || IS("codeshell"))
-        return MIM_PRE_SMOLLM;
+    if (IS("llama3") || IS("llama-bpe") || IS("llama-v3") || IS("smaug-bpe")) return MIM_PRE_LLAMA3;
+    if (IS("qwen2") || IS("deepseek-r1-qwen")) return MIM_PRE_QWEN2;
+    if (IS("smollm") || IS("starcoder") || IS("refact") || IS("codeshell")) return MIM_PRE_SMOLLM;
 #undef IS
     return MIM_PRE_GPT2;
 }
 
-mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *err, size_t cap)
-{
+mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *err, size_t cap) {
     *out = NULL;
     const char *model;
     size_t model_len;
@@ -697,8 +607,7 @@ mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *
         total += n;
     }
     mim_tokenizer *t = alloc_tokenizer(nv, total);
-    if (!t)
-        return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory for the vocabulary");
+    if (!t) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory for the vocabulary");
     t->kind = kind;
     char *a = t->arena;
     cur = toks->value;
@@ -746,19 +655,16 @@ mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *
             size_t n;
             mim_gguf_next_str(&cur, &s, &n);
             const char *sp = memchr(s, ' ', n);
-            if (!sp)
-                continue;
+            if (!sp) continue;
             int32_t l = mim_strmap_get(&t->vocab, s, (size_t)(sp - s));
             int32_t rr = mim_strmap_get(&t->vocab, sp + 1, n - (size_t)(sp - s) - 1);
             /* The merged token is the two halves without the space. */
             char tmp[512];
-            if (l < 0 || rr < 0 || n > sizeof(tmp))
-                continue;
+            if (l < 0 || rr < 0 || n > sizeof(tmp)) continue;
             memcpy(tmp, s, (size_t)(sp - s));
             memcpy(tmp + (sp - s), sp + 1, n - (size_t)(sp - s) - 1);
             int32_t m = mim_strmap_get(&t->vocab, tmp, n - 1);
-            if (m < 0)
-                continue;
+            if (m < 0) continue;
             if (!mim_pairmap_put(&t->merges, ((uint64_t)(uint32_t)l << 32) | (uint32_t)rr,
                                  (int32_t)r, m)) {
                 st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -777,13 +683,10 @@ mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *
         t->unk = (int32_t)v;
     bool b;
     t->add_bos = kind == MIM_TOK_SPM || t->pre == MIM_PRE_LLAMA3;
-    if (mim_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b))
-        t->add_bos = b;
+    if (mim_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b)) t->add_bos = b;
     t->add_space_prefix = kind == MIM_TOK_SPM;
-    if (mim_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b))
-        t->add_space_prefix = b;
-    if (!finish(t, err, cap, &st))
-        goto fail;
+    if (mim_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b)) t->add_space_prefix = b;
+    if (!finish(t, err, cap, &st)) goto fail;
     *out = t;
     return MI_STATUS_SUCCESS;
 fail:
@@ -794,10 +697,8 @@ fail:
 /* ------------------------------------------------------------------------------------------ */
 /* tokenizer.json                                                                              */
 
-static bool json_has_text(json_t *node, const char *needle)
-{
-    if (!node)
-        return false;
+static bool json_has_text(json_t *node, const char *needle) {
+    if (!node) return false;
     char *s = json_dumps(node, JSON_COMPACT);
     bool hit = s && strstr(s, needle);
     free(s);
@@ -805,14 +706,13 @@ static bool json_has_text(json_t *node, const char *needle)
 }
 
 mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer **out, char *err,
-                                  size_t cap)
-{
+                                  size_t cap) {
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loadb(text, tlen, 0, &jerr);
     if (!root)
-        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tokenizer.json: %s (line %d)",
-                        jerr.text, jerr.line);
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tokenizer.json: %s (line %d)", jerr.text,
+                        jerr.line);
     mim_tokenizer *t = NULL;
     mi_status st = MI_STATUS_SUCCESS;
     json_t *model = json_object_get(root, "model");
@@ -823,7 +723,8 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
     if (!mtype || strcmp(mtype, "BPE") != 0 || !json_is_object(vocab) || !json_is_array(merges)) {
         st = mim_fail(err, cap, MI_STATUS_UNSUPPORTED,
                       "tokenizer.json: model type '%s' is not supported (BPE with vocab and "
-                      "merges is)", mtype ? mtype : "?");
+                      "merges is)",
+                      mtype ? mtype : "?");
         goto done;
     }
     /* Vocabulary size: the largest id over vocab and added tokens, plus one. */
@@ -834,12 +735,10 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
     json_object_foreach(vocab, key, val) {
         if (!json_is_integer(val) || json_integer_value(val) < 0 ||
             json_integer_value(val) >= INT32_MAX) {
-            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tokenizer.json: bad id for '%s'",
-                          key);
+            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tokenizer.json: bad id for '%s'", key);
             goto done;
         }
-        if (json_integer_value(val) + 1 > nv)
-            nv = json_integer_value(val) + 1;
+        if (json_integer_value(val) + 1 > nv) nv = json_integer_value(val) + 1;
         total += strlen(key);
     }
     size_t i;
@@ -851,8 +750,7 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
             st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tokenizer.json: bad added token");
             goto done;
         }
-        if (json_integer_value(id) + 1 > nv)
-            nv = json_integer_value(id) + 1;
+        if (json_integer_value(id) + 1 > nv) nv = json_integer_value(id) + 1;
         total += strlen(content);
     }
     t = alloc_tokenizer((int32_t)nv, total * 2);
@@ -876,8 +774,8 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
         memcpy(a, content, n + 1);
         t->text[id] = a;
         t->len[id] = (uint32_t)n;
-        t->type[id] = json_is_true(json_object_get(val, "special")) ? MIM_TT_CONTROL
-                                                                     : MIM_TT_USER_DEFINED;
+        t->type[id] =
+            json_is_true(json_object_get(val, "special")) ? MIM_TT_CONTROL : MIM_TT_USER_DEFINED;
         a += n + 1;
     }
     for (int32_t k = 0; k < t->n_vocab; k++) {
@@ -924,8 +822,7 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
         if (json_is_string(val)) {
             const char *s = json_string_value(val);
             const char *sp = strchr(s, ' ');
-            if (!sp)
-                continue;
+            if (!sp) continue;
             l = s;
             ll = (size_t)(sp - s);
             r = sp + 1;
@@ -933,38 +830,33 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
         } else if (json_is_array(val) && json_array_size(val) == 2) {
             l = json_string_value(json_array_get(val, 0));
             r = json_string_value(json_array_get(val, 1));
-            if (!l || !r)
-                continue;
+            if (!l || !r) continue;
             ll = strlen(l);
             rl = strlen(r);
         } else {
             continue;
         }
-        if (ll + rl > sizeof(tmp))
-            continue;
+        if (ll + rl > sizeof(tmp)) continue;
         int32_t li = mim_strmap_get(&t->vocab, l, ll), ri = mim_strmap_get(&t->vocab, r, rl);
         memcpy(tmp, l, ll);
         memcpy(tmp + ll, r, rl);
         int32_t m = mim_strmap_get(&t->vocab, tmp, ll + rl);
-        if (li < 0 || ri < 0 || m < 0)
-            continue;
-        if (!mim_pairmap_put(&t->merges, ((uint64_t)(uint32_t)li << 32) | (uint32_t)ri,
-                             (int32_t)i, m)) {
+        if (li < 0 || ri < 0 || m < 0) continue;
+        if (!mim_pairmap_put(&t->merges, ((uint64_t)(uint32_t)li << 32) | (uint32_t)ri, (int32_t)i,
+                             m)) {
             st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
             goto done;
         }
     }
     json_t *unk = json_object_get(model, "unk_token");
-    if (json_is_string(unk))
-        t->unk = mim_tokenizer_find(t, json_string_value(unk));
+    if (json_is_string(unk)) t->unk = mim_tokenizer_find(t, json_string_value(unk));
     /* BOS: a TemplateProcessing post-processor that starts "single" with a special token. */
     json_t *post = json_object_get(root, "post_processor");
     json_t *single = json_object_get(post, "single");
     if (!single) {
         json_t *procs = json_object_get(post, "processors");
         json_array_foreach(procs, i, val) {
-            if (json_object_get(val, "single"))
-                single = json_object_get(val, "single");
+            if (json_object_get(val, "single")) single = json_object_get(val, "single");
         }
     }
     json_t *first = json_array_get(single, 0);
@@ -976,8 +868,7 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
             t->add_bos = t->bos >= 0;
         }
     }
-    if (!finish(t, err, cap, &st))
-        goto done;
+    if (!finish(t, err, cap, &st)) goto done;
     *out = t;
     t = NULL;
 done:

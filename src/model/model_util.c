@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-mi_status mim_fail(char *buf, size_t cap, mi_status status, const char *fmt, ...)
-{
+mi_status mim_fail(char *buf, size_t cap, mi_status status, const char *fmt, ...) {
     if (buf && cap > 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -26,8 +25,7 @@ mi_status mim_fail(char *buf, size_t cap, mi_status status, const char *fmt, ...
 /* ------------------------------------------------------------------------------------------ */
 /* Unicode                                                                                     */
 
-static bool in_ranges(const mi_unicode_range *r, size_t n, uint32_t cp)
-{
+static bool in_ranges(const mi_unicode_range *r, size_t n, uint32_t cp) {
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -41,29 +39,23 @@ static bool in_ranges(const mi_unicode_range *r, size_t n, uint32_t cp)
     return false;
 }
 
-bool mim_uc_is_letter(uint32_t cp)
-{
-    if (cp < 0x80)
-        return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
+bool mim_uc_is_letter(uint32_t cp) {
+    if (cp < 0x80) return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
     return in_ranges(mi_unicode_letters, mi_unicode_letters_count, cp);
 }
 
-bool mim_uc_is_number(uint32_t cp)
-{
-    if (cp < 0x80)
-        return cp >= '0' && cp <= '9';
+bool mim_uc_is_number(uint32_t cp) {
+    if (cp < 0x80) return cp >= '0' && cp <= '9';
     return in_ranges(mi_unicode_numbers, mi_unicode_numbers_count, cp);
 }
 
-bool mim_uc_is_space(uint32_t cp)
-{
+bool mim_uc_is_space(uint32_t cp) {
     return (cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
            (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
            cp == 0x205F || cp == 0x3000;
 }
 
-size_t mim_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
-{
+size_t mim_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     unsigned char c = s[0];
     size_t need;
     uint32_t v;
@@ -98,8 +90,7 @@ size_t mim_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
     return need;
 }
 
-size_t mim_utf8_encode(uint32_t cp, char out[4])
-{
+size_t mim_utf8_encode(uint32_t cp, char out[4]) {
     if (cp < 0x80) {
         out[0] = (char)cp;
         return 1;
@@ -123,8 +114,7 @@ size_t mim_utf8_encode(uint32_t cp, char out[4])
 /* ------------------------------------------------------------------------------------------ */
 /* Hash maps: linear probing, capacity a power of two at most half full.                      */
 
-static uint64_t hash_bytes(const char *s, size_t n)
-{
+static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (size_t i = 0; i < n; i++) {
         h ^= (unsigned char)s[i];
@@ -133,8 +123,7 @@ static uint64_t hash_bytes(const char *s, size_t n)
     return h;
 }
 
-static uint64_t hash_u64(uint64_t x)
-{
+static uint64_t hash_u64(uint64_t x) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     x ^= x >> 33;
@@ -143,16 +132,13 @@ static uint64_t hash_u64(uint64_t x)
     return x;
 }
 
-static size_t pow2_cap(size_t expected)
-{
+static size_t pow2_cap(size_t expected) {
     size_t cap = 16;
-    while (cap < expected * 2 + 1)
-        cap *= 2;
+    while (cap < expected * 2 + 1) cap *= 2;
     return cap;
 }
 
-bool mim_strmap_init(mim_strmap *m, size_t expected)
-{
+bool mim_strmap_init(mim_strmap *m, size_t expected) {
     memset(m, 0, sizeof(*m));
     m->cap = pow2_cap(expected);
     m->keys = calloc(m->cap, sizeof(*m->keys));
@@ -165,31 +151,25 @@ bool mim_strmap_init(mim_strmap *m, size_t expected)
     return true;
 }
 
-void mim_strmap_free(mim_strmap *m)
-{
+void mim_strmap_free(mim_strmap *m) {
     free(m->keys);
     free(m->lens);
     free(m->vals);
     memset(m, 0, sizeof(*m));
 }
 
-static bool strmap_grow(mim_strmap *m)
-{
+static bool strmap_grow(mim_strmap *m) {
     mim_strmap bigger;
-    if (!mim_strmap_init(&bigger, m->cap))
-        return false;
+    if (!mim_strmap_init(&bigger, m->cap)) return false;
     for (size_t i = 0; i < m->cap; i++)
-        if (m->keys[i])
-            mim_strmap_put(&bigger, m->keys[i], m->lens[i], m->vals[i]);
+        if (m->keys[i]) mim_strmap_put(&bigger, m->keys[i], m->lens[i], m->vals[i]);
     mim_strmap_free(m);
     *m = bigger;
     return true;
 }
 
-bool mim_strmap_put(mim_strmap *m, const char *key, size_t len, int32_t val)
-{
-    if ((m->count + 1) * 2 > m->cap && !strmap_grow(m))
-        return false;
+bool mim_strmap_put(mim_strmap *m, const char *key, size_t len, int32_t val) {
+    if ((m->count + 1) * 2 > m->cap && !strmap_grow(m)) return false;
     size_t mask = m->cap - 1;
     for (size_t i = hash_bytes(key, len) & mask;; i = (i + 1) & mask) {
         if (!m->keys[i]) {
@@ -199,27 +179,21 @@ bool mim_strmap_put(mim_strmap *m, const char *key, size_t len, int32_t val)
             m->count++;
             return true;
         }
-        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0)
-            return true;
+        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0) return true;
     }
 }
 
-int32_t mim_strmap_get(const mim_strmap *m, const char *key, size_t len)
-{
-    if (!m->cap)
-        return -1;
+int32_t mim_strmap_get(const mim_strmap *m, const char *key, size_t len) {
+    if (!m->cap) return -1;
     size_t mask = m->cap - 1;
     for (size_t i = hash_bytes(key, len) & mask;; i = (i + 1) & mask) {
-        if (!m->keys[i])
-            return -1;
-        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0)
-            return m->vals[i];
+        if (!m->keys[i]) return -1;
+        if (m->lens[i] == len && memcmp(m->keys[i], key, len) == 0) return m->vals[i];
     }
 }
 
 /* Key 0 marks an empty slot, so keys are stored + 1 (pair ids never reach UINT64_MAX). */
-bool mim_pairmap_init(mim_pairmap *m, size_t expected)
-{
+bool mim_pairmap_init(mim_pairmap *m, size_t expected) {
     memset(m, 0, sizeof(*m));
     m->cap = pow2_cap(expected);
     m->keys = calloc(m->cap, sizeof(*m->keys));
@@ -232,23 +206,19 @@ bool mim_pairmap_init(mim_pairmap *m, size_t expected)
     return true;
 }
 
-void mim_pairmap_free(mim_pairmap *m)
-{
+void mim_pairmap_free(mim_pairmap *m) {
     free(m->keys);
     free(m->rank);
     free(m->merged);
     memset(m, 0, sizeof(*m));
 }
 
-bool mim_pairmap_put(mim_pairmap *m, uint64_t key, int32_t rank, int32_t merged)
-{
+bool mim_pairmap_put(mim_pairmap *m, uint64_t key, int32_t rank, int32_t merged) {
     if ((m->count + 1) * 2 > m->cap) {
         mim_pairmap bigger;
-        if (!mim_pairmap_init(&bigger, m->cap))
-            return false;
+        if (!mim_pairmap_init(&bigger, m->cap)) return false;
         for (size_t i = 0; i < m->cap; i++)
-            if (m->keys[i])
-                mim_pairmap_put(&bigger, m->keys[i] - 1, m->rank[i], m->merged[i]);
+            if (m->keys[i]) mim_pairmap_put(&bigger, m->keys[i] - 1, m->rank[i], m->merged[i]);
         mim_pairmap_free(m);
         *m = bigger;
     }
@@ -261,19 +231,15 @@ bool mim_pairmap_put(mim_pairmap *m, uint64_t key, int32_t rank, int32_t merged)
             m->count++;
             return true;
         }
-        if (m->keys[i] == key + 1)
-            return true; /* the first (best-ranked) merge of a pair wins */
+        if (m->keys[i] == key + 1) return true; /* the first (best-ranked) merge of a pair wins */
     }
 }
 
-bool mim_pairmap_get(const mim_pairmap *m, uint64_t key, int32_t *rank, int32_t *merged)
-{
-    if (!m->cap)
-        return false;
+bool mim_pairmap_get(const mim_pairmap *m, uint64_t key, int32_t *rank, int32_t *merged) {
+    if (!m->cap) return false;
     size_t mask = m->cap - 1;
     for (size_t i = hash_u64(key) & mask;; i = (i + 1) & mask) {
-        if (!m->keys[i])
-            return false;
+        if (!m->keys[i]) return false;
         if (m->keys[i] == key + 1) {
             *rank = m->rank[i];
             *merged = m->merged[i];
@@ -291,31 +257,20 @@ struct mim_pool {
     int n;
 };
 
-mim_pool *mim_pool_create(int n_threads)
-{
+mim_pool *mim_pool_create(int n_threads) {
     mim_pool *p = calloc(1, sizeof(*p));
-    if (p)
-        p->n = n_threads < 1 ? 1 : n_threads;
+    if (p) p->n = n_threads < 1 ? 1 : n_threads;
     return p;
 }
 
-void mim_pool_destroy(mim_pool *p)
-{
-    free(p);
-}
+void mim_pool_destroy(mim_pool *p) { free(p); }
 
-int mim_pool_size(const mim_pool *p)
-{
-    return p ? p->n : 1;
-}
+int mim_pool_size(const mim_pool *p) { return p ? p->n : 1; }
 
-void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg)
-{
-    if (n <= 0)
-        return;
+void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg) {
+    if (n <= 0) return;
     int nt = p ? p->n : 1;
-    if (nt > n)
-        nt = (int)n;
+    if (nt > n) nt = (int)n;
     if (nt <= 1) {
         fn(arg, 0, n, 0);
         return;
@@ -326,12 +281,9 @@ void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg)
         int t = omp_get_thread_num(), T = omp_get_num_threads();
         int64_t chunk = (n + T - 1) / T;
         int64_t b = chunk * t, e = b + chunk;
-        if (b > n)
-            b = n;
-        if (e > n)
-            e = n;
-        if (b < e)
-            fn(arg, b, e, t);
+        if (b > n) b = n;
+        if (e > n) e = n;
+        if (b < e) fn(arg, b, e, t);
     }
 #else
     fn(arg, 0, n, 0);

@@ -8,28 +8,28 @@
 static int api_failures;
 static int api_checks;
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        api_checks++;                                                                          \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);          \
-            api_failures++;                                                                    \
-        }                                                                                      \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        api_checks++;                                                                              \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            api_failures++;                                                                        \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_STATUS(expr, want)                                                               \
-    do {                                                                                       \
-        api_checks++;                                                                          \
-        mi_status got_ = (expr);                                                               \
-        if (got_ != (want)) {                                                                  \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s\n", __FILE__, __LINE__, #expr, \
-                    mi_status_name(got_), mi_status_name(want));                               \
-            api_failures++;                                                                    \
-        }                                                                                      \
+#define CHECK_STATUS(expr, want)                                                                   \
+    do {                                                                                           \
+        api_checks++;                                                                              \
+        mi_status got_ = (expr);                                                                   \
+        if (got_ != (want)) {                                                                      \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s\n", __FILE__, __LINE__, #expr,     \
+                    mi_status_name(got_), mi_status_name(want));                                   \
+            api_failures++;                                                                        \
+        }                                                                                          \
     } while (0)
 
-#define API_SUMMARY(name)                                                                      \
-    (fprintf(stderr, "%s: %d checks, %d failed\n", name, api_checks, api_failures),           \
+#define API_SUMMARY(name)                                                                          \
+    (fprintf(stderr, "%s: %d checks, %d failed\n", name, api_checks, api_failures),                \
      api_failures ? 1 : 0)
 
 #endif /* MI_API_CHECK_H */

@@ -216,7 +216,7 @@ static void test_create_edit(mi_context *ctx) {
 }
 
 typedef struct bad_case {
-    const char *file;   /* fixture, or NULL to use text */
+    const char *file; /* fixture, or NULL to use text */
     const char *text;
     mi_status status;
     const char *needle; /* must appear in the message */

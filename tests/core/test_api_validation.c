@@ -30,12 +30,12 @@ static int untouched(void) {
 }
 
 /* Runs a call that must fail with `want`, checks the message and that nothing was written. */
-#define EXPECT_REJECT(ctx, want, call)                                                         \
-    do {                                                                                       \
-        poison();                                                                              \
-        CHECK_STATUS(call, want);                                                              \
-        CHECK(mi_context_last_error(ctx)[0] != '\0');                                          \
-        CHECK(untouched());                                                                    \
+#define EXPECT_REJECT(ctx, want, call)                                                             \
+    do {                                                                                           \
+        poison();                                                                                  \
+        CHECK_STATUS(call, want);                                                                  \
+        CHECK(mi_context_last_error(ctx)[0] != '\0');                                              \
+        CHECK(untouched());                                                                        \
     } while (0)
 
 static void test_status_and_version(void) {
@@ -102,11 +102,11 @@ static void test_half_conversions(void) {
     CHECK(mi_f32_to_f16(1.0f) == 0x3c00);
     CHECK(mi_f32_to_f16(65504.0f) == 0x7bff);
     CHECK(mi_f32_to_f16(65520.0f) == 0x7c00);
-    CHECK(mi_f32_to_f16(1.0f + 1.0f / 2048.0f) == 0x3c00);           /* tie -> even */
-    CHECK(mi_f32_to_f16(1.0f + 3.0f / 2048.0f) == 0x3c02);           /* tie -> even */
-    CHECK(mi_f32_to_f16(5.9604645e-08f) == 0x0001);                  /* smallest subnormal */
-    CHECK(mi_f32_to_f16(2.9802322e-08f) == 0x0000);                  /* half of it: tie to 0 */
-    CHECK(mi_f32_to_bf16(1.0f + 1.0f / 256.0f) == 0x3f80);           /* tie -> even */
+    CHECK(mi_f32_to_f16(1.0f + 1.0f / 2048.0f) == 0x3c00); /* tie -> even */
+    CHECK(mi_f32_to_f16(1.0f + 3.0f / 2048.0f) == 0x3c02); /* tie -> even */
+    CHECK(mi_f32_to_f16(5.9604645e-08f) == 0x0001);        /* smallest subnormal */
+    CHECK(mi_f32_to_f16(2.9802322e-08f) == 0x0000);        /* half of it: tie to 0 */
+    CHECK(mi_f32_to_bf16(1.0f + 1.0f / 256.0f) == 0x3f80); /* tie -> even */
     CHECK(mi_f32_to_bf16(1.0f + 3.0f / 256.0f) == 0x3f82);
     CHECK(isnan(mi_f16_to_f32(mi_f32_to_f16(NAN))));
     CHECK(isnan(mi_bf16_to_f32(mi_f32_to_bf16(NAN))));
@@ -242,8 +242,7 @@ static void test_kernel_rejections(mi_context *ctx) {
     EXPECT_REJECT(ctx, MI_STATUS_INVALID_ARGUMENT,
                   mi_attention_dense(ctx, &q, &k, &v, NULL, NAN, &o, lsebuf));
     EXPECT_REJECT(ctx, MI_STATUS_INVALID_ARGUMENT,
-                  mi_attention_dense(ctx, &q, &k, &v, NULL, 0, &o,
-                                     (float *)((char *)lsebuf + 2)));
+                  mi_attention_dense(ctx, &q, &k, &v, NULL, 0, &o, (float *)((char *)lsebuf + 2)));
 
     /* A-shape budgets */
     EXPECT_REJECT(ctx, MI_STATUS_INVALID_ARGUMENT,
@@ -348,18 +347,18 @@ static void test_kernel_rejections(mi_context *ctx) {
     pp.vs.min_slash = -1;
     EXPECT_REJECT(ctx, MI_STATUS_INVALID_ARGUMENT,
                   mi_prefill_attention(ctx, &q, &k, &v, NULL, pats, &pp, &o, lsebuf, NULL, 0));
-    EXPECT_REJECT(ctx, MI_STATUS_SHAPE_MISMATCH,
-                  mi_prefill_attention(ctx, &q, &k_badH, &v_badH, NULL, pats, NULL, &o, lsebuf,
-                                       NULL, 0));
+    EXPECT_REJECT(
+        ctx, MI_STATUS_SHAPE_MISMATCH,
+        mi_prefill_attention(ctx, &q, &k_badH, &v_badH, NULL, pats, NULL, &o, lsebuf, NULL, 0));
     size_t need = 0;
     CHECK_STATUS(mi_prefill_workspace_size(ctx, &q, &k, pats, NULL, NULL),
                  MI_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(mi_prefill_workspace_size(ctx, &q, &k, pats, NULL, &need), MI_STATUS_SUCCESS);
     if (need > 0) {
         char tiny[8];
-        EXPECT_REJECT(ctx, MI_STATUS_WORKSPACE_TOO_SMALL,
-                      mi_prefill_attention(ctx, &q, &k, &v, NULL, pats, NULL, &o, lsebuf, tiny,
-                                           sizeof tiny));
+        EXPECT_REJECT(
+            ctx, MI_STATUS_WORKSPACE_TOO_SMALL,
+            mi_prefill_attention(ctx, &q, &k, &v, NULL, pats, NULL, &o, lsebuf, tiny, sizeof tiny));
     }
 
     /* metrics */

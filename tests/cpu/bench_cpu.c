@@ -57,10 +57,10 @@ static double time_median(run_args *a, int reps) {
     pp.dense_below = 0;
     for (int i = 0; i <= reps; i++) {
         const double t0 = now();
-        mi_status st = a->dense ? mi_attention_dense(a->ctx, &a->q, &a->k, &a->v, NULL, 0.0f,
-                                                      &a->o, NULL)
-                                : mi_prefill_attention(a->ctx, &a->q, &a->k, &a->v, NULL, &a->pat,
-                                                       &pp, &a->o, NULL, NULL, 0);
+        mi_status st =
+            a->dense ? mi_attention_dense(a->ctx, &a->q, &a->k, &a->v, NULL, 0.0f, &a->o, NULL)
+                     : mi_prefill_attention(a->ctx, &a->q, &a->k, &a->v, NULL, &a->pat, &pp, &a->o,
+                                            NULL, NULL, 0);
         if (st != MI_STATUS_SUCCESS) {
             fprintf(stderr, "error: %s\n", mi_context_last_error(a->ctx));
             exit(1);
@@ -91,8 +91,8 @@ int main(int argc, char **argv) {
     double ts[16];
     for (int i = 0; i <= reps; i++) {
         const double t0 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f,
-                    C, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C,
+                    n);
         if (i > 0) ts[i - 1] = now() - t0;
     }
     qsort(ts, (size_t)reps, sizeof(double), cmp_d);
@@ -106,8 +106,8 @@ int main(int argc, char **argv) {
     const int64_t D = 128;
     printf("%8s %10s %9s %7s %10s %8s %8s %6s %10s %9s\n", "L", "dense ms", "GFLOP/s", "/sgemm",
            "VS ms", "est ms", "VS keys", "VS x", "Ashape ms", "Ashape x");
-    const int64_t lens[] = {1024, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536,
-                            131072};
+    const int64_t lens[] = {1024,  2048,  4096,  6144,  8192,  12288,
+                            16384, 24576, 32768, 49152, 65536, 131072};
     for (size_t li = 0; li < sizeof lens / sizeof lens[0] && lens[li] <= max_len; li++) {
         const int64_t L = lens[li];
         const size_t e = (size_t)(L * D);
@@ -139,8 +139,8 @@ int main(int argc, char **argv) {
         double te[16];
         for (int i = 0; i < 3; i++) {
             const double t0 = now();
-            mi_vs_estimate(ctx, &a.q, &a.k, NULL, &vsp.vertical_size, &vsp.slash_size, &vp,
-                           0.0f, &vx);
+            mi_vs_estimate(ctx, &a.q, &a.k, NULL, &vsp.vertical_size, &vsp.slash_size, &vp, 0.0f,
+                           &vx);
             mi_vs_build_index(ctx, L, NULL, &vx, &sx);
             te[i] = now() - t0;
         }

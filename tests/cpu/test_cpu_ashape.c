@@ -17,11 +17,12 @@ typedef struct ashape_case {
 
 static void run_ashape(mi_context *ctx, const ashape_case *c, rng *r) {
     char name[200];
-    snprintf(name, sizeof name, "a-shape %s %s B%lld Hq%lld Hkv%lld L%lld D%lld init %d local %d "
+    snprintf(name, sizeof name,
+             "a-shape %s %s B%lld Hq%lld Hkv%lld L%lld D%lld init %d local %d "
              "last %d%s",
              mi_dtype_name(c->dt), c->blhd ? "blhd" : "bhld", (long long)c->B, (long long)c->Hq,
-             (long long)c->Hkv, (long long)c->L, (long long)c->D, c->n_init, c->n_local,
-             c->n_last, c->use_lens ? " varlen" : "");
+             (long long)c->Hkv, (long long)c->L, (long long)c->D, c->n_init, c->n_local, c->n_last,
+             c->use_lens ? " varlen" : "");
     tbuf q = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
     tbuf k = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
     tbuf v = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
@@ -59,15 +60,15 @@ int main(int argc, char **argv) {
         /* dt, blhd, B, Hq, Hkv, L, D, n_init, n_local, n_last, lens, use_lens */
         {MI_DTYPE_F32, false, 1, 1, 1, 1, 64, 4, 16, 0, {0, 0}, false},
         {MI_DTYPE_F32, false, 1, 2, 2, 63, 64, 4, 16, 0, {0, 0}, false},
-        {MI_DTYPE_F16, true, 1, 4, 1, 64, 128, 1, 1, 0, {0, 0}, false},      /* diagonal only */
-        {MI_DTYPE_BF16, false, 1, 8, 1, 65, 64, 0, 64, 0, {0, 0}, false},    /* window = tile */
+        {MI_DTYPE_F16, true, 1, 4, 1, 64, 128, 1, 1, 0, {0, 0}, false},   /* diagonal only */
+        {MI_DTYPE_BF16, false, 1, 8, 1, 65, 64, 0, 64, 0, {0, 0}, false}, /* window = tile */
         {MI_DTYPE_F32, true, 1, 4, 1, 1000, 128, 128, 300, 0, {0, 0}, false},
-        {MI_DTYPE_F16, false, 1, 2, 2, 1000, 64, 3, 70, 100, {0, 0}, false}, /* Tri-shape */
+        {MI_DTYPE_F16, false, 1, 2, 2, 1000, 64, 3, 70, 100, {0, 0}, false},  /* Tri-shape */
         {MI_DTYPE_BF16, true, 1, 4, 4, 1000, 64, 100, 150, 0, {0, 0}, false}, /* sinks touch win */
-        {MI_DTYPE_F32, false, 1, 2, 1, 300, 64, 0, 0, 0, {0, 0}, false},    /* empty pattern */
-        {MI_DTYPE_F32, false, 1, 2, 1, 300, 64, 0, 0, 40, {0, 0}, false},   /* only Tri rows */
-        {MI_DTYPE_F32, true, 1, 1, 1, 65, 128, 0, 5, 1000, {0, 0}, false},  /* n_last > L */
-        {MI_DTYPE_F32, false, 1, 1, 1, 200, 64, 500, 10, 0, {0, 0}, false}, /* all sinks */
+        {MI_DTYPE_F32, false, 1, 2, 1, 300, 64, 0, 0, 0, {0, 0}, false},      /* empty pattern */
+        {MI_DTYPE_F32, false, 1, 2, 1, 300, 64, 0, 0, 40, {0, 0}, false},     /* only Tri rows */
+        {MI_DTYPE_F32, true, 1, 1, 1, 65, 128, 0, 5, 1000, {0, 0}, false},    /* n_last > L */
+        {MI_DTYPE_F32, false, 1, 1, 1, 200, 64, 500, 10, 0, {0, 0}, false},   /* all sinks */
         {MI_DTYPE_F16, true, 2, 4, 2, 500, 64, 7, 90, 33, {500, 129}, true},
         {MI_DTYPE_F32, false, 2, 2, 1, 200, 128, 16, 40, 0, {0, 70}, true},
         {MI_DTYPE_F32, false, 1, 1, 1, 4099, 128, 128, 1000, 100, {0, 0}, false},

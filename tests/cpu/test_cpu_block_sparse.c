@@ -30,8 +30,8 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
                      int plant_block, rng *r) {
     char name[160];
     snprintf(name, sizeof name, "block-sparse %s %s L%lld B%lld Hq%lld Hkv%lld D%lld%s",
-             mi_dtype_name(dt), blhd ? "blhd" : "bhld", (long long)L, (long long)B,
-             (long long)Hq, (long long)Hkv, (long long)D, lens ? " varlen" : "");
+             mi_dtype_name(dt), blhd ? "blhd" : "bhld", (long long)L, (long long)B, (long long)Hq,
+             (long long)Hkv, (long long)D, lens ? " varlen" : "");
     tbuf q = tb_new(dt, blhd, B, Hq, L, D), k = tb_new(dt, blhd, B, Hkv, L, D);
     tbuf v = tb_new(dt, blhd, B, Hkv, L, D), o = tb_new(dt, blhd, B, Hq, L, D);
     tb_fill_normal(&q, r, 1.0);
@@ -104,11 +104,13 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
                 }
                 for (int64_t n = 1; n < m; n++)
                     if (!in[n] && sc[n] > hi) hi = sc[n];
-                CHECK(hi <= lo + 1e-3 * (1.0 + fabs(lo)), "%s: row block %lld not a top-k "
-                      "(%g > %g)", name, (long long)m, hi, lo);
+                CHECK(hi <= lo + 1e-3 * (1.0 + fabs(lo)),
+                      "%s: row block %lld not a top-k "
+                      "(%g > %g)",
+                      name, (long long)m, hi, lo);
                 if (plant_block > 0 && m > plant_block && top_k[h] >= 3)
-                    CHECK(in[plant_block], "%s: planted block %d not found in row block %lld",
-                          name, plant_block, (long long)m);
+                    CHECK(in[plant_block], "%s: planted block %d not found in row block %lld", name,
+                          plant_block, (long long)m);
             }
         }
     }

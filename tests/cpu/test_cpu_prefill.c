@@ -21,18 +21,15 @@ static bool mask_layer(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
     const layer_mask *m = ctx;
     const mi_head_pattern *p = &m->pat[h];
     switch (p->type) {
-    case MI_PATTERN_DENSE:
-        return true;
+    case MI_PATTERN_DENSE: return true;
     case MI_PATTERN_A_SHAPE:
     case MI_PATTERN_TRI_SHAPE: {
         ashape_mask a = {p->n_init, p->n_local, p->type == MI_PATTERN_TRI_SHAPE ? p->n_last : 0,
                          m->lens, m->L};
         return mask_ashape(&a, b, h, i, j);
     }
-    case MI_PATTERN_VERTICAL_SLASH:
-        return mask_keys((void *)&m->vs, b, h, i, j);
-    case MI_PATTERN_BLOCK_SPARSE:
-        return mask_keys((void *)&m->bs, b, h, i, j);
+    case MI_PATTERN_VERTICAL_SLASH: return mask_keys((void *)&m->vs, b, h, i, j);
+    case MI_PATTERN_BLOCK_SPARSE: return mask_keys((void *)&m->bs, b, h, i, j);
     }
     return false;
 }
@@ -84,10 +81,10 @@ int main(int argc, char **argv) {
     const int64_t B = 2, Hq = 8, Hkv = 2, L = 720, D = 64;
     const int32_t lens[2] = {720, 450};
     const mi_head_pattern pats[8] = {
-        pat(MI_PATTERN_DENSE, 0, 0, 0),           pat(MI_PATTERN_A_SHAPE, 4, 100, 0),
-        pat(MI_PATTERN_TRI_SHAPE, 4, 100, 50),    pat(MI_PATTERN_VERTICAL_SLASH, 40, 60, 0),
-        pat(MI_PATTERN_BLOCK_SPARSE, 3, 0, 0),    pat(MI_PATTERN_VERTICAL_SLASH, 5000, 5000, 0),
-        pat(MI_PATTERN_A_SHAPE, 0, 0, 0),         pat(MI_PATTERN_BLOCK_SPARSE, 0, 0, 0),
+        pat(MI_PATTERN_DENSE, 0, 0, 0),        pat(MI_PATTERN_A_SHAPE, 4, 100, 0),
+        pat(MI_PATTERN_TRI_SHAPE, 4, 100, 50), pat(MI_PATTERN_VERTICAL_SLASH, 40, 60, 0),
+        pat(MI_PATTERN_BLOCK_SPARSE, 3, 0, 0), pat(MI_PATTERN_VERTICAL_SLASH, 5000, 5000, 0),
+        pat(MI_PATTERN_A_SHAPE, 0, 0, 0),      pat(MI_PATTERN_BLOCK_SPARSE, 0, 0, 0),
     };
     for (int dti = 0; dti < 2; dti++) {
         const mi_dtype dt = dti == 0 ? MI_DTYPE_F32 : MI_DTYPE_BF16;
@@ -123,8 +120,7 @@ int main(int argc, char **argv) {
         float *lse = malloc(n_rows * sizeof(float)), *lse2 = malloc(n_rows * sizeof(float));
         double *ref = malloc(n_rows * (size_t)D * sizeof(double));
         double *ref_lse = malloc(n_rows * sizeof(double));
-        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o.t, lse, NULL,
-                                      0));
+        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o.t, lse, NULL, 0));
         ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_layer, &lm, ref, ref_lse);
         compare_out("prefill mixed patterns", &o, ref, lens);
         compare_lse("prefill mixed patterns", lse, ref_lse, (int64_t)n_rows);
@@ -169,21 +165,21 @@ int main(int argc, char **argv) {
         /* dense fallback: every sequence shorter than dense_below runs dense */
         pp.dense_below = 2000;
         tb_poison(&o2);
-        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, lse2, NULL,
-                                      0));
+        CHECK_OK(
+            mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, lse2, NULL, 0));
         ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_all, NULL, ref, ref_lse);
         compare_out("prefill dense fallback", &o2, ref, lens);
         compare_lse("prefill dense fallback", lse2, ref_lse, (int64_t)n_rows);
         /* the default crossover is above these lengths, so defaults run dense too */
         tb_poison(&o2);
-        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, NULL, &o2.t, NULL, NULL,
-                                      0));
+        CHECK_OK(
+            mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, NULL, &o2.t, NULL, NULL, 0));
         compare_out("prefill default fallback", &o2, ref, lens);
         /* fallback only for the short sequence: batch 1 (450) dense, batch 0 (720) sparse */
         pp.dense_below = 600;
         tb_poison(&o2);
-        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, NULL, NULL,
-                                      0));
+        CHECK_OK(
+            mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, NULL, NULL, 0));
         const size_t half = bytes / 2;
         CHECK(memcmp(o.data, o2.data, blhd ? 0 : half) == 0, "fallback changed batch 0");
         double *ref1 = malloc(n_rows * (size_t)D * sizeof(double));

@@ -51,8 +51,8 @@ static void worked_example(mi_context *ctx, bool messy) {
 }
 
 /* Structural checks of a built index plus coverage of the sets it was built from. */
-static void check_index(const char *what, const mi_sparse_index *x, int64_t L,
-                        const int32_t *lens, const mi_vs_index *vs) {
+static void check_index(const char *what, const mi_sparse_index *x, int64_t L, const int32_t *lens,
+                        const mi_vs_index *vs) {
     const int64_t R = x->row_blocks;
     for (int64_t b = 0; b < x->batch; b++) {
         const int64_t len = lens ? lens[b] : L;
@@ -106,8 +106,7 @@ static void check_index(const char *what, const mi_sparse_index *x, int64_t L,
                 int64_t missing = 0;
                 for (int64_t i = start; i < end; i++)
                     for (int64_t j = 0; j <= i; j++) {
-                        const bool named =
-                            inS[i - j] || (inV[j] && (j < start || inS[0]));
+                        const bool named = inS[i - j] || (inV[j] && (j < start || inS[0]));
                         if (named && !row[j]) missing++;
                     }
                 CHECK(missing == 0, "%s: row block %lld misses %lld named pairs", what,
@@ -126,16 +125,16 @@ typedef struct vs_case {
     int64_t B, Hq, Hkv, L, D;
     int32_t seq_lens[2];
     bool use_lens;
-    int32_t nv, ns;     /* random set sizes */
-    bool small_d;       /* include distances 0..63 */
+    int32_t nv, ns; /* random set sizes */
+    bool small_d;   /* include distances 0..63 */
 } vs_case;
 
 /* Random sets -> build -> sparse, against the reference under the expanded index. */
 static void random_sets(mi_context *ctx, const vs_case *c, rng *r) {
     char name[160];
     snprintf(name, sizeof name, "vs index %s L%lld B%lld Hq%lld nv %d ns %d%s%s",
-             mi_dtype_name(c->dt), (long long)c->L, (long long)c->B, (long long)c->Hq, c->nv,
-             c->ns, c->small_d ? "" : " (no small d)", c->use_lens ? " varlen" : "");
+             mi_dtype_name(c->dt), (long long)c->L, (long long)c->B, (long long)c->Hq, c->nv, c->ns,
+             c->small_d ? "" : " (no small d)", c->use_lens ? " varlen" : "");
     const int32_t R = (int32_t)((c->L + 63) / 64);
     vs_buf vb = vs_new((int32_t)c->B, (int32_t)c->Hq, c->nv, c->ns);
     for (int64_t bh = 0; bh < c->B * c->Hq; bh++) {
@@ -233,8 +232,7 @@ static bool is_topk(const double *val, int64_t len, const int32_t *sel, int32_t 
 
 static void estimate_random(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t L, int64_t D, const int32_t *lens,
-                            const int32_t *vsz, const int32_t *ssz, const mi_vs_params *p,
-                            rng *r) {
+                            const int32_t *vsz, const int32_t *ssz, const mi_vs_params *p, rng *r) {
     char name[160];
     snprintf(name, sizeof name, "vs estimate %s L%lld B%lld Hq%lld Hkv%lld D%lld last_q %d",
              mi_dtype_name(dt), (long long)L, (long long)B, (long long)Hq, (long long)Hkv,
@@ -268,16 +266,19 @@ static void estimate_random(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, 
                   nv, ns, (long long)wv, (long long)ws, (long long)b, (long long)h);
             if (nv != wv || ns != ws) continue;
             const int32_t *vi = vb.x.vertical_idx + bh * maxv, *si = vb.x.slash_idx + bh * maxs;
-            for (int32_t i = 1; i < nv; i++) CHECK(vi[i] > vi[i - 1], "%s: verticals not ascending", name);
-            for (int32_t i = 1; i < ns; i++) CHECK(si[i] < si[i - 1], "%s: slashes not descending", name);
+            for (int32_t i = 1; i < nv; i++)
+                CHECK(vi[i] > vi[i - 1], "%s: verticals not ascending", name);
+            for (int32_t i = 1; i < ns; i++)
+                CHECK(si[i] < si[i - 1], "%s: slashes not descending", name);
             if (len == 0) continue;
             ref_vs_sums(&q, &k, b, h, len, p, vert, slash);
             int32_t *sorted = malloc((size_t)(ns > 0 ? ns : 1) * 4);
             memcpy(sorted, si, (size_t)ns * 4);
             qsort(sorted, (size_t)ns, 4, cmp_int);
             /* sums of probabilities over <= last_q rows: fp32 error well below 1e-4 */
-            CHECK(is_topk(vert, len, vi, nv, 1e-4), "%s: verticals are not a top-%d (b %lld h %lld)",
-                  name, nv, (long long)b, (long long)h);
+            CHECK(is_topk(vert, len, vi, nv, 1e-4),
+                  "%s: verticals are not a top-%d (b %lld h %lld)", name, nv, (long long)b,
+                  (long long)h);
             CHECK(is_topk(slash, len, sorted, ns, 1e-4), "%s: slashes are not a top-%d", name, ns);
             /* forced entries present whenever the budget allows */
             const int64_t fc = p->forced_columns < len ? p->forced_columns : len;

@@ -20,22 +20,22 @@ static int g_failures = 0; /* per test program */
 static int g_checks = 0;
 static uint64_t g_seed = 0;
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        g_checks++;                                                                            \
-        if (!(cond)) {                                                                         \
-            g_failures++;                                                                      \
-            fprintf(stderr, "FAIL %s:%d (seed %llu): ", __FILE__, __LINE__,                    \
-                    (unsigned long long)g_seed);                                               \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-        }                                                                                      \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        g_checks++;                                                                                \
+        if (!(cond)) {                                                                             \
+            g_failures++;                                                                          \
+            fprintf(stderr, "FAIL %s:%d (seed %llu): ", __FILE__, __LINE__,                        \
+                    (unsigned long long)g_seed);                                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_OK(expr)                                                                         \
-    do {                                                                                       \
-        const mi_status st_ = (expr);                                                          \
-        CHECK(st_ == MI_STATUS_SUCCESS, "%s -> %s", #expr, mi_status_name(st_));               \
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        const mi_status st_ = (expr);                                                              \
+        CHECK(st_ == MI_STATUS_SUCCESS, "%s -> %s", #expr, mi_status_name(st_));                   \
     } while (0)
 
 static inline int test_finish(const char *name) {
@@ -174,8 +174,9 @@ static inline bool ref_row_sampled(int64_t i, int64_t len) {
 
 /* float64 attention: out [B, Hq, L, D], lse [B, Hq, L] (natural log; -inf and 0 output for rows
  * without keys or beyond seq_len; NaN for rows outside the sample, which the comparisons skip). */
-static inline void ref_attention(const tbuf *q, const tbuf *k, const tbuf *v, const int32_t *seq_lens,
-                          double scale, mask_fn mask, void *mctx, double *out, double *lse) {
+static inline void ref_attention(const tbuf *q, const tbuf *k, const tbuf *v,
+                                 const int32_t *seq_lens, double scale, mask_fn mask, void *mctx,
+                                 double *out, double *lse) {
     const int64_t B = q->B, Hq = q->H, L = q->L, D = q->D, group = q->H / k->H;
     double *s = malloc((size_t)L * sizeof(double));
     for (int64_t b = 0; b < B; b++) {
@@ -255,7 +256,7 @@ static inline tol tol_for(mi_dtype dt) {
 /* Compares out (kernel) with ref [B, H, L, D] over all rows (rows >= seq_len must be 0), checks
  * NaN/Inf, elementwise atol + rtol |ref| and the relative L2 over valid rows. Returns pass. */
 static inline bool compare_out(const char *what, const tbuf *out, const double *ref,
-                        const int32_t *seq_lens) {
+                               const int32_t *seq_lens) {
     const tol t = tol_for(out->t.dtype);
     double num = 0.0, den = 0.0, worst = 0.0;
     int64_t bad = 0, nonfinite = 0;
@@ -290,8 +291,9 @@ static inline bool compare_out(const char *what, const tbuf *out, const double *
     }
     const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     const bool ok = bad == 0 && nonfinite == 0 && rel <= t.rel_l2;
-    CHECK(ok, "%s [%s]: %lld bad, %lld non-finite, rel_l2 %.3g (limit %.3g); worst excess %.3g at "
-              "(%lld,%lld,%lld,%lld)",
+    CHECK(ok,
+          "%s [%s]: %lld bad, %lld non-finite, rel_l2 %.3g (limit %.3g); worst excess %.3g at "
+          "(%lld,%lld,%lld,%lld)",
           what, mi_dtype_name(out->t.dtype), (long long)bad, (long long)nonfinite, rel, t.rel_l2,
           worst, (long long)wb, (long long)wh, (long long)wl, (long long)wd);
     return ok;
@@ -303,7 +305,8 @@ static inline bool compare_lse(const char *what, const float *lse, const double 
     for (int64_t i = 0; i < n; i++) {
         const double x = lse[i], r = ref[i];
         if (r != r) continue; /* row not in the reference sample */
-        const bool ok = (r == -INFINITY) ? (x == -INFINITY) : (isfinite(x) && fabs(x - r) <= LSE_ATOL);
+        const bool ok =
+            (r == -INFINITY) ? (x == -INFINITY) : (isfinite(x) && fabs(x - r) <= LSE_ATOL);
         if (!ok) {
             bad++;
             if (first < 0) first = i;
@@ -379,7 +382,7 @@ typedef struct sparse_buf {
 } sparse_buf;
 
 static inline sparse_buf sparse_new(int32_t B, int32_t H, int32_t R, int32_t max_blocks,
-                             int32_t max_columns) {
+                                    int32_t max_columns) {
     sparse_buf s;
     const size_t n = mi_sparse_index_bytes(B, H, R, max_blocks, max_columns);
     s.mem = calloc(n, 1);

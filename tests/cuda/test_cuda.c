@@ -39,23 +39,23 @@
 static int g_fail = 0, g_pass = 0;
 static mi_context *g_cpu, *g_gpu;
 
-#define CUDA_OK(x)                                                                             \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));        \
-            exit(1);                                                                           \
-        }                                                                                      \
+#define CUDA_OK(x)                                                                                 \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
-#define MI_OK(ctx, x)                                                                          \
-    do {                                                                                       \
-        mi_status s_ = (x);                                                                    \
-        if (s_ != MI_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, mi_status_name(s_),         \
-                    mi_context_last_error(ctx));                                               \
-            exit(1);                                                                           \
-        }                                                                                      \
+#define MI_OK(ctx, x)                                                                              \
+    do {                                                                                           \
+        mi_status s_ = (x);                                                                        \
+        if (s_ != MI_STATUS_SUCCESS) {                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, mi_status_name(s_),             \
+                    mi_context_last_error(ctx));                                                   \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -410,16 +410,26 @@ static int64_t vs_diff(const vs_pair *p, int64_t *order_bad) {
         /* both sorted: merge-count the common entries */
         int32_t a = 0, c = 0, common = 0;
         while (a < g.vertical_count[i] && c < g.vertical_count[i]) {
-            if (gv[a] == hv[c]) { common++; a++; c++; }
-            else if (gv[a] < hv[c]) a++;
-            else c++;
+            if (gv[a] == hv[c]) {
+                common++;
+                a++;
+                c++;
+            } else if (gv[a] < hv[c])
+                a++;
+            else
+                c++;
         }
         miss += g.vertical_count[i] - common;
         a = c = common = 0;
         while (a < g.slash_count[i] && c < g.slash_count[i]) {
-            if (gs[a] == hs[c]) { common++; a++; c++; }
-            else if (gs[a] > hs[c]) a++;
-            else c++;
+            if (gs[a] == hs[c]) {
+                common++;
+                a++;
+                c++;
+            } else if (gs[a] > hs[c])
+                a++;
+            else
+                c++;
         }
         miss += g.slash_count[i] - common;
     }
@@ -678,16 +688,16 @@ int main(int argc, char **argv) {
         for (int di = 0; di < 2; di++) {
             for (int g = 0; g < 3; g++) {
                 if (quick && g == 1) continue;
-                shape s = {1, gq[g][0], gq[g][1], Ls[li], (li + g) % 2 ? 64 : 128, dts[di],
-                           g == 2, {0, 0}};
+                shape s = {1,       gq[g][0], gq[g][1], Ls[li], (li + g) % 2 ? 64 : 128,
+                           dts[di], g == 2,   {0, 0}};
                 test_dense(&s);
                 test_ashape(&s, 4, 64, 0);
                 test_ashape(&s, 128, 200, 30);
                 if (!quick) test_ashape(&s, 0, 0, 0); /* rows with no key: 0, LSE -inf */
             }
             /* batch 2 with per-sequence lengths */
-            shape sb = {2, 4, 2, Ls[li], 128, dts[di], di == 1, {(int32_t)Ls[li],
-                                                              (int32_t)(Ls[li] / 2 + 1)}};
+            shape sb = {2,   4,       2,       Ls[li],
+                        128, dts[di], di == 1, {(int32_t)Ls[li], (int32_t)(Ls[li] / 2 + 1)}};
             test_dense(&sb);
             test_ashape(&sb, 16, 100, 20);
         }
@@ -702,9 +712,9 @@ int main(int argc, char **argv) {
             const int64_t L = Le[li];
             shape s1 = {1, 8, 2, L, di ? 64 : 128, dts[di], di, {0, 0}};
             shape s2 = {2, 4, 1, L, 128, dts[di], 0, {(int32_t)L, (int32_t)(L * 3 / 5 + 1)}};
-            test_vs(&s1, 0, 0, 1);        /* minimum budgets 30 / 50 */
-            test_vs(&s1, 200, 300, 1);    /* structured */
-            test_vs(&s2, 100, 500, 0);    /* random, varlen */
+            test_vs(&s1, 0, 0, 1);                       /* minimum budgets 30 / 50 */
+            test_vs(&s1, 200, 300, 1);                   /* structured */
+            test_vs(&s2, 100, 500, 0);                   /* random, varlen */
             if (!quick) test_vs(&s1, 100000, 100000, 0); /* budgets > L: every key */
             test_block_sparse(&s1, 0);
             test_block_sparse(&s2, 5);

@@ -35,7 +35,7 @@ static int run(char **argv) {
     int argc = 0;
     while (argv[argc]) argc++;
     return strcmp(argv[0], "search") == 0 ? mi_cmd_search(argc - 1, argv + 1)
-                                           : mi_cmd_eval(argc - 1, argv + 1);
+                                          : mi_cmd_eval(argc - 1, argv + 1);
 }
 
 /* scores[0][0] of method m in an eval JSON file. */
@@ -60,9 +60,10 @@ int main(void) {
     snprintf(png, sizeof png, "%s/passkey.png", dir);
     snprintf(cfg, sizeof cfg, "%s/cfg.json", dir);
 
-    char *pk[] = {"eval", "passkey", "--model", model, "--lengths", "512", "--depths", "0",
-                  "--methods", "dense,a_shape:4:16", "--threads", "2", "--quiet",
-                  "--json", json1, "--png", png, NULL};
+    char *pk[] = {"eval",      "passkey",  "--model", model,       "--lengths",
+                  "512",       "--depths", "0",       "--methods", "dense,a_shape:4:16",
+                  "--threads", "2",        "--quiet", "--json",    json1,
+                  "--png",     png,        NULL};
     CHECK(run(pk) == 0);
     json_error_t jerr;
     json_t *root = json_load_file(json1, 0, &jerr);
@@ -78,9 +79,10 @@ int main(void) {
     CHECK(f && fread(sig, 1, 8, f) == 8 && memcmp(sig, "\x89PNG\r\n\x1a\n", 8) == 0);
     if (f) fclose(f);
 
-    char *rc[] = {"eval", "recall", "--model", model, "--lengths", "512", "--methods",
-                  "dense,vs:30:50,a_shape:4:16", "--threads", "2", "--quiet", "--json", json2,
-                  NULL};
+    char *rc[] = {"eval",      "recall", "--model",   model,
+                  "--lengths", "512",    "--methods", "dense,vs:30:50,a_shape:4:16",
+                  "--threads", "2",      "--quiet",   "--json",
+                  json2,       NULL};
     CHECK(run(rc) == 0);
     root = json_load_file(json2, 0, &jerr);
     CHECK(root != NULL);
@@ -91,8 +93,8 @@ int main(void) {
         json_decref(root);
     }
 
-    char *se[] = {"search", "--model", model, "--len", "256", "--recall", "0.9",
-                  "--iterations", "3", "--threads", "2", "--out", cfg, NULL};
+    char *se[] = {"search",       "--model", model,       "--len", "256",   "--recall", "0.9",
+                  "--iterations", "3",       "--threads", "2",     "--out", cfg,        NULL};
     CHECK(run(se) == 0);
     mi_config *c = NULL;
     CHECK_STATUS(mi_config_load(NULL, cfg, &c), MI_STATUS_SUCCESS);

@@ -13,16 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void print_ids(const int32_t *ids, size_t n)
-{
+static void print_ids(const int32_t *ids, size_t n) {
     printf("[");
-    for (size_t i = 0; i < n; i++)
-        printf("%s%d", i ? ", " : "", ids[i]);
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? ", " : "", ids[i]);
     printf("]");
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s MODEL PROMPT N_GEN LOGITS.f32 [TEXT...]\n", argv[0]);
         return 2;
@@ -43,8 +40,7 @@ int main(int argc, char **argv)
     int32_t *ids = malloc((n + (size_t)n_gen + 1) * sizeof(int32_t));
     float *logits = malloc((size_t)info.vocab * sizeof(float));
     FILE *f = fopen(argv[4], "wb");
-    if (!ids || !logits || !f)
-        return 1;
+    if (!ids || !logits || !f) return 1;
     mi_model_tokenize(m, argv[2], strlen(argv[2]), -1, 1, ids, n, &n);
     if (mi_model_prefill(m, ids, n, logits) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "prefill: %s\n", mi_model_last_error(m));

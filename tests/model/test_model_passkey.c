@@ -9,8 +9,7 @@
 #define KEY "68231"
 #define N_GEN 6
 
-static char *passkey_prompt(void)
-{
+static char *passkey_prompt(void) {
     const char *intro = "There is an important info hidden inside a lot of irrelevant text. Find "
                         "it and memorize it. I will quiz you about the important information "
                         "there.\n";
@@ -22,17 +21,15 @@ static char *passkey_prompt(void)
     char *s = malloc(cap);
     strcpy(s, intro);
     for (int i = 0; i < 110; i++) {
-        if (i == 55)
-            strcat(s, needle);
+        if (i == 55) strcat(s, needle);
         strcat(s, fill);
     }
     strcat(s, question);
     return s;
 }
 
-static bool run(mi_model *m, mi_attn_mode mode, const mi_config *cfg, const int32_t *ids,
-                size_t n, int32_t *out, float *logits, int vocab)
-{
+static bool run(mi_model *m, mi_attn_mode mode, const mi_config *cfg, const int32_t *ids, size_t n,
+                int32_t *out, float *logits, int vocab) {
     if (mi_model_set_attention(m, mode, cfg, 0) != MI_STATUS_SUCCESS ||
         mi_model_prefill(m, ids, n, logits) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "%s\n", mi_model_last_error(m));
@@ -46,8 +43,7 @@ static bool run(mi_model *m, mi_attn_mode mode, const mi_config *cfg, const int3
     return true;
 }
 
-int main(void)
-{
+int main(void) {
     char *path = test_find_model();
     if (!path) {
         printf("SmolLM2 GGUF not installed (scripts/fetch_model.sh): skipped\n");
@@ -57,8 +53,7 @@ int main(void)
     char err[512];
     CHECK(mi_model_load(path, NULL, &m, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s", err);
     free(path);
-    if (!m)
-        return test_finish("test_model_passkey");
+    if (!m) return test_finish("test_model_passkey");
     mi_model_info info;
     mi_model_get_info(m, &info);
     char *prompt = passkey_prompt();
@@ -99,8 +94,7 @@ int main(void)
         if (r == 0)
             CHECK(strstr(text, KEY) != NULL, "dense prefill did not find the key");
         else
-            CHECK(ok && memcmp(ref, got, sizeof(ref)) == 0, "%s differs from dense",
-                  runs[r].name);
+            CHECK(ok && memcmp(ref, got, sizeof(ref)) == 0, "%s differs from dense", runs[r].name);
     }
     mi_config_destroy(tight);
     free(logits);

@@ -10,8 +10,7 @@
 
 #include <jansson.h>
 
-static void check_fixture(const char *path)
-{
+static void check_fixture(const char *path) {
     json_error_t jerr;
     json_t *fx = json_load_file(path, 0, &jerr);
     CHECK(fx != NULL, "%s: %s", path, jerr.text);
@@ -43,8 +42,7 @@ static void check_fixture(const char *path)
             const double want = json_number_value(json_array_get(vals, (size_t)k));
             /* same products, possibly associated differently: a few fp32 ulps */
             if (fabs(out[k] - want) > 1e-6 * fabs(want) + 1e-9 && bad++ < 3)
-                CHECK(false, "%s element %lld: %.9g, gguf %.9g", name, (long long)k, out[k],
-                      want);
+                CHECK(false, "%s element %lld: %.9g, gguf %.9g", name, (long long)k, out[k], want);
             act[k] = tm_rand();
             dot_ref += want * act[k];
         }
@@ -61,8 +59,7 @@ static void check_fixture(const char *path)
     json_decref(fx);
 }
 
-static void check_type(uint32_t type, int64_t n)
-{
+static void check_type(uint32_t type, int64_t n) {
     float *x = malloc((size_t)n * sizeof(float)), *ref = malloc((size_t)n * sizeof(float));
     float *out = malloc((size_t)n * sizeof(float)), *act = malloc((size_t)n * sizeof(float));
     unsigned char *q = malloc((size_t)n * 4 + 64);
@@ -111,8 +108,7 @@ static void check_type(uint32_t type, int64_t n)
     /* Quantization error stays within half a step of each block's scale. */
     if (type == MIM_TYPE_Q8_0) {
         float amax = 0;
-        for (int64_t i = 0; i < 32; i++)
-            amax = fmaxf(amax, fabsf(x[i]));
+        for (int64_t i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
         for (int64_t i = 0; i < 32; i++)
             CHECK(fabsf(out[i] - x[i]) <= amax / 127.0f * 0.51f + 1e-3f, "Q8_0 error");
     }
@@ -123,15 +119,14 @@ static void check_type(uint32_t type, int64_t n)
     free(q);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     tm_rng = 2024;
     if (argc > 1)
         check_fixture(argv[1]);
     else
         CHECK(false, "usage: test_model_quant quant_fixture.json");
-    const uint32_t types[] = {MIM_TYPE_F32, MIM_TYPE_F16, MIM_TYPE_BF16, MIM_TYPE_Q8_0,
-                              MIM_TYPE_Q4_0, MIM_TYPE_Q4_1};
+    const uint32_t types[] = {MIM_TYPE_F32,  MIM_TYPE_F16,  MIM_TYPE_BF16,
+                              MIM_TYPE_Q8_0, MIM_TYPE_Q4_0, MIM_TYPE_Q4_1};
     const int64_t sizes[] = {32, 64, 576, 1536};
     for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
         for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)

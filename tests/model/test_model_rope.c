@@ -8,14 +8,12 @@
 
 #include <jansson.h>
 
-static double num(json_t *o, const char *k, double d)
-{
+static double num(json_t *o, const char *k, double d) {
     json_t *v = json_object_get(o, k);
     return json_is_number(v) ? json_number_value(v) : d;
 }
 
-static void check_case(json_t *c)
-{
+static void check_case(json_t *c) {
     const char *name = json_string_value(json_object_get(c, "name"));
     const char *type = json_string_value(json_object_get(c, "type"));
     json_t *p = json_object_get(c, "params");
@@ -37,15 +35,15 @@ static void check_case(json_t *c)
     sc.attention_factor = num(p, "attention_factor", 0.0);
     int64_t seq = (int64_t)num(c, "seq_len", 0);
     float inv[256], mscale = 0;
-    CHECK(mi_rope_frequencies(dim, num(c, "theta", 0), &sc, seq, inv, &mscale) ==
-              MI_STATUS_SUCCESS, "%s", name);
+    CHECK(mi_rope_frequencies(dim, num(c, "theta", 0), &sc, seq, inv, &mscale) == MI_STATUS_SUCCESS,
+          "%s", name);
     json_t *ref = json_object_get(c, "inv_freq");
     CHECK((int)json_array_size(ref) == dim / 2, "%s: fixture size", name);
     for (int i = 0; i < dim / 2; i++) {
         double r = json_number_value(json_array_get(ref, (size_t)i));
         /* fp32 results of the same formula: a few ulps apart at most */
-        CHECK(fabs(inv[i] - r) <= 4e-7 * fabs(r) + 1e-12, "%s inv_freq[%d] = %.9g, want %.9g",
-              name, i, inv[i], r);
+        CHECK(fabs(inv[i] - r) <= 4e-7 * fabs(r) + 1e-12, "%s inv_freq[%d] = %.9g, want %.9g", name,
+              i, inv[i], r);
     }
     CHECK(fabs(mscale - num(c, "mscale", 1)) < 1e-6, "%s mscale %g", name, mscale);
     /* cos/sin at a few positions from the fixture's own frequencies: at position 1e5 one ulp of
@@ -70,12 +68,10 @@ static void check_case(json_t *c)
 }
 
 /* Adjacent-pair rotation on permuted rows equals half-split rotation on the original rows. */
-static void test_layouts(void)
-{
+static void test_layouts(void) {
     enum { HD = 16, HALF = 8, POS = 5 };
     float x[HD], xp[HD], inv[HALF], ms, ct[HALF], st[HALF];
-    for (int i = 0; i < HD; i++)
-        x[i] = (float)(i + 1) * 0.25f - 1.0f;
+    for (int i = 0; i < HD; i++) x[i] = (float)(i + 1) * 0.25f - 1.0f;
     for (int j = 0; j < HALF; j++) {
         xp[2 * j] = x[j];
         xp[2 * j + 1] = x[j + HALF];
@@ -103,8 +99,7 @@ static void test_layouts(void)
     CHECK(mi_rope_frequencies(16, 10000, NULL, 0, NULL, &ms) == MI_STATUS_INVALID_ARGUMENT, "NULL");
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s rope_fixture.json\n", argv[0]);
         return 2;

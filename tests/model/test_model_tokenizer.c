@@ -17,81 +17,82 @@ typedef struct pre_case {
 } pre_case;
 
 static const pre_case pre_cases[] = {
-    {MIM_PRE_GPT2, "Hello WORLD's 12345 x\n\n  y",
+    {MIM_PRE_GPT2,
+     "Hello WORLD's 12345 x\n\n  y",
      {"Hello", " WORLD", "'s", " 12345", " x", "\n\n ", " y", NULL}},
-    {MIM_PRE_GPT2, "  foo's   bar!!\t\n",
-     {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
-    {MIM_PRE_GPT2, "It'S I'LL don't 3.14159",
+    {MIM_PRE_GPT2, "  foo's   bar!!\t\n", {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
+    {MIM_PRE_GPT2,
+     "It'S I'LL don't 3.14159",
      {"It", "'", "S", " I", "'", "LL", " don", "'t", " 3", ".", "14159", NULL}},
-    {MIM_PRE_GPT2, "naïve 日本語 ÜBER\r\n\r\nz",
+    {MIM_PRE_GPT2,
+     "naïve 日本語 ÜBER\r\n\r\nz",
      {"naïve", " 日本語", " ÜBER", "\r\n\r", "\n", "z", NULL}},
-    {MIM_PRE_GPT2, "a  \n  b\n",
-     {"a", "  \n ", " b", "\n", NULL}},
-    {MIM_PRE_GPT2, "x=(1+2)*3; // ok?!",
+    {MIM_PRE_GPT2, "a  \n  b\n", {"a", "  \n ", " b", "\n", NULL}},
+    {MIM_PRE_GPT2,
+     "x=(1+2)*3; // ok?!",
      {"x", "=(", "1", "+", "2", ")*", "3", ";", " //", " ok", "?!", NULL}},
-    {MIM_PRE_GPT2, "   ",
-     {"   ", NULL}},
-    {MIM_PRE_LLAMA3, "Hello WORLD's 12345 x\n\n  y",
+    {MIM_PRE_GPT2, "   ", {"   ", NULL}},
+    {MIM_PRE_LLAMA3,
+     "Hello WORLD's 12345 x\n\n  y",
      {"Hello", " WORLD", "'s", " ", "123", "45", " x", "\n\n", " ", " y", NULL}},
-    {MIM_PRE_LLAMA3, "  foo's   bar!!\t\n",
-     {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
-    {MIM_PRE_LLAMA3, "It'S I'LL don't 3.14159",
+    {MIM_PRE_LLAMA3, "  foo's   bar!!\t\n", {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
+    {MIM_PRE_LLAMA3,
+     "It'S I'LL don't 3.14159",
      {"It", "'S", " I", "'LL", " don", "'t", " ", "3", ".", "141", "59", NULL}},
-    {MIM_PRE_LLAMA3, "naïve 日本語 ÜBER\r\n\r\nz",
+    {MIM_PRE_LLAMA3,
+     "naïve 日本語 ÜBER\r\n\r\nz",
      {"naïve", " 日本語", " ÜBER", "\r\n\r\n", "z", NULL}},
-    {MIM_PRE_LLAMA3, "a  \n  b\n",
-     {"a", "  \n", " ", " b", "\n", NULL}},
-    {MIM_PRE_LLAMA3, "x=(1+2)*3; // ok?!",
+    {MIM_PRE_LLAMA3, "a  \n  b\n", {"a", "  \n", " ", " b", "\n", NULL}},
+    {MIM_PRE_LLAMA3,
+     "x=(1+2)*3; // ok?!",
      {"x", "=(", "1", "+", "2", ")*", "3", ";", " //", " ok", "?!", NULL}},
-    {MIM_PRE_LLAMA3, "   ",
-     {"   ", NULL}},
-    {MIM_PRE_QWEN2, "Hello WORLD's 12345 x\n\n  y",
+    {MIM_PRE_LLAMA3, "   ", {"   ", NULL}},
+    {MIM_PRE_QWEN2,
+     "Hello WORLD's 12345 x\n\n  y",
      {"Hello", " WORLD", "'s", " ", "1", "2", "3", "4", "5", " x", "\n\n", " ", " y", NULL}},
-    {MIM_PRE_QWEN2, "  foo's   bar!!\t\n",
-     {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
-    {MIM_PRE_QWEN2, "It'S I'LL don't 3.14159",
+    {MIM_PRE_QWEN2, "  foo's   bar!!\t\n", {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
+    {MIM_PRE_QWEN2,
+     "It'S I'LL don't 3.14159",
      {"It", "'S", " I", "'LL", " don", "'t", " ", "3", ".", "1", "4", "1", "5", "9", NULL}},
-    {MIM_PRE_QWEN2, "naïve 日本語 ÜBER\r\n\r\nz",
+    {MIM_PRE_QWEN2,
+     "naïve 日本語 ÜBER\r\n\r\nz",
      {"naïve", " 日本語", " ÜBER", "\r\n\r\n", "z", NULL}},
-    {MIM_PRE_QWEN2, "a  \n  b\n",
-     {"a", "  \n", " ", " b", "\n", NULL}},
-    {MIM_PRE_QWEN2, "x=(1+2)*3; // ok?!",
+    {MIM_PRE_QWEN2, "a  \n  b\n", {"a", "  \n", " ", " b", "\n", NULL}},
+    {MIM_PRE_QWEN2,
+     "x=(1+2)*3; // ok?!",
      {"x", "=(", "1", "+", "2", ")*", "3", ";", " //", " ok", "?!", NULL}},
-    {MIM_PRE_QWEN2, "   ",
-     {"   ", NULL}},
-    {MIM_PRE_SMOLLM, "Hello WORLD's 12345 x\n\n  y",
+    {MIM_PRE_QWEN2, "   ", {"   ", NULL}},
+    {MIM_PRE_SMOLLM,
+     "Hello WORLD's 12345 x\n\n  y",
      {"Hello", " WORLD", "'s", " ", "1", "2", "3", "4", "5", " x", "\n\n ", " y", NULL}},
-    {MIM_PRE_SMOLLM, "  foo's   bar!!\t\n",
-     {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
-    {MIM_PRE_SMOLLM, "It'S I'LL don't 3.14159",
-     {"It", "'", "S", " I", "'", "LL", " don", "'t", " ", "3", ".", "1", "4", "1", "5", "9",
-      NULL}},
-    {MIM_PRE_SMOLLM, "naïve 日本語 ÜBER\r\n\r\nz",
+    {MIM_PRE_SMOLLM, "  foo's   bar!!\t\n", {" ", " foo", "'s", "  ", " bar", "!!", "\t\n", NULL}},
+    {MIM_PRE_SMOLLM,
+     "It'S I'LL don't 3.14159",
+     {"It", "'", "S", " I", "'", "LL", " don", "'t", " ", "3", ".", "1", "4", "1", "5", "9", NULL}},
+    {MIM_PRE_SMOLLM,
+     "naïve 日本語 ÜBER\r\n\r\nz",
      {"naïve", " 日本語", " ÜBER", "\r\n\r", "\n", "z", NULL}},
-    {MIM_PRE_SMOLLM, "a  \n  b\n",
-     {"a", "  \n ", " b", "\n", NULL}},
-    {MIM_PRE_SMOLLM, "x=(1+2)*3; // ok?!",
+    {MIM_PRE_SMOLLM, "a  \n  b\n", {"a", "  \n ", " b", "\n", NULL}},
+    {MIM_PRE_SMOLLM,
+     "x=(1+2)*3; // ok?!",
      {"x", "=(", "1", "+", "2", ")*", "3", ";", " //", " ok", "?!", NULL}},
-    {MIM_PRE_SMOLLM, "   ",
-     {"   ", NULL}},
+    {MIM_PRE_SMOLLM, "   ", {"   ", NULL}},
 };
 
-static void test_pretokenizers(void)
-{
+static void test_pretokenizers(void) {
     for (size_t c = 0; c < sizeof(pre_cases) / sizeof(pre_cases[0]); c++) {
         const pre_case *pc = &pre_cases[c];
         size_t *b = NULL, n = 0;
         CHECK(mim_pretokenize(pc->pre, pc->text, strlen(pc->text), &b, &n), "alloc");
         size_t want = 0;
-        while (pc->pieces[want])
-            want++;
+        while (pc->pieces[want]) want++;
         bool same = n == want;
         for (size_t i = 0; same && i < n; i++)
             same = b[2 * i + 1] - b[2 * i] == strlen(pc->pieces[i]) &&
                    memcmp(pc->text + b[2 * i], pc->pieces[i], strlen(pc->pieces[i])) == 0;
         if (!same) {
-            CHECK(false, "pre-tokenizer %d on case %zu: %zu pieces, want %zu", (int)pc->pre, c,
-                  n, want);
+            CHECK(false, "pre-tokenizer %d on case %zu: %zu pieces, want %zu", (int)pc->pre, c, n,
+                  want);
             for (size_t i = 0; i < n; i++)
                 fprintf(stderr, "  [%.*s]\n", (int)(b[2 * i + 1] - b[2 * i]), pc->text + b[2 * i]);
         }
@@ -101,29 +102,25 @@ static void test_pretokenizers(void)
 
 /* ---- SentencePiece from tokenizer.json: merges by rank, byte fallback ---- */
 
-static void expect_ids(const mim_tokenizer *t, const char *text, const int32_t *want, size_t nw)
-{
+static void expect_ids(const mim_tokenizer *t, const char *text, const int32_t *want, size_t nw) {
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK(mim_tokenize(t, text, strlen(text), false, true, &ids, &n), "tokenize");
     bool same = n == nw && (n == 0 || memcmp(ids, want, n * sizeof(int32_t)) == 0);
     CHECK(same, "'%s': %zu ids, want %zu", text, n, nw);
     if (!same)
-        for (size_t i = 0; i < n; i++)
-            fprintf(stderr, "  %d\n", ids[i]);
+        for (size_t i = 0; i < n; i++) fprintf(stderr, "  %d\n", ids[i]);
     free(ids);
 }
 
 /* Decoding the ids of text gives text back (minus the SPM prefix space). */
-static void expect_round_trip(const mim_tokenizer *t, const char *text, bool strip_prefix)
-{
+static void expect_round_trip(const mim_tokenizer *t, const char *text, bool strip_prefix) {
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK(mim_tokenize(t, text, strlen(text), false, true, &ids, &n), "tokenize");
     char buf[4096];
     size_t w = 0;
-    for (size_t i = 0; i < n; i++)
-        w += mim_token_bytes(t, ids[i], buf + w, sizeof(buf) - w);
+    for (size_t i = 0; i < n; i++) w += mim_token_bytes(t, ids[i], buf + w, sizeof(buf) - w);
     const char *got = buf;
     if (strip_prefix && w > 0 && buf[0] == ' ') {
         got++;
@@ -134,14 +131,13 @@ static void expect_round_trip(const mim_tokenizer *t, const char *text, bool str
     free(ids);
 }
 
-static void test_spm_json(void)
-{
+static void test_spm_json(void) {
     /* ids: 0 <unk>, 1 <s>, 2 </s>, 3..258 <0x00>..<0xFF>, then pieces */
-    const char *pieces[] = {"▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "he", "ll", "▁he",
-                            "llo", "▁hello", "▁w", "or", "▁wor", "ld", "▁world"};
+    const char *pieces[] = {"▁",  "h",   "e",   "l",      "o",  "w",  "r",    "d",  "▁h",    "he",
+                            "ll", "▁he", "llo", "▁hello", "▁w", "or", "▁wor", "ld", "▁world"};
     const size_t np = sizeof(pieces) / sizeof(pieces[0]);
-    const char *merges[] = {"▁ h", "h e", "l l", "▁h e", "ll o", "▁he llo", "▁ w", "o r",
-                            "▁w or", "l d", "▁wor ld"};
+    const char *merges[] = {"▁ h", "h e", "l l",   "▁h e", "ll o",   "▁he llo",
+                            "▁ w", "o r", "▁w or", "l d",  "▁wor ld"};
     json_t *vocab = json_object();
     json_object_set_new(vocab, "<unk>", json_integer(0));
     json_object_set_new(vocab, "<s>", json_integer(1));
@@ -173,8 +169,7 @@ static void test_spm_json(void)
     json_error_t jerr;
     json_t *root = json_loads(shell, 0, &jerr);
     CHECK(root != NULL, "shell: %s", jerr.text);
-    if (!root)
-        return;
+    if (!root) return;
     json_t *model = json_object_get(root, "model");
     json_object_set_new(model, "vocab", vocab);
     json_object_set_new(model, "merges", jm);
@@ -185,8 +180,7 @@ static void test_spm_json(void)
     CHECK(mim_tokenizer_from_json(text, strlen(text), &t, err, sizeof(err)) == MI_STATUS_SUCCESS,
           "%s", err);
     free(text);
-    if (!t)
-        return;
+    if (!t) return;
     CHECK(t->kind == MIM_TOK_SPM && t->add_space_prefix && t->add_bos && t->bos == 1,
           "SPM settings: kind %d prefix %d bos %d/%d", (int)t->kind, t->add_space_prefix,
           t->add_bos, t->bos);
@@ -202,14 +196,12 @@ static void test_spm_json(void)
 
 /* ---- which pre-tokenizer a tokenizer.json asks for ---- */
 
-static void test_json_pretok_detection(void)
-{
+static void test_json_pretok_detection(void) {
     /* A vocabulary of the printable ASCII bytes (their GPT-2 characters are themselves). */
     char vocab[4096] = "";
     size_t w = 0;
     for (int c = 33; c < 127; c++) {
-        if (c == '"' || c == '\\')
-            continue;
+        if (c == '"' || c == '\\') continue;
         w += (size_t)snprintf(vocab + w, sizeof(vocab) - w, "%s\"%c\":%d", w ? "," : "", c, c);
     }
     const char *l3 = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
@@ -231,21 +223,22 @@ static void test_json_pretok_detection(void)
     const struct {
         const char *pre;
         mim_pretok want;
-    } cases[] = {{l3, MIM_PRE_LLAMA3}, {q2, MIM_PRE_QWEN2}, {sm, MIM_PRE_SMOLLM},
-                 {g2, MIM_PRE_GPT2}};
+    } cases[] = {
+        {l3, MIM_PRE_LLAMA3}, {q2, MIM_PRE_QWEN2}, {sm, MIM_PRE_SMOLLM}, {g2, MIM_PRE_GPT2}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char json[16384];
         snprintf(json, sizeof(json),
                  "{\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":%s,"
                  "\"post_processor\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{%s},"
-                 "\"merges\":[]}}", cases[i].pre, vocab);
+                 "\"merges\":[]}}",
+                 cases[i].pre, vocab);
         mim_tokenizer *t = NULL;
         char err[256];
         CHECK(mim_tokenizer_from_json(json, strlen(json), &t, err, sizeof(err)) ==
-                  MI_STATUS_SUCCESS, "case %zu: %s", i, err);
+                  MI_STATUS_SUCCESS,
+              "case %zu: %s", i, err);
         CHECK(t && t->kind == MIM_TOK_BYTE_BPE && t->pre == cases[i].want,
-              "case %zu: pre-tokenizer %d, want %d", i, t ? (int)t->pre : -1,
-              (int)cases[i].want);
+              "case %zu: pre-tokenizer %d, want %d", i, t ? (int)t->pre : -1, (int)cases[i].want);
         mim_tokenizer_free(t);
     }
     /* Not BPE: refused by name. */
@@ -253,17 +246,17 @@ static void test_json_pretok_detection(void)
     mim_tokenizer *t = NULL;
     char err[256];
     CHECK(mim_tokenizer_from_json(wp, strlen(wp), &t, err, sizeof(err)) == MI_STATUS_UNSUPPORTED &&
-              strstr(err, "WordPiece"), "WordPiece: %s", err);
+              strstr(err, "WordPiece"),
+          "WordPiece: %s", err);
     CHECK(mim_tokenizer_from_json("{", 1, &t, err, sizeof(err)) == MI_STATUS_PARSE_ERROR,
           "broken JSON");
 }
 
 /* ---- SentencePiece from GGUF metadata: merges by score ---- */
 
-static void test_spm_gguf(void)
-{
-    const char *toks[] = {"<unk>", "<s>", "</s>", "▁", "a", "b", "c", "▁a", "ab", "▁ab", "bc",
-                          "<0x41>"};
+static void test_spm_gguf(void) {
+    const char *toks[] = {"<unk>", "<s>", "</s>", "▁",   "a",  "b",
+                          "c",     "▁a",  "ab",   "▁ab", "bc", "<0x41>"};
     /* The merged piece's score ranks a pair: "ab" (-3) before "▁a" (-5). */
     const float scores[] = {0, 0, 0, -1, -2, -2, -2, -5, -3, -4, -10, 0};
     const int32_t types[] = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 6};
@@ -300,8 +293,7 @@ static void test_spm_gguf(void)
 
 /* ---- the real SmolLM2 tokenizer against transformers' ids ---- */
 
-static void test_smollm2(const char *fixture)
-{
+static void test_smollm2(const char *fixture) {
     char *path = test_find_model();
     if (!path) {
         printf("SmolLM2 GGUF not installed: real-tokenizer checks skipped\n");
@@ -348,7 +340,8 @@ static void test_smollm2(const char *fixture)
     char *chat = NULL;
     CHECK(mi_model_chat_prompt(m, MI_CHAT_AUTO, NULL,
                                "What is the capital of France? Answer in one sentence.",
-                               &chat) == MI_STATUS_SUCCESS, "chat");
+                               &chat) == MI_STATUS_SUCCESS,
+          "chat");
     const char *prompt = json_string_value(json_object_get(fx, "prompt"));
     CHECK(chat && prompt && strcmp(chat, prompt) == 0, "ChatML prompt:\n%s", chat ? chat : "");
     mi_free(chat);
@@ -373,7 +366,8 @@ static void test_smollm2(const char *fixture)
         run[big + 1] = 0;
         size_t nt = 0;
         CHECK(mi_model_tokenize(m, run, big + 1, 0, 0, NULL, 0, &nt) ==
-                  MI_STATUS_WORKSPACE_TOO_SMALL && nt > 0 && nt < big / 2,
+                      MI_STATUS_WORKSPACE_TOO_SMALL &&
+                  nt > 0 && nt < big / 2,
               "long run: %zu tokens", nt);
         int32_t *ids = malloc(nt * sizeof(int32_t));
         mi_model_tokenize(m, run, big + 1, 0, 0, ids, nt, &nt);
@@ -392,13 +386,11 @@ static void test_smollm2(const char *fixture)
     mi_model_destroy(m);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     test_pretokenizers();
     test_spm_json();
     test_spm_gguf();
     test_json_pretok_detection();
-    if (argc > 1)
-        test_smollm2(argv[1]);
+    if (argc > 1) test_smollm2(argv[1]);
     return test_finish("test_model_tokenizer");
 }

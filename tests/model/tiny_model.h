@@ -23,21 +23,18 @@
 #define TM_LAYERS 2
 
 static uint64_t tm_rng = 1;
-static inline float tm_rand(void)
-{
+static inline float tm_rand(void) {
     tm_rng = tm_rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((tm_rng >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
 }
 
 /* ---- reference quantizers (the block formats of model_quant.c) ---- */
 
-static inline void put_f16(unsigned char *p, float v)
-{
+static inline void put_f16(unsigned char *p, float v) {
     uint16_t h = mi_f32_to_f16(v);
     memcpy(p, &h, 2);
 }
-static inline float get_f16(const unsigned char *p)
-{
+static inline float get_f16(const unsigned char *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return mi_f16_to_f32(h);
@@ -45,19 +42,15 @@ static inline float get_f16(const unsigned char *p)
 
 /* Quantizes n values (multiple of 32) into dst, and writes the dequantized values back into x
  * so that the caller holds exactly what the file means. Returns bytes written. */
-static inline size_t tm_quantize(uint32_t type, float *x, size_t n, unsigned char *dst)
-{
+static inline size_t tm_quantize(uint32_t type, float *x, size_t n, unsigned char *dst) {
     size_t w = 0;
     for (size_t b = 0; b < n / 32; b++) {
         float *v = x + b * 32;
         float amax = 0, mn = v[0], mx = v[0];
         for (int j = 0; j < 32; j++) {
-            if (fabsf(v[j]) > amax)
-                amax = fabsf(v[j]);
-            if (v[j] < mn)
-                mn = v[j];
-            if (v[j] > mx)
-                mx = v[j];
+            if (fabsf(v[j]) > amax) amax = fabsf(v[j]);
+            if (v[j] < mn) mn = v[j];
+            if (v[j] > mx) mx = v[j];
         }
         unsigned char *p = dst + w;
         if (type == 8) { /* Q8_0 */
@@ -79,8 +72,7 @@ static inline size_t tm_quantize(uint32_t type, float *x, size_t n, unsigned cha
                 q[j] = q[j] < 0 ? 0 : (q[j] > 15 ? 15 : q[j]);
                 v[j] = d * (float)(q[j] - 8);
             }
-            for (int j = 0; j < 16; j++)
-                p[2 + j] = (unsigned char)(q[j] | (q[j + 16] << 4));
+            for (int j = 0; j < 16; j++) p[2 + j] = (unsigned char)(q[j] | (q[j + 16] << 4));
             w += 18;
         } else { /* Q4_1 */
             put_f16(p, (mx - mn) / 15.0f);
@@ -92,8 +84,7 @@ static inline size_t tm_quantize(uint32_t type, float *x, size_t n, unsigned cha
                 q[j] = q[j] < 0 ? 0 : (q[j] > 15 ? 15 : q[j]);
                 v[j] = d * (float)q[j] + m;
             }
-            for (int j = 0; j < 16; j++)
-                p[4 + j] = (unsigned char)(q[j] | (q[j + 16] << 4));
+            for (int j = 0; j < 16; j++) p[4 + j] = (unsigned char)(q[j] | (q[j + 16] << 4));
             w += 20;
         }
     }
@@ -102,21 +93,17 @@ static inline size_t tm_quantize(uint32_t type, float *x, size_t n, unsigned cha
 
 /* ---- vocabulary: 256 byte tokens, a few merges, two control tokens ---- */
 
-static inline uint32_t tm_byte_cp(int b)
-{
+static inline uint32_t tm_byte_cp(int b) {
     int next = 256;
     for (int i = 0; i < 256; i++) {
         bool printable = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174);
-        if (i == b)
-            return printable ? (uint32_t)i : (uint32_t)next;
-        if (!printable)
-            next++;
+        if (i == b) return printable ? (uint32_t)i : (uint32_t)next;
+        if (!printable) next++;
     }
     return 0;
 }
 
-static inline void tm_utf8(uint32_t cp, char *out)
-{
+static inline void tm_utf8(uint32_t cp, char *out) {
     if (cp < 0x80) {
         out[0] = (char)cp;
         out[1] = 0;
@@ -138,8 +125,7 @@ typedef struct tm_vocab {
     int32_t type[TM_VOCAB];
 } tm_vocab;
 
-static inline void tm_make_vocab(tm_vocab *v)
-{
+static inline void tm_make_vocab(tm_vocab *v) {
     for (int b = 0; b < 256; b++) {
         tm_utf8(tm_byte_cp(b), v->tok[b]);
         v->type[b] = 1;
@@ -151,8 +137,7 @@ static inline void tm_make_vocab(tm_vocab *v)
     snprintf(v->tok[TM_VOCAB - 2], 8, "<|s|>");
     snprintf(v->tok[TM_VOCAB - 1], 8, "<|e|>");
     v->type[TM_VOCAB - 2] = v->type[TM_VOCAB - 1] = 3;
-    for (int i = 0; i < TM_VOCAB; i++)
-        v->ptr[i] = v->tok[i];
+    for (int i = 0; i < TM_VOCAB; i++) v->ptr[i] = v->tok[i];
 }
 
 /* ---- weights ---- */
@@ -160,11 +145,11 @@ static inline void tm_make_vocab(tm_vocab *v)
 typedef struct tm_mat {
     char gguf[64], hf[96];
     int64_t rows, cols;
-    uint32_t gtype;    /* GGUF type */
-    float *f;          /* values as the HF copy stores them (dequantized) */
-    unsigned char *q;  /* GGUF bytes */
+    uint32_t gtype;   /* GGUF type */
+    float *f;         /* values as the HF copy stores them (dequantized) */
+    unsigned char *q; /* GGUF bytes */
     size_t qbytes;
-    bool permute;      /* llama q/k: rows permuted in the GGUF copy */
+    bool permute; /* llama q/k: rows permuted in the GGUF copy */
     int perm_heads;
 } tm_mat;
 
@@ -174,8 +159,7 @@ typedef struct tiny_model {
 } tiny_model;
 
 static inline void tm_add(tiny_model *t, const char *gguf, const char *hf, int64_t rows,
-                          int64_t cols, uint32_t gtype, float scale, float offset, int perm_heads)
-{
+                          int64_t cols, uint32_t gtype, float scale, float offset, int perm_heads) {
     tm_mat *m = &t->m[t->n++];
     snprintf(m->gguf, sizeof(m->gguf), "%s", gguf);
     snprintf(m->hf, sizeof(m->hf), "%s", hf);
@@ -184,8 +168,7 @@ static inline void tm_add(tiny_model *t, const char *gguf, const char *hf, int64
     m->gtype = gtype;
     size_t n = (size_t)(rows * cols);
     m->f = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        m->f[i] = offset + scale * tm_rand();
+    for (size_t i = 0; i < n; i++) m->f[i] = offset + scale * tm_rand();
     m->q = malloc(n * 4 + 64);
     if (gtype == 0) {
         memcpy(m->q, m->f, n * 4);
@@ -215,8 +198,7 @@ static inline void tm_add(tiny_model *t, const char *gguf, const char *hf, int64
     }
 }
 
-static inline void tm_free(tiny_model *t)
-{
+static inline void tm_free(tiny_model *t) {
     for (int i = 0; i < t->n; i++) {
         free(t->m[i].f);
         free(t->m[i].q);
@@ -230,8 +212,7 @@ static const mi_rope_scaling tm_llama3 = {MI_ROPE_LLAMA3, 8.0, 1024, 1.0, 4.0, 0
 /* Builds the model and writes gguf_path and hf_dir. qwen2: biases and neox RoPE in both. */
 /* rope: 0 plain, 1 llama3, 2 YaRN (factor 4 over 512), 3 linear (factor 2) */
 static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool qwen2, int rope,
-                               uint64_t seed)
-{
+                               uint64_t seed) {
     const bool llama3_rope = rope == 1;
     tm_rng = seed;
     tiny_model t = {0};
@@ -241,11 +222,11 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
            0);
     tm_add(&t, "output_norm.weight", "model.norm.weight", 1, TM_HIDDEN, 0, 0.1f, 1.0f, 0);
     for (int l = 0; l < TM_LAYERS; l++) {
-#define ADD(gn, hn, r, c, ty, sc, off, ph)                                                     \
-    do {                                                                                       \
-        snprintf(g, sizeof(g), "blk.%d." gn, l);                                               \
-        snprintf(h, sizeof(h), "model.layers.%d." hn, l);                                      \
-        tm_add(&t, g, h, r, c, ty, sc, off, ph);                                               \
+#define ADD(gn, hn, r, c, ty, sc, off, ph)                                                         \
+    do {                                                                                           \
+        snprintf(g, sizeof(g), "blk.%d." gn, l);                                                   \
+        snprintf(h, sizeof(h), "model.layers.%d." hn, l);                                          \
+        tm_add(&t, g, h, r, c, ty, sc, off, ph);                                                   \
     } while (0)
         ADD("attn_norm.weight", "input_layernorm.weight", 1, TM_HIDDEN, 0, 0.1f, 1.0f, 0);
         ADD("ffn_norm.weight", "post_attention_layernorm.weight", 1, TM_HIDDEN, 0, 0.1f, 1.0f, 0);
@@ -289,21 +270,16 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
         float plain[TM_HD / 2], scaled[TM_HD / 2], ms;
         mi_rope_frequencies(TM_HD, 10000.0, NULL, 0, plain, &ms);
         mi_rope_frequencies(TM_HD, 10000.0, &tm_llama3, 0, scaled, &ms);
-        for (int i = 0; i < TM_HD / 2; i++)
-            freq_factors[i] = plain[i] / scaled[i];
-        gw_tensor_add(&w, "rope_freqs.weight", 0, TM_HD / 2, 0, freq_factors,
-                      sizeof(freq_factors));
+        for (int i = 0; i < TM_HD / 2; i++) freq_factors[i] = plain[i] / scaled[i];
+        gw_tensor_add(&w, "rope_freqs.weight", 0, TM_HD / 2, 0, freq_factors, sizeof(freq_factors));
     }
     char key2[96];
     snprintf(key2, sizeof(key2), "%s.rope.scaling.type", arch);
-    if (rope == 2 || rope == 3)
-        gw_str(&w, key2, rope == 2 ? "yarn" : "linear");
+    if (rope == 2 || rope == 3) gw_str(&w, key2, rope == 2 ? "yarn" : "linear");
     snprintf(key2, sizeof(key2), "%s.rope.scaling.factor", arch);
-    if (rope == 2 || rope == 3)
-        gw_f32(&w, key2, rope == 2 ? 4.0f : 2.0f);
+    if (rope == 2 || rope == 3) gw_f32(&w, key2, rope == 2 ? 4.0f : 2.0f);
     snprintf(key2, sizeof(key2), "%s.rope.scaling.original_context_length", arch);
-    if (rope == 2)
-        gw_u32(&w, key2, 512);
+    if (rope == 2) gw_u32(&w, key2, 512);
 #undef AK
     gw_str(&w, "tokenizer.ggml.model", "gpt2");
     gw_str(&w, "tokenizer.ggml.pre", "gpt-2");
@@ -347,8 +323,8 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
     tb_put(&idx, "{\"metadata\":{},\"weight_map\":{", 29);
     for (int i = 0; i < t.n; i++) {
         char line[200];
-        snprintf(line, sizeof(line), "%s\"%s\":\"model-0000%d-of-00002.safetensors\"",
-                 i ? "," : "", t.m[i].hf, i < half ? 1 : 2);
+        snprintf(line, sizeof(line), "%s\"%s\":\"model-0000%d-of-00002.safetensors\"", i ? "," : "",
+                 t.m[i].hf, i < half ? 1 : 2);
         tb_put(&idx, line, strlen(line));
     }
     tb_put(&idx, "}}", 2);
@@ -413,8 +389,7 @@ static inline bool tm_write_ex(const char *gguf_path, const char *hf_dir, bool q
     return ok;
 }
 
-static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen2, uint64_t seed)
-{
+static inline bool tm_write(const char *gguf_path, const char *hf_dir, bool qwen2, uint64_t seed) {
     return tm_write_ex(gguf_path, hf_dir, qwen2, 0, seed);
 }
 

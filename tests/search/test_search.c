@@ -215,8 +215,8 @@ static void test_gqa_batch(mi_context *ctx) {
     uint16_t *buf = calloc((size_t)B * (HQ + 2 * HKV) * LL * DD, sizeof(uint16_t));
     if (!buf) return;
     mi_tensor tq = mi_tensor_bhld(buf, MI_DTYPE_BF16, MI_DEVICE_CPU, B, HQ, LL, DD);
-    mi_tensor tk = mi_tensor_bhld(buf + B * HQ * LL * DD, MI_DTYPE_BF16, MI_DEVICE_CPU, B, HKV,
-                                  LL, DD);
+    mi_tensor tk =
+        mi_tensor_bhld(buf + B * HQ * LL * DD, MI_DTYPE_BF16, MI_DEVICE_CPU, B, HKV, LL, DD);
     mi_tensor tv = mi_tensor_bhld(buf + B * (HQ + HKV) * LL * DD, MI_DTYPE_BF16, MI_DEVICE_CPU, B,
                                   HKV, LL, DD);
     mi_synth_params sp = mi_synth_default_params();
@@ -230,8 +230,7 @@ static void test_gqa_batch(mi_context *ctx) {
     mi_head_pattern best[HQ];
     double scores[HQ];
     mi_head_metrics m[HQ];
-    CHECK_STATUS(mi_search_layer(ctx, &tq, &tk, &tv, lens, &p, best, scores, m),
-                 MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_search_layer(ctx, &tq, &tk, &tv, lens, &p, best, scores, m), MI_STATUS_SUCCESS);
     for (int h = 0; h < HQ; h++) {
         CHECK(mi_pattern_name(best[h].type) != NULL);
         CHECK(m[h].recall >= 0.9 && m[h].recall <= 1.0 + 1e-6);
@@ -241,8 +240,7 @@ static void test_gqa_batch(mi_context *ctx) {
     /* The kernel error term runs the real prefill on the batch. */
     p.mode = MI_SEARCH_FIXED;
     p.error_weight = 1.0;
-    CHECK_STATUS(mi_search_layer(ctx, &tq, &tk, &tv, lens, &p, best, scores, m),
-                 MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_search_layer(ctx, &tq, &tk, &tv, lens, &p, best, scores, m), MI_STATUS_SUCCESS);
     for (int h = 0; h < HQ; h++) {
         fprintf(stderr, "fixed+error head %d: %s score %.4f\n", h, mi_pattern_name(best[h].type),
                 scores[h]);
