@@ -7,9 +7,9 @@
  * error of the output against the dense output. An OpenBLAS sgemm of the attention's shape
  * (min(L, 4096)^2 x D) gives the machine's practical GEMM rate to read the dense kernel against.
  *
- * The default length, 16384, is the longest at which the whole run (five methods, three repeats,
- * exact metrics) stays well under a minute on a 2-core CI machine (about 35 s); the sparse
- * patterns' defaults are made for 64K and beyond, so expect modest speed-ups there.
+ * The default length, 32768, keeps the whole run (five methods, three repeats, exact metrics)
+ * well under a minute on a 2-core machine (about 12 s when it is otherwise idle); the sparse
+ * patterns' defaults are made for 64K and beyond, so expect modest speed-ups at this length.
  */
 #include "args.h"
 #include "cli.h"
@@ -33,7 +33,7 @@ static const char usage[] =
     "tri_shape 128/3968 + last 100 rows, vertical_and_slash 1000/6096, block_sparse top-100) on\n"
     "synthetic data with sinks, a local band, slash lines, vertical columns and needles.\n"
     "\n"
-    "  --len L        sequence length (default 16384)\n"
+    "  --len L        sequence length (default 32768)\n"
     "  --heads H      query heads (default 1)\n"
     "  --kv-heads H   key/value heads, dividing --heads (default: --heads)\n"
     "  --dim D        head dimension (default 128)\n"
@@ -281,7 +281,7 @@ static int write_json(const char *path, const char *machine, int threads, int le
 }
 
 int mi_cmd_bench(int argc, char **argv) {
-    int len = 16384, heads = 1, kv_heads = 0, dim = 128, threads = 0, seed = 1234, repeats = 3;
+    int len = 32768, heads = 1, kv_heads = 0, dim = 128, threads = 0, seed = 1234, repeats = 3;
     const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL;
     const arg_spec specs[] = {
         {"len", ARG_INT, &len, 1, 1 << 24, NULL},
