@@ -349,6 +349,8 @@ mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_la
  * (NaN where absent). */
 mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer, int32_t n_heads,
                           mi_head_pattern *patterns, double *scores);
+/* Sets one head (score NaN: none). A layer at or past the end grows the config; the layers in
+ * between get the default pattern. */
 mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, int32_t head,
                              const mi_head_pattern *pattern, double score);
 /* Serialise: *out is malloc'ed, NUL-terminated; release with mi_free. */

@@ -423,10 +423,10 @@ mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, 
     if (!config || !pattern)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
                        "mi_config_set_head: config and pattern are required");
-    if (layer < 0 || layer >= config->n_layers)
+    if (layer < 0 || layer >= MI_CONFIG_MAX_LAYERS)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
                        "mi_config_set_head: layer %d outside [0, %d)", (int)layer,
-                       (int)config->n_layers);
+                       (int)MI_CONFIG_MAX_LAYERS);
     if (head < 0 || head > MI_CONFIG_MAX_HEAD)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "mi_config_set_head: invalid head %d",
                        (int)head);
@@ -439,6 +439,16 @@ mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, 
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
                        "mi_config_set_head: layer %d, head %d: infinite score cannot be written",
                        (int)layer, (int)head);
+    if (layer >= config->n_layers) {
+        /* A search writes layer after layer, as the original's does: the config grows, and the
+         * layers in between hold no entries (their heads get the default). */
+        config_layer *grown = realloc(config->layers, (size_t)(layer + 1) * sizeof *grown);
+        if (!grown)
+            return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "mi_config_set_head: out of memory");
+        memset(grown + config->n_layers, 0, (size_t)(layer + 1 - config->n_layers) * sizeof *grown);
+        config->layers = grown;
+        config->n_layers = layer + 1;
+    }
     config_entry *e = layer_upsert(&config->layers[layer], head);
     if (!e) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "mi_config_set_head: out of memory");
     e->pattern = *pattern;

@@ -166,8 +166,23 @@ static void test_create_edit(mi_context *ctx) {
     }
     mi_free(text);
 
+    /* Setting a head of a layer past the end grows the config; the skipped layers default. */
+    {
+        mi_config *grow = NULL;
+        CHECK_STATUS(mi_config_create(ctx, 1, 4, NULL, &grow), MI_STATUS_SUCCESS);
+        CHECK_STATUS(mi_config_set_head(ctx, grow, 3, 1, &a, 0.5), MI_STATUS_SUCCESS);
+        CHECK(mi_config_n_layers(grow) == 4);
+        mi_head_pattern g[4];
+        CHECK_STATUS(mi_config_layer(ctx, grow, 2, 4, g, NULL), MI_STATUS_SUCCESS);
+        const mi_head_pattern vs_default = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+        CHECK(same_pattern(&g[1], &vs_default));
+        CHECK_STATUS(mi_config_layer(ctx, grow, 3, 4, g, NULL), MI_STATUS_SUCCESS);
+        CHECK(g[1].type == MI_PATTERN_A_SHAPE && g[1].n_init == a.n_init);
+        mi_config_destroy(grow);
+    }
+
     /* Bad edits. */
-    CHECK_STATUS(mi_config_set_head(ctx, cfg, 2, 0, &vs, 1.0), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_config_set_head(ctx, cfg, 1 << 20, 0, &vs, 1.0), MI_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(mi_config_set_head(ctx, cfg, -1, 0, &vs, 1.0), MI_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(mi_config_set_head(ctx, cfg, 0, -3, &vs, 1.0), MI_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(mi_config_set_head(ctx, cfg, 0, 0, NULL, 1.0), MI_STATUS_INVALID_ARGUMENT);
