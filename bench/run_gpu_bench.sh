@@ -17,6 +17,7 @@ RESULTS=${RESULTS:-bench/results}
 LOGS=${LOGS:-build}
 mkdir -p "$RESULTS" "$LOGS"
 export PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh  # build dependencies on machines without a package mirror
 
 # Only the library is built through CMake (the other test directories are not needed here); the
 # GPU test is one C file linked against it.
