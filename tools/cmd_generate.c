@@ -1,6 +1,7 @@
 /*
  * cmd_generate.c: `minference generate`: load a model, prefill a prompt with the chosen
- * attention, and stream greedy tokens to stdout; timings and peak memory go to stderr.
+ * attention, and stream the generated tokens (greedy, or sampled with --temperature) to stdout;
+ * timings and peak memory go to stderr.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "minference.h"
@@ -8,6 +9,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,8 @@ static void usage(FILE *f) {
             "           [--attn dense|minference|a_shape|tri_shape|block_sparse]\n"
             "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
             "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
-            "           [--dense-below N] [--quiet]\n"
+            "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
+            "           [--seed S] [--quiet]\n"
             "\n"
             "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
             "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -37,8 +40,12 @@ static void usage(FILE *f) {
             "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
             "  --dense-below  prompts shorter than this run dense attention (default: the\n"
             "                 library's crossover; 0: always sparse)\n"
+            "  --temperature  sampling temperature (default 0: greedy decoding)\n"
+            "  --top-k        sample among the K most likely tokens (default 0: all)\n"
+            "  --top-p        sample from the smallest set holding this probability (default 1)\n"
+            "  --seed         sampling seed (default 0); the same seed gives the same text\n"
             "  --quiet        no progress or statistics on stderr\n"
-            "Decoding is greedy. Output streams to stdout; statistics go to stderr.\n");
+            "Output streams to stdout; statistics go to stderr.\n");
 }
 
 /* Process CPU time (all threads): next to wall time it shows when other processes held the
@@ -105,6 +112,70 @@ static bool parse_int(const char *s, long long lo, long long hi, long long *out)
     return true;
 }
 
+static bool parse_real(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+/* Temperature sampling with optional top-k and top-p (nucleus) truncation. Deterministic for a
+ * given seed: the candidates are ordered by logit (ties by token id) before the draw. */
+typedef struct sampler {
+    double temperature, top_p;
+    long long top_k;
+    uint64_t state;
+    struct cand {
+        float logit;
+        int32_t id;
+    } * cands;
+} sampler;
+
+static int cand_cmp(const void *a, const void *b) {
+    const struct cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static double sampler_uniform(sampler *s) {
+    uint64_t z = (s->state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static int32_t sample_token(sampler *s, const float *logits, int32_t n) {
+    if (s->temperature <= 0.0 || !s->cands) return mi_argmax(logits, n);
+    for (int32_t i = 0; i < n; i++) s->cands[i] = (struct cand){logits[i], i};
+    qsort(s->cands, (size_t)n, sizeof *s->cands, cand_cmp);
+    int32_t keep = n;
+    if (s->top_k > 0 && s->top_k < keep) keep = (int32_t)s->top_k;
+    /* Weights relative to the best logit, so exp never overflows. */
+    const double best = s->cands[0].logit;
+    double total = 0.0;
+    for (int32_t i = 0; i < keep; i++) total += exp((s->cands[i].logit - best) / s->temperature);
+    if (s->top_p < 1.0) {
+        double acc = 0.0;
+        for (int32_t i = 0; i < keep; i++) {
+            acc += exp((s->cands[i].logit - best) / s->temperature);
+            if (acc >= s->top_p * total) {
+                keep = i + 1;
+                total = acc;
+                break;
+            }
+        }
+    }
+    double u = sampler_uniform(s) * total;
+    for (int32_t i = 0; i < keep; i++) {
+        u -= exp((s->cands[i].logit - best) / s->temperature);
+        if (u <= 0.0) return s->cands[i].id;
+    }
+    return s->cands[keep - 1].id;
+}
+
 typedef struct progress_state {
     double t0;
     bool tty;
@@ -129,7 +200,8 @@ int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
     const char *system = NULL;
     mi_attn_mode mode = MI_ATTN_MINFERENCE;
-    long long max_new = 128, threads = 0, dense_below = -1;
+    long long max_new = 128, threads = 0, dense_below = -1, top_k = 0, seed = 0;
+    double temperature = 0.0, top_p = 1.0;
     mi_device_type device = MI_DEVICE_CPU;
     bool chat = false, quiet = false;
     mi_chat_template tmpl = MI_CHAT_AUTO;
@@ -179,6 +251,23 @@ int mi_cmd_generate(int argc, char **argv) {
             TAKE();
             long long *dst = a[2] == 'm' ? &max_new : a[2] == 't' ? &threads : &dense_below;
             if (!parse_int(v, a[2] == 'd' ? -1 : 0, 1 << 30, dst)) {
+                fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(a, "--top-k") == 0 || strcmp(a, "--seed") == 0) {
+            TAKE();
+            if (!parse_int(v, 0, a[2] == 't' ? (1LL << 30) : INT64_MAX,
+                           a[2] == 't' ? &top_k : &seed)) {
+                fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(a, "--temperature") == 0 || strcmp(a, "--top-p") == 0) {
+            TAKE();
+            const bool is_t = a[2] == 't' && a[3] == 'e';
+            if (!(is_t ? parse_real(v, 0.0, 100.0, &temperature)
+                       : parse_real(v, 1e-6, 1.0, &top_p))) {
                 fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
                 usage(stderr);
                 return 2;
@@ -248,6 +337,7 @@ int mi_cmd_generate(int argc, char **argv) {
     char *chat_text = NULL;
     int32_t *tokens = NULL;
     float *logits = NULL;
+    sampler smp = {0};
     char err[512] = "";
     mi_model_params mp = mi_model_default_params();
     mp.device = device;
@@ -290,7 +380,9 @@ int mi_cmd_generate(int argc, char **argv) {
     mi_model_tokenize(model, text, strlen(text), add_bos, 1, NULL, 0, &n_tok);
     tokens = malloc((n_tok + (size_t)max_new + 1) * sizeof(int32_t));
     logits = malloc((size_t)info.vocab * sizeof(float));
-    if (!tokens || !logits) {
+    smp = (sampler){temperature, top_p, top_k, (uint64_t)seed, NULL};
+    if (temperature > 0.0) smp.cands = malloc((size_t)info.vocab * sizeof *smp.cands);
+    if (!tokens || !logits || (temperature > 0.0 && !smp.cands)) {
         fprintf(stderr, "minference generate: out of memory\n");
         goto done;
     }
@@ -319,7 +411,7 @@ int mi_cmd_generate(int argc, char **argv) {
     double t_dec0 = tool_now_s(), c_dec0 = cpu_s();
     char piece[256];
     for (long long i = 0; i < max_new; i++) {
-        int32_t next = mi_argmax(logits, info.vocab);
+        int32_t next = sample_token(&smp, logits, info.vocab);
         if (i == 0) ttft = tool_now_s() - t0;
         if (mi_model_token_is_eog(model, next)) break;
         n_gen++;
@@ -360,6 +452,7 @@ int mi_cmd_generate(int argc, char **argv) {
 done:
     free(tokens);
     free(logits);
+    free(smp.cands);
     free(chat_text);
     mi_config_destroy(config);
     mi_model_destroy(model);
