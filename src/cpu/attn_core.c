@@ -117,6 +117,27 @@ mi_tile *mi_cpu_tile_alloc(int64_t D) {
 
 void mi_cpu_tile_free(mi_tile *t) { free(t); }
 
+int mi_cpu_scratch_alloc(int n_threads, int64_t head_dim, size_t ws_floats, mi_tile **tiles,
+                         float **ws) {
+    int ok = 1;
+    for (int i = 0; i < n_threads; i++) {
+        tiles[i] = mi_cpu_tile_alloc(head_dim);
+        ok = ok && tiles[i];
+        if (ws) {
+            ws[i] = malloc(ws_floats * sizeof(float));
+            ok = ok && ws[i];
+        }
+    }
+    return ok;
+}
+
+void mi_cpu_scratch_free(int n_threads, mi_tile **tiles, float **ws) {
+    for (int i = 0; i < n_threads; i++) {
+        mi_cpu_tile_free(tiles[i]);
+        if (ws) free(ws[i]);
+    }
+}
+
 void mi_cpu_job_ashape(mi_attn_job *job, int64_t n_init, int64_t n_local, int64_t n_last) {
     job->kind = MI_JOB_ASHAPE;
     job->n_init = n_init < 0 ? 0 : n_init;

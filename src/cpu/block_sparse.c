@@ -90,12 +90,7 @@ mi_status mi_cpu_block_sparse_estimate(mi_context *ctx, const mi_attn_shape *s, 
     const size_t ws_floats = mi_cpu_bs_ws_floats(s->len, s->head_dim);
     mi_tile *tiles[nt];
     float *ws[nt];
-    int ok = 1;
-    for (int i = 0; i < nt; i++) {
-        tiles[i] = mi_cpu_tile_alloc(s->head_dim);
-        ws[i] = malloc(ws_floats * sizeof(float));
-        ok = ok && tiles[i] && ws[i];
-    }
+    const int ok = mi_cpu_scratch_alloc(nt, s->head_dim, ws_floats, tiles, ws);
     if (ok) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int64_t it = 0; it < n_jobs; it++) {
@@ -107,10 +102,7 @@ mi_status mi_cpu_block_sparse_estimate(mi_context *ctx, const mi_attn_shape *s, 
                                     index->max_blocks, index->column_count + it * R);
         }
     }
-    for (int i = 0; i < nt; i++) {
-        mi_cpu_tile_free(tiles[i]);
-        free(ws[i]);
-    }
+    mi_cpu_scratch_free(nt, tiles, ws);
     return ok ? MI_STATUS_SUCCESS
               : mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "block-sparse estimation: out of memory");
 }

@@ -28,7 +28,7 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
     double *mass = malloc((size_t)(n_jobs * R) * 2 * sizeof(double));
     mi_tile *tiles[nt];
     int ok = ws && mass;
-    for (int i = 0; i < nt; i++) ok = (tiles[i] = mi_cpu_tile_alloc(s->head_dim)) && ok;
+    ok = mi_cpu_scratch_alloc(nt, s->head_dim, 0, tiles, NULL) && ok;
     mi_status st = ok ? MI_STATUS_SUCCESS : MI_STATUS_OUT_OF_MEMORY;
     mi_attn_job *jobs = NULL;
     if (ok) st = mi_cpu_prefill_plan(ctx, s, q, k, seq_lens, patterns, &pp, ws, &jobs);
@@ -61,7 +61,7 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
             out[j].dense_flops = 4.0 * (double)s->head_dim * causal;
         }
     }
-    for (int i = 0; i < nt; i++) mi_cpu_tile_free(tiles[i]);
+    mi_cpu_scratch_free(nt, tiles, NULL);
     free(mass);
     free(ws);
     if (st == MI_STATUS_OUT_OF_MEMORY) return mi_fail(ctx, st, "metrics: out of memory");

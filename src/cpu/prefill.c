@@ -151,8 +151,7 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
     }
     if (need_estimate) {
         mi_tile *tiles[nt];
-        int ok = 1;
-        for (int i = 0; i < nt; i++) ok = (tiles[i] = mi_cpu_tile_alloc(s->head_dim)) && ok;
+        const int ok = mi_cpu_scratch_alloc(nt, s->head_dim, 0, tiles, NULL);
         if (ok) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
             for (int64_t it = 0; it < n_jobs; it++) {
@@ -181,7 +180,7 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
                                      (int32_t *)j->column_index, j->max_columns);
             }
         }
-        for (int i = 0; i < nt; i++) mi_cpu_tile_free(tiles[i]);
+        mi_cpu_scratch_free(nt, tiles, NULL);
         if (!ok) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
     }
     *jobs_out = jobs;

@@ -61,12 +61,7 @@ mi_status mi_cpu_vs_estimate(mi_context *ctx, const mi_attn_shape *s, const mi_t
     const size_t ws_floats = mi_cpu_vs_ws_floats(s->len);
     mi_tile *tiles[nt];
     float *ws[nt];
-    int ok = 1;
-    for (int i = 0; i < nt; i++) {
-        tiles[i] = mi_cpu_tile_alloc(s->head_dim);
-        ws[i] = malloc(ws_floats * sizeof(float));
-        ok = ok && tiles[i] && ws[i];
-    }
+    const int ok = mi_cpu_scratch_alloc(nt, s->head_dim, ws_floats, tiles, ws);
     /* Scratch for the top-k results beyond the index capacity is never needed: the API checks
      * max_vertical / max_slash against the clamped budgets; we clamp again for safety. */
     if (ok) {
@@ -92,10 +87,7 @@ mi_status mi_cpu_vs_estimate(mi_context *ctx, const mi_attn_shape *s, const mi_t
                 index->slash_idx + it * index->max_slash, index->slash_count + it);
         }
     }
-    for (int i = 0; i < nt; i++) {
-        mi_cpu_tile_free(tiles[i]);
-        free(ws[i]);
-    }
+    mi_cpu_scratch_free(nt, tiles, ws);
     return ok ? MI_STATUS_SUCCESS
               : mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "vs estimation: out of memory");
 }

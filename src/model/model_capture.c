@@ -18,46 +18,6 @@
 /* Rows per LM-head GEMM: bounds the logits buffer to rows x vocab floats. */
 #define CAPTURE_HEAD_ROWS 128
 
-static void cap_rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim,
-                        float eps) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *xi = x + i * dim;
-        double ss = 0.0;
-        for (int64_t c = 0; c < dim; c++) ss += (double)xi[c] * xi[c];
-        const float r = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-        for (int64_t c = 0; c < dim; c++) out[i * dim + c] = xi[c] * r * w[c];
-    }
-}
-
-static void cap_bias(float *x, const float *b, int64_t n, int64_t dim) {
-    if (!b) return;
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t c = 0; c < dim; c++) x[i * dim + c] += b[c];
-}
-
-/* The patterns mi_model_set_attention selected, as the forward pass resolves them. */
-static mi_status cap_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat) {
-    mi_pattern_type t;
-    switch (m->mode) {
-    case MI_ATTN_DENSE: t = MI_PATTERN_DENSE; break;
-    case MI_ATTN_A_SHAPE: t = MI_PATTERN_A_SHAPE; break;
-    case MI_ATTN_TRI_SHAPE: t = MI_PATTERN_TRI_SHAPE; break;
-    case MI_ATTN_BLOCK_SPARSE: t = MI_PATTERN_BLOCK_SPARSE; break;
-    default:
-        if (m->config) {
-            mi_status st = mi_config_layer(m->ctx, m->config, layer, m->n_heads, pat, NULL);
-            if (st != MI_STATUS_SUCCESS)
-                return mim_model_fail(m, st, "pattern config, layer %d: %s", layer,
-                                      mi_context_last_error(m->ctx));
-            return MI_STATUS_SUCCESS;
-        }
-        t = MI_PATTERN_VERTICAL_SLASH;
-        break;
-    }
-    for (int32_t h = 0; h < m->n_heads; h++) pat[h] = mi_head_pattern_default(t);
-    return MI_STATUS_SUCCESS;
-}
-
 typedef struct lp_job {
     const float *logits; /* [rows, vocab] */
     const int32_t *next; /* [rows] */
@@ -78,19 +38,6 @@ static void lp_task(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
-typedef struct deq_job {
-    const mim_weight *w;
-    float *dst;
-} deq_job;
-
-static void deq_task(void *arg, int64_t b, int64_t e, int thread) {
-    (void)thread;
-    const deq_job *j = arg;
-    for (int64_t r = b; r < e; r++)
-        mim_dequant_row(j->w->type, (const unsigned char *)j->w->data + (size_t)r * j->w->row_bytes,
-                        j->dst + r * j->w->cols, j->w->cols);
-}
-
 /* log p(tokens[i + 1]) for i in [0, n - 1) from the final hidden states x [n, hidden]. */
 static mi_status cap_log_probs(mi_model *m, const float *x, const int32_t *tokens, int64_t n,
                                double *out) {
@@ -103,8 +50,7 @@ static mi_status cap_log_probs(mi_model *m, const float *x, const int32_t *token
         /* The whole head once as fp32: the per-layer scratch is sized for layer weights only. */
         wf = malloc((size_t)(V * Dm) * sizeof(float));
         if (!wf) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for the LM head");
-        deq_job dj = {w, wf};
-        mim_pool_run(m->pool, V, deq_task, &dj);
+        mim_dequant_matrix(m, w, wf);
         wp = wf;
     }
     float *h = malloc((size_t)(CAPTURE_HEAD_ROWS * Dm) * sizeof(float));
@@ -117,7 +63,7 @@ static mi_status cap_log_probs(mi_model *m, const float *x, const int32_t *token
     }
     for (int64_t r0 = 0; r0 < rows; r0 += CAPTURE_HEAD_ROWS) {
         const int64_t c = rows - r0 < CAPTURE_HEAD_ROWS ? rows - r0 : CAPTURE_HEAD_ROWS;
-        cap_rmsnorm(x + r0 * Dm, m->out_norm, h, c, Dm, m->eps);
+        mim_rmsnorm(x + r0 * Dm, m->out_norm, h, c, Dm, m->eps);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, (int)V, (int)Dm, 1.0f, h,
                     (int)Dm, wp, (int)Dm, 0.0f, z, (int)V);
         lp_job j = {z, tokens + r0 + 1, out + r0, (int32_t)V};
@@ -192,13 +138,13 @@ mi_status mi_model_prefill_capture(mi_model *m, const int32_t *tokens, size_t n_
 
     for (int32_t l = 0; l < m->n_layers; l++) {
         const mim_layer *L = &m->layers[l];
-        cap_rmsnorm(x, L->attn_norm, h, n, Dm, m->eps);
+        mim_rmsnorm(x, L->attn_norm, h, n, Dm, m->eps);
         mim_matmul(m, h, n, &L->wq, q, qd);
         mim_matmul(m, h, n, &L->wk, kb, kvd);
         mim_matmul(m, h, n, &L->wv, vb, kvd);
-        cap_bias(q, L->bq, n, qd);
-        cap_bias(kb, L->bk, n, kvd);
-        cap_bias(vb, L->bv, n, kvd);
+        mim_add_bias(q, L->bq, n, qd, qd);
+        mim_add_bias(kb, L->bk, n, kvd, kvd);
+        mim_add_bias(vb, L->bv, n, kvd, kvd);
         mim_rope_apply(&m->rope, q, n, m->n_heads, m->hd, qd, cos_t, sin_t);
         mim_rope_apply(&m->rope, kb, n, m->n_kv, m->hd, kvd, cos_t, sin_t);
         mi_tensor tq = mi_tensor_blhd(q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
@@ -212,7 +158,7 @@ mi_status mi_model_prefill_capture(mi_model *m, const int32_t *tokens, size_t n_
                 goto done;
             }
         }
-        if ((st = cap_patterns(m, l, pat)) != MI_STATUS_SUCCESS) goto done;
+        if ((st = mim_layer_patterns(m, l, pat)) != MI_STATUS_SUCCESS) goto done;
         st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, pat, &pp, &to, NULL, NULL, 0);
         if (st != MI_STATUS_SUCCESS) {
             mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
@@ -223,7 +169,7 @@ mi_status mi_model_prefill_capture(mi_model *m, const int32_t *tokens, size_t n_
         for (int64_t c0 = 0; c0 < n; c0 += chunk) {
             const int64_t c = n - c0 < chunk ? n - c0 : chunk;
             float *xc = x + c0 * Dm;
-            cap_rmsnorm(xc, L->ffn_norm, h, c, Dm, m->eps);
+            mim_rmsnorm(xc, L->ffn_norm, h, c, Dm, m->eps);
             mim_matmul(m, h, c, &L->wg, g, m->ffn);
             mim_matmul(m, h, c, &L->wu, u, m->ffn);
             for (int64_t i = 0; i < c * m->ffn; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];

@@ -75,6 +75,11 @@ static void sgemm_task(void *arg, int64_t b, int64_t e, int thread) {
                 j->x, (int)j->k, j->w + b * j->k, (int)j->k, 0.0f, j->out + b, (int)j->ldo);
 }
 
+void mim_dequant_matrix(mi_model *m, const mim_weight *w, float *dst) {
+    dequant_job j = {w, dst};
+    mim_pool_run(m->pool, w->rows, dequant_task, &j);
+}
+
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
                 int64_t ldo) {
     if (n <= 0) return;
@@ -85,8 +90,7 @@ void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, flo
     }
     const float *wf = w->data;
     if (w->type != MIM_TYPE_F32) {
-        dequant_job j = {w, m->wscratch};
-        mim_pool_run(m->pool, w->rows, dequant_task, &j);
+        mim_dequant_matrix(m, w, m->wscratch);
         wf = m->wscratch;
     }
     sgemm_job j = {x, wf, n, w->cols, ldo, out};
@@ -137,7 +141,7 @@ static void matmul_multi(mi_model *m, const float *x, int64_t n, int count,
 /* ------------------------------------------------------------------------------------------ */
 /* Elementwise pieces                                                                          */
 
-static void rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps) {
+void mim_rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps) {
     for (int64_t i = 0; i < n; i++) {
         const float *xi = x + i * dim;
         double ss = 0.0;
@@ -147,7 +151,7 @@ static void rmsnorm(const float *x, const float *w, float *out, int64_t n, int64
     }
 }
 
-static void add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld) {
+void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld) {
     if (!b) return;
     for (int64_t i = 0; i < n; i++)
         for (int64_t k = 0; k < dim; k++) x[i * ld + k] += b[k];
@@ -246,7 +250,7 @@ static mi_status ensure_cache(mi_model *m, int64_t need) {
     return MI_STATUS_SUCCESS;
 }
 
-static mi_status layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat) {
+mi_status mim_layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat) {
     mi_pattern_type t;
     switch (m->mode) {
     case MI_ATTN_DENSE: t = MI_PATTERN_DENSE; break;
@@ -343,20 +347,20 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
     for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
         const mim_layer *L = &m->layers[l];
         float *kc = m->k_cache[l] + n_past * kvd, *vc = m->v_cache[l] + n_past * kvd;
-        rmsnorm(b.x, L->attn_norm, b.h, n, D, m->eps);
+        mim_rmsnorm(b.x, L->attn_norm, b.h, n, D, m->eps);
         {
             const mim_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
             float *outs[3] = {b.q, kc, vc};
             const int64_t ldos[3] = {qd, kvd, kvd};
             matmul_multi(m, b.h, n, 3, ws, outs, ldos);
         }
-        add_bias(b.q, L->bq, n, qd, qd);
-        add_bias(kc, L->bk, n, kvd, kvd);
-        add_bias(vc, L->bv, n, kvd, kvd);
+        mim_add_bias(b.q, L->bq, n, qd, qd);
+        mim_add_bias(kc, L->bk, n, kvd, kvd);
+        mim_add_bias(vc, L->bv, n, kvd, kvd);
         mim_rope_apply(&m->rope, b.q, n, m->n_heads, m->hd, qd, b.cos_t, b.sin_t);
         mim_rope_apply(&m->rope, kc, n, m->n_kv, m->hd, kvd, b.cos_t, b.sin_t);
         if (n_past == 0 && n > 1) {
-            if ((st = layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS) break;
+            if ((st = mim_layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS) break;
             mi_tensor tq =
                 mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
             mi_tensor tk =
@@ -380,7 +384,7 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         for (int64_t c0 = 0; c0 < n; c0 += chunk) {
             int64_t c = n - c0 < chunk ? n - c0 : chunk;
             float *xc = b.x + c0 * D;
-            rmsnorm(xc, L->ffn_norm, b.h, c, D, m->eps);
+            mim_rmsnorm(xc, L->ffn_norm, b.h, c, D, m->eps);
             const mim_weight *ws[2] = {&L->wg, &L->wu};
             float *outs[2] = {b.g, b.u};
             const int64_t ldos[2] = {m->ffn, m->ffn};
@@ -397,7 +401,7 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
     if (st == MI_STATUS_SUCCESS) {
         m->n_past = n_past + n;
         if (logits) {
-            rmsnorm(b.x + (n - 1) * D, m->out_norm, b.h, 1, D, m->eps);
+            mim_rmsnorm(b.x + (n - 1) * D, m->out_norm, b.h, 1, D, m->eps);
             mim_matmul(m, b.h, 1, &m->output, logits, m->vocab);
         }
     } else if (fresh) {

