@@ -332,7 +332,7 @@ mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tens
     return MI_DISPATCH(ctx, attention_sparse, &s, q, k, v, seq_lens, index, scale, out, lse);
 }
 
-static mi_status check_patterns(mi_context *ctx, const mi_head_pattern *patterns, int64_t H) {
+mi_status mi_check_patterns(mi_context *ctx, const mi_head_pattern *patterns, int64_t H) {
     if (!patterns) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "patterns is NULL");
     for (int64_t h = 0; h < H; h++) {
         const mi_head_pattern *p = &patterns[h];
@@ -347,7 +347,7 @@ static mi_status check_patterns(mi_context *ctx, const mi_head_pattern *patterns
     return MI_STATUS_SUCCESS;
 }
 
-static mi_status check_prefill_params(mi_context *ctx, const mi_prefill_params *p) {
+mi_status mi_check_prefill_params(mi_context *ctx, const mi_prefill_params *p) {
     MI_TRY(check_scale(ctx, p->softmax_scale));
     return check_vs_params(ctx, &p->vs);
 }
@@ -359,9 +359,9 @@ mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const m
     MI_TRY(check_ctx(ctx));
     if (!k || !bytes) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k and bytes are required");
     MI_TRY(mi_check_attention(ctx, q, k, NULL, NULL, NULL, &s));
-    MI_TRY(check_patterns(ctx, patterns, s.heads_q));
+    MI_TRY(mi_check_patterns(ctx, patterns, s.heads_q));
     mi_prefill_params p = params ? *params : mi_prefill_default_params();
-    MI_TRY(check_prefill_params(ctx, &p));
+    MI_TRY(mi_check_prefill_params(ctx, &p));
     return MI_DISPATCH(ctx, prefill_workspace_size, &s, patterns, &p, bytes);
 }
 
@@ -375,9 +375,9 @@ mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_ten
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
     MI_TRY(mi_check_attention(ctx, q, k, v, out, seq_lens, &s));
     MI_TRY(check_lse(ctx, lse));
-    MI_TRY(check_patterns(ctx, patterns, s.heads_q));
+    MI_TRY(mi_check_patterns(ctx, patterns, s.heads_q));
     mi_prefill_params p = params ? *params : mi_prefill_default_params();
-    MI_TRY(check_prefill_params(ctx, &p));
+    MI_TRY(mi_check_prefill_params(ctx, &p));
     if (workspace) {
         size_t need = 0;
         MI_TRY(MI_DISPATCH(ctx, prefill_workspace_size, &s, patterns, &p, &need));

@@ -52,6 +52,11 @@ mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tenso
                              const mi_tensor *v, const mi_tensor *out, const int32_t *seq_lens,
                              mi_attn_shape *shape);
 
+/* Per-head patterns [H]: known types, no negative budget. */
+mi_status mi_check_patterns(mi_context *ctx, const mi_head_pattern *patterns, int64_t H);
+/* Prefill parameters: finite scale, valid vertical-slash estimation parameters. */
+mi_status mi_check_prefill_params(mi_context *ctx, const mi_prefill_params *p);
+
 /* Valid length of sequence b. */
 static inline int64_t mi_seq_len(const int32_t *seq_lens, int64_t b, int64_t L) {
     return seq_lens ? (int64_t)seq_lens[b] : L;

@@ -13,17 +13,11 @@ mi_status mi_metrics_evaluate(mi_context *ctx, const mi_tensor *q, const mi_tens
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, patterns and out are required");
     mi_status st = mi_check_attention(ctx, q, k, NULL, NULL, seq_lens, &s);
     if (st != MI_STATUS_SUCCESS) return st;
+    st = mi_check_patterns(ctx, patterns, s.heads_q);
+    if (st != MI_STATUS_SUCCESS) return st;
     mi_prefill_params p = params ? *params : mi_prefill_default_params();
-    if (p.softmax_scale != p.softmax_scale || p.vs.last_q < 1 || p.vs.forced_columns < 0 ||
-        p.vs.forced_diagonals < 0 || p.vs.min_vertical < 0 || p.vs.min_slash < 0)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "invalid prefill params");
-    for (int64_t h = 0; h < s.heads_q; h++) {
-        const mi_head_pattern *hp = &patterns[h];
-        if (!mi_pattern_name(hp->type) || hp->vertical_size < 0 || hp->slash_size < 0 ||
-            hp->n_init < 0 || hp->n_local < 0 || hp->n_last < 0 || hp->top_k < 0)
-            return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "head %lld has an invalid pattern",
-                           (long long)h);
-    }
+    st = mi_check_prefill_params(ctx, &p);
+    if (st != MI_STATUS_SUCCESS) return st;
     p.softmax_scale = mi_resolve_scale(p.softmax_scale, s.head_dim);
     return mi_cpu_metrics_evaluate(ctx, &s, q, k, seq_lens, patterns, &p, out);
 }
