@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ref import Lib, prefill_call, qkv, time_cuda  # noqa: E402
+from torch_ref import Lib, prefill_call, qkv, source_commit, time_cuda  # noqa: E402
 
 HIDDEN, FFN, HQ, HKV, D, LAYERS = 4096, 14336, 32, 8, 128, 32
 
@@ -73,7 +73,10 @@ def main():
             "attention_share_minference": att_sparse / (gemm + att_sparse),
         })
     res = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "gpu": torch.cuda.get_device_name(), "model_shape": "LLaMA-3-8B (random weights)",
+           "gpu": torch.cuda.get_device_name(), "commit": source_commit(),
+           "model_shape": "LLaMA-3-8B (random weights)",
+           "shape": {"layers": LAYERS, "hidden": HIDDEN, "ffn": FFN, "heads": HQ, "kv_heads": HKV,
+                     "head_dim": D, "dtype": "bf16", "batch": 1},
            "what": "projected TTFT = 32 x (measured layer GEMMs + measured layer attention)",
            "inputs": "attention on q/k with a rotary-style position code (local-like estimate)",
            "rows": rows}

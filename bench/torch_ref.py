@@ -100,6 +100,15 @@ class Lib:
             raise RuntimeError(f"{what}: {self.l.mi_status_name(st).decode()}: {msg}")
 
 
+def source_commit():
+    """The commit the measured library was built from (MI_COMMIT where git is not there)."""
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:  # noqa: BLE001
+        return os.environ.get("MI_COMMIT", "unknown")
+
+
 def tdesc(t):
     """[B, H, L, D] view of a torch tensor (any strides, D contiguous)."""
     assert t.dim() == 4 and t.stride(3) == 1
@@ -379,11 +388,7 @@ def main():
     lib = Lib(os.path.abspath(args.lib))
     sections = args.sections.split(",")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                         stderr=subprocess.DEVNULL).strip()
-    except Exception:  # noqa: BLE001
-        commit = os.environ.get("MI_COMMIT", "unknown")
+    commit = source_commit()
     res = {"date": date, "gpu": torch.cuda.get_device_name(0), "commit": commit,
            "torch": torch.__version__, "features": lib.l.mi_build_features().decode(),
            "dtype": "bf16", "head_dim": 128, "causal": True}
