@@ -7,7 +7,8 @@
  * destroy(NULL) is a no-op. A model handle is used by one thread at a time; it owns its worker
  * threads (n_threads) and its KV cache.
  *
- * Supported: architectures llama (LLaMA 2/3/3.1, SmolLM2, Mistral) and qwen2 (q/k/v biases);
+ * Supported: architectures llama (LLaMA 2/3/3.1, SmolLM2, Mistral, with its sliding window) and
+ * qwen2 (q/k/v biases);
  * RoPE scaling none / linear / dynamic NTK / llama3 / YaRN; tied embeddings; GGUF v2/v3 tensors
  * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; safetensors F32, F16, BF16;
  * byte-level BPE (GPT-2, LLaMA-3, Qwen2, SmolLM pre-tokenizers) and SentencePiece BPE
@@ -67,10 +68,14 @@ mi_status mi_rope_frequencies(int32_t dim, double theta, const mi_rope_scaling *
                               int64_t seq_len, float *inv_freq, float *mscale);
 
 typedef struct mi_model_params {
-    mi_device_type device; /* MI_DEVICE_CPU (CUDA: MI_STATUS_NOT_BUILT in this version) */
-    int n_threads;         /* <= 0: all online cores */
-    int64_t max_context;   /* KV cache capacity in tokens; <= 0: grows on demand */
-    int64_t mlp_chunk;     /* prefill rows per MLP chunk; <= 0: 4096 */
+    /* MI_DEVICE_CPU, or MI_DEVICE_CUDA: bf16 weights (any stored type is expanded at load),
+     * cuBLAS GEMMs and the library's CUDA attention kernels; head_dim 64 or 128. A build
+     * without CUDA returns MI_STATUS_NOT_BUILT. */
+    mi_device_type device;
+    int n_threads;       /* <= 0: all online cores (host work: tokenizer, loading, CPU path) */
+    int64_t max_context; /* KV cache capacity in tokens; <= 0: grows on demand */
+    int64_t mlp_chunk;   /* prefill rows per projection / MLP chunk; <= 0: 4096 */
+    int device_id;       /* CUDA device ordinal */
 } mi_model_params;
 
 mi_model_params mi_model_default_params(void);
@@ -81,6 +86,26 @@ mi_model_params mi_model_default_params(void);
  * file), MI_STATUS_UNSUPPORTED (architecture, tensor type or tokenizer it cannot run). */
 mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out, char *err,
                         size_t err_size);
+
+/* The shape of a llama-family model, for mi_model_create_random. */
+typedef struct mi_model_shape {
+    int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab;
+    double rope_theta;      /* <= 0: 500000 */
+    int64_t context_length; /* <= 0: 131072 */
+    int64_t sliding_window; /* 0: none */
+    int32_t qkv_bias;       /* 1: Qwen2-style q/k/v biases */
+} mi_model_shape;
+
+/* The shape of LLaMA-3-8B: 32 layers, hidden 4096, 32/8 heads of 128, FFN 14336, vocab 128256. */
+mi_model_shape mi_model_shape_llama3_8b(void);
+
+/* A model of the given shape with seeded random weights (bf16 on the host, scaled so that
+ * activations keep unit size through the layers) and a byte-level vocabulary (the 256 bytes,
+ * then filler tokens, then <|begin_of_text|> and <|end_of_text|>; vocab >= 258), for benchmarks
+ * and tests that need a model of a size no file provides. Same seed, same weights. */
+mi_status mi_model_create_random(const mi_model_shape *shape, uint64_t seed,
+                                 const mi_model_params *params, mi_model **out, char *err,
+                                 size_t err_size);
 void mi_model_destroy(mi_model *model);
 /* Message of the last failed call on this model ("" if none). */
 const char *mi_model_last_error(const mi_model *model);
@@ -95,6 +120,7 @@ typedef struct mi_model_info {
     int32_t tied_embeddings; /* 1 if the LM head is the embedding matrix */
     int32_t bos, eos, eot;   /* token ids, -1 if none */
     uint64_t weight_bytes;   /* bytes of weights as stored (quantized) */
+    int64_t sliding_window;  /* keys a query attends to (Mistral v0.1); 0: the whole prefix */
 } mi_model_info;
 
 mi_status mi_model_get_info(const mi_model *model, mi_model_info *info);
@@ -152,6 +178,19 @@ mi_status mi_model_prefill(mi_model *model, const int32_t *tokens, size_t n_toke
 mi_status mi_model_decode(mi_model *model, const int32_t *tokens, size_t n_tokens, float *logits);
 /* Tokens in the cache. */
 int64_t mi_model_n_past(const mi_model *model);
+
+/* Where the time of the last prefill (mi_model_prefill or mi_model_prefill_capture) went. On the
+ * GPU the parts are CUDA-event times of the work queued on the model's stream. */
+typedef struct mi_model_timing {
+    int64_t n_tokens;
+    double total_s;              /* the whole call, wall clock */
+    double attention_s;          /* prefill attention: estimation, index building and kernels */
+    double gemm_s;               /* projections, MLP and LM-head matrix products */
+    uint64_t device_bytes;       /* device memory the model holds now; 0 on the CPU */
+    uint64_t device_peak_bytes;  /* the most it has held */
+} mi_model_timing;
+
+mi_status mi_model_last_timing(const mi_model *model, mi_model_timing *out);
 /* Index of the largest logit (the first one on ties). */
 int32_t mi_argmax(const float *logits, int32_t n);
 

@@ -13,7 +13,7 @@
  * The final norm and LM head run for the last position only.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "model_runner.h"
+#include "model_gpu.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -44,6 +44,7 @@ static void gemv_task(void *arg, int64_t b, int64_t e, int thread) {
 
 typedef struct dequant_job {
     const mim_weight *w;
+    int64_t first; /* weight row of dst row 0 */
     float *dst;
 } dequant_job;
 
@@ -52,8 +53,8 @@ static void dequant_task(void *arg, int64_t b, int64_t e, int thread) {
     const dequant_job *j = arg;
     const unsigned char *base = j->w->data;
     for (int64_t r = b; r < e; r++)
-        mim_dequant_row(j->w->type, base + (size_t)r * j->w->row_bytes, j->dst + r * j->w->cols,
-                        j->w->cols);
+        mim_dequant_row(j->w->type, base + (size_t)(j->first + r) * j->w->row_bytes,
+                        j->dst + r * j->w->cols, j->w->cols);
 }
 
 /* Below this many rows of x, reading each encoded weight row once per x row beats expanding
@@ -76,8 +77,12 @@ static void sgemm_task(void *arg, int64_t b, int64_t e, int thread) {
 }
 
 void mim_dequant_matrix(mi_model *m, const mim_weight *w, float *dst) {
-    dequant_job j = {w, dst};
-    mim_pool_run(m->pool, w->rows, dequant_task, &j);
+    mim_dequant_rows(m, w, 0, w->rows, dst);
+}
+
+void mim_dequant_rows(mi_model *m, const mim_weight *w, int64_t first, int64_t count, float *dst) {
+    dequant_job j = {w, first, dst};
+    mim_pool_run(m->pool, count, dequant_task, &j);
 }
 
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
@@ -167,6 +172,7 @@ typedef struct cont_job {
     int64_t n, n_past;
     int32_t n_heads, n_kv, hd;
     float scale;
+    int64_t window; /* keys per query; 0: all */
 } cont_job;
 
 /* One (row, head) per task item, in three passes over the keys (scores, exponentials, weighted
@@ -186,7 +192,12 @@ static void cont_task(void *arg, int64_t b, int64_t e, int thread) {
         const float *kb = j->k + (int64_t)(h / group) * hd;
         const float *vb = j->v + (int64_t)(h / group) * hd;
         float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
-        const int64_t n_keys = j->n_past + row + 1;
+        int64_t n_keys = j->n_past + row + 1;
+        if (j->window > 0 && n_keys > j->window) { /* the window's keys, at their positions */
+            kb += (n_keys - j->window) * kvd;
+            vb += (n_keys - j->window) * kvd;
+            n_keys = j->window;
+        }
         if (!sc) { /* out of memory: a row of zeros rather than a crash */
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
@@ -250,7 +261,35 @@ static mi_status ensure_cache(mi_model *m, int64_t need) {
     return MI_STATUS_SUCCESS;
 }
 
-mi_status mim_layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat) {
+/* Under a sliding window W a query sees keys i - W < j <= i: the A-shape with no sinks and a
+ * local part of W, exactly. A head's pattern is intersected with it: an A-shape keeps its
+ * local part (clamped to W, sinks dropped, as they fall outside the window); every other
+ * pattern becomes the window itself, which is exact and already W/L of dense. */
+static void apply_window(const mi_model *m, int64_t n, mi_head_pattern *pat) {
+    if (m->sliding_window <= 0 || n <= m->sliding_window) return;
+    const int32_t w = m->sliding_window > INT32_MAX ? INT32_MAX : (int32_t)m->sliding_window;
+    for (int32_t h = 0; h < m->n_heads; h++) {
+        int32_t local = w;
+        if ((pat[h].type == MI_PATTERN_A_SHAPE || pat[h].type == MI_PATTERN_TRI_SHAPE) &&
+            pat[h].n_local < w)
+            local = pat[h].n_local;
+        pat[h] = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+        pat[h].n_init = 0;
+        pat[h].n_local = local;
+    }
+}
+
+mi_prefill_params mim_prefill_params_for(const mi_model *m, int64_t n) {
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.softmax_scale = 1.0f / sqrtf((float)m->hd);
+    pp.dense_below = m->dense_below;
+    /* the library's dense fallback would see past the window */
+    if (m->sliding_window > 0 && n > m->sliding_window) pp.dense_below = 0;
+    return pp;
+}
+
+mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_pattern *pat) {
+    mi_status st = MI_STATUS_SUCCESS;
     mi_pattern_type t;
     switch (m->mode) {
     case MI_ATTN_DENSE: t = MI_PATTERN_DENSE; break;
@@ -259,17 +298,19 @@ mi_status mim_layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat) {
     case MI_ATTN_BLOCK_SPARSE: t = MI_PATTERN_BLOCK_SPARSE; break;
     default:
         if (m->config) {
-            mi_status st = mi_config_layer(m->ctx, m->config, layer, m->n_heads, pat, NULL);
+            st = mi_config_layer(m->ctx, m->config, layer, m->n_heads, pat, NULL);
             if (st != MI_STATUS_SUCCESS)
                 return mim_model_fail(m, st, "pattern config, layer %d: %s", layer,
                                       mi_context_last_error(m->ctx));
+            apply_window(m, n, pat);
             return MI_STATUS_SUCCESS;
         }
         t = MI_PATTERN_VERTICAL_SLASH;
         break;
     }
     for (int32_t h = 0; h < m->n_heads; h++) pat[h] = mi_head_pattern_default(t);
-    return MI_STATUS_SUCCESS;
+    apply_window(m, n, pat);
+    return st;
 }
 
 typedef struct fwd_bufs {
@@ -291,15 +332,18 @@ static void free_bufs(fwd_bufs *b) {
 }
 
 static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits) {
-    if (fresh) m->n_past = 0;
-    const int64_t n_past = m->n_past;
-    mi_status st = ensure_cache(m, n_past + n);
-    if (st != MI_STATUS_SUCCESS) return st;
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab)
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
                                   "token %d at %lld is outside the vocabulary (%d)", tokens[i],
                                   (long long)i, m->vocab);
+    if (m->gpu) return mim_gpu_forward(m, tokens, n, fresh, logits, NULL);
+    const double t_start = mim_now_s();
+    double t_attn = 0.0, t_gemm = 0.0, t0;
+    if (fresh) m->n_past = 0;
+    const int64_t n_past = m->n_past;
+    mi_status st = ensure_cache(m, n_past + n);
+    if (st != MI_STATUS_SUCCESS) return st;
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
     const int32_t half = m->rope.dim / 2;
@@ -339,10 +383,8 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
                         (const unsigned char *)m->tok_embd.data +
                             (size_t)tokens[i] * m->tok_embd.row_bytes,
                         b.x + i * D, D);
-    const float scale = 1.0f / sqrtf((float)m->hd);
-    mi_prefill_params pp = mi_prefill_default_params();
-    pp.softmax_scale = scale;
-    pp.dense_below = m->dense_below;
+    const mi_prefill_params pp = mim_prefill_params_for(m, n);
+    const float scale = pp.softmax_scale;
 
     for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
         const mim_layer *L = &m->layers[l];
@@ -352,7 +394,9 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
             const mim_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
             float *outs[3] = {b.q, kc, vc};
             const int64_t ldos[3] = {qd, kvd, kvd};
+            t0 = mim_now_s();
             matmul_multi(m, b.h, n, 3, ws, outs, ldos);
+            t_gemm += mim_now_s() - t0;
         }
         mim_add_bias(b.q, L->bq, n, qd, qd);
         mim_add_bias(kc, L->bk, n, kvd, kvd);
@@ -360,7 +404,7 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         mim_rope_apply(&m->rope, b.q, n, m->n_heads, m->hd, qd, b.cos_t, b.sin_t);
         mim_rope_apply(&m->rope, kc, n, m->n_kv, m->hd, kvd, b.cos_t, b.sin_t);
         if (n_past == 0 && n > 1) {
-            if ((st = mim_layer_patterns(m, l, b.pat)) != MI_STATUS_SUCCESS) break;
+            if ((st = mim_layer_patterns(m, l, n, b.pat)) != MI_STATUS_SUCCESS) break;
             mi_tensor tq =
                 mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
             mi_tensor tk =
@@ -369,17 +413,21 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
                 mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
             mi_tensor to =
                 mi_tensor_blhd(b.att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
+            t0 = mim_now_s();
             st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, b.pat, &pp, &to, NULL, NULL, 0);
+            t_attn += mim_now_s() - t0;
             if (st != MI_STATUS_SUCCESS) {
                 mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
                 break;
             }
         } else {
             cont_job j = {b.q,    m->k_cache[l], m->v_cache[l], b.att, n,
-                          n_past, m->n_heads,    m->n_kv,       m->hd, scale};
+                          n_past, m->n_heads,    m->n_kv,       m->hd, scale, m->sliding_window};
             mim_pool_run(m->pool, n * m->n_heads, cont_task, &j);
         }
+        t0 = mim_now_s();
         mim_matmul(m, b.att, n, &L->wo, b.h, D);
+        t_gemm += mim_now_s() - t0;
         for (int64_t i = 0; i < n * D; i++) b.x[i] += b.h[i];
         for (int64_t c0 = 0; c0 < n; c0 += chunk) {
             int64_t c = n - c0 < chunk ? n - c0 : chunk;
@@ -388,12 +436,16 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
             const mim_weight *ws[2] = {&L->wg, &L->wu};
             float *outs[2] = {b.g, b.u};
             const int64_t ldos[2] = {m->ffn, m->ffn};
+            t0 = mim_now_s();
             matmul_multi(m, b.h, c, 2, ws, outs, ldos);
+            t_gemm += mim_now_s() - t0;
             for (int64_t i = 0; i < c * m->ffn; i++) {
                 float g = b.g[i];
                 b.g[i] = g / (1.0f + expf(-g)) * b.u[i];
             }
+            t0 = mim_now_s();
             mim_matmul(m, b.g, c, &L->wd, b.h, D);
+            t_gemm += mim_now_s() - t0;
             for (int64_t i = 0; i < c * D; i++) xc[i] += b.h[i];
         }
         if (m->progress) m->progress(m->progress_user, l + 1, m->n_layers, n);
@@ -402,7 +454,15 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         m->n_past = n_past + n;
         if (logits) {
             mim_rmsnorm(b.x + (n - 1) * D, m->out_norm, b.h, 1, D, m->eps);
+            t0 = mim_now_s();
             mim_matmul(m, b.h, 1, &m->output, logits, m->vocab);
+            t_gemm += mim_now_s() - t0;
+        }
+        if (fresh) {
+            m->timing.n_tokens = n;
+            m->timing.total_s = mim_now_s() - t_start;
+            m->timing.attention_s = t_attn;
+            m->timing.gemm_s = t_gemm;
         }
     } else if (fresh) {
         m->n_past = 0;
@@ -428,6 +488,12 @@ mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *l
 }
 
 int64_t mi_model_n_past(const mi_model *m) { return m ? m->n_past : 0; }
+
+mi_status mi_model_last_timing(const mi_model *m, mi_model_timing *out) {
+    if (!m || !out) return MI_STATUS_INVALID_ARGUMENT;
+    *out = m->timing;
+    return MI_STATUS_SUCCESS;
+}
 
 int32_t mi_argmax(const float *logits, int32_t n) {
     if (!logits || n <= 0) return -1;

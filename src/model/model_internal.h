@@ -273,6 +273,9 @@ size_t mim_token_bytes(const mim_tokenizer *t, int32_t id, char *out, size_t cap
 bool mim_pretokenize(mim_pretok pre, const char *text, size_t len, size_t **bounds,
                      size_t *n_pieces);
 
+/* Monotonic clock in seconds. */
+double mim_now_s(void);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Thread pool                                                                                 */
 

@@ -10,7 +10,7 @@
  * pair dimension i with i + head_dim/2 ("neox"). The loader records which one applies.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "model_runner.h"
+#include "model_gpu.h"
 
 #include <cblas.h>
 #include <dirent.h>
@@ -129,7 +129,7 @@ static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t
     return MI_STATUS_SUCCESS;
 }
 
-static float *own_floats(mi_model *m, size_t n) {
+void *mim_model_own(mi_model *m, size_t bytes) {
     if (m->n_owned == m->cap_owned) {
         int cap = m->cap_owned ? m->cap_owned * 2 : 64;
         void **p = realloc(m->owned, (size_t)cap * sizeof(void *));
@@ -137,10 +137,12 @@ static float *own_floats(mi_model *m, size_t n) {
         m->owned = p;
         m->cap_owned = cap;
     }
-    float *f = malloc(n * sizeof(float));
+    void *f = malloc(bytes ? bytes : 1);
     if (f) m->owned[m->n_owned++] = f;
     return f;
 }
+
+static float *own_floats(mi_model *m, size_t n) { return mim_model_own(m, n * sizeof(float)); }
 
 /* A vector (1-D, or [1, n]) copied to fp32; NULL in *out when absent and not required. */
 static mi_status get_vector(mi_model *m, const char *name, int64_t n, bool required, float **out,
@@ -297,6 +299,9 @@ static mi_status load_gguf(mi_model *m, const char *path, char *err, size_t cap)
         m->rope.dim = (int32_t)v;
     m->info.context_length = 0;
     if (mim_gguf_get_i64(g, KEY("context_length"), &v)) m->info.context_length = v;
+    /* Mistral v0.1's window; Qwen2 files may carry one that its models never enable */
+    if (!qwen2 && mim_gguf_get_i64(g, KEY("attention.sliding_window"), &v) && v > 0)
+        m->sliding_window = v;
     m->rope.neox = qwen2;
     const char *stype;
     size_t stype_len;
@@ -488,6 +493,12 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap) {
     m->rope.dim = m->hd;
     m->rope.neox = true;
     m->info.context_length = (int64_t)jnum(cfg, "max_position_embeddings", 0);
+    /* Mistral v0.1: "sliding_window": 4096 (null in later versions). Qwen2 configs carry a
+     * window too, active only with "use_sliding_window": true. */
+    if (json_is_integer(json_object_get(cfg, "sliding_window")) &&
+        (strcmp(mt, "qwen2") != 0 || json_is_true(json_object_get(cfg, "use_sliding_window"))))
+        m->sliding_window = (int64_t)jnum(cfg, "sliding_window", 0);
+    if (m->sliding_window < 0) m->sliding_window = 0;
     /* transformers >= 5 writes "rope_parameters" (theta inside it) instead of "rope_scaling" */
     json_t *rs = json_object_get(cfg, "rope_scaling");
     json_t *rp = json_object_get(cfg, "rope_parameters");
@@ -561,30 +572,79 @@ done:
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* Fills a fresh model from its source (file, directory or random weights). */
+typedef mi_status (*model_source_fn)(mi_model *m, const void *arg, char *err, size_t err_size);
+
+typedef struct path_source {
+    const char *path;
+    bool is_dir;
+} path_source;
+
+static mi_status load_path(mi_model *m, const void *arg, char *err, size_t err_size) {
+    const path_source *ps = arg;
+    return ps->is_dir ? load_hf(m, ps->path, err, err_size)
+                      : load_gguf(m, ps->path, err, err_size);
+}
+
+typedef struct random_source {
+    const mi_model_shape *shape;
+    uint64_t seed;
+} random_source;
+
+static mi_status load_random(mi_model *m, const void *arg, char *err, size_t err_size) {
+    const random_source *rs = arg;
+    return mim_random_weights(m, rs->shape, rs->seed, err, err_size);
+}
+
+static mi_status create_model(const mi_model_params *params, model_source_fn source,
+                              const void *arg, mi_model **out, char *err, size_t err_size);
+
 mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out, char *err,
                         size_t err_size) {
     if (!out) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     if (!path) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "path is NULL");
-    mi_model_params p = params ? *params : mi_model_default_params();
-    if (p.device == MI_DEVICE_CUDA)
-        return mim_fail(err, err_size, MI_STATUS_NOT_BUILT,
-                        "the model runner has no CUDA path in this build; use the CPU");
-    if (p.device != MI_DEVICE_CPU)
-        return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "unknown device %d",
-                        (int)p.device);
-    if (p.mlp_chunk <= 0) p.mlp_chunk = 4096;
     struct stat sb;
     if (stat(path, &sb) != 0)
         return mim_fail(err, err_size, MI_STATUS_IO_ERROR, "cannot open %s: %s", path,
                         strerror(errno));
+    path_source ps = {path, S_ISDIR(sb.st_mode)};
+    return create_model(params, load_path, &ps, out, err, err_size);
+}
+
+mi_status mi_model_create_random(const mi_model_shape *shape, uint64_t seed,
+                                 const mi_model_params *params, mi_model **out, char *err,
+                                 size_t err_size) {
+    if (!out) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!shape) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "shape is NULL");
+    random_source rs = {shape, seed};
+    return create_model(params, load_random, &rs, out, err, err_size);
+}
+
+static mi_status create_model(const mi_model_params *params, model_source_fn source,
+                              const void *arg, mi_model **out, char *err, size_t err_size) {
+    mi_model_params p = params ? *params : mi_model_default_params();
+    if (p.device != MI_DEVICE_CPU && p.device != MI_DEVICE_CUDA)
+        return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "unknown device %d",
+                        (int)p.device);
+    if (p.device_id < 0)
+        return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "device_id %d is negative",
+                        p.device_id);
+    if (p.mlp_chunk <= 0) p.mlp_chunk = 4096;
     mi_model *m = calloc(1, sizeof(*m));
     if (!m) return mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     m->params = p;
     m->mode = MI_ATTN_MINFERENCE;
     m->dense_below = -1;
-    mi_status st =
-        S_ISDIR(sb.st_mode) ? load_hf(m, path, err, err_size) : load_gguf(m, path, err, err_size);
+    /* the pool first: the random source fills its weights with it */
+    {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        m->pool = mim_pool_create(p.n_threads > 0 ? p.n_threads : (c > 0 ? (int)c : 1));
+    }
+    mi_status st = m->pool ? source(m, arg, err, err_size)
+                           : mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY,
+                                      "cannot start threads");
     if (st == MI_STATUS_SUCCESS) {
         mi_context_params cp = mi_context_default_params();
         cp.device = MI_DEVICE_CPU;
@@ -602,9 +662,13 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
         }
         m->params.n_threads = nt;
         openblas_set_num_threads(1); /* see mim_pool_run: threads come from OpenMP */
-        m->pool = mim_pool_create(nt);
+        if (mim_pool_size(m->pool) != nt) {
+            mim_pool_destroy(m->pool);
+            m->pool = mim_pool_create(nt);
+        }
         if (!m->pool) st = mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");
     }
+    if (st == MI_STATUS_SUCCESS && p.device == MI_DEVICE_CUDA) st = mim_gpu_attach(m, err, err_size);
     if (st != MI_STATUS_SUCCESS) {
         mi_model_destroy(m);
         return st;
@@ -623,12 +687,14 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
     info->bos = m->tok->bos;
     info->eos = m->tok->eos;
     info->eot = m->tok->eot;
+    info->sliding_window = m->sliding_window;
     *out = m;
     return MI_STATUS_SUCCESS;
 }
 
 void mi_model_destroy(mi_model *m) {
     if (!m) return;
+    mim_gpu_detach(m);
     mim_pool_destroy(m->pool);
     mi_context_destroy(m->ctx);
     if (m->k_cache)

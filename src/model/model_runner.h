@@ -45,8 +45,18 @@ struct mi_model {
     int64_t cache_cap, n_past;
     float *wscratch; /* one weight matrix expanded to fp32 for sgemm */
     size_t wscratch_floats;
+    int64_t sliding_window; /* keys a query sees (Mistral v0.1: 4096); 0: all */
+    mi_model_timing timing;
+    void *gpu; /* the CUDA copy (model_gpu.cu) or NULL */
     char last_error[MIM_ERROR_CAPACITY];
 };
+
+/* malloc'ed memory released with the model (NULL when out of memory). */
+void *mim_model_own(mi_model *m, size_t bytes);
+
+/* The random-weights source of mi_model_create_random (model_random.c). */
+mi_status mim_random_weights(mi_model *m, const mi_model_shape *shape, uint64_t seed, char *err,
+                             size_t err_size);
 
 /* Records a message on the model and returns status. */
 mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
@@ -61,6 +71,8 @@ void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, flo
 
 /* dst [w->rows, w->cols] = the weight expanded to fp32, rows split over the model's threads. */
 void mim_dequant_matrix(mi_model *m, const mim_weight *w, float *dst);
+/* dst [count, w->cols] = rows first..first+count-1 of the weight expanded to fp32. */
+void mim_dequant_rows(mi_model *m, const mim_weight *w, int64_t first, int64_t count, float *dst);
 
 /* out [n, dim] = RMSNorm of x [n, dim] with gain w (sums in float64). */
 void mim_rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t dim, float eps);
@@ -68,7 +80,12 @@ void mim_rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t 
 /* x [n, ld] columns 0..dim += b (nothing when b is NULL). */
 void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld);
 
-/* pat [n_heads] = the patterns of one layer under the model's attention mode and config. */
-mi_status mim_layer_patterns(mi_model *m, int32_t layer, mi_head_pattern *pat);
+/* pat [n_heads] = the patterns of one layer for a prompt of n tokens under the model's attention
+ * mode and config, intersected with the model's sliding window. */
+mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_pattern *pat);
+
+/* Prefill parameters for a prompt of n tokens: the head's softmax scale, the model's dense
+ * threshold (never a dense fallback past a sliding window, which dense would ignore). */
+mi_prefill_params mim_prefill_params_for(const mi_model *m, int64_t n);
 
 #endif /* MI_MODEL_RUNNER_H */

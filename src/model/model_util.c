@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 mi_status mim_fail(char *buf, size_t cap, mi_status status, const char *fmt, ...) {
     if (buf && cap > 0) {
@@ -288,4 +289,10 @@ void mim_pool_run(mim_pool *p, int64_t n, mim_task_fn fn, void *arg) {
 #else
     fn(arg, 0, n, 0);
 #endif
+}
+
+double mim_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

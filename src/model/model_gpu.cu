@@ -1,0 +1,963 @@
+/*
+ * model_gpu.cu: the llama-family forward pass on one CUDA GPU.
+ *
+ * Same layer as model_forward.c, with the data on the device:
+ *   weights bf16 (q/k/v concatenated into one matrix, gate/up into another, so each is one
+ *   cuBLAS GEMM), norms and biases fp32; the residual stream x is fp32; GEMM inputs are bf16
+ *   and accumulate in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); the output and down projections
+ *   add into x with beta = 1, so no separate residual add runs.
+ *   The KV cache is bf16 [position][n_kv * hd] per layer, the [B, L, H, D] layout that
+ *   mi_tensor_blhd describes, so prefill attention reads it in place.
+ *   A fresh prompt goes through mi_prefill_attention (our CUDA kernels) with the layer's
+ *   per-head patterns; rows that continue a sequence use a split-K decode kernel over the cache.
+ *   Norms, projections and the MLP run in chunks of mlp_chunk rows, so the [n, ffn]
+ *   intermediates never exist for the whole prompt; the LM head runs for the last position.
+ *
+ * Host weights are expanded to fp32 one slice at a time (every format the CPU path reads), then
+ * converted to bf16 on the device: load needs no full fp32 copy of any matrix.
+ */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "minference_cuda.h"
+#include "model_gpu.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+/* ------------------------------------------------------------------------------------------ */
+/* State                                                                                       */
+
+struct gpu_layer {
+    bf16 *wqkv; /* [qd + 2 kvd, hidden] */
+    bf16 *wo;   /* [hidden, qd] */
+    bf16 *wgu;  /* [2 ffn, hidden] */
+    bf16 *wd;   /* [hidden, ffn] */
+    float *bqkv; /* [qd + 2 kvd] or NULL */
+    float *attn_norm, *ffn_norm;
+};
+
+/* Start/stop event pairs of one category, recorded during a prefill and summed after it. */
+struct event_log {
+    cudaEvent_t *ev;
+    int used, cap;
+};
+
+struct gpu_state {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    gpu_layer *layers;
+    bf16 *embd;   /* [vocab, hidden] */
+    bf16 *output; /* LM head [vocab, hidden]; == embd when tied */
+    float *out_norm;
+    bf16 **k_cache, **v_cache; /* [n_layers][cache_cap * kvd] */
+    int64_t cache_cap;
+    /* per-prompt buffers, grown on demand */
+    int64_t rows_cap;   /* x, q, att, rope */
+    float *x;           /* [rows, hidden] */
+    bf16 *q, *att;      /* [rows, qd] */
+    float2 *rope;       /* [rows, rope_dim / 2] (cos, sin) * mscale */
+    int32_t *tokens;    /* [rows] */
+    int64_t chunk_cap;  /* h, qkv, gu, act */
+    bf16 *h;            /* [chunk, max(hidden, qd)] */
+    float *qkv;         /* [chunk, qd + 2 kvd] */
+    float *gu;          /* [chunk, 2 ffn] */
+    bf16 *act;          /* [chunk, ffn] */
+    float *logits;      /* [head_rows, vocab] */
+    int64_t head_rows_cap;
+    double *log_probs;  /* [head_rows] */
+    float *inv_freq;    /* [rope_dim / 2] */
+    float *dec_part;    /* decode partials */
+    size_t dec_part_bytes;
+    void *workspace;    /* mi_prefill_attention */
+    size_t workspace_bytes;
+    size_t bytes, peak; /* device memory held by this model */
+    event_log attn_ev, gemm_ev;
+    bool timing;
+};
+
+#define GPU(m) ((gpu_state *)(m)->gpu)
+
+/* Elements per host slice when expanding weights: 64 MiB of fp32. */
+const int64_t STAGE_FLOATS = 16 << 20;
+/* Rows per LM-head GEMM for token log-probabilities. */
+const int64_t HEAD_ROWS = 512;
+/* Keys per block of the decode kernel. */
+const int DEC_SPLIT = 1024;
+/* Bound on the decode partials; more rows than fit run in several launches. */
+const size_t DEC_PART_MAX = (size_t)256 << 20;
+
+mi_status cuda_fail(mi_model *m, cudaError_t e, const char *what) {
+    return mim_model_fail(m, e == cudaErrorMemoryAllocation ? MI_STATUS_OUT_OF_MEMORY
+                                                            : MI_STATUS_DEVICE_ERROR,
+                          "%s: %s", what, cudaGetErrorString(e));
+}
+
+template <typename T> cudaError_t dev_alloc(gpu_state *g, T **p, size_t count) {
+    *p = NULL;
+    if (count == 0) return cudaSuccess;
+    cudaError_t e = cudaMalloc((void **)p, count * sizeof(T));
+    if (e == cudaSuccess) {
+        g->bytes += count * sizeof(T);
+        if (g->bytes > g->peak) g->peak = g->bytes;
+    } else {
+        *p = NULL;
+        (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+    }
+    return e;
+}
+
+template <typename T> void dev_free(gpu_state *g, T **p, size_t count) {
+    if (*p) {
+        cudaFree(*p);
+        g->bytes -= count * sizeof(T);
+    }
+    *p = NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernels                                                                                     */
+
+__global__ void f32_to_bf16_kernel(const float *src, bf16 *dst, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+__global__ void embed_kernel(const int32_t *tokens, const bf16 *embd, float *x, int64_t dim) {
+    const int64_t row = blockIdx.x;
+    const bf16 *e = embd + (int64_t)tokens[row] * dim;
+    for (int64_t k = threadIdx.x; k < dim; k += blockDim.x)
+        x[row * dim + k] = __bfloat162float(e[k]);
+}
+
+/* out [n, dim] = RMSNorm(x) * w as bf16; one block of 256 threads per row. */
+__global__ void rmsnorm_kernel(const float *x, const float *w, bf16 *out, int64_t dim, float eps) {
+    __shared__ float part[32];
+    const float *xr = x + blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) ss += xr[k] * xr[k];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x == 0) part[0] = ss;
+    }
+    __syncthreads();
+    const float r = (float)(1.0 / sqrt((double)part[0] / (double)dim + (double)eps));
+    for (int64_t k = threadIdx.x; k < dim; k += blockDim.x)
+        out[blockIdx.x * dim + k] = __float2bfloat16(xr[k] * r * w[k]);
+}
+
+/* (cos, sin) * mscale for positions pos0.. as the CPU table computes them: the angle is the
+ * float product (as transformers does), its cosine is taken in double. */
+__global__ void rope_table_kernel(const float *inv_freq, float mscale, int half, int64_t pos0,
+                                  int64_t n, float2 *cs) {
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= n * half) return;
+    const int64_t p = i / half;
+    const int f = (int)(i % half);
+    const float arg = __fmul_rn((float)(pos0 + p), inv_freq[f]);
+    cs[i] = make_float2((float)cos((double)arg) * mscale, (float)sin((double)arg) * mscale);
+}
+
+/* From the fused q/k/v GEMM output of a chunk of rows: adds the biases, rotates q and k, and
+ * writes q (bf16, rows of the prompt) and k/v (bf16, cache rows). One block per row. */
+__global__ void qkv_finish_kernel(const float *qkv, const float *bias, const float2 *rope, bf16 *q,
+                                  bf16 *kc, bf16 *vc, int n_heads, int n_kv, int hd, int rope_dim,
+                                  int neox) {
+    const int64_t row = blockIdx.x;
+    const int qd = n_heads * hd, kvd = n_kv * hd, width = qd + 2 * kvd, half = rope_dim / 2;
+    const float *src = qkv + row * width;
+    const float2 *cs = rope + row * half;
+    /* q and k: one thread per rotated pair, or per unrotated element past rope_dim */
+    const int per_head = half + (hd - rope_dim);
+    for (int t = threadIdx.x; t < (n_heads + n_kv) * per_head; t += blockDim.x) {
+        const int head = t / per_head, i = t % per_head;
+        const bool is_q = head < n_heads;
+        const int col0 = is_q ? head * hd : qd + (head - n_heads) * hd;
+        bf16 *dst = is_q ? q + row * qd + head * hd : kc + row * kvd + (head - n_heads) * hd;
+        auto val = [&](int d) { return src[col0 + d] + (bias ? bias[col0 + d] : 0.0f); };
+        if (i < half) {
+            const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+            const float a = val(ia), b = val(ib), c = cs[i].x, s = cs[i].y;
+            dst[ia] = __float2bfloat16(a * c - b * s);
+            dst[ib] = __float2bfloat16(b * c + a * s);
+        } else {
+            const int d = rope_dim + (i - half);
+            dst[d] = __float2bfloat16(val(d));
+        }
+    }
+    for (int d = threadIdx.x; d < kvd; d += blockDim.x) {
+        const int col = qd + kvd + d;
+        vc[row * kvd + d] = __float2bfloat16(src[col] + (bias ? bias[col] : 0.0f));
+    }
+}
+
+/* act [n, ffn] = silu(gate) * up from gu [n, 2 ffn] = [gate | up]. */
+__global__ void silu_mul_kernel(const float *gu, bf16 *act, int64_t n, int64_t ffn) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * ffn;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / ffn, c = i % ffn;
+        const float g = gu[r * 2 * ffn + c], u = gu[r * 2 * ffn + ffn + c];
+        act[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+/* Split-K attention of rows that continue a sequence (decode, follow-up turns): row r sits at
+ * position pos0 + r and attends to cache keys [lo, pos0 + r] (lo > 0 under a sliding window).
+ * Block (split, head, row) covers DEC_SPLIT keys with 4 warps, one key per warp at a time and
+ * hd / 32 dims per lane, and writes its partial (max, sum, acc[hd]); dec_combine merges them. */
+template <int HD>
+__global__ void __launch_bounds__(128)
+    dec_partial_kernel(const bf16 *q, const bf16 *kc, const bf16 *vc, float *part, int64_t pos0,
+                       int n_heads, int n_kv, int64_t window, float scale, int n_splits) {
+    constexpr int E = HD / 32;
+    const int split = blockIdx.x, head = blockIdx.y, row = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t qd = (int64_t)n_heads * HD, kvd = (int64_t)n_kv * HD;
+    const int64_t hi = pos0 + row + 1;
+    const int64_t lo = window > 0 && hi > window ? hi - window : 0;
+    const int64_t k0 = lo + (int64_t)split * DEC_SPLIT;
+    const int64_t k1 = k0 + DEC_SPLIT < hi ? k0 + DEC_SPLIT : hi;
+    const int kvh = head / (n_heads / n_kv);
+    float qv[E], acc[E];
+    const bf16 *qr = q + row * qd + (int64_t)head * HD + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        qv[e] = __bfloat162float(qr[e]) * scale;
+        acc[e] = 0.0f;
+    }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t key = k0 + warp; key < k1; key += 4) {
+        const bf16 *kr = kc + key * kvd + (int64_t)kvh * HD + lane * E;
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) s += qv[e] * __bfloat162float(kr[e]);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float m2 = fmaxf(mx, s), corr = expf(mx - m2), p = expf(s - m2);
+        const bf16 *vr = vc + key * kvd + (int64_t)kvh * HD + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + p * __bfloat162float(vr[e]);
+        sum = sum * corr + p;
+        mx = m2;
+    }
+    __shared__ float s_m[4], s_l[4], s_acc[4][HD];
+    if (lane == 0) {
+        s_m[warp] = mx;
+        s_l[warp] = sum;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) s_acc[warp][lane * E + e] = acc[e];
+    __syncthreads();
+    const int64_t slot = ((int64_t)row * n_heads + head) * n_splits + split;
+    float *out = part + slot * (HD + 2);
+    float M = -INFINITY;
+    for (int w = 0; w < 4; w++) M = fmaxf(M, s_m[w]);
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < 4; w++)
+            if (s_m[w] > -INFINITY) a += s_acc[w][d] * expf(s_m[w] - M);
+        out[2 + d] = a;
+    }
+    if (threadIdx.x == 0) {
+        float l = 0.0f;
+        for (int w = 0; w < 4; w++)
+            if (s_m[w] > -INFINITY) l += s_l[w] * expf(s_m[w] - M);
+        out[0] = M;
+        out[1] = l;
+    }
+}
+
+__global__ void dec_combine_kernel(const float *part, bf16 *att, int n_heads, int hd,
+                                   int n_splits) {
+    const int head = blockIdx.x, row = blockIdx.y;
+    const float *p = part + ((int64_t)row * n_heads + head) * n_splits * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, p[s * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f, l = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float *ps = p + s * (hd + 2);
+            if (ps[0] == -INFINITY) continue;
+            const float w = expf(ps[0] - M);
+            a += ps[2 + d] * w;
+            l += ps[1] * w;
+        }
+        att[((int64_t)row * n_heads + head) * hd + d] = __float2bfloat16(l > 0.0f ? a / l : 0.0f);
+    }
+}
+
+/* out[r] = log softmax(logits[r])[next[r]], in double like the CPU harness. */
+__global__ void log_prob_kernel(const float *logits, const int32_t *next, double *out,
+                                int64_t vocab) {
+    __shared__ float s_max[32];
+    __shared__ double s_sum[32];
+    const float *z = logits + blockIdx.x * vocab;
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, z[i]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) s_max[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, s_max[w]);
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) s += exp((double)(z[i] - mx));
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) s_sum[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s_sum[w];
+        out[blockIdx.x] = (double)(z[next[blockIdx.x]] - mx) - log(t);
+    }
+}
+
+int grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GEMM and timing                                                                             */
+
+void ev_mark(gpu_state *g, event_log *log) {
+    if (!g->timing) return;
+    if (log->used == log->cap) {
+        int cap = log->cap ? log->cap * 2 : 256;
+        cudaEvent_t *ev = (cudaEvent_t *)realloc(log->ev, (size_t)cap * sizeof(cudaEvent_t));
+        if (!ev) return;
+        for (int i = log->cap; i < cap; i++) cudaEventCreate(&ev[i]);
+        log->ev = ev;
+        log->cap = cap;
+    }
+    cudaEventRecord(log->ev[log->used++], g->stream);
+}
+
+/* Sum of the (start, stop) pairs recorded since the last reset, in seconds; needs the stream
+ * to have reached the last event. */
+double ev_total(event_log *log) {
+    double ms = 0.0;
+    for (int i = 0; i + 1 < log->used; i += 2) {
+        float t = 0.0f;
+        if (cudaEventElapsedTime(&t, log->ev[i], log->ev[i + 1]) == cudaSuccess) ms += t;
+    }
+    return ms / 1e3;
+}
+
+void ev_free(event_log *log) {
+    for (int i = 0; i < log->cap; i++) cudaEventDestroy(log->ev[i]);
+    free(log->ev);
+    memset(log, 0, sizeof(*log));
+}
+
+/* out [n, ldo] (columns 0..rows) = x [n, k] . W^T (+ out when accumulate); W [rows, k] bf16. */
+cublasStatus_t gemm(gpu_state *g, const bf16 *x, int64_t n, int64_t k, const bf16 *w,
+                    int64_t rows, float *out, int64_t ldo, bool accumulate) {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    ev_mark(g, &g->gemm_ev);
+    cublasStatus_t s = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k,
+                                    &alpha, w, CUDA_R_16BF, (int)k, x, CUDA_R_16BF, (int)k, &beta,
+                                    out, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    ev_mark(g, &g->gemm_ev);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Load                                                                                        */
+
+/* dst rows [row0, row0 + w->rows) of a bf16 matrix = the host weight, through fp32 slices. */
+mi_status upload_weight(mi_model *m, const mim_weight *w, bf16 *dst, float *host, float *stage) {
+    gpu_state *g = GPU(m);
+    const int64_t step = STAGE_FLOATS / w->cols > 0 ? STAGE_FLOATS / w->cols : 1;
+    for (int64_t r0 = 0; r0 < w->rows; r0 += step) {
+        const int64_t nr = w->rows - r0 < step ? w->rows - r0 : step;
+        mim_dequant_rows(m, w, r0, nr, host);
+        cudaError_t e = cudaMemcpyAsync(stage, host, (size_t)(nr * w->cols) * sizeof(float),
+                                        cudaMemcpyHostToDevice, g->stream);
+        if (e != cudaSuccess) return cuda_fail(m, e, "weight upload");
+        f32_to_bf16_kernel<<<grid_for(nr * w->cols, 256), 256, 0, g->stream>>>(
+            stage, dst + r0 * w->cols, nr * w->cols);
+        /* the host slice is reused next round */
+        if ((e = cudaStreamSynchronize(g->stream)) != cudaSuccess)
+            return cuda_fail(m, e, "weight conversion");
+    }
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status upload_floats(mi_model *m, float **dst, const float *src, int64_t n) {
+    gpu_state *g = GPU(m);
+    cudaError_t e = dev_alloc(g, dst, (size_t)n);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(*dst, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? MI_STATUS_SUCCESS : cuda_fail(m, e, "upload");
+}
+
+mi_status attach(mi_model *m) {
+    gpu_state *g = GPU(m);
+    const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
+    cudaError_t e = cudaSetDevice(g->device);
+    if (e != cudaSuccess) return cuda_fail(m, e, "cannot use the CUDA device");
+    if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        return cuda_fail(m, e, "stream");
+    if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS)
+        return mim_model_fail(m, MI_STATUS_DEVICE_ERROR, "cannot create a cuBLAS handle");
+    cublasSetStream(g->blas, g->stream);
+    g->layers = (gpu_layer *)calloc((size_t)m->n_layers, sizeof(gpu_layer));
+    if (!g->layers) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+
+    float *host = (float *)malloc((size_t)STAGE_FLOATS * sizeof(float)), *stage = NULL;
+    mi_status st = MI_STATUS_SUCCESS;
+    if (!host) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    if ((e = dev_alloc(g, &stage, (size_t)STAGE_FLOATS)) != cudaSuccess) {
+        free(host);
+        return cuda_fail(m, e, "staging buffer");
+    }
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        if ((st = (expr)) != MI_STATUS_SUCCESS) goto done;                                         \
+    } while (0)
+#define ALLOC(ptr, count)                                                                          \
+    do {                                                                                           \
+        if ((e = dev_alloc(g, &(ptr), (size_t)(count))) != cudaSuccess) {                          \
+            st = cuda_fail(m, e, "out of device memory for the weights");                          \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+    ALLOC(g->embd, (int64_t)m->vocab * D);
+    TRY(upload_weight(m, &m->tok_embd, g->embd, host, stage));
+    if (m->output.data == m->tok_embd.data && m->output.type == m->tok_embd.type) {
+        g->output = g->embd;
+    } else {
+        ALLOC(g->output, (int64_t)m->vocab * D);
+        TRY(upload_weight(m, &m->output, g->output, host, stage));
+    }
+    TRY(upload_floats(m, &g->out_norm, m->out_norm, D));
+    for (int l = 0; l < m->n_layers; l++) {
+        const mim_layer *L = &m->layers[l];
+        gpu_layer *G = &g->layers[l];
+        ALLOC(G->wqkv, (qd + 2 * kvd) * D);
+        TRY(upload_weight(m, &L->wq, G->wqkv, host, stage));
+        TRY(upload_weight(m, &L->wk, G->wqkv + qd * D, host, stage));
+        TRY(upload_weight(m, &L->wv, G->wqkv + (qd + kvd) * D, host, stage));
+        ALLOC(G->wo, D * qd);
+        TRY(upload_weight(m, &L->wo, G->wo, host, stage));
+        ALLOC(G->wgu, 2 * (int64_t)m->ffn * D);
+        TRY(upload_weight(m, &L->wg, G->wgu, host, stage));
+        TRY(upload_weight(m, &L->wu, G->wgu + (int64_t)m->ffn * D, host, stage));
+        ALLOC(G->wd, D * (int64_t)m->ffn);
+        TRY(upload_weight(m, &L->wd, G->wd, host, stage));
+        if (L->bq || L->bk || L->bv) {
+            float *b = (float *)calloc((size_t)(qd + 2 * kvd), sizeof(float));
+            if (!b) {
+                st = mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+                goto done;
+            }
+            if (L->bq) memcpy(b, L->bq, (size_t)qd * sizeof(float));
+            if (L->bk) memcpy(b + qd, L->bk, (size_t)kvd * sizeof(float));
+            if (L->bv) memcpy(b + qd + kvd, L->bv, (size_t)kvd * sizeof(float));
+            st = upload_floats(m, &G->bqkv, b, qd + 2 * kvd);
+            free(b);
+            if (st != MI_STATUS_SUCCESS) goto done;
+        }
+        TRY(upload_floats(m, &G->attn_norm, L->attn_norm, D));
+        TRY(upload_floats(m, &G->ffn_norm, L->ffn_norm, D));
+    }
+    ALLOC(g->inv_freq, m->rope.dim / 2 > 0 ? m->rope.dim / 2 : 1);
+done:
+#undef TRY
+#undef ALLOC
+    free(host);
+    dev_free(g, &stage, (size_t)STAGE_FLOATS);
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Buffers                                                                                     */
+
+mi_status ensure_cache(mi_model *m, int64_t need) {
+    gpu_state *g = GPU(m);
+    if (need <= g->cache_cap) return MI_STATUS_SUCCESS;
+    if (m->params.max_context > 0 && need > m->params.max_context)
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
+                              "%lld tokens exceed the KV cache capacity max_context = %lld",
+                              (long long)need, (long long)m->params.max_context);
+    /* as on the CPU: the prompt plus room for a generation, then growth by a quarter */
+    int64_t cap = need + 1024;
+    if (g->cache_cap > 0 && cap < g->cache_cap + g->cache_cap / 4)
+        cap = g->cache_cap + g->cache_cap / 4;
+    cap = (cap + 255) / 256 * 256;
+    if (m->params.max_context > 0 && cap > m->params.max_context) cap = m->params.max_context;
+    const int64_t kvd = (int64_t)m->n_kv * m->hd;
+    if (!g->k_cache) {
+        g->k_cache = (bf16 **)calloc((size_t)m->n_layers, sizeof(bf16 *));
+        g->v_cache = (bf16 **)calloc((size_t)m->n_layers, sizeof(bf16 *));
+        if (!g->k_cache || !g->v_cache)
+            return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        bf16 *k = NULL, *v = NULL;
+        cudaError_t e = dev_alloc(g, &k, (size_t)(cap * kvd));
+        if (e == cudaSuccess) e = dev_alloc(g, &v, (size_t)(cap * kvd));
+        if (e == cudaSuccess && m->n_past > 0) {
+            const size_t used = (size_t)(m->n_past * kvd) * sizeof(bf16);
+            e = cudaMemcpyAsync(k, g->k_cache[l], used, cudaMemcpyDeviceToDevice, g->stream);
+            if (e == cudaSuccess)
+                e = cudaMemcpyAsync(v, g->v_cache[l], used, cudaMemcpyDeviceToDevice, g->stream);
+        }
+        if (e != cudaSuccess) {
+            dev_free(g, &k, (size_t)(cap * kvd));
+            dev_free(g, &v, (size_t)(cap * kvd));
+            return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
+                                  "out of device memory for a KV cache of %lld tokens (%s)",
+                                  (long long)cap, cudaGetErrorString(e));
+        }
+        cudaStreamSynchronize(g->stream);
+        dev_free(g, &g->k_cache[l], (size_t)(g->cache_cap * kvd));
+        dev_free(g, &g->v_cache[l], (size_t)(g->cache_cap * kvd));
+        g->k_cache[l] = k;
+        g->v_cache[l] = v;
+    }
+    g->cache_cap = cap;
+    return MI_STATUS_SUCCESS;
+}
+
+void free_rows(mi_model *m) {
+    gpu_state *g = GPU(m);
+    const int64_t r = g->rows_cap, qd = (int64_t)m->n_heads * m->hd;
+    dev_free(g, &g->x, (size_t)(r * m->hidden));
+    dev_free(g, &g->q, (size_t)(r * qd));
+    dev_free(g, &g->att, (size_t)(r * qd));
+    dev_free(g, &g->rope, (size_t)(r * (m->rope.dim / 2)));
+    dev_free(g, &g->tokens, (size_t)r);
+    g->rows_cap = 0;
+}
+
+void free_chunk(mi_model *m) {
+    gpu_state *g = GPU(m);
+    const int64_t c = g->chunk_cap, qd = (int64_t)m->n_heads * m->hd;
+    const int64_t kvd = (int64_t)m->n_kv * m->hd;
+    dev_free(g, &g->h, (size_t)(c * (m->hidden > qd ? m->hidden : qd)));
+    dev_free(g, &g->qkv, (size_t)(c * (qd + 2 * kvd)));
+    dev_free(g, &g->gu, (size_t)(c * 2 * m->ffn));
+    dev_free(g, &g->act, (size_t)(c * m->ffn));
+    g->chunk_cap = 0;
+}
+
+mi_status ensure_buffers(mi_model *m, int64_t rows, int64_t chunk, int64_t head_rows) {
+    gpu_state *g = GPU(m);
+    const int64_t qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
+    cudaError_t e = cudaSuccess;
+    if (rows > g->rows_cap) {
+        free_rows(m);
+        if ((e = dev_alloc(g, &g->x, (size_t)(rows * m->hidden))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->q, (size_t)(rows * qd))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->att, (size_t)(rows * qd))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->rope, (size_t)(rows * (m->rope.dim / 2)))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->tokens, (size_t)rows)) == cudaSuccess)
+            g->rows_cap = rows;
+        else
+            free_rows(m);
+    }
+    if (e == cudaSuccess && chunk > g->chunk_cap) {
+        free_chunk(m);
+        if ((e = dev_alloc(g, &g->h, (size_t)(chunk * (m->hidden > qd ? m->hidden : qd)))) ==
+                cudaSuccess &&
+            (e = dev_alloc(g, &g->qkv, (size_t)(chunk * (qd + 2 * kvd)))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->gu, (size_t)(chunk * 2 * m->ffn))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->act, (size_t)(chunk * m->ffn))) == cudaSuccess)
+            g->chunk_cap = chunk;
+        else
+            free_chunk(m);
+    }
+    if (e == cudaSuccess && head_rows > g->head_rows_cap) {
+        dev_free(g, &g->logits, (size_t)(g->head_rows_cap * m->vocab));
+        dev_free(g, &g->log_probs, (size_t)g->head_rows_cap);
+        g->head_rows_cap = 0;
+        if ((e = dev_alloc(g, &g->logits, (size_t)(head_rows * m->vocab))) == cudaSuccess &&
+            (e = dev_alloc(g, &g->log_probs, (size_t)head_rows)) == cudaSuccess)
+            g->head_rows_cap = head_rows;
+    }
+    if (e != cudaSuccess)
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
+                              "out of device memory for the activations of %lld tokens (%s)",
+                              (long long)rows, cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pieces of the layer                                                                         */
+
+mi_status launch_check(mi_model *m, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? MI_STATUS_SUCCESS : cuda_fail(m, e, what);
+}
+
+mi_status blas_check(mi_model *m, cublasStatus_t s, const char *what) {
+    return s == CUBLAS_STATUS_SUCCESS
+               ? MI_STATUS_SUCCESS
+               : mim_model_fail(m, MI_STATUS_DEVICE_ERROR, "%s: cuBLAS status %d", what, (int)s);
+}
+
+/* Dense attention of rows pos0..pos0+n-1 over the cache, in launches whose partials fit. */
+mi_status continue_attention(mi_model *m, int layer, int64_t pos0, int64_t n, float scale) {
+    gpu_state *g = GPU(m);
+    const int hd = m->hd;
+    const int64_t span = m->sliding_window > 0 && pos0 + n > m->sliding_window
+                             ? m->sliding_window
+                             : pos0 + n;
+    const int n_splits = (int)((span + DEC_SPLIT - 1) / DEC_SPLIT);
+    const size_t per_row = (size_t)m->n_heads * n_splits * (hd + 2) * sizeof(float);
+    int64_t rows_per = (int64_t)(DEC_PART_MAX / per_row);
+    if (rows_per < 1) rows_per = 1;
+    if (rows_per > n) rows_per = n;
+    const size_t need = per_row * (size_t)rows_per;
+    if (need > g->dec_part_bytes) {
+        dev_free(g, &g->dec_part, g->dec_part_bytes / sizeof(float));
+        g->dec_part_bytes = 0;
+        cudaError_t e = dev_alloc(g, &g->dec_part, need / sizeof(float));
+        if (e != cudaSuccess) return cuda_fail(m, e, "decode attention buffer");
+        g->dec_part_bytes = need;
+    }
+    const int64_t qd = (int64_t)m->n_heads * hd;
+    for (int64_t r0 = 0; r0 < n; r0 += rows_per) {
+        const int64_t rows = n - r0 < rows_per ? n - r0 : rows_per;
+        dim3 grid((unsigned)n_splits, (unsigned)m->n_heads, (unsigned)rows);
+        const bf16 *q = g->q + r0 * qd;
+        if (hd == 64)
+            dec_partial_kernel<64><<<grid, 128, 0, g->stream>>>(
+                q, g->k_cache[layer], g->v_cache[layer], g->dec_part, pos0 + r0, m->n_heads,
+                m->n_kv, m->sliding_window, scale, n_splits);
+        else
+            dec_partial_kernel<128><<<grid, 128, 0, g->stream>>>(
+                q, g->k_cache[layer], g->v_cache[layer], g->dec_part, pos0 + r0, m->n_heads,
+                m->n_kv, m->sliding_window, scale, n_splits);
+        dec_combine_kernel<<<dim3((unsigned)m->n_heads, (unsigned)rows), hd, 0, g->stream>>>(
+            g->dec_part, g->att + r0 * qd, m->n_heads, hd, n_splits);
+    }
+    return launch_check(m, "decode attention");
+}
+
+mi_status prefill_attention(mi_model *m, int layer, int64_t n, const mi_prefill_params *pp,
+                            mi_head_pattern *pat) {
+    gpu_state *g = GPU(m);
+    mi_status st = mim_layer_patterns(m, layer, n, pat);
+    if (st != MI_STATUS_SUCCESS) return st;
+    mi_tensor tq = mi_tensor_blhd(g->q, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_heads, n, m->hd);
+    mi_tensor tk = mi_tensor_blhd(g->k_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n,
+                                  m->hd);
+    mi_tensor tv = mi_tensor_blhd(g->v_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n,
+                                  m->hd);
+    mi_tensor to = mi_tensor_blhd(g->att, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_heads, n, m->hd);
+    size_t ws = 0;
+    st = mi_prefill_workspace_size(m->ctx, &tq, &tk, pat, pp, &ws);
+    if (st == MI_STATUS_SUCCESS && ws > g->workspace_bytes) {
+        /* the workspace may still be in use by the previous layer's kernels */
+        cudaStreamSynchronize(g->stream);
+        dev_free(g, (char **)&g->workspace, g->workspace_bytes);
+        g->workspace_bytes = 0;
+        cudaError_t e = dev_alloc(g, (char **)&g->workspace, ws);
+        if (e != cudaSuccess) return cuda_fail(m, e, "attention workspace");
+        g->workspace_bytes = ws;
+    }
+    if (st == MI_STATUS_SUCCESS) {
+        ev_mark(g, &g->attn_ev);
+        st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, pat, pp, &to, NULL, g->workspace,
+                                  g->workspace_bytes);
+        ev_mark(g, &g->attn_ev);
+    }
+    if (st != MI_STATUS_SUCCESS)
+        return mim_model_fail(m, st, "layer %d attention: %s", layer,
+                              mi_context_last_error(m->ctx));
+    return MI_STATUS_SUCCESS;
+}
+
+/* Host fp32 [n, width] copy of a bf16 device matrix with row stride width. */
+mi_status download_f32(mi_model *m, const bf16 *src, int64_t n, int64_t width, float *dst) {
+    gpu_state *g = GPU(m);
+    uint16_t *tmp = (uint16_t *)malloc((size_t)(n * width) * sizeof(uint16_t));
+    if (!tmp) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for the capture");
+    cudaError_t e = cudaMemcpyAsync(tmp, src, (size_t)(n * width) * sizeof(uint16_t),
+                                    cudaMemcpyDeviceToHost, g->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+    if (e == cudaSuccess)
+        for (int64_t i = 0; i < n * width; i++) dst[i] = mi_bf16_to_f32(tmp[i]);
+    free(tmp);
+    return e == cudaSuccess ? MI_STATUS_SUCCESS : cuda_fail(m, e, "capture download");
+}
+
+mi_status capture_layer(mi_model *m, int layer, int64_t n, const mi_model_capture *cap) {
+    gpu_state *g = GPU(m);
+    const int64_t qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
+    float *q = (float *)malloc((size_t)(n * qd) * sizeof(float));
+    float *k = (float *)malloc((size_t)(n * kvd) * sizeof(float));
+    float *v = (float *)malloc((size_t)(n * kvd) * sizeof(float));
+    mi_status st = MI_STATUS_SUCCESS;
+    if (!q || !k || !v)
+        st = mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for the capture");
+    if (st == MI_STATUS_SUCCESS) st = download_f32(m, g->q, n, qd, q);
+    if (st == MI_STATUS_SUCCESS) st = download_f32(m, g->k_cache[layer], n, kvd, k);
+    if (st == MI_STATUS_SUCCESS) st = download_f32(m, g->v_cache[layer], n, kvd, v);
+    if (st == MI_STATUS_SUCCESS) {
+        mi_tensor tq = mi_tensor_blhd(q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
+        mi_tensor tk = mi_tensor_blhd(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+        mi_tensor tv = mi_tensor_blhd(v, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+        st = cap->on_layer(cap->user, layer, &tq, &tk, &tv);
+        if (st != MI_STATUS_SUCCESS) mim_model_fail(m, st, "capture stopped at layer %d", layer);
+    }
+    free(q);
+    free(k);
+    free(v);
+    return st;
+}
+
+/* log p(tokens[i + 1]) for every i < n - 1 from the final residuals. */
+mi_status capture_log_probs(mi_model *m, int64_t n, double *out) {
+    gpu_state *g = GPU(m);
+    const int64_t D = m->hidden;
+    for (int64_t r0 = 0; r0 + 1 < n; r0 += HEAD_ROWS) {
+        const int64_t c = n - 1 - r0 < HEAD_ROWS ? n - 1 - r0 : HEAD_ROWS;
+        rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->x + r0 * D, g->out_norm, g->h, D,
+                                                          m->eps);
+        mi_status st = blas_check(
+            m, gemm(g, g->h, c, D, g->output, m->vocab, g->logits, m->vocab, false), "LM head");
+        if (st != MI_STATUS_SUCCESS) return st;
+        log_prob_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->logits, g->tokens + r0 + 1,
+                                                           g->log_probs, m->vocab);
+        cudaError_t e = cudaMemcpyAsync(out + r0, g->log_probs, (size_t)c * sizeof(double),
+                                        cudaMemcpyDeviceToHost, g->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+        if (e != cudaSuccess) return cuda_fail(m, e, "log-probabilities");
+    }
+    return launch_check(m, "log-probabilities");
+}
+
+} // namespace
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry points                                                                                */
+
+extern "C" mi_status mim_gpu_attach(mi_model *m, char *err, size_t err_size) {
+    if (m->hd != 64 && m->hd != 128)
+        return mim_fail(err, err_size, MI_STATUS_UNSUPPORTED,
+                        "head_dim %d: the CUDA attention kernels support 64 and 128; use the CPU",
+                        m->hd);
+    if (m->rope.dim > m->hd || m->rope.dim % 2 != 0)
+        return mim_fail(err, err_size, MI_STATUS_UNSUPPORTED, "rotary dimension %d of head %d",
+                        m->rope.dim, m->hd);
+    gpu_state *g = (gpu_state *)calloc(1, sizeof(gpu_state));
+    if (!g) return mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    g->device = m->params.device_id;
+    m->gpu = g;
+    mi_status st = attach(m);
+    if (st == MI_STATUS_SUCCESS) {
+        mi_context_params cp = mi_context_default_params();
+        cp.device = MI_DEVICE_CUDA;
+        cp.device_id = g->device;
+        mi_context *ctx = NULL;
+        st = mi_context_create(&cp, &ctx);
+        if (st == MI_STATUS_SUCCESS) st = mi_context_set_stream(ctx, g->stream);
+        if (st == MI_STATUS_SUCCESS) {
+            mi_context_destroy(m->ctx);
+            m->ctx = ctx;
+        } else {
+            mi_context_destroy(ctx);
+            mim_model_fail(m, st, "cannot create the CUDA attention context");
+        }
+    }
+    if (st != MI_STATUS_SUCCESS) {
+        mim_fail(err, err_size, st, "%s", m->last_error);
+        mim_gpu_detach(m);
+    }
+    return st;
+}
+
+extern "C" void mim_gpu_detach(mi_model *m) {
+    gpu_state *g = m ? GPU(m) : NULL;
+    if (!g) return;
+    cudaSetDevice(g->device);
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
+    if (g->layers)
+        for (int l = 0; l < m->n_layers; l++) {
+            gpu_layer *G = &g->layers[l];
+            dev_free(g, &G->wqkv, (size_t)((qd + 2 * kvd) * D));
+            dev_free(g, &G->wo, (size_t)(D * qd));
+            dev_free(g, &G->wgu, (size_t)(2 * m->ffn * D));
+            dev_free(g, &G->wd, (size_t)(D * m->ffn));
+            dev_free(g, &G->bqkv, (size_t)(qd + 2 * kvd));
+            dev_free(g, &G->attn_norm, (size_t)D);
+            dev_free(g, &G->ffn_norm, (size_t)D);
+        }
+    free(g->layers);
+    if (g->output != g->embd) dev_free(g, &g->output, (size_t)((int64_t)m->vocab * D));
+    dev_free(g, &g->embd, (size_t)((int64_t)m->vocab * D));
+    dev_free(g, &g->out_norm, (size_t)D);
+    if (g->k_cache)
+        for (int l = 0; l < m->n_layers; l++) {
+            dev_free(g, &g->k_cache[l], (size_t)(g->cache_cap * kvd));
+            dev_free(g, &g->v_cache[l], (size_t)(g->cache_cap * kvd));
+        }
+    free(g->k_cache);
+    free(g->v_cache);
+    free_rows(m);
+    free_chunk(m);
+    dev_free(g, &g->logits, (size_t)(g->head_rows_cap * m->vocab));
+    dev_free(g, &g->log_probs, (size_t)g->head_rows_cap);
+    dev_free(g, &g->inv_freq, (size_t)(m->rope.dim / 2));
+    dev_free(g, &g->dec_part, g->dec_part_bytes / sizeof(float));
+    dev_free(g, (char **)&g->workspace, g->workspace_bytes);
+    ev_free(&g->attn_ev);
+    ev_free(&g->gemm_ev);
+    if (g->blas) cublasDestroy(g->blas);
+    /* the attention context holds the stream: release it first */
+    mi_context_destroy(m->ctx);
+    m->ctx = NULL;
+    if (g->stream) cudaStreamDestroy(g->stream);
+    free(g);
+    m->gpu = NULL;
+}
+
+extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
+                                     float *logits, const mi_model_capture *capture) {
+    gpu_state *g = GPU(m);
+    const double t_start = mim_now_s();
+    cudaSetDevice(g->device);
+    if (fresh) m->n_past = 0;
+    const int64_t n_past = m->n_past;
+    const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
+    const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
+    const int half = m->rope.dim / 2;
+    const bool log_probs = capture && capture->token_log_probs && n > 1;
+    mi_status st = ensure_cache(m, n_past + n);
+    if (st == MI_STATUS_SUCCESS)
+        st = ensure_buffers(m, n, chunk, log_probs ? (n - 1 < HEAD_ROWS ? n - 1 : HEAD_ROWS) : 1);
+    if (st != MI_STATUS_SUCCESS) return st;
+    g->timing = fresh;
+    g->attn_ev.used = g->gemm_ev.used = 0;
+
+    /* RoPE table for the n positions, then the embeddings */
+    float *inv_freq = (float *)malloc((size_t)(half > 0 ? half : 1) * sizeof(float));
+    if (!inv_freq) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    float mscale = 1.0f;
+    mim_rope_freqs(&m->rope, n_past + n, inv_freq, &mscale);
+    cudaError_t e = cudaMemcpyAsync(g->inv_freq, inv_freq, (size_t)half * sizeof(float),
+                                    cudaMemcpyHostToDevice, g->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(g->tokens, tokens, (size_t)n * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, g->stream);
+    /* the host copies are pageable: they complete before the calls return, so inv_freq can go */
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+    free(inv_freq);
+    if (e != cudaSuccess) return cuda_fail(m, e, "upload of the prompt");
+    if (half > 0)
+        rope_table_kernel<<<grid_for(n * half, 256), 256, 0, g->stream>>>(g->inv_freq, mscale,
+                                                                          half, n_past, n, g->rope);
+    embed_kernel<<<(unsigned)n, 128, 0, g->stream>>>(g->tokens, g->embd, g->x, D);
+    if ((st = launch_check(m, "embedding")) != MI_STATUS_SUCCESS) return st;
+
+    const float scale = 1.0f / sqrtf((float)m->hd);
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.softmax_scale = scale;
+    pp.dense_below = m->dense_below;
+    mi_head_pattern *pat = (mi_head_pattern *)malloc((size_t)m->n_heads * sizeof(*pat));
+    if (!pat) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+
+    for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
+        const gpu_layer *G = &g->layers[l];
+        bf16 *kc = g->k_cache[l] + n_past * kvd, *vc = g->v_cache[l] + n_past * kvd;
+        /* q, k, v for every row, chunk by chunk */
+        for (int64_t c0 = 0; c0 < n && st == MI_STATUS_SUCCESS; c0 += chunk) {
+            const int64_t c = n - c0 < chunk ? n - c0 : chunk;
+            rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->x + c0 * D, G->attn_norm, g->h,
+                                                              D, m->eps);
+            st = blas_check(m, gemm(g, g->h, c, D, G->wqkv, qd + 2 * kvd, g->qkv, qd + 2 * kvd,
+                                    false),
+                            "q/k/v projection");
+            if (st != MI_STATUS_SUCCESS) break;
+            qkv_finish_kernel<<<(unsigned)c, 256, 0, g->stream>>>(
+                g->qkv, G->bqkv, g->rope + c0 * half, g->q + c0 * qd, kc + c0 * kvd,
+                vc + c0 * kvd, m->n_heads, m->n_kv, m->hd, m->rope.dim, m->rope.neox ? 1 : 0);
+        }
+        if (st == MI_STATUS_SUCCESS) st = launch_check(m, "q/k/v");
+        if (st == MI_STATUS_SUCCESS && capture && capture->on_layer)
+            st = capture_layer(m, l, n, capture);
+        if (st != MI_STATUS_SUCCESS) break;
+        if (n_past == 0 && n > 1)
+            st = prefill_attention(m, l, n, &pp, pat);
+        else
+            st = continue_attention(m, l, n_past, n, scale);
+        /* output projection into the residual, then the MLP, chunk by chunk */
+        for (int64_t c0 = 0; c0 < n && st == MI_STATUS_SUCCESS; c0 += chunk) {
+            const int64_t c = n - c0 < chunk ? n - c0 : chunk;
+            float *xc = g->x + c0 * D;
+            st = blas_check(m, gemm(g, g->att + c0 * qd, c, qd, G->wo, D, xc, D, true),
+                            "output projection");
+            if (st != MI_STATUS_SUCCESS) break;
+            rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(xc, G->ffn_norm, g->h, D, m->eps);
+            st = blas_check(m, gemm(g, g->h, c, D, G->wgu, 2 * m->ffn, g->gu, 2 * m->ffn, false),
+                            "gate/up projection");
+            if (st != MI_STATUS_SUCCESS) break;
+            silu_mul_kernel<<<grid_for(c * m->ffn, 256), 256, 0, g->stream>>>(g->gu, g->act, c,
+                                                                              m->ffn);
+            st = blas_check(m, gemm(g, g->act, c, m->ffn, G->wd, D, xc, D, true),
+                            "down projection");
+        }
+        if (st == MI_STATUS_SUCCESS) st = launch_check(m, "MLP");
+        if (st == MI_STATUS_SUCCESS && m->progress && fresh) {
+            /* the callback reports finished layers: wait for this one */
+            if ((e = cudaStreamSynchronize(g->stream)) != cudaSuccess)
+                st = cuda_fail(m, e, "layer");
+            else
+                m->progress(m->progress_user, l + 1, m->n_layers, n);
+        }
+    }
+    free(pat);
+    if (st == MI_STATUS_SUCCESS && logits) {
+        rmsnorm_kernel<<<1, 256, 0, g->stream>>>(g->x + (n - 1) * D, g->out_norm, g->h, D,
+                                                 m->eps);
+        st = blas_check(m, gemm(g, g->h, 1, D, g->output, m->vocab, g->logits, m->vocab, false),
+                        "LM head");
+        if (st == MI_STATUS_SUCCESS) {
+            e = cudaMemcpyAsync(logits, g->logits, (size_t)m->vocab * sizeof(float),
+                                cudaMemcpyDeviceToHost, g->stream);
+            if (e != cudaSuccess) st = cuda_fail(m, e, "logits download");
+        }
+    }
+    if (st == MI_STATUS_SUCCESS && log_probs)
+        st = capture_log_probs(m, n, capture->token_log_probs);
+    if (st == MI_STATUS_SUCCESS) {
+        e = cudaStreamSynchronize(g->stream);
+        if (e != cudaSuccess) st = cuda_fail(m, e, "forward pass");
+    } else {
+        cudaStreamSynchronize(g->stream);
+    }
+    if (st == MI_STATUS_SUCCESS && !capture) {
+        m->n_past = n_past + n;
+    } else {
+        m->n_past = 0; /* a failed or measuring pass leaves no usable cache */
+    }
+    if (fresh && st == MI_STATUS_SUCCESS) {
+        m->timing.n_tokens = n;
+        m->timing.total_s = mim_now_s() - t_start;
+        m->timing.attention_s = ev_total(&g->attn_ev);
+        m->timing.gemm_s = ev_total(&g->gemm_ev);
+    }
+    m->timing.device_bytes = g->bytes;
+    m->timing.device_peak_bytes = g->peak;
+    g->timing = false;
+    return st;
+}

@@ -1,0 +1,37 @@
+/*
+ * model_gpu.h: the CUDA path of the model runner (model_gpu.cu; model_gpu_absent.c in builds
+ * without CUDA, where loading for MI_DEVICE_CUDA reports MI_STATUS_NOT_BUILT).
+ *
+ * The GPU copy of a model holds bf16 weights (every GGUF/safetensors type is expanded on the host
+ * one slice at a time and converted on the device), a bf16 KV cache, and fp32 residuals. The
+ * host copy (memory-mapped file, tokenizer) stays: the tokenizer and the config checks use it.
+ */
+#ifndef MI_MODEL_GPU_H
+#define MI_MODEL_GPU_H
+
+#include "model_runner.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Uploads the weights of a loaded model to device params.device_id and makes m->ctx a CUDA
+ * context on the model's stream. On failure the model is left without a GPU copy and err holds
+ * a message. */
+mi_status mim_gpu_attach(mi_model *m, char *err, size_t err_size);
+/* Releases every device buffer (NULL-safe). */
+void mim_gpu_detach(mi_model *m);
+
+/* The forward pass of model_forward.c on the GPU: tokens (validated by the caller) at positions
+ * n_past.. (fresh: from 0, through mi_prefill_attention; otherwise dense over the cache). Writes
+ * the last position's logits (may be NULL). With capture (fresh only), calls capture->on_layer
+ * with host fp32 copies of each layer's q/k/v and fills capture->token_log_probs; the cache is
+ * then left empty. */
+mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
+                          const mi_model_capture *capture);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MI_MODEL_GPU_H */

@@ -1,0 +1,151 @@
+/*
+ * test_model_random.c: random-weights models (mi_model_create_random), the sliding window, and
+ * the prefill timing report, on the CPU.
+ *
+ * The window is checked two ways that share no code: a prompt's last logits from one prefill
+ * (the window becomes an A-shape with no sinks in the attention kernels) against a prefill of
+ * all but the last token followed by a decode step (the decode path's own window), and against
+ * the same model without a window when the prompt fits in the window.
+ */
+#include "model_test_util.h"
+
+static mi_model_shape small_shape(void) {
+    mi_model_shape s;
+    memset(&s, 0, sizeof(s));
+    s.n_layers = 2;
+    s.hidden = 128;
+    s.n_heads = 4;
+    s.n_kv_heads = 2;
+    s.head_dim = 32;
+    s.ffn = 256;
+    s.vocab = 300;
+    return s;
+}
+
+static mi_model *create(const mi_model_shape *s, uint64_t seed) {
+    mi_model_params p = mi_model_default_params();
+    p.n_threads = 2;
+    mi_model *m = NULL;
+    char err[256] = "";
+    mi_status st = mi_model_create_random(s, seed, &p, &m, err, sizeof(err));
+    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), err);
+    return m;
+}
+
+static double rel_diff(const float *a, const float *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void prompt_tokens(int32_t *t, int n, uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((seed >> 33) % 256);
+    }
+}
+
+int main(void) {
+    mi_model_shape s = small_shape();
+    const int V = s.vocab, n = 600;
+    int32_t tok[600];
+    prompt_tokens(tok, n, 3);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+
+    /* same seed, same model; another seed, another model */
+    mi_model *m1 = create(&s, 11), *m2 = create(&s, 11), *m3 = create(&s, 12);
+    if (!m1 || !m2 || !m3) return test_finish("model.random");
+    mi_model_info info;
+    CHECK(mi_model_get_info(m1, &info) == MI_STATUS_SUCCESS && info.vocab == V &&
+              info.head_dim == 32 && strcmp(info.source, "random") == 0,
+          "info");
+    CHECK(mi_model_set_attention(m1, MI_ATTN_DENSE, NULL, -1) == 0, "set_attention");
+    CHECK(mi_model_set_attention(m2, MI_ATTN_DENSE, NULL, -1) == 0, "set_attention");
+    CHECK(mi_model_set_attention(m3, MI_ATTN_DENSE, NULL, -1) == 0, "set_attention");
+    CHECK(mi_model_prefill(m1, tok, 64, a) == 0, "prefill");
+    CHECK(mi_model_prefill(m2, tok, 64, b) == 0, "prefill");
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)V) == 0, "the same seed gave different logits");
+    CHECK(mi_model_prefill(m3, tok, 64, b) == 0, "prefill");
+    CHECK(rel_diff(a, b, V) > 0.1, "another seed gave the same model (diff %g)", rel_diff(a, b, V));
+    /* logits of a sane size: unit-RMS activations through a tied head of unit-RMS rows */
+    double ss = 0;
+    for (int i = 0; i < V; i++) ss += (double)a[i] * a[i];
+    CHECK(sqrt(ss / V) > 0.05 && sqrt(ss / V) < 50, "logit RMS %g", sqrt(ss / V));
+
+    /* the timing report of the last prefill */
+    mi_model_timing tm;
+    CHECK(mi_model_last_timing(m1, &tm) == MI_STATUS_SUCCESS, "last_timing");
+    CHECK(tm.n_tokens == 64 && tm.total_s > 0 && tm.attention_s > 0 && tm.gemm_s > 0 &&
+              tm.attention_s + tm.gemm_s <= tm.total_s * 1.01 && tm.device_bytes == 0,
+          "timing n=%lld total %g attention %g gemm %g", (long long)tm.n_tokens, tm.total_s,
+          tm.attention_s, tm.gemm_s);
+    CHECK(mi_model_last_timing(NULL, &tm) == MI_STATUS_INVALID_ARGUMENT, "NULL model");
+    CHECK(mi_model_last_timing(m1, NULL) == MI_STATUS_INVALID_ARGUMENT, "NULL out");
+    mi_model_destroy(m2);
+    mi_model_destroy(m3);
+
+    /* sliding window of 200 keys */
+    mi_model_shape sw = s;
+    sw.sliding_window = 200;
+    mi_model *w = create(&sw, 11);
+    if (!w) return test_finish("model.random");
+    CHECK(mi_model_get_info(w, &info) == 0 && info.sliding_window == 200, "window in info");
+    const mi_attn_mode modes[] = {MI_ATTN_DENSE, MI_ATTN_MINFERENCE, MI_ATTN_A_SHAPE};
+    for (size_t k = 0; k < sizeof(modes) / sizeof(modes[0]); k++) {
+        /* prompt inside the window: the same as no window */
+        CHECK(mi_model_set_attention(w, modes[k], NULL, 0) == 0, "set_attention");
+        CHECK(mi_model_set_attention(m1, MI_ATTN_DENSE, NULL, 0) == 0, "set_attention");
+        CHECK(mi_model_prefill(w, tok, 150, a) == 0, "prefill");
+        CHECK(mi_model_prefill(m1, tok, 150, b) == 0, "prefill");
+        if (modes[k] == MI_ATTN_DENSE)
+            CHECK(rel_diff(a, b, V) < 1e-5, "window > prompt changed dense logits (%g)",
+                  rel_diff(a, b, V));
+        /* past the window: one prefill against prefill + decode */
+        CHECK(mi_model_prefill(w, tok, (size_t)n, a) == 0, "prefill: %s", mi_model_last_error(w));
+        CHECK(mi_model_prefill(w, tok, (size_t)n - 1, b) == 0, "prefill");
+        CHECK(mi_model_decode(w, tok + n - 1, 1, b) == 0, "decode");
+        CHECK(rel_diff(a, b, V) < 1e-4, "%s: windowed prefill and decode differ (%g)",
+              mi_attn_mode_name(modes[k]), rel_diff(a, b, V));
+        /* and the window matters: without it the logits move */
+        CHECK(mi_model_prefill(m1, tok, (size_t)n, b) == 0, "prefill");
+        if (modes[k] == MI_ATTN_DENSE)
+            CHECK(rel_diff(a, b, V) > 1e-3, "the window had no effect (%g)", rel_diff(a, b, V));
+    }
+    mi_model_destroy(w);
+    mi_model_destroy(m1);
+
+    /* bad shapes and arguments */
+    mi_model *bad = NULL;
+    char err[256] = "";
+    mi_model_shape z = s;
+    z.n_heads = 3; /* not a multiple of the 2 kv heads */
+    CHECK(mi_model_create_random(&z, 1, NULL, &bad, err, sizeof(err)) ==
+                  MI_STATUS_INVALID_ARGUMENT &&
+              !bad && strstr(err, "heads"),
+          "bad head split accepted: %s", err);
+    z = s;
+    z.vocab = 10;
+    CHECK(mi_model_create_random(&z, 1, NULL, &bad, err, sizeof(err)) ==
+              MI_STATUS_INVALID_ARGUMENT,
+          "tiny vocab accepted");
+    CHECK(mi_model_create_random(NULL, 1, NULL, &bad, err, sizeof(err)) ==
+              MI_STATUS_INVALID_ARGUMENT,
+          "NULL shape");
+    CHECK(mi_model_create_random(&s, 1, NULL, NULL, err, sizeof(err)) ==
+              MI_STATUS_INVALID_ARGUMENT,
+          "NULL out");
+    mi_model_params p = mi_model_default_params();
+    p.device_id = -1;
+    CHECK(mi_model_create_random(&s, 1, &p, &bad, err, sizeof(err)) == MI_STATUS_INVALID_ARGUMENT,
+          "negative device id");
+    mi_model_shape big = mi_model_shape_llama3_8b();
+    CHECK(big.n_layers == 32 && big.hidden == 4096 && big.n_heads == 32 && big.n_kv_heads == 8 &&
+              big.head_dim == 128 && big.ffn == 14336,
+          "8B shape");
+    free(a);
+    free(b);
+    return test_finish("model.random");
+}
