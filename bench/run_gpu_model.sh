@@ -27,11 +27,13 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-RESULTS=${RESULTS:-bench/results}
+# under $OUT when the caller collects files from there
+RESULTS=${RESULTS:-${OUT:-bench/results}}
 LOGS=${LOGS:-build-gpu/logs}
 mkdir -p "$RESULTS" "$LOGS"
 source scripts/gpu_env.sh  # build dependencies on machines without a package mirror
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${MI_COMMIT:-unknown}")
+# MI_COMMIT first: a copied tree may carry a stale .git
+COMMIT=${MI_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 DAY=$(date -u +%Y-%m-%d)
 
@@ -57,12 +59,12 @@ if [ -n "$LENS_SMOL" ]; then
         --json "$RESULTS/$DAY-gpu-model-ttft-smollm2$TAG.json")
   [ -n "$MODEL" ] && args+=(--model "$MODEL")
   timeout 1800 build-gpu/bench_model_ttft "${args[@]}" 2>"$LOGS/ttft-smollm2.log" || rc=1
-  tail -3 "$LOGS/ttft-smollm2.log"
+  tr '\r' '\n' < "$LOGS/ttft-smollm2.log" | grep -v "^  layer" | tail -3
 fi
 if [ -n "$LENS_8B" ]; then
   timeout 1800 build-gpu/bench_model_ttft --random llama3-8b --lens "$LENS_8B" \
     --methods "$METHODS" --gpu "$GPU" --commit "$COMMIT" --decode 8 \
     --json "$RESULTS/$DAY-gpu-model-ttft-8b$TAG.json" 2>"$LOGS/ttft-8b.log" || rc=1
-  tail -3 "$LOGS/ttft-8b.log"
+  tr '\r' '\n' < "$LOGS/ttft-8b.log" | grep -v "^  layer" | tail -3
 fi
 exit $rc

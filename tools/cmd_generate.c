@@ -447,6 +447,15 @@ int mi_cmd_generate(int argc, char **argv) {
                 n_tok, t_prefill, (double)n_tok / (t_prefill > 0 ? t_prefill : 1e-9), c_prefill,
                 ttft, n_gen, dec_steps > 0 && t_dec > 0 ? dec_steps / t_dec : 0.0, c_dec,
                 (double)ru.ru_maxrss / 1024.0);
+        mi_model_timing tm;
+        if (mi_model_last_timing(model, &tm) == MI_STATUS_SUCCESS && tm.total_s > 0) {
+            fprintf(stderr, "prefill parts: attention %.3f s (%.1f%%), GEMM %.3f s (%.1f%%)\n",
+                    tm.attention_s, 100.0 * tm.attention_s / tm.total_s, tm.gemm_s,
+                    100.0 * tm.gemm_s / tm.total_s);
+            if (tm.device_peak_bytes > 0)
+                fprintf(stderr, "peak device memory: %.1f MiB\n",
+                        (double)tm.device_peak_bytes / (1024.0 * 1024.0));
+        }
     }
     rc = 0;
 done:

@@ -869,10 +869,8 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
     embed_kernel<<<(unsigned)n, 128, 0, g->stream>>>(g->tokens, g->embd, g->x, D);
     if ((st = launch_check(m, "embedding")) != MI_STATUS_SUCCESS) return st;
 
-    const float scale = 1.0f / sqrtf((float)m->hd);
-    mi_prefill_params pp = mi_prefill_default_params();
-    pp.softmax_scale = scale;
-    pp.dense_below = m->dense_below;
+    const mi_prefill_params pp = mim_prefill_params_for(m, n);
+    const float scale = pp.softmax_scale;
     mi_head_pattern *pat = (mi_head_pattern *)malloc((size_t)m->n_heads * sizeof(*pat));
     if (!pat) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
 
