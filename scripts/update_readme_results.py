@@ -137,6 +137,43 @@ def ttft_tables(runs):
     return out
 
 
+def runner_tables(runs):
+    """Whole-model TTFT from the model runner (bench/model_ttft.c via bench/run_gpu_model.sh):
+    the files of one model and device are merged, newest row per (length, method)."""
+    groups = {}
+    for r in sorted(runs, key=lambda r: r.get("date", "")):
+        rows = r.get("rows")
+        if not isinstance(rows, list) or not rows or "ttft_s" not in rows[0]:
+            continue
+        key = (r.get("model", "?"), r.get("device", "?"), r.get("gpu", ""))
+        g = groups.setdefault(key, {"files": [], "rows": {}, "run": r})
+        g["files"].append(r["_file"])
+        for e in rows:
+            g["rows"][(e["tokens"], e["method"])] = e
+    out = []
+    for (model, device, gpu), g in groups.items():
+        r, sh = g["run"], g["run"].get("shape", {})
+        name = os.path.basename(model) if "/" in model else model
+        out += [f"**Model TTFT, {name}** ({sh.get('layers')} layers, {sh.get('heads')}/"
+                f"{sh.get('kv_heads')} heads of {sh.get('head_dim')}, hidden {sh.get('hidden')}, "
+                f"{sh.get('weights', '')} weights), {device} {gpu}, commit {r.get('commit', '?')} "
+                f"({', '.join('`' + f + '`' for f in g['files'])}). One prefill per cell; "
+                "attention and GEMM are the runner's own measurements of the prefill.", "",
+                "| L | method | TTFT | speed-up | attention | GEMMs | decode | device peak |",
+                "|---|---|---|---|---|---|---|---|"]
+        for (L, method), e in sorted(g["rows"].items()):
+            dense = g["rows"].get((L, "dense"))
+            sp = dense["ttft_s"] / e["ttft_s"] if dense and e["ttft_s"] > 0 else None
+            out.append(f"| {length(L)} | {method} | {fmt(e['ttft_s'], '.2f')} s "
+                       f"| {fmt(sp, '.1f')}x "
+                       f"| {fmt(e['attention_s'], '.2f')} s ({fmt(100 * e['attention_share'], '.0f')}%) "
+                       f"| {fmt(e['gemm_s'], '.2f')} s ({fmt(100 * e['gemm_share'], '.0f')}%) "
+                       f"| {fmt(e.get('decode_tokens_per_s'), '.0f')} tok/s "
+                       f"| {fmt(e.get('device_peak_bytes', 0) / 2**30, '.1f')} GiB |")
+        out.append("")
+    return out
+
+
 def generic_tables(runs):
     """Other result files carry a ready-made table: 'columns' (names) and 'table' (row dicts)."""
     out = []
@@ -158,7 +195,8 @@ def generic_tables(runs):
 
 def main():
     runs = load_runs()
-    lines = cpu_table(runs) + gpu_tables(runs) + ttft_tables(runs) + generic_tables(runs)
+    lines = (cpu_table(runs) + gpu_tables(runs) + runner_tables(runs) + ttft_tables(runs) +
+             generic_tables(runs))
     if not lines:
         lines = ["No benchmark results recorded yet."]
     readme_path = os.path.join(ROOT, "README.md")

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""TTFT of the LLaMA-3-8B shape at 1M tokens on one GPU, projected from measured parts.
+
+At 1M the 8B model's bf16 KV cache alone (32 layers x 2 x 8 heads x 128 x 1M x 2 bytes = 128 GiB)
+plus its weights (15 GiB) exceed one H200, so the whole-model run stops at 128K. This combines:
+  - the model runner at 128K (bench/results/*-gpu-model-ttft-8b.json): GEMM time and the rest
+    (norms, RoPE, embeddings) per token, which are linear in L, scaled by 8;
+  - attention per layer at 1M measured on the kernels (bench/results/*-ttft-8b-projection.json,
+    bench/project_8b_ttft.py), times 32 layers.
+
+Usage: bench/project_8b_1m.py [--results bench/results]
+"""
+import argparse
+import glob
+import json
+import os
+
+
+def newest(pattern):
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise SystemExit(f"no {pattern}")
+    return files[-1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", default="bench/results")
+    a = ap.parse_args()
+    runner_f = newest(os.path.join(a.results, "*-gpu-model-ttft-8b.json"))
+    kernel_f = newest(os.path.join(a.results, "*-ttft-8b-projection.json"))
+    runner, kernel = json.load(open(runner_f)), json.load(open(kernel_f))
+    k1m = next(r for r in kernel["rows"] if r["L"] == 1048576)
+    table = []
+    for method, attn_key in (("dense", "attn_dense_ms_per_layer"),
+                             ("minference", "attn_minference_ms_per_layer")):
+        r = next(e for e in runner["rows"] if e["method"] == method and e["tokens"] == 131072)
+        scale = 1048576 / r["tokens"]
+        gemm, other = r["gemm_s"] * scale, r["other_s"] * scale
+        attn = 32 * k1m[attn_key] / 1e3
+        table.append({"method": method,
+                      "128K measured TTFT": f"{r['ttft_s']:.1f} s",
+                      "1M GEMMs (x8)": f"{gemm:.1f} s",
+                      "1M rest (x8)": f"{other:.1f} s",
+                      "1M attention (32 x kernel)": f"{attn:.1f} s",
+                      "1M TTFT projected": f"{gemm + other + attn:.1f} s"})
+    out = {"title": "Projected TTFT of the LLaMA-3-8B shape at 1M on one GPU (runner at 128K "
+                    "scaled linearly + measured 1M attention kernels; the 1M KV cache does not "
+                    "fit one H200)",
+           "date": runner["date"], "gpu": runner.get("gpu", ""),
+           "commit": runner.get("commit", ""), "inputs": [runner_f, kernel_f],
+           "columns": list(table[0].keys()), "table": table}
+    path = os.path.join(a.results, runner["date"][:10] + "-ttft-8b-1m-projection.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    for row in table:
+        print(row)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
