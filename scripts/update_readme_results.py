@@ -153,7 +153,8 @@ def runner_tables(runs):
     out = []
     for (model, device, gpu), g in groups.items():
         r, sh = g["run"], g["run"].get("shape", {})
-        name = os.path.basename(model) if "/" in model else model
+        name = model.split(" (")[0]
+        name = os.path.basename(name) if "/" in name else name
         out += [f"**Model TTFT, {name}** ({sh.get('layers')} layers, {sh.get('heads')}/"
                 f"{sh.get('kv_heads')} heads of {sh.get('head_dim')}, hidden {sh.get('hidden')}, "
                 f"{sh.get('weights', '')} weights), {device} {gpu}, commit {r.get('commit', '?')} "
