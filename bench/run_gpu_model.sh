@@ -44,6 +44,7 @@ ninja -C build-gpu minference_cli test_model_gpu bench_model_ttft >"$LOGS/build.
   { grep -E "error" -A3 "$LOGS/build.log" | head -60; exit 1; }
 echo "built $COMMIT on $GPU"
 rc=0
+[ -n "$MODEL" ] && export MI_MODEL="$MODEL"  # the real-model check of the GPU test
 if [ "$TEST" = 1 ]; then
   timeout 900 build-gpu/tests/model/test_model_gpu >"$LOGS/test_model_gpu.log" 2>&1
   t=$?
