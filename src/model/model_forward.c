@@ -228,8 +228,7 @@ static void cont_task(void *arg, int64_t b, int64_t e, int thread) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-static mi_status ensure_cache(mi_model *m, int64_t need) {
-    if (need <= m->cache_cap) return MI_STATUS_SUCCESS;
+mi_status mim_cache_capacity(mi_model *m, int64_t need, int64_t current, int64_t *cap_out) {
     if (m->params.max_context > 0 && need > m->params.max_context)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
                               "%lld tokens exceed the KV cache capacity max_context = %lld",
@@ -237,10 +236,18 @@ static mi_status ensure_cache(mi_model *m, int64_t need) {
     /* A prompt gets what it needs plus room for a generation; decode growth is geometric (by a
      * quarter) so appending stays amortised O(1) without doubling a long prompt's cache. */
     int64_t cap = need + 1024;
-    if (m->cache_cap > 0 && cap < m->cache_cap + m->cache_cap / 4)
-        cap = m->cache_cap + m->cache_cap / 4;
+    if (current > 0 && cap < current + current / 4) cap = current + current / 4;
     cap = (cap + 255) / 256 * 256;
     if (m->params.max_context > 0 && cap > m->params.max_context) cap = m->params.max_context;
+    *cap_out = cap;
+    return MI_STATUS_SUCCESS;
+}
+
+static mi_status ensure_cache(mi_model *m, int64_t need) {
+    if (need <= m->cache_cap) return MI_STATUS_SUCCESS;
+    int64_t cap;
+    mi_status st = mim_cache_capacity(m, need, m->cache_cap, &cap);
+    if (st != MI_STATUS_SUCCESS) return st;
     const size_t row = (size_t)m->n_kv * m->hd * sizeof(float);
     if (!m->k_cache) {
         m->k_cache = calloc((size_t)m->n_layers, sizeof(float *));

@@ -491,16 +491,9 @@ done:
 mi_status ensure_cache(mi_model *m, int64_t need) {
     gpu_state *g = GPU(m);
     if (need <= g->cache_cap) return MI_STATUS_SUCCESS;
-    if (m->params.max_context > 0 && need > m->params.max_context)
-        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
-                              "%lld tokens exceed the KV cache capacity max_context = %lld",
-                              (long long)need, (long long)m->params.max_context);
-    /* as on the CPU: the prompt plus room for a generation, then growth by a quarter */
-    int64_t cap = need + 1024;
-    if (g->cache_cap > 0 && cap < g->cache_cap + g->cache_cap / 4)
-        cap = g->cache_cap + g->cache_cap / 4;
-    cap = (cap + 255) / 256 * 256;
-    if (m->params.max_context > 0 && cap > m->params.max_context) cap = m->params.max_context;
+    int64_t cap;
+    mi_status st = mim_cache_capacity(m, need, g->cache_cap, &cap);
+    if (st != MI_STATUS_SUCCESS) return st;
     const int64_t kvd = (int64_t)m->n_kv * m->hd;
     if (!g->k_cache) {
         g->k_cache = (bf16 **)calloc((size_t)m->n_layers, sizeof(bf16 *));

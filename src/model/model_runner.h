@@ -84,6 +84,10 @@ void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld);
  * mode and config, intersected with the model's sliding window. */
 mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_pattern *pat);
 
+/* The KV cache capacity (tokens) to allocate for need tokens when current are allocated, under
+ * params.max_context (which need may not exceed). */
+mi_status mim_cache_capacity(mi_model *m, int64_t need, int64_t current, int64_t *cap);
+
 /* Prefill parameters for a prompt of n tokens: the head's softmax scale, the model's dense
  * threshold (never a dense fallback past a sliding window, which dense would ignore). */
 mi_prefill_params mim_prefill_params_for(const mi_model *m, int64_t n);

