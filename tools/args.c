@@ -2,25 +2,51 @@
 #include "args.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static args_result fail(const char *command, const char *usage, const char *fmt, const char *a,
-                        const char *b) {
+args_result args_error(const char *command, const char *usage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "minference %s: ", command);
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n\n%s", usage);
+    va_end(ap);
     return ARGS_ERROR;
 }
 
-static bool parse_int(const char *text, long long min, long long max, int *out) {
+static bool parse_int(const char *text, long long min, long long max, long long *out) {
     char *end = NULL;
     errno = 0;
     long long v = strtoll(text, &end, 10);
     if (errno || !end || end == text || *end != '\0' || v < min || v > max) return false;
-    *out = (int)v;
+    *out = v;
     return true;
+}
+
+static bool parse_double(const char *text, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || !end || end == text || *end != '\0' || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+/* Stores value into a flag of kind ARG_INT, ARG_INT64 or ARG_DOUBLE; false when it is bad. */
+static bool store_number(const arg_spec *spec, const char *value) {
+    long long v = 0;
+    switch (spec->kind) {
+    case ARG_DOUBLE: return parse_double(value, (double *)spec->value);
+    case ARG_INT64: return parse_int(value, spec->min, spec->max, (long long *)spec->value);
+    default:
+        if (!parse_int(value, spec->min, spec->max, &v)) return false;
+        *(int *)spec->value = (int)v;
+        return true;
+    }
 }
 
 args_result args_parse(const char *command, const char *usage, const arg_spec *specs, int n_specs,
@@ -35,9 +61,9 @@ args_result args_parse(const char *command, const char *usage, const arg_spec *s
         }
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
             if (a[0] == '-' && a[1] != '\0' && strcmp(a, "--") != 0)
-                return fail(command, usage, "unknown option '%s'%s", a, "");
+                return args_error(command, usage, "unknown option '%s'", a);
             if (np >= max_positional)
-                return fail(command, usage, "unexpected argument '%s'%s", a, "");
+                return args_error(command, usage, "unexpected argument '%s'", a);
             positional[np++] = a;
             continue;
         }
@@ -51,27 +77,32 @@ args_result args_parse(const char *command, const char *usage, const arg_spec *s
                 break;
             }
         }
-        if (!spec) return fail(command, usage, "unknown option '%s'%s", a, "");
+        if (!spec) return args_error(command, usage, "unknown option '%s'", a);
         if (spec->seen) *spec->seen = true;
         if (spec->kind == ARG_BOOL) {
-            if (eq) return fail(command, usage, "option '--%s' takes no value%s", spec->name, "");
+            if (eq) return args_error(command, usage, "option '--%s' takes no value", spec->name);
             *(bool *)spec->value = true;
+            continue;
+        }
+        if (spec->kind == ARG_OPT_STR) {
+            if (eq) *(const char **)spec->value = eq + 1;
             continue;
         }
         const char *value = eq ? eq + 1 : NULL;
         if (!value) {
             if (i + 1 >= argc)
-                return fail(command, usage, "option '--%s' needs a value%s", spec->name, "");
+                return args_error(command, usage, "option '--%s' needs a value", spec->name);
             value = argv[++i];
         }
         if (spec->kind == ARG_STR) {
             *(const char **)spec->value = value;
-        } else if (!parse_int(value, spec->min, spec->max, (int *)spec->value)) {
-            char range[96];
-            snprintf(range, sizeof range, " (an integer in [%lld, %lld])", spec->min, spec->max);
-            fprintf(stderr, "minference %s: bad value '%s' for '--%s'%s\n\n%s", command, value,
-                    spec->name, range, usage);
-            return ARGS_ERROR;
+        } else if (!store_number(spec, value)) {
+            if (spec->kind == ARG_DOUBLE)
+                return args_error(command, usage, "bad value '%s' for '--%s' (a number)", value,
+                                  spec->name);
+            return args_error(command, usage,
+                              "bad value '%s' for '--%s' (an integer in [%lld, %lld])", value,
+                              spec->name, spec->min, spec->max);
         }
     }
     if (n_positional) *n_positional = np;

