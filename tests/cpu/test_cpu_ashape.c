@@ -4,7 +4,7 @@
  * dense), including the empty pattern (rows with no key: output 0, LSE -inf), windows narrower
  * and wider than a tile, sinks overlapping the window, n_last beyond the length, and varlen.
  */
-#include "test_util.h"
+#include "test_qkvo.h"
 
 typedef struct ashape_case {
     mi_dtype dt;
@@ -23,33 +23,13 @@ static void run_ashape(mi_context *ctx, const ashape_case *c, rng *r) {
              mi_dtype_name(c->dt), c->blhd ? "blhd" : "bhld", (long long)c->B, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->L, (long long)c->D, c->n_init, c->n_local, c->n_last,
              c->use_lens ? " varlen" : "");
-    tbuf q = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tbuf k = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf v = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf o = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tb_fill_normal(&q, r, 1.5);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
-    tb_poison(&o);
-    const size_t n_rows = (size_t)(c->B * c->Hq * c->L);
-    float *lse = malloc(n_rows * sizeof(float));
-    memset(lse, 0xff, n_rows * sizeof(float));
-    double *ref = malloc(n_rows * (size_t)c->D * sizeof(double));
-    double *ref_lse = malloc(n_rows * sizeof(double));
+    qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
     const int32_t *lens = c->use_lens ? c->seq_lens : NULL;
-    CHECK_OK(mi_attention_a_shape(ctx, &q.t, &k.t, &v.t, lens, c->n_init, c->n_local, c->n_last,
-                                  0.0f, &o.t, lse));
+    CHECK_OK(mi_attention_a_shape(ctx, &t.q.t, &t.k.t, &t.v.t, lens, c->n_init, c->n_local,
+                                  c->n_last, 0.0f, &t.o.t, t.lse));
     ashape_mask m = {c->n_init, c->n_local, c->n_last, lens, c->L};
-    ref_attention(&q, &k, &v, lens, 1.0 / sqrt((double)c->D), mask_ashape, &m, ref, ref_lse);
-    compare_out(name, &o, ref, lens);
-    compare_lse(name, lse, ref_lse, (int64_t)n_rows);
-    free(lse);
-    free(ref);
-    free(ref_lse);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    qkvo_check(name, &t, lens, 0.0, mask_ashape, &m);
+    qkvo_free(&t);
 }
 
 int main(int argc, char **argv) {

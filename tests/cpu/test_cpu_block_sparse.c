@@ -10,7 +10,7 @@
  *  - attention on the index equals the float64 reference under the expanded mask; top_k >= R
  *    is dense.
  */
-#include "test_util.h"
+#include "test_qkvo.h"
 
 /* float64 pooled means of (b, h) over the real rows of each 64-row block: p [nb][D] */
 static void ref_pool(const tbuf *t, int64_t b, int64_t h, int64_t len, double *p) {
@@ -32,23 +32,18 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
     snprintf(name, sizeof name, "block-sparse %s %s L%lld B%lld Hq%lld Hkv%lld D%lld%s",
              mi_dtype_name(dt), blhd ? "blhd" : "bhld", (long long)L, (long long)B, (long long)Hq,
              (long long)Hkv, (long long)D, lens ? " varlen" : "");
-    tbuf q = tb_new(dt, blhd, B, Hq, L, D), k = tb_new(dt, blhd, B, Hkv, L, D);
-    tbuf v = tb_new(dt, blhd, B, Hkv, L, D), o = tb_new(dt, blhd, B, Hq, L, D);
-    tb_fill_normal(&q, r, 1.0);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
+    qkvo t = qkvo_new(dt, blhd, B, Hq, Hkv, L, D, 1.0, r);
     if (plant_block >= 0) {
         /* every q row and the keys of one block share a strong direction */
         for (int64_t b = 0; b < B; b++) {
             for (int64_t h = 0; h < Hq; h++)
                 for (int64_t i = 0; i < L; i++)
-                    tb_set(&q, b, h, i, 0, 4.0 + 0.1 * tb_get(&q, b, h, i, 0));
+                    tb_set(&t.q, b, h, i, 0, 4.0 + 0.1 * tb_get(&t.q, b, h, i, 0));
             for (int64_t h = 0; h < Hkv; h++)
                 for (int64_t j = 64 * plant_block; j < 64 * plant_block + 64 && j < L; j++)
-                    tb_set(&k, b, h, j, 0, 4.0);
+                    tb_set(&t.k, b, h, j, 0, 4.0);
         }
     }
-    tb_poison(&o);
     const int32_t R = (int32_t)((L + 63) / 64);
     int32_t maxb = 2;
     for (int64_t h = 0; h < Hq; h++) maxb = top_k[h] > maxb ? top_k[h] : maxb;
@@ -56,15 +51,15 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
     sparse_buf sb = sparse_new((int32_t)B, (int32_t)Hq, R, maxb, 0);
     memset(sb.x.block_count, 0xff, (size_t)(B * Hq * R) * 4);
     memset(sb.x.column_count, 0xff, (size_t)(B * Hq * R) * 4);
-    CHECK_OK(mi_block_sparse_estimate(ctx, &q.t, &k.t, lens, top_k, &sb.x));
+    CHECK_OK(mi_block_sparse_estimate(ctx, &t.q.t, &t.k.t, lens, top_k, &sb.x));
     double *qp = malloc((size_t)(R * D) * sizeof(double)), *kp = malloc((size_t)(R * D) * 8);
     double *sc = malloc((size_t)R * sizeof(double));
     for (int64_t b = 0; b < B; b++) {
         const int64_t len = lens ? lens[b] : L, nb = (len + 63) / 64;
         for (int64_t h = 0; h < Hq; h++) {
             const int64_t bh = b * Hq + h;
-            ref_pool(&q, b, h, len, qp);
-            ref_pool(&k, b, h / (Hq / Hkv), len, kp);
+            ref_pool(&t.q, b, h, len, qp);
+            ref_pool(&t.k, b, h / (Hq / Hkv), len, kp);
             for (int64_t m = 0; m < R; m++) {
                 const int32_t bc = sb.x.block_count[bh * R + m];
                 const int32_t *offs = sb.x.block_offset + (bh * R + m) * maxb;
@@ -114,33 +109,22 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
             }
         }
     }
-    const size_t n_rows = (size_t)(B * Hq * L);
-    float *lse = malloc(n_rows * sizeof(float));
-    double *ref = malloc(n_rows * (size_t)D * sizeof(double));
-    double *ref_lse = malloc(n_rows * sizeof(double));
-    CHECK_OK(mi_attention_sparse(ctx, &q.t, &k.t, &v.t, lens, &sb.x, 0.0f, &o.t, lse));
+    CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &t.o.t, t.lse));
     key_mask km = key_mask_from_index(&sb.x, L);
-    ref_attention(&q, &k, &v, lens, 1.0 / sqrt((double)D), mask_keys, &km, ref, ref_lse);
-    compare_out(name, &o, ref, lens);
-    compare_lse(name, lse, ref_lse, (int64_t)n_rows);
+    qkvo_check(name, &t, lens, 0.0, mask_keys, &km);
     bool all_dense = true;
     for (int64_t h = 0; h < Hq; h++) all_dense &= top_k[h] >= R;
     if (all_dense) {
-        ref_attention(&q, &k, &v, lens, 1.0 / sqrt((double)D), mask_all, NULL, ref, ref_lse);
-        compare_out("block-sparse top_k >= R = dense", &o, ref, lens);
+        ref_attention(&t.q, &t.k, &t.v, lens, 1.0 / sqrt((double)D), mask_all, NULL, t.ref,
+                      t.ref_lse);
+        compare_out("block-sparse top_k >= R = dense", &t.o, t.ref, lens);
     }
     free(km.keys);
     free(qp);
     free(kp);
     free(sc);
-    free(lse);
-    free(ref);
-    free(ref_lse);
     free(sb.mem);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    qkvo_free(&t);
 }
 
 int main(int argc, char **argv) {

@@ -5,7 +5,7 @@
  * dtypes, both layouts, batches with different lengths (including an empty sequence) and a
  * custom softmax scale.
  */
-#include "test_util.h"
+#include "test_qkvo.h"
 
 typedef struct dense_case {
     mi_dtype dt;
@@ -22,36 +22,15 @@ static void run_dense(mi_context *ctx, const dense_case *c, rng *r) {
              mi_dtype_name(c->dt), c->blhd ? "blhd" : "bhld", (long long)c->B, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->L, (long long)c->D, c->use_lens ? " varlen" : "",
              (double)c->scale);
-    tbuf q = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tbuf k = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf v = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf o = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tb_fill_normal(&q, r, 1.5);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
-    tb_poison(&o);
-    const size_t n_rows = (size_t)(c->B * c->Hq * c->L);
-    float *lse = malloc(n_rows * sizeof(float));
-    memset(lse, 0xff, n_rows * sizeof(float));
-    double *ref = malloc(n_rows * (size_t)c->D * sizeof(double));
-    double *ref_lse = malloc(n_rows * sizeof(double));
+    qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
     const int32_t *lens = c->use_lens ? c->seq_lens : NULL;
-    CHECK_OK(mi_attention_dense(ctx, &q.t, &k.t, &v.t, lens, c->scale, &o.t, lse));
-    const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D);
-    ref_attention(&q, &k, &v, lens, scale, mask_all, NULL, ref, ref_lse);
-    compare_out(name, &o, ref, lens);
-    compare_lse(name, lse, ref_lse, (int64_t)n_rows);
+    CHECK_OK(mi_attention_dense(ctx, &t.q.t, &t.k.t, &t.v.t, lens, c->scale, &t.o.t, t.lse));
+    qkvo_check(name, &t, lens, c->scale, mask_all, NULL);
     /* lse is optional */
-    tb_poison(&o);
-    CHECK_OK(mi_attention_dense(ctx, &q.t, &k.t, &v.t, lens, c->scale, &o.t, NULL));
-    compare_out(name, &o, ref, lens);
-    free(lse);
-    free(ref);
-    free(ref_lse);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    tb_poison(&t.o);
+    CHECK_OK(mi_attention_dense(ctx, &t.q.t, &t.k.t, &t.v.t, lens, c->scale, &t.o.t, NULL));
+    compare_out(name, &t.o, t.ref, lens);
+    qkvo_free(&t);
 }
 
 int main(int argc, char **argv) {

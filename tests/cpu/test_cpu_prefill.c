@@ -8,7 +8,7 @@
  *  - a caller workspace gives the same bytes as the internal one;
  *  - metrics: recall and density equal a float64 computation over the same masks.
  */
-#include "test_util.h"
+#include "test_qkvo.h"
 
 typedef struct layer_mask {
     const mi_head_pattern *pat;
@@ -89,13 +89,8 @@ int main(int argc, char **argv) {
     for (int dti = 0; dti < 2; dti++) {
         const mi_dtype dt = dti == 0 ? MI_DTYPE_F32 : MI_DTYPE_BF16;
         const bool blhd = dti == 1;
-        tbuf q = tb_new(dt, blhd, B, Hq, L, D), k = tb_new(dt, blhd, B, Hkv, L, D);
-        tbuf v = tb_new(dt, blhd, B, Hkv, L, D), o = tb_new(dt, blhd, B, Hq, L, D);
+        qkvo t = qkvo_new(dt, blhd, B, Hq, Hkv, L, D, 2.0, &r);
         tbuf o2 = tb_new(dt, blhd, B, Hq, L, D);
-        tb_fill_normal(&q, &r, 2.0);
-        tb_fill_normal(&k, &r, 1.0);
-        tb_fill_normal(&v, &r, 1.0);
-        tb_poison(&o);
         mi_prefill_params pp = mi_prefill_default_params();
         pp.dense_below = 0;
 
@@ -110,40 +105,37 @@ int main(int argc, char **argv) {
         vs_buf vb = vs_new((int32_t)B, (int32_t)Hq, (int32_t)L, (int32_t)L);
         sparse_buf vsx = sparse_new((int32_t)B, (int32_t)Hq, R, (int32_t)L + 1, (int32_t)L);
         sparse_buf bsx = sparse_new((int32_t)B, (int32_t)Hq, R, R, 0);
-        CHECK_OK(mi_vs_estimate(ctx, &q.t, &k.t, lens, vsz, ssz, &pp.vs, 0.0f, &vb.x));
+        CHECK_OK(mi_vs_estimate(ctx, &t.q.t, &t.k.t, lens, vsz, ssz, &pp.vs, 0.0f, &vb.x));
         CHECK_OK(mi_vs_build_index(ctx, L, lens, &vb.x, &vsx.x));
-        CHECK_OK(mi_block_sparse_estimate(ctx, &q.t, &k.t, lens, tk, &bsx.x));
+        CHECK_OK(mi_block_sparse_estimate(ctx, &t.q.t, &t.k.t, lens, tk, &bsx.x));
         layer_mask lm = {pats, lens, L, key_mask_from_index(&vsx.x, L),
                          key_mask_from_index(&bsx.x, L)};
 
-        const size_t n_rows = (size_t)(B * Hq * L);
-        float *lse = malloc(n_rows * sizeof(float)), *lse2 = malloc(n_rows * sizeof(float));
-        double *ref = malloc(n_rows * (size_t)D * sizeof(double));
-        double *ref_lse = malloc(n_rows * sizeof(double));
-        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o.t, lse, NULL, 0));
-        ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_layer, &lm, ref, ref_lse);
-        compare_out("prefill mixed patterns", &o, ref, lens);
-        compare_lse("prefill mixed patterns", lse, ref_lse, (int64_t)n_rows);
+        float *lse2 = malloc(t.n_rows * sizeof(float));
+        CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, pats, &pp, &t.o.t, t.lse,
+                                      NULL, 0));
+        qkvo_check("prefill mixed patterns", &t, lens, 1.0 / 8.0, mask_layer, &lm);
 
         /* caller workspace: identical bytes */
         size_t need = 0;
-        CHECK_OK(mi_prefill_workspace_size(ctx, &q.t, &k.t, pats, &pp, &need));
+        CHECK_OK(mi_prefill_workspace_size(ctx, &t.q.t, &t.k.t, pats, &pp, &need));
         void *ws = malloc(need + 3);
         tb_poison(&o2);
-        CHECK_OK(mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, lse2,
+        CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, pats, &pp, &o2.t, lse2,
                                       (char *)ws + 3, need));
-        const size_t bytes = n_rows * (size_t)D * mi_dtype_size(dt);
-        CHECK(memcmp(o.data, o2.data, bytes) == 0, "prefill: caller workspace changes the output");
-        CHECK(memcmp(lse, lse2, n_rows * sizeof(float)) == 0, "prefill: workspace changes LSE");
+        const size_t bytes = t.n_rows * (size_t)D * mi_dtype_size(dt);
+        CHECK(memcmp(t.o.data, o2.data, bytes) == 0,
+              "prefill: caller workspace changes the output");
+        CHECK(memcmp(t.lse, lse2, t.n_rows * sizeof(float)) == 0, "prefill: workspace changes LSE");
         free(ws);
 
         /* metrics over the same patterns */
         mi_head_metrics met[16];
-        CHECK_OK(mi_metrics_evaluate(ctx, &q.t, &k.t, lens, pats, &pp, met));
+        CHECK_OK(mi_metrics_evaluate(ctx, &t.q.t, &t.k.t, lens, pats, &pp, met));
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < Hq; h++) {
                 double rec = 0.0, vis = 0.0;
-                ref_metrics(&q, &k, b, h, lens[b], mask_layer, &lm, &rec, &vis);
+                ref_metrics(&t.q, &t.k, b, h, lens[b], mask_layer, &lm, &rec, &vis);
                 const mi_head_metrics *m = &met[b * Hq + h];
                 const double causal = (double)lens[b] * (lens[b] + 1) / 2.0;
                 CHECK(fabs(m->recall - rec) < 1e-4, "metrics b%lld h%lld: recall %.6f vs %.6f",
@@ -159,35 +151,35 @@ int main(int argc, char **argv) {
 
         /* rel_l2 of the kernel output against itself and against the float64 reference */
         double rel = -1.0;
-        CHECK_OK(mi_metrics_rel_l2(ctx, &o.t, &o2.t, lens, &rel));
+        CHECK_OK(mi_metrics_rel_l2(ctx, &t.o.t, &o2.t, lens, &rel));
         CHECK(rel == 0.0, "rel_l2 of identical tensors = %g", rel);
 
         /* dense fallback: every sequence shorter than dense_below runs dense */
         pp.dense_below = 2000;
         tb_poison(&o2);
-        CHECK_OK(
-            mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, lse2, NULL, 0));
-        ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_all, NULL, ref, ref_lse);
-        compare_out("prefill dense fallback", &o2, ref, lens);
-        compare_lse("prefill dense fallback", lse2, ref_lse, (int64_t)n_rows);
+        CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, pats, &pp, &o2.t, lse2,
+                                      NULL, 0));
+        ref_attention(&t.q, &t.k, &t.v, lens, 1.0 / 8.0, mask_all, NULL, t.ref, t.ref_lse);
+        compare_out("prefill dense fallback", &o2, t.ref, lens);
+        compare_lse("prefill dense fallback", lse2, t.ref_lse, (int64_t)t.n_rows);
         /* the default crossover is above these lengths, so defaults run dense too */
         tb_poison(&o2);
-        CHECK_OK(
-            mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, NULL, &o2.t, NULL, NULL, 0));
-        compare_out("prefill default fallback", &o2, ref, lens);
+        CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, pats, NULL, &o2.t, NULL,
+                                      NULL, 0));
+        compare_out("prefill default fallback", &o2, t.ref, lens);
         /* fallback only for the short sequence: batch 1 (450) dense, batch 0 (720) sparse */
         pp.dense_below = 600;
         tb_poison(&o2);
-        CHECK_OK(
-            mi_prefill_attention(ctx, &q.t, &k.t, &v.t, lens, pats, &pp, &o2.t, NULL, NULL, 0));
+        CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, pats, &pp, &o2.t, NULL,
+                                      NULL, 0));
         const size_t half = bytes / 2;
-        CHECK(memcmp(o.data, o2.data, blhd ? 0 : half) == 0, "fallback changed batch 0");
-        double *ref1 = malloc(n_rows * (size_t)D * sizeof(double));
-        memcpy(ref1, ref, n_rows * (size_t)D * sizeof(double)); /* dense reference */
-        ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_layer, &lm, ref, ref_lse);
-        memcpy(ref + n_rows * (size_t)D / 2, ref1 + n_rows * (size_t)D / 2,
-               n_rows * (size_t)D / 2 * sizeof(double));
-        compare_out("prefill partial fallback", &o2, ref, lens);
+        CHECK(memcmp(t.o.data, o2.data, blhd ? 0 : half) == 0, "fallback changed batch 0");
+        double *ref1 = malloc(t.n_rows * (size_t)D * sizeof(double));
+        memcpy(ref1, t.ref, t.n_rows * (size_t)D * sizeof(double)); /* dense reference */
+        ref_attention(&t.q, &t.k, &t.v, lens, 1.0 / 8.0, mask_layer, &lm, t.ref, t.ref_lse);
+        memcpy(t.ref + t.n_rows * (size_t)D / 2, ref1 + t.n_rows * (size_t)D / 2,
+               t.n_rows * (size_t)D / 2 * sizeof(double));
+        compare_out("prefill partial fallback", &o2, t.ref, lens);
         free(ref1);
 
         free(lm.vs.keys);
@@ -195,15 +187,9 @@ int main(int argc, char **argv) {
         free(vb.mem);
         free(vsx.mem);
         free(bsx.mem);
-        free(lse);
         free(lse2);
-        free(ref);
-        free(ref_lse);
-        tb_free(&q);
-        tb_free(&k);
-        tb_free(&v);
-        tb_free(&o);
         tb_free(&o2);
+        qkvo_free(&t);
     }
     mi_context_destroy(ctx);
     return test_finish("test_cpu_prefill");

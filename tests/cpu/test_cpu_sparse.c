@@ -6,7 +6,7 @@
  *  - an index listing every causal block gives exactly the dense kernel's output and LSE;
  *  - columns after the row (not causal) are masked in the column phase too.
  */
-#include "test_util.h"
+#include "test_qkvo.h"
 
 /* Fills x with a random index: non-overlapping ranges and distinct columns outside them, so the
  * element mask is a set (a key listed twice would be counted twice by any kernel). */
@@ -53,48 +53,24 @@ static void run_random(mi_context *ctx, const sparse_case *c, rng *r) {
     snprintf(name, sizeof name, "sparse %s %s B%lld Hq%lld Hkv%lld L%lld D%lld%s",
              mi_dtype_name(c->dt), c->blhd ? "blhd" : "bhld", (long long)c->B, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->L, (long long)c->D, c->use_lens ? " varlen" : "");
-    tbuf q = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tbuf k = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf v = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf o = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tb_fill_normal(&q, r, 1.5);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
-    tb_poison(&o);
+    qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
     const int32_t R = (int32_t)((c->L + 63) / 64);
     sparse_buf sb = sparse_new((int32_t)c->B, (int32_t)c->Hq, R, 6, 40);
     random_index(&sb.x, c->L, r);
-    const size_t n_rows = (size_t)(c->B * c->Hq * c->L);
-    float *lse = malloc(n_rows * sizeof(float));
-    double *ref = malloc(n_rows * (size_t)c->D * sizeof(double));
-    double *ref_lse = malloc(n_rows * sizeof(double));
     const int32_t *lens = c->use_lens ? c->seq_lens : NULL;
-    CHECK_OK(mi_attention_sparse(ctx, &q.t, &k.t, &v.t, lens, &sb.x, 0.0f, &o.t, lse));
+    CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &t.o.t, t.lse));
     key_mask km = key_mask_from_index(&sb.x, c->L);
-    ref_attention(&q, &k, &v, lens, 1.0 / sqrt((double)c->D), mask_keys, &km, ref, ref_lse);
-    compare_out(name, &o, ref, lens);
-    compare_lse(name, lse, ref_lse, (int64_t)n_rows);
+    qkvo_check(name, &t, lens, 0.0, mask_keys, &km);
     free(km.keys);
     free(sb.mem);
-    free(lse);
-    free(ref);
-    free(ref_lse);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    qkvo_free(&t);
 }
 
 /* Every causal block listed: bitwise the dense kernel (same tiles in the same order). */
 static void full_equals_dense(mi_context *ctx, mi_dtype dt, int64_t L, int64_t D, rng *r) {
     const int64_t Hq = 4, Hkv = 2;
-    tbuf q = tb_new(dt, false, 2, Hq, L, D), k = tb_new(dt, false, 2, Hkv, L, D);
-    tbuf v = tb_new(dt, false, 2, Hkv, L, D);
-    tbuf o1 = tb_new(dt, false, 2, Hq, L, D), o2 = tb_new(dt, false, 2, Hq, L, D);
-    tb_fill_normal(&q, r, 1.5);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
-    tb_poison(&o1);
+    qkvo t = qkvo_new(dt, false, 2, Hq, Hkv, L, D, 1.5, r);
+    tbuf o2 = tb_new(dt, false, 2, Hq, L, D);
     tb_poison(&o2);
     const int32_t lens[2] = {(int32_t)L, (int32_t)(L * 2 / 3)};
     const int32_t R = (int32_t)((L + 63) / 64);
@@ -104,22 +80,17 @@ static void full_equals_dense(mi_context *ctx, mi_dtype dt, int64_t L, int64_t D
             sb.x.block_count[bh * R + m] = m + 1;
             for (int32_t i = 0; i <= m; i++) sb.x.block_offset[(bh * R + m) * R + i] = 64 * i;
         }
-    const size_t n_rows = (size_t)(2 * Hq * L);
-    float *l1 = malloc(n_rows * sizeof(float)), *l2 = malloc(n_rows * sizeof(float));
-    CHECK_OK(mi_attention_dense(ctx, &q.t, &k.t, &v.t, lens, 0.0f, &o1.t, l1));
-    CHECK_OK(mi_attention_sparse(ctx, &q.t, &k.t, &v.t, lens, &sb.x, 0.0f, &o2.t, l2));
-    const size_t bytes = n_rows * (size_t)D * mi_dtype_size(dt);
-    CHECK(memcmp(o1.data, o2.data, bytes) == 0, "full sparse index != dense output (L %lld, %s)",
+    float *l2 = malloc(t.n_rows * sizeof(float));
+    CHECK_OK(mi_attention_dense(ctx, &t.q.t, &t.k.t, &t.v.t, lens, 0.0f, &t.o.t, t.lse));
+    CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &o2.t, l2));
+    const size_t bytes = t.n_rows * (size_t)D * mi_dtype_size(dt);
+    CHECK(memcmp(t.o.data, o2.data, bytes) == 0, "full sparse index != dense output (L %lld, %s)",
           (long long)L, mi_dtype_name(dt));
-    CHECK(memcmp(l1, l2, n_rows * sizeof(float)) == 0, "full sparse index != dense LSE");
-    free(l1);
+    CHECK(memcmp(t.lse, l2, t.n_rows * sizeof(float)) == 0, "full sparse index != dense LSE");
     free(l2);
     free(sb.mem);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o1);
     tb_free(&o2);
+    qkvo_free(&t);
 }
 
 /* Columns at or after the row, a range reaching past the rows and a column past the sequence
@@ -127,11 +98,7 @@ static void full_equals_dense(mi_context *ctx, mi_dtype dt, int64_t L, int64_t D
  * twice, as in the original; the index builders never list a key twice.) */
 static void noncausal_columns(mi_context *ctx, rng *r) {
     const int64_t L = 200, D = 64;
-    tbuf q = tb_new(MI_DTYPE_F32, false, 1, 1, L, D), k = tb_new(MI_DTYPE_F32, false, 1, 1, L, D);
-    tbuf v = tb_new(MI_DTYPE_F32, false, 1, 1, L, D), o = tb_new(MI_DTYPE_F32, false, 1, 1, L, D);
-    tb_fill_normal(&q, r, 1.0);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
+    qkvo t = qkvo_new(MI_DTYPE_F32, false, 1, 1, 1, L, D, 1.0, r);
     const int32_t R = 4;
     sparse_buf sb = sparse_new(1, 1, R, 2, 4);
     for (int32_t m = 0; m < R; m++) {
@@ -141,19 +108,12 @@ static void noncausal_columns(mi_context *ctx, rng *r) {
         const int32_t cols[4] = {0, 64 * m + 10, 64 * m + 20, 199};
         memcpy(sb.x.column_index + m * 4, cols, sizeof cols);
     }
-    float lse[200];
-    double ref[200 * 64], ref_lse[200];
-    CHECK_OK(mi_attention_sparse(ctx, &q.t, &k.t, &v.t, NULL, &sb.x, 0.0f, &o.t, lse));
+    CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, NULL, &sb.x, 0.0f, &t.o.t, t.lse));
     key_mask km = key_mask_from_index(&sb.x, L);
-    ref_attention(&q, &k, &v, NULL, 1.0 / 8.0, mask_keys, &km, ref, ref_lse);
-    compare_out("non-causal columns", &o, ref, NULL);
-    compare_lse("non-causal columns", lse, ref_lse, L);
+    qkvo_check("non-causal columns", &t, NULL, 1.0 / 8.0, mask_keys, &km);
     free(km.keys);
     free(sb.mem);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    qkvo_free(&t);
 }
 
 int main(int argc, char **argv) {

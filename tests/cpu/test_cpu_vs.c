@@ -11,7 +11,7 @@
  *    column / diagonal sums confirms the selection is a true top-k;
  *  - budgets >= L give dense attention.
  */
-#include "test_util.h"
+#include "test_qkvo.h"
 
 static int cmp_int(const void *a, const void *b) {
     const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -154,31 +154,12 @@ static void random_sets(mi_context *ctx, const vs_case *c, rng *r) {
     CHECK_OK(mi_vs_build_index(ctx, c->L, lens, &vb.x, &sb.x));
     check_index(name, &sb.x, c->L, lens, &vb.x);
 
-    tbuf q = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tbuf k = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf v = tb_new(c->dt, c->blhd, c->B, c->Hkv, c->L, c->D);
-    tbuf o = tb_new(c->dt, c->blhd, c->B, c->Hq, c->L, c->D);
-    tb_fill_normal(&q, r, 1.5);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
-    tb_poison(&o);
-    const size_t n_rows = (size_t)(c->B * c->Hq * c->L);
-    float *lse = malloc(n_rows * sizeof(float));
-    double *ref = malloc(n_rows * (size_t)c->D * sizeof(double));
-    double *ref_lse = malloc(n_rows * sizeof(double));
-    CHECK_OK(mi_attention_sparse(ctx, &q.t, &k.t, &v.t, lens, &sb.x, 0.0f, &o.t, lse));
+    qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
+    CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &t.o.t, t.lse));
     key_mask km = key_mask_from_index(&sb.x, c->L);
-    ref_attention(&q, &k, &v, lens, 1.0 / sqrt((double)c->D), mask_keys, &km, ref, ref_lse);
-    compare_out(name, &o, ref, lens);
-    compare_lse(name, lse, ref_lse, (int64_t)n_rows);
+    qkvo_check(name, &t, lens, 0.0, mask_keys, &km);
     free(km.keys);
-    free(lse);
-    free(ref);
-    free(ref_lse);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    qkvo_free(&t);
     free(sb.mem);
     free(vb.mem);
 }
@@ -360,36 +341,19 @@ static void planted(mi_context *ctx, mi_dtype dt) {
 static void full_budget(mi_context *ctx, mi_dtype dt, int64_t L, rng *r) {
     const int64_t B = 2, Hq = 4, Hkv = 1, D = 64;
     const int32_t lens[2] = {(int32_t)L, (int32_t)(L / 2)};
-    tbuf q = tb_new(dt, true, B, Hq, L, D), k = tb_new(dt, true, B, Hkv, L, D);
-    tbuf v = tb_new(dt, true, B, Hkv, L, D), o = tb_new(dt, true, B, Hq, L, D);
-    tb_fill_normal(&q, r, 1.5);
-    tb_fill_normal(&k, r, 1.0);
-    tb_fill_normal(&v, r, 1.0);
-    tb_poison(&o);
+    qkvo t = qkvo_new(dt, true, B, Hq, Hkv, L, D, 1.5, r);
     const int32_t big[4] = {(int32_t)L + 5, (int32_t)L + 5, (int32_t)L + 5, (int32_t)L + 5};
     mi_vs_params p = mi_vs_default_params();
     vs_buf vb = vs_new((int32_t)B, (int32_t)Hq, (int32_t)L, (int32_t)L);
     const int32_t R = (int32_t)((L + 63) / 64);
     sparse_buf sb = sparse_new((int32_t)B, (int32_t)Hq, R, (int32_t)L + 1, (int32_t)L);
-    CHECK_OK(mi_vs_estimate(ctx, &q.t, &k.t, lens, big, big, &p, 0.0f, &vb.x));
+    CHECK_OK(mi_vs_estimate(ctx, &t.q.t, &t.k.t, lens, big, big, &p, 0.0f, &vb.x));
     CHECK_OK(mi_vs_build_index(ctx, L, lens, &vb.x, &sb.x));
-    const size_t n_rows = (size_t)(B * Hq * L);
-    float *lse = malloc(n_rows * sizeof(float));
-    double *ref = malloc(n_rows * (size_t)D * sizeof(double));
-    double *ref_lse = malloc(n_rows * sizeof(double));
-    CHECK_OK(mi_attention_sparse(ctx, &q.t, &k.t, &v.t, lens, &sb.x, 0.0f, &o.t, lse));
-    ref_attention(&q, &k, &v, lens, 1.0 / 8.0, mask_all, NULL, ref, ref_lse);
-    compare_out("vs full budget = dense", &o, ref, lens);
-    compare_lse("vs full budget = dense", lse, ref_lse, (int64_t)n_rows);
-    free(lse);
-    free(ref);
-    free(ref_lse);
+    CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &t.o.t, t.lse));
+    qkvo_check("vs full budget = dense", &t, lens, 1.0 / 8.0, mask_all, NULL);
     free(sb.mem);
     free(vb.mem);
-    tb_free(&q);
-    tb_free(&k);
-    tb_free(&v);
-    tb_free(&o);
+    qkvo_free(&t);
 }
 
 int main(int argc, char **argv) {
