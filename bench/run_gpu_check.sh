@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Kernel work on a GPU machine in one call: builds the library for sm_90a only, runs the GPU tests
+# (full on the default path, the quick subset on the sm_80 path and on each extra variant), a
+# compute-sanitizer memcheck of the quick subset, then times the variants (bench/time_variants.py).
+#   bench/run_gpu_check.sh [--no-memcheck] [--variant NAME=VAR=VAL ...]
+# Logs and the timings JSON go to $LOGS (default build-gpu/logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MEMCHECK=1; VARIANTS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-memcheck) MEMCHECK=0 ;;
+    --variant) VARIANTS+=("$2"); shift ;;
+  esac
+  shift
+done
+BUILD=${BUILD:-build-gpu}
+LOGS=${LOGS:-$BUILD/logs}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
+  -DMI_BUILD_TESTS=OFF >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target libminference.so >"$LOGS/build.log" 2>&1 ||
+  { grep -E "error" -A3 "$LOGS/build.log" | head -40; exit 1; }
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+cc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -I"$CUDA_HOME/include" tests/cuda/test_cuda.c \
+  -o "$BUILD/test_cuda" -L"$BUILD" -lminference -L"$CUDA_HOME/lib64" -lcudart -lm \
+  -Wl,-rpath,"$PWD/$BUILD" >>"$LOGS/build.log" 2>&1 || { tail -20 "$LOGS/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+
+t() { # name, env assignments..., -- test args
+  local name=$1; shift
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  env "${envs[@]}" timeout 600 "$BUILD/test_cuda" "$@" >"$LOGS/test_$name.log" 2>&1
+  echo "test_cuda $name rc=$? : $(tail -1 "$LOGS/test_$name.log")"
+  grep FAIL "$LOGS/test_$name.log" | head -10
+}
+t sm90 -- 
+t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
+for v in "${VARIANTS[@]}"; do
+  name=${v%%=*}; envs=${v#*=}
+  [ -n "$envs" ] && t "${name}quick" ${envs//,/ } -- --quick
+done
+if [ "$MEMCHECK" = 1 ]; then
+  timeout 900 compute-sanitizer --tool memcheck "$BUILD/test_cuda" --quick \
+    >"$LOGS/memcheck-quick.log" 2>&1
+  echo "memcheck rc=$? : $(grep -E "passed|ERROR SUMMARY" "$LOGS/memcheck-quick.log" | tr '\n' ' ')"
+fi
+args=(); for v in "${VARIANTS[@]}"; do args+=(--variant "$v"); done
+[ ${#args[@]} -gt 0 ] && timeout 900 python3 bench/time_variants.py --lib "$BUILD/libminference.so" \
+  --out "$LOGS/variants.json" "${args[@]}" 2>&1 | grep -v '^{' | tee "$LOGS/variants.log"
+exit 0
