@@ -3,7 +3,8 @@
 # (full on the default path, the quick subset on the sm_80 path and on each extra variant), a
 # compute-sanitizer memcheck of the quick subset, then times the variants (bench/time_variants.py).
 #   bench/run_gpu_check.sh [--no-memcheck] [--variant NAME=VAR=VAL ...]
-# Logs and the timings JSON go to $LOGS (default build-gpu/logs).
+# Logs and the timings JSON go to $LOGS (default build-gpu/logs); TEST_TIMEOUT (s) bounds each
+# test run, so that a hung kernel does not eat the whole call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MEMCHECK=1; VARIANTS=()
@@ -32,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 t() { # name, env assignments..., -- test args
   local name=$1; shift
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env "${envs[@]}" timeout 600 "$BUILD/test_cuda" "$@" >"$LOGS/test_$name.log" 2>&1
+  env "${envs[@]}" timeout "${TEST_TIMEOUT:-600}" "$BUILD/test_cuda" "$@" >"$LOGS/test_$name.log" 2>&1
   echo "test_cuda $name rc=$? : $(tail -1 "$LOGS/test_$name.log")"
   grep FAIL "$LOGS/test_$name.log" | head -10
 }
@@ -43,7 +44,7 @@ for v in "${VARIANTS[@]}"; do
   [ -n "$envs" ] && t "${name}quick" ${envs//,/ } -- --quick
 done
 if [ "$MEMCHECK" = 1 ]; then
-  timeout 900 compute-sanitizer --tool memcheck "$BUILD/test_cuda" --quick \
+  timeout "$((3 * ${TEST_TIMEOUT:-300}))" compute-sanitizer --tool memcheck "$BUILD/test_cuda" --quick \
     >"$LOGS/memcheck-quick.log" 2>&1
   echo "memcheck rc=$? : $(grep -E "passed|ERROR SUMMARY" "$LOGS/memcheck-quick.log" | tr '\n' ' ')"
 fi
