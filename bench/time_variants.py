@@ -4,7 +4,7 @@ bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quic
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
   time_variants.py --lib build/libminference.so --variant base= --variant qsmem=MI_CUDA_SM90_Q_SMEM=1
-      [--out results.json]
+      [--shapes small] [--out results.json]
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every launch. cuDNN SDPA is timed once per dense shape."""
@@ -21,6 +21,9 @@ import torch_ref as tr  # noqa: E402
 DENSE = [(32768, 32, 8, 5), (131072, 8, 2, 5)]
 SPARSE = [(131072, 8, 2, "local", 5), (131072, 8, 2, "mixed", 3), (131072, 8, 2, "small", 5),
           (1048576, 1, 1, "local", 3), (1048576, 1, 1, "small", 3)]
+# --shapes small: one dense and three sparse shapes, for a last look when time is short
+DENSE_SMALL = DENSE[:1]
+SPARSE_SMALL = [SPARSE[0], SPARSE[2], SPARSE[3]]
 
 
 def main():
@@ -28,7 +31,9 @@ def main():
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", required=True, help="name=VAR=VAL,VAR=VAL")
     ap.add_argument("--out")
+    ap.add_argument("--shapes", default="all", choices=["all", "small"])
     args = ap.parse_args()
+    dense, sparse = (DENSE, SPARSE) if args.shapes == "all" else (DENSE_SMALL, SPARSE_SMALL)
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []
     cudnn = {}
@@ -37,7 +42,7 @@ def main():
         sets = [kv.split("=", 1) for kv in env.split(",") if kv]
         for k, v in sets:
             os.environ[k] = v
-        for L, H, Hk, reps in DENSE:
+        for L, H, Hk, reps in dense:
             r = tr.bench_dense(lib, L, H, Hk, reps, do_torch=(i == 0))
             if i == 0:
                 cudnn[L] = r.get("cudnn_ms_per_head")
@@ -45,7 +50,7 @@ def main():
             rows.append({"variant": name, "kind": "dense", **r})
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
-        for L, H, Hk, sname, reps in SPARSE:
+        for L, H, Hk, sname, reps in sparse:
             r = tr.bench_sparse(lib, L, H, Hk, sname, reps)
             rows.append({"variant": name, "kind": "sparse", **r})
             print(json.dumps(rows[-1]), flush=True)
