@@ -37,10 +37,14 @@ t() { # name, env assignments..., -- test args
   local name=$1; shift
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   env "${envs[@]}" timeout "${TEST_TIMEOUT:-600}" "$BUILD/test_cuda" "$@" >"$LOGS/test_$name.log" 2>&1
-  echo "test_cuda $name rc=$? : $(tail -1 "$LOGS/test_$name.log")"
+  local rc=$?
+  echo "test_cuda $name rc=$rc : $(tail -1 "$LOGS/test_$name.log")"
   grep FAIL "$LOGS/test_$name.log" | head -10
+  return $rc
 }
-t sm90 -- 
+t sm90 --
+# a hung kernel (timeout) would hang every later step as well
+[ $? = 124 ] && { echo "default path timed out: stopping"; exit 1; }
 t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*}; envs=${v#*=}
