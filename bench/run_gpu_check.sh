@@ -61,5 +61,5 @@ if [ "$BENCH" = 1 ]; then
 fi
 args=(); for v in "${VARIANTS[@]}"; do args+=(--variant "$v"); done
 [ ${#args[@]} -gt 0 ] && timeout 900 python3 bench/time_variants.py --lib "$BUILD/libminference.so" \
-  --out "$LOGS/variants.json" ${VARIANT_SHAPES:+--shapes "$VARIANT_SHAPES"} "${args[@]}" 2>&1 | grep -v '^{'
+  --out "$LOGS/variants.json" ${VARIANT_SHAPES:+--shapes "$VARIANT_SHAPES"} "${args[@]}" 2>&1
 exit 0
