@@ -3,7 +3,7 @@
 bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quick A/B runs during
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
-  time_variants.py --lib build/libminference.so --variant base= --variant qsmem=MI_CUDA_SM90_Q_SMEM=1
+  time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=MI_CUDA_DISABLE_SM90=1
       [--shapes small] [--out results.json]
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes src/cuda/wgmma_ops.cuh: inline-asm wrappers of the wgmma shapes the sm_90a attention
-kernel uses, for bf16 and fp16: m64n64k16 with both operands in shared memory (S = Q K^T, Q in
-shared memory), m64n64k16 with A in registers and B K-major (S = Q K^T, Q in registers) and
-m64n128k16 with A in registers and B transposed (O += P V). Run from the repository root."""
+kernels use, for bf16 and fp16: m64n64k16 with A in registers and B K-major (S = Q K^T, Q in
+registers), m64n128k16 with A in registers and B transposed (O += P V), and m64n64k16 with both
+operands in shared memory (S with Q in shared memory, used by the dev/cuda v2-v4 snapshots). Run
+from the repository root."""
 def ss(n, ty, name):
     nreg = n // 2
     regs = ", ".join(f"%{i}" for i in range(nreg))

@@ -1,8 +1,9 @@
 /*
  * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA
  * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
- * attn_fwd.cu. One kernel serves every mode (dense, A-/Tri-shape, sparse); history and numbers of
- * the earlier versions: dev/cuda/attn_dense_v*.cu.
+ * attn_fwd.cu. One kernel serves every mode (dense, A-/Tri-shape, sparse). H200: dense 433
+ * TFLOP/s at 32K, the sparse sets as the earlier 64-row kernel; numbers, history and what limits
+ * it: dev/cuda/attn_dense_v5.cu (earlier versions v1-v4 beside it).
  *
  * A CTA owns 128 query rows as two warpgroups of 64. Each warpgroup plans its own 64 rows (one row
  * block of the sparse index), and the CTA walks the union of the two tile lists: a range tile
@@ -11,11 +12,11 @@
  * gathered column tiles belong to one warpgroup each. This halves the K/V traffic per FLOP
  * against a 64-row CTA and gives both warpgroups the same tiles to overlap on.
  *
- * Per 64-key tile a warpgroup runs S = Q K^T (8 x m64n64k16, Q in registers or, as an experiment,
- * in shared memory) and O += P V (4 x m64n128k16, P from registers: the accumulator layout of S is
- * the register layout of the A operand; V read transposed, MN-major B), tiles in shared memory in
- * the 128-byte-swizzled K-major layout wgmma reads: each 128-column row is split in two 64-column
- * halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7).
+ * Per 64-key tile a warpgroup runs S = Q K^T (8 x m64n64k16, Q in registers in the A-operand
+ * layout, loaded once) and O += P V (4 x m64n128k16, P from registers: the accumulator layout of S
+ * is the register layout of the A operand; V read transposed, MN-major B), K and V tiles in shared
+ * memory in the 128-byte-swizzled K-major layout wgmma reads: each 128-column row is split in two
+ * 64-column halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7).
  *
  * Ping-pong: the two warpgroups run the same sequence softmax(u), GEMMs(S(u+1), PV(u)), ... half a
  * step apart, so that one's softmax (ALU, MUFU) runs while the other's GEMMs keep the tensor
@@ -43,9 +44,6 @@ namespace mi_cuda {
 
 template <typename T> struct wg;
 template <> struct wg<__nv_bfloat16> {
-    __device__ static void qk_ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n64_bf16(d, a, b, sc);
-    }
     __device__ static void qk_rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n64_bf16(d, a, b, sc);
     }
@@ -54,9 +52,6 @@ template <> struct wg<__nv_bfloat16> {
     }
 };
 template <> struct wg<__half> {
-    __device__ static void qk_ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n64_f16(d, a, b, sc);
-    }
     __device__ static void qk_rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n64_f16(d, a, b, sc);
     }
@@ -143,28 +138,27 @@ struct tile_walk {
     }
 };
 
-template <typename T, bool Q_IN_REGS>
+template <typename T>
 __global__ void __launch_bounds__(256, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ mi_cuda_attn_params p) {
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128, BM = 128, NT = 256, CPR = 16, NSTAGE = 4;
-    constexpr int QHALF = BM * 128, KHALF = BN * 128, KTILE = 2 * KHALF;
+    constexpr int KHALF = BN * 128, KTILE = 2 * KHALF;
     using tr = dtype_traits<T>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-    unsigned char *ks = base;                /* [NSTAGE] */
-    unsigned char *vs = ks + NSTAGE * KTILE; /* [NSTAGE] */
-    unsigned char *qs = vs + NSTAGE * KTILE; /* only without Q_IN_REGS */
-    int *kpos = reinterpret_cast<int *>(qs + (Q_IN_REGS ? 0 : 2 * QHALF)); /* [NSTAGE][BN] */
+    unsigned char *ks = base;                                 /* [NSTAGE] */
+    unsigned char *vs = ks + NSTAGE * KTILE;                  /* [NSTAGE] */
+    int *kpos = reinterpret_cast<int *>(vs + NSTAGE * KTILE); /* [NSTAGE][BN] */
 
     const int tid = threadIdx.x;
     /* broadcast from lane 0: ptxas then knows the warpgroup index is warp-uniform and keeps the
      * wgmma in the branches below pipelined */
     const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int warp = (tid / 32) % 4, lane = tid % 32;
-    const int me = 1 << wgi; /* this warpgroup's bit in walk_tile::users */
+    const int me = 1 << wgi;                      /* this warpgroup's bit in walk_tile::users */
     const int m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
@@ -257,10 +251,10 @@ __global__ void __launch_bounds__(256, 1)
     const int g = lane / 4, cq = lane % 4;
     const int qrow0 = rs_wg + warp * 16 + g, qrow1 = qrow0 + 8;
 
-    /* Q: registers in the A-operand layout (row g / g + 8 of this warp's 16, columns 16 kk + 2 cq
-     * (+1) and + 8), or the swizzled shared-memory tile */
-    uint32_t qf[Q_IN_REGS ? 8 : 1][4];
-    if constexpr (Q_IN_REGS) {
+    /* Q in registers in the A-operand layout: rows g and g + 8 of this warp's 16, columns
+     * 16 kk + 2 cq (+1) and 16 kk + 8 + 2 cq (+1); rows past the sequence are zeros */
+    uint32_t qf[8][4];
+    {
         const bool ok0 = qrow0 < len, ok1 = qrow1 < len;
         const T *q0 = qg + (int64_t)(ok0 ? qrow0 : 0) * p.q_stride[2] + 2 * cq;
         const T *q1 = qg + (int64_t)(ok1 ? qrow1 : 0) * p.q_stride[2] + 2 * cq;
@@ -271,16 +265,7 @@ __global__ void __launch_bounds__(256, 1)
             qf[kk][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + 16 * kk + 8)) : 0u;
             qf[kk][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + 16 * kk + 8)) : 0u;
         }
-    } else {
-        for (int i = tid; i < BM * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const int row = rs + r;
-            const bool ok = row < len;
-            const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
-            cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
-        }
     }
-    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
 
     float o[64];
 #pragma unroll
@@ -298,12 +283,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
-            if constexpr (Q_IN_REGS) {
-                wg<T>::qk_rs(s, qf[kk], sw128_desc(ka, 16, 1024), kk > 0);
-            } else {
-                const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
-                wg<T>::qk_ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
-            }
+            wg<T>::qk_rs(s, qf[kk], sw128_desc(ka, 16, 1024), kk > 0);
         }
     };
     /* O += P V of the tile in stage buf (issued, not committed) */
@@ -403,7 +383,7 @@ __global__ void __launch_bounds__(256, 1)
         }
     };
 
-    /* prologue: tiles 0..2 in flight (Q with tile 0), S of tile 0; warpgroup 0 runs half a step
+    /* prologue: tiles 0..2 in flight, S of tile 0; warpgroup 0 runs half a step
      * ahead, so it also does the softmax of tile 0 now */
     load_kv(w0, 0);
     cp_async_commit();
@@ -465,12 +445,11 @@ __global__ void __launch_bounds__(256, 1)
 #endif
 }
 
-template <typename T, bool Q_IN_REGS>
+template <typename T>
 static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
     constexpr int BM = 128, NSTAGE = 4, KTILE = 2 * BN * 128;
-    const size_t smem =
-        1024 + 2 * NSTAGE * KTILE + (Q_IN_REGS ? 0 : BM * 256) + NSTAGE * BN * sizeof(int);
-    auto kern = attn_fwd_sm90_kernel<T, Q_IN_REGS>;
+    const size_t smem = 1024 + 2 * NSTAGE * KTILE + NSTAGE * BN * sizeof(int);
+    auto kern = attn_fwd_sm90_kernel<T>;
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -500,16 +479,10 @@ extern "C" int mi_cuda_sm90_usable(void) {
 #endif
 }
 
-/* Every mode runs the same 128-row kernel (block_m is the sm_80 kernel's choice). The Q operand
- * stays in registers; MI_CUDA_SM90_Q_SMEM=1 reads it from shared memory instead (experiment). */
+/* Every mode runs the same 128-row kernel (block_m is the sm_80 kernel's choice). */
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, int block_m,
                                                 cudaStream_t st) {
     (void)block_m;
-    const bool bf = p->dtype == MI_DTYPE_BF16;
-    const char *qs = getenv("MI_CUDA_SM90_Q_SMEM");
-    if (qs && qs[0] == '1')
-        return bf ? mi_cuda::launch_sm90<__nv_bfloat16, false>(*p, st)
-                  : mi_cuda::launch_sm90<__half, false>(*p, st);
-    return bf ? mi_cuda::launch_sm90<__nv_bfloat16, true>(*p, st)
-              : mi_cuda::launch_sm90<__half, true>(*p, st);
+    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
+                                     : mi_cuda::launch_sm90<__half>(*p, st);
 }
