@@ -42,6 +42,38 @@ __device__ __forceinline__ int tile_key(const tile_plan &tp, int t, int r, int l
     return (pos >= 0 && pos < len) ? pos : MI_NO_KEY;
 }
 
+/* Whether query row `row` sees key `key` (MI_NO_KEY is never seen): causal, plus the A-shape /
+ * Tri-shape window. The sparse modes need no test beyond causality: their tiles hold only the
+ * keys of the index. */
+__device__ __forceinline__ bool key_visible(const tile_plan &tp, int key, int row) {
+    bool vis = key <= row;
+    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+        vis = vis && (row - key < tp.n_local || key < tp.n_init || row >= tp.tri_start);
+    return vis;
+}
+
+/* A 64-key range tile starting at off that every row from first_row on sees entirely (inside the
+ * sequence, at or left of the diagonal, no A-shape window): its scores need no mask. */
+__device__ __forceinline__ bool range_tile_unmasked(const tile_plan &tp, int off, int first_row,
+                                                    int len) {
+    return tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 && off + BN - 1 < len &&
+           off + BN - 1 <= first_row;
+}
+
+/* Rows [rs, rs + rows) that see no key: output 0, LSE -inf (lseg may be NULL). */
+template <typename T>
+__device__ __forceinline__ void write_empty_rows(T *og, int64_t o_row_stride, float *lseg, int rs,
+                                                 int rows, int head_dim, int tid, int nthreads) {
+    const int cpr = head_dim / 8;
+    for (int i = tid; i < rows * cpr; i += nthreads) {
+        const int r = i / cpr, c = i % cpr;
+        *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * o_row_stride + c * 8) =
+            make_uint4(0, 0, 0, 0);
+    }
+    if (lseg)
+        for (int r = tid; r < rows; r += nthreads) lseg[rs + r] = -INFINITY;
+}
+
 /* Plans the keys of query rows [rs, rs + BM) of (b, h); false when this launch skips the head. */
 __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, int bh, int m_blk,
                                            int rs, int BM, int len, tile_plan &tp) {

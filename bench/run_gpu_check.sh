@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Kernel work on a GPU machine in one call, most important first: builds the library for sm_90a
+# only, runs the GPU tests (full on the default path, the quick subset on the sm_80 path and on
+# each variant), a compute-sanitizer memcheck of the quick subset, optionally the dense and sparse
+# benchmark against SDPA (bench/torch_ref.py, its JSON and PNG into $LOGS), then times the variants
+# (bench/time_variants.py).
+#   bench/run_gpu_check.sh [--no-memcheck] [--bench] [--variant NAME=VAR=VAL ...]
+# Logs and the timings JSON go to $LOGS (default build-gpu/logs); TEST_TIMEOUT (s) bounds each
+# test run, so that a hung kernel does not eat the whole call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MEMCHECK=1; BENCH=0; VARIANTS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-memcheck) MEMCHECK=0 ;;
+    --bench) BENCH=1 ;;
+    --variant) VARIANTS+=("$2"); shift ;;
+  esac
+  shift
+done
+BUILD=${BUILD:-build-gpu}
+LOGS=${LOGS:-$BUILD/logs}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
+  -DMI_BUILD_TESTS=OFF >"$BUILD.cmake.log" 2>&1 || { tail -30 "$BUILD.cmake.log"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target libminference.so >"$BUILD.build.log" 2>&1 ||
+  { grep -E "error" -A3 "$BUILD.build.log" | head -40; exit 1; }
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+cc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -I"$CUDA_HOME/include" tests/cuda/test_cuda.c \
+  -o "$BUILD/test_cuda" -L"$BUILD" -lminference -L"$CUDA_HOME/lib64" -lcudart -lm \
+  -Wl,-rpath,"$PWD/$BUILD" >>"$BUILD.build.log" 2>&1 || { tail -20 "$BUILD.build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+
+t() { # name, env assignments..., -- test args
+  local name=$1; shift
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  env "${envs[@]}" timeout "${TEST_TIMEOUT:-600}" "$BUILD/test_cuda" "$@" >"$LOGS/test_$name.log" 2>&1
+  local rc=$?
+  echo "test_cuda $name rc=$rc : $(tail -1 "$LOGS/test_$name.log")"
+  grep FAIL "$LOGS/test_$name.log" | head -10
+  return $rc
+}
+t sm90 --
+# a hung kernel (timeout) would hang every later step as well
+[ $? = 124 ] && { echo "default path timed out: stopping"; exit 1; }
+t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
+for v in "${VARIANTS[@]}"; do
+  name=${v%%=*}; envs=${v#*=}
+  [ -n "$envs" ] && t "${name}quick" ${envs//,/ } -- --quick
+done
+if [ "$MEMCHECK" = 1 ]; then
+  timeout "$((3 * ${TEST_TIMEOUT:-300}))" compute-sanitizer --tool memcheck "$BUILD/test_cuda" --quick \
+    >"$LOGS/memcheck-quick.log" 2>&1
+  echo "memcheck rc=$? : $(grep -E "passed|ERROR SUMMARY" "$LOGS/memcheck-quick.log" | tr '\n' ' ')"
+fi
+if [ "$BENCH" = 1 ]; then
+  timeout 900 python3 bench/torch_ref.py --lib "$BUILD/libminference.so" --out "$LOGS" \
+    --sections dense,sparse 2>&1 | grep -v "^dense {\|^sparse {"
+fi
+args=(); for v in "${VARIANTS[@]}"; do args+=(--variant "$v"); done
+[ ${#args[@]} -gt 0 ] && timeout 900 python3 bench/time_variants.py --lib "$BUILD/libminference.so" \
+  --out "$LOGS/variants.json" ${VARIANT_SHAPES:+--shapes "$VARIANT_SHAPES"} "${args[@]}" 2>&1
+exit 0
