@@ -101,12 +101,15 @@ class Lib:
 
 
 def source_commit():
-    """The commit the measured library was built from (MI_COMMIT where git is not there)."""
+    """The commit the measured library was built from: MI_COMMIT first (a copied tree may carry a
+    stale .git), else git."""
+    if os.environ.get("MI_COMMIT"):
+        return os.environ["MI_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except Exception:  # noqa: BLE001
-        return os.environ.get("MI_COMMIT", "unknown")
+        return "unknown"
 
 
 def tdesc(t):

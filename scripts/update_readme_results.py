@@ -23,6 +23,8 @@ def load_runs():
         except (OSError, ValueError) as e:
             print(f"skipping {path}: {e}", file=sys.stderr)
             continue
+        if isinstance(data, dict) and data.get("experiment"):
+            continue  # a dev/ kernel's run: not what the library ships
         if isinstance(data, dict):
             data["_file"] = os.path.relpath(path, ROOT)
             runs.append(data)

@@ -22,6 +22,13 @@
  *   sparse (effective TFLOP/s, ms/head) local 128K 316 (1.386), small 128K 255 (0.303), local 1M
  *          317 (11.31). v3 in earlier runs: local 321-324, small 271-280, local 1M 318 (11.29):
  *          flat on local, about 6 % slower on small. Not measured: mixed, 512K, dense >= 128K.
+ * Full benchmark of this version merged with the runner (bench/run_gpu_bench.sh, same H200,
+ * bench/results/2026-11-30-gpu-attention-v5-full.json): dense 433 / 429 / 429 / 431 TFLOP/s at
+ * 32K / 128K / 512K / 1M (0.66 / 0.76 / 0.88 / 0.92x cuDNN; v4 401-407), but the sparse sets
+ * lost: mixed 361 / 311 / 303 at 128K / 512K / 1M (v3 387 / 384 / 378), small 261 / 246 / 252
+ * (v3 280 / 256 / 265), local flat; estimated VS prefill at 1M x 8 heads 515.8 ms (v3 448.5).
+ * Sparse prefill is what the library is for, so src/cuda keeps v4 (dense) + v3 (sparse) and this
+ * stays an experiment until the sparse steps are no slower than v3.
  * Reading: a step (one 64-key tile for both warpgroups, 2 x 2.1 MFLOP of wgmma) takes about
  * 1.28 us here and 1.38 us in v4, i.e. 2200-2700 cycles at 1.75-1.98 GHz against ~1000 cycles of
  * tensor work at the nominal rate, although v4 and v5 overlap quite different things (v4: S(t+1) with the softmax of

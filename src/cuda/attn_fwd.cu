@@ -56,7 +56,14 @@ __global__ void __launch_bounds__(BM * 2)
 
     /* ---- rows without work: zeros, LSE -inf ---- */
     if (n_tiles == 0) {
-        write_empty_rows(og, p.o_stride[2], lseg, rs, min(BM, p.len - rs), D, tid, NT);
+        const int rows = min(BM, p.len - rs);
+        for (int i = tid; i < rows * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
+                make_uint4(0, 0, 0, 0);
+        }
+        if (lseg)
+            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
         return;
     }
 
@@ -133,7 +140,11 @@ __global__ void __launch_bounds__(BM * 2)
         }
 
         /* scale, mask */
-        const bool full = t < tp.n_a && range_tile_unmasked(tp, tile_offset(tp, t), rs, len);
+        bool full = false;
+        if (t < tp.n_a && tp.mode != MI_CUDA_MODE_A_SHAPE) {
+            const int off = tile_offset(tp, t);
+            full = off >= 0 && off + BN - 1 < len && off + BN - 1 <= rs;
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -145,7 +156,12 @@ __global__ void __launch_bounds__(BM * 2)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = kp[8 * j + 2 * cq + (e & 1)];
-                    if (!key_visible(tp, key, e < 2 ? qrow0 : qrow1)) s[j][e] = -INFINITY;
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    bool vis = key <= row;
+                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
+                                      row >= tp.tri_start);
+                    if (!vis) s[j][e] = -INFINITY;
                 }
             }
         }

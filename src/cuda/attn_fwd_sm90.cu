@@ -1,32 +1,21 @@
 /*
  * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA
  * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
- * attn_fwd.cu. One kernel serves every mode (dense, A-/Tri-shape, sparse). H200: dense 433
- * TFLOP/s at 32K, the sparse sets as the earlier 64-row kernel; numbers, history and what limits
- * it: dev/cuda/attn_dense_v5.cu (earlier versions v1-v4 beside it).
+ * attn_fwd.cu.
  *
- * A CTA owns 128 query rows as two warpgroups of 64. Each warpgroup plans its own 64 rows (one row
- * block of the sparse index), and the CTA walks the union of the two tile lists: a range tile
- * that both lists hold (same offset; for dense and the sparse bands nearly all of them) is loaded
- * once and used by both warpgroups, a tile of one list only is used by its warpgroup alone, and
- * gathered column tiles belong to one warpgroup each. This halves the K/V traffic per FLOP
- * against a 64-row CTA and gives both warpgroups the same tiles to overlap on.
- *
- * Per 64-key tile a warpgroup runs S = Q K^T (8 x m64n64k16, Q in registers in the A-operand
- * layout, loaded once) and O += P V (4 x m64n128k16, P from registers: the accumulator layout of S
- * is the register layout of the A operand; V read transposed, MN-major B), K and V tiles in shared
- * memory in the 128-byte-swizzled K-major layout wgmma reads: each 128-column row is split in two
- * 64-column halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7).
- *
- * Ping-pong: the two warpgroups run the same sequence softmax(u), GEMMs(S(u+1), PV(u)), ... half a
- * step apart, so that one's softmax (ALU, MUFU) runs while the other's GEMMs keep the tensor
- * cores busy. Step t is framed by one CTA barrier; inside it warpgroup 0 issues S(t+1) and PV(t),
- * waits, then does the softmax of tile t+1, while warpgroup 1 does the softmax of tile t first and
- * then its GEMMs. No wgmma is in flight while a warpgroup touches its accumulators, so ptxas does
- * not serialise them, and the scores need a single register array.
- * K/V tiles arrive by cp.async from all threads (any key positions, as sparse tiles need), four
- * stages: tile t+3 is issued in step t into the stage tile t-1 used, and waited two steps later;
- * the writes are made visible to the async proxy with fence.proxy.async before the barrier.
+ * A CTA has NWG warpgroups of 64 query rows each (NWG = 2 for dense, 1 for 64-row sparse / A-shape
+ * blocks). Q, K and V tiles sit in shared memory in the 128-byte-swizzled K-major layout wgmma
+ * reads directly: each 128-column row is split in two 64-column halves, and 16-byte chunk c of
+ * row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
+ * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
+ * the register layout of the A operand) and V read transposed (MN-major B).
+ * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
+ * to the async proxy with fence.proxy.async before the barrier.
+ * Two loops (numbers and history: dev/cuda/attn_dense_v3.cu, v4.cu):
+ *   - attn_fwd_sm90_kernel (dense, 2 warpgroups): three K/V stages, S of the next tile on the
+ *     tensor cores during the softmax of the current one (H200: 401-407 TFLOP/s);
+ *   - attn_fwd_sm90_1wg_kernel (64-row blocks: sparse, A-/Tri-shape): two stages, two CTAs per
+ *     SM (the pipelined loop fits only one there and is slower).
  */
 #include "attn_plan.cuh"
 
@@ -44,18 +33,18 @@ namespace mi_cuda {
 
 template <typename T> struct wg;
 template <> struct wg<__nv_bfloat16> {
-    __device__ static void qk_rs(float *d, const uint32_t *a, uint64_t b, int sc) {
-        wgmma_rs_m64n64_bf16(d, a, b, sc);
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_bf16(d, a, b, sc);
     }
-    __device__ static void pv(float *d, const uint32_t *a, uint64_t b, int sc) {
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
     }
 };
 template <> struct wg<__half> {
-    __device__ static void qk_rs(float *d, const uint32_t *a, uint64_t b, int sc) {
-        wgmma_rs_m64n64_f16(d, a, b, sc);
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_f16(d, a, b, sc);
     }
-    __device__ static void pv(float *d, const uint32_t *a, uint64_t b, int sc) {
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_f16(d, a, b, sc);
     }
 };
@@ -72,8 +61,8 @@ __device__ __forceinline__ void wgmma_wait0() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/* Pins registers in place around asynchronous wgmma (no instruction emitted): the compiler may
- * not move or reuse them across these points. */
+/* Pins accumulator registers in place around asynchronous wgmma (no instruction emitted): the
+ * compiler may not move or reuse them across these points. */
 template <int N> __device__ __forceinline__ void fence_operands(float *r) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
@@ -91,81 +80,30 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uin
            ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
 }
 
-/* One tile of the CTA's walk. users: bit w set when warpgroup w computes it (0: no tile, the walk
- * is over). A range tile holds keys off .. off + 63; a column tile holds the gathered columns
- * 64 * idx .. 64 * idx + 63 of its one user's column list. */
-struct walk_tile {
-    int pos;   /* range: first key; column: tile index in the user's column list */
-    int users; /* bits 0, 1: warpgroups; bit 2: column tile */
-};
-constexpr int WALK_COLUMN = 4;
-constexpr int NO_RANGE = 0x7fffffff; /* past the end of a range list (offsets are < 2^30) */
-
-__device__ __forceinline__ int range_at(const tile_plan &tp, int i) {
-    return i < tp.n_a ? tile_offset(tp, i) : NO_RANGE;
-}
-
-/* The union of the two warpgroups' tile lists: range tiles merged by offset (each list ascending
- * in practice; any order stays correct, a tile is then just not shared), then the column tiles of
- * warpgroup 0, then those of warpgroup 1. Every thread runs the same walk. The next offset of each
- * list is read one tile ahead, so the load latency hides behind a step. */
-struct tile_walk {
-    int i0, i1, head0, head1, col;
-
-    __device__ __forceinline__ void start(const tile_plan &tp0, const tile_plan &tp1) {
-        i0 = i1 = col = 0;
-        head0 = range_at(tp0, 0);
-        head1 = range_at(tp1, 0);
-    }
-    __device__ __forceinline__ walk_tile next(const tile_plan &tp0, const tile_plan &tp1) {
-        walk_tile w;
-        if (head0 != NO_RANGE || head1 != NO_RANGE) {
-            w.pos = min(head0, head1);
-            w.users = (head0 == w.pos ? 1 : 0) | (head1 == w.pos ? 2 : 0);
-            if (w.users & 1) head0 = range_at(tp0, ++i0);
-            if (w.users & 2) head1 = range_at(tp1, ++i1);
-        } else if (col < tp0.n_b) {
-            w.pos = col++;
-            w.users = 1 | WALK_COLUMN;
-        } else if (col < tp0.n_b + tp1.n_b) {
-            w.pos = col++ - tp0.n_b;
-            w.users = 2 | WALK_COLUMN;
-        } else {
-            w.pos = 0;
-            w.users = 0;
-        }
-        return w;
-    }
-};
-
-template <typename T>
-__global__ void __launch_bounds__(256, 1)
+template <typename T, int NWG>
+__global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
     attn_fwd_sm90_kernel(const __grid_constant__ mi_cuda_attn_params p) {
 #ifdef MI_SM90_DEVICE
-    constexpr int D = 128, BM = 128, NT = 256, CPR = 16, NSTAGE = 4;
-    constexpr int KHALF = BN * 128, KTILE = 2 * KHALF;
+    constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF, NSTAGE = 3;
     using tr = dtype_traits<T>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-    unsigned char *ks = base;                                 /* [NSTAGE] */
-    unsigned char *vs = ks + NSTAGE * KTILE;                  /* [NSTAGE] */
-    int *kpos = reinterpret_cast<int *>(vs + NSTAGE * KTILE); /* [NSTAGE][BN] */
+    unsigned char *qs = base;
+    unsigned char *ks = qs + 2 * QHALF;      /* [NSTAGE] */
+    unsigned char *vs = ks + NSTAGE * KTILE; /* [NSTAGE] */
+    int *kpos = reinterpret_cast<int *>(vs + NSTAGE * KTILE);
 
     const int tid = threadIdx.x;
-    /* broadcast from lane 0: ptxas then knows the warpgroup index is warp-uniform and keeps the
-     * wgmma in the branches below pipelined */
-    const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int warp = (tid / 32) % 4, lane = tid % 32;
-    const int me = 1 << wgi;                      /* this warpgroup's bit in walk_tile::users */
-    const int m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
+    const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int m_blk = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
     const int hk = h / p.group;
     const int len = p.seq_lens[b];
     const int rs = m_blk * BM;
-    const int rs_wg = rs + wgi * 64; /* this warpgroup's first row */
 
     const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
     const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
@@ -173,21 +111,29 @@ __global__ void __launch_bounds__(256, 1)
     T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
     float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
 
-    /* one plan per warpgroup: 64-row blocks 2 m_blk and 2 m_blk + 1 */
-    tile_plan tp0, tp1;
-    if (!plan_tiles(p, h, bh, 2 * m_blk, rs, 64, len, tp0)) return;
-    plan_tiles(p, h, bh, 2 * m_blk + 1, rs + 64, 64, len, tp1);
-    tile_walk walk;
-    walk.start(tp0, tp1);
-    /* tiles t .. t+3 of the walk: this step's, the next, and the two in flight */
-    walk_tile w0 = walk.next(tp0, tp1);
-    if (w0.users == 0) {
-        write_empty_rows(og, p.o_stride[2], lseg, rs, min(BM, p.len - rs), D, tid, NT);
+    tile_plan tp;
+    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
+    const int n_tiles = tp.n_a + tp.n_b;
+
+    if (n_tiles == 0) {
+        const int rows = min(BM, p.len - rs);
+        for (int i = tid; i < rows * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
+                make_uint4(0, 0, 0, 0);
+        }
+        if (lseg)
+            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
         return;
     }
-    walk_tile w1 = walk.next(tp0, tp1);
-    walk_tile w2 = walk.next(tp0, tp1);
 
+    for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + r;
+        const bool ok = row < len;
+        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
+    }
     /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
      * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
      * term is the same for all of them and every address is a base plus a constant. */
@@ -197,14 +143,11 @@ __global__ void __launch_bounds__(256, 1)
     const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
     const T *kbase = kg + lr0 * ksl + lc * 8;
     const T *vbase = vg + lr0 * vsl + lc * 8;
-    /* Issues the copies of tile w into stage buf (nothing for the end of the walk). Keys that do
-     * not exist are zero-filled, so a masked probability (0) never multiplies garbage. */
-    auto load_kv = [&](const walk_tile &w, int buf) {
+    auto load_kv = [&](int t, int buf) {
         unsigned char *kd = ks + buf * KTILE;
         unsigned char *vd = vs + buf * KTILE;
-        if (w.users == 0) return;
-        if (!(w.users & WALK_COLUMN)) {
-            const int off = w.pos;
+        if (t < tp.n_a) {
+            const int off = tile_offset(tp, t);
             if (off >= 0 && off + BN <= len) {
                 const T *kp = kbase + off * ksl;
                 const T *vp = vbase + off * vsl;
@@ -213,121 +156,74 @@ __global__ void __launch_bounds__(256, 1)
                     cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
                     cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
                 }
-            } else {
-#pragma unroll
-                for (int i = 0; i < PASSES; ++i) {
-                    const int r = lr0 + i * RPP, pos = off + r;
-                    const bool ok = pos >= 0 && pos < len;
-                    const int64_t row = ok ? pos : 0;
-                    const uint32_t o = soff0 + i * RPP * 128;
-                    cp_async_16(kd + o, kg + row * ksl + lc * 8, ok ? 16 : 0);
-                    cp_async_16(vd + o, vg + row * vsl + lc * 8, ok ? 16 : 0);
-                }
+                return;
             }
-            return;
-        }
-        /* gathered columns of one warpgroup's list; their positions go to kpos for the mask */
-        const bool of0 = w.users & 1;
-        const int32_t *cols = (of0 ? tp0.cols : tp1.cols) + w.pos * BN;
-        const int n = (of0 ? tp0.n_cols : tp1.n_cols) - w.pos * BN;
-        int pos[PASSES];
-#pragma unroll
-        for (int i = 0; i < PASSES; ++i) {
-            const int r = lr0 + i * RPP;
-            pos[i] = r < n ? __ldg(cols + r) : -1;
         }
 #pragma unroll
-        for (int i = 0; i < PASSES; ++i) {
-            const int r = lr0 + i * RPP;
-            const bool ok = pos[i] >= 0 && pos[i] < len;
-            const int64_t row = ok ? pos[i] : 0;
-            const uint32_t o = soff0 + i * RPP * 128;
-            cp_async_16(kd + o, kg + row * ksl + lc * 8, ok ? 16 : 0);
-            cp_async_16(vd + o, vg + row * vsl + lc * 8, ok ? 16 : 0);
-            if (lc == 0) kpos[buf * BN + r] = ok ? pos[i] : MI_NO_KEY;
+        for (int i = tid; i < BN * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int pos = tile_key(tp, t, r, len);
+            const bool ok = pos != MI_NO_KEY;
+            const int64_t row = ok ? pos : 0;
+            const uint32_t o = sw_off(r, c, KHALF);
+            cp_async_16(kd + o, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
+            cp_async_16(vd + o, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
+            if (c == 0) kpos[buf * BN + r] = pos;
         }
     };
-
     const int g = lane / 4, cq = lane % 4;
-    const int qrow0 = rs_wg + warp * 16 + g, qrow1 = qrow0 + 8;
-
-    /* Q in registers in the A-operand layout: rows g and g + 8 of this warp's 16, columns
-     * 16 kk + 2 cq (+1) and 16 kk + 8 + 2 cq (+1); rows past the sequence are zeros */
-    uint32_t qf[8][4];
-    {
-        const bool ok0 = qrow0 < len, ok1 = qrow1 < len;
-        const T *q0 = qg + (int64_t)(ok0 ? qrow0 : 0) * p.q_stride[2] + 2 * cq;
-        const T *q1 = qg + (int64_t)(ok1 ? qrow1 : 0) * p.q_stride[2] + 2 * cq;
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            qf[kk][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + 16 * kk)) : 0u;
-            qf[kk][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + 16 * kk)) : 0u;
-            qf[kk][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + 16 * kk + 8)) : 0u;
-            qf[kk][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + 16 * kk + 8)) : 0u;
-        }
-    }
-
+    const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float s[32];
-    uint32_t pa[4][4]; /* P of the last softmax, bf16/fp16 pairs in the A-operand layout */
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const tile_plan &mask_tp = tp0; /* mode and A-shape window: the same for both warpgroups */
+    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
 
-    /* S = Q K^T of the tile in stage buf into s (issued, not committed) */
-    auto issue_s = [&](int buf) {
-        const uint32_t k_addr = smem_addr(ks + buf * KTILE);
+    /* S = Q K^T of tile t into s, issued asynchronously (committed, not waited). */
+    auto issue_s = [&](float *s, int t) {
+        const uint32_t k_addr = smem_addr(ks + (t % NSTAGE) * KTILE);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
             const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
-            wg<T>::qk_rs(s, qf[kk], sw128_desc(ka, 16, 1024), kk > 0);
+            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
         }
-    };
-    /* O += P V of the tile in stage buf (issued, not committed) */
-    auto issue_pv = [&](int buf) {
-        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg<T>::pv(o, pa[kk], sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024), 1);
-    };
-    /* This warpgroup's GEMMs of step t: S of tile t+1 when it uses that tile, and P V of tile t,
-     * one commit group; the copies of tile t+3 are issued while they run. P V runs even for a tile
-     * this warpgroup does not use, with P = 0: a P V under a branch makes ptxas serialise every
-     * wgmma (C7515), which costs more than the idle multiply. */
-    auto gemms = [&](const walk_tile &nxt, int t, const walk_tile &far) {
-        /* broadcast from lane 0: warp-uniform for ptxas, else the branch serialises the wgmma */
-        const bool do_s = __shfl_sync(0xffffffffu, nxt.users & me, 0) != 0;
-        if (do_s) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        }
-        wgmma_fence();
-        if (do_s) issue_s((t + 1) % NSTAGE);
-        issue_pv(t % NSTAGE);
         wgmma_commit();
-        load_kv(far, (t + 3) % NSTAGE);
-        cp_async_commit(); /* one group a step, empty or not: the waits count steps */
-        wgmma_wait0();
         fence_operands<32>(s);
-        fence_operands<64>(o);
     };
 
-    /* Online softmax of tile w (scores in s, stage buf): masks, running max and sums, O rescaled,
-     * P packed into pa for the next P V; P = 0 for a tile this warpgroup does not use. */
-    auto softmax = [&](const walk_tile &w, int buf) {
-        if (!(w.users & me)) {
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-            return;
+    /* One step of the software pipeline: S of tile t+1 runs on the tensor cores while this
+     * warpgroup does the softmax of tile t (masks, max, exp2, sums); then O is rescaled and
+     * O += P V of tile t runs. Three K/V stages: tile t+2 loads into the stage tile t-1 used,
+     * which every warpgroup has finished with at the barrier. */
+    auto step = [&](int t, float *cur, float *nxt) {
+        if (t + 1 < n_tiles) {
+            cp_async_wait<0>(); /* this thread's copies of tile t+1 */
+            fence_proxy_async();
         }
+        __syncthreads();
+        if (t + 2 < n_tiles) {
+            load_kv(t + 2, (t + 2) % NSTAGE);
+            cp_async_commit();
+        }
+        if (t + 1 < n_tiles) issue_s(nxt, t + 1);
+        /* a private copy: writing the masks and exponentials into the accumulator registers of
+         * tile t while tile t+1's wgmma is in flight would make ptxas serialise the wgmma */
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = cur[i];
+        const int buf = t % NSTAGE;
+
         /* Range tiles know their key positions (off + column); column tiles read them from
          * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
-        const bool range = !(w.users & WALK_COLUMN);
-        const int off = w.pos;
-        if (!(range && range_tile_unmasked(mask_tp, off, rs_wg, len))) {
+        const bool range = t < tp.n_a;
+        const int off = range ? tile_offset(tp, t) : 0;
+        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
+                          off + BN - 1 < len && off + BN - 1 <= rs;
+        if (!full) {
             const int *kp = kpos + buf * BN;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -336,7 +232,272 @@ __global__ void __launch_bounds__(256, 1)
                     const int col = 8 * j + 2 * cq + (e & 1);
                     int key = range ? off + col : kp[col];
                     if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
-                    if (!key_visible(mask_tp, key, e < 2 ? qrow0 : qrow1)) s[4 * j + e] = -INFINITY;
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    bool vis = key <= row;
+                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
+                                      row >= tp.tri_start);
+                    if (!vis) s[4 * j + e] = -INFINITY;
+                }
+            }
+        }
+        /* running max in scaled base-2 units (scale > 0, so max and scale commute) */
+        const float sc = p.scale_log2;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
+        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
+        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
+            rs0 += s[4 * j] + s[4 * j + 1];
+            rs1 += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+        /* S of tile t+1 done before O is touched: no other instruction may write a wgmma
+         * accumulator while wgmma of the same stage are in flight (ptxas would serialise). */
+        wgmma_wait0();
+        if (t + 1 < n_tiles) fence_operands<32>(nxt);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            o[4 * i] *= al0;
+            o[4 * i + 1] *= al0;
+            o[4 * i + 2] *= al1;
+            o[4 * i + 3] *= al1;
+        }
+        uint32_t a[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            a[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
+            a[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+            a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+            a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg<T>::rs(o, a[kk],
+                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
+                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
+                      1);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_operands<64>(o);
+    };
+
+    /* prologue: tiles 0 and 1 in flight, S of tile 0 computed */
+    load_kv(0, 0);
+    cp_async_commit();
+    if (n_tiles > 1) {
+        load_kv(1, 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float sa[32], sb[32];
+    issue_s(sa, 0);
+    wgmma_wait0();
+    fence_operands<32>(sa);
+    for (int t = 0; t < n_tiles; t += 2) {
+        step(t, sa, sb);
+        if (t + 1 < n_tiles) step(t + 1, sb, sa);
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int c = 8 * i + 2 * cq;
+        if (qrow0 < p.len)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * p.o_stride[2] + c) =
+                tr::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (qrow1 < p.len)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * p.o_stride[2] + c) =
+                tr::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+#endif
+}
+
+/* One warpgroup per CTA (64-row sparse, A-shape and Tri-shape blocks): the two-stage loop of
+ * dev/cuda/attn_dense_v3.cu. The three-stage pipeline of the kernel above needs 114 KB of shared
+ * memory and 254 registers, which leaves one such CTA per SM; two CTAs per SM of this simpler
+ * loop were 1.5x faster on sparse tiles (H200: VS local 318-324 vs 197-200 effective TFLOP/s). */
+template <typename T, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 2)
+    attn_fwd_sm90_1wg_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+#ifdef MI_SM90_DEVICE
+    constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
+    using tr = dtype_traits<T>;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base;
+    unsigned char *ks = qs + 2 * QHALF; /* [2 stages] */
+    unsigned char *vs = ks + 2 * KTILE; /* [2 stages] */
+    int *kpos = reinterpret_cast<int *>(vs + 2 * KTILE);
+
+    const int tid = threadIdx.x;
+    const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int m_blk = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int hk = h / p.group;
+    const int len = p.seq_lens[b];
+    const int rs = m_blk * BM;
+
+    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+
+    tile_plan tp;
+    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
+    const int n_tiles = tp.n_a + tp.n_b;
+
+    if (n_tiles == 0) {
+        const int rows = min(BM, p.len - rs);
+        for (int i = tid; i < rows * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
+                make_uint4(0, 0, 0, 0);
+        }
+        if (lseg)
+            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
+        return;
+    }
+
+    for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + r;
+        const bool ok = row < len;
+        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
+    }
+    /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
+     * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
+     * term is the same for all of them and every address is a base plus a constant. */
+    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
+    const int lr0 = tid / CPR, lc = tid % CPR;
+    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
+    const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
+    const T *kbase = kg + lr0 * ksl + lc * 8;
+    const T *vbase = vg + lr0 * vsl + lc * 8;
+    auto load_kv = [&](int t, int buf) {
+        unsigned char *kd = ks + buf * KTILE;
+        unsigned char *vd = vs + buf * KTILE;
+        if (t < tp.n_a) {
+            const int off = tile_offset(tp, t);
+            if (off >= 0 && off + BN <= len) {
+                const T *kp = kbase + off * ksl;
+                const T *vp = vbase + off * vsl;
+#pragma unroll
+                for (int i = 0; i < PASSES; ++i) {
+                    cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
+                    cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
+                }
+                return;
+            }
+        }
+#pragma unroll
+        for (int i = tid; i < BN * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int pos = tile_key(tp, t, r, len);
+            const bool ok = pos != MI_NO_KEY;
+            const int64_t row = ok ? pos : 0;
+            const uint32_t o = sw_off(r, c, KHALF);
+            cp_async_16(kd + o, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
+            cp_async_16(vd + o, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
+            if (c == 0) kpos[buf * BN + r] = pos;
+        }
+    };
+    load_kv(0, 0);
+    cp_async_commit();
+
+    const int g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int buf = t & 1;
+        if (t + 1 < n_tiles) {
+            load_kv(t + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        const uint32_t k_addr = smem_addr(ks + buf * KTILE);
+        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
+
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
+            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
+            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+
+        /* Range tiles know their key positions (off + column); column tiles read them from
+         * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
+        const bool range = t < tp.n_a;
+        const int off = range ? tile_offset(tp, t) : 0;
+        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
+                          off + BN - 1 < len && off + BN - 1 <= rs;
+        if (!full) {
+            const int *kp = kpos + buf * BN;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = 8 * j + 2 * cq + (e & 1);
+                    int key = range ? off + col : kp[col];
+                    if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    bool vis = key <= row;
+                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
+                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
+                                      row >= tp.tri_start);
+                    if (!vis) s[4 * j + e] = -INFINITY;
                 }
             }
         }
@@ -374,52 +535,24 @@ __global__ void __launch_bounds__(256, 1)
             o[4 * i + 2] *= al1;
             o[4 * i + 3] *= al1;
         }
+        uint32_t a[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            pa[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
-            pa[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+            a[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
+            a[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+            a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+            a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
         }
-    };
-
-    /* prologue: tiles 0..2 in flight, S of tile 0; warpgroup 0 runs half a step
-     * ahead, so it also does the softmax of tile 0 now */
-    load_kv(w0, 0);
-    cp_async_commit();
-    load_kv(w1, 1);
-    cp_async_commit();
-    load_kv(w2, 2);
-    cp_async_commit();
-    cp_async_wait<2>();
-    fence_proxy_async();
-    __syncthreads();
-    if (__shfl_sync(0xffffffffu, w0.users & me, 0)) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
         wgmma_fence();
-        issue_s(0);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg<T>::rs(o, a[kk],
+                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
+                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
+                      1);
         wgmma_commit();
         wgmma_wait0();
-        fence_operands<32>(s);
-    }
-    if (wgi == 0) softmax(w0, 0);
-
-    for (int t = 0; w0.users != 0; ++t) {
-        cp_async_wait<1>(); /* this thread's copies of tile t+1 (tile t+2's may still fly) */
-        fence_proxy_async();
-        __syncthreads(); /* tile t+1 visible; stage (t+3) % 4 (tile t-1) free */
-        const walk_tile w3 = walk.next(tp0, tp1);
-        if (wgi == 0) {
-            gemms(w1, t, w3);
-            softmax(w1, (t + 1) % NSTAGE);
-        } else {
-            softmax(w0, t % NSTAGE);
-            gemms(w1, t, w3);
-        }
-        w0 = w1;
-        w1 = w2;
-        w2 = w3;
+        __syncthreads();
     }
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -445,17 +578,26 @@ __global__ void __launch_bounds__(256, 1)
 #endif
 }
 
-template <typename T>
-static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
-    constexpr int BM = 128, NSTAGE = 4, KTILE = 2 * BN * 128;
-    const size_t smem = 1024 + 2 * NSTAGE * KTILE + NSTAGE * BN * sizeof(int);
-    auto kern = attn_fwd_sm90_kernel<T>;
+template <typename K>
+static cudaError_t launch_kernel(K kern, const mi_cuda_attn_params &p, int bm, int threads,
+                                 size_t smem, cudaStream_t st) {
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.len + BM - 1) / BM, p.batch * p.heads);
-    kern<<<grid, 256, smem, st>>>(p);
+    dim3 grid((p.len + bm - 1) / bm, p.batch * p.heads);
+    kern<<<grid, threads, smem, st>>>(p);
     return cudaGetLastError();
+}
+
+template <typename T, int NWG>
+static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    if constexpr (NWG == 2) {
+        const size_t smem = 1024 + 2 * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
+        return launch_kernel(attn_fwd_sm90_kernel<T, 2>, p, 128, 256, smem, st);
+    } else {
+        const size_t smem = 1024 + 64 * 256 + 4 * 64 * 256 + 2 * BN * sizeof(int);
+        return launch_kernel(attn_fwd_sm90_1wg_kernel<T, 1>, p, 64, 128, smem, st);
+    }
 }
 
 } // namespace mi_cuda
@@ -479,10 +621,19 @@ extern "C" int mi_cuda_sm90_usable(void) {
 #endif
 }
 
-/* Every mode runs the same 128-row kernel (block_m is the sm_80 kernel's choice). */
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, int block_m,
                                                 cudaStream_t st) {
-    (void)block_m;
-    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
-                                     : mi_cuda::launch_sm90<__half>(*p, st);
+    const bool bf = p->dtype == MI_DTYPE_BF16;
+    mi_cuda_attn_params q = *p;
+    const char *sw = getenv("MI_CUDA_SM90_VDESC_SWAP");
+    q.sm90_flags = sw && sw[0] == '1';
+    p = &q;
+    /* MI_CUDA_SM90_DENSE_BM=64: dense with one warpgroup per CTA, two CTAs per SM (experiment) */
+    const char *bm = getenv("MI_CUDA_SM90_DENSE_BM");
+    if (bm && bm[0] == '6') block_m = 64;
+    if (block_m == 128)
+        return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, st)
+                  : mi_cuda::launch_sm90<__half, 2>(*p, st);
+    return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 1>(*p, st)
+              : mi_cuda::launch_sm90<__half, 1>(*p, st);
 }
