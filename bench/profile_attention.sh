@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of our attention kernels on a GPU machine: one launch of the dense
+# kernel (32K, 32 heads) and one of the sparse kernel (the `local` index set at 128K), with the
+# sections that say what bounds a kernel (speed of light, tensor pipe, memory, warp stalls,
+# occupancy). Reports go to $OUT (or build-prof/); a summary of the key metrics is printed.
+# Nsight Compute locks the SM clock to base (1.36 GHz on an H200), so durations are longer than
+# in the benchmark; ratios (issue slots, occupancy, throughputs) are what to read.
+#   bench/profile_attention.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+OUTDIR=${OUT:-build-prof}
+mkdir -p "$OUTDIR"
+cmake -S . -B build-prof -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
+  -DMI_BUILD_TESTS=OFF >build-prof.cmake.log 2>&1 || { tail -20 build-prof.cmake.log; exit 1; }
+cmake --build build-prof -j"$(nproc)" --target libminference.so >build-prof.build.log 2>&1 ||
+  { grep -E "error" -A3 build-prof.build.log | head -30; exit 1; }
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+          --section WarpStateStats --section Occupancy --section LaunchStats
+          --section SchedulerStats)
+prof() { # name, kernel regex, skip, torch_ref sections
+  timeout 300 "$NCU" --target-processes all -k "regex:$2" --launch-skip "$3" --launch-count 1 \
+    "${SECTIONS[@]}" --csv --page details \
+    python3 bench/torch_ref.py --lib build-prof/libminference.so --out build-prof --quick \
+    --sections "$4" >"$OUTDIR/ncu-$1.csv" 2>"$OUTDIR/ncu-$1.err"
+  echo "== $1 (rc=$?)"
+  python3 - "$OUTDIR/ncu-$1.csv" <<'PY'
+import csv, sys
+keep = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput",
+        "L2 Cache Throughput", "L1/TEX Cache Throughput", "Achieved Occupancy",
+        "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Shared Mem",
+        "Executed Ipc Active", "Issue Slots Busy", "No Eligible", "Warp Cycles Per Issued Instruction",
+        "Avg. Active Threads Per Warp")
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+start = next((i for i, r in enumerate(rows) if "Metric Name" in r), None)
+if start is None:
+    print(open(sys.argv[1]).read()[-2000:])
+    sys.exit()
+rows = rows[start:]
+hdr = rows[0]
+iname, iunit, ival = hdr.index("Metric Name"), hdr.index("Metric Unit"), hdr.index("Metric Value")
+for r in rows[1:]:
+    if any(r[iname].startswith(k) for k in keep):
+        print(f"  {r[iname]:45s} {r[ival]:>14s} {r[iunit]}")
+PY
+  tail -3 "$OUTDIR/ncu-$1.err"
+}
+prof dense attn_fwd_sm90_kernel 3 dense
+prof sparse_local attn_fwd_sm90_1wg_kernel 3 sparse
