@@ -345,6 +345,45 @@ static void test_hf_errors(void) {
     printf("truncated shard: %s\n", err);
 }
 
+/* config.json's sliding_window: Mistral's is used; Qwen2's only with use_sliding_window. */
+static void test_sliding_window_config(void) {
+    const struct {
+        bool qwen2;
+        const char *keys;
+        int64_t want;
+    } cases[] = {
+        {false, "\"sliding_window\":300,", 300},
+        {false, "\"sliding_window\":null,", 0},
+        {true, "\"sliding_window\":300,", 0},
+        {true, "\"sliding_window\":300,\"use_sliding_window\":true,", 300},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char gpath[512], hdir[512], path[600], err[512];
+        snprintf(gpath, sizeof(gpath), "%s/window_%zu.gguf", g_dir, c);
+        snprintf(hdir, sizeof(hdir), "%s/window_%zu_hf", g_dir, c);
+        CHECK(tm_write(gpath, hdir, cases[c].qwen2, 11), "write");
+        snprintf(path, sizeof(path), "%s/config.json", hdir);
+        FILE *f = fopen(path, "rb");
+        char cfg[2048] = {0};
+        size_t n = f ? fread(cfg, 1, sizeof(cfg) - 1, f) : 0;
+        if (f) fclose(f);
+        CHECK(n > 2 && cfg[0] == '{', "config.json");
+        char edited[2300];
+        snprintf(edited, sizeof(edited), "{%s%s", cases[c].keys, cfg + 1);
+        f = fopen(path, "wb");
+        CHECK(f && fwrite(edited, 1, strlen(edited), f) == strlen(edited), "rewrite config");
+        if (f) fclose(f);
+        mi_model *m = NULL;
+        CHECK(mi_model_load(hdir, NULL, &m, err, sizeof(err)) == MI_STATUS_SUCCESS, "load: %s",
+              err);
+        mi_model_info info;
+        if (m && mi_model_get_info(m, &info) == MI_STATUS_SUCCESS)
+            CHECK(info.sliding_window == cases[c].want, "case %zu: window %lld, want %lld", c,
+                  (long long)info.sliding_window, (long long)cases[c].want);
+        mi_model_destroy(m);
+    }
+}
+
 int main(void) {
     snprintf(g_dir, sizeof(g_dir), "/tmp/mi_model_test_%d", (int)getpid());
     mkdir(g_dir, 0755);
@@ -359,6 +398,7 @@ int main(void) {
     test_formats_agree(false, 2);
     test_formats_agree(true, 3);
     test_hf_errors();
+    test_sliding_window_config();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
