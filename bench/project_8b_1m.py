@@ -6,7 +6,12 @@ plus its weights (15 GiB) exceed one H200, so the whole-model run stops at 128K.
   - the model runner at 128K (bench/results/*-gpu-model-ttft-8b.json): GEMM time and the rest
     (norms, RoPE, embeddings) per token, which are linear in L, scaled by 8;
   - attention per layer at 1M measured on the kernels (bench/results/*-ttft-8b-projection.json,
-    bench/project_8b_ttft.py), times 32 layers.
+    bench/project_8b_ttft.py), times 32 layers: q/k without attention structure, so the
+    estimated slash lines scatter (the pessimistic case);
+  - and, as a second minference row, attention per head at 1M from the kernel benchmark
+    (bench/results/*-gpu-attention.json): the sparse kernel on the `local` index set (slash
+    lines near the diagonal, as real heads mostly have them) plus its index building and the
+    estimation cost per head, times 32 heads x 32 layers.
 
 Usage: bench/project_8b_1m.py [--results bench/results]
 """
@@ -31,13 +36,21 @@ def main():
     kernel_f = newest(os.path.join(a.results, "*-ttft-8b-projection.json"))
     runner, kernel = json.load(open(runner_f)), json.load(open(kernel_f))
     k1m = next(r for r in kernel["rows"] if r["L"] == 1048576)
+    attn_f = os.path.join(a.results, "2026-11-30-gpu-attention.json")
+    att = json.load(open(attn_f))
+    local = next(r for r in att["sparse"] if r["L"] == 1048576 and r["set"] == "local")
+    est = next(r for r in att["estimation"] if r["L"] == 1048576)
+    local_head_ms = (local["kernel_ms_per_head"] + local["index_ms"] / local["heads"] +
+                     est["estimate_ms"] / est["heads"])
     table = []
     for method, attn_key in (("dense", "attn_dense_ms_per_layer"),
-                             ("minference", "attn_minference_ms_per_layer")):
-        r = next(e for e in runner["rows"] if e["method"] == method and e["tokens"] == 131072)
+                             ("minference", "attn_minference_ms_per_layer"),
+                             ("minference, local-structured heads", None)):
+        r = next(e for e in runner["rows"]
+                 if e["method"] == method.split(",")[0] and e["tokens"] == 131072)
         scale = 1048576 / r["tokens"]
         gemm, other = r["gemm_s"] * scale, r["other_s"] * scale
-        attn = 32 * k1m[attn_key] / 1e3
+        attn = 32 * (k1m[attn_key] if attn_key else 32 * local_head_ms) / 1e3
         table.append({"method": method,
                       "128K measured TTFT": f"{r['ttft_s']:.1f} s",
                       "1M GEMMs (x8)": f"{gemm:.1f} s",
@@ -48,7 +61,8 @@ def main():
                     "scaled linearly + measured 1M attention kernels; the 1M KV cache does not "
                     "fit one H200)",
            "date": runner["date"], "gpu": runner.get("gpu", ""),
-           "commit": runner.get("commit", ""), "inputs": [runner_f, kernel_f],
+           "commit": runner.get("commit", ""), "inputs": [runner_f, kernel_f, attn_f],
+           "local_structured_ms_per_head": local_head_ms,
            "columns": list(table[0].keys()), "table": table}
     path = os.path.join(a.results, runner["date"][:10] + "-ttft-8b-1m-projection.json")
     with open(path, "w") as f:
