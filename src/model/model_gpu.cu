@@ -616,6 +616,7 @@ mi_status continue_attention(mi_model *m, int layer, int64_t pos0, int64_t n, fl
     const size_t per_row = (size_t)m->n_heads * n_splits * (hd + 2) * sizeof(float);
     int64_t rows_per = (int64_t)(DEC_PART_MAX / per_row);
     if (rows_per < 1) rows_per = 1;
+    if (rows_per > 65535) rows_per = 65535; /* grid.z of dec_partial, grid.y of dec_combine */
     if (rows_per > n) rows_per = n;
     const size_t need = per_row * (size_t)rows_per;
     if (need > g->dec_part_bytes) {
