@@ -165,12 +165,13 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, bf16 *out, int64_
  * float product (as transformers does), its cosine is taken in double. */
 __global__ void rope_table_kernel(const float *inv_freq, float mscale, int half, int64_t pos0,
                                   int64_t n, float2 *cs) {
-    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (i >= n * half) return;
-    const int64_t p = i / half;
-    const int f = (int)(i % half);
-    const float arg = __fmul_rn((float)(pos0 + p), inv_freq[f]);
-    cs[i] = make_float2((float)cos((double)arg) * mscale, (float)sin((double)arg) * mscale);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * half;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t p = i / half;
+        const int f = (int)(i % half);
+        const float arg = __fmul_rn((float)(pos0 + p), inv_freq[f]);
+        cs[i] = make_float2((float)cos((double)arg) * mscale, (float)sin((double)arg) * mscale);
+    }
 }
 
 /* From the fused q/k/v GEMM output of a chunk of rows: adds the biases, rotates q and k, and
