@@ -723,8 +723,11 @@ mi_status capture_layer(mi_model *m, int layer, int64_t n, const mi_model_captur
 mi_status capture_log_probs(mi_model *m, int64_t n, double *out) {
     gpu_state *g = GPU(m);
     const int64_t D = m->hidden;
-    for (int64_t r0 = 0; r0 + 1 < n; r0 += HEAD_ROWS) {
-        const int64_t c = n - 1 - r0 < HEAD_ROWS ? n - 1 - r0 : HEAD_ROWS;
+    /* rows per step: bounded by the logits buffer and by h, which holds one chunk of rows */
+    int64_t step = g->head_rows_cap < g->chunk_cap ? g->head_rows_cap : g->chunk_cap;
+    if (step < 1) step = 1;
+    for (int64_t r0 = 0; r0 + 1 < n; r0 += step) {
+        const int64_t c = n - 1 - r0 < step ? n - 1 - r0 : step;
         rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->x + r0 * D, g->out_norm, g->h, D,
                                                           m->eps);
         mi_status st = blas_check(
