@@ -1,13 +1,14 @@
 """Build step of the minference package: builds libminference with CMake and ships it.
 
 The package lives in python/ inside the minference repository; the C library is the CMake project
-one level up. `pip install ./python` configures that project in python/build/cmake, builds only the
-shared library target and copies libminference.so into the package (minference/lib/), where the
-ctypes loader finds it.
+one level up. `pip install ./python` configures that project in python/build/cmake, builds the
+shared library targets (libminference and the model runner, libminference_model) and copies them
+into the package (minference/lib/), where the ctypes loader finds them.
 
 Environment:
   MINFERENCE_LIBRARY     path of an already built libminference.so: nothing is compiled, and the
-                         package loads that file at run time (the variable still wins at run time).
+                         package loads that file at run time (the variable still wins at run time);
+                         the model runner is then looked for beside it.
   MINFERENCE_SOURCE_DIR  the repository root, when the package is built outside the repository.
   MINFERENCE_CMAKE_ARGS  extra CMake arguments, e.g. "-DMI_CUDA=OFF" or "-DMI_NATIVE=ON".
   CMAKE_BUILD_PARALLEL_LEVEL  build jobs (default: all cores).
@@ -29,7 +30,9 @@ except ImportError:  # setuptools < 70.1
     from wheel.bdist_wheel import bdist_wheel as _bdist_wheel
 
 HERE = Path(__file__).resolve().parent
-LIB_NAME = "libminference.so" if sys.platform != "darwin" else "libminference.dylib"
+LIB_SUFFIX = ".so" if sys.platform != "darwin" else ".dylib"
+LIB_NAME = "libminference" + LIB_SUFFIX
+MODEL_LIB_NAME = "libminference_model" + LIB_SUFFIX
 
 
 def _source_dir():
@@ -51,8 +54,14 @@ def _run(cmd, **kw):
     subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def build_library(build_dir: Path) -> Path:
-    """Configures and builds the `minference` target; returns the path of the shared library."""
+def _built(build_dir: Path, name):
+    found = sorted(p for p in build_dir.rglob(name + "*") if p.is_file() and not p.is_symlink())
+    return found[0] if found else None
+
+
+def build_library(build_dir: Path):
+    """Configures and builds the `minference` and `minference_model_shared` targets; returns the
+    paths of the two shared libraries (the second None when the model runner did not build)."""
     src = _source_dir()
     cmake = shutil.which("cmake")
     if cmake is None:
@@ -71,10 +80,16 @@ def build_library(build_dir: Path) -> Path:
     _run([cmake, "-S", src, "-B", build_dir] + args)
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
     _run([cmake, "--build", build_dir, "--target", "minference", "--parallel", jobs])
-    found = sorted(p for p in build_dir.rglob(LIB_NAME + "*") if p.is_file() and not p.is_symlink())
-    if not found:
+    lib = _built(build_dir, LIB_NAME)
+    if lib is None:
         raise RuntimeError(f"minference: the build produced no {LIB_NAME} under {build_dir}")
-    return found[0]
+    try:
+        _run([cmake, "--build", build_dir, "--target", "minference_model_shared", "--parallel",
+              jobs])
+    except subprocess.CalledProcessError:
+        print("minference build: the model runner (minference_model_shared) did not build; "
+              "minference.Model will be unavailable", flush=True)
+    return lib, _built(build_dir, MODEL_LIB_NAME)
 
 
 class build_py(_build_py):
@@ -100,9 +115,12 @@ class build_py(_build_py):
             marker.write_text(str(path) + "\n")
             print(f"minference build: using the prebuilt library {path}", flush=True)
             return
-        lib = build_library(HERE / "build" / "cmake")
+        lib, model_lib = build_library(HERE / "build" / "cmake")
         shutil.copy2(lib, target / LIB_NAME)
         print(f"minference build: shipped {lib} as {target / LIB_NAME}", flush=True)
+        if model_lib is not None:
+            shutil.copy2(model_lib, target / MODEL_LIB_NAME)
+            print(f"minference build: shipped {model_lib} as {target / MODEL_LIB_NAME}", flush=True)
 
 
 class bdist_wheel(_bdist_wheel):

@@ -7,6 +7,10 @@ Kernels on [B, H, L, D] NumPy arrays or torch tensors (output of the same type):
 dense_attention, streaming_forward, vertical_slash_sparse_attention, block_sparse_attention,
 prefill_attention (one pattern per head), and the lower-level estimate / index / sparse calls.
 Errors of the C library raise MInferenceError (status name and the context's message).
+
+Model runs a whole llama-family model (GGUF or Hugging Face directory) with sparse prefill:
+    with Model() as m:
+        print(m.generate("The capital of France is", max_new_tokens=8))
 """
 
 from .configuration import MODEL2PATH, MInferenceConfig, get_support_models
@@ -43,7 +47,7 @@ from .core import (
     version,
     version_number,
 )
-from ._lib import library_path
+from ._lib import library_path, model_library_path
 from .ops import (
     a_shape_attention,
     block_sparse_attention,
@@ -58,6 +62,7 @@ from .ops import (
     vs_build_index,
     vs_estimate,
 )
+from .model import Model, ModelInfo, ModelLibraryNotFound, RopeScaling, default_model_path
 from .patch import MInference, unpatch
 from . import search
 from .search import SearchParams, search_default_candidates, search_layer, search_scale_pattern
@@ -78,4 +83,6 @@ __all__ = [
     "get_context", "f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "dtype_name",
     "dtype_size", "vs_index_bytes", "sparse_index_bytes", "tensor_descriptor", "search", "SearchParams", "search_layer", "search_default_candidates",
     "search_scale_pattern",
+    "Model", "ModelInfo", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
+    "model_library_path",
 ]

@@ -1,4 +1,5 @@
-"""ctypes declarations of include/minference.h and include/minference_cuda.h, and the loader.
+"""ctypes declarations of include/minference.h, include/minference_cuda.h and
+include/minference_model.h, and the loaders.
 
 Structs mirror the C layout field for field; enums are C ints. The library is found, in order:
   1. the MINFERENCE_LIBRARY environment variable (a path to libminference.so);
@@ -6,6 +7,10 @@ Structs mirror the C layout field for field; enums are C ints. The library is fo
      named at build time (minference/lib/external_library.txt);
   3. a CMake build of the repository this package sits in (../build*/libminference.so);
   4. the system's library search path (libminference.so.0 / libminference.so).
+
+The model runner, libminference_model.so, is loaded only when a Model is made (load_model), after
+libminference, in the same order: MINFERENCE_MODEL_LIBRARY; the folder of the libminference that
+was loaded; the package's lib/; the repository's build folders; the system's library path.
 """
 
 import ctypes
@@ -297,35 +302,227 @@ PROTOTYPES = {
 }
 
 
+# ---- include/minference_model.h (libminference_model) --------------------------------------
+
+MI_ATTN_DENSE = 0
+MI_ATTN_MINFERENCE = 1
+MI_ATTN_A_SHAPE = 2
+MI_ATTN_TRI_SHAPE = 3
+MI_ATTN_BLOCK_SPARSE = 4
+
+MI_CHAT_AUTO = 0
+MI_CHAT_CHATML = 1
+MI_CHAT_LLAMA3 = 2
+
+
+class mi_rope_scaling(ctypes.Structure):
+    _fields_ = [
+        ("type", c_int),
+        ("factor", c_double),
+        ("original_context", c_int64),
+        ("low_freq_factor", c_double),
+        ("high_freq_factor", c_double),
+        ("beta_fast", c_double),
+        ("beta_slow", c_double),
+        ("attention_factor", c_double),
+    ]
+
+
+class mi_model_params(ctypes.Structure):
+    _fields_ = [
+        ("device", c_int),
+        ("n_threads", c_int),
+        ("max_context", c_int64),
+        ("mlp_chunk", c_int64),
+        ("device_id", c_int),
+    ]
+
+
+class mi_model_shape(ctypes.Structure):
+    _fields_ = [
+        ("n_layers", c_int32),
+        ("hidden", c_int32),
+        ("n_heads", c_int32),
+        ("n_kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("ffn", c_int32),
+        ("vocab", c_int32),
+        ("rope_theta", c_double),
+        ("context_length", c_int64),
+        ("sliding_window", c_int64),
+        ("qkv_bias", c_int32),
+    ]
+
+
+class mi_model_info(ctypes.Structure):
+    _fields_ = [
+        ("arch", ctypes.c_char * 32),
+        ("source", ctypes.c_char * 16),
+        ("n_layers", c_int32),
+        ("n_heads", c_int32),
+        ("n_kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("hidden", c_int32),
+        ("ffn", c_int32),
+        ("vocab", c_int32),
+        ("context_length", c_int64),
+        ("rope_theta", c_double),
+        ("rms_eps", c_double),
+        ("rope_scaling", mi_rope_scaling),
+        ("tied_embeddings", c_int32),
+        ("bos", c_int32),
+        ("eos", c_int32),
+        ("eot", c_int32),
+        ("weight_bytes", c_uint64),
+        ("sliding_window", c_int64),
+    ]
+
+
+class mi_model_timing(ctypes.Structure):
+    _fields_ = [
+        ("n_tokens", c_int64),
+        ("total_s", c_double),
+        ("attention_s", c_double),
+        ("gemm_s", c_double),
+        ("device_bytes", c_uint64),
+        ("device_peak_bytes", c_uint64),
+    ]
+
+
+# void (*)(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens)
+MODEL_PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int32, c_int32, c_int64)
+# mi_status (*)(void *user, int32_t layer, const mi_tensor *q, const mi_tensor *k,
+#              const mi_tensor *v)
+MODEL_LAYER_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_int32, P(mi_tensor), P(mi_tensor),
+                                  P(mi_tensor))
+
+
+class mi_model_capture(ctypes.Structure):
+    _fields_ = [("on_layer", MODEL_LAYER_FN), ("user", c_void_p), ("token_log_probs", c_void_p)]
+
+
+MODEL = c_void_p  # mi_model *
+
+MODEL_PROTOTYPES = {
+    "mi_attn_mode_name": (c_char_p, [c_int]),
+    "mi_attn_mode_from_name": (ST, [c_char_p, P(c_int)]),
+    "mi_model_default_params": (mi_model_params, []),
+    "mi_model_load": (ST, [c_char_p, P(mi_model_params), P(c_void_p), c_char_p, c_size_t]),
+    "mi_model_shape_llama3_8b": (mi_model_shape, []),
+    "mi_model_create_random": (
+        ST,
+        [P(mi_model_shape), c_uint64, P(mi_model_params), P(c_void_p), c_char_p, c_size_t],
+    ),
+    "mi_model_destroy": (None, [MODEL]),
+    "mi_model_last_error": (c_char_p, [MODEL]),
+    "mi_model_get_info": (ST, [MODEL, P(mi_model_info)]),
+    "mi_model_set_attention": (ST, [MODEL, c_int, CFG, c_int32]),
+    "mi_model_set_progress": (ST, [MODEL, MODEL_PROGRESS_FN, c_void_p]),
+    "mi_model_tokenize": (
+        ST,
+        [MODEL, c_char_p, c_size_t, c_int, c_int, c_void_p, c_size_t, P(c_size_t)],
+    ),
+    "mi_model_token_to_piece": (ST, [MODEL, c_int32, c_char_p, c_size_t, P(c_size_t)]),
+    "mi_model_token_is_eog": (c_int, [MODEL, c_int32]),
+    "mi_model_token_is_control": (c_int, [MODEL, c_int32]),
+    "mi_model_chat_prompt": (ST, [MODEL, c_int, c_char_p, c_char_p, P(c_void_p)]),
+    "mi_model_prefill": (ST, [MODEL, c_void_p, c_size_t, c_void_p]),
+    "mi_model_decode": (ST, [MODEL, c_void_p, c_size_t, c_void_p]),
+    "mi_model_n_past": (c_int64, [MODEL]),
+    "mi_model_last_timing": (ST, [MODEL, P(mi_model_timing)]),
+    "mi_model_prefill_capture": (ST, [MODEL, c_void_p, c_size_t, P(mi_model_capture)]),
+}
+
+
 class LibraryNotFound(ImportError):
     pass
+
+
+class ModelLibraryNotFound(LibraryNotFound):
+    """libminference_model (the model runner) cannot be loaded; the kernels still work."""
+
+
+_LIB_NAMES = ["libminference.so", "libminference.dylib"]
+_MODEL_LIB_NAMES = ["libminference_model.so", "libminference_model.dylib"]
+
+
+def _search_paths(names, first=()):
+    """first, then the package's lib/, then the build folders of the repository it sits in."""
+    here = Path(__file__).resolve().parent
+    out = list(first) + [here / "lib" / n for n in names]
+    repo = here.parent.parent  # python/minference -> repository root
+    if (repo / "include" / "minference.h").is_file():
+        for d in [repo / "build", repo / "python" / "build" / "cmake"] + sorted(repo.glob("build*")):
+            out += [d / n for n in names]
+    return out
 
 
 def _candidates():
     env = os.environ.get("MINFERENCE_LIBRARY")
     if env:
         return [Path(env)], True
-    here = Path(__file__).resolve().parent
-    names = ["libminference.so", "libminference.dylib"]
-    out = [here / "lib" / n for n in names]
-    marker = here / "lib" / "external_library.txt"
+    first = []
+    marker = Path(__file__).resolve().parent / "lib" / "external_library.txt"
     if marker.is_file():
-        out.insert(0, Path(marker.read_text().strip()))
-    repo = here.parent.parent  # python/minference -> repository root
-    if (repo / "include" / "minference.h").is_file():
-        for d in [repo / "build", repo / "python" / "build" / "cmake"] + sorted(repo.glob("build*")):
-            out += [d / n for n in names]
-    return out, False
+        first.append(Path(marker.read_text().strip()))
+    return _search_paths(_LIB_NAMES, first), False
+
+
+def _model_candidates():
+    """libminference_model: MINFERENCE_MODEL_LIBRARY, else beside the loaded libminference, then
+    the places libminference itself is looked for."""
+    env = os.environ.get("MINFERENCE_MODEL_LIBRARY")
+    if env:
+        return [Path(env)], True
+    first = []
+    core = Path(load()._name)
+    if core.parent != Path("."):
+        for d in dict.fromkeys([core.parent, core.resolve().parent]):
+            first += [d / n for n in _MODEL_LIB_NAMES]
+    return _search_paths(_MODEL_LIB_NAMES, first), False
+
+
+def _open(paths, from_env, system_names, errors):
+    """The first of paths (then, unless from_env, of system_names) that loads, or None."""
+    for p in paths:
+        if p.is_file():
+            try:
+                return ctypes.CDLL(str(p))
+            except OSError as e:
+                errors.append(f"{p}: {e}")
+    if from_env:
+        return None
+    for name in system_names:
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError as e:
+            errors.append(f"{name}: {e}")
+    return None
+
+
+def _declare(lib, prototypes, missing):
+    for name, (restype, argtypes) in prototypes.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            missing.add(name)
+            setattr(lib, name, _missing_symbol(lib, name))
+            continue
+        f.restype = restype
+        f.argtypes = argtypes
 
 
 _LIB = None
+_MODEL_LIB = None
 _MISSING = set()
 
 
-def _missing_symbol(name):
+def _missing_symbol(lib, name):
     def fn(*_a, **_k):
         raise NotImplementedError(
-            f"the loaded libminference ({_LIB._name}) has no symbol {name}: it is older than this "
+            f"the loaded library ({lib._name}) has no symbol {name}: it is older than this "
             "package's header; rebuild the library (pip install ./python)"
         )
 
@@ -339,23 +536,9 @@ def load():
         return _LIB
     paths, from_env = _candidates()
     errors = []
-    lib = None
-    for p in paths:
-        if p.is_file():
-            try:
-                lib = ctypes.CDLL(str(p))
-                break
-            except OSError as e:
-                errors.append(f"{p}: {e}")
-    if lib is None and not from_env:
-        for name in ("libminference.so.0", "libminference.so", ctypes.util.find_library("minference")):
-            if not name:
-                continue
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError as e:
-                errors.append(f"{name}: {e}")
+    lib = _open(paths, from_env,
+                ("libminference.so.0", "libminference.so", ctypes.util.find_library("minference")),
+                errors)
     if lib is None:
         where = "MINFERENCE_LIBRARY=" + os.environ["MINFERENCE_LIBRARY"] if from_env else (
             "the package, the repository build folders and the system library path")
@@ -365,17 +548,40 @@ def load():
             "with `pip install ./python` from the repository (it builds the library with CMake), or "
             "set MINFERENCE_LIBRARY to the path of libminference.so."
         )
-    for name, (restype, argtypes) in PROTOTYPES.items():
-        try:
-            f = getattr(lib, name)
-        except AttributeError:
-            _MISSING.add(name)
-            setattr(lib, name, _missing_symbol(name))
-            continue
-        f.restype = restype
-        f.argtypes = argtypes
+    _declare(lib, PROTOTYPES, _MISSING)
     _LIB = lib
     return lib
+
+
+def load_model():
+    """Loads libminference_model (the model runner) once, after libminference, whose copy it then
+    shares; returns the CDLL. Raises ModelLibraryNotFound when it is absent."""
+    global _MODEL_LIB
+    if _MODEL_LIB is not None:
+        return _MODEL_LIB
+    paths, from_env = _model_candidates()
+    errors = []
+    lib = _open(paths, from_env, ("libminference_model.so.0", "libminference_model.so",
+                                  ctypes.util.find_library("minference_model")), errors)
+    if lib is None:
+        where = ("MINFERENCE_MODEL_LIBRARY=" + os.environ["MINFERENCE_MODEL_LIBRARY"] if from_env
+                 else f"beside {load()._name}, the package, the repository build folders and the "
+                 "system library path")
+        detail = ("; ".join(errors)) if errors else "no file found"
+        raise ModelLibraryNotFound(
+            f"minference: cannot load libminference_model, the model runner, from {where} "
+            f"({detail}). Build it with the library (the CMake target minference_model_shared; "
+            "`pip install ./python` ships it), or set MINFERENCE_MODEL_LIBRARY to the path of "
+            "libminference_model.so."
+        )
+    _declare(lib, MODEL_PROTOTYPES, _MISSING)
+    _MODEL_LIB = lib
+    return lib
+
+
+def model_library_path():
+    """The file the model runner library came from."""
+    return load_model()._name
 
 
 def library_path():

