@@ -3,8 +3,9 @@
 # path and each variant, shape by shape: bench/time_variants.py --shapes sparse, plus the
 # whole-layer prefill at 1M), then the GPU tests all at once, since the GPU is no longer being
 # timed: the full test on the default path and on each variant, the quick subset on each variant,
-# and a compute-sanitizer memcheck of the quick subset on the first variant. Everything stops at a
-# common deadline, so that a slow step costs its own result and not the whole call.
+# and a compute-sanitizer memcheck of the quick subset on the default path (MEMCHECK_VARIANT=1:
+# on the first variant). Everything stops at a common deadline, so that a slow step costs its own
+# result and not the whole call.
 #   bench/run_gpu_ab.sh NAME=VAR=VAL[,VAR=VAL] ...
 # PREBUILT: a folder with libminference.so* and test_cuda built elsewhere with the same CUDA
 # (test_cuda linked with rpath $ORIGIN); without it, or if it does not load, the library is built
@@ -59,9 +60,11 @@ for v in ${EXTRA_QUICK:-}; do
   name=${v%%=*}; envs=${v#*=}
   t "quick_$name" ${envs//,/ } -- $B/test_cuda --quick
 done
-if [ $# -gt 0 ]; then
+if [ "${MEMCHECK_VARIANT:-0}" = 1 ] && [ $# -gt 0 ]; then
   envs=${1#*=}
   t "memcheck_${1%%=*}" ${envs//,/ } -- compute-sanitizer --tool memcheck $B/test_cuda --quick
+else
+  t memcheck_default -- compute-sanitizer --tool memcheck $B/test_cuda --quick
 fi
 wait
 echo "tests done ($((SECONDS - T0)) s)"

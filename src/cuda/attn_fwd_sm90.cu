@@ -11,11 +11,14 @@
  * the register layout of the A operand) and V read transposed (MN-major B).
  * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
  * to the async proxy with fence.proxy.async before the barrier.
- * Two loops (numbers and history: dev/cuda/attn_dense_v3.cu, v4.cu):
+ * Three loops (numbers and history: dev/cuda/attn_dense_v3.cu, v4.cu):
  *   - attn_fwd_sm90_kernel (dense, 2 warpgroups): three K/V stages, S of the next tile on the
  *     tensor cores during the softmax of the current one (H200: 401-407 TFLOP/s);
- *   - attn_fwd_sm90_1wg_kernel (64-row blocks: sparse, A-/Tri-shape): two stages, two CTAs per
- *     SM (the pipelined loop fits only one there and is slower).
+ *   - attn_fwd_sm90_ring_kernel (64-row blocks: sparse, A-/Tri-shape; the default): K and V in a
+ *     ring of three 16 KB slots, three CTAs per SM (H200: VS local 373-376, mixed 408-421, small
+ *     286-313 effective TFLOP/s);
+ *   - attn_fwd_sm90_1wg_kernel (the same blocks with MI_CUDA_SM90_RING=0): two K/V stages, two
+ *     CTAs per SM (local 319-323, mixed 386-393, small 242-262).
  */
 #include "attn_plan.cuh"
 
@@ -345,10 +348,11 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
 #endif
 }
 
-/* One warpgroup per CTA (64-row sparse, A-shape and Tri-shape blocks): the two-stage loop of
- * dev/cuda/attn_dense_v3.cu. The three-stage pipeline of the kernel above needs 114 KB of shared
- * memory and 254 registers, which leaves one such CTA per SM; two CTAs per SM of this simpler
- * loop were 1.5x faster on sparse tiles (H200: VS local 318-324 vs 197-200 effective TFLOP/s). */
+/* One warpgroup per CTA (64-row sparse, A-shape and Tri-shape blocks with MI_CUDA_SM90_RING=0;
+ * the default is the three-CTA kernel below): the two-stage loop of dev/cuda/attn_dense_v3.cu.
+ * The three-stage pipeline of the kernel above needs 114 KB of shared memory and 254 registers,
+ * which leaves one such CTA per SM; two CTAs per SM of this simpler loop were 1.5x faster on
+ * sparse tiles (H200: VS local 318-324 vs 197-200 effective TFLOP/s). */
 template <typename T, int NWG>
 __global__ void __launch_bounds__(NWG * 128, 2)
     attn_fwd_sm90_1wg_kernel(const __grid_constant__ mi_cuda_attn_params p) {
@@ -579,14 +583,19 @@ __global__ void __launch_bounds__(NWG * 128, 2)
 #endif
 }
 
-/* Experiment (MI_CUDA_SM90_RING=1): the 64-row loop above with three CTAs per SM instead of two.
- * The profile of the two-CTA kernel is latency bound (issue slots 38% busy, 0.49 eligible warps
- * per scheduler), so more resident warps should hide more of each warp's stalls. Three CTAs need
- * at most 168 registers (launch bounds) and about 75 KB of shared memory each; two full K/V
- * stages (83 KB) do not fit, so K and V tiles share a ring of three 16 KB slots instead:
- * K0 V0 K1 V1 ..., item i in slot i % 3. K(t+1) is issued at the start of step t into the slot
- * V(t-1) used, V(t+1) after S(t) into the slot K(t) used; each is waited one step later, the
- * same prefetch distance as the two-stage loop, with 48 KB of K/V instead of 64 KB. */
+/* The 64-row loop above with three CTAs per SM instead of two (the default for 64-row blocks;
+ * MI_CUDA_SM90_RING=0 selects the kernel above). The profile of the two-CTA kernel is latency
+ * bound (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide
+ * more of each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 161, no
+ * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
+ * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
+ * slot i % 3. K(t+1) is issued at the start of step t into the slot V(t-1) used, V(t+1) after
+ * S(t) into the slot K(t) used; each is waited one step later, the same prefetch distance as the
+ * two-stage loop, with 48 KB of K/V instead of 64 KB.
+ * H200, bf16, one run against the two-CTA kernel in the same process (ms/head, effective TFLOP/s):
+ * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
+ * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
+ * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms). */
 template <typename T>
 __global__ void __launch_bounds__(128, 3)
     attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {
@@ -841,6 +850,7 @@ static cudaError_t launch_sm90(const mi_cuda_attn_params &p, bool ring, cudaStre
             cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
+            /* MI_CUDA_SM90_OCC=1: say once how many CTAs the driver fits per SM (3 expected) */
             static int reported = 0;
             if (!reported && getenv("MI_CUDA_SM90_OCC")) {
                 int n = 0;
@@ -889,9 +899,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, in
     /* MI_CUDA_SM90_DENSE_BM=64: dense with one warpgroup per CTA, two CTAs per SM (experiment) */
     const char *bm = getenv("MI_CUDA_SM90_DENSE_BM");
     if (bm && bm[0] == '6') block_m = 64;
-    /* MI_CUDA_SM90_RING=1: 64-row blocks with three CTAs per SM (experiment) */
+    /* MI_CUDA_SM90_RING=0: 64-row blocks with the two-CTA kernel (to compare both) */
     const char *rg = getenv("MI_CUDA_SM90_RING");
-    const bool ring = rg && rg[0] == '1';
+    const bool ring = !(rg && rg[0] == '0');
     if (block_m == 128)
         return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, false, st)
                   : mi_cuda::launch_sm90<__half, 2>(*p, false, st);
