@@ -15,10 +15,10 @@
  *   - attn_fwd_sm90_kernel (dense, 2 warpgroups): three K/V stages, S of the next tile on the
  *     tensor cores during the softmax of the current one (H200: 401-407 TFLOP/s);
  *   - attn_fwd_sm90_ring_kernel (64-row blocks: sparse, A-/Tri-shape; the default): K and V in a
- *     ring of three 16 KB slots, three CTAs per SM (H200: VS local 373-376, mixed 408-421, small
- *     286-313 effective TFLOP/s);
+ *     ring of three 16 KB slots, three CTAs per SM (H200: VS local 373-376, mixed 408-423, small
+ *     286-322 effective TFLOP/s; bench/results/2026-11-30-gpu-sparse-ring-ab.json);
  *   - attn_fwd_sm90_1wg_kernel (the same blocks with MI_CUDA_SM90_RING=0): two K/V stages, two
- *     CTAs per SM (local 319-323, mixed 386-393, small 242-262).
+ *     CTAs per SM (local 319-323, mixed 385-393, small 242-273).
  */
 #include "attn_plan.cuh"
 
@@ -592,7 +592,8 @@ __global__ void __launch_bounds__(NWG * 128, 2)
  * slot i % 3. K(t+1) is issued at the start of step t into the slot V(t-1) used, V(t+1) after
  * S(t) into the slot K(t) used; each is waited one step later, the same prefetch distance as the
  * two-stage loop, with 48 KB of K/V instead of 64 KB.
- * H200, bf16, one run against the two-CTA kernel in the same process (ms/head, effective TFLOP/s):
+ * H200, bf16, first of two runs against the two-CTA kernel in one process (ms/head, effective
+ * TFLOP/s; both runs: bench/results/2026-11-30-gpu-sparse-ring-ab.json):
  * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
  * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
  * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms). */
