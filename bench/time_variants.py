@@ -4,7 +4,7 @@ bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quic
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
   time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=MI_CUDA_DISABLE_SM90=1
-      [--shapes small] [--out results.json]
+      [--shapes small|sparse] [--prefill L] [--out results.json]
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every launch. cuDNN SDPA is timed once per dense shape."""
@@ -24,6 +24,8 @@ SPARSE = [(131072, 8, 2, "local", 5), (131072, 8, 2, "mixed", 3), (131072, 8, 2,
 # --shapes small: one dense and three sparse shapes, for a last look when time is short
 DENSE_SMALL = DENSE[:1]
 SPARSE_SMALL = [SPARSE[0], SPARSE[2], SPARSE[3]]
+# --shapes sparse: the three sets at 128K and 1M, no dense (for changes to the 64-row kernel)
+SPARSE_ONLY = SPARSE[:4] + [(1048576, 1, 1, "mixed", 3), SPARSE[4]]
 
 
 def main():
@@ -31,32 +33,52 @@ def main():
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", required=True, help="name=VAR=VAL,VAR=VAL")
     ap.add_argument("--out")
-    ap.add_argument("--shapes", default="all", choices=["all", "small"])
+    ap.add_argument("--shapes", default="all", choices=["all", "small", "sparse"])
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also time the whole-layer VS prefill (estimation included) at this L, "
+                         "8 heads (torch_ref.py's estimation section)")
     args = ap.parse_args()
-    dense, sparse = (DENSE, SPARSE) if args.shapes == "all" else (DENSE_SMALL, SPARSE_SMALL)
+    dense, sparse = {"all": (DENSE, SPARSE), "small": (DENSE_SMALL, SPARSE_SMALL),
+                     "sparse": ([], SPARSE_ONLY)}[args.shapes]
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []
     cudnn = {}
-    for i, spec in enumerate(args.variant):
+    variants = []
+    for spec in args.variant:
         name, _, env = spec.partition("=")
-        sets = [kv.split("=", 1) for kv in env.split(",") if kv]
+        variants.append((name, [kv.split("=", 1) for kv in env.split(",") if kv]))
+
+    def timed(sets, fn):
+        """fn() under the variant's variables; they are unset afterwards."""
         for k, v in sets:
             os.environ[k] = v
-        for L, H, Hk, reps in dense:
-            r = tr.bench_dense(lib, L, H, Hk, reps, do_torch=(i == 0))
+        try:
+            return fn()
+        finally:
+            for k, _ in sets:
+                del os.environ[k]
+            torch.cuda.empty_cache()
+
+    # shape by shape, every variant in turn: a slow drift of the clocks then hits all variants
+    # alike instead of the last one
+    for L, H, Hk, reps in dense:
+        for i, (name, sets) in enumerate(variants):
+            r = timed(sets, lambda: tr.bench_dense(lib, L, H, Hk, reps, do_torch=(i == 0)))
             if i == 0:
                 cudnn[L] = r.get("cudnn_ms_per_head")
             r["cudnn_ms_per_head"] = cudnn.get(L)
             rows.append({"variant": name, "kind": "dense", **r})
             print(json.dumps(rows[-1]), flush=True)
-            torch.cuda.empty_cache()
-        for L, H, Hk, sname, reps in sparse:
-            r = tr.bench_sparse(lib, L, H, Hk, sname, reps)
+    for L, H, Hk, sname, reps in sparse:
+        for name, sets in variants:
+            r = timed(sets, lambda: tr.bench_sparse(lib, L, H, Hk, sname, reps))
             rows.append({"variant": name, "kind": "sparse", **r})
             print(json.dumps(rows[-1]), flush=True)
-            torch.cuda.empty_cache()
-        for k, _ in sets:
-            del os.environ[k]
+    if args.prefill:
+        for name, sets in variants:
+            r = timed(sets, lambda: tr.bench_estimation(lib, args.prefill, 8, 2, 3))
+            rows.append({"variant": name, "kind": "prefill", **r})
+            print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(),
@@ -69,9 +91,14 @@ def main():
                   f"{r['ours_ms_per_head']:>9.3f} {r['ours_tflops']:>6.0f} "
                   f"{c if c is None else round(c, 3)!s:>10} "
                   f"{'' if c is None else round(c / r['ours_ms_per_head'], 2)!s:>6}")
-        else:
+        elif r["kind"] == "sparse":
             print(f"{r['variant']:>8} {r['set'] + ' ' + str(r['L'] // 1024) + 'K':>14} "
                   f"{r['kernel_ms_per_head']:>9.3f} {r['effective_tflops']:>6.0f}")
+        else:
+            print(f"{r['variant']:>8} {'prefill ' + str(r['L'] // 1024) + 'K':>14} "
+                  f"{r['prefill_ms_per_head']:>9.3f}  (layer {r['prefill_ms']:.1f} ms, "
+                  f"{r['heads']} heads, estimate {r['estimate_ms']:.2f} ms, "
+                  f"index {r['index_ms']:.2f} ms)")
 
 
 if __name__ == "__main__":

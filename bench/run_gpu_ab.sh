@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# A/B of kernel variants in one GPU call on a small device budget: the timings first (the base
+# path and each variant, shape by shape: bench/time_variants.py --shapes sparse, plus the
+# whole-layer prefill at 1M), then the GPU tests all at once, since the GPU is no longer being
+# timed: the full test on the default path and on each variant, the quick subset on each variant,
+# and a compute-sanitizer memcheck of the quick subset on the default path (MEMCHECK_VARIANT=1:
+# on the first variant). Everything stops at a common deadline, so that a slow step costs its own
+# result and not the whole call.
+#   bench/run_gpu_ab.sh NAME=VAR=VAL[,VAR=VAL] ...
+# PREBUILT: a folder with libminference.so* and test_cuda built elsewhere with the same CUDA
+# (test_cuda linked with rpath $ORIGIN); without it, or if it does not load, the library is built
+# here. EXTRA_QUICK: more "NAME=VAR=VAL,..." (space-separated) for the quick test only.
+# DEADLINE: seconds for the whole script (default 150). LOGS: where logs and JSON go.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+DEADLINE=${DEADLINE:-150}
+LOGS=${LOGS:-build-ab/logs}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+left() { local s=$((DEADLINE - (SECONDS - T0))); echo $((s > 1 ? s : 1)); }
+source scripts/gpu_env.sh
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUDA_HOME/lib64
+
+B=${PREBUILT:-}
+if [ -z "$B" ] || ! [ -x "$B/test_cuda" ] || ldd "$B/test_cuda" | grep -q "not found"; then
+  [ -n "$B" ] && { echo "prebuilt $B does not load here:"; ldd "$B/test_cuda" | grep "not found"; }
+  B=build-ab
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
+    -DMI_BUILD_TESTS=OFF >"$B.cmake.log" 2>&1 || { tail -30 "$B.cmake.log"; exit 1; }
+  cmake --build $B -j"$(nproc)" --target libminference.so >"$B.build.log" 2>&1 ||
+    { grep -E "error" -A3 "$B.build.log" | head -40; exit 1; }
+  cc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -I"$CUDA_HOME/include" tests/cuda/test_cuda.c \
+    -o $B/test_cuda -L$B -lminference -L"$CUDA_HOME/lib64" -lcudart -lm \
+    -Wl,-rpath,'$ORIGIN' >>"$B.build.log" 2>&1 || { tail -20 "$B.build.log"; exit 1; }
+fi
+echo "library: $B ($((SECONDS - T0)) s)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+
+args=(--variant base=)
+for v in "$@"; do args+=(--variant "$v"); done
+timeout "$(left)" python3 bench/time_variants.py --lib "$B/libminference.so" --shapes sparse \
+  --prefill 1048576 --out "$LOGS/variants.json" "${args[@]}" >"$LOGS/timings.log" 2>&1
+echo "timings rc=$? ($((SECONDS - T0)) s)"
+grep -v "^{" "$LOGS/timings.log"
+
+t() { # name, env assignments..., -- test args (in the background)
+  local name=$1; shift
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  env OMP_NUM_THREADS=3 "${envs[@]}" timeout "$(left)" "$@" >"$LOGS/test_$name.log" 2>&1 &
+}
+t full_default -- $B/test_cuda
+for v in "$@"; do
+  name=${v%%=*}; envs=${v#*=}
+  t "full_$name" ${envs//,/ } -- $B/test_cuda
+  t "quick_$name" ${envs//,/ } -- $B/test_cuda --quick
+done
+for v in ${EXTRA_QUICK:-}; do
+  name=${v%%=*}; envs=${v#*=}
+  t "quick_$name" ${envs//,/ } -- $B/test_cuda --quick
+done
+if [ "${MEMCHECK_VARIANT:-0}" = 1 ] && [ $# -gt 0 ]; then
+  envs=${1#*=}
+  t "memcheck_${1%%=*}" ${envs//,/ } -- compute-sanitizer --tool memcheck $B/test_cuda --quick
+else
+  t memcheck_default -- compute-sanitizer --tool memcheck $B/test_cuda --quick
+fi
+wait
+echo "tests done ($((SECONDS - T0)) s)"
+for f in "$LOGS"/test_*.log; do
+  echo "$(basename "$f" .log): $(grep -E "passed|ERROR SUMMARY" "$f" | tr '\n' ' ')"
+  grep FAIL "$f" | head -5
+done
+exit 0
