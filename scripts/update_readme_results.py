@@ -66,7 +66,8 @@ def gpu_tables(runs):
     """GPU attention runs (bench/torch_ref.py). Several runs recorded kernel variants; for each
     section the run of the variant the final build uses is the one with the full set of lengths
     and the highest throughput (a final quick run re-checks it at 32K and 128K)."""
-    gpu = [r for r in runs if r.get("gpu") and isinstance(r.get("dense"), list)]
+    gpu = [r for r in runs if r.get("gpu") and
+           any(isinstance(r.get(k), list) for k in ("dense", "sparse", "estimation"))]
     if not gpu:
         return []
 
@@ -103,7 +104,11 @@ def gpu_tables(runs):
                        f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('effective_tflops'), '.0f')} | {fmt(e.get('index_ms'), '.2f')} |")
         out.append("")
-    es = next((r for r in gpu if r.get("estimation")), None)
+    es = [r for r in gpu if isinstance(r.get("estimation"), list) and r["estimation"]]
+    if es:  # the full set of lengths, then the fastest (the kernel the build ships)
+        most = max(len(r["estimation"]) for r in es)
+        es = min((r for r in es if len(r["estimation"]) == most),
+                 key=lambda r: sum(e.get("prefill_ms_per_head", 0) for e in r["estimation"]))
     if es:
         out += [f"**GPU whole-layer prefill** (every head vertical-slash 1000/6096, estimation and "
                 f"index included; `{es['_file']}`)", "",
@@ -113,7 +118,9 @@ def gpu_tables(runs):
                        f"| {fmt(100 * e.get('estimate_index_share', 0), '.1f')} % |")
         out.append("")
     if any(r["_file"].endswith(".json") for r in gpu):
-        pngs = sorted(glob.glob(os.path.join(ROOT, "bench", "results", "*gpu-attention*.png")))
+        # the plot of the run that has dense and sparse lines
+        pngs = sorted(p for p in glob.glob(os.path.join(ROOT, "bench", "results", "*gpu-attention*.png"))
+                      if "-v5" not in p and "-ring" not in p)
         if pngs:
             rel = os.path.relpath(pngs[-1], ROOT)
             out += [f"![time per head against length]({rel})", ""]
