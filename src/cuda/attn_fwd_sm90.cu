@@ -897,12 +897,16 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, in
     const char *sw = getenv("MI_CUDA_SM90_VDESC_SWAP");
     q.sm90_flags = sw && sw[0] == '1';
     p = &q;
-    /* MI_CUDA_SM90_DENSE_BM=64: dense with one warpgroup per CTA, two CTAs per SM (experiment) */
+    /* Every mode runs 64-row blocks on the three-CTA ring kernel: dense too, where it measured
+     * 437-448 TFLOP/s at 32K-1M on the H200 against 401-412 for the two-warpgroup 128-row
+     * kernel (bench/results/2026-11-30-gpu-dense-ring-ab.json). MI_CUDA_SM90_DENSE_BM=128 keeps
+     * dense on the 128-row kernel; MI_CUDA_SM90_RING=0 puts 64-row blocks back on the two-CTA
+     * kernel (both to compare). */
     const char *bm = getenv("MI_CUDA_SM90_DENSE_BM");
-    if (bm && bm[0] == '6') block_m = 64;
-    /* MI_CUDA_SM90_RING=0: 64-row blocks with the two-CTA kernel (to compare both) */
     const char *rg = getenv("MI_CUDA_SM90_RING");
     const bool ring = !(rg && rg[0] == '0');
+    if (ring && !(bm && bm[0] == '1')) block_m = 64;
+    if (bm && bm[0] == '6') block_m = 64;
     if (block_m == 128)
         return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, false, st)
                   : mi_cuda::launch_sm90<__half, 2>(*p, false, st);
