@@ -29,6 +29,13 @@
  * (v3 280 / 256 / 265), local flat; estimated VS prefill at 1M x 8 heads 515.8 ms (v3 448.5).
  * Sparse prefill is what the library is for, so src/cuda keeps v4 (dense) + v3 (sparse) and this
  * stays an experiment until the sparse steps are no slower than v3.
+ * Then (src/cuda/attn_fwd_sm90.cu, the ring kernel): the 64-row one-warpgroup kernel with K and
+ * V in one ring of three 16 KB slots (48 KB instead of 64 KB of tiles), 161 registers, three CTAs
+ * = 12 warps per SM. Sparse sets +6 to +19 % (local 365-376, mixed 408-423, small 286-326
+ * TFLOP/s; bench/results/2026-11-30-gpu-sparse-ring-ab.json), and dense through it +8 to +12 %
+ * over v4 (445 / 439 / 430 / 431 TFLOP/s at 32K / 128K / 512K / 1M, 0.66-0.90x cuDNN;
+ * bench/results/2026-11-30-gpu-dense-ring-ab.json), so it serves every mode now. More resident
+ * warps was the lever, as the profile (latency bound, 8 warps per SM) suggested.
  * Reading: a step (one 64-key tile for both warpgroups, 2 x 2.1 MFLOP of wgmma) takes about
  * 1.28 us here and 1.38 us in v4, i.e. 2200-2700 cycles at 1.75-1.98 GHz against ~1000 cycles of
  * tensor work at the nominal rate, although v4 and v5 overlap quite different things (v4: S(t+1) with the softmax of
