@@ -749,6 +749,13 @@ mi_status capture_log_probs(mi_model *m, int64_t n, double *out) {
 /* Entry points                                                                                */
 
 extern "C" mi_status mim_gpu_attach(mi_model *m, char *err, size_t err_size) {
+    /* the device first: without one, that is the message a user needs */
+    cudaError_t de = cudaSetDevice(m->params.device_id);
+    if (de != cudaSuccess) {
+        (void)cudaGetLastError();
+        return mim_fail(err, err_size, MI_STATUS_DEVICE_ERROR, "no usable CUDA device %d: %s",
+                        m->params.device_id, cudaGetErrorString(de));
+    }
     if (m->hd != 64 && m->hd != 128)
         return mim_fail(err, err_size, MI_STATUS_UNSUPPORTED,
                         "head_dim %d: the CUDA attention kernels support 64 and 128; use the CPU",
