@@ -155,8 +155,10 @@ def runner_tables(runs):
         if not isinstance(rows, list) or not rows or "ttft_s" not in rows[0]:
             continue
         key = (r.get("model", "?"), r.get("device", "?"), r.get("gpu", ""))
-        g = groups.setdefault(key, {"files": [], "rows": {}, "run": r})
+        g = groups.setdefault(key, {"files": [], "rows": {}, "run": r, "commits": []})
         g["files"].append(r["_file"])
+        if r.get("commit") and r["commit"] not in g["commits"]:
+            g["commits"].append(r["commit"])
         for e in rows:
             g["rows"][(e["tokens"], e["method"])] = e
     out = []
@@ -166,7 +168,7 @@ def runner_tables(runs):
         name = os.path.basename(name) if "/" in name else name
         out += [f"**Model TTFT, {name}** ({sh.get('layers')} layers, {sh.get('heads')}/"
                 f"{sh.get('kv_heads')} heads of {sh.get('head_dim')}, hidden {sh.get('hidden')}, "
-                f"{sh.get('weights', '')} weights), {device} {gpu}, commit {r.get('commit', '?')} "
+                f"{sh.get('weights', '')} weights), {device} {gpu}, commits {', '.join(g['commits']) or '?'} "
                 f"({', '.join('`' + f + '`' for f in g['files'])}). One prefill per cell; "
                 "attention and GEMM are the runner's own measurements of the prefill.", "",
                 "| L | method | TTFT | speed-up | attention | GEMMs | decode | device peak |",
