@@ -338,13 +338,14 @@ static void free_bufs(fwd_bufs *b) {
     free(b->pat);
 }
 
-static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits) {
+mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
+                      const mi_model_capture *capture) {
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab)
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
                                   "token %d at %lld is outside the vocabulary (%d)", tokens[i],
                                   (long long)i, m->vocab);
-    if (m->gpu) return mim_gpu_forward(m, tokens, n, fresh, logits, NULL);
+    if (m->gpu) return mim_gpu_forward(m, tokens, n, fresh, logits, capture);
     const double t_start = mim_now_s();
     double t_attn = 0.0, t_gemm = 0.0, t0;
     if (fresh) m->n_past = 0;
@@ -410,6 +411,17 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         mim_add_bias(vc, L->bv, n, kvd, kvd);
         mim_rope_apply(&m->rope, b.q, n, m->n_heads, m->hd, qd, b.cos_t, b.sin_t);
         mim_rope_apply(&m->rope, kc, n, m->n_kv, m->hd, kvd, b.cos_t, b.sin_t);
+        if (capture && capture->on_layer) {
+            /* a capture is a fresh prompt: the cache rows are this prompt's k and v */
+            mi_tensor tq =
+                mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
+            mi_tensor tk = mi_tensor_blhd(kc, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            mi_tensor tv = mi_tensor_blhd(vc, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            if ((st = capture->on_layer(capture->user, l, &tq, &tk, &tv)) != MI_STATUS_SUCCESS) {
+                mim_model_fail(m, st, "capture stopped at layer %d", l);
+                break;
+            }
+        }
         if (n_past == 0 && n > 1) {
             if ((st = mim_layer_patterns(m, l, n, b.pat)) != MI_STATUS_SUCCESS) break;
             mi_tensor tq =
@@ -457,8 +469,11 @@ static mi_status forward(mi_model *m, const int32_t *tokens, int64_t n, bool fre
         }
         if (m->progress) m->progress(m->progress_user, l + 1, m->n_layers, n);
     }
+    if (st == MI_STATUS_SUCCESS && capture && capture->token_log_probs)
+        st = mim_token_log_probs(m, b.x, tokens, n, capture->token_log_probs);
     if (st == MI_STATUS_SUCCESS) {
-        m->n_past = n_past + n;
+        /* a capture measures; it leaves no cache to continue from */
+        m->n_past = capture ? 0 : n_past + n;
         if (logits) {
             mim_rmsnorm(b.x + (n - 1) * D, m->out_norm, b.h, 1, D, m->eps);
             t0 = mim_now_s();
@@ -483,7 +498,7 @@ mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *
     m->last_error[0] = 0;
     if (!tokens || n == 0)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "no tokens to prefill");
-    return forward(m, tokens, (int64_t)n, true, logits);
+    return mim_forward(m, tokens, (int64_t)n, true, logits, NULL);
 }
 
 mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *logits) {
@@ -491,7 +506,7 @@ mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *l
     m->last_error[0] = 0;
     if (!tokens || n == 0)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "no tokens to decode");
-    return forward(m, tokens, (int64_t)n, false, logits);
+    return mim_forward(m, tokens, (int64_t)n, false, logits, NULL);
 }
 
 int64_t mi_model_n_past(const mi_model *m) { return m ? m->n_past : 0; }

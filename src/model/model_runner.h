@@ -80,6 +80,17 @@ void mim_rmsnorm(const float *x, const float *w, float *out, int64_t n, int64_t 
 /* x [n, ld] columns 0..dim += b (nothing when b is NULL). */
 void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld);
 
+/* The forward pass (model_forward.c; model_gpu.cu on the GPU) of n tokens (checked here) at
+ * positions n_past.. (fresh: from 0). Writes the last position's logits (may be NULL). With a
+ * capture (fresh prompts only), calls its hook after each layer's RoPE and fills its
+ * log-probabilities, and leaves the cache empty. */
+mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
+                      const mi_model_capture *capture);
+
+/* out [n - 1] = log p(tokens[i + 1] | ..i) from the final residuals x [n, hidden] (CPU). */
+mi_status mim_token_log_probs(mi_model *m, const float *x, const int32_t *tokens, int64_t n,
+                              double *out);
+
 /* pat [n_heads] = the patterns of one layer for a prompt of n tokens under the model's attention
  * mode and config, intersected with the model's sliding window. */
 mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_pattern *pat);
