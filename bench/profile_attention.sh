@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of our attention kernels on a GPU machine: one launch of the dense
-# kernel (32K, 32 heads) and one of the sparse kernel (the `local` index set at 128K), with the
+# Nsight Compute profile of our sm_90a attention kernel on a GPU machine: one dense launch (32K,
+# 32 heads) and one sparse launch (the first of the sparse section), with the
 # sections that say what bounds a kernel (speed of light, tensor pipe, memory, warp stalls,
 # occupancy). Reports go to $OUT (or build-prof/); a summary of the key metrics is printed.
 # Nsight Compute locks the SM clock to base (1.36 GHz on an H200), so durations are longer than
@@ -46,5 +46,5 @@ for r in rows[1:]:
 PY
   tail -3 "$OUTDIR/ncu-$1.err"
 }
-prof dense attn_fwd_sm90_kernel 3 dense
-prof sparse_local attn_fwd_sm90_1wg_kernel 3 sparse
+prof dense attn_fwd_sm90_ring_kernel 3 dense
+prof sparse_local attn_fwd_sm90_ring_kernel 3 sparse

@@ -438,8 +438,6 @@ def main():
             print("crossover", json.dumps(r), flush=True)
     os.makedirs(args.out, exist_ok=True)
     tag = "-sm80path" if os.environ.get("MI_CUDA_DISABLE_SM90") == "1" else ""
-    if os.environ.get("MI_CUDA_SM90_DENSE_BM") == "64":
-        tag = "-sm90bm64"
     res["kernel_path"] = "sm80 mma.sync" if tag else "default (sm90a wgmma on Hopper, D=128)"
     path = os.path.join(args.out, f"{date}-gpu-attention{tag}.json")
     with open(path, "w") as f:

@@ -278,7 +278,7 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     cudaError_t e = cudaErrorInvalidValue;
     const bool bf = p->dtype == MI_DTYPE_BF16;
     if (p->head_dim == 128 && mi_cuda_sm90_usable()) {
-        e = mi_cuda_attn_sm90_launch(p, block_m, st);
+        e = mi_cuda_attn_sm90_launch(p, st);
     } else if (block_m == 128) {
         if (p->head_dim == 64)
             e = bf ? launch_attn<__nv_bfloat16, 64, 128>(*p, st)

@@ -3,23 +3,16 @@
  * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
  * attn_fwd.cu.
  *
- * A CTA has NWG warpgroups of 64 query rows each (NWG = 2 for dense, 1 for 64-row sparse / A-shape
- * blocks). Q, K and V tiles sit in shared memory in the 128-byte-swizzled K-major layout wgmma
+ * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the 128-byte-swizzled K-major layout wgmma
  * reads directly: each 128-column row is split in two 64-column halves, and 16-byte chunk c of
  * row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
  * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
  * the register layout of the A operand) and V read transposed (MN-major B).
  * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
  * to the async proxy with fence.proxy.async before the barrier.
- * Three loops (numbers and history: dev/cuda/attn_dense_v3.cu, v4.cu):
- *   - attn_fwd_sm90_kernel (dense, 2 warpgroups): three K/V stages, S of the next tile on the
- *     tensor cores during the softmax of the current one (H200: 401-407 TFLOP/s);
- *   - attn_fwd_sm90_ring_kernel (64-row blocks: sparse, A-/Tri-shape; the default): K and V in a
- *     ring of three 16 KB slots, three CTAs per SM (H200: VS local 373-376, mixed 408-423, small
- *     286-322 effective TFLOP/s; bench/results/2026-11-30-gpu-sparse-ring-ab.json);
- *   - attn_fwd_sm90_1wg_kernel (the same blocks with MI_CUDA_SM90_RING=0): two K/V stages, two
- *     CTAs per SM (local 319-323, mixed 385-393, small 242-273).
- */
+ * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
+ * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
+ * comment below and dev/cuda/attn_dense_v1..v5.cu). */
 #include "attn_plan.cuh"
 
 #include <math.h>
@@ -84,516 +77,20 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uin
            ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
 }
 
-template <typename T, int NWG>
-__global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
-    attn_fwd_sm90_kernel(const __grid_constant__ mi_cuda_attn_params p) {
-#ifdef MI_SM90_DEVICE
-    constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
-    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF, NSTAGE = 3;
-    using tr = dtype_traits<T>;
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = base;
-    unsigned char *ks = qs + 2 * QHALF;      /* [NSTAGE] */
-    unsigned char *vs = ks + NSTAGE * KTILE; /* [NSTAGE] */
-    int *kpos = reinterpret_cast<int *>(vs + NSTAGE * KTILE);
-
-    const int tid = threadIdx.x;
-    const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-    const int m_blk = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int hk = h / p.group;
-    const int len = p.seq_lens[b];
-    const int rs = m_blk * BM;
-
-    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
-    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
-    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
-    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
-    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
-
-    tile_plan tp;
-    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
-    const int n_tiles = tp.n_a + tp.n_b;
-
-    if (n_tiles == 0) {
-        const int rows = min(BM, p.len - rs);
-        for (int i = tid; i < rows * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
-                make_uint4(0, 0, 0, 0);
-        }
-        if (lseg)
-            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
-        return;
-    }
-
-    for (int i = tid; i < BM * CPR; i += NT) {
-        const int r = i / CPR, c = i % CPR;
-        const int row = rs + r;
-        const bool ok = row < len;
-        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
-        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
-    }
-    /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
-     * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
-     * term is the same for all of them and every address is a base plus a constant. */
-    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
-    const int lr0 = tid / CPR, lc = tid % CPR;
-    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
-    const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
-    const T *kbase = kg + lr0 * ksl + lc * 8;
-    const T *vbase = vg + lr0 * vsl + lc * 8;
-    auto load_kv = [&](int t, int buf) {
-        unsigned char *kd = ks + buf * KTILE;
-        unsigned char *vd = vs + buf * KTILE;
-        if (t < tp.n_a) {
-            const int off = tile_offset(tp, t);
-            if (off >= 0 && off + BN <= len) {
-                const T *kp = kbase + off * ksl;
-                const T *vp = vbase + off * vsl;
-#pragma unroll
-                for (int i = 0; i < PASSES; ++i) {
-                    cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
-                    cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
-                }
-                return;
-            }
-        }
-#pragma unroll
-        for (int i = tid; i < BN * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const int pos = tile_key(tp, t, r, len);
-            const bool ok = pos != MI_NO_KEY;
-            const int64_t row = ok ? pos : 0;
-            const uint32_t o = sw_off(r, c, KHALF);
-            cp_async_16(kd + o, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
-            cp_async_16(vd + o, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
-            if (c == 0) kpos[buf * BN + r] = pos;
-        }
-    };
-    const int g = lane / 4, cq = lane % 4;
-    const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
-    float o[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
-
-    /* S = Q K^T of tile t into s, issued asynchronously (committed, not waited). */
-    auto issue_s = [&](float *s, int t) {
-        const uint32_t k_addr = smem_addr(ks + (t % NSTAGE) * KTILE);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
-            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
-            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
-        }
-        wgmma_commit();
-        fence_operands<32>(s);
-    };
-
-    /* One step of the software pipeline: S of tile t+1 runs on the tensor cores while this
-     * warpgroup does the softmax of tile t (masks, max, exp2, sums); then O is rescaled and
-     * O += P V of tile t runs. Three K/V stages: tile t+2 loads into the stage tile t-1 used,
-     * which every warpgroup has finished with at the barrier. */
-    auto step = [&](int t, float *cur, float *nxt) {
-        if (t + 1 < n_tiles) {
-            cp_async_wait<0>(); /* this thread's copies of tile t+1 */
-            fence_proxy_async();
-        }
-        __syncthreads();
-        if (t + 2 < n_tiles) {
-            load_kv(t + 2, (t + 2) % NSTAGE);
-            cp_async_commit();
-        }
-        if (t + 1 < n_tiles) issue_s(nxt, t + 1);
-        /* a private copy: writing the masks and exponentials into the accumulator registers of
-         * tile t while tile t+1's wgmma is in flight would make ptxas serialise the wgmma */
-        float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = cur[i];
-        const int buf = t % NSTAGE;
-
-        /* Range tiles know their key positions (off + column); column tiles read them from
-         * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
-        const bool range = t < tp.n_a;
-        const int off = range ? tile_offset(tp, t) : 0;
-        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
-                          off + BN - 1 < len && off + BN - 1 <= rs;
-        if (!full) {
-            const int *kp = kpos + buf * BN;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = 8 * j + 2 * cq + (e & 1);
-                    int key = range ? off + col : kp[col];
-                    if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
-                    const int row = e < 2 ? qrow0 : qrow1;
-                    bool vis = key <= row;
-                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
-                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
-                                      row >= tp.tri_start);
-                    if (!vis) s[4 * j + e] = -INFINITY;
-                }
-            }
-        }
-        /* running max in scaled base-2 units (scale > 0, so max and scale commute) */
-        const float sc = p.scale_log2;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
-        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
-        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
-        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-        m0 = mx0;
-        m1 = mx1;
-        float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
-            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
-            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
-            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
-            rs0 += s[4 * j] + s[4 * j + 1];
-            rs1 += s[4 * j + 2] + s[4 * j + 3];
-        }
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-        /* S of tile t+1 done before O is touched: no other instruction may write a wgmma
-         * accumulator while wgmma of the same stage are in flight (ptxas would serialise). */
-        wgmma_wait0();
-        if (t + 1 < n_tiles) fence_operands<32>(nxt);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            o[4 * i] *= al0;
-            o[4 * i + 1] *= al0;
-            o[4 * i + 2] *= al1;
-            o[4 * i + 3] *= al1;
-        }
-        uint32_t a[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            a[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
-            a[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
-            a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
-            a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg<T>::rs(o, a[kk],
-                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
-                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
-                      1);
-        wgmma_commit();
-        wgmma_wait0();
-        fence_operands<64>(o);
-    };
-
-    /* prologue: tiles 0 and 1 in flight, S of tile 0 computed */
-    load_kv(0, 0);
-    cp_async_commit();
-    if (n_tiles > 1) {
-        load_kv(1, 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-    } else {
-        cp_async_wait<0>();
-    }
-    fence_proxy_async();
-    __syncthreads();
-    float sa[32], sb[32];
-    issue_s(sa, 0);
-    wgmma_wait0();
-    fence_operands<32>(sa);
-    for (int t = 0; t < n_tiles; t += 2) {
-        step(t, sa, sb);
-        if (t + 1 < n_tiles) step(t + 1, sb, sa);
-    }
-
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
-    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int c = 8 * i + 2 * cq;
-        if (qrow0 < p.len)
-            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * p.o_stride[2] + c) =
-                tr::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-        if (qrow1 < p.len)
-            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * p.o_stride[2] + c) =
-                tr::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
-    }
-    if (lseg && cq == 0) {
-        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
-    }
-#endif
-}
-
-/* One warpgroup per CTA (64-row sparse, A-shape and Tri-shape blocks with MI_CUDA_SM90_RING=0;
- * the default is the three-CTA kernel below): the two-stage loop of dev/cuda/attn_dense_v3.cu.
- * The three-stage pipeline of the kernel above needs 114 KB of shared memory and 254 registers,
- * which leaves one such CTA per SM; two CTAs per SM of this simpler loop were 1.5x faster on
- * sparse tiles (H200: VS local 318-324 vs 197-200 effective TFLOP/s). */
-template <typename T, int NWG>
-__global__ void __launch_bounds__(NWG * 128, 2)
-    attn_fwd_sm90_1wg_kernel(const __grid_constant__ mi_cuda_attn_params p) {
-#ifdef MI_SM90_DEVICE
-    constexpr int D = 128, BM = 64 * NWG, NT = NWG * 128, CPR = 16;
-    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
-    using tr = dtype_traits<T>;
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = base;
-    unsigned char *ks = qs + 2 * QHALF; /* [2 stages] */
-    unsigned char *vs = ks + 2 * KTILE; /* [2 stages] */
-    int *kpos = reinterpret_cast<int *>(vs + 2 * KTILE);
-
-    const int tid = threadIdx.x;
-    const int wgi = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-    const int m_blk = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int hk = h / p.group;
-    const int len = p.seq_lens[b];
-    const int rs = m_blk * BM;
-
-    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
-    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
-    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
-    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
-    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
-
-    tile_plan tp;
-    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
-    const int n_tiles = tp.n_a + tp.n_b;
-
-    if (n_tiles == 0) {
-        const int rows = min(BM, p.len - rs);
-        for (int i = tid; i < rows * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
-                make_uint4(0, 0, 0, 0);
-        }
-        if (lseg)
-            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
-        return;
-    }
-
-    for (int i = tid; i < BM * CPR; i += NT) {
-        const int r = i / CPR, c = i % CPR;
-        const int row = rs + r;
-        const bool ok = row < len;
-        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
-        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
-    }
-    /* Fast path for a 64-key range fully inside the sequence: each thread always copies the same
-     * 16-byte column chunk of rows lr0, lr0 + RPP, ...; RPP is a multiple of 8, so the swizzle
-     * term is the same for all of them and every address is a base plus a constant. */
-    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
-    const int lr0 = tid / CPR, lc = tid % CPR;
-    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
-    const int64_t ksl = p.k_stride[2], vsl = p.v_stride[2];
-    const T *kbase = kg + lr0 * ksl + lc * 8;
-    const T *vbase = vg + lr0 * vsl + lc * 8;
-    auto load_kv = [&](int t, int buf) {
-        unsigned char *kd = ks + buf * KTILE;
-        unsigned char *vd = vs + buf * KTILE;
-        if (t < tp.n_a) {
-            const int off = tile_offset(tp, t);
-            if (off >= 0 && off + BN <= len) {
-                const T *kp = kbase + off * ksl;
-                const T *vp = vbase + off * vsl;
-#pragma unroll
-                for (int i = 0; i < PASSES; ++i) {
-                    cp_async_16(kd + soff0 + i * RPP * 128, kp + i * RPP * ksl, 16);
-                    cp_async_16(vd + soff0 + i * RPP * 128, vp + i * RPP * vsl, 16);
-                }
-                return;
-            }
-        }
-#pragma unroll
-        for (int i = tid; i < BN * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const int pos = tile_key(tp, t, r, len);
-            const bool ok = pos != MI_NO_KEY;
-            const int64_t row = ok ? pos : 0;
-            const uint32_t o = sw_off(r, c, KHALF);
-            cp_async_16(kd + o, kg + row * p.k_stride[2] + c * 8, ok ? 16 : 0);
-            cp_async_16(vd + o, vg + row * p.v_stride[2] + c * 8, ok ? 16 : 0);
-            if (c == 0) kpos[buf * BN + r] = pos;
-        }
-    };
-    load_kv(0, 0);
-    cp_async_commit();
-
-    const int g = lane / 4, cq = lane % 4;
-    const int qrow0 = rs + wgi * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
-    float o[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const uint32_t q_addr = smem_addr(qs) + wgi * 64 * 128;
-
-    for (int t = 0; t < n_tiles; ++t) {
-        const int buf = t & 1;
-        if (t + 1 < n_tiles) {
-            load_kv(t + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_proxy_async();
-        __syncthreads();
-        const uint32_t k_addr = smem_addr(ks + buf * KTILE);
-        const uint32_t v_addr = smem_addr(vs + buf * KTILE);
-
-        float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
-            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
-            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait0();
-
-        /* Range tiles know their key positions (off + column); column tiles read them from
-         * shared memory. Scores stay unscaled here: the scale is folded into exp2 below. */
-        const bool range = t < tp.n_a;
-        const int off = range ? tile_offset(tp, t) : 0;
-        const bool full = range && tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 &&
-                          off + BN - 1 < len && off + BN - 1 <= rs;
-        if (!full) {
-            const int *kp = kpos + buf * BN;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = 8 * j + 2 * cq + (e & 1);
-                    int key = range ? off + col : kp[col];
-                    if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
-                    const int row = e < 2 ? qrow0 : qrow1;
-                    bool vis = key <= row;
-                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
-                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
-                                      row >= tp.tri_start);
-                    if (!vis) s[4 * j + e] = -INFINITY;
-                }
-            }
-        }
-        /* running max in scaled base-2 units (scale > 0, so max and scale commute) */
-        const float sc = p.scale_log2;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
-        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
-        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
-        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-        m0 = mx0;
-        m1 = mx1;
-        float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
-            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
-            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
-            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
-            rs0 += s[4 * j] + s[4 * j + 1];
-            rs1 += s[4 * j + 2] + s[4 * j + 3];
-        }
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            o[4 * i] *= al0;
-            o[4 * i + 1] *= al0;
-            o[4 * i + 2] *= al1;
-            o[4 * i + 3] *= al1;
-        }
-        uint32_t a[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            a[kk][0] = tr::pack2(s[8 * kk], s[8 * kk + 1]);
-            a[kk][1] = tr::pack2(s[8 * kk + 2], s[8 * kk + 3]);
-            a[kk][2] = tr::pack2(s[8 * kk + 4], s[8 * kk + 5]);
-            a[kk][3] = tr::pack2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg<T>::rs(o, a[kk],
-                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
-                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
-                      1);
-        wgmma_commit();
-        wgmma_wait0();
-        __syncthreads();
-    }
-
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
-    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int c = 8 * i + 2 * cq;
-        if (qrow0 < p.len)
-            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * p.o_stride[2] + c) =
-                tr::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-        if (qrow1 < p.len)
-            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * p.o_stride[2] + c) =
-                tr::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
-    }
-    if (lseg && cq == 0) {
-        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
-    }
-#endif
-}
-
-/* The 64-row loop above with three CTAs per SM instead of two (the default for 64-row blocks;
- * MI_CUDA_SM90_RING=0 selects the kernel above). The profile of the two-CTA kernel is latency
- * bound (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide
- * more of each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 161, no
+/* The kernel: one warpgroup per CTA, 64 query rows (one row block of the sparse index), three
+ * CTAs per SM. It replaced a two-warpgroup 128-row dense kernel (dev/cuda/attn_dense_v4.cu) and
+ * the two-CTA 64-row loop (dev/cuda/attn_dense_v3.cu): the profile of those was latency bound
+ * (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide more of
+ * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 161, no
  * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
  * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
  * slot i % 3. K(t+1) is issued at the start of step t into the slot V(t-1) used, V(t+1) after
  * S(t) into the slot K(t) used; each is waited one step later, the same prefetch distance as the
  * two-stage loop, with 48 KB of K/V instead of 64 KB.
- * H200, bf16, first of two runs against the two-CTA kernel in one process (ms/head, effective
- * TFLOP/s; both runs: bench/results/2026-11-30-gpu-sparse-ring-ab.json):
+ * H200, bf16, against the two-CTA loop in one process (ms/head, effective TFLOP/s; both runs:
+ * bench/results/2026-11-30-gpu-sparse-ring-ab.json; dense: 445 / 439 / 430 / 431 TFLOP/s at
+ * 32K / 128K / 512K / 1M against 397-405 for the 128-row kernel,
+ * bench/results/2026-11-30-gpu-dense-ring-ab.json):
  * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
  * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
  * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms). */
@@ -838,35 +335,24 @@ static cudaError_t launch_kernel(K kern, const mi_cuda_attn_params &p, int bm, i
     return cudaGetLastError();
 }
 
-template <typename T, int NWG>
-static cudaError_t launch_sm90(const mi_cuda_attn_params &p, bool ring, cudaStream_t st) {
-    if constexpr (NWG == 2) {
-        const size_t smem = 1024 + 2 * 64 * 256 + 6 * 64 * 256 + 3 * BN * sizeof(int);
-        return launch_kernel(attn_fwd_sm90_kernel<T, 2>, p, 128, 256, smem, st);
-    } else {
-        if (ring) {
-            /* 67,072 B: three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM; ask for
-             * the largest shared-memory carveout so that the driver does not pick a smaller one */
-            const size_t smem = 1024 + 64 * 256 + 3 * 64 * 256 + 2 * BN * sizeof(int);
-            cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
-                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-            /* MI_CUDA_SM90_OCC=1: say once how many CTAs the driver fits per SM (3 expected) */
-            static int reported = 0;
-            if (!reported && getenv("MI_CUDA_SM90_OCC")) {
-                int n = 0;
-                cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_fwd_sm90_ring_kernel<T>,
-                                                              128, smem);
-                fprintf(stderr, "sm90 ring kernel: %d CTAs per SM (%zu B shared)\n", n, smem);
-                reported = 1;
-            }
-            return launch_kernel(attn_fwd_sm90_ring_kernel<T>, p, 64, 128, smem, st);
-        }
-        const size_t smem = 1024 + 64 * 256 + 4 * 64 * 256 + 2 * BN * sizeof(int);
-        return launch_kernel(attn_fwd_sm90_1wg_kernel<T, 1>, p, 64, 128, smem, st);
+template <typename T> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    /* 67,072 B: three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM; ask for the
+     * largest shared-memory carveout so that the driver does not pick a smaller one */
+    const size_t smem = 1024 + 64 * 256 + 3 * 64 * 256 + 2 * BN * sizeof(int);
+    cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
+                         cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    /* MI_CUDA_SM90_OCC=1: say once how many CTAs the driver fits per SM (3 expected) */
+    static int reported = 0;
+    if (!reported && getenv("MI_CUDA_SM90_OCC")) {
+        int n = 0;
+        cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_fwd_sm90_ring_kernel<T>, 128, smem);
+        fprintf(stderr, "sm90 ring kernel: %d CTAs per SM (%zu B shared)\n", n, smem);
+        reported = 1;
     }
+    return launch_kernel(attn_fwd_sm90_ring_kernel<T>, p, 64, 128, smem, st);
 }
 
 } // namespace mi_cuda
@@ -890,26 +376,10 @@ extern "C" int mi_cuda_sm90_usable(void) {
 #endif
 }
 
-extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, int block_m,
-                                                cudaStream_t st) {
-    const bool bf = p->dtype == MI_DTYPE_BF16;
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
     mi_cuda_attn_params q = *p;
     const char *sw = getenv("MI_CUDA_SM90_VDESC_SWAP");
     q.sm90_flags = sw && sw[0] == '1';
-    p = &q;
-    /* Every mode runs 64-row blocks on the three-CTA ring kernel: dense too, where it measured
-     * 437-448 TFLOP/s at 32K-1M on the H200 against 401-412 for the two-warpgroup 128-row
-     * kernel (bench/results/2026-11-30-gpu-dense-ring-ab.json). MI_CUDA_SM90_DENSE_BM=128 keeps
-     * dense on the 128-row kernel; MI_CUDA_SM90_RING=0 puts 64-row blocks back on the two-CTA
-     * kernel (both to compare). */
-    const char *bm = getenv("MI_CUDA_SM90_DENSE_BM");
-    const char *rg = getenv("MI_CUDA_SM90_RING");
-    const bool ring = !(rg && rg[0] == '0');
-    if (ring && !(bm && bm[0] == '1')) block_m = 64;
-    if (bm && bm[0] == '6') block_m = 64;
-    if (block_m == 128)
-        return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 2>(*p, false, st)
-                  : mi_cuda::launch_sm90<__half, 2>(*p, false, st);
-    return bf ? mi_cuda::launch_sm90<__nv_bfloat16, 1>(*p, ring, st)
-              : mi_cuda::launch_sm90<__half, 1>(*p, ring, st);
+    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(q, st)
+                                     : mi_cuda::launch_sm90<__half>(q, st);
 }

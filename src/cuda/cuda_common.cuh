@@ -95,8 +95,8 @@ extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what);
 extern "C" int mi_cuda_sm_count(void);
 /* Hopper path (attn_fwd_sm90.cu): usable on this device, and its launcher (D = 128). */
 extern "C" int mi_cuda_sm90_usable(void);
-extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, int block_m,
-                                                cudaStream_t st);
+/* The sm_90a kernel for D = 128, every mode in 64-row blocks (attn_fwd_sm90.cu). */
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st);
 
 static inline cudaStream_t mi_stream(const mi_context *ctx) {
     return reinterpret_cast<cudaStream_t>(ctx->stream);

@@ -51,7 +51,8 @@ typedef struct mi_cuda_attn_params {
     mi_cuda_head_mode head_modes[MI_CUDA_MAX_HEADS];
 } mi_cuda_attn_params;
 
-/* Runs the attention kernel; block_m 64 (any mode) or 128 (dense only). */
+/* Runs the attention kernel; block_m 64 (any mode) or 128 (dense only) on the portable path (the
+ * sm_90a path always runs 64-row blocks). */
 mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p, int block_m);
 
 /* Fills the sequence-length and stride fields shared by every launcher. */
