@@ -637,24 +637,16 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
     m->params = p;
     m->mode = MI_ATTN_MINFERENCE;
     m->dense_below = -1;
-    /* the pool first: the random source fills its weights with it */
-    {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        m->pool = mim_pool_create(p.n_threads > 0 ? p.n_threads : (c > 0 ? (int)c : 1));
-    }
-    mi_status st = m->pool ? source(m, arg, err, err_size)
-                           : mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY,
-                                      "cannot start threads");
-    if (st == MI_STATUS_SUCCESS) {
-        mi_context_params cp = mi_context_default_params();
-        cp.device = MI_DEVICE_CPU;
-        cp.n_threads = p.n_threads;
-        st = mi_context_create(&cp, &m->ctx);
-        if (st != MI_STATUS_SUCCESS)
-            mim_fail(err, err_size, st, "cannot create the attention context: %s",
-                     mi_status_string(st));
-    }
-    if (st == MI_STATUS_SUCCESS) {
+    /* The context decides the thread count; the pool gets it before the source runs, since the
+     * random source fills its weights with the pool. */
+    mi_context_params cp = mi_context_default_params();
+    cp.device = MI_DEVICE_CPU;
+    cp.n_threads = p.n_threads;
+    mi_status st = mi_context_create(&cp, &m->ctx);
+    if (st != MI_STATUS_SUCCESS) {
+        mim_fail(err, err_size, st, "cannot create the attention context: %s",
+                 mi_status_string(st));
+    } else {
         int nt = mi_context_n_threads(m->ctx);
         if (nt <= 0) {
             long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -662,11 +654,9 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
         }
         m->params.n_threads = nt;
         openblas_set_num_threads(1); /* see mim_pool_run: threads come from OpenMP */
-        if (mim_pool_size(m->pool) != nt) {
-            mim_pool_destroy(m->pool);
-            m->pool = mim_pool_create(nt);
-        }
-        if (!m->pool) st = mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");
+        m->pool = mim_pool_create(nt);
+        st = m->pool ? source(m, arg, err, err_size)
+                     : mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");
     }
     if (st == MI_STATUS_SUCCESS && p.device == MI_DEVICE_CUDA) st = mim_gpu_attach(m, err, err_size);
     if (st != MI_STATUS_SUCCESS) {
