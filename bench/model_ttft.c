@@ -13,6 +13,7 @@
  * embeddings, transfers), decode speed after the prefill, and the device memory peak.
  */
 #include "minference_model.h"
+#include "args.h"
 #include "tool_util.h"
 
 #include <jansson.h>
@@ -21,13 +22,11 @@
 #include <string.h>
 #include <time.h>
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: bench_model_ttft [--model PATH | --random llama3-8b] [--device cuda|cpu]\n"
-            "         [--lens L1,L2,...] [--methods dense,minference,a_shape,...]\n"
-            "         [--config CFG.json] [--text FILE] [--decode N] [--warmup N]\n"
-            "         [--gpu NAME] [--commit SHA] [--json OUT]\n");
-}
+static const char usage_text[] =
+    "usage: bench_model_ttft [--model PATH | --random llama3-8b] [--device cuda|cpu]\n"
+    "         [--lens L1,L2,...] [--methods dense,minference,a_shape,...]\n"
+    "         [--config CFG.json] [--text FILE] [--decode N] [--warmup N]\n"
+    "         [--gpu NAME] [--commit SHA] [--json OUT]\n";
 
 static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens) {
     (void)user;
@@ -53,50 +52,36 @@ int main(int argc, char **argv) {
     const char *model_path = NULL, *random = NULL, *device = "cuda", *lens_s = "32768,131072";
     const char *methods_s = "dense,minference", *config_path = NULL, *text_path = NULL;
     const char *gpu = "", *commit = "", *json_path = NULL;
-    long n_decode = 16, warmup = 4096;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name, var)                                                                             \
-    if (strcmp(a, name) == 0 && v) {                                                               \
-        var = v;                                                                                   \
-        i++;                                                                                       \
-        continue;                                                                                  \
-    }
-        OPT("--model", model_path);
-        OPT("--random", random);
-        OPT("--device", device);
-        OPT("--lens", lens_s);
-        OPT("--methods", methods_s);
-        OPT("--config", config_path);
-        OPT("--text", text_path);
-        OPT("--gpu", gpu);
-        OPT("--commit", commit);
-        OPT("--json", json_path);
-#undef OPT
-        if (strcmp(a, "--decode") == 0 && v) {
-            n_decode = strtol(v, NULL, 10);
-            i++;
-            continue;
-        }
-        if (strcmp(a, "--warmup") == 0 && v) {
-            warmup = strtol(v, NULL, 10);
-            i++;
-            continue;
-        }
-        usage();
-        return 2;
-    }
+    int n_decode = 16, warmup = 4096;
+    const arg_spec specs[] = {
+        {"model", ARG_STR, &model_path, 0, 0, NULL},
+        {"random", ARG_STR, &random, 0, 0, NULL},
+        {"device", ARG_STR, &device, 0, 0, NULL},
+        {"lens", ARG_STR, &lens_s, 0, 0, NULL},
+        {"methods", ARG_STR, &methods_s, 0, 0, NULL},
+        {"config", ARG_STR, &config_path, 0, 0, NULL},
+        {"text", ARG_STR, &text_path, 0, 0, NULL},
+        {"gpu", ARG_STR, &gpu, 0, 0, NULL},
+        {"commit", ARG_STR, &commit, 0, 0, NULL},
+        {"json", ARG_STR, &json_path, 0, 0, NULL},
+        {"decode", ARG_INT, &n_decode, 0, 1 << 20, NULL},
+        {"warmup", ARG_INT, &warmup, 0, 1 << 24, NULL},
+    };
+    args_result ar = args_parse("bench_model_ttft", usage_text, specs,
+                                (int)(sizeof specs / sizeof specs[0]), argc - 1, argv + 1, NULL, 0,
+                                NULL);
+    if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
     char lens_items[16][32], method_items[8][32];
     int n_lens = parse_list(lens_s, lens_items, 16);
     int n_methods = parse_list(methods_s, method_items, 8);
     char *default_model = NULL;
     if (!model_path && !random) model_path = default_model = tool_default_model();
-    if (n_lens <= 0 || n_methods <= 0 || n_decode < 0 || (!model_path == !random) ||
-        (random && strcmp(random, "llama3-8b") != 0)) {
-        usage();
-        return 2;
-    }
+    if (n_lens <= 0 || n_methods <= 0 || (!model_path == !random) ||
+        (random && strcmp(random, "llama3-8b") != 0) ||
+        (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0))
+        return args_error("bench_model_ttft", usage_text,
+                          "bad --lens, --methods, --device or --random (or both --model and "
+                          "--random)");
     int64_t lens[16];
     mi_attn_mode modes[8];
     for (int i = 0; i < n_lens; i++) {
