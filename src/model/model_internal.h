@@ -257,6 +257,10 @@ typedef struct mim_tokenizer {
     bool add_bos, add_space_prefix;
 } mim_tokenizer;
 
+/* GPT-2's byte-to-unicode map of byte-level BPE vocabularies: the code point that stands for
+ * each byte in token text. */
+void mim_gpt2_byte_map(uint32_t byte_to_cp[256]);
+
 /* Builds from GGUF metadata (tokenizer.ggml.*). */
 mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *err, size_t cap);
 /* Builds from a Hugging Face tokenizer.json (text of the file). */

@@ -89,25 +89,16 @@ static float *random_vector(mi_model *m, int64_t n, uint64_t key, float center, 
     return v;
 }
 
-/* GPT-2's byte-to-unicode map: printable Latin-1 bytes stand for themselves, the others for
- * code points from 256 up, so that every byte token is printable text. */
-static uint32_t byte_cp(int b) {
-    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
-        return (uint32_t)b;
-    int n = 0;
-    for (int i = 0; i < b; i++)
-        if (!((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174 && i <= 255))) n++;
-    return 256u + (uint32_t)n;
-}
-
 /* A byte-level BPE tokenizer.json without merges: text encodes to one token per byte. */
 static mi_status random_tokenizer(mi_model *m, int32_t vocab, char *err, size_t cap) {
     json_t *root = json_object(), *model = json_object(), *v = json_object();
     json_t *added = json_array(), *pre = json_object();
     char name[32];
+    uint32_t byte_cp[256];
+    mim_gpt2_byte_map(byte_cp);
     for (int b = 0; b < 256; b++) {
         char u[5];
-        size_t n = mim_utf8_encode(byte_cp(b), u);
+        size_t n = mim_utf8_encode(byte_cp[b], u);
         u[n] = 0;
         json_object_set_new(v, u, json_integer(b));
     }

@@ -482,15 +482,19 @@ size_t mim_token_bytes(const mim_tokenizer *t, int32_t id, char *out, size_t cap
 /* ------------------------------------------------------------------------------------------ */
 /* Construction                                                                                */
 
-static void init_byte_map(mim_tokenizer *t) {
+void mim_gpt2_byte_map(uint32_t byte_to_cp[256]) {
     /* GPT-2: printable Latin-1 bytes stand for themselves, the rest move to 256 + k. */
     uint32_t next = 256;
-    for (int i = 0; i < 512; i++) t->cp_to_byte[i] = -1;
     for (int b = 0; b < 256; b++) {
         bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-        t->byte_to_cp[b] = printable ? (uint32_t)b : next++;
-        t->cp_to_byte[t->byte_to_cp[b]] = (int16_t)b;
+        byte_to_cp[b] = printable ? (uint32_t)b : next++;
     }
+}
+
+static void init_byte_map(mim_tokenizer *t) {
+    mim_gpt2_byte_map(t->byte_to_cp);
+    for (int i = 0; i < 512; i++) t->cp_to_byte[i] = -1;
+    for (int b = 0; b < 256; b++) t->cp_to_byte[t->byte_to_cp[b]] = (int16_t)b;
 }
 
 static mim_tokenizer *alloc_tokenizer(int32_t n_vocab, size_t text_bytes) {
