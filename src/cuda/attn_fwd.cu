@@ -402,12 +402,6 @@ extern "C" mi_status mi_cuda_attention_sparse(mi_context *ctx, const mi_attn_sha
                        index->batch, index->heads, index->row_blocks, (long long)s->batch,
                        (long long)s->heads_q, (long long)R);
     p.mode.mode = MI_CUDA_MODE_SPARSE;
-    p.block_count = index->block_count;
-    p.block_offset = index->block_offset;
-    p.column_count = index->column_count;
-    p.column_index = index->column_index;
-    p.row_blocks = index->row_blocks;
-    p.max_blocks = index->max_blocks;
-    p.max_columns = index->max_columns;
+    mi_cuda_attn_use_index(&p, index);
     return mi_cuda_attn_run(ctx, &p, 64);
 }

@@ -267,13 +267,7 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, dense_below, scratch,
                                      &spi);
     if (st == MI_STATUS_SUCCESS) {
-        p.block_count = spi.block_count;
-        p.block_offset = spi.block_offset;
-        p.column_count = spi.column_count;
-        p.column_index = spi.column_index;
-        p.row_blocks = spi.row_blocks;
-        p.max_blocks = spi.max_blocks;
-        p.max_columns = spi.max_columns;
+        mi_cuda_attn_use_index(&p, &spi);
         st = mi_cuda_attn_run(ctx, &p, 64);
     }
     if (owned) cudaFreeAsync(ws, stream);

@@ -51,6 +51,17 @@ typedef struct mi_cuda_attn_params {
     mi_cuda_head_mode head_modes[MI_CUDA_MAX_HEADS];
 } mi_cuda_attn_params;
 
+/* Points the kernel's sparse-index fields at a (device) index. */
+static inline void mi_cuda_attn_use_index(mi_cuda_attn_params *p, const mi_sparse_index *index) {
+    p->block_count = index->block_count;
+    p->block_offset = index->block_offset;
+    p->column_count = index->column_count;
+    p->column_index = index->column_index;
+    p->row_blocks = index->row_blocks;
+    p->max_blocks = index->max_blocks;
+    p->max_columns = index->max_columns;
+}
+
 /* Runs the attention kernel; block_m 64 (any mode) or 128 (dense only) on the portable path (the
  * sm_90a path always runs 64-row blocks). */
 mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p, int block_m);
