@@ -410,9 +410,9 @@ mi_status upload_floats(mi_model *m, float **dst, const float *src, int64_t n) {
 mi_status attach(mi_model *m) {
     gpu_state *g = GPU(m);
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
-    cudaError_t e = cudaSetDevice(g->device);
-    if (e != cudaSuccess) return cuda_fail(m, e, "cannot use the CUDA device");
-    if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess)
+    /* the device is current: mim_gpu_attach selected it */
+    cudaError_t e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess)
         return cuda_fail(m, e, "stream");
     if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS)
         return mim_model_fail(m, MI_STATUS_DEVICE_ERROR, "cannot create a cuBLAS handle");
