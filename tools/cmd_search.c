@@ -207,7 +207,7 @@ int mi_cmd_search(int argc, char **argv) {
     }
 
     int rc = 1;
-    char *path = model_path ? strdup(model_path) : tool_default_model();
+    char *path = model_path ? strdup(model_path) : mi_model_default_path();
     if (!path) {
         fprintf(stderr, "minference search: no model: pass --model or set MI_MODEL "
                         "(scripts/fetch_model.sh installs SmolLM2-135M-Instruct)\n");

