@@ -200,6 +200,20 @@ mi_status mi_model_last_timing(const mi_model *model, mi_model_timing *out);
 int32_t mi_argmax(const float *logits, int32_t n);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Sampling                                                                                    */
+
+/* Next-token sampling: temperature 0 is greedy (mi_argmax); otherwise softmax(logits /
+ * temperature) over the top_k most likely tokens (0: all), cut to the smallest prefix holding
+ * top_p of the mass (1: no cut). Deterministic for a seed: the same seed and logits give the
+ * same tokens everywhere. temperature finite and >= 0, top_p in (0, 1], vocab > 0. */
+typedef struct mi_sampler mi_sampler;
+mi_status mi_sampler_create(double temperature, int32_t top_k, double top_p, uint64_t seed,
+                            int32_t vocab, mi_sampler **out);
+void mi_sampler_destroy(mi_sampler *sampler);
+/* The next token from logits [n] (n <= vocab); -1 on bad arguments. */
+int32_t mi_sampler_sample(mi_sampler *sampler, const float *logits, int32_t n);
+
+/* ------------------------------------------------------------------------------------------ */
 /* capture hook: a prefill that shows each layer's attention inputs and scores every token     */
 
 /* Called once per layer during mi_model_prefill_capture with the layer's post-RoPE operands:

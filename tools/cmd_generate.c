@@ -101,61 +101,6 @@ static void prepare_runtime(void) {
 #endif
 }
 
-/* Temperature sampling with optional top-k and top-p (nucleus) truncation. Deterministic for a
- * given seed: the candidates are ordered by logit (ties by token id) before the draw. */
-typedef struct sampler {
-    double temperature, top_p;
-    long long top_k;
-    uint64_t state;
-    struct cand {
-        float logit;
-        int32_t id;
-    } * cands;
-} sampler;
-
-static int cand_cmp(const void *a, const void *b) {
-    const struct cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-static double sampler_uniform(sampler *s) {
-    uint64_t z = (s->state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static int32_t sample_token(sampler *s, const float *logits, int32_t n) {
-    if (s->temperature <= 0.0 || !s->cands) return mi_argmax(logits, n);
-    for (int32_t i = 0; i < n; i++) s->cands[i] = (struct cand){logits[i], i};
-    qsort(s->cands, (size_t)n, sizeof *s->cands, cand_cmp);
-    int32_t keep = n;
-    if (s->top_k > 0 && s->top_k < keep) keep = (int32_t)s->top_k;
-    /* Weights relative to the best logit, so exp never overflows. */
-    const double best = s->cands[0].logit;
-    double total = 0.0;
-    for (int32_t i = 0; i < keep; i++) total += exp((s->cands[i].logit - best) / s->temperature);
-    if (s->top_p < 1.0) {
-        double acc = 0.0;
-        for (int32_t i = 0; i < keep; i++) {
-            acc += exp((s->cands[i].logit - best) / s->temperature);
-            if (acc >= s->top_p * total) {
-                keep = i + 1;
-                total = acc;
-                break;
-            }
-        }
-    }
-    double u = sampler_uniform(s) * total;
-    for (int32_t i = 0; i < keep; i++) {
-        u -= exp((s->cands[i].logit - best) / s->temperature);
-        if (u <= 0.0) return s->cands[i].id;
-    }
-    return s->cands[keep - 1].id;
-}
-
 typedef struct progress_state {
     double t0;
     bool tty;
@@ -258,7 +203,7 @@ int mi_cmd_generate(int argc, char **argv) {
     char *chat_text = NULL;
     int32_t *tokens = NULL;
     float *logits = NULL;
-    sampler smp = {0};
+    mi_sampler *smp = NULL;
     char err[512] = "";
     mi_model_params mp = mi_model_default_params();
     mp.device = device;
@@ -301,9 +246,9 @@ int mi_cmd_generate(int argc, char **argv) {
     mi_model_tokenize(model, text, strlen(text), add_bos, 1, NULL, 0, &n_tok);
     tokens = malloc((n_tok + (size_t)max_new + 1) * sizeof(int32_t));
     logits = malloc((size_t)info.vocab * sizeof(float));
-    smp = (sampler){temperature, top_p, top_k, (uint64_t)seed, NULL};
-    if (temperature > 0.0) smp.cands = malloc((size_t)info.vocab * sizeof *smp.cands);
-    if (!tokens || !logits || (temperature > 0.0 && !smp.cands)) {
+    if (!tokens || !logits ||
+        mi_sampler_create(temperature, top_k, top_p, (uint64_t)seed, info.vocab, &smp) !=
+            MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: out of memory\n");
         goto done;
     }
@@ -332,7 +277,7 @@ int mi_cmd_generate(int argc, char **argv) {
     double t_dec0 = tool_now_s(), c_dec0 = cpu_s();
     char piece[256];
     for (long long i = 0; i < max_new; i++) {
-        int32_t next = sample_token(&smp, logits, info.vocab);
+        int32_t next = mi_sampler_sample(smp, logits, info.vocab);
         if (i == 0) ttft = tool_now_s() - t0;
         if (mi_model_token_is_eog(model, next)) break;
         n_gen++;
@@ -382,7 +327,7 @@ int mi_cmd_generate(int argc, char **argv) {
 done:
     free(tokens);
     free(logits);
-    free(smp.cands);
+    mi_sampler_destroy(smp);
     free(chat_text);
     mi_config_destroy(config);
     mi_model_destroy(model);

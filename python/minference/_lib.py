@@ -405,6 +405,9 @@ MODEL = c_void_p  # mi_model *
 
 MODEL_PROTOTYPES = {
     "mi_model_default_path": (c_void_p, []),
+    "mi_sampler_create": (ST, [c_double, c_int32, c_double, c_uint64, c_int32, P(c_void_p)]),
+    "mi_sampler_destroy": (None, [c_void_p]),
+    "mi_sampler_sample": (c_int32, [c_void_p, P(c_float), c_int32]),
     "mi_attn_mode_name": (c_char_p, [c_int]),
     "mi_attn_mode_from_name": (ST, [c_char_p, P(c_int)]),
     "mi_model_default_params": (mi_model_params, []),

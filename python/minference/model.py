@@ -215,53 +215,31 @@ class ModelInfo:
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling: the CLI's sampler (tools/cmd_generate.c), so that a seed gives the CLI's text
+# Sampling: the library's sampler (mi_sampler), the one the CLI uses, so a seed gives its text
 
 
 class _Sampler:
-    """Greedy when temperature is 0; else temperature sampling over the candidates ordered by
-    logit (ties by id), cut to top_k and to the smallest prefix holding top_p of the weight,
-    drawn with a splitmix64 stream seeded by seed."""
+    """mi_sampler: greedy when temperature is 0; else temperature sampling with top-k / top-p,
+    deterministic for a seed."""
 
-    _MASK = (1 << 64) - 1
-
-    def __init__(self, temperature, top_k, top_p, seed):
-        self.temperature = float(temperature)
-        self.top_k = int(top_k)
-        self.top_p = float(top_p)
-        self.state = int(seed) & self._MASK
-
-    def uniform(self):
-        m = self._MASK
-        self.state = (self.state + 0x9E3779B97F4A7C15) & m
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-        z ^= z >> 31
-        return (z >> 11) * (1.0 / 9007199254740992.0)
+    def __init__(self, temperature, top_k, top_p, seed, vocab):
+        self._lib = L.load_model()
+        self._h = ctypes.c_void_p()
+        st = self._lib.mi_sampler_create(temperature, top_k, top_p, seed, vocab,
+                                         ctypes.byref(self._h))
+        if st != 0:
+            raise MInferenceError(st, f"temperature {temperature}, top_k {top_k}, top_p {top_p}",
+                                  "mi_sampler_create")
 
     def __call__(self, logits):
-        if self.temperature <= 0.0:
-            return int(np.argmax(logits))
-        order = np.lexsort((np.arange(logits.size), -logits))
-        keep = logits.size
-        if 0 < self.top_k < keep:
-            keep = self.top_k
-        cand = logits[order[:keep]].astype(np.float64)
-        weights = np.exp((cand - cand[0]) / self.temperature)
-        acc = np.cumsum(weights)  # sequential sums, as the C loop adds them
-        total = float(acc[-1])
-        if self.top_p < 1.0:
-            cut = int(np.argmax(acc >= self.top_p * total))
-            if acc[cut] >= self.top_p * total:
-                keep = cut + 1
-                total = float(acc[cut])
-        u = self.uniform() * total
-        for i, w in enumerate(weights[:keep].tolist()):
-            u -= w
-            if u <= 0.0:
-                return int(order[i])
-        return int(order[keep - 1])
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        return int(self._lib.mi_sampler_sample(
+            self._h, logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), logits.size))
+
+    def __del__(self):
+        if getattr(self, "_h", None) and self._h.value:
+            self._lib.mi_sampler_destroy(self._h)
+            self._h = ctypes.c_void_p()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,7 +641,8 @@ class Model(_Closing):
         top_p = float(top_p)
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], not {top_p}")
-        sampler = _Sampler(temperature, top_k, top_p, _int_arg(seed, "seed", L.c_uint64))
+        sampler = _Sampler(temperature, top_k, top_p, _int_arg(seed, "seed", L.c_uint64),
+                           self.vocab_size)
         if chat not in (False, True) and chat not in _CHAT_TEMPLATES:
             raise ValueError(f"chat must be a bool or one of {list(_CHAT_TEMPLATES)}, not {chat!r}")
         tokens = self._prompt_tokens(prompt, chat, system)

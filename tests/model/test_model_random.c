@@ -1,6 +1,6 @@
 /*
- * test_model_random.c: random-weights models (mi_model_create_random), the sliding window, and
- * the prefill timing report, on the CPU.
+ * test_model_random.c: random-weights models (mi_model_create_random), the sliding window, the
+ * prefill timing report and the sampler, on the CPU.
  *
  * The window is checked two ways that share no code: a prompt's last logits from one prefill
  * (the window becomes an A-shape with no sinks in the attention kernels) against a prefill of
@@ -129,6 +129,42 @@ int main(void) {
     CHECK(big.n_layers == 32 && big.hidden == 4096 && big.n_heads == 32 && big.n_kv_heads == 8 &&
               big.head_dim == 128 && big.ffn == 14336,
           "8B shape");
+    /* the sampler */
+    mi_sampler *sm = NULL;
+    CHECK(mi_sampler_create(-0.5, 0, 1.0, 1, 10, &sm) == MI_STATUS_INVALID_ARGUMENT && !sm,
+          "negative temperature accepted");
+    CHECK(mi_sampler_create(1.0, -1, 1.0, 1, 10, &sm) == MI_STATUS_INVALID_ARGUMENT, "top_k < 0");
+    CHECK(mi_sampler_create(1.0, 0, 0.0, 1, 10, &sm) == MI_STATUS_INVALID_ARGUMENT, "top_p 0");
+    CHECK(mi_sampler_create(1.0, 0, 1.0, 1, 0, &sm) == MI_STATUS_INVALID_ARGUMENT, "vocab 0");
+    CHECK(mi_sampler_create(1.0, 0, 1.0, 1, 10, NULL) == MI_STATUS_INVALID_ARGUMENT, "NULL out");
+    CHECK(mi_sampler_sample(NULL, a, 1) == -1, "NULL sampler");
+    const float two[2] = {0.0f, logf(3.0f)}; /* softmax: 1/4, 3/4 */
+    CHECK(mi_sampler_create(0.0, 0, 1.0, 1, 2, &sm) == 0 && mi_sampler_sample(sm, two, 2) == 1,
+          "temperature 0 is greedy");
+    CHECK(mi_sampler_sample(sm, two, 3) == -1, "n above the vocabulary accepted");
+    mi_sampler_destroy(sm);
+    int ones = 0, draws = 4000, seq1[16], same = 1;
+    CHECK(mi_sampler_create(1.0, 0, 1.0, 42, 2, &sm) == 0, "create");
+    for (int i = 0; i < draws; i++) {
+        int t = mi_sampler_sample(sm, two, 2);
+        ones += t == 1;
+        if (i < 16) seq1[i] = t;
+    }
+    mi_sampler_destroy(sm);
+    CHECK(fabs((double)ones / draws - 0.75) < 0.03, "token 1 drawn %.3f of the time, want 0.75",
+          (double)ones / draws);
+    CHECK(mi_sampler_create(1.0, 0, 1.0, 42, 2, &sm) == 0, "create");
+    for (int i = 0; i < 16; i++) same &= mi_sampler_sample(sm, two, 2) == seq1[i];
+    mi_sampler_destroy(sm);
+    CHECK(same, "the same seed gave another sequence");
+    /* top_k 1 and a tiny top_p keep only the best token */
+    CHECK(mi_sampler_create(1.0, 1, 1.0, 7, 2, &sm) == 0, "create");
+    for (int i = 0; i < 50; i++) same &= mi_sampler_sample(sm, two, 2) == 1;
+    mi_sampler_destroy(sm);
+    CHECK(mi_sampler_create(1.0, 0, 0.5, 7, 2, &sm) == 0, "create");
+    for (int i = 0; i < 50; i++) same &= mi_sampler_sample(sm, two, 2) == 1;
+    mi_sampler_destroy(sm);
+    CHECK(same, "top_k 1 / top_p 0.5 drew the weaker token");
     free(a);
     free(b);
     return test_finish("model.random");
