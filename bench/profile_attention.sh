@@ -5,24 +5,31 @@
 # occupancy). Reports go to $OUT (or build-prof/); a summary of the key metrics is printed.
 # Nsight Compute locks the SM clock to base (1.36 GHz on an H200), so durations are longer than
 # in the benchmark; ratios (issue slots, occupancy, throughputs) are what to read.
-#   bench/profile_attention.sh
+# The warp-stall breakdown (cycles per issued instruction, by reason) is printed as well.
+#   bench/profile_attention.sh [NAME=VAR=VAL[,VAR=VAL] ...]
+# Each argument profiles the dense launch once more with those variables set (kernel variants).
+# PREBUILT: a folder with libminference.so built elsewhere (skips the build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 OUTDIR=${OUT:-build-prof}
 mkdir -p "$OUTDIR"
-cmake -S . -B build-prof -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
-  -DMI_BUILD_TESTS=OFF >build-prof.cmake.log 2>&1 || { tail -20 build-prof.cmake.log; exit 1; }
-cmake --build build-prof -j"$(nproc)" --target libminference.so >build-prof.build.log 2>&1 ||
-  { grep -E "error" -A3 build-prof.build.log | head -30; exit 1; }
+LIB=${PREBUILT:-build-prof}/libminference.so
+if [ -z "${PREBUILT:-}" ]; then
+  cmake -S . -B build-prof -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
+    -DMI_BUILD_TESTS=OFF >build-prof.cmake.log 2>&1 || { tail -20 build-prof.cmake.log; exit 1; }
+  cmake --build build-prof -j"$(nproc)" --target libminference.so >build-prof.build.log 2>&1 ||
+    { grep -E "error" -A3 build-prof.build.log | head -30; exit 1; }
+fi
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
           --section WarpStateStats --section Occupancy --section LaunchStats
-          --section SchedulerStats)
-prof() { # name, kernel regex, skip, torch_ref sections
+          --section SchedulerStats
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
+prof() { # name, kernel regex, skip, torch_ref sections (environment: the caller's)
   timeout 300 "$NCU" --target-processes all -k "regex:$2" --launch-skip "$3" --launch-count 1 \
     "${SECTIONS[@]}" --csv --page details \
-    python3 bench/torch_ref.py --lib build-prof/libminference.so --out build-prof --quick \
+    python3 bench/torch_ref.py --lib "$LIB" --out "$OUTDIR/ref" --quick \
     --sections "$4" >"$OUTDIR/ncu-$1.csv" 2>"$OUTDIR/ncu-$1.err"
   echo "== $1 (rc=$?)"
   python3 - "$OUTDIR/ncu-$1.csv" <<'PY'
@@ -31,7 +38,7 @@ keep = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throug
         "L2 Cache Throughput", "L1/TEX Cache Throughput", "Achieved Occupancy",
         "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Shared Mem",
         "Executed Ipc Active", "Issue Slots Busy", "No Eligible", "Warp Cycles Per Issued Instruction",
-        "Avg. Active Threads Per Warp")
+        "Avg. Active Threads Per Warp", "smsp__average_warps_issue_stalled")
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 start = next((i for i, r in enumerate(rows) if "Metric Name" in r), None)
 if start is None:
@@ -42,9 +49,20 @@ hdr = rows[0]
 iname, iunit, ival = hdr.index("Metric Name"), hdr.index("Metric Unit"), hdr.index("Metric Value")
 for r in rows[1:]:
     if any(r[iname].startswith(k) for k in keep):
-        print(f"  {r[iname]:45s} {r[ival]:>14s} {r[iunit]}")
+        name = r[iname].replace("smsp__average_warps_issue_stalled_", "stall ")
+        name = name.replace("_per_issue_active.ratio", "")
+        try:
+            if name.startswith("stall ") and float(r[ival]) < 0.05:
+                continue
+        except ValueError:
+            pass
+        print(f"  {name:45s} {r[ival]:>14s} {r[iunit]}")
 PY
   tail -3 "$OUTDIR/ncu-$1.err"
 }
 prof dense attn_fwd_sm90_ring_kernel 3 dense
 prof sparse_local attn_fwd_sm90_ring_kernel 3 sparse
+for v in "$@"; do
+  name=${v%%=*}; envs=${v#*=}
+  (export ${envs//,/ }; prof "dense_$name" attn_fwd_sm90 3 dense)
+done
