@@ -140,11 +140,7 @@ __global__ void __launch_bounds__(BM * 2)
         }
 
         /* scale, mask */
-        bool full = false;
-        if (t < tp.n_a && tp.mode != MI_CUDA_MODE_A_SHAPE) {
-            const int off = tile_offset(tp, t);
-            full = off >= 0 && off + BN - 1 < len && off + BN - 1 <= rs;
-        }
+        const bool full = t < tp.n_a && range_tile_unmasked(tp, tile_offset(tp, t), rs, len);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -156,12 +152,7 @@ __global__ void __launch_bounds__(BM * 2)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = kp[8 * j + 2 * cq + (e & 1)];
-                    const int row = e < 2 ? qrow0 : qrow1;
-                    bool vis = key <= row;
-                    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
-                        vis = vis && (row - key < tp.n_local || key < tp.n_init ||
-                                      row >= tp.tri_start);
-                    if (!vis) s[j][e] = -INFINITY;
+                    if (!key_visible(tp, key, e < 2 ? qrow0 : qrow1)) s[j][e] = -INFINITY;
                 }
             }
         }

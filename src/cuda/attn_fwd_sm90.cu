@@ -15,10 +15,10 @@
  * comment below and dev/cuda/attn_dense_v1..v5.cu). */
 #include "attn_plan.cuh"
 
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MI_SM90_DEVICE 1
@@ -37,9 +37,6 @@ template <> struct wg<__nv_bfloat16> {
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
     }
-    __device__ static void qk_rs(float *d, const uint32_t *a, uint64_t b, int sc) {
-        wgmma_rs_m64n64_bf16(d, a, b, sc);
-    }
 };
 template <> struct wg<__half> {
     __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
@@ -47,9 +44,6 @@ template <> struct wg<__half> {
     }
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_f16(d, a, b, sc);
-    }
-    __device__ static void qk_rs(float *d, const uint32_t *a, uint64_t b, int sc) {
-        wgmma_rs_m64n64_f16(d, a, b, sc);
     }
 };
 
@@ -65,53 +59,6 @@ __device__ __forceinline__ void wgmma_wait0() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* mbarriers in shared memory (phase parity waits) and warpgroup register reallocation, for the
- * warp-specialised kernel. */
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ bool mbar_test(uint64_t *b, int parity) {
-    uint32_t ok;
-    asm volatile("{\n.reg .pred P;\n"
-                 "mbarrier.test_wait.parity.shared::cta.b64 P, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, P;\n}\n"
-                 : "=r"(ok)
-                 : "r"(smem_addr(b)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t *b, int parity) {
-    uint32_t ok;
-    asm volatile("{\n.reg .pred P;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, P;\n}\n"
-                 : "=r"(ok)
-                 : "r"(smem_addr(b)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
-/* Every lane waits (and so acquires) itself; the vote keeps the loop warp-uniform, which ptxas
- * needs to keep later wgmma asynchronous. */
-__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
-    while (!__all_sync(0xffffffffu, mbar_try_wait(b, parity))) {
-    }
-}
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
 /* Pins accumulator registers in place around asynchronous wgmma (no instruction emitted): the
  * compiler may not move or reuse them across these points. */
 template <int N> __device__ __forceinline__ void fence_operands(float *r) {
@@ -125,11 +72,19 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
     return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/* wgmma shared-memory descriptor, 128-byte swizzle. */
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
-}
+/* wgmma shared-memory descriptor, 128-byte swizzle, of a tile and of byte offsets inside it: the
+ * start address (bits 0-13, in 16-byte units) is the only field that changes between the
+ * k-steps of one GEMM, and shared addresses stay below 256 KB, so an offset is one add to the
+ * low word (computing each descriptor from scratch cost about ten instructions per wgmma). */
+struct sw128_desc {
+    uint32_t lo, hi;
+    __device__ __forceinline__ sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+        : lo(((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16)),
+          hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
+    __device__ __forceinline__ uint64_t at(uint32_t byte_off) const {
+        return ((uint64_t)hi << 32) | (lo + (byte_off >> 4));
+    }
+};
 
 /* The per-tile steps both kernels share. A thread holds rows qrow0 = 16 warp + lane / 4 and
  * qrow1 = qrow0 + 8 of its warpgroup's 64, and in S (64 keys) the columns 8 j + 2 (lane % 4)
@@ -138,23 +93,36 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uin
 
 /* Sets the scores of keys row cannot see to -inf. Range tile t starts at tile_offset; the keys
  * of a gathered tile are in kp[64]. A range tile wholly left of the diagonal (every tile of a
- * dense row block but the last) needs no test. */
+ * dense row block but the last) needs no test, nor does a gathered tile whose keys all exist and
+ * lie at or before the block's first row (gathered_late == 0). Outside A-/Tri-shape the test is
+ * causality alone. */
 __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t, const int *kp,
-                                            int qrow0, int qrow1, int rs, int len) {
+                                            bool gathered_late, int qrow0, int qrow1, int rs,
+                                            int len) {
     const int cq = threadIdx.x % 4;
     const bool range = t < tp.n_a;
     const int off = range ? tile_offset(tp, t) : 0;
-    if (range && range_tile_unmasked(tp, off, rs, len)) return;
+    if (range ? range_tile_unmasked(tp, off, rs, len) : !gathered_late) return;
+    auto key_of = [&](int col) {
+        int key = range ? off + col : kp[col];
+        if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
+        return key;
+    };
+    if (!tp.windowed) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int col = 8 * j + 2 * cq + (e & 1);
-            int key = range ? off + col : kp[col];
-            if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
-            if (!key_visible(tp, key, e < 2 ? qrow0 : qrow1)) s[4 * j + e] = -INFINITY;
-        }
+            for (int e = 0; e < 4; ++e)
+                if (key_of(8 * j + 2 * cq + (e & 1)) > (e < 2 ? qrow0 : qrow1))
+                    s[4 * j + e] = -INFINITY;
+        return;
     }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!key_visible(tp, key_of(8 * j + 2 * cq + (e & 1)), e < 2 ? qrow0 : qrow1))
+                s[4 * j + e] = -INFINITY;
 }
 
 /* Online softmax state of the thread's two rows (log2 domain; m = -inf while a row has seen
@@ -295,14 +263,7 @@ __global__ void __launch_bounds__(128, 3)
     const int n_tiles = tp.n_a + tp.n_b;
 
     if (n_tiles == 0) {
-        const int rows = min(BM, p.len - rs);
-        for (int i = tid; i < rows * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
-                make_uint4(0, 0, 0, 0);
-        }
-        if (lseg)
-            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
+        write_empty_rows(og, p.o_stride[2], lseg, rs, min(BM, p.len - rs), D, tid, NT);
         return;
     }
 
@@ -319,8 +280,12 @@ __global__ void __launch_bounds__(128, 3)
     /* K or V of tile t into ring slot `slot`. Gathered tiles: the K load looks the key positions
      * up and keeps them in kpos[t & 1] (for the mask and for V); the V load reads them from there,
      * so a barrier must separate the two. */
+    const uint32_t ring_s = smem_addr(ring);
+    const int gr = tid >> 1, gc = tid & 1;               /* gathered tiles: row, chunk parity */
+    const uint32_t gswz = (uint32_t)((gc ^ (gr & 7)) << 4); /* chunk gc + 2k at (2k ^ gswz) */
+    int late = 0; /* the gathered K tile just loaded has a key after rs or a missing one */
     auto load = [&](int t, int slot, bool is_v) {
-        unsigned char *d = ring + slot * KTILE;
+        const uint32_t d = ring_s + slot * KTILE;
         const T *g = is_v ? vg : kg;
         const int64_t sl = is_v ? p.v_stride[2] : p.k_stride[2];
         if (t < tp.n_a) {
@@ -333,16 +298,22 @@ __global__ void __launch_bounds__(128, 3)
                 return;
             }
         }
+        /* gathered rows: two threads per row, one looking its key position up (K) or reading
+         * it back (V), each copying every other 16-byte chunk (adjacent lanes, adjacent chunks:
+         * whole 32-byte sectors); the chunk offsets are constants, the swizzle one XOR */
         int *kp = kpos + (t & 1) * BN;
-#pragma unroll
-        for (int i = tid; i < BN * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const int pos = is_v ? kp[r] : tile_key(tp, t, r, len);
-            const bool ok = pos != MI_NO_KEY;
-            const int64_t row = ok ? pos : 0;
-            cp_async_16(d + sw_off(r, c, KHALF), g + row * sl + c * 8, ok ? 16 : 0);
-            if (!is_v && c == 0) kp[r] = pos;
+        const int pos = is_v ? kp[gr] : tile_key(tp, t, gr, len);
+        const bool ok = pos != MI_NO_KEY;
+        if (!is_v) {
+            if (gc == 0) kp[gr] = pos;
+            late |= !ok || pos > rs;
         }
+        const T *src = g + (int64_t)(ok ? pos : 0) * sl + gc * 8;
+        const uint32_t drow = d + gr * 128;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            cp_async_16(drow + (k >> 2) * KHALF + ((((2 * k) & 7) << 4) ^ gswz), src + 16 * k,
+                        ok ? 16 : 0);
     };
     load(0, 0, false);
     cp_async_commit(); /* group: Q, K0 */
@@ -356,7 +327,7 @@ __global__ void __launch_bounds__(128, 3)
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     row_softmax sm;
-    const uint32_t q_addr = smem_addr(qs);
+    const sw128_desc qd(smem_addr(qs), 16, 1024);
 
     /* slot of K(t) = 2t mod 3, V(t) = 2t+1 mod 3, the free one (V(t-1)'s) = 2t+2 mod 3 */
     int sk = 0;
@@ -366,28 +337,30 @@ __global__ void __launch_bounds__(128, 3)
          * nothing to load, so that this count holds to the end */
         cp_async_wait<1>();
         fence_proxy_async();
-        __syncthreads(); /* K(t) visible; every warp is done with P V(t-1), slot sn is free */
+        /* K(t) visible; every warp is done with P V(t-1), slot sn is free; and whether tile t
+         * (if gathered) needs its mask, from the threads that loaded it */
+        const bool late_t = __syncthreads_or(late);
+        late = 0;
         if (t + 1 < n_tiles) load(t + 1, sn, false);
         cp_async_commit();
 
-        const uint32_t k_addr = smem_addr(ring + sk * KTILE);
+        const sw128_desc kd(smem_addr(ring + sk * KTILE), 16, 1024);
         float s[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.f;
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t qa = q_addr + (kk >> 2) * QHALF + (kk & 3) * 32;
-            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
-            wg<T>::ss(s, sw128_desc(qa, 16, 1024), sw128_desc(ka, 16, 1024), kk > 0);
-        }
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg<T>::ss(s, qd.at((kk >> 2) * QHALF + (kk & 3) * 32),
+                      kd.at((kk >> 2) * KHALF + (kk & 3) * 32), kk > 0);
         wgmma_commit();
         wgmma_wait0();
 
-        mask_scores(s, tp, t, kpos + (t & 1) * BN, qrow0, qrow1, rs, len);
+        mask_scores(s, tp, t, kpos + (t & 1) * BN, late_t, qrow0, qrow1, rs, len);
         const float2 al = sm.update(s, p.scale_log2);
-        if (!(p.sm90_flags & 2) || !__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f))
-            rescale_o(o, al);
+        /* past the first tiles a row's max rarely moves: skip the 64 multiplies when it moved
+         * in none of the warp's rows (al = exp2(0) = 1 exactly) */
+        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
         uint32_t a[4][4];
         pack_p<T>(a, s);
 
@@ -397,14 +370,10 @@ __global__ void __launch_bounds__(128, 3)
         if (t + 1 < n_tiles) load(t + 1, sk, true);
         cp_async_commit();
 
-        const uint32_t v_addr = smem_addr(ring + sv * KTILE);
+        const sw128_desc vd(smem_addr(ring + sv * KTILE), KHALF, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg<T>::rs(o, a[kk],
-                      p.sm90_flags & 1 ? sw128_desc(v_addr + kk * 16 * 128, 1024, KHALF)
-                                       : sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024),
-                      1);
+        for (int kk = 0; kk < 4; ++kk) wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
         wgmma_commit();
         wgmma_wait0();
         sk = sn;
@@ -414,290 +383,27 @@ __global__ void __launch_bounds__(128, 3)
 #endif
 }
 
-/* The warp-specialised kernel: three warpgroups per CTA, one per SM. Warpgroups 1 and 2 are
- * consumers, each with its own 64-row block (its own tile list: the sparse row blocks differ),
- * and only issue wgmma and run the softmax; warpgroup 0 is the producer, its threads 0-63 loading
- * consumer 0's K/V tiles and 64-127 consumer 1's, with cp.async (any key positions, as gathered
- * tiles need). setmaxnreg moves registers from the producer (88: no spills) to the consumers
- * (208), which
- * keep Q in registers (wgmma RS for S: no shared-memory reads of Q per step) and overlap within
- * the warpgroup: step t issues S(t) = Q K(t)^T and then O += P(t-1) V(t-1), runs the softmax of
- * tile t while P V is still in flight, and rescales O only after it. K and V have their own rings
- * of NS slots per consumer, each slot with a "full" mbarrier (the producer's 64 threads arrive
- * once the tile is in shared memory and fenced for the async proxy) and an "empty" one (the
- * consumer's 128 threads arrive once the wgmma that read it completed; for K also once the mask
- * read the tile's key positions). */
-template <typename T, int NS>
-__global__ void __launch_bounds__(384, 1)
-    attn_fwd_sm90_ws_kernel(const __grid_constant__ mi_cuda_attn_params p) {
-#ifdef MI_SM90_DEVICE
-    constexpr int D = 128, BM = 64, CPR = 16;
-    constexpr int KHALF = 64 * 128, KTILE = 2 * KHALF;
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-
-    /* values that steer wgmma are broadcast from lane 0: ptxas serialises wgmma under branches on
-     * values it cannot prove warp-uniform (C7520) */
-    const int tid = threadIdx.x;
-    const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int c = wgi == 0 ? tid / 64 : wgi - 1; /* the consumer this thread works for */
-    /* per consumer: K slots [NS], V slots [NS]; then key positions [2][NS][BN]; then mbarriers
-     * [2][full K, full V, empty K, empty V][NS] */
-    unsigned char *kt = base + (size_t)c * 2 * NS * KTILE, *vt = kt + NS * KTILE;
-    int *kpos = reinterpret_cast<int *>(base + 2 * 2 * NS * KTILE) + c * NS * BN;
-    uint64_t *bars = reinterpret_cast<uint64_t *>(base + 2 * 2 * NS * KTILE + 2 * NS * BN * 4);
-    uint64_t *full_k = bars + c * 4 * NS, *full_v = full_k + NS, *empty_k = full_v + NS,
-             *empty_v = empty_k + NS;
-    if (tid == 0) {
-        for (int i = 0; i < 2; ++i)
-            for (int j = 0; j < NS; ++j) {
-                mbar_init(bars + i * 4 * NS + j, 64);
-                mbar_init(bars + i * 4 * NS + NS + j, 64);
-                mbar_init(bars + i * 4 * NS + 2 * NS + j, 128);
-                mbar_init(bars + i * 4 * NS + 3 * NS + j, 128);
-            }
-    }
-    __syncthreads();
-
-    const int n_blocks = (p.len + BM - 1) / BM;
-    const int m_blk = n_blocks - 1 - (2 * (int)blockIdx.x + c);
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int hk = h / p.group;
-    const int len = p.seq_lens[b];
-    const int rs = m_blk * BM;
-    tile_plan tp;
-    const bool live =
-        __shfl_sync(0xffffffffu, m_blk >= 0 && plan_tiles(p, h, bh, m_blk, rs, BM, len, tp), 0);
-    const int n_tiles = __shfl_sync(0xffffffffu, live ? tp.n_a + tp.n_b : 0, 0);
-
-    if (wgi == 0) {
-        setmaxnreg_dec<88>();
-        if (n_tiles == 0) return;
-        const int pt = tid % 64;
-        const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
-        const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
-        constexpr int RPP = 64 / CPR, PASSES = BN / RPP;
-        const int lr0 = pt / CPR, lc = pt % CPR;
-        /* a pass covers 4 rows, so the swizzle (row % 8) alternates between two patterns */
-        const uint32_t soff_even = sw_off(lr0, lc, KHALF), soff_odd = sw_off(lr0 + RPP, lc, KHALF);
-        /* item i: K(i / 2) for even i, V(i / 2) for odd i */
-        auto issue = [&](int item) {
-            const int t = item >> 1, slot = t % NS;
-            const bool is_v = item & 1;
-            unsigned char *d = (is_v ? vt : kt) + slot * KTILE;
-            const T *g = is_v ? vg : kg;
-            const int64_t sl = is_v ? p.v_stride[2] : p.k_stride[2];
-            if (t < tp.n_a) {
-                const int off = tile_offset(tp, t);
-                if (off >= 0 && off + BN <= len) {
-                    const T *src = g + (off + lr0) * sl + lc * 8;
-#pragma unroll
-                    for (int i = 0; i < PASSES; ++i)
-                        cp_async_16(d + (i & 1 ? soff_odd : soff_even) + (i >> 1) * 2 * RPP * 128,
-                                    src + i * RPP * sl, 16);
-                    return;
-                }
-            }
-            /* key positions: looked up for K (one row per thread, shared by a barrier of the
-             * 64 threads, the first one ensuring that nobody still reads the slot's previous
-             * positions), reused for V */
-            int *kp = kpos + slot * BN;
-            if (!is_v) {
-                named_barrier(1 + c, 64);
-                kp[pt] = tile_key(tp, t, pt, len);
-                named_barrier(1 + c, 64);
-            }
-            for (int i = pt; i < BN * CPR; i += 64) {
-                const int r = i / CPR, cc = i % CPR;
-                const int pos = kp[r];
-                const bool ok = pos != MI_NO_KEY;
-                cp_async_16(d + sw_off(r, cc, KHALF), g + (int64_t)(ok ? pos : 0) * sl + cc * 8,
-                            ok ? 16 : 0);
-            }
-        };
-        auto full_of = [&](int item) {
-            return ((item & 1) ? full_v : full_k) + (item >> 1) % NS;
-        };
-        /* item i is announced once item i + 1 has been issued (the two loads overlap), or before
-         * waiting for a slot, since the consumer may need item i to free it */
-        int pending = -1;
-        for (int it = 0; it < 2 * n_tiles; ++it) {
-            const int t = it >> 1;
-            if (t >= NS) {
-                uint64_t *e = ((it & 1) ? empty_v : empty_k) + t % NS;
-                const int par = (t / NS - 1) & 1;
-                if (!__all_sync(0xffffffffu, mbar_test(e, par))) { /* uniform: see mbar_wait */
-                    if (pending >= 0) {
-                        cp_async_wait<0>();
-                        fence_proxy_async();
-                        mbar_arrive(full_of(pending));
-                        pending = -1;
-                    }
-                    mbar_wait(e, par);
-                }
-            }
-            issue(it);
-            cp_async_commit();
-            if (pending >= 0) {
-                cp_async_wait<1>();
-                fence_proxy_async();
-                mbar_arrive(full_of(pending));
-            }
-            pending = it;
-        }
-        cp_async_wait<0>();
-        fence_proxy_async();
-        mbar_arrive(full_of(pending));
-        return;
-    }
-
-    setmaxnreg_inc<208>();
-    if (!live) return;
-    const int ct = tid - 128 * wgi;
-    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
-    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
-    if (n_tiles == 0) {
-        write_empty_rows(og, p.o_stride[2], lseg, rs, min(BM, p.len - rs), D, ct, 128);
-        return;
-    }
-    const int warp = ct / 32, lane = ct % 32;
-    const int g = lane / 4, cq = lane % 4;
-    const int qrow0 = rs + warp * 16 + g, qrow1 = qrow0 + 8;
-
-    /* Q in registers in the A-operand layout: rows g and g + 8 of this warp's 16, columns
-     * 16 kk + 2 cq (+1) and 16 kk + 8 + 2 cq (+1); rows past the sequence are zeros */
-    uint32_t qf[8][4];
-    {
-        const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
-        const bool ok0 = qrow0 < len, ok1 = qrow1 < len;
-        const T *q0 = qg + (int64_t)(ok0 ? qrow0 : 0) * p.q_stride[2] + 2 * cq;
-        const T *q1 = qg + (int64_t)(ok1 ? qrow1 : 0) * p.q_stride[2] + 2 * cq;
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            qf[kk][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + 16 * kk)) : 0u;
-            qf[kk][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + 16 * kk)) : 0u;
-            qf[kk][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + 16 * kk + 8)) : 0u;
-            qf[kk][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + 16 * kk + 8)) : 0u;
-        }
-    }
-
-    float o[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float s[32];
-    uint32_t pa[4][4];
-    row_softmax sm;
-    const float sc = p.scale_log2;
-    /* s gets a fresh definition before each S (ahead of the wgmma fence): its last writes (the
-     * mask) sit on divergent paths, and wgmma reading registers defined there would be
-     * serialised (C7520) */
-    auto clear_s = [&]() {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-    };
-    auto issue_s = [&](int t) {
-        const uint32_t k_addr = smem_addr(kt + (t % NS) * KTILE);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t ka = k_addr + (kk >> 2) * KHALF + (kk & 3) * 32;
-            wg<T>::qk_rs(s, qf[kk], sw128_desc(ka, 16, 1024), kk > 0);
-        }
-    };
-    auto issue_pv = [&](int t) {
-        const uint32_t v_addr = smem_addr(vt + (t % NS) * KTILE);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg<T>::rs(o, pa[kk], sw128_desc(v_addr + kk * 16 * 128, KHALF, 1024), 1);
-    };
-
-    mbar_wait(full_k, 0);
-    clear_s();
-    wgmma_fence();
-    issue_s(0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands<32>(s);
-    mask_scores(s, tp, 0, kpos, qrow0, qrow1, rs, len);
-    mbar_arrive(empty_k);
-    sm.update(s, sc); /* O is still 0: nothing to rescale */
-    pack_p<T>(pa, s);
-    for (int t = 1; t < n_tiles; ++t) {
-        const int kslot = t % NS, vslot = (t - 1) % NS;
-        /* both waits before the fence: a wait loop between two wgmma makes ptxas insert a
-         * warpgroup.arrive of its own (C7519) */
-        mbar_wait(full_k + kslot, (t / NS) & 1);
-        mbar_wait(full_v + vslot, ((t - 1) / NS) & 1);
-        clear_s();
-        wgmma_fence();
-        issue_s(t);
-        wgmma_commit();
-        issue_pv(t - 1);
-        wgmma_commit();
-        wgmma_wait<1>(); /* S(t) is done, P V(t - 1) may still run */
-        fence_operands<32>(s);
-        mask_scores(s, tp, t, kpos + kslot * BN, qrow0, qrow1, rs, len);
-        mbar_arrive(empty_k + kslot);
-        const float2 al = sm.update(s, sc);
-        wgmma_wait<0>();
-        fence_operands<64>(o);
-        mbar_arrive(empty_v + vslot);
-        if (!(p.sm90_flags & 2) || !__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f))
-            rescale_o(o, al);
-        pack_p<T>(pa, s);
-    }
-    mbar_wait(full_v + (n_tiles - 1) % NS, ((n_tiles - 1) / NS) & 1);
-    wgmma_fence();
-    issue_pv(n_tiles - 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands<64>(o);
-    store_rows<T>(og, p.o_stride[2], lseg, sm, o, qrow0, qrow1, len, p.len, cq);
-#endif
-}
-
-template <typename K>
-static cudaError_t launch_kernel(K kern, const mi_cuda_attn_params &p, int bm, int threads,
-                                 size_t smem, cudaStream_t st) {
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    dim3 grid((p.len + bm - 1) / bm, p.batch * p.heads);
-    kern<<<grid, threads, smem, st>>>(p);
-    return cudaGetLastError();
-}
-
 template <typename T> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
     /* 67,072 B: three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM; ask for the
      * largest shared-memory carveout so that the driver does not pick a smaller one */
     const size_t smem = 1024 + 64 * 256 + 3 * 64 * 256 + 2 * BN * sizeof(int);
-    cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
-                         cudaFuncAttributePreferredSharedMemoryCarveout,
+    auto kern = attn_fwd_sm90_ring_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
     /* MI_CUDA_SM90_OCC=1: say once how many CTAs the driver fits per SM (3 expected) */
     static int reported = 0;
     if (!reported && getenv("MI_CUDA_SM90_OCC")) {
         int n = 0;
-        cudaFuncSetAttribute(attn_fwd_sm90_ring_kernel<T>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_fwd_sm90_ring_kernel<T>, 128, smem);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 128, smem);
         fprintf(stderr, "sm90 ring kernel: %d CTAs per SM (%zu B shared)\n", n, smem);
         reported = 1;
     }
-    /* MI_CUDA_SM90_KERNEL=ws2|ws3: the warp-specialised kernel with 2 or 3 K/V slots per
-     * consumer (A/B against the ring kernel) */
-    const char *k = getenv("MI_CUDA_SM90_KERNEL");
-    if (k && (!strcmp(k, "ws2") || !strcmp(k, "ws3"))) {
-        const int ns = k[2] - '0';
-        const size_t ws_smem = 1024 + (size_t)2 * 2 * ns * 64 * 256 + 2 * ns * BN * sizeof(int) +
-                               2 * 4 * ns * sizeof(uint64_t);
-        /* one CTA of two 64-row blocks per 128 rows */
-        return ns == 2 ? launch_kernel(attn_fwd_sm90_ws_kernel<T, 2>, p, 128, 384, ws_smem, st)
-                       : launch_kernel(attn_fwd_sm90_ws_kernel<T, 3>, p, 128, 384, ws_smem, st);
-    }
-    return launch_kernel(attn_fwd_sm90_ring_kernel<T>, p, 64, 128, smem, st);
+    dim3 grid((p.len + 63) / 64, p.batch * p.heads);
+    kern<<<grid, 128, smem, st>>>(p);
+    return cudaGetLastError();
 }
 
 } // namespace mi_cuda
@@ -722,10 +428,6 @@ extern "C" int mi_cuda_sm90_usable(void) {
 }
 
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
-    mi_cuda_attn_params q = *p;
-    const char *sw = getenv("MI_CUDA_SM90_VDESC_SWAP");
-    const char *skip = getenv("MI_CUDA_SM90_SKIP_RESCALE");
-    q.sm90_flags = (sw && sw[0] == '1') | (skip && skip[0] == '1') << 1;
-    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(q, st)
-                                     : mi_cuda::launch_sm90<__half>(q, st);
+    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
+                                     : mi_cuda::launch_sm90<__half>(*p, st);
 }

@@ -12,8 +12,12 @@ namespace mi_cuda {
 
 constexpr int BN = 64;
 
+/* Dense, A-shape and Tri-shape tiles are all "sinks [0, sink_tiles) then a window from
+ * win_start" (dense: every tile a sink), and the sparse ones come from `offsets`, so that the
+ * kernels' per-tile steps need no branch on the mode. */
 struct tile_plan {
     int mode;
+    bool windowed;      /* A-/Tri-shape: keys outside sinks + window are masked */
     int n_a, n_b;       /* range tiles, column tiles */
     int sink_tiles;     /* A-shape: tiles [0, sink_tiles) then window tiles from win_start */
     int win_start;
@@ -24,10 +28,8 @@ struct tile_plan {
 };
 
 __device__ __forceinline__ int tile_offset(const tile_plan &tp, int t) {
-    if (tp.mode == MI_CUDA_MODE_DENSE) return t * BN;
-    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
-        return t < tp.sink_tiles ? t * BN : (tp.win_start + t - tp.sink_tiles) * BN;
-    return __ldg(tp.offsets + t);
+    if (tp.offsets) return __ldg(tp.offsets + t);
+    return (t < tp.sink_tiles ? t : tp.win_start + t - tp.sink_tiles) * BN;
 }
 
 /* Key position of row r of tile t, or MI_NO_KEY when it does not exist. */
@@ -46,17 +48,15 @@ __device__ __forceinline__ int tile_key(const tile_plan &tp, int t, int r, int l
  * Tri-shape window. The sparse modes need no test beyond causality: their tiles hold only the
  * keys of the index. */
 __device__ __forceinline__ bool key_visible(const tile_plan &tp, int key, int row) {
-    bool vis = key <= row;
-    if (tp.mode == MI_CUDA_MODE_A_SHAPE)
-        vis = vis && (row - key < tp.n_local || key < tp.n_init || row >= tp.tri_start);
-    return vis;
+    /* outside A-/Tri-shape, n_local is INT_MAX: the window test always holds */
+    return key <= row && (row - key < tp.n_local || key < tp.n_init || row >= tp.tri_start);
 }
 
 /* A 64-key range tile starting at off that every row from first_row on sees entirely (inside the
  * sequence, at or left of the diagonal, no A-shape window): its scores need no mask. */
 __device__ __forceinline__ bool range_tile_unmasked(const tile_plan &tp, int off, int first_row,
                                                     int len) {
-    return tp.mode != MI_CUDA_MODE_A_SHAPE && off >= 0 && off + BN - 1 < len &&
+    return !tp.windowed && off >= 0 && off + BN - 1 < len &&
            off + BN - 1 <= first_row;
 }
 
@@ -78,11 +78,13 @@ __device__ __forceinline__ void write_empty_rows(T *og, int64_t o_row_stride, fl
 __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, int bh, int m_blk,
                                            int rs, int BM, int len, tile_plan &tp) {
     tp.mode = p.use_head_modes ? p.head_modes[h].mode : p.mode.mode;
+    tp.windowed = false;
     tp.n_a = tp.n_b = 0;
     tp.n_cols = 0;
     tp.sink_tiles = tp.win_start = 0;
     tp.offsets = tp.cols = nullptr;
-    tp.n_init = tp.n_local = 0;
+    tp.n_init = 0;
+    tp.n_local = 0x7fffffff;
     tp.tri_start = 0x7fffffff;
     const int re = min(rs + BM, len); /* exclusive end of the real rows */
     if (tp.mode == MI_CUDA_MODE_NONE) return false;
@@ -90,8 +92,10 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
     if (rs < len) {
         if (tp.mode == MI_CUDA_MODE_DENSE) {
             tp.n_a = (re - 1) / BN + 1;
+            tp.sink_tiles = tp.n_a;
         } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
             const mi_cuda_head_mode hm = p.use_head_modes ? p.head_modes[h] : p.mode;
+            tp.windowed = true;
             tp.n_init = max(hm.n_init, 0);
             tp.n_local = max(hm.n_local, 0);
             const int nl = min(max(hm.n_last, 0), len - 1);

@@ -46,7 +46,6 @@ typedef struct mi_cuda_attn_params {
     /* Sparse index (device), used by MI_CUDA_MODE_SPARSE heads */
     const int32_t *block_count, *block_offset, *column_count, *column_index;
     int32_t row_blocks, max_blocks, max_columns;
-    int32_t sm90_flags; /* bit 0: alternative V descriptor strides (layout experiments) */
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     mi_cuda_head_mode head_modes[MI_CUDA_MAX_HEADS];
 } mi_cuda_attn_params;
