@@ -24,7 +24,7 @@
  * is 10-13 % slower. The profile of both (Nsight Compute, dense 32K) shows issue slots 52-53 %
  * busy with "wait" (fixed-latency dependency) the largest stall: the kernels issue about 540
  * instructions per warp per 64-key step, so the instruction count, not the schedule, is what to
- * cut (see src/cuda/attn_fwd_sm90.cu: descriptors computed once per tile, TMA for range tiles).
+ * cut (what src/cuda/attn_fwd_sm90.cu then did; TMA for range tiles: dev/cuda/attn_tma_v7.cu).
  */
 /*
  * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA

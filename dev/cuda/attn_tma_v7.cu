@@ -1,0 +1,556 @@
+/*
+ * dev/cuda/attn_tma_v7.cu: experiment 7 (snapshot of src/cuda/attn_fwd_sm90.cu between 9a472c0
+ * and b8ff019): the ring kernel with TMA for whole in-sequence range tiles. K and V get 4-D
+ * tensor maps (d, row, head, batch; 64 x 64 boxes, 128-byte swizzle = the kernel's tile layout),
+ * encoded per launch through cuTensorMapEncodeTiled found with cudaGetDriverEntryPointByVersion
+ * (no link to libcuda) and passed as __grid_constant__ with the parameter block. Thread 0 issues
+ * expect_tx and two box loads into the ring slot, every thread waits on the slot's mbarrier
+ * (phase bit per slot, the same in every thread since the plan decides); gathered and
+ * partial tiles stay on cp.async. MI_CUDA_SM90_TMA=0 switched it off. 334/334 GPU tests and
+ * memcheck clean.
+ * Reached on an NVIDIA H200 (bf16, D = 128; same process, two runs each, TFLOP/s; "cp.async" is
+ * this file with TMA off, with the descriptor and plan changes already in):
+ *   dense 32K 444/479 (cp.async 436/483), dense 128K 433/427 (442/442), local 128K 366/360
+ *   (386/388), mixed 128K 421/422 (427/427), small 128K 314/313 (329/328), local 1M 376/373
+ *   (386/385), small 1M 325/325 (335/336).
+ * TMA was no faster anywhere and 5-7 % slower on local: one thread issues the loads for the
+ * warpgroup while all 128 spin on the mbarrier, and the cp.async issue it saves was not what
+ * limited the kernel (three CTAs per SM hide it). Left out of src/; a producer warp feeding
+ * consumers (dev/cuda/attn_ws_v6.cu) is where TMA would belong.
+ */
+/*
+ * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA
+ * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
+ * attn_fwd.cu.
+ *
+ * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the 128-byte-swizzled K-major layout wgmma
+ * reads directly: each 128-column row is split in two 64-column halves, and 16-byte chunk c of
+ * row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
+ * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
+ * the register layout of the A operand) and V read transposed (MN-major B).
+ * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
+ * to the async proxy with fence.proxy.async before the barrier.
+ * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
+ * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
+ * comment below and dev/cuda/attn_dense_v1..v5.cu). */
+#include "attn_plan.cuh"
+
+#include <cuda.h> /* CUtensorMap and its encoder type; the encoder is found at run time */
+#include <cudaTypedefs.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MI_SM90_DEVICE 1
+#endif
+
+namespace mi_cuda {
+
+#ifdef MI_SM90_DEVICE
+#include "wgmma_ops.cuh"
+
+template <typename T> struct wg;
+template <> struct wg<__nv_bfloat16> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_bf16(d, a, b, sc);
+    }
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
+    }
+};
+template <> struct wg<__half> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_f16(d, a, b, sc);
+    }
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n128_tb_f16(d, a, b, sc);
+    }
+};
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* mbarriers in shared memory (phase parity waits) and TMA tile loads that complete on them. */
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *b, int parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred P;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, P;\n}\n"
+                 : "=r"(ok)
+                 : "r"(smem_addr(b)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+/* Every lane waits (and so acquires) itself; the vote keeps the loop warp-uniform, which ptxas
+ * needs to keep later wgmma asynchronous. */
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    while (!__all_sync(0xffffffffu, mbar_try_wait(b, parity))) {
+    }
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)),
+                 "r"(bytes)
+                 : "memory");
+}
+/* One box of a 4-D tensor map (d, row, head, batch) into shared memory at dst. */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                            int c2, int c3, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                 "r"(smem_addr(bar))
+                 : "memory");
+}
+/* Pins accumulator registers in place around asynchronous wgmma (no instruction emitted): the
+ * compiler may not move or reuse them across these points. */
+template <int N> __device__ __forceinline__ void fence_operands(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+#endif
+
+/* Byte offset of 16-byte chunk c (0..15) of row r in a swizzled [2 halves][rows][128 B] tile. */
+__device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
+    return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* wgmma shared-memory descriptor, 128-byte swizzle, of a tile and of byte offsets inside it: the
+ * start address (bits 0-13, in 16-byte units) is the only field that changes between the
+ * k-steps of one GEMM, and shared addresses stay below 256 KB, so an offset is one add to the
+ * low word (computing each descriptor from scratch cost about ten instructions per wgmma). */
+struct sw128_desc {
+    uint32_t lo, hi;
+    __device__ __forceinline__ sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+        : lo(((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16)),
+          hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
+    __device__ __forceinline__ uint64_t at(uint32_t byte_off) const {
+        return ((uint64_t)hi << 32) | (lo + (byte_off >> 4));
+    }
+};
+
+/* The per-tile steps both kernels share. A thread holds rows qrow0 = 16 warp + lane / 4 and
+ * qrow1 = qrow0 + 8 of its warpgroup's 64, and in S (64 keys) the columns 8 j + 2 (lane % 4)
+ * (+1) at s[4 j + (0, 1)] for qrow0 and s[4 j + (2, 3)] for qrow1 (the wgmma accumulator
+ * layout). */
+
+/* Sets the scores of keys row cannot see to -inf. Range tile t starts at tile_offset; the keys
+ * of a gathered tile are in kp[64]. A range tile wholly left of the diagonal (every tile of a
+ * dense row block but the last) needs no test. */
+__device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t, const int *kp,
+                                            int qrow0, int qrow1, int rs, int len) {
+    const int cq = threadIdx.x % 4;
+    const bool range = t < tp.n_a;
+    const int off = range ? tile_offset(tp, t) : 0;
+    if (range && range_tile_unmasked(tp, off, rs, len)) return;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = 8 * j + 2 * cq + (e & 1);
+            int key = range ? off + col : kp[col];
+            if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
+            if (!key_visible(tp, key, e < 2 ? qrow0 : qrow1)) s[4 * j + e] = -INFINITY;
+        }
+    }
+}
+
+/* Online softmax state of the thread's two rows (log2 domain; m = -inf while a row has seen
+ * nothing). */
+struct row_softmax {
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    /* Turns the scores of one tile into unnormalised probabilities in place and returns the
+     * factors by which O must be rescaled. */
+    __device__ __forceinline__ float2 update(float *s, float sc) {
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
+        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
+        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
+            rs0 += s[4 * j] + s[4 * j + 1];
+            rs1 += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+        return make_float2(al0, al1);
+    }
+};
+
+__device__ __forceinline__ void rescale_o(float *o, float2 al) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        o[4 * i] *= al.x;
+        o[4 * i + 1] *= al.x;
+        o[4 * i + 2] *= al.y;
+        o[4 * i + 3] *= al.y;
+    }
+}
+
+/* P in the A-operand register layout of the P V wgmma (the accumulator layout of S, in pairs). */
+template <typename T> __device__ __forceinline__ void pack_p(uint32_t (*a)[4], const float *s) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        a[kk][0] = dtype_traits<T>::pack2(s[8 * kk], s[8 * kk + 1]);
+        a[kk][1] = dtype_traits<T>::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = dtype_traits<T>::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = dtype_traits<T>::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+/* O / l and the log-sum-exp of the thread's two rows; rows that saw no key get 0 and -inf. Rows
+ * past this sequence (batch: len < p.len) are written as such; rows past p.len not at all. */
+template <typename T>
+__device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
+                                           const float *o, int qrow0, int qrow1, int len,
+                                           int plen, int cq) {
+    float l0 = sm.l0, l1 = sm.l1;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int c = 8 * i + 2 * cq;
+        if (qrow0 < plen)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * ostride + c) =
+                dtype_traits<T>::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (qrow1 < plen)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * ostride + c) =
+                dtype_traits<T>::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < plen) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < plen) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+}
+
+/* The kernel: one warpgroup per CTA, 64 query rows (one row block of the sparse index), three
+ * CTAs per SM. It replaced a two-warpgroup 128-row dense kernel (dev/cuda/attn_dense_v4.cu) and
+ * the two-CTA 64-row loop (dev/cuda/attn_dense_v3.cu): the profile of those was latency bound
+ * (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide more of
+ * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 161, no
+ * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
+ * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
+ * slot i % 3. K(t+1) is issued at the start of step t into the slot V(t-1) used, V(t+1) after
+ * S(t) into the slot K(t) used; each is waited one step later, the same prefetch distance as the
+ * two-stage loop, with 48 KB of K/V instead of 64 KB.
+ * H200, bf16, against the two-CTA loop in one process (ms/head, effective TFLOP/s; both runs:
+ * bench/results/2026-11-30-gpu-sparse-ring-ab.json; dense: 445 / 439 / 430 / 431 TFLOP/s at
+ * 32K / 128K / 512K / 1M against 397-405 for the 128-row kernel,
+ * bench/results/2026-11-30-gpu-dense-ring-ab.json):
+ * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
+ * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
+ * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms). */
+/* The kernel's arguments: the parameter block and, when use_tma, tensor maps of K and V as
+ * (d, row, head, batch) with 64 x 64 boxes in the 128-byte swizzle (the tile layout above). */
+struct sm90_args {
+    CUtensorMap tm_k, tm_v;
+    int use_tma;
+    mi_cuda_attn_params p;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(128, 3)
+    attn_fwd_sm90_ring_kernel(const __grid_constant__ sm90_args args) {
+#ifdef MI_SM90_DEVICE
+    const mi_cuda_attn_params &p = args.p;
+    constexpr int D = 128, BM = 64, NT = 128, CPR = 16;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
+    using tr = dtype_traits<T>;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base;
+    unsigned char *ring = qs + 2 * QHALF;                   /* [3 slots] of one K or V tile */
+    int *kpos = reinterpret_cast<int *>(ring + 3 * KTILE); /* [2][BN]: key positions of K(t) */
+    uint64_t *tma_bar = reinterpret_cast<uint64_t *>(kpos + 2 * BN); /* [3]: one per slot */
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int m_blk = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int hk = h / p.group;
+    const int len = p.seq_lens[b];
+    const int rs = m_blk * BM;
+
+    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+    const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+
+    tile_plan tp;
+    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
+    const int n_tiles = tp.n_a + tp.n_b;
+
+    if (n_tiles == 0) {
+        write_empty_rows(og, p.o_stride[2], lseg, rs, min(BM, p.len - rs), D, tid, NT);
+        return;
+    }
+    if (args.use_tma && tid == 0) {
+        for (int i = 0; i < 3; ++i) mbar_init(tma_bar + i, 1);
+        /* the barriers' initialisation visible to the TMA unit (async proxy) */
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_proxy_async();
+    }
+
+    for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = rs + r;
+        const bool ok = row < len;
+        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
+    }
+    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
+    const int lr0 = tid / CPR, lc = tid % CPR;
+    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
+    /* K or V of tile t into ring slot `slot`. Gathered tiles: the K load looks the key positions
+     * up and keeps them in kpos[t & 1] (for the mask and for V); the V load reads them from there,
+     * so a barrier must separate the two. */
+    const uint32_t ring_s = smem_addr(ring);
+    /* Slots whose tile comes by TMA (bit per slot) and the parity of each slot's barrier; the
+     * same in every thread, since the choice depends only on the tile plan. */
+    uint32_t tma_pending = 0, tma_phase = 0;
+    auto load = [&](int t, int slot, bool is_v) {
+        const uint32_t d = ring_s + slot * KTILE;
+        const T *g = is_v ? vg : kg;
+        const int64_t sl = is_v ? p.v_stride[2] : p.k_stride[2];
+        if (t < tp.n_a) {
+            const int off = tile_offset(tp, t);
+            if (off >= 0 && off + BN <= len && args.use_tma) {
+                /* a whole in-sequence range: two 64 x 64 boxes from one thread, instead of 8
+                 * address computations and copies in each of 128 */
+                if (tid == 0) {
+                    const CUtensorMap *map = is_v ? &args.tm_v : &args.tm_k;
+                    mbar_expect_tx(tma_bar + slot, KTILE);
+                    tma_load_4d(d, map, 0, off, hk, b, tma_bar + slot);
+                    tma_load_4d(d + KHALF, map, 64, off, hk, b, tma_bar + slot);
+                }
+                tma_pending |= 1u << slot;
+                return;
+            }
+            if (off >= 0 && off + BN <= len) {
+                const T *src = g + (off + lr0) * sl + lc * 8;
+#pragma unroll
+                for (int i = 0; i < PASSES; ++i)
+                    cp_async_16(d + soff0 + i * RPP * 128, src + i * RPP * sl, 16);
+                return;
+            }
+        }
+        int *kp = kpos + (t & 1) * BN;
+#pragma unroll
+        for (int i = tid; i < BN * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int pos = is_v ? kp[r] : tile_key(tp, t, r, len);
+            const bool ok = pos != MI_NO_KEY;
+            const int64_t row = ok ? pos : 0;
+            cp_async_16(d + sw_off(r, c, KHALF), g + row * sl + c * 8, ok ? 16 : 0);
+            if (!is_v && c == 0) kp[r] = pos;
+        }
+    };
+    /* a TMA tile is waited for on its slot's barrier, after the barrier that covers the
+     * cp.async tiles (an empty cp.async group still stands for it, so that the counts hold) */
+    auto tma_wait = [&](int slot) {
+        if (tma_pending & (1u << slot)) {
+            mbar_wait(tma_bar + slot, (tma_phase >> slot) & 1);
+            tma_phase ^= 1u << slot;
+            tma_pending &= ~(1u << slot);
+        }
+    };
+    load(0, 0, false);
+    cp_async_commit(); /* group: Q, K0 */
+    __syncthreads();   /* kpos of tile 0 */
+    load(0, 1, true);
+    cp_async_commit(); /* group: V0 */
+
+    const int g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + warp * 16 + g, qrow1 = qrow0 + 8;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    row_softmax sm;
+    const sw128_desc qd(smem_addr(qs), 16, 1024);
+
+    /* slot of K(t) = 2t mod 3, V(t) = 2t+1 mod 3, the free one (V(t-1)'s) = 2t+2 mod 3 */
+    int sk = 0;
+    for (int t = 0; t < n_tiles; ++t) {
+        const int sv = sk == 2 ? 0 : sk + 1, sn = sv == 2 ? 0 : sv + 1;
+        /* one group is committed after K(t) (V(t)); an empty group is committed when there is
+         * nothing to load, so that this count holds to the end */
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads(); /* K(t) visible; every warp is done with P V(t-1), slot sn is free */
+        tma_wait(sk);
+        if (t + 1 < n_tiles) load(t + 1, sn, false);
+        cp_async_commit();
+
+        const sw128_desc kd(smem_addr(ring + sk * KTILE), 16, 1024);
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg<T>::ss(s, qd.at((kk >> 2) * QHALF + (kk & 3) * 32),
+                      kd.at((kk >> 2) * KHALF + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+        wgmma_wait0();
+
+        mask_scores(s, tp, t, kpos + (t & 1) * BN, qrow0, qrow1, rs, len);
+        const float2 al = sm.update(s, p.scale_log2);
+        if (!(p.sm90_flags & 2) || !__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f))
+            rescale_o(o, al);
+        uint32_t a[4][4];
+        pack_p<T>(a, s);
+
+        cp_async_wait<1>(); /* V(t); K(t+1) may still be in flight */
+        fence_proxy_async();
+        __syncthreads(); /* V(t) visible; every warp is done with S(t), slot sk is free */
+        tma_wait(sv);
+        if (t + 1 < n_tiles) load(t + 1, sk, true);
+        cp_async_commit();
+
+        const sw128_desc vd(smem_addr(ring + sv * KTILE), KHALF, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        sk = sn;
+    }
+
+    store_rows<T>(og, p.o_stride[2], lseg, sm, o, qrow0, qrow1, len, p.len, cq);
+#endif
+}
+
+/* The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda);
+ * NULL where the driver does not have it. */
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static int looked = 0;
+    if (!looked) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+        looked = 1;
+    }
+    return fn;
+}
+
+/* Tensor map of K or V (d, row, head, batch) for 64 x 64 boxes; false where TMA cannot address
+ * the tensor (strides or base not 16-byte aligned), and the kernel then loads by cp.async. */
+static bool encode_kv_map(CUtensorMap *map, const void *base, const int64_t *stride, int batch,
+                          int heads_kv, int len, bool bf16) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
+    const int64_t es = 2; /* bytes per element */
+    cuuint64_t dims[4] = {128, (cuuint64_t)len, (cuuint64_t)heads_kv, (cuuint64_t)batch};
+    /* a dimension of size 1 is never stepped: any valid stride will do */
+    cuuint64_t strides[3] = {(cuuint64_t)(stride[2] * es),
+                             (cuuint64_t)(heads_kv > 1 ? stride[1] * es : 16),
+                             (cuuint64_t)(batch > 1 ? stride[0] * es : 16)};
+    for (int i = 0; i < 3; ++i)
+        if (strides[i] == 0 || strides[i] % 16 || strides[i] >= ((cuuint64_t)1 << 40)) return false;
+    cuuint32_t box[4] = {64, 64, 1, 1}, estride[4] = {1, 1, 1, 1};
+    return enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+               const_cast<void *>(base), dims, strides, box, estride,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    /* 67,096 B: three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM; ask for the
+     * largest shared-memory carveout so that the driver does not pick a smaller one */
+    const size_t smem = 1024 + 64 * 256 + 3 * 64 * 256 + 2 * BN * sizeof(int) + 3 * sizeof(uint64_t);
+    auto kern = attn_fwd_sm90_ring_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+    /* MI_CUDA_SM90_OCC=1: say once how many CTAs the driver fits per SM (3 expected) */
+    static int reported = 0;
+    if (!reported && getenv("MI_CUDA_SM90_OCC")) {
+        int n = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 128, smem);
+        fprintf(stderr, "sm90 ring kernel: %d CTAs per SM (%zu B shared)\n", n, smem);
+        reported = 1;
+    }
+    /* MI_CUDA_SM90_TMA=0: every tile by cp.async (A/B switch) */
+    static thread_local sm90_args args; /* 5 KB: off the stack; the launch copies it */
+    args.p = p;
+    const char *tma = getenv("MI_CUDA_SM90_TMA");
+    const bool bf16 = p.dtype == MI_DTYPE_BF16;
+    args.use_tma = !(tma && tma[0] == '0') &&
+                   encode_kv_map(&args.tm_k, p.k, p.k_stride, p.batch, p.heads_kv, p.len, bf16) &&
+                   encode_kv_map(&args.tm_v, p.v, p.v_stride, p.batch, p.heads_kv, p.len, bf16);
+    dim3 grid((p.len + 63) / 64, p.batch * p.heads);
+    kern<<<grid, 128, smem, st>>>(args);
+    return cudaGetLastError();
+}
+
+} // namespace mi_cuda
+
+/* Whether the Hopper kernels can run here: built for sm_90a, a compute capability 9.0 device, and
+ * not disabled with MI_CUDA_DISABLE_SM90=1 (to compare both paths on one GPU). */
+extern "C" int mi_cuda_sm90_usable(void) {
+#ifdef MI_HAVE_SM90A
+    static int cached = -1;
+    if (cached < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        const char *off = getenv("MI_CUDA_DISABLE_SM90");
+        cached = major == 9 && minor == 0 && !(off && off[0] == '1');
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
+    mi_cuda_attn_params q = *p;
+    const char *skip = getenv("MI_CUDA_SM90_SKIP_RESCALE");
+    q.sm90_flags = (skip && skip[0] == '1') << 1;
+    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(q, st)
+                                     : mi_cuda::launch_sm90<__half>(q, st);
+}
