@@ -131,32 +131,47 @@ struct row_softmax {
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     /* Turns the scores of one tile into unnormalised probabilities in place and returns the
      * factors by which O must be rescaled. */
+    /* Maxima and sums are trees, not chains: a 16-long chain of dependent instructions per row
+     * was the largest stall ("wait") of the kernel with three warps per scheduler. */
     __device__ __forceinline__ float2 update(float *s, float sc) {
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        float a0[8], a1[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+            a0[j] = fmaxf(s[4 * j], s[4 * j + 1]);
+            a1[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
         }
-        mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
-        mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
+#pragma unroll
+        for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+            for (int j = 0; j < w; ++j) {
+                a0[j] = fmaxf(a0[j], a0[j + w]);
+                a1[j] = fmaxf(a1[j], a1[j + w]);
+            }
+        float mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(a0[0], 1), 2) * sc);
+        float mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(a1[0], 1), 2) * sc);
         const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
         const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
         const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
         m0 = mx0;
         m1 = mx1;
-        float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
             s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
             s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
             s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
-            rs0 += s[4 * j] + s[4 * j + 1];
-            rs1 += s[4 * j + 2] + s[4 * j + 3];
+            a0[j] = s[4 * j] + s[4 * j + 1];
+            a1[j] = s[4 * j + 2] + s[4 * j + 3];
         }
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
+#pragma unroll
+        for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+            for (int j = 0; j < w; ++j) {
+                a0[j] += a0[j + w];
+                a1[j] += a1[j + w];
+            }
+        l0 = l0 * al0 + a0[0];
+        l1 = l1 * al1 + a1[0];
         return make_float2(al0, al1);
     }
 };
@@ -341,8 +356,6 @@ __global__ void __launch_bounds__(128, 3)
          * (if gathered) needs its mask, from the threads that loaded it */
         const bool late_t = __syncthreads_or(late);
         late = 0;
-        if (t + 1 < n_tiles) load(t + 1, sn, false);
-        cp_async_commit();
 
         const sw128_desc kd(smem_addr(ring + sk * KTILE), 16, 1024);
         float s[32];
@@ -354,6 +367,10 @@ __global__ void __launch_bounds__(128, 3)
             wg<T>::ss(s, qd.at((kk >> 2) * QHALF + (kk & 3) * 32),
                       kd.at((kk >> 2) * KHALF + (kk & 3) * 32), kk > 0);
         wgmma_commit();
+        /* the next tile's copies are issued while the tensor cores run S(t) (slot sn is not
+         * one S(t) reads) */
+        if (t + 1 < n_tiles) load(t + 1, sn, false);
+        cp_async_commit();
         wgmma_wait0();
 
         mask_scores(s, tp, t, kpos + (t & 1) * BN, late_t, qrow0, qrow1, rs, len);
@@ -367,14 +384,14 @@ __global__ void __launch_bounds__(128, 3)
         cp_async_wait<1>(); /* V(t); K(t+1) may still be in flight */
         fence_proxy_async();
         __syncthreads(); /* V(t) visible; every warp is done with S(t), slot sk is free */
-        if (t + 1 < n_tiles) load(t + 1, sk, true);
-        cp_async_commit();
 
         const sw128_desc vd(smem_addr(ring + sv * KTILE), KHALF, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
         wgmma_commit();
+        if (t + 1 < n_tiles) load(t + 1, sk, true); /* slot sk: P V(t) does not read it */
+        cp_async_commit();
         wgmma_wait0();
         sk = sn;
     }
