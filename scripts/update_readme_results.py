@@ -118,11 +118,14 @@ def gpu_tables(runs):
                        f"| {fmt(100 * e.get('estimate_index_share', 0), '.1f')} % |")
         out.append("")
     if any(r["_file"].endswith(".json") for r in gpu):
-        # the plot of the run that has dense and sparse lines
+        # the plot of the run the dense table comes from (it has dense and sparse lines), else
+        # the newest plot of a run that has both
+        own = os.path.join(ROOT, d["_file"][:-5] + ".png") if d else ""
         pngs = sorted(p for p in glob.glob(os.path.join(ROOT, "bench", "results", "*gpu-attention*.png"))
                       if "-v5" not in p and "-ring" not in p)
-        if pngs:
-            rel = os.path.relpath(pngs[-1], ROOT)
+        pick = own if own and os.path.exists(own) else (pngs[-1] if pngs else None)
+        if pick:
+            rel = os.path.relpath(pick, ROOT)
             out += [f"![time per head against length]({rel})", ""]
     return out
 

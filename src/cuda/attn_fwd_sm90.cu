@@ -3,18 +3,18 @@
  * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
  * attn_fwd.cu.
  *
- * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the 128-byte-swizzled K-major layout wgmma
- * reads directly: each 128-column row is split in two 64-column halves, and 16-byte chunk c of
- * row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
+ * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the
+ * 128-byte-swizzled K-major layout wgmma reads directly: each 128-column row is split in two
+ * 64-column halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
  * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
  * the register layout of the A operand) and V read transposed (MN-major B).
  * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
  * to the async proxy with fence.proxy.async before the barrier.
  * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
  * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
- * comment below and dev/cuda/attn_dense_v1..v5.cu). */
+ * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
+ * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). */
 #include "attn_plan.cuh"
-
 
 #include <math.h>
 #include <stdio.h>
@@ -242,7 +242,17 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
  * bench/results/2026-11-30-gpu-dense-ring-ab.json):
  * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
  * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
- * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms). */
+ * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms).
+ * Then fewer instructions per step, since the profile still showed issue slots about half busy
+ * with fixed-latency dependencies ("wait") the largest stall, at about 540 instructions per warp
+ * and 64-key step: descriptors built once per tile, plans and masks without branches on the
+ * mode, gathered tiles unmasked when every key precedes the block, gathered loads with one key
+ * lookup per row, the O rescale skipped when no row max moved, tree reductions, and the next
+ * tile's copies issued under the running wgmma. Full benchmark (bench/results/2026-11-30-gpu-
+ * attention-v8.json): dense 487 / 495 / 487 / 482 TFLOP/s at 32K / 128K / 512K / 1M = 0.73 /
+ * 0.89 / 0.99 / 1.06x cuDNN; local 429 / 463 / 465, mixed 466 / 462 / 445, small 394 / 322 /
+ * 343 at 128K / 512K / 1M; VS local 1M 7.71 ms per head; whole-layer VS prefill at 1M 49.2 ms
+ * per head. The profile after it: issue slots 44-49 % busy, "wait" still the largest stall. */
 template <typename T>
 __global__ void __launch_bounds__(128, 3)
     attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {

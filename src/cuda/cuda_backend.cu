@@ -14,12 +14,13 @@
 
 /* Below this length a sequence runs dense on CUDA when mi_prefill_params.dense_below < 0.
  * Measured on an H200 (bf16, D = 128, 32 query / 8 KV heads, every head VS 1000/6096 with
- * estimation and index building included, position-coded q/k so the estimate is local-like):
- * the speed-up (dense time over sparse prefill time) was 0.81 at 16K, 1.12 at 24K, 1.34 at
- * 32K, 1.58 at 48K (bench/results/2026-11-30-gpu-attention.json, "crossover"). With the faster
- * pipelined dense kernel of the final build (2026-11-30-gpu-attention-v4.json) the same prefill
- * times give 0.74 at 16K, 1.03 at 24K, 1.23 at 32K: 24K is the first length where sparse wins. */
-#define MI_CUDA_DENSE_BELOW_DEFAULT 24576
+ * estimation and index building included, position-coded q/k so the estimate is local-like;
+ * bench/torch_ref.py's "crossover" section): the speed-up (dense time over sparse prefill time)
+ * with the instruction-trimmed ring kernel (commit ee30eeb, bench/results/2026-11-30-gpu-
+ * attention.json) was 0.66 at 16K, 0.87 at 24K, 1.16 at 32K, 1.49 at 48K; one commit earlier,
+ * 1.02 at 24K and 1.18 at 32K. 24K is a tie that moves between runs, 32K the first length where
+ * sparse wins in every run. (Earlier kernels: 24K, when dense was the slower of the two.) */
+#define MI_CUDA_DENSE_BELOW_DEFAULT 32768
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
