@@ -252,7 +252,10 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
  * attention-v8.json): dense 487 / 495 / 487 / 482 TFLOP/s at 32K / 128K / 512K / 1M = 0.73 /
  * 0.89 / 0.99 / 1.06x cuDNN; local 429 / 463 / 465, mixed 466 / 462 / 445, small 394 / 322 /
  * 343 at 128K / 512K / 1M; VS local 1M 7.71 ms per head; whole-layer VS prefill at 1M 49.2 ms
- * per head. The profile after it: issue slots 44-49 % busy, "wait" still the largest stall. */
+ * per head. The profile after it: issue slots 44-49 % busy, "wait" still the largest stall.
+ * Tried and dropped: waiting for K(t) and V(t) together at the step start (one cp.async wait and
+ * proxy fence per step instead of two) was 2-6 % slower, 13 % on the 1M prefill: V then has half
+ * a step to arrive instead of a whole one. */
 template <typename T>
 __global__ void __launch_bounds__(128, 3)
     attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {
