@@ -152,7 +152,9 @@ __global__ void __launch_bounds__(BM * 2)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = kp[8 * j + 2 * cq + (e & 1)];
-                    if (!key_visible(tp, key, e < 2 ? qrow0 : qrow1)) s[j][e] = -INFINITY;
+                    const int row = e < 2 ? qrow0 : qrow1;
+                    /* the window test only where there is a window (a uniform branch) */
+                    if (tp.windowed ? !key_visible(tp, key, row) : key > row) s[j][e] = -INFINITY;
                 }
             }
         }
