@@ -242,8 +242,15 @@ int main(int argc, char **argv) {
         json_object_set_new(shape, "vocab", json_integer(info.vocab));
         json_object_set_new(shape, "weights", json_string(mp.device == MI_DEVICE_CUDA ? "bf16" : "as stored"));
         json_object_set_new(root, "shape", shape);
-        json_object_set_new(root, "prompt", json_string(random ? "random byte tokens"
-                                                               : "system license texts, tokenized and repeated"));
+        char prompt_desc[1200];
+        if (random)
+            snprintf(prompt_desc, sizeof prompt_desc, "random byte tokens");
+        else if (text_path)
+            snprintf(prompt_desc, sizeof prompt_desc, "the text of %s, tokenized and repeated",
+                     text_path);
+        else
+            snprintf(prompt_desc, sizeof prompt_desc, "system license texts, tokenized and repeated");
+        json_object_set_new(root, "prompt", json_string(prompt_desc));
         json_object_set_new(root, "config", json_string(config_path ? config_path : "default budgets"));
         json_object_set_new(root, "decode_tokens", json_integer(n_decode));
         json_object_set_new(root, "rows", rows);

@@ -163,7 +163,7 @@ def runner_tables(runs):
         if r.get("commit") and r["commit"] not in g["commits"]:
             g["commits"].append(r["commit"])
         for e in rows:
-            g["rows"][(e["tokens"], e["method"])] = e
+            g["rows"][(e["tokens"], e["method"])] = dict(e, _commit=r.get("commit", "?"))
     out = []
     for (model, device, gpu), g in groups.items():
         r, sh = g["run"], g["run"].get("shape", {})
@@ -172,15 +172,17 @@ def runner_tables(runs):
         out += [f"**Model TTFT, {name}** ({sh.get('layers')} layers, {sh.get('heads')}/"
                 f"{sh.get('kv_heads')} heads of {sh.get('head_dim')}, hidden {sh.get('hidden')}, "
                 f"{sh.get('weights', '')} weights), {device} {gpu}, commits {', '.join(g['commits']) or '?'} "
-                f"({', '.join('`' + f + '`' for f in g['files'])}). One prefill per cell; "
-                "attention and GEMM are the runner's own measurements of the prefill.", "",
-                "| L | method | TTFT | speed-up | attention | GEMMs | decode | device peak |",
-                "|---|---|---|---|---|---|---|---|"]
+                f"({', '.join('`' + f + '`' for f in g['files'])}). One prefill per cell, the "
+                "newest run of each; attention and GEMM are the runner's own measurements of the "
+                "prefill; a speed-up is given only against dense of the same commit.", "",
+                "| L | method | commit | TTFT | speed-up | attention | GEMMs | decode | device peak |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for (L, method), e in sorted(g["rows"].items()):
             dense = g["rows"].get((L, "dense"))
-            sp = dense["ttft_s"] / e["ttft_s"] if dense and e["ttft_s"] > 0 else None
-            out.append(f"| {length(L)} | {method} | {fmt(e['ttft_s'], '.2f')} s "
-                       f"| {fmt(sp, '.1f')}x "
+            same = dense is not None and dense["_commit"] == e["_commit"]
+            sp = dense["ttft_s"] / e["ttft_s"] if same and e["ttft_s"] > 0 else None
+            out.append(f"| {length(L)} | {method} | {e['_commit']} | {fmt(e['ttft_s'], '.2f')} s "
+                       f"| {fmt(sp, '.1f') + 'x' if sp else '-'} "
                        f"| {fmt(e['attention_s'], '.2f')} s ({fmt(100 * e['attention_share'], '.0f')}%) "
                        f"| {fmt(e['gemm_s'], '.2f')} s ({fmt(100 * e['gemm_share'], '.0f')}%) "
                        f"| {fmt(e.get('decode_tokens_per_s'), '.0f')} tok/s "
