@@ -215,10 +215,8 @@ __global__ void __launch_bounds__(BM * 2)
     }
 
     /* ---- epilogue: normalise, stage through shared memory, 16-byte stores ---- */
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
     const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
     T *stage = qs + warp * 16 * PITCH; /* this warp's own Q rows, no longer read */

@@ -203,11 +203,7 @@ template <typename T>
 __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
                                            const float *o, int qrow0, int qrow1, int len,
                                            int plen, int cq) {
-    float l0 = sm.l0, l1 = sm.l1;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
     const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
     const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
 #pragma unroll

@@ -90,6 +90,12 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* The sum of v over the four lanes that hold one accumulator row (lanes 4g .. 4g+3). */
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 __device__ __forceinline__ float warp_max_xor(float v, int lane_mask) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, lane_mask));
 }
