@@ -91,18 +91,17 @@ struct sw128_desc {
  * (+1) at s[4 j + (0, 1)] for qrow0 and s[4 j + (2, 3)] for qrow1 (the wgmma accumulator
  * layout). */
 
-/* Sets the scores of keys row cannot see to -inf. Range tile t starts at tile_offset; the keys
- * of a gathered tile are in kp[64]. A range tile wholly left of the diagonal (every tile of a
- * dense row block but the last) needs no test, nor does a gathered tile whose keys all exist and
- * lie at or before the block's first row (gathered_late == 0). Outside A-/Tri-shape the test is
- * causality alone. */
+/* Sets the scores of keys row cannot see to -inf, where `needed` (decided when the tile was
+ * loaded): a range tile wholly left of the diagonal (every tile of a dense row block but the
+ * last) needs no test, nor does a gathered tile whose keys all exist and lie at or before the
+ * block's first row. Range tile t starts at tile_offset; the keys of a gathered tile are in
+ * kp[64]. Outside A-/Tri-shape the test is causality alone. */
 __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t, const int *kp,
-                                            bool gathered_late, int qrow0, int qrow1, int rs,
-                                            int len) {
+                                            bool needed, int qrow0, int qrow1, int len) {
+    if (!needed) return;
     const int cq = threadIdx.x % 4;
     const bool range = t < tp.n_a;
     const int off = range ? tile_offset(tp, t) : 0;
-    if (range ? range_tile_unmasked(tp, off, rs, len) : !gathered_late) return;
     auto key_of = [&](int col) {
         int key = range ? off + col : kp[col];
         if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
@@ -249,6 +248,10 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
  * 0.89 / 0.99 / 1.06x cuDNN; local 429 / 463 / 465, mixed 466 / 462 / 445, small 394 / 322 /
  * 343 at 128K / 512K / 1M; VS local 1M 7.71 ms per head; whole-layer VS prefill at 1M 49.2 ms
  * per head. The profile after it: issue slots 44-49 % busy, "wait" still the largest stall.
+ * Then whether a range tile needs its mask is decided when the tile is loaded, instead of
+ * looking its offset up again between S(t) and the softmax: sparse sets +1.5-2 % (local 128K
+ * 0.910 -> 0.891 ms, mixed 128K 7.00 -> 6.85 ms, local 1M 7.62 -> 7.47 ms per head in
+ * bench/time_variants.py, two runs each).
  * Tried and dropped: waiting for K(t) and V(t) together at the step start (one cp.async wait and
  * proxy fence per step instead of two) was 2-6 % slower, 13 % on the 1M prefill: V then has half
  * a step to arrive instead of a whole one. */
@@ -308,12 +311,16 @@ __global__ void __launch_bounds__(128, 3)
     const int gr = tid >> 1, gc = tid & 1;               /* gathered tiles: row, chunk parity */
     const uint32_t gswz = (uint32_t)((gc ^ (gr & 7)) << 4); /* chunk gc + 2k at (2k ^ gswz) */
     int late = 0; /* the gathered K tile just loaded has a key after rs or a missing one */
+    bool range_mask = true; /* the range K tile just loaded needs the mask */
     auto load = [&](int t, int slot, bool is_v) {
         const uint32_t d = ring_s + slot * KTILE;
         const T *g = is_v ? vg : kg;
         const int64_t sl = is_v ? p.v_stride[2] : p.k_stride[2];
         if (t < tp.n_a) {
             const int off = tile_offset(tp, t);
+            /* whether the tile's scores need the mask, known here and not after S(t), where
+             * looking the offset up again would sit between the wgmma and the softmax */
+            if (!is_v) range_mask = !range_tile_unmasked(tp, off, rs, len);
             if (off >= 0 && off + BN <= len) {
                 const T *src = g + (off + lr0) * sl + lc * 8;
 #pragma unroll
@@ -365,6 +372,7 @@ __global__ void __launch_bounds__(128, 3)
          * (if gathered) needs its mask, from the threads that loaded it */
         const bool late_t = __syncthreads_or(late);
         late = 0;
+        const bool mask_t = t < tp.n_a ? range_mask : late_t; /* before load(t + 1) resets it */
 
         const sw128_desc kd(smem_addr(ring + sk * KTILE), 16, 1024);
         float s[32];
@@ -382,7 +390,7 @@ __global__ void __launch_bounds__(128, 3)
         cp_async_commit();
         wgmma_wait0();
 
-        mask_scores(s, tp, t, kpos + (t & 1) * BN, late_t, qrow0, qrow1, rs, len);
+        mask_scores(s, tp, t, kpos + (t & 1) * BN, mask_t, qrow0, qrow1, len);
         const float2 al = sm.update(s, p.scale_log2);
         /* past the first tiles a row's max rarely moves: skip the 64 multiplies when it moved
          * in none of the warp's rows (al = exp2(0) = 1 exactly) */
