@@ -67,6 +67,27 @@ void mi_cpu_vs_index_head(int64_t L, int64_t len, const int32_t *verticals, int3
                     if (vi < n_v && V[vi] < re) {
                         if (V[vi] < rs && cc < max_columns) cols[cc++] = V[vi];
                         vi++;
+                    } else if (si >= 8 && S[si - 8] >= end - re) {
+                        /* distances whose band ends inside the range change nothing: a long run
+                         * of them (a band of near diagonals) is skipped with a galloping search
+                         * down S (ascending) for the last index below end - re, O(log run);
+                         * short runs take the plain steps below, which are cheaper on a CPU */
+                        const int64_t thr = end - re;
+                        int32_t hi = si - 8, lo = hi - 1, step = 1; /* S[hi] >= thr */
+                        while (lo >= 0 && S[lo] >= thr) {
+                            hi = lo;
+                            step <<= 1;
+                            lo = hi - step;
+                        }
+                        if (lo < -1) lo = -1; /* now S[lo] < thr, or lo = -1 */
+                        while (hi - lo > 1) {
+                            const int32_t mid = lo + (hi - lo) / 2;
+                            if (S[mid] >= thr)
+                                hi = mid;
+                            else
+                                lo = mid;
+                        }
+                        si = lo;
                     } else if (si >= 0) {
                         const int64_t e2 = mi_cpu_max64(end - S[si--], MI_BS);
                         if (e2 > re + MI_BS) {
