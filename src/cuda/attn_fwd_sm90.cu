@@ -225,12 +225,12 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
  * CTAs per SM. It replaced a two-warpgroup 128-row dense kernel (dev/cuda/attn_dense_v4.cu) and
  * the two-CTA 64-row loop (dev/cuda/attn_dense_v3.cu): the profile of those was latency bound
  * (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide more of
- * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 161, no
+ * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 168 now, no
  * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
  * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
- * slot i % 3. K(t+1) is issued at the start of step t into the slot V(t-1) used, V(t+1) after
- * S(t) into the slot K(t) used; each is waited one step later, the same prefetch distance as the
- * two-stage loop, with 48 KB of K/V instead of 64 KB.
+ * slot i % 3. K(t+1) is issued in step t, right after the wgmma of S(t), into the slot V(t-1)
+ * used; V(t+1) right after the wgmma of P V(t) into the slot K(t) used; each is waited one step
+ * later, the same prefetch distance as a two-stage loop, with 48 KB of K/V instead of 64 KB.
  * H200, bf16, against the two-CTA loop in one process (ms/head, effective TFLOP/s; both runs:
  * bench/results/2026-11-30-gpu-sparse-ring-ab.json; dense: 445 / 439 / 430 / 431 TFLOP/s at
  * 32K / 128K / 512K / 1M against 397-405 for the 128-row kernel,
@@ -261,7 +261,6 @@ __global__ void __launch_bounds__(128, 3)
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128, BM = 64, NT = 128, CPR = 16;
     constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
-    using tr = dtype_traits<T>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = reinterpret_cast<unsigned char *>(
