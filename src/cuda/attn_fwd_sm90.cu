@@ -59,12 +59,6 @@ __device__ __forceinline__ void wgmma_wait0() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/* Pins accumulator registers in place around asynchronous wgmma (no instruction emitted): the
- * compiler may not move or reuse them across these points. */
-template <int N> __device__ __forceinline__ void fence_operands(float *r) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
 #endif
 
 /* Byte offset of 16-byte chunk c (0..15) of row r in a swizzled [2 halves][rows][128 B] tile. */
