@@ -11,7 +11,8 @@
 # (test_cuda linked with rpath $ORIGIN); without it, or if it does not load, the library is built
 # here. EXTRA_QUICK: more "NAME=VAR=VAL,..." (space-separated) for the quick test only.
 # DEADLINE: seconds for the whole script (default 150). LOGS: where logs and JSON go. SHAPES:
-# time_variants.py's shape set (default sparse; all adds dense).
+# time_variants.py's shape set (default sparse; all adds dense; dense alone). PREFILL: the length
+# of the whole-layer prefill timing (default 1048576; 0: none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -42,7 +43,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 args=(--variant base=)
 for v in "$@"; do args+=(--variant "$v"); done
 timeout "$(left)" python3 bench/time_variants.py --lib "$B/libminference.so" --shapes "${SHAPES:-sparse}" \
-  --prefill 1048576 --out "$LOGS/variants.json" "${args[@]}" >"$LOGS/timings.log" 2>&1
+  --prefill "${PREFILL:-1048576}" --out "$LOGS/variants.json" "${args[@]}" >"$LOGS/timings.log" 2>&1
 echo "timings rc=$? ($((SECONDS - T0)) s)"
 grep -v "^{" "$LOGS/timings.log"
 

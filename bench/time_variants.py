@@ -4,7 +4,7 @@ bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quic
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
   time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=MI_CUDA_DISABLE_SM90=1
-      [--shapes small|sparse] [--prefill L] [--out results.json]
+      [--shapes small|sparse|dense] [--prefill L] [--out results.json]
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every launch. cuDNN SDPA is timed once per dense shape."""
@@ -26,6 +26,8 @@ DENSE_SMALL = DENSE[:1]
 SPARSE_SMALL = [SPARSE[0], SPARSE[2], SPARSE[3]]
 # --shapes sparse: the three sets at 128K and 1M, no dense (for changes to the 64-row kernel)
 SPARSE_ONLY = SPARSE[:4] + [(1048576, 1, 1, "mixed", 3), SPARSE[4]]
+# --shapes dense: dense causal only, up to 512K (for changes to the dense kernel)
+DENSE_ONLY = DENSE + [(524288, 2, 1, 2)]
 
 
 def main():
@@ -33,13 +35,13 @@ def main():
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", required=True, help="name=VAR=VAL,VAR=VAL")
     ap.add_argument("--out")
-    ap.add_argument("--shapes", default="all", choices=["all", "small", "sparse"])
+    ap.add_argument("--shapes", default="all", choices=["all", "small", "sparse", "dense"])
     ap.add_argument("--prefill", type=int, default=0,
                     help="also time the whole-layer VS prefill (estimation included) at this L, "
                          "8 heads (torch_ref.py's estimation section)")
     args = ap.parse_args()
     dense, sparse = {"all": (DENSE, SPARSE), "small": (DENSE_SMALL, SPARSE_SMALL),
-                     "sparse": ([], SPARSE_ONLY)}[args.shapes]
+                     "sparse": ([], SPARSE_ONLY), "dense": (DENSE_ONLY, [])}[args.shapes]
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []
     cudnn = {}

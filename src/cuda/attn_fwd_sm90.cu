@@ -14,76 +14,13 @@
  * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
  * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
  * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). */
-#include "attn_plan.cuh"
+#include "sm90_common.cuh"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MI_SM90_DEVICE 1
-#endif
-
 namespace mi_cuda {
-
-#ifdef MI_SM90_DEVICE
-#include "wgmma_ops.cuh"
-
-template <typename T> struct wg;
-template <> struct wg<__nv_bfloat16> {
-    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n64_bf16(d, a, b, sc);
-    }
-    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
-        wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
-    }
-};
-template <> struct wg<__half> {
-    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n64_f16(d, a, b, sc);
-    }
-    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
-        wgmma_rs_m64n128_tb_f16(d, a, b, sc);
-    }
-};
-
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-#endif
-
-/* Byte offset of 16-byte chunk c (0..15) of row r in a swizzled [2 halves][rows][128 B] tile. */
-__device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
-    return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-/* wgmma shared-memory descriptor, 128-byte swizzle, of a tile and of byte offsets inside it: the
- * start address (bits 0-13, in 16-byte units) is the only field that changes between the
- * k-steps of one GEMM, and shared addresses stay below 256 KB, so an offset is one add to the
- * low word (computing each descriptor from scratch cost about ten instructions per wgmma). */
-struct sw128_desc {
-    uint32_t lo, hi;
-    __device__ __forceinline__ sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
-        : lo(((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16)),
-          hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
-    __device__ __forceinline__ uint64_t at(uint32_t byte_off) const {
-        return ((uint64_t)hi << 32) | (lo + (byte_off >> 4));
-    }
-};
-
-/* The per-tile steps both kernels share. A thread holds rows qrow0 = 16 warp + lane / 4 and
- * qrow1 = qrow0 + 8 of its warpgroup's 64, and in S (64 keys) the columns 8 j + 2 (lane % 4)
- * (+1) at s[4 j + (0, 1)] for qrow0 and s[4 j + (2, 3)] for qrow1 (the wgmma accumulator
- * layout). */
 
 /* Sets the scores of keys row cannot see to -inf, where `needed` (decided when the tile was
  * loaded): a range tile wholly left of the diagonal (every tile of a dense row block but the
@@ -116,103 +53,6 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
         for (int e = 0; e < 4; ++e)
             if (!key_visible(tp, key_of(8 * j + 2 * cq + (e & 1)), e < 2 ? qrow0 : qrow1))
                 s[4 * j + e] = -INFINITY;
-}
-
-/* Online softmax state of the thread's two rows (log2 domain; m = -inf while a row has seen
- * nothing). */
-struct row_softmax {
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    /* Turns the scores of one tile into unnormalised probabilities in place and returns the
-     * factors by which O must be rescaled. */
-    /* Maxima and sums are trees, not chains: a 16-long chain of dependent instructions per row
-     * was the largest stall ("wait") of the kernel with three warps per scheduler. */
-    __device__ __forceinline__ float2 update(float *s, float sc) {
-        float a0[8], a1[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            a0[j] = fmaxf(s[4 * j], s[4 * j + 1]);
-            a1[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
-        }
-#pragma unroll
-        for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-            for (int j = 0; j < w; ++j) {
-                a0[j] = fmaxf(a0[j], a0[j + w]);
-                a1[j] = fmaxf(a1[j], a1[j + w]);
-            }
-        float mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(a0[0], 1), 2) * sc);
-        float mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(a1[0], 1), 2) * sc);
-        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
-        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-        m0 = mx0;
-        m1 = mx1;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
-            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
-            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
-            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
-            a0[j] = s[4 * j] + s[4 * j + 1];
-            a1[j] = s[4 * j + 2] + s[4 * j + 3];
-        }
-#pragma unroll
-        for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-            for (int j = 0; j < w; ++j) {
-                a0[j] += a0[j + w];
-                a1[j] += a1[j + w];
-            }
-        l0 = l0 * al0 + a0[0];
-        l1 = l1 * al1 + a1[0];
-        return make_float2(al0, al1);
-    }
-};
-
-__device__ __forceinline__ void rescale_o(float *o, float2 al) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        o[4 * i] *= al.x;
-        o[4 * i + 1] *= al.x;
-        o[4 * i + 2] *= al.y;
-        o[4 * i + 3] *= al.y;
-    }
-}
-
-/* P in the A-operand register layout of the P V wgmma (the accumulator layout of S, in pairs). */
-template <typename T> __device__ __forceinline__ void pack_p(uint32_t (*a)[4], const float *s) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        a[kk][0] = dtype_traits<T>::pack2(s[8 * kk], s[8 * kk + 1]);
-        a[kk][1] = dtype_traits<T>::pack2(s[8 * kk + 2], s[8 * kk + 3]);
-        a[kk][2] = dtype_traits<T>::pack2(s[8 * kk + 4], s[8 * kk + 5]);
-        a[kk][3] = dtype_traits<T>::pack2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-}
-
-/* O / l and the log-sum-exp of the thread's two rows; rows that saw no key get 0 and -inf. Rows
- * past this sequence (batch: len < p.len) are written as such; rows past p.len not at all. */
-template <typename T>
-__device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
-                                           const float *o, int qrow0, int qrow1, int len,
-                                           int plen, int cq) {
-    const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
-    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
-    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int c = 8 * i + 2 * cq;
-        if (qrow0 < plen)
-            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * ostride + c) =
-                dtype_traits<T>::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-        if (qrow1 < plen)
-            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * ostride + c) =
-                dtype_traits<T>::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
-    }
-    if (lseg && cq == 0) {
-        if (qrow0 < plen) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (qrow1 < plen) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
-    }
 }
 
 /* The kernel: one warpgroup per CTA, 64 query rows (one row block of the sparse index), three
@@ -455,6 +295,9 @@ extern "C" int mi_cuda_sm90_usable(void) {
 }
 
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
+    int dense = 0;
+    const cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, st, &dense);
+    if (dense || e != cudaSuccess) return e;
     return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
                                      : mi_cuda::launch_sm90<__half>(*p, st);
 }

@@ -109,6 +109,9 @@ extern "C" int mi_cuda_sm_count(void);
 extern "C" int mi_cuda_sm90_usable(void);
 /* The sm_90a kernel for D = 128, every mode in 64-row blocks (attn_fwd_sm90.cu). */
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st);
+/* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies; *used = 0 otherwise. */
+extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
+                                                       cudaStream_t st, int *used);
 
 static inline cudaStream_t mi_stream(const mi_context *ctx) {
     return reinterpret_cast<cudaStream_t>(ctx->stream);

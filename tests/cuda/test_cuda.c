@@ -253,7 +253,8 @@ typedef struct shape {
 static const char *shape_str(const shape *s, char *buf, size_t n) {
     snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s", (long long)s->B, (long long)s->H,
              (long long)s->Hk, (long long)s->L, (long long)s->D, mi_dtype_name(s->dt),
-             s->blhd ? "blhd" : "bhld", s->B > 1 ? " varlen" : "");
+             s->blhd ? "blhd" : "bhld",
+             s->B > 1 ? (s->lens[0] != s->lens[1] ? " varlen" : " equal lengths") : "");
     return buf;
 }
 
@@ -700,6 +701,10 @@ int main(int argc, char **argv) {
                         128, dts[di], di == 1, {(int32_t)Ls[li], (int32_t)(Ls[li] / 2 + 1)}};
             test_dense(&sb);
             test_ashape(&sb, 16, 100, 20);
+            /* batch 2 of full length: the warp-specialised dense kernel's batch coordinate */
+            shape se = {2,   8,       2,       Ls[li],
+                        128, dts[di], di == 0, {(int32_t)Ls[li], (int32_t)Ls[li]}};
+            test_dense(&se);
         }
     }
     /* estimation, index, sparse and prefill */

@@ -1,0 +1,301 @@
+/*
+ * attn_dense_sm90.cu: the Hopper (sm_90a) dense causal attention kernel, D = 128, for launches
+ * whose every head is dense and whose sequences all have the full length (the dense fallback
+ * and mi_cuda_attention_dense); everything else runs the ring kernel of attn_fwd_sm90.cu.
+ *
+ * Warp-specialised, one CTA of three warpgroups per SM over 128 query rows:
+ *   - warpgroup 0 is the producer: one thread loads Q once and K and V 128 keys at a time with
+ *     TMA (4-D tensor maps d, row, head, batch; 64 x 128 boxes in the 128-byte swizzle, which is
+ *     the tile layout wgmma reads), into two stages each, with full / empty mbarriers;
+ *   - warpgroups 1 and 2 are consumers of 64 rows each that share every K and V tile (half the
+ *     shared-memory fill per FLOP of a 64-row CTA). Each step issues S(t) = Q K(t)^T (8 x
+ *     m64n128k16, both operands in shared memory) and O += P(t-1) V(t-1) (8 x m64n128k16, P in
+ *     registers) together, runs the softmax of S(t) while P V(t-1) is in flight, then rescales O;
+ *   - the two consumers take turns issuing their GEMMs (two named barriers), so that one's
+ *     softmax runs under the other's tensor work;
+ *   - setmaxnreg gives the producer 24 registers and the consumers 240 (64 for O, 64 for S, 32
+ *     for P, the rest for the softmax and addresses).
+ * Only the last (diagonal) tile of a row block needs the causal mask; keys past the sequence
+ * arrive as zeros (TMA fills what lies outside the tensor, which is why the sequences must have
+ * the full length: a shorter one would read its padding). Numbers: the kernel's comment.
+ */
+#include "sm90_common.cuh"
+
+#include <cuda.h> /* CUtensorMap and the encoder's type; the encoder is found at run time */
+#include <cudaTypedefs.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+namespace mi_cuda {
+
+/* The kernel's arguments: tensor maps of Q, K and V and what the epilogue needs. */
+struct dense_sm90_args {
+    CUtensorMap tm_q, tm_k, tm_v;
+    void *o;
+    float *lse; /* [B, H, len] or NULL */
+    int64_t o_stride[3];
+    int heads, group, len;
+    float scale_log2;
+};
+
+constexpr int DS_BM = 128, DS_BN = 128, DS_STAGES = 2;
+constexpr int DS_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
+constexpr int DS_TILE = 2 * DS_HALF; /* a 128 x 128 tile of Q, K or V */
+/* Q, two K and two V stages, the mbarriers; plus 1 KB to align the tiles to 1024 bytes (the
+ * 128-byte swizzle repeats every 8 rows of 128 bytes) */
+constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(uint64_t);
+
+template <typename T> struct wg128;
+#ifdef MI_SM90_DEVICE
+template <> struct wg128<__nv_bfloat16> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n128_bf16(d, a, b, sc);
+    }
+};
+template <> struct wg128<__half> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n128_f16(d, a, b, sc);
+    }
+};
+#endif
+
+/* Reached on an NVIDIA H200 (bf16, causal): see bench/results and the header of this file's
+ * history in dev/cuda. */
+template <typename T>
+__global__ void __launch_bounds__(384, 1)
+    attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
+#ifdef MI_SM90_DEVICE
+    constexpr int D = 128;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * DS_TILE;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * DS_TILE);
+    uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + DS_STAGES,
+             *k_empty = v_full + DS_STAGES, *v_empty = k_empty + DS_STAGES;
+
+    const int tid = threadIdx.x;
+    /* values that steer wgmma come from lane 0: ptxas serialises wgmma under branches on values
+     * it cannot prove warp-uniform (C7520) */
+    const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int m_blk = gridDim.x - 1 - blockIdx.x; /* the longest row blocks first */
+    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, hk = h / a.group;
+    const int rs = m_blk * DS_BM;
+    const int n_tiles = (min(rs + DS_BM, a.len) - 1) / DS_BN + 1;
+
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int i = 0; i < DS_STAGES; ++i) {
+            mbar_init(k_full + i, 1);
+            mbar_init(v_full + i, 1);
+            mbar_init(k_empty + i, 8); /* one arrival per consumer warp */
+            mbar_init(v_empty + i, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wgi == 0) {
+        setmaxnreg_dec<24>();
+        if (tid != 0) return;
+        mbar_expect_tx(q_full, DS_TILE);
+        tma_load_4d(smem_addr(qs), &a.tm_q, 0, rs, h, b, q_full);
+        tma_load_4d(smem_addr(qs) + DS_HALF, &a.tm_q, 64, rs, h, b, q_full);
+        for (int t = 0; t < n_tiles; ++t) {
+            const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
+            const uint32_t kd = smem_addr(ks) + slot * DS_TILE, vd = smem_addr(vs) + slot * DS_TILE;
+            if (t >= DS_STAGES)
+                while (!mbar_try_wait(k_empty + slot, par)) {
+                }
+            mbar_expect_tx(k_full + slot, DS_TILE);
+            tma_load_4d(kd, &a.tm_k, 0, t * DS_BN, hk, b, k_full + slot);
+            tma_load_4d(kd + DS_HALF, &a.tm_k, 64, t * DS_BN, hk, b, k_full + slot);
+            if (t >= DS_STAGES)
+                while (!mbar_try_wait(v_empty + slot, par)) {
+                }
+            mbar_expect_tx(v_full + slot, DS_TILE);
+            tma_load_4d(vd, &a.tm_v, 0, t * DS_BN, hk, b, v_full + slot);
+            tma_load_4d(vd + DS_HALF, &a.tm_v, 64, t * DS_BN, hk, b, v_full + slot);
+        }
+        return;
+    }
+
+    setmaxnreg_inc<240>();
+    const int cw = wgi - 1; /* consumer 0 or 1: rows rs + 64 cw .. + 63 */
+    const int ct = tid - 128 * wgi;
+    const int warp = ct / 32, lane = ct % 32, g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + cw * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
+    /* turn-taking: consumer cw issues after a sync on barrier 1 + cw, then lets the other go */
+    const int my_bar = 1 + cw, other_bar = 2 - cw;
+    if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
+
+    const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
+    float o[64], s[64];
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    row_softmax sm;
+    const float sc = a.scale_log2;
+
+    auto issue_s = [&](int t) {
+        const sw128_desc kd(smem_addr(ks) + (t % DS_STAGES) * DS_TILE, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg128<T>::ss(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
+                         kd.at((kk >> 2) * DS_HALF + (kk & 3) * 32), kk > 0);
+    };
+    auto issue_pv = [&](int t) {
+        const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * DS_TILE, DS_HALF, 1024);
+#pragma unroll
+        for (int kk = 0; kk < DS_BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
+    };
+    /* the diagonal tile: keys after the row (and so every key past the sequence) get -inf */
+    auto mask_diag = [&](int t) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = t * DS_BN + 8 * j + 2 * cq + (e & 1);
+                s[4 * j + e] = key > (e < 2 ? qrow0 : qrow1) ? -INFINITY : s[4 * j + e];
+            }
+    };
+    auto release = [&](uint64_t *bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+
+    mbar_wait(q_full, 0);
+    mbar_wait(k_full, 0);
+    named_barrier_sync(my_bar, 256);
+    wgmma_fence();
+    issue_s(0);
+    wgmma_commit();
+    if (cw == 0 || n_tiles > 1) named_barrier_arrive(other_bar, 256);
+    wgmma_wait<0>();
+    fence_operands<64>(s);
+    release(k_empty);
+    if (n_tiles == 1) mask_diag(0);
+    sm.update<16>(s, sc); /* O is still 0: nothing to rescale */
+    pack_p<T, 8>(pa, s);
+
+    for (int t = 1; t < n_tiles; ++t) {
+        const int ks_slot = t % DS_STAGES, vs_slot = (t - 1) % DS_STAGES;
+        /* both waits before the fence: a wait loop between two wgmma makes ptxas insert a
+         * warpgroup.arrive of its own (C7519) */
+        mbar_wait(k_full + ks_slot, (t / DS_STAGES) & 1);
+        mbar_wait(v_full + vs_slot, ((t - 1) / DS_STAGES) & 1);
+        named_barrier_sync(my_bar, 256);
+        wgmma_fence();
+        issue_s(t);
+        wgmma_commit();
+        issue_pv(t - 1);
+        wgmma_commit();
+        if (cw == 0 || t < n_tiles - 1) named_barrier_arrive(other_bar, 256);
+        wgmma_wait<1>(); /* S(t) done; P V(t-1) may still run */
+        fence_operands<64>(s);
+        release(k_empty + ks_slot);
+        if (t == n_tiles - 1) mask_diag(t);
+        const float2 al = sm.update<16>(s, sc);
+        wgmma_wait<0>();
+        fence_operands<64>(o);
+        release(v_empty + vs_slot);
+        /* past the first tiles a row's max rarely moves (al = exp2(0) = 1 exactly) */
+        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
+        pack_p<T, 8>(pa, s);
+    }
+    const int last = n_tiles - 1;
+    mbar_wait(v_full + last % DS_STAGES, (last / DS_STAGES) & 1);
+    wgmma_fence();
+    issue_pv(last);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands<64>(o);
+
+    T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
+    float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
+    store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+#endif
+}
+
+/* The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda);
+ * NULL where the driver does not have it. */
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static int looked = 0;
+    if (!looked) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+        looked = 1;
+    }
+    return fn;
+}
+
+/* Tensor map of Q, K or V as (d, row, head, batch) for 64 x 128 boxes; false where TMA cannot
+ * address the tensor (strides or base not 16-byte aligned, no encoder). */
+static bool encode_map(CUtensorMap *map, const void *base, const int64_t *stride, int batch,
+                       int heads, int len, bool bf16) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
+    const int64_t es = 2; /* bytes per element */
+    cuuint64_t dims[4] = {128, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+    /* a dimension of size 1 is never stepped: any valid stride will do */
+    cuuint64_t strides[3] = {(cuuint64_t)(stride[2] * es),
+                             (cuuint64_t)(heads > 1 ? stride[1] * es : 16),
+                             (cuuint64_t)(batch > 1 ? stride[0] * es : 16)};
+    for (int i = 0; i < 3; ++i)
+        if (strides[i] == 0 || strides[i] % 16 || strides[i] >= ((cuuint64_t)1 << 40)) return false;
+    cuuint32_t box[4] = {64, DS_BN, 1, 1}, estride[4] = {1, 1, 1, 1};
+    return enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+               const_cast<void *>(base), dims, strides, box, estride,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T>
+static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
+    auto kern = attn_dense_sm90_kernel<T>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)DS_SMEM);
+    if (e != cudaSuccess) return e;
+    dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * a.heads);
+    kern<<<grid, 384, DS_SMEM, st>>>(a);
+    return cudaGetLastError();
+}
+
+} // namespace mi_cuda
+
+/* Runs the launch with the dense kernel when it applies: every head dense (uniform mode), every
+ * sequence of the full length, D = 128, tensors TMA can address, and not switched off with
+ * MI_CUDA_SM90_DENSE=0. *used = 0 (and cudaSuccess) when it does not apply. */
+extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
+                                                       cudaStream_t st, int *used) {
+    *used = 0;
+    const char *off = getenv("MI_CUDA_SM90_DENSE");
+    if ((off && off[0] == '0') || p->use_head_modes || p->mode.mode != MI_CUDA_MODE_DENSE ||
+        p->head_dim != 128)
+        return cudaSuccess;
+    for (int b = 0; b < p->batch; ++b)
+        if (p->seq_lens[b] != p->len) return cudaSuccess;
+    static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
+    const bool bf16 = p->dtype == MI_DTYPE_BF16;
+    if (!mi_cuda::encode_map(&a.tm_q, p->q, p->q_stride, p->batch, p->heads, p->len, bf16) ||
+        !mi_cuda::encode_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, bf16) ||
+        !mi_cuda::encode_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, bf16))
+        return cudaSuccess;
+    a.o = p->o;
+    a.lse = p->lse;
+    for (int i = 0; i < 3; ++i) a.o_stride[i] = p->o_stride[i];
+    a.heads = p->heads;
+    a.group = p->group;
+    a.len = p->len;
+    a.scale_log2 = p->scale_log2;
+    *used = 1;
+    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16>(a, p->batch, st)
+                : mi_cuda::launch_dense<__half>(a, p->batch, st);
+}

@@ -1,0 +1,239 @@
+/*
+ * sm90_common.cuh: what the Hopper (sm_90a) attention kernels share: wgmma wrappers and fences,
+ * the 128-byte-swizzled tile layout and its descriptors, mbarrier / TMA / named-barrier
+ * primitives, and the per-tile online-softmax steps in the wgmma accumulator layout.
+ */
+#ifndef MI_SM90_COMMON_CUH
+#define MI_SM90_COMMON_CUH
+
+#include "attn_plan.cuh"
+
+#include <math.h>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MI_SM90_DEVICE 1
+#endif
+
+namespace mi_cuda {
+
+#ifdef MI_SM90_DEVICE
+#include "wgmma_ops.cuh"
+
+template <typename T> struct wg;
+template <> struct wg<__nv_bfloat16> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_bf16(d, a, b, sc);
+    }
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
+    }
+};
+template <> struct wg<__half> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n64_f16(d, a, b, sc);
+    }
+    __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n128_tb_f16(d, a, b, sc);
+    }
+};
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* mbarriers in shared memory (phase-parity waits), TMA box loads that complete on them, named
+ * barriers and warpgroup register reallocation: the warp-specialised dense kernel's tools. */
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *b, int parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred P;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, P;\n}\n"
+                 : "=r"(ok)
+                 : "r"(smem_addr(b)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+/* Every lane waits (and so acquires) itself; the vote keeps the loop warp-uniform, which ptxas
+ * needs to keep later wgmma asynchronous (C7520 otherwise). */
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    while (!__all_sync(0xffffffffu, mbar_try_wait(b, parity))) {
+    }
+}
+/* One box of a 4-D tensor map (d, row, head, batch) into shared memory at dst. */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2,
+                                            int c3, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                 "r"(smem_addr(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins accumulator registers around asynchronous wgmma (no instruction): the compiler may not
+ * move or reuse them across this point. */
+template <int N> __device__ __forceinline__ void fence_operands(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+#endif
+
+/* Byte offset of 16-byte chunk c (0..15) of row r in a swizzled [2 halves][rows][128 B] tile. */
+__device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
+    return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* wgmma shared-memory descriptor, 128-byte swizzle, of a tile and of byte offsets inside it: the
+ * start address (bits 0-13, in 16-byte units) is the only field that changes between the
+ * k-steps of one GEMM, and shared addresses stay below 256 KB, so an offset is one add to the
+ * low word (computing each descriptor from scratch cost about ten instructions per wgmma). */
+struct sw128_desc {
+    uint32_t lo, hi;
+    __device__ __forceinline__ sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+        : lo(((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16)),
+          hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
+    __device__ __forceinline__ uint64_t at(uint32_t byte_off) const {
+        return ((uint64_t)hi << 32) | (lo + (byte_off >> 4));
+    }
+};
+
+/* The per-tile steps the kernels share. A thread holds rows qrow0 = 16 warp + lane / 4 and
+ * qrow1 = qrow0 + 8 of its warpgroup's 64, and in S (64 or 128 keys) the columns 8 j + 2
+ * (lane % 4) (+1) at s[4 j + (0, 1)] for qrow0 and s[4 j + (2, 3)] for qrow1 (the wgmma
+ * accumulator layout). */
+
+/* Folds a0[0, 2W) and a1[0, 2W) into a0[0] and a1[0] as trees, one level per instantiation (a
+ * loop over the levels is not unrolled for 16 entries, and the arrays then go to local memory). */
+template <int W, typename F> __device__ __forceinline__ void tree_fold(float *a0, float *a1, F f) {
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+        a0[j] = f(a0[j], a0[j + W]);
+        a1[j] = f(a1[j], a1[j + W]);
+    }
+    if constexpr (W > 1) tree_fold<W / 2>(a0, a1, f);
+}
+
+/* Online softmax state of the thread's two rows (log2 domain; m = -inf while a row has seen
+ * nothing), over tiles of 8 NJ keys (s[4 j + e] as above, j < NJ). */
+struct row_softmax {
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    /* Turns the scores of one tile into unnormalised probabilities in place and returns the
+     * factors by which O must be rescaled. */
+    /* Maxima and sums are trees, not chains: a 16-long chain of dependent instructions per row
+     * was the largest stall ("wait") of the kernel with three warps per scheduler. */
+    template <int NJ = 8> __device__ __forceinline__ float2 update(float *s, float sc) {
+        float a0[NJ], a1[NJ];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            a0[j] = fmaxf(s[4 * j], s[4 * j + 1]);
+            a1[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
+        }
+        tree_fold<NJ / 2>(a0, a1, [](float x, float y) { return fmaxf(x, y); });
+        float mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(a0[0], 1), 2) * sc);
+        float mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(a1[0], 1), 2) * sc);
+        const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
+        const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
+            a0[j] = s[4 * j] + s[4 * j + 1];
+            a1[j] = s[4 * j + 2] + s[4 * j + 3];
+        }
+        tree_fold<NJ / 2>(a0, a1, [](float x, float y) { return x + y; });
+        l0 = l0 * al0 + a0[0];
+        l1 = l1 * al1 + a1[0];
+        return make_float2(al0, al1);
+    }
+};
+
+__device__ __forceinline__ void rescale_o(float *o, float2 al) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        o[4 * i] *= al.x;
+        o[4 * i + 1] *= al.x;
+        o[4 * i + 2] *= al.y;
+        o[4 * i + 3] *= al.y;
+    }
+}
+
+/* P in the A-operand register layout of the P V wgmma (the accumulator layout of S, in pairs),
+ * NK k-steps of 16 keys. */
+template <typename T, int NK = 4>
+__device__ __forceinline__ void pack_p(uint32_t (*a)[4], const float *s) {
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+        a[kk][0] = dtype_traits<T>::pack2(s[8 * kk], s[8 * kk + 1]);
+        a[kk][1] = dtype_traits<T>::pack2(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = dtype_traits<T>::pack2(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = dtype_traits<T>::pack2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+/* O / l and the log-sum-exp of the thread's two rows; rows that saw no key get 0 and -inf. Rows
+ * past this sequence (batch: len < p.len) are written as such; rows past p.len not at all. */
+template <typename T>
+__device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
+                                           const float *o, int qrow0, int qrow1, int len,
+                                           int plen, int cq) {
+    const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int c = 8 * i + 2 * cq;
+        if (qrow0 < plen)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow0 * ostride + c) =
+                dtype_traits<T>::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (qrow1 < plen)
+            *reinterpret_cast<uint32_t *>(og + (int64_t)qrow1 * ostride + c) =
+                dtype_traits<T>::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < plen) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < plen) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+}
+
+} // namespace mi_cuda
+
+#endif /* MI_SM90_COMMON_CUH */
