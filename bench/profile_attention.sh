@@ -8,6 +8,7 @@
 # The warp-stall breakdown (cycles per issued instruction, by reason) is printed as well.
 #   bench/profile_attention.sh [NAME=VAR=VAL[,VAR=VAL] ...]
 # Each argument profiles the dense launch once more with those variables set (kernel variants).
+# DENSE_KERNEL, SPARSE_KERNEL: the kernel names to profile (regex; default the library's picks).
 # PREBUILT: a folder with libminference.so built elsewhere (skips the build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,8 +61,10 @@ for r in rows[1:]:
 PY
   tail -3 "$OUTDIR/ncu-$1.err"
 }
-prof dense attn_fwd_sm90_ring_kernel 3 dense
-prof sparse_local attn_fwd_sm90_ring_kernel 3 sparse
+# the kernels the library picks for these launches (the ring kernel: MI_CUDA_SM90_DENSE=0,
+# MI_CUDA_SM90_SPARSE=0 and attn_fwd_sm90_ring_kernel)
+prof dense "${DENSE_KERNEL:-attn_dense_sm90_kernel}" 3 dense
+prof sparse_local "${SPARSE_KERNEL:-attn_sparse_sm90_kernel}" 3 sparse
 for v in "$@"; do
   name=${v%%=*}; envs=${v#*=}
   (export ${envs//,/ }; prof "dense_$name" attn_fwd_sm90 3 dense)

@@ -21,9 +21,6 @@
  */
 #include "sm90_common.cuh"
 
-#include <cuda.h> /* CUtensorMap and the encoder's type; the encoder is found at run time */
-#include <cudaTypedefs.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -218,45 +215,6 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda);
- * NULL where the driver does not have it. */
-static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    static int looked = 0;
-    if (!looked) {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                             cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-        looked = 1;
-    }
-    return fn;
-}
-
-/* Tensor map of Q, K or V as (d, row, head, batch) for 64 x 128 boxes; false where TMA cannot
- * address the tensor (strides or base not 16-byte aligned, no encoder). */
-static bool encode_map(CUtensorMap *map, const void *base, const int64_t *stride, int batch,
-                       int heads, int len, bool bf16) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-    if (!enc || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
-    const int64_t es = 2; /* bytes per element */
-    cuuint64_t dims[4] = {128, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
-    /* a dimension of size 1 is never stepped: any valid stride will do */
-    cuuint64_t strides[3] = {(cuuint64_t)(stride[2] * es),
-                             (cuuint64_t)(heads > 1 ? stride[1] * es : 16),
-                             (cuuint64_t)(batch > 1 ? stride[0] * es : 16)};
-    for (int i = 0; i < 3; ++i)
-        if (strides[i] == 0 || strides[i] % 16 || strides[i] >= ((cuuint64_t)1 << 40)) return false;
-    cuuint32_t box[4] = {64, DS_BN, 1, 1}, estride[4] = {1, 1, 1, 1};
-    return enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-               const_cast<void *>(base), dims, strides, box, estride,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <typename T>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
     auto kern = attn_dense_sm90_kernel<T>;
@@ -284,9 +242,11 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
         if (p->seq_lens[b] != p->len) return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    if (!mi_cuda::encode_map(&a.tm_q, p->q, p->q_stride, p->batch, p->heads, p->len, bf16) ||
-        !mi_cuda::encode_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, bf16) ||
-        !mi_cuda::encode_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, bf16))
+    using mi_cuda::encode_tma_map;
+    const int rows = mi_cuda::DS_BN;
+    if (!encode_tma_map(&a.tm_q, p->q, p->q_stride, p->batch, p->heads, p->len, rows, bf16) ||
+        !encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, rows, bf16) ||
+        !encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, rows, bf16))
         return cudaSuccess;
     a.o = p->o;
     a.lse = p->lse;

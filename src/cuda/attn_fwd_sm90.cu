@@ -295,9 +295,11 @@ extern "C" int mi_cuda_sm90_usable(void) {
 }
 
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
-    int dense = 0;
-    const cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, st, &dense);
-    if (dense || e != cudaSuccess) return e;
+    int used = 0;
+    cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, st, &used);
+    if (used || e != cudaSuccess) return e;
+    e = mi_cuda_attn_sm90_sparse_launch(p, st, &used);
+    if (used || e != cudaSuccess) return e;
     return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
                                      : mi_cuda::launch_sm90<__half>(*p, st);
 }

@@ -112,6 +112,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cu
 /* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies; *used = 0 otherwise. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
                                                        cudaStream_t st, int *used);
+/* The warp-specialised sparse kernel (attn_sparse_sm90.cu) where it applies; *used = 0 otherwise. */
+extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
+                                                        cudaStream_t st, int *used);
 
 static inline cudaStream_t mi_stream(const mi_context *ctx) {
     return reinterpret_cast<cudaStream_t>(ctx->stream);

@@ -8,6 +8,8 @@
 
 #include "attn_plan.cuh"
 
+#include <cuda.h> /* CUtensorMap and the encoder's type; the encoder is found at run time */
+#include <cudaTypedefs.h>
 #include <math.h>
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -80,6 +82,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
     while (!__all_sync(0xffffffffu, mbar_try_wait(b, parity))) {
     }
 }
+/* An arrive-on the mbarrier once this thread's earlier cp.async have landed; it adds one pending
+ * arrival first, so the barrier's expected count is unchanged. */
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *b) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(b))
+                 : "memory");
+}
 /* One box of a 4-D tensor map (d, row, head, batch) into shared memory at dst. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2,
                                             int c3, uint64_t *bar) {
@@ -94,6 +102,16 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/* A named barrier that also ORs a predicate over its threads (bar.red.or). */
+__device__ __forceinline__ bool named_barrier_or(int id, int threads, bool pred) {
+    uint32_t r;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\n"
+                 "bar.red.or.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(r)
+                 : "r"((uint32_t)pred), "r"(id), "r"(threads)
+                 : "memory");
+    return r != 0;
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -232,6 +250,46 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
         if (qrow0 < plen) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
         if (qrow1 < plen) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
     }
+}
+
+/* The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda);
+ * NULL where the driver does not have it. */
+static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static int looked = 0;
+    if (!looked) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+        looked = 1;
+    }
+    return fn;
+}
+
+/* Tensor map of Q, K or V as (d, row, head, batch) for boxes of 64 columns (128 bytes, the
+ * 128-byte swizzle of the tile layout) by box_rows rows; false where TMA cannot address the
+ * tensor (strides or base not 16-byte aligned, no encoder). Rows outside [0, len) read as zeros. */
+static inline bool encode_tma_map(CUtensorMap *map, const void *base, const int64_t *stride,
+                                  int batch, int heads, int len, int box_rows, bool bf16) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
+    const int64_t es = 2; /* bytes per element */
+    cuuint64_t dims[4] = {128, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+    /* a dimension of size 1 is never stepped: any valid stride will do */
+    cuuint64_t strides[3] = {(cuuint64_t)(stride[2] * es),
+                             (cuuint64_t)(heads > 1 ? stride[1] * es : 16),
+                             (cuuint64_t)(batch > 1 ? stride[0] * es : 16)};
+    for (int i = 0; i < 3; ++i)
+        if (strides[i] == 0 || strides[i] % 16 || strides[i] >= ((cuuint64_t)1 << 40)) return false;
+    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estride[4] = {1, 1, 1, 1};
+    return enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+               const_cast<void *>(base), dims, strides, box, estride,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 } // namespace mi_cuda

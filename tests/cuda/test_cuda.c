@@ -513,6 +513,45 @@ static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
     inputs_free(&in);
 }
 
+/* Sparse attention over a random index: unsorted range starts anywhere (before 0, past the
+ * sequence, overlapping), ascending columns with out-of-range entries, empty row blocks, rows with
+ * nothing but columns. Both kernels must read it as a list, like the CPU. */
+static void test_sparse_random(const shape *s) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
+    const int32_t mb = 12, mc = 300, L = (int32_t)s->L;
+    sp_pair si;
+    sp_alloc(&si, B, H, R, mb, mc);
+    for (int64_t i = 0; i < (int64_t)B * H * R; i++) {
+        const uint32_t kind = rnd32() % 8;
+        int32_t nb = kind == 0 ? 0 : (int32_t)(rnd32() % (uint32_t)(mb + 1));
+        int32_t nc = kind == 1 ? 0 : (int32_t)(rnd32() % (uint32_t)(mc + 1));
+        if (kind == 2) nb = 0; /* columns only */
+        si.h.block_count[i] = nb;
+        si.h.column_count[i] = nc;
+        for (int32_t j = 0; j < mb; j++)
+            si.h.block_offset[i * mb + j] = (int32_t)(rnd32() % (uint32_t)(L + 200)) - 100;
+        int32_t c = -20;
+        for (int32_t j = 0; j < mc; j++) {
+            c += 1 + (int32_t)(rnd32() % (uint32_t)(L / 150 + 2));
+            si.h.column_index[i * mc + j] = c;
+        }
+    }
+    CUDA_OK(cudaMemcpy(si.db, si.hb, si.bytes, cudaMemcpyHostToDevice));
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, &si.h, 0,
+                                     &in.o_cpu.h, in.lse_cpu));
+    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, &si.d, 0,
+                                     &in.o_gpu.d, in.lse_gpu));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "sparse random index [%s]", shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    sp_free(&si);
+    inputs_free(&in);
+}
+
 /* Unsorted sets with duplicates and out-of-range entries, built on both sides. */
 static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) {
     char name[160];
@@ -720,6 +759,10 @@ int main(int argc, char **argv) {
             test_vs(&s1, 0, 0, 1);                       /* minimum budgets 30 / 50 */
             test_vs(&s1, 200, 300, 1);                   /* structured */
             test_vs(&s2, 100, 500, 0);                   /* random, varlen */
+            /* batch 2 of full length: the warp-specialised sparse kernel's batch coordinate */
+            shape s3 = {2, 4, 2, L, 128, dts[di], di, {(int32_t)L, (int32_t)L}};
+            test_vs(&s3, 100, 500, 0);
+            test_block_sparse(&s3, 3);
             if (!quick) test_vs(&s1, 100000, 100000, 0); /* budgets > L: every key */
             test_block_sparse(&s1, 0);
             test_block_sparse(&s2, 5);
@@ -729,6 +772,15 @@ int main(int argc, char **argv) {
             test_prefill(&sp, 1, 0);
             test_prefill(&sp, 0, 1);
         }
+    }
+    for (int di = 0; di < 2; di++) {
+        const int64_t Lr = quick ? 1000 : 4099;
+        shape r1 = {1, 4, 2, Lr, 128, dts[di], di, {0, 0}};
+        shape r2 = {2, 4, 1, 1000, 128, dts[di], !di, {1000, 1000}};
+        shape r3 = {1, 2, 2, 130, 128, dts[di], 0, {0, 0}}; /* odd row-block count */
+        test_sparse_random(&r1);
+        test_sparse_random(&r2);
+        test_sparse_random(&r3);
     }
     test_index_messy(1000, 40, 60, 0);
     test_index_messy(1000, 40, 60, 1);

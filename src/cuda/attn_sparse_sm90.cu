@@ -1,0 +1,660 @@
+/*
+ * attn_sparse_sm90.cu: the Hopper (sm_90a) sparse attention kernel, D = 128, for launches whose
+ * every head consumes the block index (vertical-slash and block-sparse layers, the benchmark's
+ * index sets) and whose sequences all have the full length; everything else runs the ring
+ * kernel of attn_fwd_sm90.cu.
+ *
+ * The structure of the dense kernel (attn_dense_sm90.cu) applied to two adjacent 64-row blocks
+ * A and B of the index at once, so that the tiles both use are loaded once:
+ *   - the producer warp merges A's and B's block offsets (each ascending) into one list of
+ *     64-key ranges, each marked with who uses it (A, B or both), and packs them two to a
+ *     128-key tile, loaded with TMA (64 x 64 boxes; ranges may start anywhere, and rows
+ *     outside the sequence read as zeros). A band of diagonals, the common case, is shared but
+ *     for its two ends;
+ *   - then A's and B's gathered columns, alternately, in 128-key tiles that only their owner
+ *     uses: the producer warp looks the keys up, writes them to the tile's header and copies
+ *     the rows with cp.async (zero-filled where a key does not exist);
+ *   - each tile's header (range starts, users, keys, last-tile flag) sits next to it in shared
+ *     memory; a consumer computes only the tiles it uses, masks the half of a shared tile it does
+ *     not use and keys after its rows, and otherwise only frees the slot (a P V still pending is
+ *     issued first, so that no slot waits on a tile that comes later).
+ * Numbers: the kernel's comment and bench/results.
+ */
+#include "sm90_common.cuh"
+
+#include <limits.h>
+#include <type_traits>
+#include <stdio.h>
+#include <stdlib.h>
+
+namespace mi_cuda {
+
+struct sparse_sm90_args {
+    CUtensorMap tm_q, tm_k, tm_v;
+    const void *k, *v; /* gathered columns */
+    int64_t k_stride[3], v_stride[3];
+    void *o;
+    float *lse; /* [B, H, len] or NULL */
+    int64_t o_stride[3];
+    const int32_t *block_count, *block_offset, *column_count, *column_index;
+    int row_blocks, max_blocks, max_columns;
+    int heads, group, len;
+    float scale_log2;
+    int probe; /* timing probe only (wrong results): 1 = no gathered tiles, 2 = no ranges */
+};
+
+constexpr int SP_STAGES = 2;
+constexpr int SP_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
+constexpr int SP_TILE = 2 * SP_HALF; /* 128 x 128 */
+
+/* What the producer says about the tile in a slot (written before the slot's K barrier
+ * completes; read by the consumers until they free the K slot). */
+struct tile_header {
+    int off[2];    /* range tiles: start of each 64-key half */
+    int users[2];  /* per half: bit 0 = row block A, bit 1 = B; 0 = nobody (gathered: any key) */
+    int column;    /* gathered tile: keys in kpos, their users in kusers */
+    int last;      /* the end marker after the CTA's last tile (no data) */
+    int pad[2];
+    int kpos[128]; /* gathered tile: key of each row, MI_NO_KEY where none */
+    uint8_t kusers[128]; /* and the row blocks that use it */
+};
+
+/* range starts of A and B staged in shared memory for the producer's merge, then their columns */
+constexpr int SP_STAGED = 4096, SP_CSTAGED = 2048;
+constexpr size_t SP_SMEM = 1024 + (1 + 2 * SP_STAGES) * SP_TILE +
+                           SP_STAGES * sizeof(tile_header) + 16 * sizeof(uint64_t) +
+                           (2 * SP_STAGED + 2 * SP_CSTAGED) * sizeof(int32_t);
+
+#ifdef MI_SM90_DEVICE
+template <typename T> struct wg128s;
+template <> struct wg128s<__nv_bfloat16> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n128_bf16(d, a, b, sc);
+    }
+};
+template <> struct wg128s<__half> {
+    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n128_f16(d, a, b, sc);
+    }
+};
+
+/* Range starts of row blocks A and B: staged in shared memory (up to SP_STAGED each), the rest
+ * read from the index. */
+struct staged_list {
+    const int32_t *sm, *g;
+    int n;
+    __device__ int at(int i) const { return i < SP_STAGED ? sm[i] : __ldg(g + i); }
+};
+
+/* Whether the strictly ascending list[0, n) holds key. */
+__device__ __forceinline__ bool sorted_contains(const int32_t *list, int n, int key) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (list[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && list[lo] == key;
+}
+
+/* Merges A's and B's range starts (each ascending, so that a start both use meets itself) into
+ * one list, each start once with the row blocks that use it, and packs them two to a tile: two
+ * starts both use (a shared tile), or one of A's only with one of B's only (a split tile: each
+ * consumer computes its own 64-key half), or else two of one side's. Lane 0 of each producer
+ * warp runs it. */
+struct range_packer {
+    staged_list la, lb;
+    int ia = 0, ib = 0;
+    /* a start of each users class (A only, B only, both) waiting for a partner, or INT_MIN;
+     * scalars, not an array indexed by the class, which would live in local memory */
+    int h1 = INT_MIN, h2 = INT_MIN, h3 = INT_MIN;
+    __device__ range_packer(staged_list a_, staged_list b_) : la(a_), lb(b_) {}
+    __device__ bool merging() const { return ia < la.n || ib < lb.n; }
+    __device__ bool more() const {
+        return merging() || h1 != INT_MIN || h2 != INT_MIN || h3 != INT_MIN;
+    }
+    /* The next tile: starts o[2], users u[2] (0: padding); call only when more(). */
+    __device__ void next(int *o, int *u) {
+        while (merging()) {
+            const int va = ia < la.n ? la.at(ia) : INT_MAX, vb = ib < lb.n ? lb.at(ib) : INT_MAX;
+            const bool ta = ia < la.n && va <= vb, tb = ib < lb.n && vb <= va;
+            const int off = ta ? va : vb, cls = (ta ? 1 : 0) | (tb ? 2 : 0);
+            ia += ta;
+            ib += tb;
+            if (cls == 3) {
+                if (h3 == INT_MIN) {
+                    h3 = off;
+                    continue;
+                }
+                o[0] = h3, o[1] = off, u[0] = u[1] = 3;
+                h3 = INT_MIN;
+                return;
+            }
+            int &mine = cls == 1 ? h1 : h2, &other = cls == 1 ? h2 : h1;
+            if (other != INT_MIN) { /* split: A's half first */
+                o[0] = cls == 1 ? off : other;
+                o[1] = cls == 1 ? other : off;
+                u[0] = 1, u[1] = 2;
+                other = INT_MIN;
+                return;
+            }
+            if (mine != INT_MIN) { /* two of one side */
+                o[0] = mine, o[1] = off, u[0] = u[1] = cls;
+                mine = INT_MIN;
+                return;
+            }
+            mine = off;
+        }
+        /* the leftovers: A's and B's together, else one per tile */
+        if (h1 != INT_MIN && h2 != INT_MIN) {
+            o[0] = h1, o[1] = h2, u[0] = 1, u[1] = 2;
+            h1 = h2 = INT_MIN;
+            return;
+        }
+        const int cls = h1 != INT_MIN ? 1 : h2 != INT_MIN ? 2 : 3;
+        int &held = cls == 1 ? h1 : cls == 2 ? h2 : h3;
+        o[0] = o[1] = held, u[0] = cls, u[1] = 0;
+        held = INT_MIN;
+    }
+};
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1)
+    attn_sparse_sm90_kernel(const __grid_constant__ sparse_sm90_args a) {
+#ifdef MI_SM90_DEVICE
+    constexpr int D = 128;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base, *ks = qs + SP_TILE, *vs = ks + SP_STAGES * SP_TILE;
+    tile_header *hdr = reinterpret_cast<tile_header *>(vs + SP_STAGES * SP_TILE);
+    uint64_t *bars = reinterpret_cast<uint64_t *>(hdr + SP_STAGES);
+    uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + SP_STAGES,
+             *k_empty = v_full + SP_STAGES, *v_empty = k_empty + SP_STAGES;
+    int32_t *staged /* [2][SP_STAGED] */ = reinterpret_cast<int32_t *>(bars + 16);
+
+    const int tid = threadIdx.x;
+    const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int pair = gridDim.x - 1 - blockIdx.x; /* row blocks 2 pair, 2 pair + 1 */
+    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, hk = h / a.group;
+    const int rs = pair * 128;
+    const int blk_a = 2 * pair, blk_b = 2 * pair + 1;
+    const int64_t row_a = (int64_t)bh * a.row_blocks + blk_a;
+    const bool has_b = blk_b < a.row_blocks;
+
+    /* Q first: its load runs while the index is read */
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int i = 0; i < SP_STAGES; ++i) {
+            mbar_init(k_full + i, 1);
+            mbar_init(v_full + i, 1);
+            mbar_init(k_empty + i, 8); /* one arrival per consumer warp */
+            mbar_init(v_empty + i, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_expect_tx(q_full, SP_TILE);
+        for (int i = 0; i < 4; ++i)
+            tma_load_4d(smem_addr(qs) + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_q,
+                        (i & 1) * 64, rs + (i >> 1) * 64, h, b, q_full);
+    }
+    int na = min(max(a.block_count[row_a], 0), a.max_blocks);
+    int nb = has_b ? min(max(a.block_count[row_a + 1], 0), a.max_blocks) : 0;
+    int ca = min(max(a.column_count[row_a], 0), a.max_columns);
+    int cb = has_b ? min(max(a.column_count[row_a + 1], 0), a.max_columns) : 0;
+    if (a.probe == 1) ca = cb = 0;
+    if (a.probe == 2) na = nb = 0;
+    __syncthreads();
+
+    if (na + nb + ca + cb == 0) { /* no key for any row: zeros, LSE -inf */
+        if (wgi == 0) {
+            if (tid == 0) /* the Q load must land before the CTA's memory goes */
+                while (!mbar_try_wait(q_full, 0)) {
+                }
+            return;
+        }
+        T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
+        float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
+        write_empty_rows(og, a.o_stride[2], lseg, rs, max(0, min(128, a.len - rs)), D, tid - 128,
+                         256);
+        return;
+    }
+
+    if (wgi == 0) {
+        /* the producer warpgroup: lane 0 of warp 0 plans and issues the TMA loads; all four
+         * warps gather columns (32 rows each), since one warp issuing 4096 copies per tile
+         * could not keep up with the consumers. Every warp walks the same plan and waits on
+         * the same barriers, so that their phases stay in step. */
+        setmaxnreg_dec<56>();
+        const int pw = tid / 32, lane = tid % 32;
+        const int32_t *offs = a.block_offset + row_a * a.max_blocks;
+        const int32_t *cols_a = a.column_index + row_a * a.max_columns;
+        const int32_t *cols_b = cols_a + a.max_columns;
+        for (int i = tid; i < min(na, SP_STAGED); i += 128) staged[i] = __ldg(offs + i);
+        for (int i = tid; i < min(nb, SP_STAGED); i += 128)
+            staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
+        named_barrier_sync(3, 128);
+        range_packer rp({staged, offs, na}, {staged + SP_STAGED, offs + a.max_blocks, nb});
+        /* gathered tiles. A's and B's column lists are mostly the same keys (the verticals of
+         * the head, less those inside each block's ranges). When both are strictly ascending
+         * (as the index builders write them) and fit in shared memory, A's tiles carry every
+         * column, each also used by B where B lists it, and then come B's tiles of the columns
+         * A does not list (tiles with none are dropped): a column both use is loaded once and
+         * both consumers compute its tiles. Otherwise A's and B's tiles alternate, each used
+         * by its own row block only (while one consumer computes a tile of A, the other
+         * computes the next one, of B). */
+        const int tiles_a = (ca + 127) / 128, tiles_b = (cb + 127) / 128;
+        int32_t *scol_a = staged + 2 * SP_STAGED, *scol_b = scol_a + SP_CSTAGED;
+        int col_a = 0, col_b = 0; /* column tiles done */
+        int share = -1;           /* not decided until the first gathered tile */
+        for (int t = 0;; ++t) {
+            const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
+            const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
+            tile_header &hd = hdr[slot];
+            int ranges_left = 0;
+            if (lane == 0) ranges_left = rp.more();
+            ranges_left = __shfl_sync(0xffffffffu, ranges_left, 0);
+            if (share < 0 && (t >= SP_STAGES || !ranges_left)) {
+                /* stage both column lists and see whether they can be shared: once the first
+                 * two tiles are on their way, so that it overlaps their loads */
+                bool ok = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
+                if (ok) {
+                    for (int i = tid; i < ca; i += 128) {
+                        scol_a[i] = __ldg(cols_a + i);
+                        ok &= i == 0 || scol_a[i] > __ldg(cols_a + i - 1);
+                    }
+                    for (int i = tid; i < cb; i += 128) {
+                        scol_b[i] = __ldg(cols_b + i);
+                        ok &= i == 0 || scol_b[i] > __ldg(cols_b + i - 1);
+                    }
+                }
+                /* every thread's verdict (and its staged entries) before anyone reads them */
+                share = !named_barrier_or(3, 128, !ok);
+            }
+            if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
+            if (ranges_left) {
+                if (lane == 0) {
+                    int o[2], u[2];
+                    rp.next(o, u); /* every warp, to keep the plan */
+                    if (pw == 0) {
+                        hd.off[0] = o[0];
+                        hd.off[1] = o[1];
+                        hd.users[0] = u[0];
+                        hd.users[1] = u[1];
+                        hd.column = 0;
+                        hd.last = 0;
+                        mbar_expect_tx(k_full + slot, SP_TILE);
+                        for (int i = 0; i < 4; ++i)
+                            tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
+                                        (i & 1) * 64, o[i >> 1], hk, b, k_full + slot);
+                    }
+                }
+                if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (pw == 0 && lane == 0) {
+                    mbar_expect_tx(v_full + slot, SP_TILE);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
+                                    (i & 1) * 64, hd.off[i >> 1], hk, b, v_full + slot);
+                }
+                continue;
+            }
+            /* the next gathered tile, one row per thread: its key and who uses it */
+            int key = MI_NO_KEY, users = 0, for_a = 0;
+            bool done = false;
+            for (;;) {
+                for_a = col_a < tiles_a && (share || col_b >= tiles_b || col_a <= col_b);
+                if (!for_a && col_b >= tiles_b) {
+                    done = true;
+                    break;
+                }
+                const int ci = for_a ? col_a++ : col_b++;
+                const int c = ci * 128 + tid, cnt = for_a ? ca : cb;
+                key = c >= cnt ? MI_NO_KEY
+                      : share  ? (for_a ? scol_a : scol_b)[c]
+                               : __ldg((for_a ? cols_a : cols_b) + c);
+                if (key < 0 || key >= a.len) key = MI_NO_KEY;
+                users = key == MI_NO_KEY ? 0 : for_a ? 1 : 2;
+                if (share && key != MI_NO_KEY) {
+                    if (for_a && sorted_contains(scol_b, cb, key)) users = 3;
+                    if (!for_a && sorted_contains(scol_a, ca, key)) {
+                        key = MI_NO_KEY; /* in one of A's tiles already */
+                        users = 0;
+                    }
+                }
+                if (!share || for_a || named_barrier_or(3, 128, users != 0)) break;
+            }
+            if (done) { /* the end marker: no data, users 0 */
+                if (tid == 0) {
+                    hd.users[0] = hd.users[1] = 0;
+                    hd.column = 0;
+                    hd.last = 1;
+                    mbar_arrive(k_full + slot);
+                }
+                if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (tid == 0) mbar_arrive(v_full + slot);
+                break;
+            }
+            int tile_users = 2; /* B's tiles: B's only */
+            if (for_a) {
+                tile_users = named_barrier_or(3, 128, users & 1) ? 1 : 0;
+                if (share && named_barrier_or(3, 128, users & 2)) tile_users |= 2;
+            }
+            hd.kpos[tid] = key;
+            hd.kusers[tid] = (uint8_t)users;
+            if (tid == 0) {
+                hd.users[0] = hd.users[1] = tile_users;
+                hd.column = 1;
+                hd.last = 0;
+            }
+            /* the copies complete on the slot's barrier by themselves: each thread's arrive-on
+             * counts as pending until its copies land, and thread 0's plain arrive (once every
+             * thread has registered its own) is the one the barrier expects. So the producer goes
+             * on at once; the consumers fence the async proxy before their wgmma read the tile. */
+            auto gather = [&](const void *g, const int64_t *st, uint32_t dst, uint64_t *bar) {
+                const bool ok = key != MI_NO_KEY;
+                const T *src = reinterpret_cast<const T *>(g) + b * st[0] + hk * st[1] +
+                               (int64_t)(ok ? key : 0) * st[2];
+#pragma unroll
+                for (int cc = 0; cc < 16; ++cc)
+                    cp_async_16(dst + sw_off(tid, cc, SP_HALF), src + 8 * cc, ok ? 16 : 0);
+                cp_async_mbar_arrive(bar);
+                named_barrier_sync(3, 128); /* also orders the header before the arrive */
+                if (tid == 0) mbar_arrive(bar);
+            };
+            gather(a.k, a.k_stride, kd, k_full + slot);
+            if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+            gather(a.v, a.v_stride, vd, v_full + slot);
+        }
+        return;
+    }
+
+    setmaxnreg_inc<224>();
+    const int cw = wgi - 1; /* consumer 0 (row block A) or 1 (B) */
+    const int me = 1 << cw;
+    const int ct = tid - 128 * wgi;
+    const int warp = ct / 32, lane = ct % 32, g = lane / 4, cq = lane % 4;
+    const int first_row = rs + cw * 64;
+    const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
+    const int my_bar = 1 + cw, other_bar = 2 - cw;
+    if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
+
+    const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
+    float o[64], s[64], sh[32];
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    row_softmax sm;
+    const float sc = a.scale_log2;
+
+    /* A tile is computed whole (S over 128 keys, 8 k-steps of P V) or, for a split or padded
+     * tile, only its half `hf` (S over 64 keys, 4 k-steps) */
+    auto issue_s = [&](float *s, int slot, bool whole, int hf) {
+        const sw128_desc kd(smem_addr(ks) + slot * SP_TILE + hf * 64 * 128, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint64_t qa = qd.at((kk >> 2) * SP_HALF + (kk & 3) * 32);
+            const uint64_t kb = kd.at((kk >> 2) * SP_HALF + (kk & 3) * 32);
+            if (whole)
+                wg128s<T>::ss(s, qa, kb, kk > 0);
+            else
+                wg<T>::ss(s, qa, kb, kk > 0);
+        }
+    };
+    auto issue_pv = [&](int slot, bool whole, int hf) {
+        const sw128_desc vd(smem_addr(vs) + slot * SP_TILE + hf * 64 * 128, SP_HALF, 1024);
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+            if (whole || kk < 4) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
+    };
+    auto release = [&](uint64_t *bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+
+    /* keys this consumer does not see: after its rows, outside the sequence, in a half of a
+     * shared tile that only the other row block uses, or missing from a gathered tile */
+    auto mask = [&](float *s, const tile_header &hd, bool whole, int hf, int column) {
+        if (column) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                int2 kk = *reinterpret_cast<const int2 *>(hd.kpos + 8 * j + 2 * cq);
+                const uint32_t uu = *reinterpret_cast<const uint16_t *>(hd.kusers + 8 * j + 2 * cq);
+                if (!(uu & me)) kk.x = MI_NO_KEY; /* a key of the other row block only */
+                if (!((uu >> 8) & me)) kk.y = MI_NO_KEY;
+                s[4 * j] = kk.x > qrow0 ? -INFINITY : s[4 * j];
+                s[4 * j + 1] = kk.y > qrow0 ? -INFINITY : s[4 * j + 1];
+                s[4 * j + 2] = kk.x > qrow1 ? -INFINITY : s[4 * j + 2];
+                s[4 * j + 3] = kk.y > qrow1 ? -INFINITY : s[4 * j + 3];
+            }
+            return;
+        }
+        /* range halves: whole tiles hold two of this block's ranges at s[0..31], s[32..63];
+         * a half tile one at s[0..31] */
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+            if (part == 1 && !whole) break;
+            const int off = __shfl_sync(0xffffffffu, hd.off[whole ? part : hf], 0);
+            if (off < 0 || off + 63 > first_row) {
+#pragma unroll
+                for (int j = 8 * part; j < 8 * part + 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = off + 8 * (j - 8 * part) + 2 * cq + (e & 1);
+                        const bool kill = key < 0 || key > (e < 2 ? qrow0 : qrow1);
+                        s[4 * j + e] = kill ? -INFINITY : s[4 * j + e];
+                    }
+            }
+        }
+    };
+
+    /* One turn: S of tile `slot` (SK: 0 none, 1 half, 2 whole) issued with the pending P V
+     * (PK: 0 none, 1 half, 2 whole), then the softmax of S while P V runs. Each combination is
+     * its own code, with its issues and waits: paths that join between an issue and its wait
+     * make ptxas serialise every wgmma of the kernel (C7514). */
+    auto turn = [&](auto sk_c, auto pk_c, int slot, int hf, int column, const tile_header &hd,
+                    int pslot, int phf, bool hand_on) {
+        constexpr int SK = decltype(sk_c)::value, PK = decltype(pk_c)::value;
+        /* a half tile's scores in registers of their own: sharing the whole tile's array
+         * left ptxas short of registers for the wgmma pipeline (C7511) */
+        float *sx = SK == 2 ? s : sh;
+        named_barrier_sync(my_bar, 256);
+        wgmma_fence();
+        if constexpr (SK > 0) {
+            issue_s(sx, slot, SK == 2, hf);
+            wgmma_commit();
+        }
+        if constexpr (PK > 0) {
+            issue_pv(pslot, PK == 2, phf);
+            wgmma_commit();
+        }
+        if (hand_on) named_barrier_arrive(other_bar, 256);
+        if constexpr (SK > 0) {
+            if constexpr (PK > 0)
+                wgmma_wait<1>(); /* S done; P V may still run */
+            else
+                wgmma_wait<0>();
+            fence_operands<SK == 2 ? 64 : 32>(sx);
+            mask(sx, hd, SK == 2, hf, column);
+            release(k_empty + slot); /* after the mask: it reads this slot's header */
+            float2 al;
+            if constexpr (SK == 2)
+                al = sm.update<16>(s, sc);
+            else
+                al = sm.update<8>(sh, sc);
+            if constexpr (PK > 0) {
+                wgmma_wait<0>();
+                fence_operands<64>(o);
+                release(v_empty + pslot);
+            }
+            /* O holds earlier tiles even without a pending P V when one was flushed */
+            if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
+            if constexpr (SK == 2)
+                pack_p<T, 8>(pa, s);
+            else
+                pack_p<T, 4>(pa, sh);
+        } else {
+            wgmma_wait<0>();
+            fence_operands<64>(o);
+            release(v_empty + pslot);
+        }
+    };
+    using C0 = std::integral_constant<int, 0>;
+    using C1 = std::integral_constant<int, 1>;
+    using C2 = std::integral_constant<int, 2>;
+
+    mbar_wait(q_full, 0);
+    int pending = -1;    /* the tile whose P V is still to be issued (P in pa) */
+    int pending_pk = 0;  /* its kind: 1 half, 2 whole */
+    int pending_hf = 0;  /* its half */
+    bool pending_column = false; /* a gathered tile */
+    for (int t = 0;; ++t) {
+        const int slot = t % SP_STAGES, par = (t / SP_STAGES) & 1;
+        mbar_wait(k_full + slot, par);
+        const tile_header &hd = hdr[slot];
+        /* header values steer wgmma: broadcast, so that ptxas sees them warp-uniform */
+        const int users0 = __shfl_sync(0xffffffffu, hd.users[0], 0);
+        const int users1 = __shfl_sync(0xffffffffu, hd.users[1], 0);
+        const int last = __shfl_sync(0xffffffffu, hd.last, 0);
+        const int column = __shfl_sync(0xffffffffu, hd.column, 0);
+        const bool m0 = (users0 & me) != 0, m1 = (users1 & me) != 0;
+        const int sk = m0 && m1 ? 2 : m0 || m1 ? 1 : 0, hf = m0 ? 0 : 1;
+        /* a gathered tile was written by cp.async (generic proxy), wgmma reads it through the
+         * async proxy */
+        if (column) fence_proxy_async();
+        const bool hand_on = cw == 0 || !last; /* consumer 1's last turn is not awaited */
+        const int pslot = pending % SP_STAGES;
+        /* loop-carried values that steer wgmma, broadcast again (ptxas does not follow their
+         * uniformity through the loop) */
+        const int pk = __shfl_sync(0xffffffffu, pending >= 0 ? pending_pk : 0, 0);
+        const int phf = __shfl_sync(0xffffffffu, pending_hf, 0);
+        if (pk) {
+            mbar_wait(v_full + pslot, (pending / SP_STAGES) & 1);
+            if (pending_column) fence_proxy_async();
+        }
+        if (sk > 0) {
+            if (sk == 2) {
+                if (pk == 2)
+                    turn(C2(), C2(), slot, hf, column, hd, pslot, phf, hand_on);
+                else if (pk == 1)
+                    turn(C2(), C1(), slot, hf, column, hd, pslot, phf, hand_on);
+                else
+                    turn(C2(), C0(), slot, hf, column, hd, pslot, phf, hand_on);
+            } else {
+                if (pk == 2)
+                    turn(C1(), C2(), slot, hf, column, hd, pslot, phf, hand_on);
+                else if (pk == 1)
+                    turn(C1(), C1(), slot, hf, column, hd, pslot, phf, hand_on);
+                else
+                    turn(C1(), C0(), slot, hf, column, hd, pslot, phf, hand_on);
+            }
+            pending = t;
+            pending_pk = sk;
+            pending_hf = hf;
+            pending_column = column;
+        } else {
+            /* not ours. When the pending P V reads the V slot this tile came in, issue it (the
+             * slot could not be freed otherwise); a P V of the tile just before stays pending,
+             * its slot is not this one's. Then free this tile's slots. */
+            if (pk && t - pending >= SP_STAGES) {
+                if (pk == 2)
+                    turn(C0(), C2(), slot, hf, column, hd, pslot, phf, hand_on);
+                else
+                    turn(C0(), C1(), slot, hf, column, hd, pslot, phf, hand_on);
+                pending = -1;
+            } else {
+                named_barrier_sync(my_bar, 256);
+                if (hand_on) named_barrier_arrive(other_bar, 256);
+            }
+            release(k_empty + slot);
+            mbar_wait(v_full + slot, par);
+            release(v_empty + slot);
+        }
+        if (last) break;
+    }
+    if (pending >= 0) { /* the last P V */
+        const int pslot = pending % SP_STAGES;
+        mbar_wait(v_full + pslot, (pending / SP_STAGES) & 1);
+        if (pending_column) fence_proxy_async();
+        wgmma_fence();
+        if (__shfl_sync(0xffffffffu, pending_pk, 0) == 2) {
+            issue_pv(pslot, true, 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+        } else {
+            issue_pv(pslot, false, __shfl_sync(0xffffffffu, pending_hf, 0));
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
+        fence_operands<64>(o);
+    }
+    T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
+    float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
+    store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+#endif
+}
+
+template <typename T>
+static cudaError_t launch_sparse(const sparse_sm90_args &a, int batch, cudaStream_t st) {
+    auto kern = attn_sparse_sm90_kernel<T>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)SP_SMEM);
+    if (e != cudaSuccess) return e;
+    dim3 grid((a.row_blocks + 1) / 2, batch * a.heads);
+    kern<<<grid, 384, SP_SMEM, st>>>(a);
+    return cudaGetLastError();
+}
+
+} // namespace mi_cuda
+
+/* Runs the launch with the sparse kernel when it applies: every head sparse, every sequence of
+ * the full length and not run dense by dense_below, D = 128, an index of 64-row blocks covering
+ * the sequence, tensors TMA can address, and not switched off with MI_CUDA_SM90_SPARSE=0.
+ * *used = 0 (and cudaSuccess) when it does not apply. */
+extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
+                                                        cudaStream_t st, int *used) {
+    *used = 0;
+    const char *off = getenv("MI_CUDA_SM90_SPARSE");
+    if ((off && off[0] == '0') || p->head_dim != 128 || !p->block_count ||
+        (p->dense_below > 0 && p->len < p->dense_below) ||
+        (int64_t)p->row_blocks * 64 < p->len)
+        return cudaSuccess;
+    for (int h = 0; h < p->heads; ++h)
+        if ((p->use_head_modes ? p->head_modes[h].mode : p->mode.mode) != MI_CUDA_MODE_SPARSE)
+            return cudaSuccess;
+    for (int b = 0; b < p->batch; ++b)
+        if (p->seq_lens[b] != p->len) return cudaSuccess;
+    static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
+    const bool bf16 = p->dtype == MI_DTYPE_BF16;
+    using mi_cuda::encode_tma_map;
+    if (!encode_tma_map(&a.tm_q, p->q, p->q_stride, p->batch, p->heads, p->len, 64, bf16) ||
+        !encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 64, bf16) ||
+        !encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 64, bf16))
+        return cudaSuccess;
+    a.k = p->k;
+    a.v = p->v;
+    a.o = p->o;
+    a.lse = p->lse;
+    for (int i = 0; i < 3; ++i) {
+        a.k_stride[i] = p->k_stride[i];
+        a.v_stride[i] = p->v_stride[i];
+        a.o_stride[i] = p->o_stride[i];
+    }
+    a.block_count = p->block_count;
+    a.block_offset = p->block_offset;
+    a.column_count = p->column_count;
+    a.column_index = p->column_index;
+    a.row_blocks = p->row_blocks;
+    a.max_blocks = p->max_blocks;
+    a.max_columns = p->max_columns;
+    a.heads = p->heads;
+    a.group = p->group;
+    a.len = p->len;
+    a.scale_log2 = p->scale_log2;
+    const char *probe = getenv("MI_CUDA_SM90_SPARSE_PROBE");
+    a.probe = probe ? atoi(probe) : 0;
+    *used = 1;
+    return bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, p->batch, st)
+                : mi_cuda::launch_sparse<__half>(a, p->batch, st);
+}
