@@ -40,7 +40,7 @@ struct sparse_sm90_args {
     int row_blocks, max_blocks, max_columns;
     int heads, group, len;
     float scale_log2;
-    int probe; /* timing probe only (wrong results): 1 = no gathered tiles, 2 = no ranges */
+    int pairs, items; /* row-block pairs per (b, h); pairs x B x H work items */
 };
 
 constexpr int SP_STAGES = 2;
@@ -60,10 +60,11 @@ struct tile_header {
 };
 
 /* range starts of A and B staged in shared memory for the producer's merge, then their columns */
-constexpr int SP_STAGED = 4096, SP_CSTAGED = 2048;
-constexpr size_t SP_SMEM = 1024 + (1 + 2 * SP_STAGES) * SP_TILE +
+constexpr int SP_STAGED = 2048, SP_CSTAGED = 2048;
+constexpr size_t SP_SMEM = 1024 + (2 + 2 * SP_STAGES) * SP_TILE +
                            SP_STAGES * sizeof(tile_header) + 16 * sizeof(uint64_t) +
                            (2 * SP_STAGED + 2 * SP_CSTAGED) * sizeof(int32_t);
+static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
 
 #ifdef MI_SM90_DEVICE
 template <typename T> struct wg128s;
@@ -169,66 +170,79 @@ __global__ void __launch_bounds__(384, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = base, *ks = qs + SP_TILE, *vs = ks + SP_STAGES * SP_TILE;
+    /* Q of two work items (the next one's loads while the consumers finish this one) */
+    unsigned char *qs = base, *ks = qs + 2 * SP_TILE, *vs = ks + SP_STAGES * SP_TILE;
     tile_header *hdr = reinterpret_cast<tile_header *>(vs + SP_STAGES * SP_TILE);
     uint64_t *bars = reinterpret_cast<uint64_t *>(hdr + SP_STAGES);
-    uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + SP_STAGES,
+    uint64_t *q_full = bars, *q_empty = bars + 2, *k_full = bars + 4, *v_full = k_full + SP_STAGES,
              *k_empty = v_full + SP_STAGES, *v_empty = k_empty + SP_STAGES;
     int32_t *staged /* [2][SP_STAGED] */ = reinterpret_cast<int32_t *>(bars + 16);
 
     const int tid = threadIdx.x;
     const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int pair = gridDim.x - 1 - blockIdx.x; /* row blocks 2 pair, 2 pair + 1 */
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, hk = h / a.group;
-    const int rs = pair * 128;
-    const int blk_a = 2 * pair, blk_b = 2 * pair + 1;
-    const int64_t row_a = (int64_t)bh * a.row_blocks + blk_a;
-    const bool has_b = blk_b < a.row_blocks;
+    /* work item w: the pair of row blocks 2 pair, 2 pair + 1 of (b, h), the last pairs (the
+     * most keys, causally) first; each CTA takes items blockIdx.x, + gridDim.x, ... */
+    struct item {
+        int pair, bh, b, h, hk, rs;
+        int64_t row_a;
+        bool has_b;
+    };
+    auto item_of = [&](int w) {
+        item it;
+        it.pair = a.pairs - 1 - w % a.pairs;
+        it.bh = w / a.pairs;
+        it.b = it.bh / a.heads;
+        it.h = it.bh % a.heads;
+        it.hk = it.h / a.group;
+        it.rs = it.pair * 128;
+        it.row_a = (int64_t)it.bh * a.row_blocks + 2 * it.pair;
+        it.has_b = 2 * it.pair + 1 < a.row_blocks;
+        return it;
+    };
 
-    /* Q first: its load runs while the index is read */
     if (tid == 0) {
-        mbar_init(q_full, 1);
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(q_full + i, 1);
+            mbar_init(q_empty + i, 8); /* one arrival per consumer warp */
+        }
         for (int i = 0; i < SP_STAGES; ++i) {
             mbar_init(k_full + i, 1);
             mbar_init(v_full + i, 1);
-            mbar_init(k_empty + i, 8); /* one arrival per consumer warp */
+            mbar_init(k_empty + i, 8);
             mbar_init(v_empty + i, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        mbar_expect_tx(q_full, SP_TILE);
-        for (int i = 0; i < 4; ++i)
-            tma_load_4d(smem_addr(qs) + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_q,
-                        (i & 1) * 64, rs + (i >> 1) * 64, h, b, q_full);
     }
-    int na = min(max(a.block_count[row_a], 0), a.max_blocks);
-    int nb = has_b ? min(max(a.block_count[row_a + 1], 0), a.max_blocks) : 0;
-    int ca = min(max(a.column_count[row_a], 0), a.max_columns);
-    int cb = has_b ? min(max(a.column_count[row_a + 1], 0), a.max_columns) : 0;
-    if (a.probe == 1) ca = cb = 0;
-    if (a.probe == 2) na = nb = 0;
     __syncthreads();
-
-    if (na + nb + ca + cb == 0) { /* no key for any row: zeros, LSE -inf */
-        if (wgi == 0) {
-            if (tid == 0) /* the Q load must land before the CTA's memory goes */
-                while (!mbar_try_wait(q_full, 0)) {
-                }
-            return;
-        }
-        T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
-        float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
-        write_empty_rows(og, a.o_stride[2], lseg, rs, max(0, min(128, a.len - rs)), D, tid - 128,
-                         256);
-        return;
-    }
 
     if (wgi == 0) {
         /* the producer warpgroup: lane 0 of warp 0 plans and issues the TMA loads; all four
          * warps gather columns (32 rows each), since one warp issuing 4096 copies per tile
          * could not keep up with the consumers. Every warp walks the same plan and waits on
          * the same barriers, so that their phases stay in step. */
-        setmaxnreg_dec<56>();
+        setmaxnreg_dec<72>();
         const int pw = tid / 32, lane = tid % 32;
+        int t = 0; /* tiles so far, over all items: the slot ring runs on */
+        for (int w = blockIdx.x, k = 0; w < a.items; w += gridDim.x, ++k) {
+        const item it = item_of(w);
+        const int b = it.b, h = it.h, hk = it.hk;
+        const int64_t row_a = it.row_a;
+        const int na = min(max(a.block_count[row_a], 0), a.max_blocks);
+        const int nb = it.has_b ? min(max(a.block_count[row_a + 1], 0), a.max_blocks) : 0;
+        const int ca = min(max(a.column_count[row_a], 0), a.max_columns);
+        const int cb = it.has_b ? min(max(a.column_count[row_a + 1], 0), a.max_columns) : 0;
+        if (tid == 0) { /* Q, into the buffer item k - 2 used */
+            const int qb = k & 1;
+            if (k >= 2)
+                while (!mbar_try_wait(q_empty + qb, ((k >> 1) - 1) & 1)) {
+                }
+            mbar_expect_tx(q_full + qb, SP_TILE);
+            for (int i = 0; i < 4; ++i)
+                tma_load_4d(smem_addr(qs) + qb * SP_TILE + (i & 1) * SP_HALF +
+                                (i >> 1) * 64 * 128,
+                            &a.tm_q, (i & 1) * 64, it.rs + (i >> 1) * 64, h, b, q_full + qb);
+        }
+        named_barrier_sync(3, 128); /* every warp is done with the last item's staged lists */
         const int32_t *offs = a.block_offset + row_a * a.max_blocks;
         const int32_t *cols_a = a.column_index + row_a * a.max_columns;
         const int32_t *cols_b = cols_a + a.max_columns;
@@ -249,14 +263,14 @@ __global__ void __launch_bounds__(384, 1)
         int32_t *scol_a = staged + 2 * SP_STAGED, *scol_b = scol_a + SP_CSTAGED;
         int col_a = 0, col_b = 0; /* column tiles done */
         int share = -1;           /* not decided until the first gathered tile */
-        for (int t = 0;; ++t) {
+        for (int t0 = t;; ++t) {
             const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
             tile_header &hd = hdr[slot];
             int ranges_left = 0;
             if (lane == 0) ranges_left = rp.more();
             ranges_left = __shfl_sync(0xffffffffu, ranges_left, 0);
-            if (share < 0 && (t >= SP_STAGES || !ranges_left)) {
+            if (share < 0 && (t - t0 >= SP_STAGES || !ranges_left)) {
                 /* stage both column lists and see whether they can be shared: once the first
                  * two tiles are on their way, so that it overlaps their loads */
                 bool ok = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
@@ -334,6 +348,7 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
                 if (tid == 0) mbar_arrive(v_full + slot);
+                ++t;
                 break;
             }
             int tile_users = 2; /* B's tiles: B's only */
@@ -367,26 +382,31 @@ __global__ void __launch_bounds__(384, 1)
             if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
             gather(a.v, a.v_stride, vd, v_full + slot);
         }
+        } /* work items */
         return;
     }
 
-    setmaxnreg_inc<224>();
+    setmaxnreg_inc<216>();
     const int cw = wgi - 1; /* consumer 0 (row block A) or 1 (B) */
     const int me = 1 << cw;
     const int ct = tid - 128 * wgi;
     const int warp = ct / 32, lane = ct % 32, g = lane / 4, cq = lane % 4;
-    const int first_row = rs + cw * 64;
-    const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int my_bar = 1 + cw, other_bar = 2 - cw;
     if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
-
-    const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
     float o[64], s[64], sh[32];
     uint32_t pa[8][4];
+    const float sc = a.scale_log2;
+    int t = 0; /* tiles so far, over all items */
+    for (int w = blockIdx.x, k = 0; w < a.items; w += gridDim.x, ++k) {
+    const item it = item_of(w);
+    const bool last_item = w + (int)gridDim.x >= a.items;
+    const int first_row = it.rs + cw * 64;
+    const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
+    const int qb = k & 1;
+    const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     row_softmax sm;
-    const float sc = a.scale_log2;
 
     /* A tile is computed whole (S over 128 keys, 8 k-steps of P V) or, for a split or padded
      * tile, only its half `hf` (S over 64 keys, 4 k-steps) */
@@ -504,12 +524,12 @@ __global__ void __launch_bounds__(384, 1)
     using C1 = std::integral_constant<int, 1>;
     using C2 = std::integral_constant<int, 2>;
 
-    mbar_wait(q_full, 0);
+    mbar_wait(q_full + qb, (k >> 1) & 1);
     int pending = -1;    /* the tile whose P V is still to be issued (P in pa) */
     int pending_pk = 0;  /* its kind: 1 half, 2 whole */
     int pending_hf = 0;  /* its half */
     bool pending_column = false; /* a gathered tile */
-    for (int t = 0;; ++t) {
+    for (;; ++t) {
         const int slot = t % SP_STAGES, par = (t / SP_STAGES) & 1;
         mbar_wait(k_full + slot, par);
         const tile_header &hd = hdr[slot];
@@ -523,7 +543,8 @@ __global__ void __launch_bounds__(384, 1)
         /* a gathered tile was written by cp.async (generic proxy), wgmma reads it through the
          * async proxy */
         if (column) fence_proxy_async();
-        const bool hand_on = cw == 0 || !last; /* consumer 1's last turn is not awaited */
+        /* consumer 1's very last turn is not awaited */
+        const bool hand_on = cw == 0 || !(last && last_item);
         const int pslot = pending % SP_STAGES;
         /* loop-carried values that steer wgmma, broadcast again (ptxas does not follow their
          * uniformity through the loop) */
@@ -571,7 +592,10 @@ __global__ void __launch_bounds__(384, 1)
             mbar_wait(v_full + slot, par);
             release(v_empty + slot);
         }
-        if (last) break;
+        if (last) {
+            ++t;
+            break;
+        }
     }
     if (pending >= 0) { /* the last P V */
         const int pslot = pending % SP_STAGES;
@@ -588,10 +612,13 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_wait<0>();
         }
         fence_operands<64>(o);
+        release(v_empty + pslot); /* the next item's tiles need the slot */
     }
-    T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
-    float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
+    release(q_empty + qb); /* every S of this item is done */
+    T *og = reinterpret_cast<T *>(a.o) + it.b * a.o_stride[0] + it.h * a.o_stride[1];
+    float *lseg = a.lse ? a.lse + ((int64_t)it.b * a.heads + it.h) * a.len : nullptr;
     store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    } /* work items */
 #endif
 }
 
@@ -601,22 +628,26 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, int batch, cudaStrea
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SP_SMEM);
     if (e != cudaSuccess) return e;
-    dim3 grid((a.row_blocks + 1) / 2, batch * a.heads);
-    kern<<<grid, 384, SP_SMEM, st>>>(a);
+    (void)batch;
+    /* persistent: one CTA per SM walks the work items, so that an item's start (reading the
+     * index, the first loads) overlaps the previous item's end */
+    kern<<<dim3(min(a.items, mi_cuda_sm_count())), 384, SP_SMEM, st>>>(a);
     return cudaGetLastError();
 }
 
 } // namespace mi_cuda
 
-/* Runs the launch with the sparse kernel when it applies: every head sparse, every sequence of
- * the full length and not run dense by dense_below, D = 128, an index of 64-row blocks covering
- * the sequence, tensors TMA can address, and not switched off with MI_CUDA_SM90_SPARSE=0.
- * *used = 0 (and cudaSuccess) when it does not apply. */
+/* Runs the launch with the sparse kernel when it is asked for (MI_CUDA_SM90_SPARSE=1) and
+ * applies: every head sparse, every sequence of the full length and not run dense by dense_below,
+ * D = 128, an index of 64-row blocks covering the sequence, tensors TMA can address. *used = 0
+ * (and cudaSuccess) otherwise. Not the default: it is faster than the ring kernel where adjacent
+ * row blocks share most of their ranges (a band of diagonals) and slower where they share few
+ * (scattered diagonals, such as the estimated indexes of the whole-layer prefill benchmark). */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
                                                         cudaStream_t st, int *used) {
     *used = 0;
-    const char *off = getenv("MI_CUDA_SM90_SPARSE");
-    if ((off && off[0] == '0') || p->head_dim != 128 || !p->block_count ||
+    const char *on = getenv("MI_CUDA_SM90_SPARSE");
+    if (!(on && on[0] == '1') || p->head_dim != 128 || !p->block_count ||
         (p->dense_below > 0 && p->len < p->dense_below) ||
         (int64_t)p->row_blocks * 64 < p->len)
         return cudaSuccess;
@@ -652,8 +683,10 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     a.group = p->group;
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
-    const char *probe = getenv("MI_CUDA_SM90_SPARSE_PROBE");
-    a.probe = probe ? atoi(probe) : 0;
+    a.pairs = (p->row_blocks + 1) / 2;
+    const int64_t items = (int64_t)a.pairs * p->batch * p->heads;
+    if (items > 0x7fffffff) return cudaSuccess;
+    a.items = (int)items;
     *used = 1;
     return bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, p->batch, st)
                 : mi_cuda::launch_sparse<__half>(a, p->batch, st);

@@ -775,7 +775,9 @@ int main(int argc, char **argv) {
     }
     for (int di = 0; di < 2; di++) {
         const int64_t Lr = quick ? 1000 : 4099;
-        shape r1 = {1, 4, 2, Lr, 128, dts[di], di, {0, 0}};
+        /* 32 heads: more work items than SMs, so that the persistent sparse kernel's CTAs
+         * take several each */
+        shape r1 = {1, 32, 8, Lr, 128, dts[di], di, {0, 0}};
         shape r2 = {2, 4, 1, 1000, 128, dts[di], !di, {1000, 1000}};
         shape r3 = {1, 2, 2, 130, 128, dts[di], 0, {0, 0}}; /* odd row-block count */
         test_sparse_random(&r1);
