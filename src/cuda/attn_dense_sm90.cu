@@ -18,6 +18,7 @@
  * Only the last (diagonal) tile of a row block needs the causal mask; keys past the sequence
  * arrive as zeros (TMA fills what lies outside the tensor, which is why the sequences must have
  * the full length: a shorter one would read its padding). Numbers: the kernel's comment.
+ * MI_CUDA_SM90_DENSE=0 sends these launches to the ring kernel (for A/B runs).
  */
 #include "sm90_common.cuh"
 
@@ -57,8 +58,13 @@ template <> struct wg128<__half> {
 };
 #endif
 
-/* Reached on an NVIDIA H200 (bf16, causal): see bench/results and the header of this file's
- * history in dev/cuda. */
+/* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
+ * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
+ * 690 / 618 / 616 / 613 TFLOP/s at 32K / 128K / 512K / 1M = 1.02 / 1.08 / 1.21 / 1.24x cuDNN
+ * (674 / 573 / 508 / 492). Against the ring kernel in one process (bench/results/2026-11-30-gpu-
+ * dense-ws-ab.json): 634 / 619 / 610 against 480 / 469 / 479 at 32K / 128K / 512K. The 8B-shape
+ * model at 128K: dense TTFT 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x
+ * 32 heads: SM throughput 74 %, issue slots 33 % busy (one CTA of 12 warps per SM). */
 template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {

@@ -13,7 +13,10 @@
  * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
  * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
  * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
- * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). */
+ * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). Launches whose every head is dense (and whose
+ * sequences have the full length) go to the warp-specialised dense kernel instead
+ * (attn_dense_sm90.cu), sparse launches to attn_sparse_sm90.cu when MI_CUDA_SM90_SPARSE=1; see
+ * mi_cuda_attn_sm90_launch at the end of this file. */
 #include "sm90_common.cuh"
 
 #include <math.h>

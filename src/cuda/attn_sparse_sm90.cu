@@ -18,7 +18,29 @@
  *     memory; a consumer computes only the tiles it uses, masks the half of a shared tile it does
  *     not use and keys after its rows, and otherwise only frees the slot (a P V still pending is
  *     issued first, so that no slot waits on a tile that comes later).
- * Numbers: the kernel's comment and bench/results.
+ * A persistent CTA per SM walks the work items (pairs x heads x batch), with Q double-buffered,
+ * so that an item's start (reading the index, the first loads) overlaps the previous one's end.
+ *
+ * Opt-in (MI_CUDA_SM90_SPARSE=1), not the default. H200, bf16, against the ring kernel in one
+ * process (bench/time_variants.py; bench/results/2026-11-30-gpu-sparse-ws-ab.json), ms per head
+ * and effective TFLOP/s:
+ *   local 128K 0.855 / 512 (ring 0.886 / 494), local 1M 6.99 / 513 (7.30 / 491);
+ *   small 128K 0.208 / 370 (0.211 / 366), small 1M 1.68 / 370 (1.60 / 387);
+ *   mixed 128K 7.28 / 455 (6.76 / 490), mixed 1M 98.3 / 374 (78.0 / 471);
+ *   whole-layer VS prefill at 1M x 8 heads (estimated indexes) 56.3 against 46.0 ms per head.
+ * So it wins where adjacent row blocks share their ranges (a band of diagonals) and loses where
+ * they share few (scattered diagonals: mostly split tiles, each consumer with one 64-key half in
+ * flight per stage, where the ring kernel keeps three CTAs' loads in flight per SM). The host
+ * cannot tell the two apart before a launch (the index is built on the GPU), hence the switch.
+ * How it got here (same harness, local / mixed / small at 128K, TFLOP/s):
+ *   one producer warp, owner-only column tiles, pairs in merge order: 467 / 430 / 356 (ring
+ *   498 / 487 / 386);
+ *   ranges packed by users class: mixed 430 -> 480;
+ *   a timing-only switch that dropped the columns or the ranges showed the gathered columns at
+ *   about 170 TFLOP/s, the ranges at about 550;
+ *   four producer warps for the gathers, columns shared when both lists are ascending: local 508;
+ *   split tiles (a half per row block, computed as 64 keys): local 516, mixed 475, small 347;
+ *   persistent CTAs: small 370 (and 1M small 314 -> 370).
  */
 #include "sm90_common.cuh"
 
@@ -220,6 +242,8 @@ __global__ void __launch_bounds__(384, 1)
          * warps gather columns (32 rows each), since one warp issuing 4096 copies per tile
          * could not keep up with the consumers. Every warp walks the same plan and waits on
          * the same barriers, so that their phases stay in step. */
+        /* 72 registers for the producer (at 56 its merge and gather code spilled 80 bytes;
+         * at 72, 16) and 216 for the consumers, which need no more */
         setmaxnreg_dec<72>();
         const int pw = tid / 32, lane = tid % 32;
         int t = 0; /* tiles so far, over all items: the slot ring runs on */
