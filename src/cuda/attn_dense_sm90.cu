@@ -44,20 +44,6 @@ constexpr int DS_TILE = 2 * DS_HALF; /* a 128 x 128 tile of Q, K or V */
  * 128-byte swizzle repeats every 8 rows of 128 bytes) */
 constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(uint64_t);
 
-template <typename T> struct wg128;
-#ifdef MI_SM90_DEVICE
-template <> struct wg128<__nv_bfloat16> {
-    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n128_bf16(d, a, b, sc);
-    }
-};
-template <> struct wg128<__half> {
-    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n128_f16(d, a, b, sc);
-    }
-};
-#endif
-
 /* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
  * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
  * 690 / 618 / 616 / 613 TFLOP/s at 32K / 128K / 512K / 1M = 1.02 / 1.08 / 1.21 / 1.24x cuDNN
@@ -71,8 +57,7 @@ __global__ void __launch_bounds__(384, 1)
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *base = smem_base_1024(smem_raw);
     unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * DS_TILE;
     uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * DS_TILE);
     uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + DS_STAGES,
@@ -89,12 +74,7 @@ __global__ void __launch_bounds__(384, 1)
 
     if (tid == 0) {
         mbar_init(q_full, 1);
-        for (int i = 0; i < DS_STAGES; ++i) {
-            mbar_init(k_full + i, 1);
-            mbar_init(v_full + i, 1);
-            mbar_init(k_empty + i, 8); /* one arrival per consumer warp */
-            mbar_init(v_empty + i, 8);
-        }
+        init_stage_barriers(k_full, v_full, k_empty, v_empty, DS_STAGES);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -145,7 +125,7 @@ __global__ void __launch_bounds__(384, 1)
         const sw128_desc kd(smem_addr(ks) + (t % DS_STAGES) * DS_TILE, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wg128<T>::ss(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
+            wg<T>::ss128(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
                          kd.at((kk >> 2) * DS_HALF + (kk & 3) * 32), kk > 0);
     };
     auto issue_pv = [&](int t) {
@@ -248,11 +228,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
         if (p->seq_lens[b] != p->len) return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    using mi_cuda::encode_tma_map;
-    const int rows = mi_cuda::DS_BN;
-    if (!encode_tma_map(&a.tm_q, p->q, p->q_stride, p->batch, p->heads, p->len, rows, bf16) ||
-        !encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, rows, bf16) ||
-        !encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, rows, bf16))
+    if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BN))
         return cudaSuccess;
     a.o = p->o;
     a.lse = p->lse;

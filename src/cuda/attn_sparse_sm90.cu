@@ -89,18 +89,6 @@ constexpr size_t SP_SMEM = 1024 + (2 + 2 * SP_STAGES) * SP_TILE +
 static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
 
 #ifdef MI_SM90_DEVICE
-template <typename T> struct wg128s;
-template <> struct wg128s<__nv_bfloat16> {
-    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n128_bf16(d, a, b, sc);
-    }
-};
-template <> struct wg128s<__half> {
-    __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
-        wgmma_ss_m64n128_f16(d, a, b, sc);
-    }
-};
-
 /* Range starts of row blocks A and B: staged in shared memory (up to SP_STAGED each), the rest
  * read from the index. */
 struct staged_list {
@@ -190,8 +178,7 @@ __global__ void __launch_bounds__(384, 1)
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *base = smem_base_1024(smem_raw);
     /* Q of two work items (the next one's loads while the consumers finish this one) */
     unsigned char *qs = base, *ks = qs + 2 * SP_TILE, *vs = ks + SP_STAGES * SP_TILE;
     tile_header *hdr = reinterpret_cast<tile_header *>(vs + SP_STAGES * SP_TILE);
@@ -227,12 +214,7 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(q_full + i, 1);
             mbar_init(q_empty + i, 8); /* one arrival per consumer warp */
         }
-        for (int i = 0; i < SP_STAGES; ++i) {
-            mbar_init(k_full + i, 1);
-            mbar_init(v_full + i, 1);
-            mbar_init(k_empty + i, 8);
-            mbar_init(v_empty + i, 8);
-        }
+        init_stage_barriers(k_full, v_full, k_empty, v_empty, SP_STAGES);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -441,7 +423,7 @@ __global__ void __launch_bounds__(384, 1)
             const uint64_t qa = qd.at((kk >> 2) * SP_HALF + (kk & 3) * 32);
             const uint64_t kb = kd.at((kk >> 2) * SP_HALF + (kk & 3) * 32);
             if (whole)
-                wg128s<T>::ss(s, qa, kb, kk > 0);
+                wg<T>::ss128(s, qa, kb, kk > 0);
             else
                 wg<T>::ss(s, qa, kb, kk > 0);
         }
@@ -682,11 +664,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
         if (p->seq_lens[b] != p->len) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    using mi_cuda::encode_tma_map;
-    if (!encode_tma_map(&a.tm_q, p->q, p->q_stride, p->batch, p->heads, p->len, 64, bf16) ||
-        !encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 64, bf16) ||
-        !encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 64, bf16))
-        return cudaSuccess;
+    if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, 64)) return cudaSuccess;
     a.k = p->k;
     a.v = p->v;
     a.o = p->o;

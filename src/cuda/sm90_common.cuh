@@ -26,6 +26,9 @@ template <> struct wg<__nv_bfloat16> {
     __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
         wgmma_ss_m64n64_bf16(d, a, b, sc);
     }
+    __device__ static void ss128(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n128_bf16(d, a, b, sc);
+    }
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
     }
@@ -33,6 +36,9 @@ template <> struct wg<__nv_bfloat16> {
 template <> struct wg<__half> {
     __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
         wgmma_ss_m64n64_f16(d, a, b, sc);
+    }
+    __device__ static void ss128(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n128_f16(d, a, b, sc);
     }
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_f16(d, a, b, sc);
@@ -121,6 +127,23 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* The dynamic shared memory rounded up to 1024 bytes: the 128-byte swizzle repeats every 8 rows
+ * of 128 bytes, and TMA writes it relative to such a boundary. */
+__device__ __forceinline__ unsigned char *smem_base_1024(unsigned char *raw) {
+    return reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                                             ~(uintptr_t)1023);
+}
+/* The barriers of n K/V stages: full ones completed by the producer (one arrival plus the
+ * bytes), empty ones by the eight warps of the two consumer warpgroups. */
+__device__ __forceinline__ void init_stage_barriers(uint64_t *k_full, uint64_t *v_full,
+                                                    uint64_t *k_empty, uint64_t *v_empty, int n) {
+    for (int i = 0; i < n; ++i) {
+        mbar_init(k_full + i, 1);
+        mbar_init(v_full + i, 1);
+        mbar_init(k_empty + i, 8);
+        mbar_init(v_empty + i, 8);
+    }
 }
 /* Pins accumulator registers around asynchronous wgmma (no instruction): the compiler may not
  * move or reuse them across this point. */
@@ -290,6 +313,16 @@ static inline bool encode_tma_map(CUtensorMap *map, const void *base, const int6
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Tensor maps of a launch's Q, K and V for boxes of box_rows rows; false where one cannot be
+ * made (the launch then runs the ring kernel). */
+static inline bool encode_qkv_maps(CUtensorMap *q, CUtensorMap *k, CUtensorMap *v,
+                                   const mi_cuda_attn_params *p, int box_rows) {
+    const bool bf16 = p->dtype == MI_DTYPE_BF16;
+    return encode_tma_map(q, p->q, p->q_stride, p->batch, p->heads, p->len, box_rows, bf16) &&
+           encode_tma_map(k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, box_rows, bf16) &&
+           encode_tma_map(v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, box_rows, bf16);
 }
 
 } // namespace mi_cuda
