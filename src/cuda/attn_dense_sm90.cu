@@ -51,7 +51,12 @@ constexpr size_t DS_SMEM = 1024 + (2 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(ui
  * (674 / 573 / 508 / 492). Against the ring kernel in one process (bench/results/2026-11-30-gpu-
  * dense-ws-ab.json): 634 / 619 / 610 against 480 / 469 / 479 at 32K / 128K / 512K. The 8B-shape
  * model at 128K: dense TTFT 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x
- * 32 heads: SM throughput 74 %, issue slots 33 % busy (one CTA of 12 warps per SM). */
+ * 32 heads: SM throughput 74 %, issue slots 33 % busy (one CTA of 12 warps per SM).
+ * Tried and dropped: a persistent version (one CTA per SM walking the row blocks, Q
+ * double-buffered, commit 91ddb39) was slower at every length, 128K 584 and 1M 535 TFLOP/s
+ * against 618 and 613 (bench/results/2026-11-30-gpu-dense-persistent-experiment.json): with
+ * one CTA per row block, the CTAs that run together are adjacent row blocks of one head, which
+ * stream the same K/V through L2 at the same pace. */
 template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
