@@ -35,7 +35,6 @@ struct dense_sm90_args {
     int64_t o_stride[3];
     int heads, group, len;
     float scale_log2;
-    int m_blocks, bhs, items; /* 128-row blocks per sequence, B x H, and their product */
 };
 
 constexpr int DS_BM = 128, DS_BN = 128, DS_STAGES = 2;
@@ -43,7 +42,7 @@ constexpr int DS_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, by
 constexpr int DS_TILE = 2 * DS_HALF; /* a 128 x 128 tile of Q, K or V */
 /* Q, two K and two V stages, the mbarriers; plus 1 KB to align the tiles to 1024 bytes (the
  * 128-byte swizzle repeats every 8 rows of 128 bytes) */
-constexpr size_t DS_SMEM = 1024 + (2 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(uint64_t);
+constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(uint64_t);
 
 /* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
  * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
@@ -64,38 +63,22 @@ __global__ void __launch_bounds__(384, 1)
     constexpr int D = 128;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);
-    /* Q of two work items (the next one's loads while the consumers finish this one) */
-    unsigned char *qs = base, *ks = qs + 2 * DS_TILE, *vs = ks + DS_STAGES * DS_TILE;
+    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * DS_TILE;
     uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * DS_TILE);
-    uint64_t *q_full = bars, *q_empty = bars + 2, *k_full = bars + 4,
-             *v_full = k_full + DS_STAGES, *k_empty = v_full + DS_STAGES,
-             *v_empty = k_empty + DS_STAGES;
+    uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + DS_STAGES,
+             *k_empty = v_full + DS_STAGES, *v_empty = k_empty + DS_STAGES;
 
     const int tid = threadIdx.x;
     /* values that steer wgmma come from lane 0: ptxas serialises wgmma under branches on values
      * it cannot prove warp-uniform (C7520) */
     const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-    /* work item w: row block m_blk of (b, h), the longest row blocks of every head first; each
-     * CTA takes items blockIdx.x, + gridDim.x, ... (so every CTA gets a like mix of lengths) */
-    struct item {
-        int b, h, hk, rs, n_tiles;
-    };
-    auto item_of = [&](int w) {
-        item it;
-        const int m_blk = a.m_blocks - 1 - w / a.bhs, bh = w % a.bhs;
-        it.b = bh / a.heads;
-        it.h = bh % a.heads;
-        it.hk = it.h / a.group;
-        it.rs = m_blk * DS_BM;
-        it.n_tiles = (min(it.rs + DS_BM, a.len) - 1) / DS_BN + 1;
-        return it;
-    };
+    const int m_blk = gridDim.x - 1 - blockIdx.x; /* the longest row blocks first */
+    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, hk = h / a.group;
+    const int rs = m_blk * DS_BM;
+    const int n_tiles = (min(rs + DS_BM, a.len) - 1) / DS_BN + 1;
 
     if (tid == 0) {
-        for (int i = 0; i < 2; ++i) {
-            mbar_init(q_full + i, 1);
-            mbar_init(q_empty + i, 8); /* one arrival per consumer warp */
-        }
+        mbar_init(q_full, 1);
         init_stage_barriers(k_full, v_full, k_empty, v_empty, DS_STAGES);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -104,34 +87,24 @@ __global__ void __launch_bounds__(384, 1)
     if (wgi == 0) {
         setmaxnreg_dec<24>();
         if (tid != 0) return;
-        int g = 0; /* tiles so far, over all items: the slot ring runs on */
-        for (int w = blockIdx.x, k = 0; w < a.items; w += gridDim.x, ++k) {
-            const item it = item_of(w);
-            const int qb = k & 1;
-            if (k >= 2)
-                while (!mbar_try_wait(q_empty + qb, ((k >> 1) - 1) & 1)) {
+        mbar_expect_tx(q_full, DS_TILE);
+        tma_load_4d(smem_addr(qs), &a.tm_q, 0, rs, h, b, q_full);
+        tma_load_4d(smem_addr(qs) + DS_HALF, &a.tm_q, 64, rs, h, b, q_full);
+        for (int t = 0; t < n_tiles; ++t) {
+            const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
+            const uint32_t kd = smem_addr(ks) + slot * DS_TILE, vd = smem_addr(vs) + slot * DS_TILE;
+            if (t >= DS_STAGES)
+                while (!mbar_try_wait(k_empty + slot, par)) {
                 }
-            const uint32_t qd = smem_addr(qs) + qb * DS_TILE;
-            mbar_expect_tx(q_full + qb, DS_TILE);
-            tma_load_4d(qd, &a.tm_q, 0, it.rs, it.h, it.b, q_full + qb);
-            tma_load_4d(qd + DS_HALF, &a.tm_q, 64, it.rs, it.h, it.b, q_full + qb);
-            for (int t = 0; t < it.n_tiles; ++t, ++g) {
-                const int slot = g % DS_STAGES, par = ((g / DS_STAGES) - 1) & 1;
-                const uint32_t kd = smem_addr(ks) + slot * DS_TILE,
-                               vd = smem_addr(vs) + slot * DS_TILE;
-                if (g >= DS_STAGES)
-                    while (!mbar_try_wait(k_empty + slot, par)) {
-                    }
-                mbar_expect_tx(k_full + slot, DS_TILE);
-                tma_load_4d(kd, &a.tm_k, 0, t * DS_BN, it.hk, it.b, k_full + slot);
-                tma_load_4d(kd + DS_HALF, &a.tm_k, 64, t * DS_BN, it.hk, it.b, k_full + slot);
-                if (g >= DS_STAGES)
-                    while (!mbar_try_wait(v_empty + slot, par)) {
-                    }
-                mbar_expect_tx(v_full + slot, DS_TILE);
-                tma_load_4d(vd, &a.tm_v, 0, t * DS_BN, it.hk, it.b, v_full + slot);
-                tma_load_4d(vd + DS_HALF, &a.tm_v, 64, t * DS_BN, it.hk, it.b, v_full + slot);
-            }
+            mbar_expect_tx(k_full + slot, DS_TILE);
+            tma_load_4d(kd, &a.tm_k, 0, t * DS_BN, hk, b, k_full + slot);
+            tma_load_4d(kd + DS_HALF, &a.tm_k, 64, t * DS_BN, hk, b, k_full + slot);
+            if (t >= DS_STAGES)
+                while (!mbar_try_wait(v_empty + slot, par)) {
+                }
+            mbar_expect_tx(v_full + slot, DS_TILE);
+            tma_load_4d(vd, &a.tm_v, 0, t * DS_BN, hk, b, v_full + slot);
+            tma_load_4d(vd + DS_HALF, &a.tm_v, 64, t * DS_BN, hk, b, v_full + slot);
         }
         return;
     }
@@ -139,109 +112,97 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_inc<240>();
     const int cw = wgi - 1; /* consumer 0 or 1: rows rs + 64 cw .. + 63 */
     const int ct = tid - 128 * wgi;
-    const int warp = ct / 32, lane = ct % 32, cq = lane % 4;
+    const int warp = ct / 32, lane = ct % 32, g = lane / 4, cq = lane % 4;
+    const int qrow0 = rs + cw * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
     /* turn-taking: consumer cw issues after a sync on barrier 1 + cw, then lets the other go */
     const int my_bar = 1 + cw, other_bar = 2 - cw;
     if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
+
+    const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
     float o[64], s[64];
     uint32_t pa[8][4];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    row_softmax sm;
     const float sc = a.scale_log2;
+
+    auto issue_s = [&](int t) {
+        const sw128_desc kd(smem_addr(ks) + (t % DS_STAGES) * DS_TILE, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg<T>::ss128(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
+                         kd.at((kk >> 2) * DS_HALF + (kk & 3) * 32), kk > 0);
+    };
+    auto issue_pv = [&](int t) {
+        const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * DS_TILE, DS_HALF, 1024);
+#pragma unroll
+        for (int kk = 0; kk < DS_BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
+    };
+    /* the diagonal tile: keys after the row (and so every key past the sequence) get -inf */
+    auto mask_diag = [&](int t) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = t * DS_BN + 8 * j + 2 * cq + (e & 1);
+                s[4 * j + e] = key > (e < 2 ? qrow0 : qrow1) ? -INFINITY : s[4 * j + e];
+            }
+    };
     auto release = [&](uint64_t *bar) {
         __syncwarp();
         if (lane == 0) mbar_arrive(bar);
     };
 
-    int g0 = 0; /* global index of the item's first tile */
-    for (int w = blockIdx.x, k = 0; w < a.items; w += gridDim.x, ++k) {
-        const item it = item_of(w);
-        const int n_tiles = it.n_tiles, qb = k & 1;
-        const bool last_item = w + (int)gridDim.x >= a.items;
-        const int qrow0 = it.rs + cw * 64 + warp * 16 + lane / 4, qrow1 = qrow0 + 8;
-        const sw128_desc qd(smem_addr(qs) + qb * DS_TILE + cw * 64 * 128, 16, 1024);
-#pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] = 0.f;
-        row_softmax sm;
+    mbar_wait(q_full, 0);
+    mbar_wait(k_full, 0);
+    named_barrier_sync(my_bar, 256);
+    wgmma_fence();
+    issue_s(0);
+    wgmma_commit();
+    if (cw == 0 || n_tiles > 1) named_barrier_arrive(other_bar, 256);
+    wgmma_wait<0>();
+    fence_operands<64>(s);
+    release(k_empty);
+    if (n_tiles == 1) mask_diag(0);
+    sm.update<16>(s, sc); /* O is still 0: nothing to rescale */
+    pack_p<T, 8>(pa, s);
 
-        auto issue_s = [&](int g) {
-            const sw128_desc kd(smem_addr(ks) + (g % DS_STAGES) * DS_TILE, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                wg<T>::ss128(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
-                             kd.at((kk >> 2) * DS_HALF + (kk & 3) * 32), kk > 0);
-        };
-        auto issue_pv = [&](int g) {
-            const sw128_desc vd(smem_addr(vs) + (g % DS_STAGES) * DS_TILE, DS_HALF, 1024);
-#pragma unroll
-            for (int kk = 0; kk < DS_BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
-        };
-        /* the diagonal tile: keys after the row (and so every key past the sequence) get -inf */
-        auto mask_diag = [&](int t) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = t * DS_BN + 8 * j + 2 * cq + (e & 1);
-                    s[4 * j + e] = key > (e < 2 ? qrow0 : qrow1) ? -INFINITY : s[4 * j + e];
-                }
-        };
-        /* consumer 1's very last turn is not awaited */
-        auto hand_on = [&](int t) { return cw == 0 || !(last_item && t == n_tiles - 1); };
-
-        mbar_wait(q_full + qb, (k >> 1) & 1);
-        mbar_wait(k_full + g0 % DS_STAGES, (g0 / DS_STAGES) & 1);
+    for (int t = 1; t < n_tiles; ++t) {
+        const int ks_slot = t % DS_STAGES, vs_slot = (t - 1) % DS_STAGES;
+        /* both waits before the fence: a wait loop between two wgmma makes ptxas insert a
+         * warpgroup.arrive of its own (C7519) */
+        mbar_wait(k_full + ks_slot, (t / DS_STAGES) & 1);
+        mbar_wait(v_full + vs_slot, ((t - 1) / DS_STAGES) & 1);
         named_barrier_sync(my_bar, 256);
         wgmma_fence();
-        issue_s(g0);
+        issue_s(t);
         wgmma_commit();
-        if (hand_on(0)) named_barrier_arrive(other_bar, 256);
-        wgmma_wait<0>();
+        issue_pv(t - 1);
+        wgmma_commit();
+        if (cw == 0 || t < n_tiles - 1) named_barrier_arrive(other_bar, 256);
+        wgmma_wait<1>(); /* S(t) done; P V(t-1) may still run */
         fence_operands<64>(s);
-        release(k_empty + g0 % DS_STAGES);
-        if (n_tiles == 1) mask_diag(0);
-        sm.update<16>(s, sc); /* O is still 0: nothing to rescale */
-        pack_p<T, 8>(pa, s);
-
-        for (int t = 1; t < n_tiles; ++t) {
-            const int g = g0 + t;
-            const int ks_slot = g % DS_STAGES, vs_slot = (g - 1) % DS_STAGES;
-            /* both waits before the fence: a wait loop between two wgmma makes ptxas insert a
-             * warpgroup.arrive of its own (C7519) */
-            mbar_wait(k_full + ks_slot, (g / DS_STAGES) & 1);
-            mbar_wait(v_full + vs_slot, ((g - 1) / DS_STAGES) & 1);
-            named_barrier_sync(my_bar, 256);
-            wgmma_fence();
-            issue_s(g);
-            wgmma_commit();
-            issue_pv(g - 1);
-            wgmma_commit();
-            if (hand_on(t)) named_barrier_arrive(other_bar, 256);
-            wgmma_wait<1>(); /* S(t) done; P V(t-1) may still run */
-            fence_operands<64>(s);
-            release(k_empty + ks_slot);
-            if (t == n_tiles - 1) mask_diag(t);
-            const float2 al = sm.update<16>(s, sc);
-            wgmma_wait<0>();
-            fence_operands<64>(o);
-            release(v_empty + vs_slot);
-            /* past the first tiles a row's max rarely moves (al = exp2(0) = 1 exactly) */
-            if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
-            pack_p<T, 8>(pa, s);
-        }
-        const int gl = g0 + n_tiles - 1;
-        mbar_wait(v_full + gl % DS_STAGES, (gl / DS_STAGES) & 1);
-        wgmma_fence();
-        issue_pv(gl);
-        wgmma_commit();
+        release(k_empty + ks_slot);
+        if (t == n_tiles - 1) mask_diag(t);
+        const float2 al = sm.update<16>(s, sc);
         wgmma_wait<0>();
         fence_operands<64>(o);
-        release(v_empty + gl % DS_STAGES); /* the next item's tiles need the slot */
-        release(q_empty + qb);
-        g0 += n_tiles;
-
-        T *og = reinterpret_cast<T *>(a.o) + it.b * a.o_stride[0] + it.h * a.o_stride[1];
-        float *lseg = a.lse ? a.lse + ((int64_t)it.b * a.heads + it.h) * a.len : nullptr;
-        store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+        release(v_empty + vs_slot);
+        /* past the first tiles a row's max rarely moves (al = exp2(0) = 1 exactly) */
+        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
+        pack_p<T, 8>(pa, s);
     }
+    const int last = n_tiles - 1;
+    mbar_wait(v_full + last % DS_STAGES, (last / DS_STAGES) & 1);
+    wgmma_fence();
+    issue_pv(last);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands<64>(o);
+
+    T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
+    float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
+    store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
 #endif
 }
 
@@ -251,9 +212,8 @@ static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DS_SMEM);
     if (e != cudaSuccess) return e;
-    (void)batch;
-    /* persistent: one CTA per SM walks the work items */
-    kern<<<dim3(min(a.items, mi_cuda_sm_count())), 384, DS_SMEM, st>>>(a);
+    dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * a.heads);
+    kern<<<grid, 384, DS_SMEM, st>>>(a);
     return cudaGetLastError();
 }
 
@@ -282,11 +242,6 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.group = p->group;
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
-    a.m_blocks = (p->len + mi_cuda::DS_BM - 1) / mi_cuda::DS_BM;
-    a.bhs = p->batch * p->heads;
-    const int64_t items = (int64_t)a.m_blocks * a.bhs;
-    if (items > 0x7fffffff) return cudaSuccess;
-    a.items = (int)items;
     *used = 1;
     return bf16 ? mi_cuda::launch_dense<__nv_bfloat16>(a, p->batch, st)
                 : mi_cuda::launch_dense<__half>(a, p->batch, st);
