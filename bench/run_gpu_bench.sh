@@ -34,7 +34,7 @@ grep -E "spill|warning" "$LOGS/build.log" | grep -v " 0 bytes spill" | head -20
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 
 # Tensor-core instructions in the kernels (HMMA: mma.sync; HGMMA: wgmma)
-for f in attn_fwd attn_fwd_sm90; do
+for f in attn_fwd attn_fwd_sm90 attn_dense_sm90 attn_sparse_sm90; do
   obj=$(find build -name "$f.cu.o" | head -1)
   [ -n "$obj" ] || continue
   cuobjdump -sass "$obj" > "$LOGS/$f.sass" 2>/dev/null
@@ -42,13 +42,18 @@ for f in attn_fwd attn_fwd_sm90; do
 done
 
 if [ "$TEST" = 1 ]; then
-  # both kernel paths on a Hopper GPU: wgmma (default) and the portable mma.sync one
-  for path in sm90 sm80; do
-    [ "$path" = sm80 ] && export MI_CUDA_DISABLE_SM90=1
+  # every kernel path on a Hopper GPU: wgmma (default), with the opt-in warp-specialised sparse
+  # kernel, with the ring kernel for dense launches, and the portable mma.sync one
+  for path in sm90 sm90_ws_sparse sm90_ring_dense sm80; do
+    case "$path" in
+      sm90_ws_sparse) export MI_CUDA_SM90_SPARSE=1 ;;
+      sm90_ring_dense) export MI_CUDA_SM90_DENSE=0 ;;
+      sm80) export MI_CUDA_DISABLE_SM90=1 ;;
+    esac
     timeout 900 build/tests/cuda/test_cuda $QUICK > "$LOGS/test_cuda_$path.log" 2>&1
     echo "test_cuda ($path) rc=$? : $(tail -1 "$LOGS/test_cuda_$path.log")"
     grep FAIL "$LOGS/test_cuda_$path.log" | head -20
-    unset MI_CUDA_DISABLE_SM90
+    unset MI_CUDA_DISABLE_SM90 MI_CUDA_SM90_SPARSE MI_CUDA_SM90_DENSE
   done
 fi
 

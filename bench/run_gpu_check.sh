@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Kernel work on a GPU machine in one call, most important first: builds the library for sm_90a
-# only, runs the GPU tests (full on the default path, the quick subset on the sm_80 path and on
-# each variant), a compute-sanitizer memcheck of the quick subset, optionally the dense and sparse
+# only, runs the GPU tests (full on the default path and with the warp-specialised sparse kernel,
+# the quick subset on the sm_80 path, with the ring kernel for dense launches and on each
+# variant), a compute-sanitizer memcheck of the quick subset, optionally the dense and sparse
 # benchmark against SDPA (bench/torch_ref.py, its JSON and PNG into $LOGS), then times the variants
 # (bench/time_variants.py).
 #   bench/run_gpu_check.sh [--no-memcheck] [--bench] [--variant NAME=VAR=VAL ...]
@@ -46,6 +47,9 @@ t sm90 --
 # a hung kernel (timeout) would hang every later step as well
 [ $? = 124 ] && { echo "default path timed out: stopping"; exit 1; }
 t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
+# the opt-in sm_90a kernels: the warp-specialised sparse one, and the ring kernel for dense heads
+t ws_sparse MI_CUDA_SM90_SPARSE=1 --
+t ring_dense_quick MI_CUDA_SM90_DENSE=0 -- --quick
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*}; envs=${v#*=}
   [ -n "$envs" ] && t "${name}quick" ${envs//,/ } -- --quick
