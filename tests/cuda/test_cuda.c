@@ -447,6 +447,18 @@ static void check(int ok, const char *fmt, const char *what) {
     }
 }
 
+/* Sparse attention over the host index on the CPU and over its device copy on the GPU, into
+ * poisoned outputs. */
+static void sparse_both(inputs *in, sp_pair *si) {
+    CUDA_OK(cudaMemcpy(si->db, si->hb, si->bytes, cudaMemcpyHostToDevice));
+    inputs_poison(in);
+    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in->q.h, &in->k.h, &in->v.h, in->lens, &si->h, 0,
+                                     &in->o_cpu.h, in->lse_cpu));
+    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in->q.d, &in->k.d, &in->v.d, in->lens, &si->d, 0,
+                                     &in->o_gpu.d, in->lse_gpu));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+}
+
 /* Estimate on both sides, compare the sets, then build the block index on both sides from the
  * CPU sets (so the comparison is exact), run the sparse kernel on both from that same index. */
 static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
@@ -496,13 +508,7 @@ static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
     check(idiff == 0, "index differs", name);
 
     /* sparse attention over the CPU index */
-    CUDA_OK(cudaMemcpy(si.db, si.hb, si.bytes, cudaMemcpyHostToDevice));
-    inputs_poison(&in);
-    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, &si.h, 0,
-                                     &in.o_cpu.h, in.lse_cpu));
-    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, &si.d, 0,
-                                     &in.o_gpu.d, in.lse_gpu));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    sparse_both(&in, &si);
     snprintf(name, sizeof name, "sparse vs(%d,%d) [%s]", vsz, ssz, shape_str(s, sh, sizeof sh));
     compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
 
@@ -539,13 +545,7 @@ static void test_sparse_random(const shape *s) {
             si.h.column_index[i * mc + j] = c;
         }
     }
-    CUDA_OK(cudaMemcpy(si.db, si.hb, si.bytes, cudaMemcpyHostToDevice));
-    inputs_poison(&in);
-    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, &si.h, 0,
-                                     &in.o_cpu.h, in.lse_cpu));
-    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, &si.d, 0,
-                                     &in.o_gpu.d, in.lse_gpu));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    sparse_both(&in, &si);
     snprintf(name, sizeof name, "sparse random index [%s]", shape_str(s, sh, sizeof sh));
     compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
     sp_free(&si);
@@ -607,13 +607,7 @@ static void test_block_sparse(const shape *s, int32_t topk) {
     /* pooled fp32 dot products in another order: a near-tie may swap a block in a few rows */
     check(idiff * 100 <= nrows, "index differs", name);
 
-    CUDA_OK(cudaMemcpy(si.db, si.hb, si.bytes, cudaMemcpyHostToDevice));
-    inputs_poison(&in);
-    MI_OK(g_cpu, mi_attention_sparse(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, &si.h, 0,
-                                     &in.o_cpu.h, in.lse_cpu));
-    MI_OK(g_gpu, mi_attention_sparse(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, &si.d, 0,
-                                     &in.o_gpu.d, in.lse_gpu));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    sparse_both(&in, &si);
     snprintf(name, sizeof name, "sparse block(top %d) [%s]", topk, shape_str(s, sh, sizeof sh));
     compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
     sp_free(&si);
