@@ -629,12 +629,11 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 template <typename T>
-static cudaError_t launch_sparse(const sparse_sm90_args &a, int batch, cudaStream_t st) {
+static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
     auto kern = attn_sparse_sm90_kernel<T>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SP_SMEM);
     if (e != cudaSuccess) return e;
-    (void)batch;
     /* persistent: one CTA per SM walks the work items, so that an item's start (reading the
      * index, the first loads) overlaps the previous item's end */
     kern<<<dim3(min(a.items, mi_cuda_sm_count())), 384, SP_SMEM, st>>>(a);
@@ -690,6 +689,6 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     if (items > 0x7fffffff) return cudaSuccess;
     a.items = (int)items;
     *used = 1;
-    return bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, p->batch, st)
-                : mi_cuda::launch_sparse<__half>(a, p->batch, st);
+    return bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, st)
+                : mi_cuda::launch_sparse<__half>(a, st);
 }
