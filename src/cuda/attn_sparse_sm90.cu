@@ -6,18 +6,21 @@
  *
  * The structure of the dense kernel (attn_dense_sm90.cu) applied to two adjacent 64-row blocks
  * A and B of the index at once, so that the tiles both use are loaded once:
- *   - the producer warp merges A's and B's block offsets (each ascending) into one list of
+ *   - the producer warpgroup merges A's and B's range starts (each ascending) into one list of
  *     64-key ranges, each marked with who uses it (A, B or both), and packs them two to a
- *     128-key tile, loaded with TMA (64 x 64 boxes; ranges may start anywhere, and rows
- *     outside the sequence read as zeros). A band of diagonals, the common case, is shared but
- *     for its two ends;
- *   - then A's and B's gathered columns, alternately, in 128-key tiles that only their owner
- *     uses: the producer warp looks the keys up, writes them to the tile's header and copies
- *     the rows with cp.async (zero-filled where a key does not exist);
- *   - each tile's header (range starts, users, keys, last-tile flag) sits next to it in shared
- *     memory; a consumer computes only the tiles it uses, masks the half of a shared tile it does
- *     not use and keys after its rows, and otherwise only frees the slot (a P V still pending is
- *     issued first, so that no slot waits on a tile that comes later).
+ *     128-key tile: two both use (a shared tile), one of A's only with one of B's only (a split
+ *     tile: each consumer computes its own 64-key half), or else two of one side's. Tiles are
+ *     loaded with TMA (64 x 64 boxes; ranges may start anywhere, rows outside the sequence read
+ *     as zeros). A band of diagonals, the common case, is shared but for its two ends;
+ *   - then the gathered columns: when both lists are strictly ascending, A's tiles carry every
+ *     column (each also used by B where B lists it) and B's the ones A does not list; otherwise
+ *     A's and B's tiles alternate, each used by its owner only. All four producer warps look the
+ *     keys up, write them (and who uses each) to the tile's header and copy the rows with
+ *     cp.async (zero-filled where a key does not exist);
+ *   - each tile's header (range starts, users, keys, end-of-item marker) sits next to it in
+ *     shared memory; a consumer computes the tiles (or the half) it uses, masks keys after its
+ *     rows and keys only the other block uses, and otherwise only frees the slot (a P V still
+ *     pending in that slot is issued first, so that no slot waits on a tile that comes later).
  * A persistent CTA per SM walks the work items (pairs x heads x batch), with Q double-buffered,
  * so that an item's start (reading the index, the first loads) overlaps the previous one's end.
  *
