@@ -229,8 +229,6 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     if ((off && off[0] == '0') || p->use_head_modes || p->mode.mode != MI_CUDA_MODE_DENSE ||
         p->head_dim != 128)
         return cudaSuccess;
-    for (int b = 0; b < p->batch; ++b)
-        if (p->seq_lens[b] != p->len) return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BN))

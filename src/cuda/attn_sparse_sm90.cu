@@ -662,8 +662,6 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     for (int h = 0; h < p->heads; ++h)
         if ((p->use_head_modes ? p->head_modes[h].mode : p->mode.mode) != MI_CUDA_MODE_SPARSE)
             return cudaSuccess;
-    for (int b = 0; b < p->batch; ++b)
-        if (p->seq_lens[b] != p->len) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, 64)) return cudaSuccess;

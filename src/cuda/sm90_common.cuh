@@ -315,10 +315,14 @@ static inline bool encode_tma_map(CUtensorMap *map, const void *base, const int6
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* Tensor maps of a launch's Q, K and V for boxes of box_rows rows; false where one cannot be
- * made (the launch then runs the ring kernel). */
+/* Tensor maps of a launch's Q, K and V for boxes of box_rows rows; false where the launch cannot
+ * be read through them (the caller then runs the ring kernel): a sequence shorter than the
+ * tensors (TMA would read its padding, where only rows past the tensor read as zeros), or a
+ * tensor TMA cannot address. */
 static inline bool encode_qkv_maps(CUtensorMap *q, CUtensorMap *k, CUtensorMap *v,
                                    const mi_cuda_attn_params *p, int box_rows) {
+    for (int b = 0; b < p->batch; ++b)
+        if (p->seq_lens[b] != p->len) return false;
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     return encode_tma_map(q, p->q, p->q_stride, p->batch, p->heads, p->len, box_rows, bf16) &&
            encode_tma_map(k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, box_rows, bf16) &&
