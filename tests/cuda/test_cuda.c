@@ -522,15 +522,27 @@ static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
 /* Sparse attention over a random index: unsorted range starts anywhere (before 0, past the
  * sequence, overlapping), ascending columns with out-of-range entries, empty row blocks, rows with
  * nothing but columns. Both kernels must read it as a list, like the CPU. */
-static void test_sparse_random(const shape *s) {
+/* A random index. subset = 0: each row block's columns a random ascending run over the whole
+ * sequence and beyond it (a large union of columns, some out of range); subset = 1: random
+ * subsets of one set of 200 keys per (b, h), as vertical-slash lists are (a small union, each
+ * pair of row blocks listing different parts of it). */
+static void test_sparse_random(const shape *s, int subset) {
     char name[200], sh[128];
     inputs in;
     inputs_make(&in, s, 0);
     const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
-    const int32_t mb = 12, mc = 300, L = (int32_t)s->L;
+    const int32_t mb = 12, mc = 300, L = (int32_t)s->L, nset = 200;
+    int32_t set[200];
     sp_pair si;
     sp_alloc(&si, B, H, R, mb, mc);
     for (int64_t i = 0; i < (int64_t)B * H * R; i++) {
+        if (subset && i % R == 0) { /* the next (b, h)'s set: ascending, distinct */
+            int32_t c = -1;
+            for (int32_t j = 0; j < nset; j++) {
+                c += 1 + (int32_t)(rnd32() % (uint32_t)(L / nset + 1));
+                set[j] = c < L ? c : L - 1;
+            }
+        }
         const uint32_t kind = rnd32() % 8;
         int32_t nb = kind == 0 ? 0 : (int32_t)(rnd32() % (uint32_t)(mb + 1));
         int32_t nc = kind == 1 ? 0 : (int32_t)(rnd32() % (uint32_t)(mc + 1));
@@ -540,13 +552,23 @@ static void test_sparse_random(const shape *s) {
         for (int32_t j = 0; j < mb; j++)
             si.h.block_offset[i * mb + j] = (int32_t)(rnd32() % (uint32_t)(L + 200)) - 100;
         int32_t c = -20;
-        for (int32_t j = 0; j < mc; j++) {
-            c += 1 + (int32_t)(rnd32() % (uint32_t)(L / 150 + 2));
-            si.h.column_index[i * mc + j] = c;
+        if (subset) {
+            int32_t n = 0;
+            for (int32_t j = 0; j < nset && n < nc; j++)
+                if ((j == 0 || set[j] > set[j - 1]) && rnd32() % 4 != 0)
+                    si.h.column_index[i * mc + n++] = set[j];
+            si.h.column_count[i] = n;
+            for (int32_t j = n; j < mc; j++) si.h.column_index[i * mc + j] = -1;
+        } else {
+            for (int32_t j = 0; j < mc; j++) {
+                c += 1 + (int32_t)(rnd32() % (uint32_t)(L / 150 + 2));
+                si.h.column_index[i * mc + j] = c;
+            }
         }
     }
     sparse_both(&in, &si);
-    snprintf(name, sizeof name, "sparse random index [%s]", shape_str(s, sh, sizeof sh));
+    snprintf(name, sizeof name, "sparse random index%s [%s]", subset ? " (columns of one set)" : "",
+             shape_str(s, sh, sizeof sh));
     compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
     sp_free(&si);
     inputs_free(&in);
@@ -774,9 +796,11 @@ int main(int argc, char **argv) {
         shape r1 = {1, 32, 8, Lr, 128, dts[di], di, {0, 0}};
         shape r2 = {2, 4, 1, 1000, 128, dts[di], !di, {1000, 1000}};
         shape r3 = {1, 2, 2, 130, 128, dts[di], 0, {0, 0}}; /* odd row-block count */
-        test_sparse_random(&r1);
-        test_sparse_random(&r2);
-        test_sparse_random(&r3);
+        for (int subset = 0; subset < 2; subset++) {
+            test_sparse_random(&r1, subset);
+            test_sparse_random(&r2, subset);
+            test_sparse_random(&r3, subset);
+        }
     }
     test_index_messy(1000, 40, 60, 0);
     test_index_messy(1000, 40, 60, 1);
