@@ -44,8 +44,17 @@ args=(--variant base=)
 for v in "$@"; do args+=(--variant "$v"); done
 timeout "$(left)" python3 bench/time_variants.py --lib "$B/libminference.so" --shapes "${SHAPES:-sparse}" \
   --prefill "${PREFILL:-1048576}" --out "$LOGS/variants.json" "${args[@]}" >"$LOGS/timings.log" 2>&1
-echo "timings rc=$? ($((SECONDS - T0)) s)"
+rc=$?
+echo "timings rc=$rc ($((SECONDS - T0)) s)"
 grep -v "^{" "$LOGS/timings.log"
+if [ $rc != 0 ]; then # no table: the rows done so far, so that a stall shows where it happened
+  grep "^{" "$LOGS/timings.log" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print(r["variant"], r.get("set", r["kind"]), r["L"],
+          r.get("kernel_ms_per_head", r.get("ours_ms_per_head", r.get("prefill_ms_per_head"))))'
+fi
 
 t() { # name, env assignments..., -- test args (in the background)
   local name=$1; shift
