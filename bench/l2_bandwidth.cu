@@ -137,12 +137,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--commit") && i + 1 < argc)
             commit = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_l2_bandwidth [--json OUT] [--gpu NAME] [--commit SHA]\n");
-            return strcmp(argv[i], "--help") ? 2 : 0;
+            const bool help = !strcmp(argv[i], "--help");
+            fprintf(help ? stdout : stderr,
+                    "usage: bench_l2_bandwidth [--json OUT] [--gpu NAME] [--commit SHA]\n");
+            return help ? 0 : 2;
         }
     }
     cudaDeviceProp prop;
-    CHECK(cudaGetDeviceProperties(&prop, 0));
+    const cudaError_t dev = cudaGetDeviceProperties(&prop, 0);
+    if (dev != cudaSuccess) {
+        fprintf(stderr, "bench_l2_bandwidth: no usable CUDA device (%s)\n", cudaGetErrorString(dev));
+        return 1;
+    }
     if (prop.major != 9 || prop.minor != 0) {
         fprintf(stderr, "bench_l2_bandwidth: needs an sm_90 GPU (this is %s, %d.%d)\n", prop.name,
                 prop.major, prop.minor);
