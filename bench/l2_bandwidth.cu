@@ -44,49 +44,30 @@ __device__ __forceinline__ size_t tile_at(int b, int i, int grid, size_t ntiles)
     return ((size_t)b * 7919u + (size_t)i * grid) % ntiles;
 }
 
-/* ring: tile of 16 KB = 64 rows x 256 B, 128 threads x 8 chunks of 16 B. */
-__global__ void __launch_bounds__(128, 3)
-    ring_kernel(const unsigned char *buf, size_t ntiles, int iters, int *sink) {
+/* cp.async: THREADS threads copy a TILE-byte tile 16 B each per pass into slot i % SLOTS, with
+ * IN_FLIGHT tiles outstanding and a __syncthreads per tile. ring = <128, 16384, 3, 2> (three per
+ * SM), deep = <256, 32768, 4, 4>. */
+template <int THREADS, int TILE, int SLOTS, int IN_FLIGHT>
+__global__ void __launch_bounds__(THREADS)
+    copy_kernel(const unsigned char *buf, size_t ntiles, int iters, int *sink) {
 #ifdef MI_SM90_DEVICE
     extern __shared__ __align__(128) unsigned char sm[];
-    constexpr int TILE = 16384;
+    constexpr int PASSES = TILE / (16 * THREADS);
     const int tid = threadIdx.x;
     for (int i = 0; i < iters; ++i) {
         const unsigned char *src = buf + tile_at(blockIdx.x, i, gridDim.x, ntiles) * TILE;
-        unsigned char *dst = sm + (i % 3) * TILE;
+        unsigned char *dst = sm + (i % SLOTS) * TILE;
 #pragma unroll
-        for (int c = 0; c < 8; ++c)
-            mi_cuda::cp_async_16(dst + (c * 128 + tid) * 16, src + (c * 128 + tid) * 16, 16);
+        for (int c = 0; c < PASSES; ++c)
+            mi_cuda::cp_async_16(dst + (c * THREADS + tid) * 16, src + (c * THREADS + tid) * 16,
+                                 16);
         mi_cuda::cp_async_commit();
-        mi_cuda::cp_async_wait<1>();
+        mi_cuda::cp_async_wait<IN_FLIGHT - 1>();
         __syncthreads();
     }
     mi_cuda::cp_async_wait<0>();
     __syncthreads();
     if (tid == 0 && sm[1] == 255 && sm[TILE + 7] == 255) atomicAdd(sink, 1); /* keep the loads */
-#endif
-}
-
-/* deep: tile of 32 KB, 256 threads x 8 chunks of 16 B, four stages. */
-__global__ void __launch_bounds__(256, 1)
-    deep_kernel(const unsigned char *buf, size_t ntiles, int iters, int *sink) {
-#ifdef MI_SM90_DEVICE
-    extern __shared__ __align__(128) unsigned char sm[];
-    constexpr int TILE = 32768;
-    const int tid = threadIdx.x;
-    for (int i = 0; i < iters; ++i) {
-        const unsigned char *src = buf + tile_at(blockIdx.x, i, gridDim.x, ntiles) * TILE;
-        unsigned char *dst = sm + (i % 4) * TILE;
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-            mi_cuda::cp_async_16(dst + (c * 256 + tid) * 16, src + (c * 256 + tid) * 16, 16);
-        mi_cuda::cp_async_commit();
-        mi_cuda::cp_async_wait<3>();
-        __syncthreads();
-    }
-    mi_cuda::cp_async_wait<0>();
-    __syncthreads();
-    if (tid == 0 && sm[1] == 255 && sm[TILE + 7] == 255) atomicAdd(sink, 1);
 #endif
 }
 
@@ -155,8 +136,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int sms = prop.multiProcessorCount;
-    const pattern pats[] = {{"ring", ring_kernel, 128, 3, 16384, 3 * 16384},
-                            {"deep", deep_kernel, 256, 1, 32768, 4 * 32768},
+    const pattern pats[] = {{"ring", copy_kernel<128, 16384, 3, 2>, 128, 3, 16384, 3 * 16384},
+                            {"deep", copy_kernel<256, 32768, 4, 4>, 256, 1, 32768, 4 * 32768},
                             {"bulk", bulk_kernel, 32, 1, 32768, 4 * 32768}};
     const size_t sizes[] = {(size_t)16 << 20, (size_t)2 << 30};
     unsigned char *buf = nullptr;
