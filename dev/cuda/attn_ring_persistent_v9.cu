@@ -1,0 +1,418 @@
+/*
+ * dev/cuda/attn_ring_persistent_v9.cu: experiment 9 (src/cuda/attn_fwd_sm90.cu of 970e1df made
+ * persistent): as many ring-kernel CTAs as fit at once (3 per SM) walk the work items (64-row
+ * blocks), and the ring of K/V slots runs on from one item to the next: the last tile of an item
+ * loads the next item's first K tile (after its own mask, since the plan is replaced), its Q
+ * (after the barrier that ends the last S) and its first V tile, in the cp.async groups the
+ * loop already counts; the gathered tiles' key positions alternate over all the CTA's tiles.
+ * MI_CUDA_SM90_PERSISTENT=0 launched one CTA per item with the same code.
+ * Two ways to hand out items were tried:
+ *   - round robin (item blockIdx.x, + gridDim.x, ...; 160 registers, no spills);
+ *   - claimed in order from a counter in stream-ordered scratch (below; thread 0's atomicAdd
+ *     broadcast through shared memory; 168 registers, 28 bytes spilled).
+ * GPU tests: 152/152 quick and 398/398 full, memcheck clean, quick also with one CTA per item and
+ * with dense through this kernel (MI_CUDA_SM90_DENSE=0), for both versions.
+ * Reached on an NVIDIA H200 (bf16, D = 128, bench/time_variants.py --shapes sparse, one process;
+ * ms per head / effective TFLOP/s; "single" is one CTA per item with the same code):
+ *   round robin: local 128K 0.924 / 474 (single 0.894 / 490), mixed 128K 7.72 / 428 (6.91 /
+ *   479), small 128K 0.198 / 389 (0.193 / 399), local 1M 7.49 / 479 (7.33 / 489), mixed 1M
+ *   94.4 / 389 (81.1 / 453), small 1M 1.74 / 356 (1.59 / 389); whole-layer VS prefill at 1M x 8
+ *   heads 57.7 / 57.5 ms per head (single 46.0 / 46.7);
+ *   counter: local 128K 1.019 / 430 (single 1.023 / 429), mixed 128K 7.58 / 437 (7.64 / 433),
+ *   small 128K 0.226 / 341 (0.220 / 351), local 1M 8.37 / 429 (8.40 / 427), mixed 1M 86.8 / 423
+ *   (86.7 / 424), small 1M 1.92 / 323 (1.81 / 342); prefill 50.0 / 50.3 (single 50.1 / 50.2).
+ * So handing items out round robin loses the locality the hardware's in-order launch gives
+ * (the items running at once drift apart along the sequence, and scattered diagonals stop
+ * sharing L2: mixed 1M -14 %, the prefill -25 %); claiming them in order keeps it but gains
+ * nothing over one CTA per item, whose start three CTAs per SM already hide, while the extra
+ * registers cost 10-13 % everywhere. The single-item runs of the round-robin build match the
+ * kernel of src/ (local 128K 497, mixed 1M 463 TFLOP/s in the run of 1e9fe75). Left out of src/.
+ */
+/*
+ * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA
+ * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
+ * attn_fwd.cu.
+ *
+ * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the
+ * 128-byte-swizzled K-major layout wgmma reads directly: each 128-column row is split in two
+ * 64-column halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
+ * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
+ * the register layout of the A operand) and V read transposed (MN-major B).
+ * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
+ * to the async proxy with fence.proxy.async before the barrier.
+ * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
+ * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
+ * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
+ * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). Launches whose every head is dense (and whose
+ * sequences have the full length) go to the warp-specialised dense kernel instead
+ * (attn_dense_sm90.cu), sparse launches to attn_sparse_sm90.cu when MI_CUDA_SM90_SPARSE=1; see
+ * mi_cuda_attn_sm90_launch at the end of this file. */
+#include "sm90_common.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+namespace mi_cuda {
+
+/* Sets the scores of keys row cannot see to -inf, where `needed` (decided when the tile was
+ * loaded): a range tile wholly left of the diagonal (every tile of a dense row block but the
+ * last) needs no test, nor does a gathered tile whose keys all exist and lie at or before the
+ * block's first row. Range tile t starts at tile_offset; the keys of a gathered tile are in
+ * kp[64]. Outside A-/Tri-shape the test is causality alone. */
+__device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t, const int *kp,
+                                            bool needed, int qrow0, int qrow1, int len) {
+    if (!needed) return;
+    const int cq = threadIdx.x % 4;
+    const bool range = t < tp.n_a;
+    const int off = range ? tile_offset(tp, t) : 0;
+    auto key_of = [&](int col) {
+        int key = range ? off + col : kp[col];
+        if (range && (key < 0 || key >= len)) key = MI_NO_KEY;
+        return key;
+    };
+    if (!tp.windowed) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (key_of(8 * j + 2 * cq + (e & 1)) > (e < 2 ? qrow0 : qrow1))
+                    s[4 * j + e] = -INFINITY;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!key_visible(tp, key_of(8 * j + 2 * cq + (e & 1)), e < 2 ? qrow0 : qrow1))
+                s[4 * j + e] = -INFINITY;
+}
+
+/* The kernel: one warpgroup per CTA, 64 query rows (one row block of the sparse index), three
+ * CTAs per SM. It replaced a two-warpgroup 128-row dense kernel (dev/cuda/attn_dense_v4.cu) and
+ * the two-CTA 64-row loop (dev/cuda/attn_dense_v3.cu): the profile of those was latency bound
+ * (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide more of
+ * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 168 now, no
+ * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
+ * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
+ * slot i % 3. K(t+1) is issued in step t, right after the wgmma of S(t), into the slot V(t-1)
+ * used; V(t+1) right after the wgmma of P V(t) into the slot K(t) used; each is waited one step
+ * later, the same prefetch distance as a two-stage loop, with 48 KB of K/V instead of 64 KB.
+ * H200, bf16, against the two-CTA loop in one process (ms/head, effective TFLOP/s; both runs:
+ * bench/results/2026-11-30-gpu-sparse-ring-ab.json; dense: 445 / 439 / 430 / 431 TFLOP/s at
+ * 32K / 128K / 512K / 1M against 397-405 for the 128-row kernel,
+ * bench/results/2026-11-30-gpu-dense-ring-ab.json):
+ * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
+ * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
+ * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms).
+ * Then fewer instructions per step, since the profile still showed issue slots about half busy
+ * with fixed-latency dependencies ("wait") the largest stall, at about 540 instructions per warp
+ * and 64-key step: descriptors built once per tile, plans and masks without branches on the
+ * mode, gathered tiles unmasked when every key precedes the block, gathered loads with one key
+ * lookup per row, the O rescale skipped when no row max moved, tree reductions, and the next
+ * tile's copies issued under the running wgmma. Full benchmark (bench/results/2026-11-30-gpu-
+ * attention-v8.json): dense 487 / 495 / 487 / 482 TFLOP/s at 32K / 128K / 512K / 1M = 0.73 /
+ * 0.89 / 0.99 / 1.06x cuDNN; local 429 / 463 / 465, mixed 466 / 462 / 445, small 394 / 322 /
+ * 343 at 128K / 512K / 1M; VS local 1M 7.71 ms per head; whole-layer VS prefill at 1M 49.2 ms
+ * per head. The profile after it: issue slots 44-49 % busy, "wait" still the largest stall.
+ * Then whether a range tile needs its mask is decided when the tile is loaded, instead of
+ * looking its offset up again between S(t) and the softmax: sparse sets +1.5-2 % (local 128K
+ * 0.910 -> 0.891 ms, mixed 128K 7.00 -> 6.85 ms, local 1M 7.62 -> 7.47 ms per head in
+ * bench/time_variants.py, two runs each).
+ * Tried and dropped: waiting for K(t) and V(t) together at the step start (one cp.async wait and
+ * proxy fence per step instead of two) was 2-6 % slower, 13 % on the 1M prefill: V then has half
+ * a step to arrive instead of a whole one. */
+template <typename T>
+__global__ void __launch_bounds__(128, 3)
+    attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p, int row_blocks,
+                              int items, int *next_item) {
+#ifdef MI_SM90_DEVICE
+    constexpr int D = 128, BM = 64, NT = 128, CPR = 16;
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *base = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = base;
+    unsigned char *ring = qs + 2 * QHALF;                   /* [3 slots] of one K or V tile */
+    int *kpos = reinterpret_cast<int *>(ring + 3 * KTILE); /* [2][BN]: key positions of K(t) */
+    int *grabbed = kpos + 2 * BN; /* thread 0's claim of the next item, for every thread */
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+
+    /* A work item: the 64 query rows of row block m_blk of (b, h). Item w is row block
+     * row_blocks - 1 - w % row_blocks of (b, h) = w / row_blocks (the last, causally the
+     * longest, first). A CTA starts with item blockIdx.x and then claims items in order from
+     * the counter (gridDim.x on), so that the items running at once stay neighbours, as with
+     * one CTA per item (their K/V overlap in L2). */
+    auto claim = [&]() {
+        if (tid == 0) *grabbed = (int)gridDim.x + atomicAdd(next_item, 1);
+        __syncthreads();
+        const int w = *grabbed;
+        __syncthreads(); /* read before the next claim writes it */
+        return w;
+    };
+    struct work {
+        tile_plan tp;
+        int n_tiles, rs, len, bh;
+        const T *kg, *vg;
+    };
+    /* The next item from w on that has tiles (w is left at it); items without write their
+     * empty rows on the way. */
+    auto next_work = [&](int &w, work &wk) {
+        for (; w < items; w = claim()) {
+            const int m_blk = row_blocks - 1 - w % row_blocks, bh = w / row_blocks;
+            const int b = bh / p.heads, h = bh % p.heads, hk = h / p.group;
+            const int len = p.seq_lens[b], rs = m_blk * BM;
+            if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, wk.tp)) continue;
+            wk.n_tiles = wk.tp.n_a + wk.tp.n_b;
+            if (wk.n_tiles == 0) {
+                write_empty_rows(reinterpret_cast<T *>(p.o) + b * p.o_stride[0] +
+                                     h * p.o_stride[1],
+                                 p.o_stride[2],
+                                 p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr,
+                                 rs, min(BM, p.len - rs), D, tid, NT);
+                continue;
+            }
+            wk.rs = rs;
+            wk.len = len;
+            wk.bh = bh;
+            wk.kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+            wk.vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
+            return true;
+        }
+        return false;
+    };
+    auto load_q = [&](const work &wk) {
+        const T *qg = reinterpret_cast<const T *>(p.q) + (wk.bh / p.heads) * p.q_stride[0] +
+                      (wk.bh % p.heads) * p.q_stride[1];
+        for (int i = tid; i < BM * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int row = wk.rs + r;
+            const bool ok = row < wk.len;
+            const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+            cp_async_16(qs + sw_off(r, c, QHALF), src, ok ? 16 : 0);
+        }
+    };
+    constexpr int RPP = NT / CPR, PASSES = BN / RPP;
+    const int lr0 = tid / CPR, lc = tid % CPR;
+    const uint32_t soff0 = sw_off(lr0, lc, KHALF);
+    /* K or V of tile t of item wk into ring slot `slot`. Gathered tiles: the K load looks the key
+     * positions up and keeps them in kpos[kb] (for the mask and for V); the V load reads them
+     * from there, so a barrier must separate the two. kb alternates from tile to tile over all
+     * the CTA's items, so that the next tile's K load never writes the positions the current
+     * tile's mask still reads. */
+    const uint32_t ring_s = smem_addr(ring);
+    const int gr = tid >> 1, gc = tid & 1;               /* gathered tiles: row, chunk parity */
+    const uint32_t gswz = (uint32_t)((gc ^ (gr & 7)) << 4); /* chunk gc + 2k at (2k ^ gswz) */
+    int late = 0; /* the gathered K tile just loaded has a key after rs or a missing one */
+    bool range_mask = true; /* the range K tile just loaded needs the mask */
+    auto load = [&](const work &wk, int t, int slot, bool is_v, int kb) {
+        const uint32_t d = ring_s + slot * KTILE;
+        const T *g = is_v ? wk.vg : wk.kg;
+        const int64_t sl = is_v ? p.v_stride[2] : p.k_stride[2];
+        if (t < wk.tp.n_a) {
+            const int off = tile_offset(wk.tp, t);
+            /* whether the tile's scores need the mask, known here and not after S(t), where
+             * looking the offset up again would sit between the wgmma and the softmax */
+            if (!is_v) range_mask = !range_tile_unmasked(wk.tp, off, wk.rs, wk.len);
+            if (off >= 0 && off + BN <= wk.len) {
+                const T *src = g + (off + lr0) * sl + lc * 8;
+#pragma unroll
+                for (int i = 0; i < PASSES; ++i)
+                    cp_async_16(d + soff0 + i * RPP * 128, src + i * RPP * sl, 16);
+                return;
+            }
+        }
+        /* gathered rows: two threads per row, one looking its key position up (K) or reading
+         * it back (V), each copying every other 16-byte chunk (adjacent lanes, adjacent chunks:
+         * whole 32-byte sectors); the chunk offsets are constants, the swizzle one XOR */
+        int *kp = kpos + kb * BN;
+        const int pos = is_v ? kp[gr] : tile_key(wk.tp, t, gr, wk.len);
+        const bool ok = pos != MI_NO_KEY;
+        if (!is_v) {
+            if (gc == 0) kp[gr] = pos;
+            late |= !ok || pos > wk.rs;
+        }
+        const T *src = g + (int64_t)(ok ? pos : 0) * sl + gc * 8;
+        const uint32_t drow = d + gr * 128;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            cp_async_16(drow + (k >> 2) * KHALF + ((((2 * k) & 7) << 4) ^ gswz), src + 16 * k,
+                        ok ? 16 : 0);
+    };
+
+    int w = blockIdx.x;
+    work wk;
+    if (!next_work(w, wk)) return;
+    load_q(wk);
+    load(wk, 0, 0, false, 0);
+    cp_async_commit(); /* group: Q, K0 */
+    __syncthreads();   /* kpos of tile 0 */
+    load(wk, 0, 1, true, 0);
+    cp_async_commit(); /* group: V0 */
+
+    const int g = lane / 4, cq = lane % 4;
+    const sw128_desc qd(smem_addr(qs), 16, 1024);
+    /* slot of K(t) = 2t mod 3, V(t) = 2t+1 mod 3, the free one (V(t-1)'s) = 2t+2 mod 3; the
+     * ring and kb run on from one item to the next */
+    int sk = 0, kb = 0;
+    for (;;) {
+        /* what the end of this item needs once wk holds the next one */
+        const int n_tiles = wk.n_tiles, len = wk.len;
+        const int qrow0 = wk.rs + warp * 16 + g, qrow1 = qrow0 + 8;
+        T *og = reinterpret_cast<T *>(p.o) + (wk.bh / p.heads) * p.o_stride[0] +
+                (wk.bh % p.heads) * p.o_stride[1];
+        float *lseg = p.lse ? p.lse + (int64_t)wk.bh * p.len : nullptr;
+        float o[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[i] = 0.f;
+        row_softmax sm;
+        bool more = false; /* wk holds the next item, whose Q, K0 and V0 are on their way */
+        for (int t = 0; t < n_tiles; ++t) {
+            const int sv = sk == 2 ? 0 : sk + 1, sn = sv == 2 ? 0 : sv + 1;
+            const bool last = t + 1 == n_tiles;
+            /* one group is committed after K(t) (V(t)); an empty group is committed when there
+             * is nothing to load, so that this count holds to the end (and over items: the
+             * next item's Q, K0 and V0 come in the last tile's groups) */
+            cp_async_wait<1>();
+            fence_proxy_async();
+            /* K(t) visible; every warp is done with P V(t-1), slot sn is free; and whether tile
+             * t (if gathered) needs its mask, from the threads that loaded it */
+            const bool late_t = __syncthreads_or(late);
+            late = 0;
+            const bool mask_t = t < wk.tp.n_a ? range_mask : late_t; /* before load(t + 1) */
+
+            const sw128_desc kd(smem_addr(ring + sk * KTILE), 16, 1024);
+            float s[32];
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] = 0.f;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                wg<T>::ss(s, qd.at((kk >> 2) * QHALF + (kk & 3) * 32),
+                          kd.at((kk >> 2) * KHALF + (kk & 3) * 32), kk > 0);
+            wgmma_commit();
+            /* the next tile's copies are issued while the tensor cores run S(t) (slot sn is not
+             * one S(t) reads) */
+            if (!last) load(wk, t + 1, sn, false, kb ^ 1);
+            cp_async_commit();
+            wgmma_wait0();
+
+            mask_scores(s, wk.tp, t, kpos + kb * BN, mask_t, qrow0, qrow1, len);
+            if (last) {
+                /* the next item's first K tile, into the slot K(t + 1) would have taken: its
+                 * plan replaces this item's, whose last mask is done */
+                w = claim();
+                more = next_work(w, wk);
+                if (more) load(wk, 0, sn, false, kb ^ 1);
+                cp_async_commit();
+            }
+            const float2 al = sm.update(s, p.scale_log2);
+            /* past the first tiles a row's max rarely moves: skip the 64 multiplies when it
+             * moved in none of the warp's rows (al = exp2(0) = 1 exactly) */
+            if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
+            uint32_t a[4][4];
+            pack_p<T>(a, s);
+
+            cp_async_wait<1>(); /* V(t); K(t+1) may still be in flight */
+            fence_proxy_async();
+            __syncthreads(); /* V(t) visible; every warp is done with S(t), slot sk is free */
+            if (last) { /* and with Q: the next item's */
+                if (more) load_q(wk);
+                cp_async_commit();
+            }
+
+            const sw128_desc vd(smem_addr(ring + sv * KTILE), KHALF, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
+            wgmma_commit();
+            /* slot sk: P V(t) does not read it */
+            if (!last)
+                load(wk, t + 1, sk, true, kb ^ 1);
+            else if (more)
+                load(wk, 0, sk, true, kb ^ 1);
+            cp_async_commit();
+            wgmma_wait0();
+            sk = sn;
+            kb ^= 1;
+        }
+        store_rows<T>(og, p.o_stride[2], lseg, sm, o, qrow0, qrow1, len, p.len, cq);
+        if (!more) break;
+    }
+#endif
+}
+
+template <typename T> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    /* 67,072 B: three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM; ask for the
+     * largest shared-memory carveout so that the driver does not pick a smaller one */
+    const size_t smem = 1024 + 64 * 256 + 3 * 64 * 256 + (2 * BN + 4) * sizeof(int);
+    auto kern = attn_fwd_sm90_ring_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+    /* as many CTAs as fit at once (3 per SM), each walking work items, so that an item's
+     * start (its index entries, Q and first tiles) is loaded under the previous item's last
+     * tile instead of by a CTA just launched; MI_CUDA_SM90_PERSISTENT=0: one CTA per item */
+    static int per_sm = 0; /* the same for both dtypes: same registers and shared memory */
+    if (!per_sm) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 128, smem) != cudaSuccess
+            || per_sm < 1)
+            per_sm = 1;
+        /* MI_CUDA_SM90_OCC=1: say how many CTAs the driver fits per SM (3 expected) */
+        if (getenv("MI_CUDA_SM90_OCC"))
+            fprintf(stderr, "sm90 ring kernel: %d CTAs per SM (%zu B shared)\n", per_sm, smem);
+    }
+    const int row_blocks = (p.len + 63) / 64;
+    const int64_t items = (int64_t)row_blocks * p.batch * p.heads;
+    if (items > 0x7fffffff) return cudaErrorInvalidValue;
+    const char *pers = getenv("MI_CUDA_SM90_PERSISTENT");
+    const int64_t resident = (int64_t)per_sm * mi_cuda_sm_count();
+    const int grid = (int)((pers && pers[0] == '0') || items < resident ? items : resident);
+    /* the claim counter (stream-ordered, so that concurrent launches have their own) */
+    int *next_item = nullptr;
+    e = cudaMallocAsync(&next_item, sizeof(int), st);
+    if (e != cudaSuccess) return e;
+    e = cudaMemsetAsync(next_item, 0, sizeof(int), st);
+    if (e == cudaSuccess) {
+        kern<<<grid, 128, smem, st>>>(p, row_blocks, (int)items, next_item);
+        e = cudaGetLastError();
+    }
+    cudaFreeAsync(next_item, st);
+    return e;
+}
+
+} // namespace mi_cuda
+
+/* Whether the Hopper kernels can run here: built for sm_90a, a compute capability 9.0 device, and
+ * not disabled with MI_CUDA_DISABLE_SM90=1 (to compare both paths on one GPU). */
+extern "C" int mi_cuda_sm90_usable(void) {
+#ifdef MI_HAVE_SM90A
+    static int cached = -1;
+    if (cached < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        const char *off = getenv("MI_CUDA_DISABLE_SM90");
+        cached = major == 9 && minor == 0 && !(off && off[0] == '1');
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
+    int used = 0;
+    cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, st, &used);
+    if (used || e != cudaSuccess) return e;
+    e = mi_cuda_attn_sm90_sparse_launch(p, st, &used);
+    if (used || e != cudaSuccess) return e;
+    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
+                                     : mi_cuda::launch_sm90<__half>(*p, st);
+}
