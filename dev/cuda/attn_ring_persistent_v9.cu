@@ -21,11 +21,11 @@
  *   counter: local 128K 1.019 / 430 (single 1.023 / 429), mixed 128K 7.58 / 437 (7.64 / 433),
  *   small 128K 0.226 / 341 (0.220 / 351), local 1M 8.37 / 429 (8.40 / 427), mixed 1M 86.8 / 423
  *   (86.7 / 424), small 1M 1.92 / 323 (1.81 / 342); prefill 50.0 / 50.3 (single 50.1 / 50.2).
- * So handing items out round robin loses the locality the hardware's in-order launch gives
- * (the items running at once drift apart along the sequence, and scattered diagonals stop
- * sharing L2: mixed 1M -14 %, the prefill -25 %); claiming them in order keeps it but gains
- * nothing over one CTA per item, whose start three CTAs per SM already hide, while the extra
- * registers cost 10-13 % everywhere. The single-item runs of the round-robin build match the
+ * So handing items out round robin loses what the hardware's in-order launch gives (mixed 1M
+ * -14 %, the prefill -25 %; presumably the items running at once drift apart along the
+ * sequence and their K/V stop meeting in L2); claiming them in order gains nothing over one CTA
+ * per item (an item's start is apparently hidden already by the other two CTAs of the SM),
+ * while its extra registers cost 10-13 % everywhere. The single-item runs of the round-robin build match the
  * kernel of src/ (local 128K 497, mixed 1M 463 TFLOP/s in the run of 1e9fe75). Left out of src/.
  */
 /*

@@ -91,7 +91,9 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
  * bench/time_variants.py, two runs each).
  * Tried and dropped: waiting for K(t) and V(t) together at the step start (one cp.async wait and
  * proxy fence per step instead of two) was 2-6 % slower, 13 % on the 1M prefill: V then has half
- * a step to arrive instead of a whole one. */
+ * a step to arrive instead of a whole one. A persistent version (CTAs walking the row blocks,
+ * the ring running on from one to the next) was slower or no faster:
+ * dev/cuda/attn_ring_persistent_v9.cu. */
 template <typename T>
 __global__ void __launch_bounds__(128, 3)
     attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {
