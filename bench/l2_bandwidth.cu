@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(32, 1)
     __shared__ __align__(8) uint64_t full[STAGES];
     if (threadIdx.x != 0) return;
     for (int s = 0; s < STAGES; ++s) mi_cuda::mbar_init(full + s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mi_cuda::fence_mbarrier_init();
     auto issue = [&](int i) {
         const unsigned char *src = buf + tile_at(blockIdx.x, i, gridDim.x, ntiles) * TILE;
         uint64_t *bar = full + i % STAGES;

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(384, 1)
     if (tid == 0) {
         mbar_init(q_full, 1);
         init_stage_barriers(k_full, v_full, k_empty, v_empty, DS_STAGES);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
 
@@ -148,10 +148,6 @@ __global__ void __launch_bounds__(384, 1)
                 s[4 * j + e] = key > (e < 2 ? qrow0 : qrow1) ? -INFINITY : s[4 * j + e];
             }
     };
-    auto release = [&](uint64_t *bar) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-    };
 
     mbar_wait(q_full, 0);
     mbar_wait(k_full, 0);
@@ -162,7 +158,7 @@ __global__ void __launch_bounds__(384, 1)
     if (cw == 0 || n_tiles > 1) named_barrier_arrive(other_bar, 256);
     wgmma_wait<0>();
     fence_operands<64>(s);
-    release(k_empty);
+    warp_arrive(k_empty);
     if (n_tiles == 1) mask_diag(0);
     sm.update<16>(s, sc); /* O is still 0: nothing to rescale */
     pack_p<T, 8>(pa, s);
@@ -182,12 +178,12 @@ __global__ void __launch_bounds__(384, 1)
         if (cw == 0 || t < n_tiles - 1) named_barrier_arrive(other_bar, 256);
         wgmma_wait<1>(); /* S(t) done; P V(t-1) may still run */
         fence_operands<64>(s);
-        release(k_empty + ks_slot);
+        warp_arrive(k_empty + ks_slot);
         if (t == n_tiles - 1) mask_diag(t);
         const float2 al = sm.update<16>(s, sc);
         wgmma_wait<0>();
         fence_operands<64>(o);
-        release(v_empty + vs_slot);
+        warp_arrive(v_empty + vs_slot);
         /* past the first tiles a row's max rarely moves (al = exp2(0) = 1 exactly) */
         if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
         pack_p<T, 8>(pa, s);

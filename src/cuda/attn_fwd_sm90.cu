@@ -5,9 +5,10 @@
  *
  * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the
  * 128-byte-swizzled K-major layout wgmma reads directly: each 128-column row is split in two
- * 64-column halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7). S = Q K^T runs as 8 x m64n64k16 with both operands from
- * shared memory; O += P V as 4 x m64n128k16 with P from registers (the accumulator layout of S is
- * the register layout of the A operand) and V read transposed (MN-major B).
+ * 64-column halves, and 16-byte chunk c of row r is stored at chunk c ^ (r & 7). S = Q K^T runs
+ * as 8 x m64n64k16 with both operands from shared memory; O += P V as 4 x m64n128k16 with P from
+ * registers (the accumulator layout of S is the register layout of the A operand) and V read
+ * transposed (MN-major B).
  * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
  * to the async proxy with fence.proxy.async before the barrier.
  * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
@@ -102,9 +103,7 @@ __global__ void __launch_bounds__(128, 3)
     constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *base = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = base;
+    unsigned char *qs = smem_base_1024(smem_raw);
     unsigned char *ring = qs + 2 * QHALF;                   /* [3 slots] of one K or V tile */
     int *kpos = reinterpret_cast<int *>(ring + 3 * KTILE); /* [2][BN]: key positions of K(t) */
 
@@ -226,7 +225,7 @@ __global__ void __launch_bounds__(128, 3)
          * one S(t) reads) */
         if (t + 1 < n_tiles) load(t + 1, sn, false);
         cp_async_commit();
-        wgmma_wait0();
+        wgmma_wait<0>();
 
         mask_scores(s, tp, t, kpos + (t & 1) * BN, mask_t, qrow0, qrow1, len);
         const float2 al = sm.update(s, p.scale_log2);
@@ -247,7 +246,7 @@ __global__ void __launch_bounds__(128, 3)
         wgmma_commit();
         if (t + 1 < n_tiles) load(t + 1, sk, true); /* slot sk: P V(t) does not read it */
         cp_async_commit();
-        wgmma_wait0();
+        wgmma_wait<0>();
         sk = sn;
     }
 

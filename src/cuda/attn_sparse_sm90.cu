@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(q_empty + i, 8); /* one arrival per consumer warp */
         }
         init_stage_barriers(k_full, v_full, k_empty, v_empty, SP_STAGES);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
 
@@ -437,10 +437,6 @@ __global__ void __launch_bounds__(384, 1)
         for (int kk = 0; kk < 8; ++kk)
             if (whole || kk < 4) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
     };
-    auto release = [&](uint64_t *bar) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-    };
 
     /* keys this consumer does not see: after its rows, outside the sequence, in a half of a
      * shared tile that only the other row block uses, or missing from a gathered tile */
@@ -506,7 +502,7 @@ __global__ void __launch_bounds__(384, 1)
                 wgmma_wait<0>();
             fence_operands<SK == 2 ? 64 : 32>(sx);
             mask(sx, hd, SK == 2, hf, column);
-            release(k_empty + slot); /* after the mask: it reads this slot's header */
+            warp_arrive(k_empty + slot); /* after the mask: it reads this slot's header */
             float2 al;
             if constexpr (SK == 2)
                 al = sm.update<16>(s, sc);
@@ -515,7 +511,7 @@ __global__ void __launch_bounds__(384, 1)
             if constexpr (PK > 0) {
                 wgmma_wait<0>();
                 fence_operands<64>(o);
-                release(v_empty + pslot);
+                warp_arrive(v_empty + pslot);
             }
             /* O holds earlier tiles even without a pending P V when one was flushed */
             if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
@@ -526,7 +522,7 @@ __global__ void __launch_bounds__(384, 1)
         } else {
             wgmma_wait<0>();
             fence_operands<64>(o);
-            release(v_empty + pslot);
+            warp_arrive(v_empty + pslot);
         }
     };
     using C0 = std::integral_constant<int, 0>;
@@ -597,9 +593,9 @@ __global__ void __launch_bounds__(384, 1)
                 named_barrier_sync(my_bar, 256);
                 if (hand_on) named_barrier_arrive(other_bar, 256);
             }
-            release(k_empty + slot);
+            warp_arrive(k_empty + slot);
             mbar_wait(v_full + slot, par);
-            release(v_empty + slot);
+            warp_arrive(v_empty + slot);
         }
         if (last) {
             ++t;
@@ -621,9 +617,9 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_wait<0>();
         }
         fence_operands<64>(o);
-        release(v_empty + pslot); /* the next item's tiles need the slot */
+        warp_arrive(v_empty + pslot); /* the next item's tiles need the slot */
     }
-    release(q_empty + qb); /* every S of this item is done */
+    warp_arrive(q_empty + qb); /* every S of this item is done */
     T *og = reinterpret_cast<T *>(a.o) + it.b * a.o_stride[0] + it.h * a.o_stride[1];
     float *lseg = a.lse ? a.lse + ((int64_t)it.b * a.heads + it.h) * a.len : nullptr;
     store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);

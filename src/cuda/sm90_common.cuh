@@ -51,9 +51,6 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -144,6 +141,16 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t *k_full, uint64_t *
         mbar_init(k_empty + i, 8);
         mbar_init(v_empty + i, 8);
     }
+}
+/* Makes initialised mbarriers visible to the other threads and to the async proxy (TMA). */
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* One arrival per warp on an mbarrier (the consumers' empty barriers count warps), once every
+ * lane of the warp is done with the slot. */
+__device__ __forceinline__ void warp_arrive(uint64_t *bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
 /* Pins accumulator registers around asynchronous wgmma (no instruction): the compiler may not
  * move or reuse them across this point. */
