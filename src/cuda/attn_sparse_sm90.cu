@@ -282,16 +282,18 @@ __global__ void __launch_bounds__(384, 1)
             if (share < 0 && (t - t0 >= SP_STAGES || !ranges_left)) {
                 /* stage both column lists and see whether they can be shared: once the first
                  * two tiles are on their way, so that it overlaps their loads */
-                bool ok = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
-                if (ok) {
-                    for (int i = tid; i < ca; i += 128) {
-                        scol_a[i] = __ldg(cols_a + i);
-                        ok &= i == 0 || scol_a[i] > __ldg(cols_a + i - 1);
-                    }
-                    for (int i = tid; i < cb; i += 128) {
-                        scol_b[i] = __ldg(cols_b + i);
-                        ok &= i == 0 || scol_b[i] > __ldg(cols_b + i - 1);
-                    }
+                const bool fit = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
+                bool ok = fit;
+                if (fit) {
+                    /* loads only, independent of each other so that they are all in flight
+                     * at once; the order is checked in shared memory afterwards */
+#pragma unroll 4
+                    for (int i = tid; i < ca; i += 128) scol_a[i] = __ldg(cols_a + i);
+#pragma unroll 4
+                    for (int i = tid; i < cb; i += 128) scol_b[i] = __ldg(cols_b + i);
+                    named_barrier_sync(3, 128);
+                    for (int i = tid + 1; i < ca; i += 128) ok &= scol_a[i] > scol_a[i - 1];
+                    for (int i = tid + 1; i < cb; i += 128) ok &= scol_b[i] > scol_b[i - 1];
                 }
                 /* every thread's verdict (and its staged entries) before anyone reads them */
                 share = !named_barrier_or(3, 128, !ok);

@@ -126,10 +126,11 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 /* The dynamic shared memory rounded up to 1024 bytes: the 128-byte swizzle repeats every 8 rows
- * of 128 bytes, and TMA writes it relative to such a boundary. */
+ * of 128 bytes, and TMA writes it relative to such a boundary. Rounded by adding to raw, not
+ * through an integer: the compiler then still knows the result points to shared memory and
+ * reads and writes through it with LDS / STS instead of generic loads and stores. */
 __device__ __forceinline__ unsigned char *smem_base_1024(unsigned char *raw) {
-    return reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(raw) + 1023) &
-                                             ~(uintptr_t)1023);
+    return raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u);
 }
 /* The barriers of n K/V stages: full ones completed by the producer (one arrival plus the
  * bytes), empty ones by the eight warps of the two consumer warpgroups. */
