@@ -62,10 +62,10 @@ PY
   tail -3 "$OUTDIR/ncu-$1.err"
 }
 # the kernels the library picks for these launches (the dense one on the ring kernel:
-# MI_CUDA_SM90_DENSE=0 and attn_fwd_sm90_ring_kernel; the sparse one on the warp-specialised
-# kernel: MI_CUDA_SM90_SPARSE=1 and attn_sparse_sm90_kernel)
+# MI_CUDA_SM90_DENSE=0 and attn_fwd_sm90_ring_kernel; the sparse one: the band-like `local`
+# heads go to attn_sparse_sm90_kernel, MI_CUDA_SM90_SPARSE=0 keeps them on the ring kernel)
 prof dense "${DENSE_KERNEL:-attn_dense_sm90_kernel}" 3 dense
-prof sparse_local "${SPARSE_KERNEL:-attn_fwd_sm90_ring_kernel}" 3 sparse
+prof sparse_local "${SPARSE_KERNEL:-attn_sparse_sm90_kernel}" 3 sparse
 for v in "$@"; do
   name=${v%%=*}; envs=${v#*=}
   (export ${envs//,/ }; prof "dense_$name" attn_fwd_sm90 3 dense)

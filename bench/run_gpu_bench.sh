@@ -42,11 +42,13 @@ for f in attn_fwd attn_fwd_sm90 attn_dense_sm90 attn_sparse_sm90; do
 done
 
 if [ "$TEST" = 1 ]; then
-  # every kernel path on a Hopper GPU: wgmma (default), with the opt-in warp-specialised sparse
-  # kernel, with the ring kernel for dense launches, and the portable mma.sync one
-  for path in sm90 sm90_ws_sparse sm90_ring_dense sm80; do
+  # every kernel path on a Hopper GPU: wgmma (default: sparse heads routed per head), every
+  # sparse head on the warp-specialised kernel, every one on the ring kernel, the ring kernel for
+  # dense launches, and the portable mma.sync one
+  for path in sm90 sm90_ws_sparse sm90_ring_sparse sm90_ring_dense sm80; do
     case "$path" in
       sm90_ws_sparse) export MI_CUDA_SM90_SPARSE=1 ;;
+      sm90_ring_sparse) export MI_CUDA_SM90_SPARSE=0 ;;
       sm90_ring_dense) export MI_CUDA_SM90_DENSE=0 ;;
       sm80) export MI_CUDA_DISABLE_SM90=1 ;;
     esac

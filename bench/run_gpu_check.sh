@@ -47,8 +47,10 @@ t sm90 --
 # a hung kernel (timeout) would hang every later step as well
 [ $? = 124 ] && { echo "default path timed out: stopping"; exit 1; }
 t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
-# the opt-in sm_90a kernels: the warp-specialised sparse one, and the ring kernel for dense heads
+# the sm_90a kernels forced: the warp-specialised sparse one for every sparse head, the ring
+# kernel for every sparse head, and the ring kernel for dense heads
 t ws_sparse MI_CUDA_SM90_SPARSE=1 --
+t ring_sparse_quick MI_CUDA_SM90_SPARSE=0 -- --quick
 t ring_dense_quick MI_CUDA_SM90_DENSE=0 -- --quick
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*}; envs=${v#*=}

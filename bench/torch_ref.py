@@ -22,6 +22,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -125,10 +126,16 @@ def tdesc(t):
     return d
 
 
-def time_cuda(fn, reps, warmup=1):
-    for _ in range(warmup):
+def time_cuda(fn, reps, warmup=1, warm_s=0.2):
+    """Median of reps timed calls, after warmup calls and at least warm_s seconds of calls: a
+    GPU left idle while the inputs were made runs its first milliseconds at a lower clock, which
+    a single warm-up call of a short kernel does not cover."""
+    t0 = time.perf_counter()
+    n = 0
+    while n < warmup or time.perf_counter() - t0 < warm_s:
         fn()
-    torch.cuda.synchronize()
+        n += 1
+        torch.cuda.synchronize()
     ts = []
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)

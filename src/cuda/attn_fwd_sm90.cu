@@ -16,8 +16,8 @@
  * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
  * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). Launches whose every head is dense (and whose
  * sequences have the full length) go to the warp-specialised dense kernel instead
- * (attn_dense_sm90.cu), sparse launches to attn_sparse_sm90.cu when MI_CUDA_SM90_SPARSE=1; see
- * mi_cuda_attn_sm90_launch at the end of this file. */
+ * (attn_dense_sm90.cu), and band-like sparse heads to attn_sparse_sm90.cu (chosen per head on the
+ * device; this kernel then skips them); see mi_cuda_attn_sm90_launch at the end of this file. */
 #include "sm90_common.cuh"
 
 #include <math.h>
@@ -111,6 +111,10 @@ __global__ void __launch_bounds__(128, 3)
     const int warp = tid / 32, lane = tid % 32;
     const int m_blk = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y;
+    /* heads the sparse kernel ran. Tested here, not after the plan (where its load would
+     * overlap the plan's): that version kept more registers live and ran the kernel 2 % slower
+     * (bench/results/2026-11-30-gpu-sparse-routing.json) */
+    if (p.sm90_taken && __ldg(p.sm90_taken + bh)) return;
     const int b = bh / p.heads, h = bh % p.heads;
     const int hk = h / p.group;
     const int len = p.seq_lens[b];
@@ -302,8 +306,18 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cu
     int used = 0;
     cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, st, &used);
     if (used || e != cudaSuccess) return e;
-    e = mi_cuda_attn_sm90_sparse_launch(p, st, &used);
-    if (used || e != cudaSuccess) return e;
-    return p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
-                                     : mi_cuda::launch_sm90<__half>(*p, st);
+    int32_t *taken = nullptr;
+    e = mi_cuda_attn_sm90_sparse_launch(p, st, &used, &taken);
+    if (e != cudaSuccess || !used)
+        return e != cudaSuccess ? e
+               : p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
+                                           : mi_cuda::launch_sm90<__half>(*p, st);
+    /* the heads the sparse kernel left, to the ring kernel */
+    static thread_local mi_cuda_attn_params q; /* 6 KB: off the stack */
+    q = *p;
+    q.sm90_taken = taken;
+    e = p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(q, st)
+                                  : mi_cuda::launch_sm90<__half>(q, st);
+    const cudaError_t f = cudaFreeAsync(taken, st);
+    return e != cudaSuccess ? e : f;
 }

@@ -24,9 +24,9 @@
  * A persistent CTA per SM walks the work items (pairs x heads x batch), with Q double-buffered,
  * so that an item's start (reading the index, the first loads) overlaps the previous one's end.
  *
- * Opt-in (MI_CUDA_SM90_SPARSE=1), not the default. H200, bf16, against the ring kernel in one
- * process (bench/time_variants.py; bench/results/2026-11-30-gpu-sparse-ws-ab.json), ms per head
- * and effective TFLOP/s:
+ * It runs the sparse heads that sparse_route_kernel (below) finds band-like, the ring kernel the
+ * rest. H200, bf16, against the ring kernel in one process (bench/time_variants.py;
+ * bench/results/2026-11-30-gpu-sparse-ws-ab.json), ms per head and effective TFLOP/s:
  *   local 128K 0.855 / 512 (ring 0.886 / 494), local 1M 6.99 / 513 (7.30 / 491);
  *   small 128K 0.208 / 370 (0.211 / 366), small 1M 1.68 / 370 (1.60 / 387);
  *   mixed 128K 7.28 / 455 (6.76 / 490), mixed 1M 98.3 / 374 (78.0 / 471);
@@ -34,7 +34,8 @@
  * So it wins where adjacent row blocks share their ranges (a band of diagonals) and loses where
  * they share few (scattered diagonals: mostly split tiles, each consumer with one 64-key half in
  * flight per stage, where the ring kernel keeps three CTAs' loads in flight per SM). The host
- * cannot tell the two apart before a launch (the index is built on the GPU), hence the switch.
+ * cannot tell the two apart before a launch (the index is built on the GPU), hence the choice
+ * per head on the device.
  * How it got here (same harness, local / mixed / small at 128K, TFLOP/s):
  *   one producer warp, owner-only column tiles, pairs in merge order: 467 / 430 / 356 (ring
  *   498 / 487 / 386);
@@ -43,7 +44,11 @@
  *   about 170 TFLOP/s, the ranges at about 550;
  *   four producer warps for the gathers, columns shared when both lists are ascending: local 508;
  *   split tiles (a half per row block, computed as 64 keys): local 516, mixed 475, small 347;
- *   persistent CTAs: small 370 (and 1M small 314 -> 370).
+ *   persistent CTAs: small 370 (and 1M small 314 -> 370);
+ *   shared memory read as such (LDS, not generic loads) and column lists staged with
+ *   independent loads: local 1M 7.27 -> 6.72 ms (489-493 -> 530-537), small 1M 387-394 -> 409
+ *   (bench/results/2026-11-30-gpu-shared-space-ab.json);
+ *   routed per head instead of opt-in (bench/results/2026-11-30-gpu-sparse-routing.json).
  */
 #include "sm90_common.cuh"
 
@@ -65,7 +70,9 @@ struct sparse_sm90_args {
     int row_blocks, max_blocks, max_columns;
     int heads, group, len;
     float scale_log2;
-    int pairs, items; /* row-block pairs per (b, h); pairs x B x H work items */
+    int pairs;         /* row-block pairs per (b, h) */
+    int max_items;     /* pairs x B x H */
+    const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items */
 };
 
 constexpr int SP_STAGES = 2;
@@ -192,8 +199,10 @@ __global__ void __launch_bounds__(384, 1)
 
     const int tid = threadIdx.x;
     const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-    /* work item w: the pair of row blocks 2 pair, 2 pair + 1 of (b, h), the last pairs (the
-     * most keys, causally) first; each CTA takes items blockIdx.x, + gridDim.x, ... */
+    const int items = a.pairs * __ldg(a.ws_heads);
+    if ((int)blockIdx.x >= items) return; /* fewer heads were routed here than CTAs launched */
+    /* work item w: the pair of row blocks 2 pair, 2 pair + 1 of the list's (b, h), the last
+     * pairs (the most keys, causally) first; each CTA takes items blockIdx.x, + gridDim.x, ... */
     struct item {
         int pair, bh, b, h, hk, rs;
         int64_t row_a;
@@ -202,7 +211,7 @@ __global__ void __launch_bounds__(384, 1)
     auto item_of = [&](int w) {
         item it;
         it.pair = a.pairs - 1 - w % a.pairs;
-        it.bh = w / a.pairs;
+        it.bh = __ldg(a.ws_heads + 1 + w / a.pairs);
         it.b = it.bh / a.heads;
         it.h = it.bh % a.heads;
         it.hk = it.h / a.group;
@@ -232,7 +241,7 @@ __global__ void __launch_bounds__(384, 1)
         setmaxnreg_dec<72>();
         const int pw = tid / 32, lane = tid % 32;
         int t = 0; /* tiles so far, over all items: the slot ring runs on */
-        for (int w = blockIdx.x, k = 0; w < a.items; w += gridDim.x, ++k) {
+        for (int w = blockIdx.x, k = 0; w < items; w += gridDim.x, ++k) {
         const item it = item_of(w);
         const int b = it.b, h = it.h, hk = it.hk;
         const int64_t row_a = it.row_a;
@@ -408,9 +417,9 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t pa[8][4];
     const float sc = a.scale_log2;
     int t = 0; /* tiles so far, over all items */
-    for (int w = blockIdx.x, k = 0; w < a.items; w += gridDim.x, ++k) {
+    for (int w = blockIdx.x, k = 0; w < items; w += gridDim.x, ++k) {
     const item it = item_of(w);
-    const bool last_item = w + (int)gridDim.x >= a.items;
+    const bool last_item = w + (int)gridDim.x >= items;
     const int first_row = it.rs + cw * 64;
     const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qb = k & 1;
@@ -637,29 +646,87 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
     if (e != cudaSuccess) return e;
     /* persistent: one CTA per SM walks the work items, so that an item's start (reading the
      * index, the first loads) overlaps the previous item's end */
-    kern<<<dim3(min(a.items, mi_cuda_sm_count())), 384, SP_SMEM, st>>>(a);
+    kern<<<dim3(min(a.max_items, mi_cuda_sm_count())), 384, SP_SMEM, st>>>(a);
     return cudaGetLastError();
 }
 
 } // namespace mi_cuda
 
-/* Runs the launch with the sparse kernel when it is asked for (MI_CUDA_SM90_SPARSE=1) and
- * applies: every head sparse, every sequence of the full length and not run dense by dense_below,
- * D = 128, an index of 64-row blocks covering the sequence, tensors TMA can address. *used = 0
- * (and cudaSuccess) otherwise. Not the default: it is faster than the ring kernel where adjacent
- * row blocks share most of their ranges (a band of diagonals) and slower where they share few
- * (scattered diagonals, such as the estimated indexes of the whole-layer prefill benchmark). */
+namespace mi_cuda {
+
+/* Which (b, h) the warp-specialised kernel takes. It pays where the two row blocks of a pair
+ * share most of their ranges, that is where ranges come in runs of adjacent 64-key pieces (a
+ * band of diagonals: a run of n pieces in row block A is the same run one piece on in B, n - 1
+ * shared): `local` 0.99 of a block's starts are followed by the next piece, `small` 0.94;
+ * scattered diagonals make runs of one or two pieces (`mixed` 0.15-0.55), where the ring
+ * kernel is faster. So a sparse head goes to this kernel when at least 90 % of the starts of
+ * sampled row blocks (the later half, which holds most of the work) are followed by the next
+ * piece; the others, and every head of another mode, go to the ring kernel. One CTA per (b, h)
+ * writes its flag (taken[bh], for the ring kernel to skip) and appends it to this kernel's list
+ * {n, bh...} (n zeroed before). */
+constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
+constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
+constexpr int ROUTE_MIN_PAIRS = 16; /* fewer adjacent-start candidates: the ring kernel */
+
+__global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
+    sparse_route_kernel(const __grid_constant__ mi_cuda_attn_params p, int32_t *taken,
+                        int32_t *list, int every) {
+#ifdef MI_SM90_DEVICE
+    const int bh = blockIdx.x, h = bh % p.heads;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool sparse =
+        (p.use_head_modes ? p.head_modes[h].mode : p.mode.mode) == MI_CUDA_MODE_SPARSE;
+    int adj = 0, cand = 0;
+    if (sparse && !every) {
+        /* one warp per sampled row block */
+        const int R = p.row_blocks, lo = R / 2;
+        const int64_t row = (int64_t)bh * R + lo + (int64_t)(R - lo) * warp / ROUTE_SAMPLES;
+        const int n = min(min(max(__ldg(p.block_count + row), 0), p.max_blocks), ROUTE_SCAN);
+        const int32_t *offs = p.block_offset + row * p.max_blocks;
+        for (int j = lane; j + 1 < n; j += 32) {
+            adj += __ldg(offs + j + 1) == __ldg(offs + j) + 64;
+            ++cand;
+        }
+    }
+    adj = __reduce_add_sync(0xffffffffu, adj);
+    cand = __reduce_add_sync(0xffffffffu, cand);
+    __shared__ int s_adj[ROUTE_SAMPLES], s_cand[ROUTE_SAMPLES];
+    if (lane == 0) s_adj[warp] = adj, s_cand[warp] = cand;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        adj = cand = 0;
+        for (int i = 0; i < ROUTE_SAMPLES; ++i) adj += s_adj[i], cand += s_cand[i];
+        const bool ws = sparse && (every || (cand >= ROUTE_MIN_PAIRS && 10 * adj >= 9 * cand));
+        taken[bh] = ws;
+        if (ws) list[1 + atomicAdd(list, 1)] = bh;
+    }
+#endif
+}
+
+} // namespace mi_cuda
+
+/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel) with this kernel
+ * where it applies: every sequence of the full length and not run dense by dense_below, D = 128,
+ * an index of 64-row blocks covering the sequence, tensors TMA can address, a sparse head at
+ * least. The choice is made on the device, since the index is built there: a small kernel flags
+ * the heads this kernel runs (*taken) and lists them for it; the ring kernel runs the others.
+ * MI_CUDA_SM90_SPARSE=1 sends every sparse head to this kernel, =0 none (for A/B runs). */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
-                                                        cudaStream_t st, int *used) {
+                                                        cudaStream_t st, int *used,
+                                                        int32_t **taken) {
     *used = 0;
-    const char *on = getenv("MI_CUDA_SM90_SPARSE");
-    if (!(on && on[0] == '1') || p->head_dim != 128 || !p->block_count ||
+    *taken = nullptr;
+    const char *env = getenv("MI_CUDA_SM90_SPARSE");
+    const int every = env && env[0] == '1';
+    if ((env && env[0] == '0') || p->head_dim != 128 || !p->block_count ||
         (p->dense_below > 0 && p->len < p->dense_below) ||
         (int64_t)p->row_blocks * 64 < p->len)
         return cudaSuccess;
+    bool any_sparse = false;
     for (int h = 0; h < p->heads; ++h)
-        if ((p->use_head_modes ? p->head_modes[h].mode : p->mode.mode) != MI_CUDA_MODE_SPARSE)
-            return cudaSuccess;
+        any_sparse |=
+            (p->use_head_modes ? p->head_modes[h].mode : p->mode.mode) == MI_CUDA_MODE_SPARSE;
+    if (!any_sparse) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, 64)) return cudaSuccess;
@@ -684,10 +751,32 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
     a.pairs = (p->row_blocks + 1) / 2;
-    const int64_t items = (int64_t)a.pairs * p->batch * p->heads;
+    const int n_bh = p->batch * p->heads;
+    const int64_t items = (int64_t)a.pairs * n_bh;
     if (items > 0x7fffffff) return cudaSuccess;
-    a.items = (int)items;
+    a.max_items = (int)items;
+    /* flags and list {n, bh...}: stream-ordered, so that nothing waits for the host */
+    int32_t *buf = nullptr;
+    const size_t bytes = (1 + 2 * (size_t)n_bh) * sizeof(int32_t);
+    if (cudaMallocAsync(reinterpret_cast<void **>(&buf), bytes, st) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no memory for them: the ring kernel runs every head */
+        return cudaSuccess;
+    }
+    a.ws_heads = buf + n_bh;
+    cudaError_t e = cudaMemsetAsync(buf + n_bh, 0, sizeof(int32_t), st);
+    if (e == cudaSuccess) {
+        mi_cuda::sparse_route_kernel<<<n_bh, 32 * mi_cuda::ROUTE_SAMPLES, 0, st>>>(
+            *p, buf, buf + n_bh, every);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, st)
+                 : mi_cuda::launch_sparse<__half>(a, st);
+    if (e != cudaSuccess) {
+        cudaFreeAsync(buf, st);
+        return e;
+    }
     *used = 1;
-    return bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, st)
-                : mi_cuda::launch_sparse<__half>(a, st);
+    *taken = buf;
+    return cudaSuccess;
 }

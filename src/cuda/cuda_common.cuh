@@ -112,9 +112,13 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cu
 /* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies; *used = 0 otherwise. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
                                                        cudaStream_t st, int *used);
-/* The warp-specialised sparse kernel (attn_sparse_sm90.cu) where it applies; *used = 0 otherwise. */
+/* The warp-specialised sparse kernel (attn_sparse_sm90.cu) where it applies, for the heads it
+ * picks on the device; *used = 0 where it does not apply. With *used = 1, *taken is a
+ * stream-ordered device buffer that flags the heads it ran (mi_cuda_attn_params.sm90_taken), for
+ * the ring kernel that runs the others, to be freed with cudaFreeAsync after that launch. */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
-                                                        cudaStream_t st, int *used);
+                                                        cudaStream_t st, int *used,
+                                                        int32_t **taken);
 
 static inline cudaStream_t mi_stream(const mi_context *ctx) {
     return reinterpret_cast<cudaStream_t>(ctx->stream);

@@ -46,6 +46,9 @@ typedef struct mi_cuda_attn_params {
     /* Sparse index (device), used by MI_CUDA_MODE_SPARSE heads */
     const int32_t *block_count, *block_offset, *column_count, *column_index;
     int32_t row_blocks, max_blocks, max_columns;
+    /* NULL, or (the sm_90a ring kernel only) a device flag per (b, h) = b * heads + h: nonzero
+     * where the warp-specialised sparse kernel ran the head, which the ring kernel then skips */
+    const int32_t *sm90_taken;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     mi_cuda_head_mode head_modes[MI_CUDA_MAX_HEADS];
 } mi_cuda_attn_params;

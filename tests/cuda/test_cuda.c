@@ -574,6 +574,51 @@ static void test_sparse_random(const shape *s, int subset) {
     inputs_free(&in);
 }
 
+/* An index whose heads differ in kind, so that one launch splits its heads between the two
+ * sm_90a sparse kernels (picked per head on the device): even heads a band of adjacent 64-key
+ * pieces ending at the block (a run of slash diagonals) plus ascending columns left of it, odd
+ * heads scattered ascending starts with gaps between them and the same kind of columns. */
+static void test_sparse_mixed_heads(const shape *s) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
+    const int32_t mb = 24, mc = 64, band = 20;
+    sp_pair si;
+    sp_alloc(&si, B, H, R, mb, mc);
+    for (int64_t i = 0; i < (int64_t)B * H * R; i++) {
+        const int32_t h = (int32_t)(i / R % H), r0 = (int32_t)(i % R) * 64;
+        int32_t nb = 0, lo = r0;
+        if (h % 2 == 0) {
+            const int32_t first = r0 - 64 * band > 0 ? r0 - 64 * band : 0;
+            for (int32_t o = first; o <= r0; o += 64) si.h.block_offset[i * mb + nb++] = o;
+            lo = first;
+        } else {
+            int32_t o = (int32_t)(rnd32() % 64);
+            while (o <= r0 && nb < mb) {
+                si.h.block_offset[i * mb + nb++] = o;
+                o += 130 + (int32_t)(rnd32() % 400); /* never the next piece */
+            }
+            lo = 0;
+        }
+        for (int32_t j = nb; j < mb; j++) si.h.block_offset[i * mb + j] = 0;
+        si.h.block_count[i] = nb;
+        int32_t nc = 0, c = (int32_t)(rnd32() % 5);
+        while (c < lo && nc < mc) {
+            si.h.column_index[i * mc + nc++] = c;
+            c += 1 + (int32_t)(rnd32() % 90);
+        }
+        for (int32_t j = nc; j < mc; j++) si.h.column_index[i * mc + j] = -1;
+        si.h.column_count[i] = nc;
+    }
+    sparse_both(&in, &si);
+    snprintf(name, sizeof name, "sparse band and scattered heads [%s]",
+             shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    sp_free(&si);
+    inputs_free(&in);
+}
+
 /* Unsorted sets with duplicates and out-of-range entries, built on both sides. */
 static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) {
     char name[160];
@@ -787,6 +832,10 @@ int main(int argc, char **argv) {
             shape sp = {2, 10, 2, L, 128, dts[di], di, {(int32_t)L, l2}};
             test_prefill(&sp, 1, 0);
             test_prefill(&sp, 0, 1);
+            /* full lengths: the sparse heads of the mixed launch may take the warp-specialised
+             * sparse kernel, the others the ring kernel */
+            shape sf = {1, 10, 2, L, 128, dts[di], di, {0, 0}};
+            test_prefill(&sf, 1, 0);
         }
     }
     for (int di = 0; di < 2; di++) {
@@ -801,6 +850,10 @@ int main(int argc, char **argv) {
             test_sparse_random(&r2, subset);
             test_sparse_random(&r3, subset);
         }
+        shape m1 = {1, 6, 2, quick ? 1000 : 4099, 128, dts[di], di, {0, 0}};
+        shape m2 = {2, 4, 2, 1000, 128, dts[di], !di, {1000, 1000}};
+        test_sparse_mixed_heads(&m1);
+        test_sparse_mixed_heads(&m2);
     }
     test_index_messy(1000, 40, 60, 0);
     test_index_messy(1000, 40, 60, 1);
