@@ -397,9 +397,11 @@ def main():
     args = ap.parse_args()
     lib = Lib(os.path.abspath(args.lib))
     sections = args.sections.split(",")
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    date = now.strftime("%Y-%m-%d")
     commit = source_commit()
-    res = {"date": date, "gpu": torch.cuda.get_device_name(0), "commit": commit,
+    res = {"date": date, "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "gpu": torch.cuda.get_device_name(0), "commit": commit,
            "torch": torch.__version__, "features": lib.l.mi_build_features().decode(),
            "dtype": "bf16", "head_dim": 128, "causal": True}
     # (L, H, Hk, reps): fewer heads at long L, per-head times reported

@@ -63,9 +63,9 @@ def cpu_table(runs):
 
 
 def gpu_tables(runs):
-    """GPU attention runs (bench/torch_ref.py). Several runs recorded kernel variants; for each
-    section the run of the variant the final build uses is the one with the full set of lengths
-    and the highest throughput (a final quick run re-checks it at 32K and 128K)."""
+    """GPU attention runs (bench/torch_ref.py). For each section: among the runs with the full
+    set of lengths, the newest one that records its time (the build as it is), else, for older
+    records, the one with the highest throughput (several recorded kernel variants)."""
     gpu = [r for r in runs if r.get("gpu") and
            any(isinstance(r.get(k), list) for k in ("dense", "sparse", "estimation"))]
     if not gpu:
@@ -77,6 +77,9 @@ def gpu_tables(runs):
             return None
         most = max(len(r[key]) for r in cands)
         full = [r for r in cands if len(r[key]) == most]
+        timed = [r for r in full if r.get("time")]
+        if timed:
+            return max(timed, key=lambda r: r["time"])
         return max(full, key=lambda r: sum(e.get(rate, 0) for e in r[key]) / len(r[key]))
 
     out = []
@@ -107,8 +110,10 @@ def gpu_tables(runs):
     es = [r for r in gpu if isinstance(r.get("estimation"), list) and r["estimation"]]
     if es:  # the full set of lengths, then the fastest (the kernel the build ships)
         most = max(len(r["estimation"]) for r in es)
-        es = min((r for r in es if len(r["estimation"]) == most),
-                 key=lambda r: sum(e.get("prefill_ms_per_head", 0) for e in r["estimation"]))
+        full = [r for r in es if len(r["estimation"]) == most]
+        timed = [r for r in full if r.get("time")]
+        es = (max(timed, key=lambda r: r["time"]) if timed else
+              min(full, key=lambda r: sum(e.get("prefill_ms_per_head", 0) for e in r["estimation"])))
     if es:
         out += [f"**GPU whole-layer prefill** (every head vertical-slash 1000/6096, estimation and "
                 f"index included; `{es['_file']}`)", "",
