@@ -307,7 +307,14 @@ __global__ void __launch_bounds__(384, 1)
                 /* every thread's verdict (and its staged entries) before anyone reads them */
                 share = !named_barrier_or(3, 128, !ok);
             }
-            if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
+            /* Only warp 0 waits for a slot to be free. Another producer warp that lags may find
+             * the barrier one phase further on than the one it expects (the consumers free the
+             * slot again once warp 0 has refilled it), then wait on a phase that completes only
+             * after warp 0 has gone on, and warp 0 in turn stops at the next named barrier of
+             * the four warps: a deadlock that shows up rarely, under timing. The other warps
+             * learn that the slot is free from a named barrier after warp 0's wait, and only on
+             * gathered tiles, the only ones they write. */
+            if (pw == 0 && t >= SP_STAGES) mbar_wait(k_empty + slot, par);
             if (ranges_left) {
                 if (lane == 0) {
                     int o[2], u[2];
@@ -325,7 +332,7 @@ __global__ void __launch_bounds__(384, 1)
                                         (i & 1) * 64, o[i >> 1], hk, b, k_full + slot);
                     }
                 }
-                if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
                 if (pw == 0 && lane == 0) {
                     mbar_expect_tx(v_full + slot, SP_TILE);
                     for (int i = 0; i < 4; ++i)
@@ -366,7 +373,7 @@ __global__ void __launch_bounds__(384, 1)
                     hd.last = 1;
                     mbar_arrive(k_full + slot);
                 }
-                if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
                 if (tid == 0) mbar_arrive(v_full + slot);
                 ++t;
                 break;
@@ -376,6 +383,7 @@ __global__ void __launch_bounds__(384, 1)
                 tile_users = named_barrier_or(3, 128, users & 1) ? 1 : 0;
                 if (share && named_barrier_or(3, 128, users & 2)) tile_users |= 2;
             }
+            named_barrier_sync(3, 128); /* the K slot is free (warp 0 waited for it) */
             hd.kpos[tid] = key;
             hd.kusers[tid] = (uint8_t)users;
             if (tid == 0) {
@@ -399,7 +407,8 @@ __global__ void __launch_bounds__(384, 1)
                 if (tid == 0) mbar_arrive(bar);
             };
             gather(a.k, a.k_stride, kd, k_full + slot);
-            if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+            if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+            named_barrier_sync(3, 128); /* the V slot is free */
             gather(a.v, a.v_stride, vd, v_full + slot);
         }
         } /* work items */
