@@ -48,7 +48,9 @@
  *   shared memory read as such (LDS, not generic loads) and column lists staged with
  *   independent loads: local 1M 7.27 -> 6.72 ms (489-493 -> 530-537), small 1M 387-394 -> 409
  *   (bench/results/2026-11-30-gpu-shared-space-ab.json);
- *   routed per head instead of opt-in (bench/results/2026-11-30-gpu-sparse-routing.json).
+ *   routed per head instead of opt-in (bench/results/2026-11-30-gpu-sparse-routing.json);
+ *   only producer warp 0 waits on the empty barriers, which removed a rare deadlock (see the
+ *   producer loop; bench/results/2026-11-30-gpu-ws-producer-fix.json).
  */
 #include "sm90_common.cuh"
 
