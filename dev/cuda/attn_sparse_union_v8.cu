@@ -24,6 +24,10 @@
  * on `small` (the union is rebuilt per launch) and on the estimated indexes, and one run of the
  * benchmark's sparse shapes in one process stopped in this kernel (mixed 128K after other
  * shapes; not reproduced in a separate process, nor with the watchdog build). Left out of src/.
+ * Later the kernel in src/ showed the same kind of stop and its cause was found: producer warps
+ * other than warp 0 waited on the slots' empty barriers, and a lagging one could wait for a
+ * phase that needed warp 0 to go on while warp 0 waited for it at a named barrier. This snapshot
+ * has the same waits, so that is the likely cause here too (not checked on this snapshot).
  */
 /*
  * attn_sparse_sm90.cu: the Hopper (sm_90a) sparse attention kernel, D = 128, for launches whose
