@@ -236,8 +236,9 @@ __global__ void __launch_bounds__(384, 1)
     if (wgi == 0) {
         /* the producer warpgroup: lane 0 of warp 0 plans and issues the TMA loads; all four
          * warps gather columns (32 rows each), since one warp issuing 4096 copies per tile
-         * could not keep up with the consumers. Every warp walks the same plan and waits on
-         * the same barriers, so that their phases stay in step. */
+         * could not keep up with the consumers. Every warp walks the same plan; only warp 0
+         * waits on the slots' barriers (see the tile loop), the others meet it at named
+         * barriers. */
         /* 72 registers for the producer (at 56 its merge and gather code spilled 80 bytes;
          * at 72, 16) and 216 for the consumers, which need no more */
         setmaxnreg_dec<72>();
