@@ -63,7 +63,7 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
  * CTAs per SM. It replaced a two-warpgroup 128-row dense kernel (dev/cuda/attn_dense_v4.cu) and
  * the two-CTA 64-row loop (dev/cuda/attn_dense_v3.cu): the profile of those was latency bound
  * (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide more of
- * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 168 now, no
+ * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 150 now, no
  * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
  * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
  * slot i % 3. K(t+1) is issued in step t, right after the wgmma of S(t), into the slot V(t-1)
@@ -308,16 +308,18 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cu
     if (used || e != cudaSuccess) return e;
     int32_t *taken = nullptr;
     e = mi_cuda_attn_sm90_sparse_launch(p, st, &used, &taken);
-    if (e != cudaSuccess || !used)
-        return e != cudaSuccess ? e
-               : p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*p, st)
-                                           : mi_cuda::launch_sm90<__half>(*p, st);
-    /* the heads the sparse kernel left, to the ring kernel */
+    if (e != cudaSuccess) return e;
+    /* the ring kernel: every head, or those the sparse kernel left */
+    const mi_cuda_attn_params *ring = p;
     static thread_local mi_cuda_attn_params q; /* 6 KB: off the stack */
-    q = *p;
-    q.sm90_taken = taken;
-    e = p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(q, st)
-                                  : mi_cuda::launch_sm90<__half>(q, st);
+    if (used) {
+        q = *p;
+        q.sm90_taken = taken;
+        ring = &q;
+    }
+    e = p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*ring, st)
+                                  : mi_cuda::launch_sm90<__half>(*ring, st);
+    if (!taken) return e;
     const cudaError_t f = cudaFreeAsync(taken, st);
     return e != cudaSuccess ? e : f;
 }

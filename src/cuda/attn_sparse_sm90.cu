@@ -662,23 +662,19 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
     return cudaGetLastError();
 }
 
-} // namespace mi_cuda
-
-namespace mi_cuda {
-
 /* Which (b, h) the warp-specialised kernel takes. It pays where the two row blocks of a pair
  * share most of their ranges, that is where ranges come in runs of adjacent 64-key pieces (a
  * band of diagonals: a run of n pieces in row block A is the same run one piece on in B, n - 1
- * shared): `local` 0.99 of a block's starts are followed by the next piece, `small` 0.94;
- * scattered diagonals make runs of one or two pieces (`mixed` 0.15-0.55), where the ring
- * kernel is faster. So a sparse head goes to this kernel when at least 90 % of the starts of
+ * shared): in `local` and `small` every start but a block's last is followed by the next piece;
+ * scattered diagonals make runs of one or two pieces (`mixed`, from its definition: about 0.55
+ * at 128K, 0.15 at 1M), where the ring kernel is faster. So a sparse head goes to this kernel when at least 90 % of the starts of
  * sampled row blocks (the later half, which holds most of the work) are followed by the next
  * piece; the others, and every head of another mode, go to the ring kernel. One CTA per (b, h)
  * writes its flag (taken[bh], for the ring kernel to skip) and appends it to this kernel's list
  * {n, bh...} (n zeroed before). */
 constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
 constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
-constexpr int ROUTE_MIN_PAIRS = 16; /* fewer adjacent-start candidates: the ring kernel */
+constexpr int ROUTE_MIN_CANDIDATES = 16; /* fewer starts with a successor: the ring kernel */
 
 __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     sparse_route_kernel(const __grid_constant__ mi_cuda_attn_params p, int32_t *taken,
@@ -686,8 +682,7 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
 #ifdef MI_SM90_DEVICE
     const int bh = blockIdx.x, h = bh % p.heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const bool sparse =
-        (p.use_head_modes ? p.head_modes[h].mode : p.mode.mode) == MI_CUDA_MODE_SPARSE;
+    const bool sparse = head_mode_of(p, h).mode == MI_CUDA_MODE_SPARSE;
     int adj = 0, cand = 0;
     if (sparse && !every) {
         /* one warp per sampled row block */
@@ -708,7 +703,7 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     if (threadIdx.x == 0) {
         adj = cand = 0;
         for (int i = 0; i < ROUTE_SAMPLES; ++i) adj += s_adj[i], cand += s_cand[i];
-        const bool ws = sparse && (every || (cand >= ROUTE_MIN_PAIRS && 10 * adj >= 9 * cand));
+        const bool ws = sparse && (every || (cand >= ROUTE_MIN_CANDIDATES && 10 * adj >= 9 * cand));
         taken[bh] = ws;
         if (ws) list[1 + atomicAdd(list, 1)] = bh;
     }
@@ -736,8 +731,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
         return cudaSuccess;
     bool any_sparse = false;
     for (int h = 0; h < p->heads; ++h)
-        any_sparse |=
-            (p->use_head_modes ? p->head_modes[h].mode : p->mode.mode) == MI_CUDA_MODE_SPARSE;
+        any_sparse |= mi_cuda::head_mode_of(*p, h).mode == MI_CUDA_MODE_SPARSE;
     if (!any_sparse) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;

@@ -100,6 +100,12 @@ __device__ __forceinline__ float warp_max_xor(float v, int lane_mask) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, lane_mask));
 }
 
+/* The mode of head h: its own in a launch of mixed heads, else the launch's. */
+__host__ __device__ __forceinline__ mi_cuda_head_mode head_mode_of(const mi_cuda_attn_params &p,
+                                                                  int h) {
+    return p.use_head_modes ? p.head_modes[h] : p.mode;
+}
+
 } // namespace mi_cuda
 
 /* Host-side helpers (cuda_backend.cu). */
