@@ -71,7 +71,8 @@ def gpu_tables(runs):
     if not gpu:
         return []
 
-    def best(key, rate):
+    def best(key, score):
+        """The run for section `key`; score(entries) ranks untimed runs, higher is better."""
         cands = [r for r in gpu if isinstance(r.get(key), list) and r[key]]
         if not cands:
             return None
@@ -80,10 +81,13 @@ def gpu_tables(runs):
         timed = [r for r in full if r.get("time")]
         if timed:
             return max(timed, key=lambda r: r["time"])
-        return max(full, key=lambda r: sum(e.get(rate, 0) for e in r[key]) / len(r[key]))
+        return max(full, key=lambda r: score(r[key]))
+
+    def mean_of(rate):
+        return lambda entries: sum(e.get(rate, 0) for e in entries) / len(entries)
 
     out = []
-    d = best("dense", "ours_tflops")
+    d = best("dense", mean_of("ours_tflops"))
     if d:
         out += [f"**GPU dense attention**, {d['gpu']}, {d.get('dtype', 'bf16')}, D = "
                 f"{d.get('head_dim', 128)}, causal (`{d['_file']}`, commit {d.get('commit', '?')}). "
@@ -96,7 +100,7 @@ def gpu_tables(runs):
                        f"| {fmt(e.get('ours_tflops'), '.0f')} | {fmt(e.get('cudnn_tflops'), '.0f')} "
                        f"| {fmt(e.get('flash_tflops'), '.0f')} | {fmt(e.get('ratio_to_cudnn'), '.2f')} |")
         out.append("")
-    sp = best("sparse", "effective_tflops")
+    sp = best("sparse", mean_of("effective_tflops"))
     if sp:
         out += [f"**GPU sparse kernel** on the prescribed index sets (`{sp['_file']}`, commit "
                 f"{sp.get('commit', '?')}); effective TFLOP/s count only the keys computed.", "",
@@ -107,13 +111,8 @@ def gpu_tables(runs):
                        f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('effective_tflops'), '.0f')} | {fmt(e.get('index_ms'), '.2f')} |")
         out.append("")
-    es = [r for r in gpu if isinstance(r.get("estimation"), list) and r["estimation"]]
-    if es:  # the full set of lengths, then the fastest (the kernel the build ships)
-        most = max(len(r["estimation"]) for r in es)
-        full = [r for r in es if len(r["estimation"]) == most]
-        timed = [r for r in full if r.get("time")]
-        es = (max(timed, key=lambda r: r["time"]) if timed else
-              min(full, key=lambda r: sum(e.get("prefill_ms_per_head", 0) for e in r["estimation"])))
+    # untimed runs: the fastest prefill
+    es = best("estimation", lambda entries: -sum(e.get("prefill_ms_per_head", 0) for e in entries))
     if es:
         out += [f"**GPU whole-layer prefill** (every head vertical-slash 1000/6096, estimation and "
                 f"index included; `{es['_file']}`)", "",
