@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(128, 3)
      * up and keeps them in kpos[t & 1] (for the mask and for V); the V load reads them from there,
      * so a barrier must separate the two. */
     const uint32_t ring_s = smem_addr(ring);
-    const int gr = tid >> 1, gc = tid & 1;               /* gathered tiles: row, chunk parity */
-    const uint32_t gswz = (uint32_t)((gc ^ (gr & 7)) << 4); /* chunk gc + 2k at (2k ^ gswz) */
+    const int gr = tid >> 1, gc = tid & 1; /* gathered tiles: the row a lane pair looks up */
     int late = 0; /* the gathered K tile just loaded has a key after rs or a missing one */
     bool range_mask = true; /* the range K tile just loaded needs the mask */
     auto load = [&](int t, int slot, bool is_v) {
@@ -170,22 +169,26 @@ __global__ void __launch_bounds__(128, 3)
                 return;
             }
         }
-        /* gathered rows: two threads per row, one looking its key position up (K) or reading
-         * it back (V), each copying every other 16-byte chunk (adjacent lanes, adjacent chunks:
-         * whole 32-byte sectors); the chunk offsets are constants, the swizzle one XOR */
+        /* gathered rows: two threads per row look its key position up (K) or read it back
+         * (V); then sixteen lanes copy one row, so that each instruction of a warp moves two
+         * whole rows (with a row per lane pair it touched sixteen rows, a memory transaction
+         * each) */
         int *kp = kpos + (t & 1) * BN;
         const int pos = is_v ? kp[gr] : tile_key(tp, t, gr, len);
-        const bool ok = pos != MI_NO_KEY;
         if (!is_v) {
             if (gc == 0) kp[gr] = pos;
-            late |= !ok || pos > rs;
+            late |= pos == MI_NO_KEY || pos > rs;
         }
-        const T *src = g + (int64_t)(ok ? pos : 0) * sl + gc * 8;
-        const uint32_t drow = d + gr * 128;
+        const int c = lane & 15;
+        const T *src = g + 8 * c;
 #pragma unroll
-        for (int k = 0; k < 8; ++k)
-            cp_async_16(drow + (k >> 2) * KHALF + ((((2 * k) & 7) << 4) ^ gswz), src + 16 * k,
+        for (int k = 0; k < 8; ++k) {
+            const int r = 2 * k + (lane >> 4); /* row in this warp's 16 */
+            const int pr = __shfl_sync(0xffffffffu, pos, 2 * r);
+            const bool ok = pr != MI_NO_KEY;
+            cp_async_16(d + sw_off(16 * warp + r, c, KHALF), src + (int64_t)(ok ? pr : 0) * sl,
                         ok ? 16 : 0);
+        }
     };
     load(0, 0, false);
     cp_async_commit(); /* group: Q, K0 */

@@ -17,7 +17,7 @@
  *     A's and B's tiles alternate, each used by its owner only. All four producer warps look the
  *     keys up, write them (and who uses each) to the tile's header and copy the rows with
  *     cp.async (zero-filled where a key does not exist);
- *   - each tile's header (range starts, users, keys, end-of-item marker) sits next to it in
+ *   - each tile's header (range starts, users, keys, whether it ends the item) sits next to it in
  *     shared memory; a consumer computes the tiles (or the half) it uses, masks keys after its
  *     rows and keys only the other block uses, and otherwise only frees the slot (a P V still
  *     pending in that slot is issued first, so that no slot waits on a tile that comes later).
@@ -87,7 +87,7 @@ struct tile_header {
     int off[2];    /* range tiles: start of each 64-key half */
     int users[2];  /* per half: bit 0 = row block A, bit 1 = B; 0 = nobody (gathered: any key) */
     int column;    /* gathered tile: keys in kpos, their users in kusers */
-    int last;      /* the end marker after the CTA's last tile (no data) */
+    int last;      /* the item's last tile (or, for an item without keys, a marker: no data) */
     int pad[2];
     int kpos[128]; /* gathered tile: key of each row, MI_NO_KEY where none */
     uint8_t kusers[128]; /* and the row blocks that use it */
@@ -97,7 +97,7 @@ struct tile_header {
 constexpr int SP_STAGED = 2048, SP_CSTAGED = 2048;
 constexpr size_t SP_SMEM = 1024 + (2 + 2 * SP_STAGES) * SP_TILE +
                            SP_STAGES * sizeof(tile_header) + 16 * sizeof(uint64_t) +
-                           (2 * SP_STAGED + 2 * SP_CSTAGED) * sizeof(int32_t);
+                           (2 * SP_STAGED + 2 * SP_CSTAGED + 4) * sizeof(int32_t);
 static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
 
 #ifdef MI_SM90_DEVICE
@@ -109,17 +109,18 @@ struct staged_list {
     __device__ int at(int i) const { return i < SP_STAGED ? sm[i] : __ldg(g + i); }
 };
 
-/* Whether the strictly ascending list[0, n) holds key. */
-__device__ __forceinline__ bool sorted_contains(const int32_t *list, int n, int key) {
+/* Whether list[0, n) holds key, comparing entries & mask (strictly ascending so). */
+__device__ __forceinline__ bool sorted_contains(const int32_t *list, int n, int key,
+                                                int mask = -1) {
     int lo = 0, hi = n;
     while (lo < hi) {
         const int mid = (lo + hi) >> 1;
-        if (list[mid] < key)
+        if ((list[mid] & mask) < key)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo < n && list[lo] == key;
+    return lo < n && (list[lo] & mask) == key;
 }
 
 /* Merges A's and B's range starts (each ascending, so that a start both use meets itself) into
@@ -239,9 +240,10 @@ __global__ void __launch_bounds__(384, 1)
          * could not keep up with the consumers. Every warp walks the same plan; only warp 0
          * waits on the slots' barriers (see the tile loop), the others meet it at named
          * barriers. */
-        /* 72 registers for the producer (at 56 its merge and gather code spilled 80 bytes;
-         * at 72, 16) and 216 for the consumers, which need no more */
-        setmaxnreg_dec<72>();
+        /* 96 registers for the producer (its merge, per-item column users and gather code
+         * spilled 144 bytes at 72, 12 at 96) and 200 for the consumers, whose code uses
+         * registers up to R189 (R184 at this split) */
+        setmaxnreg_dec<96>();
         const int pw = tid / 32, lane = tid % 32;
         int t = 0; /* tiles so far, over all items: the slot ring runs on */
         for (int w = blockIdx.x, k = 0; w < items; w += gridDim.x, ++k) {
@@ -263,6 +265,18 @@ __global__ void __launch_bounds__(384, 1)
                                 (i >> 1) * 64 * 128,
                             &a.tm_q, (i & 1) * 64, it.rs + (i >> 1) * 64, h, b, q_full + qb);
         }
+        /* the next item's counts and the heads of its lists into L2 while this one runs: an
+         * item's start waits on two round trips to memory otherwise (counts, then lists) */
+        if (w + (int)gridDim.x < items) {
+            const int64_t nrow = item_of(w + gridDim.x).row_a;
+            const int line = tid % 32, part = tid / 32; /* 128-byte lines of 32 entries */
+            if (part == 0 && line < 2)
+                prefetch_l2((line ? a.column_count : a.block_count) + nrow);
+            if (part == 1 && line < 8 && (line % 4) * 32 < a.max_blocks)
+                prefetch_l2(a.block_offset + (nrow + line / 4) * a.max_blocks + (line % 4) * 32);
+            if (part >= 2 && line * 32 < a.max_columns)
+                prefetch_l2(a.column_index + (nrow + part - 2) * a.max_columns + line * 32);
+        }
         named_barrier_sync(3, 128); /* every warp is done with the last item's staged lists */
         const int32_t *offs = a.block_offset + row_a * a.max_blocks;
         const int32_t *cols_a = a.column_index + row_a * a.max_columns;
@@ -276,14 +290,16 @@ __global__ void __launch_bounds__(384, 1)
          * the head, less those inside each block's ranges). When both are strictly ascending
          * (as the index builders write them) and fit in shared memory, A's tiles carry every
          * column, each also used by B where B lists it, and then come B's tiles of the columns
-         * A does not list (tiles with none are dropped): a column both use is loaded once and
-         * both consumers compute its tiles. Otherwise A's and B's tiles alternate, each used
-         * by its own row block only (while one consumer computes a tile of A, the other
-         * computes the next one, of B). */
-        const int tiles_a = (ca + 127) / 128, tiles_b = (cb + 127) / 128;
+         * A does not list: a column both use is loaded once and both consumers compute its
+         * tiles. Otherwise A's and B's tiles alternate, each used by its own row block only
+         * (while one consumer computes a tile of A, the other computes the next one, of B). */
+        const int tiles_a = (ca + 127) / 128;
+        int tiles_b = (cb + 127) / 128, cnt_b = cb; /* B's: all of them, or those A lacks */
         int32_t *scol_a = staged + 2 * SP_STAGED, *scol_b = scol_a + SP_CSTAGED;
+        int32_t *warp_sum = scol_b + SP_CSTAGED; /* [4] */
         int col_a = 0, col_b = 0; /* column tiles done */
         int share = -1;           /* not decided until the first gathered tile */
+        const bool has_columns = ca > 0 || cb > 0;
         for (int t0 = t;; ++t) {
             const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
@@ -306,9 +322,38 @@ __global__ void __launch_bounds__(384, 1)
                     named_barrier_sync(3, 128);
                     for (int i = tid + 1; i < ca; i += 128) ok &= scol_a[i] > scol_a[i - 1];
                     for (int i = tid + 1; i < cb; i += 128) ok &= scol_b[i] > scol_b[i - 1];
+                    ok &= scol_a[0] >= 0 && scol_b[0] >= 0; /* bit 31 marks users below */
                 }
                 /* every thread's verdict (and its staged entries) before anyone reads them */
                 share = !named_barrier_or(3, 128, !ok);
+                if (share) {
+                    /* who uses each column, found once per item rather than per tile: bit 31
+                     * of a B entry marks a key A lists too, of an A entry a key B lists; B's
+                     * list then keeps the keys A lacks only, so that the tile count is known
+                     * (the last tile carries the end of the item) and no tile is empty */
+                    for (int i = tid; i < cb; i += 128)
+                        if (sorted_contains(scol_a, ca, scol_b[i])) scol_b[i] |= INT_MIN;
+                    named_barrier_sync(3, 128);
+                    for (int i = tid; i < ca; i += 128)
+                        if (sorted_contains(scol_b, cb, scol_a[i], INT_MAX)) scol_a[i] |= INT_MIN;
+                    int kept = 0;
+                    for (int c0 = 0; c0 < cb; c0 += 128) { /* in place: writes trail reads */
+                        const int v = c0 + tid < cb ? scol_b[c0 + tid] : INT_MIN;
+                        const uint32_t m = __ballot_sync(0xffffffffu, v >= 0);
+                        if (lane == 0) warp_sum[pw] = __popc(m);
+                        named_barrier_sync(3, 128);
+                        int before = kept;
+                        for (int j = 0; j < 4; ++j) {
+                            before += j < pw ? warp_sum[j] : 0;
+                            kept += warp_sum[j];
+                        }
+                        named_barrier_sync(3, 128);
+                        if (v >= 0) scol_b[before + __popc(m & ((1u << lane) - 1))] = v;
+                    }
+                    named_barrier_sync(3, 128);
+                    cnt_b = kept;
+                    tiles_b = (kept + 127) / 128;
+                }
             }
             /* Only warp 0 waits for a slot to be free. Another producer warp that lags may find
              * the barrier one phase further on than the one it expects (the consumers free the
@@ -319,16 +364,18 @@ __global__ void __launch_bounds__(384, 1)
              * gathered tiles, the only ones they write. */
             if (pw == 0 && t >= SP_STAGES) mbar_wait(k_empty + slot, par);
             if (ranges_left) {
+                int last = 0; /* the item's last tile: no more ranges and no columns */
                 if (lane == 0) {
                     int o[2], u[2];
                     rp.next(o, u); /* every warp, to keep the plan */
+                    last = !rp.more() && !has_columns;
                     if (pw == 0) {
                         hd.off[0] = o[0];
                         hd.off[1] = o[1];
                         hd.users[0] = u[0];
                         hd.users[1] = u[1];
                         hd.column = 0;
-                        hd.last = 0;
+                        hd.last = last;
                         mbar_expect_tx(k_full + slot, SP_TILE);
                         for (int i = 0; i < 4; ++i)
                             tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
@@ -342,34 +389,13 @@ __global__ void __launch_bounds__(384, 1)
                         tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
                                     (i & 1) * 64, hd.off[i >> 1], hk, b, v_full + slot);
                 }
-                continue;
-            }
-            /* the next gathered tile, one row per thread: its key and who uses it */
-            int key = MI_NO_KEY, users = 0, for_a = 0;
-            bool done = false;
-            for (;;) {
-                for_a = col_a < tiles_a && (share || col_b >= tiles_b || col_a <= col_b);
-                if (!for_a && col_b >= tiles_b) {
-                    done = true;
+                if (__shfl_sync(0xffffffffu, last, 0)) {
+                    ++t;
                     break;
                 }
-                const int ci = for_a ? col_a++ : col_b++;
-                const int c = ci * 128 + tid, cnt = for_a ? ca : cb;
-                key = c >= cnt ? MI_NO_KEY
-                      : share  ? (for_a ? scol_a : scol_b)[c]
-                               : __ldg((for_a ? cols_a : cols_b) + c);
-                if (key < 0 || key >= a.len) key = MI_NO_KEY;
-                users = key == MI_NO_KEY ? 0 : for_a ? 1 : 2;
-                if (share && key != MI_NO_KEY) {
-                    if (for_a && sorted_contains(scol_b, cb, key)) users = 3;
-                    if (!for_a && sorted_contains(scol_a, ca, key)) {
-                        key = MI_NO_KEY; /* in one of A's tiles already */
-                        users = 0;
-                    }
-                }
-                if (!share || for_a || named_barrier_or(3, 128, users != 0)) break;
+                continue;
             }
-            if (done) { /* the end marker: no data, users 0 */
+            if (!has_columns) { /* an item with no keys at all: an end marker, no data */
                 if (tid == 0) {
                     hd.users[0] = hd.users[1] = 0;
                     hd.column = 0;
@@ -381,6 +407,18 @@ __global__ void __launch_bounds__(384, 1)
                 ++t;
                 break;
             }
+            /* the next gathered tile, one row per thread: its key and who uses it */
+            const bool for_a = col_a < tiles_a && (share || col_b >= tiles_b || col_a <= col_b);
+            const int c = (for_a ? col_a++ : col_b++) * 128 + tid, cnt = for_a ? ca : cnt_b;
+            int key = MI_NO_KEY, users = 0;
+            if (c < cnt) {
+                const int raw = share ? (for_a ? scol_a : scol_b)[c]
+                                      : __ldg((for_a ? cols_a : cols_b) + c);
+                key = share ? raw & INT_MAX : raw;
+                users = for_a ? (share && raw < 0 ? 3 : 1) : 2;
+            }
+            if (key < 0 || key >= a.len) key = MI_NO_KEY, users = 0;
+            const int last = col_a >= tiles_a && col_b >= tiles_b;
             int tile_users = 2; /* B's tiles: B's only */
             if (for_a) {
                 tile_users = named_barrier_or(3, 128, users & 1) ? 1 : 0;
@@ -392,19 +430,25 @@ __global__ void __launch_bounds__(384, 1)
             if (tid == 0) {
                 hd.users[0] = hd.users[1] = tile_users;
                 hd.column = 1;
-                hd.last = 0;
+                hd.last = last;
             }
-            /* the copies complete on the slot's barrier by themselves: each thread's arrive-on
+            /* The copies complete on the slot's barrier by themselves: each thread's arrive-on
              * counts as pending until its copies land, and thread 0's plain arrive (once every
              * thread has registered its own) is the one the barrier expects. So the producer goes
-             * on at once; the consumers fence the async proxy before their wgmma read the tile. */
+             * on at once; the consumers fence the async proxy before their wgmma read the tile.
+             * Sixteen lanes copy one row (a warp, two whole rows per instruction): a lane per
+             * row made each instruction touch 32 rows, 32 memory transactions for 512 bytes. */
             auto gather = [&](const void *g, const int64_t *st, uint32_t dst, uint64_t *bar) {
-                const bool ok = key != MI_NO_KEY;
                 const T *src = reinterpret_cast<const T *>(g) + b * st[0] + hk * st[1] +
-                               (int64_t)(ok ? key : 0) * st[2];
-#pragma unroll
-                for (int cc = 0; cc < 16; ++cc)
-                    cp_async_16(dst + sw_off(tid, cc, SP_HALF), src + 8 * cc, ok ? 16 : 0);
+                               8 * (lane & 15);
+#pragma unroll 4
+                for (int i = 0; i < 16; ++i) {
+                    const int r = 2 * i + (lane >> 4); /* row in this warp's 32 */
+                    const int kr = __shfl_sync(0xffffffffu, key, r);
+                    const bool ok = kr != MI_NO_KEY;
+                    cp_async_16(dst + sw_off(32 * pw + r, lane & 15, SP_HALF),
+                                src + (int64_t)(ok ? kr : 0) * st[2], ok ? 16 : 0);
+                }
                 cp_async_mbar_arrive(bar);
                 named_barrier_sync(3, 128); /* also orders the header before the arrive */
                 if (tid == 0) mbar_arrive(bar);
@@ -413,12 +457,16 @@ __global__ void __launch_bounds__(384, 1)
             if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
             named_barrier_sync(3, 128); /* the V slot is free */
             gather(a.v, a.v_stride, vd, v_full + slot);
+            if (last) {
+                ++t;
+                break;
+            }
         }
         } /* work items */
         return;
     }
 
-    setmaxnreg_inc<216>();
+    setmaxnreg_inc<200>();
     const int cw = wgi - 1; /* consumer 0 (row block A) or 1 (B) */
     const int me = 1 << cw;
     const int ct = tid - 128 * wgi;

@@ -91,6 +91,10 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *b) {
     asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(b))
                  : "memory");
 }
+/* Brings the 128-byte line of p into L2 (no register, no wait). */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 /* One box of a 4-D tensor map (d, row, head, batch) into shared memory at dst. */
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2,
                                             int c3, uint64_t *bar) {
