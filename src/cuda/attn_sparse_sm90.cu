@@ -75,6 +75,13 @@ struct sparse_sm90_args {
     int pairs;         /* row-block pairs per (b, h) */
     int max_items;     /* pairs x B x H */
     const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items */
+    /* The columns of each (b, h)'s last row block, copied (K and V rows in list order) by
+     * sparse_route_kernel, for row blocks whose lists are a prefix of that one (see the tile
+     * loop): tm_kc / tm_vc as (d, position, b * heads + h, 1); col_rows[bh] positions hold
+     * copies, -1 where none were made; crows = 0: no copies at all. */
+    CUtensorMap tm_kc, tm_vc;
+    const int32_t *col_rows;
+    int crows;
 };
 
 constexpr int SP_STAGES = 2;
@@ -299,6 +306,7 @@ __global__ void __launch_bounds__(384, 1)
         int32_t *warp_sum = scol_b + SP_CSTAGED; /* [4] */
         int col_a = 0, col_b = 0; /* column tiles done */
         int share = -1;           /* not decided until the first gathered tile */
+        bool prefix = false;      /* columns read from the copies of the last block's */
         const bool has_columns = ca > 0 || cb > 0;
         for (int t0 = t;; ++t) {
             const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
@@ -326,7 +334,25 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 /* every thread's verdict (and its staged entries) before anyone reads them */
                 share = !named_barrier_or(3, 128, !ok);
-                if (share) {
+                /* Vertical-slash lists are the head's verticals left of the block's band: a
+                 * prefix of the last row block's list. Where both lists are, their columns
+                 * are the first positions of its copies, read with TMA as whole tiles
+                 * (position j used by A if j < ca, by B if j < cb) instead of gathered. */
+                if (share && a.crows > 0) {
+                    const int n = __ldg(a.col_rows + it.bh);
+                    bool same = n >= max(ca, cb);
+                    if (same) {
+                        const int32_t *last = a.column_index +
+                                              ((int64_t)it.bh * a.row_blocks + a.row_blocks - 1) *
+                                                  a.max_columns;
+                        for (int i = tid; i < max(ca, cb); i += 128) {
+                            const int u = __ldg(last + i);
+                            same &= (i >= ca || scol_a[i] == u) && (i >= cb || scol_b[i] == u);
+                        }
+                    }
+                    prefix = !named_barrier_or(3, 128, !same);
+                }
+                if (share && !prefix) {
                     /* who uses each column, found once per item rather than per tile: bit 31
                      * of a B entry marks a key A lists too, of an A entry a key B lists; B's
                      * list then keeps the keys A lacks only, so that the tile count is known
@@ -406,6 +432,37 @@ __global__ void __launch_bounds__(384, 1)
                 if (tid == 0) mbar_arrive(v_full + slot);
                 ++t;
                 break;
+            }
+            if (prefix) { /* the next 128 positions of the copies, with TMA */
+                const int n_pos = max(ca, cb), p0 = 128 * col_a++, pos = p0 + tid;
+                const int last = 128 * col_a >= n_pos;
+                named_barrier_sync(3, 128); /* the K slot is free (warp 0 waited for it) */
+                hd.kpos[tid] = pos < n_pos ? (pos < ca ? scol_a : scol_b)[pos] : MI_NO_KEY;
+                hd.kusers[tid] = (uint8_t)((pos < ca ? 1 : 0) | (pos < cb ? 2 : 0));
+                if (tid == 0) {
+                    hd.users[0] = hd.users[1] = (p0 < ca ? 1 : 0) | (p0 < cb ? 2 : 0);
+                    hd.column = 1;
+                    hd.last = last;
+                }
+                named_barrier_sync(3, 128); /* the header is written before the K barrier's arrive */
+                if (tid == 0) {
+                    mbar_expect_tx(k_full + slot, SP_TILE);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_kc,
+                                    (i & 1) * 64, p0 + (i >> 1) * 64, it.bh, 0, k_full + slot);
+                }
+                if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (tid == 0) {
+                    mbar_expect_tx(v_full + slot, SP_TILE);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_vc,
+                                    (i & 1) * 64, p0 + (i >> 1) * 64, it.bh, 0, v_full + slot);
+                }
+                if (last) {
+                    ++t;
+                    break;
+                }
+                continue;
             }
             /* the next gathered tile, one row per thread: its key and who uses it */
             const bool for_a = col_a < tiles_a && (share || col_b >= tiles_b || col_a <= col_b);
@@ -719,14 +776,22 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
  * sampled row blocks (the later half, which holds most of the work) are followed by the next
  * piece; the others, and every head of another mode, go to the ring kernel. One CTA per (b, h)
  * writes its flag (taken[bh], for the ring kernel to skip) and appends it to this kernel's list
- * {n, bh...} (n zeroed before). */
+ * {n, bh...} (n zeroed before). For a head it takes, it then copies the K and V rows of the last
+ * row block's columns (the first c.rows of them, where they are ascending keys of the sequence)
+ * to c.k / c.v in list order, zeros after them for a tile, and writes how many to c.count[bh]
+ * (-1: none). */
+struct column_copies {
+    void *k, *v;    /* [B * H][rows][128] elements of 2 bytes */
+    int32_t *count; /* [B * H] */
+    int rows;       /* 0: no copies */
+};
 constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
 constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
 constexpr int ROUTE_MIN_CANDIDATES = 16; /* fewer starts with a successor: the ring kernel */
 
 __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     sparse_route_kernel(const __grid_constant__ mi_cuda_attn_params p, int32_t *taken,
-                        int32_t *list, int every) {
+                        int32_t *list, int every, column_copies c) {
 #ifdef MI_SM90_DEVICE
     const int bh = blockIdx.x, h = bh % p.heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -745,7 +810,7 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     }
     adj = __reduce_add_sync(0xffffffffu, adj);
     cand = __reduce_add_sync(0xffffffffu, cand);
-    __shared__ int s_adj[ROUTE_SAMPLES], s_cand[ROUTE_SAMPLES];
+    __shared__ int s_adj[ROUTE_SAMPLES], s_cand[ROUTE_SAMPLES], s_ws;
     if (lane == 0) s_adj[warp] = adj, s_cand[warp] = cand;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -754,7 +819,41 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
         const bool ws = sparse && (every || (cand >= ROUTE_MIN_CANDIDATES && 10 * adj >= 9 * cand));
         taken[bh] = ws;
         if (ws) list[1 + atomicAdd(list, 1)] = bh;
+        s_ws = ws;
     }
+    __syncthreads();
+    if (c.rows == 0) return;
+    const int64_t row = (int64_t)bh * p.row_blocks + p.row_blocks - 1;
+    const int n = s_ws ? min(min(max(__ldg(p.column_count + row), 0), p.max_columns), c.rows) : 0;
+    const int32_t *cols = p.column_index + row * p.max_columns;
+    bool ok = s_ws != 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int key = __ldg(cols + i);
+        ok &= key >= 0 && key < p.len && (i == 0 || key > __ldg(cols + i - 1));
+    }
+    if (!__syncthreads_and(ok)) {
+        if (threadIdx.x == 0) c.count[bh] = -1;
+        return;
+    }
+    /* sixteen lanes to a row of 256 bytes; the rows of one tile past the copies are zeros, so
+     * that a tile reaching there reads no stale data (its keys there are masked, but a NaN
+     * times a zero weight would still spoil the output) */
+    const int b = bh / p.heads, hk = bh % p.heads / p.group;
+    const int fill = min(n + 128, c.rows);
+    for (int pass = 0; pass < 2; ++pass) {
+        const char *src = reinterpret_cast<const char *>(pass ? p.v : p.k) +
+                          2 * (b * (pass ? p.v_stride : p.k_stride)[0] +
+                               hk * (pass ? p.v_stride : p.k_stride)[1]);
+        const int64_t rs = 2 * (pass ? p.v_stride : p.k_stride)[2];
+        uint4 *dst = reinterpret_cast<uint4 *>(pass ? c.v : c.k) + (int64_t)bh * c.rows * 16;
+        for (int i = threadIdx.x; i < fill * 16; i += blockDim.x) {
+            const int r = i / 16;
+            uint4 x = make_uint4(0, 0, 0, 0);
+            if (r < n) x = __ldg(reinterpret_cast<const uint4 *>(src + __ldg(cols + r) * rs) + i % 16);
+            dst[i] = x;
+        }
+    }
+    if (threadIdx.x == 0) c.count[bh] = n;
 #endif
 }
 
@@ -809,18 +908,39 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     const int64_t items = (int64_t)a.pairs * n_bh;
     if (items > 0x7fffffff) return cudaSuccess;
     a.max_items = (int)items;
-    /* flags and list {n, bh...}: stream-ordered, so that nothing waits for the host */
+    /* flags, list {n, bh...}, copy counts, then the column copies (up to SP_CSTAGED rows per
+     * (b, h): the most a shared column list has; none where they would take more than
+     * COPY_BYTES_MAX): stream-ordered, so that nothing waits for the host */
+    constexpr size_t COPY_BYTES_MAX = (size_t)256 << 20;
+    mi_cuda::column_copies cc = {nullptr, nullptr, nullptr, min(p->max_columns, mi_cuda::SP_CSTAGED)};
+    const size_t ints = ((2 + 3 * (size_t)n_bh) * sizeof(int32_t) + 255) / 256 * 256;
+    size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
+    const char *copies_env = getenv("MI_CUDA_SM90_COLUMN_COPIES"); /* =0: gather (A/B runs) */
+    if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || (copies_env && copies_env[0] == '0'))
+        cc.rows = 0, copy = 0;
     int32_t *buf = nullptr;
-    const size_t bytes = (1 + 2 * (size_t)n_bh) * sizeof(int32_t);
-    if (cudaMallocAsync(reinterpret_cast<void **>(&buf), bytes, st) != cudaSuccess) {
+    if (cudaMallocAsync(reinterpret_cast<void **>(&buf), ints + 2 * copy, st) != cudaSuccess) {
         (void)cudaGetLastError(); /* no memory for them: the ring kernel runs every head */
         return cudaSuccess;
     }
     a.ws_heads = buf + n_bh;
+    cc.count = buf + 2 * n_bh + 1;
+    a.col_rows = cc.count;
+    a.crows = 0;
+    if (cc.rows > 0) {
+        cc.k = reinterpret_cast<char *>(buf) + ints;
+        cc.v = reinterpret_cast<char *>(cc.k) + copy;
+        const int64_t cstride[3] = {0, (int64_t)cc.rows * 128, 128};
+        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, 64, bf16) &&
+            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, 64, bf16))
+            a.crows = cc.rows;
+        else
+            cc.rows = 0;
+    }
     cudaError_t e = cudaMemsetAsync(buf + n_bh, 0, sizeof(int32_t), st);
     if (e == cudaSuccess) {
         mi_cuda::sparse_route_kernel<<<n_bh, 32 * mi_cuda::ROUTE_SAMPLES, 0, st>>>(
-            *p, buf, buf + n_bh, every);
+            *p, buf, buf + n_bh, every, cc);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)

@@ -619,6 +619,67 @@ static void test_sparse_mixed_heads(const shape *s) {
     inputs_free(&in);
 }
 
+/* Vertical-slash-shaped lists, which the warp-specialised kernel reads from copies of the last
+ * row block's columns: per (b, h) one ascending set of verticals; each row block a band of
+ * adjacent 64-key pieces ending at the block and, as columns, the verticals left of the band (a
+ * prefix of the last block's list). On odd heads one row block in five drops or adds a column,
+ * so that its pair is gathered instead, in the same launch; head 2 lists more columns than a
+ * pair can share (the gathered path with alternating tiles). */
+static void test_sparse_prefix_columns(const shape *s) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
+    const int32_t L = (int32_t)s->L, band = 6, mb = band + 1, mc = 2300;
+    int32_t *verts = malloc(sizeof(int32_t) * (size_t)mc);
+    sp_pair si;
+    sp_alloc(&si, B, H, R, mb, mc);
+    int32_t nv = 0;
+    for (int64_t i = 0; i < (int64_t)B * H * R; i++) {
+        const int32_t h = (int32_t)(i / R % H), r0 = (int32_t)(i % R) * 64;
+        if (i % R == 0) { /* the next (b, h)'s verticals: ascending, distinct */
+            const int32_t want = h == 2 ? mc : 40 + (int32_t)(rnd32() % 150);
+            int32_t c = (int32_t)(rnd32() % 3) - 1;
+            nv = 0;
+            while (nv < want) {
+                c += 1 + (h == 2 ? 0 : (int32_t)(rnd32() % (uint32_t)(L / want + 1)));
+                if (c >= L) break;
+                verts[nv++] = c;
+            }
+        }
+        const int32_t first = r0 - 64 * band > 0 ? r0 - 64 * band : 0;
+        int32_t nb = 0;
+        for (int32_t o = first; o <= r0; o += 64) si.h.block_offset[i * mb + nb++] = o;
+        for (int32_t j = nb; j < mb; j++) si.h.block_offset[i * mb + j] = 0;
+        si.h.block_count[i] = nb;
+        int32_t nc = 0;
+        while (nc < nv && nc < mc && verts[nc] < first) {
+            si.h.column_index[i * mc + nc] = verts[nc];
+            nc++;
+        }
+        if (h % 2 == 1 && i % R != R - 1 && rnd32() % 5 == 0 && nc > 2) {
+            if (rnd32() % 2) { /* drop one */
+                const int32_t k = (int32_t)(rnd32() % (uint32_t)nc);
+                for (int32_t j = k; j + 1 < nc; j++)
+                    si.h.column_index[i * mc + j] = si.h.column_index[i * mc + j + 1];
+                nc--;
+            } else if (nc < mc && si.h.column_index[i * mc + nc - 1] + 1 < first) { /* add one */
+                si.h.column_index[i * mc + nc] = si.h.column_index[i * mc + nc - 1] + 1;
+                nc++;
+            }
+        }
+        for (int32_t j = nc; j < mc; j++) si.h.column_index[i * mc + j] = -1;
+        si.h.column_count[i] = nc;
+    }
+    free(verts);
+    sparse_both(&in, &si);
+    snprintf(name, sizeof name, "sparse band with prefix columns [%s]",
+             shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    sp_free(&si);
+    inputs_free(&in);
+}
+
 /* Unsorted sets with duplicates and out-of-range entries, built on both sides. */
 static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) {
     char name[160];
@@ -854,6 +915,10 @@ int main(int argc, char **argv) {
         shape m2 = {2, 4, 2, 1000, 128, dts[di], !di, {1000, 1000}};
         test_sparse_mixed_heads(&m1);
         test_sparse_mixed_heads(&m2);
+        shape c1 = {1, 6, 2, quick ? 1000 : 5000, 128, dts[di], di, {0, 0}};
+        shape c2 = {2, 4, 4, 1300, 128, dts[di], !di, {1300, 1300}};
+        test_sparse_prefix_columns(&c1);
+        test_sparse_prefix_columns(&c2);
     }
     test_index_messy(1000, 40, 60, 0);
     test_index_messy(1000, 40, 60, 1);
