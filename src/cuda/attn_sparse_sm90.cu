@@ -12,11 +12,15 @@
  *     tile: each consumer computes its own 64-key half), or else two of one side's. Tiles are
  *     loaded with TMA (64 x 64 boxes; ranges may start anywhere, rows outside the sequence read
  *     as zeros). A band of diagonals, the common case, is shared but for its two ends;
- *   - then the gathered columns: when both lists are strictly ascending, A's tiles carry every
- *     column (each also used by B where B lists it) and B's the ones A does not list; otherwise
- *     A's and B's tiles alternate, each used by its owner only. All four producer warps look the
- *     keys up, write them (and who uses each) to the tile's header and copy the rows with
- *     cp.async (zero-filled where a key does not exist);
+ *   - then the columns. Where both lists are a prefix of the head's last row block's list (as
+ *     vertical-slash lists are: the verticals left of the block's band), they are read as whole
+ *     tiles with TMA from copies of that block's K and V rows, which sparse_route_kernel makes
+ *     before the launch. Otherwise they are gathered: when both lists are strictly ascending,
+ *     A's tiles carry every column (each also used by B where B lists it) and B's the ones A
+ *     does not list; else A's and B's tiles alternate, each used by its owner only. All four
+ *     producer warps look the keys up, write them (and who uses each) to the tile's header and
+ *     copy the rows with cp.async, sixteen lanes to a row (zero-filled where a key does not
+ *     exist);
  *   - each tile's header (range starts, users, keys, whether it ends the item) sits next to it in
  *     shared memory; a consumer computes the tiles (or the half) it uses, masks keys after its
  *     rows and keys only the other block uses, and otherwise only frees the slot (a P V still
@@ -25,12 +29,15 @@
  * so that an item's start (reading the index, the first loads) overlaps the previous one's end.
  *
  * It runs the sparse heads that sparse_route_kernel (below) finds band-like, the ring kernel the
- * rest. H200, bf16, against the ring kernel in one process (bench/time_variants.py;
- * bench/results/2026-11-30-gpu-sparse-ws-ab.json), ms per head and effective TFLOP/s:
- *   local 128K 0.855 / 512 (ring 0.886 / 494), local 1M 6.99 / 513 (7.30 / 491);
- *   small 128K 0.208 / 370 (0.211 / 366), small 1M 1.68 / 370 (1.60 / 387);
- *   mixed 128K 7.28 / 455 (6.76 / 490), mixed 1M 98.3 / 374 (78.0 / 471);
- *   whole-layer VS prefill at 1M x 8 heads (estimated indexes) 56.3 against 46.0 ms per head.
+ * rest. H200 (of the slower kind: the ring kernel on local 1M 7.9 ms), bf16, routed against the
+ * ring kernel alone in one process (bench/time_variants.py;
+ * bench/results/2026-11-30-gpu-sparse-column-copies-ab.json), ms per head and TFLOP/s:
+ *   local 128K 0.842 / 521 (ring 0.967 / 453), local 1M 6.84 / 524 (7.89 / 455);
+ *   small 128K 0.188 / 410 (0.212 / 363), small 1M 1.51 / 411 (1.66 / 373);
+ *   mixed runs the ring kernel (128K 496, 1M 472-478).
+ * Every sparse head on this kernel, earlier (bench/results/2026-11-30-gpu-sparse-ws-ab.json):
+ *   mixed 128K 455 against the ring kernel's 490, mixed 1M 374 against 471; whole-layer VS
+ *   prefill at 1M x 8 heads (estimated indexes) 56.3 against 46.0 ms per head.
  * So it wins where adjacent row blocks share their ranges (a band of diagonals) and loses where
  * they share few (scattered diagonals: mostly split tiles, each consumer with one 64-key half in
  * flight per stage, where the ring kernel keeps three CTAs' loads in flight per SM). The host
@@ -50,7 +57,21 @@
  *   (bench/results/2026-11-30-gpu-shared-space-ab.json);
  *   routed per head instead of opt-in (bench/results/2026-11-30-gpu-sparse-routing.json);
  *   only producer warp 0 waits on the empty barriers, which removed a rare deadlock (see the
- *   producer loop; bench/results/2026-11-30-gpu-ws-producer-fix.json).
+ *   producer loop; bench/results/2026-11-30-gpu-ws-producer-fix.json);
+ *   gathered rows copied by sixteen lanes each (a lane per row made every copy instruction touch
+ *   32 rows), column users found once per item so that the item's last tile ends it (no end
+ *   marker taking a slot), the next item's index prefetched into L2: a band with 1000 columns
+ *   at 128K 317 -> 332, local-like at 1M 483 -> 496 (the ring kernel's gathers, changed the same
+ *   way: 345 -> 377);
+ *   columns that are a prefix of the last row block's read with TMA from copies of its K/V
+ *   rows (an earlier try, dev/cuda/attn_sparse_union_v8.cu, built the union of all blocks'
+ *   columns in three kernels per launch and cost more than it saved on `small`; the copies
+ *   ride on the route kernel and the per-item check falls back to gathering): local 1M 7.23 ->
+ *   6.84 ms (496 -> 524), small 128K 382 -> 410, small 1M 386 -> 411; the whole-layer prefill
+ *   on estimated indexes unchanged (45.5 ms per head). From a sweep of band widths, a shared
+ *   128 x 128 tile costs 1.8-2.0 us per SM and each work item about 4-5 us more (its last and
+ *   first GEMM not overlapped, the epilogue, a split tile at the band's ends), which bounds
+ *   `small` (ten tiles an item, 9.3 tiles' worth of counted FLOPs) near 510 TFLOP/s.
  */
 #include "sm90_common.cuh"
 
