@@ -125,7 +125,7 @@ struct tile_header {
 constexpr int SP_STAGED = 2048, SP_CSTAGED = 2048;
 constexpr size_t SP_SMEM = 1024 + (2 + 2 * SP_STAGES) * SP_TILE +
                            SP_STAGES * sizeof(tile_header) + 16 * sizeof(uint64_t) +
-                           (2 * SP_STAGED + 2 * SP_CSTAGED + 4) * sizeof(int32_t);
+                           (2 * SP_STAGED + 2 * SP_CSTAGED + 8) * sizeof(int32_t);
 static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
 
 #ifdef MI_SM90_DEVICE
@@ -184,20 +184,24 @@ struct range_packer {
                 h3 = INT_MIN;
                 return;
             }
-            int &mine = cls == 1 ? h1 : h2, &other = cls == 1 ? h2 : h1;
+            /* values, not references to h1 / h2: a reference chosen at run time put them in
+             * local memory */
+            const int mine = cls == 1 ? h1 : h2, other = cls == 1 ? h2 : h1;
             if (other != INT_MIN) { /* split: A's half first */
                 o[0] = cls == 1 ? off : other;
                 o[1] = cls == 1 ? other : off;
                 u[0] = 1, u[1] = 2;
-                other = INT_MIN;
+                h1 = h2 = INT_MIN; /* mine was empty */
                 return;
             }
             if (mine != INT_MIN) { /* two of one side */
                 o[0] = mine, o[1] = off, u[0] = u[1] = cls;
-                mine = INT_MIN;
+                h1 = cls == 1 ? INT_MIN : h1;
+                h2 = cls == 1 ? h2 : INT_MIN;
                 return;
             }
-            mine = off;
+            h1 = cls == 1 ? off : h1;
+            h2 = cls == 1 ? h2 : off;
         }
         /* the leftovers: A's and B's together, else one per tile */
         if (h1 != INT_MIN && h2 != INT_MIN) {
@@ -206,9 +210,10 @@ struct range_packer {
             return;
         }
         const int cls = h1 != INT_MIN ? 1 : h2 != INT_MIN ? 2 : 3;
-        int &held = cls == 1 ? h1 : cls == 2 ? h2 : h3;
-        o[0] = o[1] = held, u[0] = cls, u[1] = 0;
-        held = INT_MIN;
+        o[0] = o[1] = cls == 1 ? h1 : cls == 2 ? h2 : h3, u[0] = cls, u[1] = 0;
+        h1 = cls == 1 ? INT_MIN : h1;
+        h2 = cls == 2 ? INT_MIN : h2;
+        h3 = cls == 3 ? INT_MIN : h3;
     }
 };
 #endif
@@ -263,11 +268,11 @@ __global__ void __launch_bounds__(384, 1)
     __syncthreads();
 
     if (wgi == 0) {
-        /* the producer warpgroup: lane 0 of warp 0 plans and issues the TMA loads; all four
-         * warps gather columns (32 rows each), since one warp issuing 4096 copies per tile
-         * could not keep up with the consumers. Every warp walks the same plan; only warp 0
-         * waits on the slots' barriers (see the tile loop), the others meet it at named
-         * barriers. */
+        /* the producer warpgroup: lane 0 of warp 0 plans the range tiles and issues the TMA
+         * loads; all four warps write the column tiles' headers and gather their rows (since
+         * one warp issuing 4096 copies per tile could not keep up with the consumers). Only
+         * warp 0 waits on the slots' barriers (see the column loop), the others meet it at
+         * named barriers. */
         /* 96 registers for the producer (its merge, per-item column users and gather code
          * spilled 144 bytes at 72, 12 at 96) and 200 for the consumers, whose code uses
          * registers up to R189 (R184 at this split) */
@@ -325,83 +330,154 @@ __global__ void __launch_bounds__(384, 1)
         int tiles_b = (cb + 127) / 128, cnt_b = cb; /* B's: all of them, or those A lacks */
         int32_t *scol_a = staged + 2 * SP_STAGED, *scol_b = scol_a + SP_CSTAGED;
         int32_t *warp_sum = scol_b + SP_CSTAGED; /* [4] */
+        int32_t *t_shared = warp_sum + 4;        /* warp 0's tile count after the ranges */
         int col_a = 0, col_b = 0; /* column tiles done */
         int share = -1;           /* not decided until the first gathered tile */
         bool prefix = false;      /* columns read from the copies of the last block's */
         const bool has_columns = ca > 0 || cb > 0;
-        for (int t0 = t;; ++t) {
+        /* stages both column lists and sees whether they can be shared (every producer warp,
+         * once per item) */
+        auto stage_columns = [&]() {
+            const bool fit = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
+            bool ok = fit;
+            if (fit) {
+                /* loads only, independent of each other so that they are all in flight
+                 * at once; the order is checked in shared memory afterwards */
+#pragma unroll 4
+                for (int i = tid; i < ca; i += 128) scol_a[i] = __ldg(cols_a + i);
+#pragma unroll 4
+                for (int i = tid; i < cb; i += 128) scol_b[i] = __ldg(cols_b + i);
+                named_barrier_sync(3, 128);
+                for (int i = tid + 1; i < ca; i += 128) ok &= scol_a[i] > scol_a[i - 1];
+                for (int i = tid + 1; i < cb; i += 128) ok &= scol_b[i] > scol_b[i - 1];
+                ok &= scol_a[0] >= 0 && scol_b[0] >= 0; /* bit 31 marks users below */
+            }
+            /* every thread's verdict (and its staged entries) before anyone reads them */
+            share = !named_barrier_or(3, 128, !ok);
+            /* Vertical-slash lists are the head's verticals left of the block's band: a
+             * prefix of the last row block's list. Where both lists are, their columns
+             * are the first positions of its copies, read with TMA as whole tiles
+             * (position j used by A if j < ca, by B if j < cb) instead of gathered. */
+            if (share && a.crows > 0) {
+                const int n = __ldg(a.col_rows + it.bh);
+                bool same = n >= max(ca, cb);
+                if (same) {
+                    const int32_t *last = a.column_index +
+                                          ((int64_t)it.bh * a.row_blocks + a.row_blocks - 1) *
+                                              a.max_columns;
+                    for (int i = tid; i < max(ca, cb); i += 128) {
+                        const int u = __ldg(last + i);
+                        same &= (i >= ca || scol_a[i] == u) && (i >= cb || scol_b[i] == u);
+                    }
+                }
+                prefix = !named_barrier_or(3, 128, !same);
+            }
+            if (share && !prefix) {
+                /* who uses each column, found once per item rather than per tile: bit 31
+                 * of a B entry marks a key A lists too, of an A entry a key B lists; B's
+                 * list then keeps the keys A lacks only, so that the tile count is known
+                 * (the last tile carries the end of the item) and no tile is empty */
+                for (int i = tid; i < cb; i += 128)
+                    if (sorted_contains(scol_a, ca, scol_b[i])) scol_b[i] |= INT_MIN;
+                named_barrier_sync(3, 128);
+                for (int i = tid; i < ca; i += 128)
+                    if (sorted_contains(scol_b, cb, scol_a[i], INT_MAX)) scol_a[i] |= INT_MIN;
+                int kept = 0;
+                for (int c0 = 0; c0 < cb; c0 += 128) { /* in place: writes trail reads */
+                    const int v = c0 + tid < cb ? scol_b[c0 + tid] : INT_MIN;
+                    const uint32_t m = __ballot_sync(0xffffffffu, v >= 0);
+                    if (lane == 0) warp_sum[pw] = __popc(m);
+                    named_barrier_sync(3, 128);
+                    int before = kept;
+                    for (int j = 0; j < 4; ++j) {
+                        before += j < pw ? warp_sum[j] : 0;
+                        kept += warp_sum[j];
+                    }
+                    named_barrier_sync(3, 128);
+                    if (v >= 0) scol_b[before + __popc(m & ((1u << lane) - 1))] = v;
+                }
+                named_barrier_sync(3, 128);
+                cnt_b = kept;
+                tiles_b = (kept + 127) / 128;
+            }
+        };
+        /* The range tiles: warp 0 alone plans and loads them (with every producer warp walking
+         * the plan, the merge doubled the kernel's instructions per tile against the dense
+         * kernel's; the other warps would only have waited). They join it to stage the column
+         * lists (once the first two tiles are on their way, so that it overlaps their loads)
+         * and for the column tiles, which they help write. */
+        const int t0 = t;
+        if (pw == 0) {
+            bool staged = false;
+            for (;; ++t) {
+                const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
+                const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
+                tile_header &hd = hdr[slot];
+                const int ranges_left = __shfl_sync(0xffffffffu, lane == 0 ? (int)rp.more() : 0, 0);
+                if (!staged && (t - t0 >= SP_STAGES || !ranges_left)) {
+                    stage_columns();
+                    staged = true;
+                }
+                if (!ranges_left) break;
+                /* the next range tile is planned before the wait for its slot, so that the loads
+                 * go out as soon as the slot is free */
+                int ro[2] = {0, 0}, ru[2] = {0, 0}, rlast = 0;
+                if (lane == 0) {
+                    rp.next(ro, ru);
+                    rlast = !rp.more() && !has_columns; /* no more ranges and no columns */
+                }
+                if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
+                if (lane == 0) {
+                    hd.off[0] = ro[0];
+                    hd.off[1] = ro[1];
+                    hd.users[0] = ru[0];
+                    hd.users[1] = ru[1];
+                    hd.column = 0;
+                    hd.last = rlast;
+                    mbar_expect_tx(k_full + slot, SP_TILE);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
+                                    (i & 1) * 64, ro[i >> 1], hk, b, k_full + slot);
+                }
+                if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (lane == 0) {
+                    mbar_expect_tx(v_full + slot, SP_TILE);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
+                                    (i & 1) * 64, ro[i >> 1], hk, b, v_full + slot);
+                }
+                if (__shfl_sync(0xffffffffu, rlast, 0)) {
+                    ++t;
+                    break;
+                }
+            }
+            if (!staged) stage_columns();
+            if (lane == 0) *t_shared = t;
+        } else {
+            stage_columns(); /* meets warp 0 there */
+        }
+        named_barrier_sync(3, 128); /* warp 0 is done with the ranges; t_shared is written */
+        t = *t_shared;
+        if (!has_columns) {
+            if (t == t0) { /* an item with no keys at all: an end marker, no data */
+                const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
+                if (pw == 0 && t >= SP_STAGES) mbar_wait(k_empty + slot, par);
+                if (tid == 0) {
+                    hdr[slot].users[0] = hdr[slot].users[1] = 0;
+                    hdr[slot].column = 0;
+                    hdr[slot].last = 1;
+                    mbar_arrive(k_full + slot);
+                }
+                if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
+                if (tid == 0) mbar_arrive(v_full + slot);
+                ++t;
+            }
+            continue;
+        }
+        for (;; ++t) { /* the column tiles */
             const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
             tile_header &hd = hdr[slot];
-            int ranges_left = 0;
-            if (lane == 0) ranges_left = rp.more();
-            ranges_left = __shfl_sync(0xffffffffu, ranges_left, 0);
-            if (share < 0 && (t - t0 >= SP_STAGES || !ranges_left)) {
-                /* stage both column lists and see whether they can be shared: once the first
-                 * two tiles are on their way, so that it overlaps their loads */
-                const bool fit = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
-                bool ok = fit;
-                if (fit) {
-                    /* loads only, independent of each other so that they are all in flight
-                     * at once; the order is checked in shared memory afterwards */
-#pragma unroll 4
-                    for (int i = tid; i < ca; i += 128) scol_a[i] = __ldg(cols_a + i);
-#pragma unroll 4
-                    for (int i = tid; i < cb; i += 128) scol_b[i] = __ldg(cols_b + i);
-                    named_barrier_sync(3, 128);
-                    for (int i = tid + 1; i < ca; i += 128) ok &= scol_a[i] > scol_a[i - 1];
-                    for (int i = tid + 1; i < cb; i += 128) ok &= scol_b[i] > scol_b[i - 1];
-                    ok &= scol_a[0] >= 0 && scol_b[0] >= 0; /* bit 31 marks users below */
-                }
-                /* every thread's verdict (and its staged entries) before anyone reads them */
-                share = !named_barrier_or(3, 128, !ok);
-                /* Vertical-slash lists are the head's verticals left of the block's band: a
-                 * prefix of the last row block's list. Where both lists are, their columns
-                 * are the first positions of its copies, read with TMA as whole tiles
-                 * (position j used by A if j < ca, by B if j < cb) instead of gathered. */
-                if (share && a.crows > 0) {
-                    const int n = __ldg(a.col_rows + it.bh);
-                    bool same = n >= max(ca, cb);
-                    if (same) {
-                        const int32_t *last = a.column_index +
-                                              ((int64_t)it.bh * a.row_blocks + a.row_blocks - 1) *
-                                                  a.max_columns;
-                        for (int i = tid; i < max(ca, cb); i += 128) {
-                            const int u = __ldg(last + i);
-                            same &= (i >= ca || scol_a[i] == u) && (i >= cb || scol_b[i] == u);
-                        }
-                    }
-                    prefix = !named_barrier_or(3, 128, !same);
-                }
-                if (share && !prefix) {
-                    /* who uses each column, found once per item rather than per tile: bit 31
-                     * of a B entry marks a key A lists too, of an A entry a key B lists; B's
-                     * list then keeps the keys A lacks only, so that the tile count is known
-                     * (the last tile carries the end of the item) and no tile is empty */
-                    for (int i = tid; i < cb; i += 128)
-                        if (sorted_contains(scol_a, ca, scol_b[i])) scol_b[i] |= INT_MIN;
-                    named_barrier_sync(3, 128);
-                    for (int i = tid; i < ca; i += 128)
-                        if (sorted_contains(scol_b, cb, scol_a[i], INT_MAX)) scol_a[i] |= INT_MIN;
-                    int kept = 0;
-                    for (int c0 = 0; c0 < cb; c0 += 128) { /* in place: writes trail reads */
-                        const int v = c0 + tid < cb ? scol_b[c0 + tid] : INT_MIN;
-                        const uint32_t m = __ballot_sync(0xffffffffu, v >= 0);
-                        if (lane == 0) warp_sum[pw] = __popc(m);
-                        named_barrier_sync(3, 128);
-                        int before = kept;
-                        for (int j = 0; j < 4; ++j) {
-                            before += j < pw ? warp_sum[j] : 0;
-                            kept += warp_sum[j];
-                        }
-                        named_barrier_sync(3, 128);
-                        if (v >= 0) scol_b[before + __popc(m & ((1u << lane) - 1))] = v;
-                    }
-                    named_barrier_sync(3, 128);
-                    cnt_b = kept;
-                    tiles_b = (kept + 127) / 128;
-                }
-            }
             /* Only warp 0 waits for a slot to be free. Another producer warp that lags may find
              * the barrier one phase further on than the one it expects (the consumers free the
              * slot again once warp 0 has refilled it), then wait on a phase that completes only
@@ -410,50 +486,6 @@ __global__ void __launch_bounds__(384, 1)
              * learn that the slot is free from a named barrier after warp 0's wait, and only on
              * gathered tiles, the only ones they write. */
             if (pw == 0 && t >= SP_STAGES) mbar_wait(k_empty + slot, par);
-            if (ranges_left) {
-                int last = 0; /* the item's last tile: no more ranges and no columns */
-                if (lane == 0) {
-                    int o[2], u[2];
-                    rp.next(o, u); /* every warp, to keep the plan */
-                    last = !rp.more() && !has_columns;
-                    if (pw == 0) {
-                        hd.off[0] = o[0];
-                        hd.off[1] = o[1];
-                        hd.users[0] = u[0];
-                        hd.users[1] = u[1];
-                        hd.column = 0;
-                        hd.last = last;
-                        mbar_expect_tx(k_full + slot, SP_TILE);
-                        for (int i = 0; i < 4; ++i)
-                            tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
-                                        (i & 1) * 64, o[i >> 1], hk, b, k_full + slot);
-                    }
-                }
-                if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
-                if (pw == 0 && lane == 0) {
-                    mbar_expect_tx(v_full + slot, SP_TILE);
-                    for (int i = 0; i < 4; ++i)
-                        tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
-                                    (i & 1) * 64, hd.off[i >> 1], hk, b, v_full + slot);
-                }
-                if (__shfl_sync(0xffffffffu, last, 0)) {
-                    ++t;
-                    break;
-                }
-                continue;
-            }
-            if (!has_columns) { /* an item with no keys at all: an end marker, no data */
-                if (tid == 0) {
-                    hd.users[0] = hd.users[1] = 0;
-                    hd.column = 0;
-                    hd.last = 1;
-                    mbar_arrive(k_full + slot);
-                }
-                if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
-                if (tid == 0) mbar_arrive(v_full + slot);
-                ++t;
-                break;
-            }
             if (prefix) { /* the next 128 positions of the copies, with TMA */
                 const int n_pos = max(ca, cb), p0 = 128 * col_a++, pos = p0 + tid;
                 const int last = 128 * col_a >= n_pos;
