@@ -71,7 +71,14 @@
  *   on estimated indexes unchanged (45.5 ms per head). From a sweep of band widths, a shared
  *   128 x 128 tile costs 1.8-2.0 us per SM and each work item about 4-5 us more (its last and
  *   first GEMM not overlapped, the epilogue, a split tile at the band's ends), which bounds
- *   `small` (ten tiles an item, 9.3 tiles' worth of counted FLOPs) near 510 TFLOP/s.
+ *   `small` (ten tiles an item, 9.3 tiles' worth of counted FLOPs) near 510 TFLOP/s;
+ *   producer warp 0 alone walks the range plan (the four warps each walked it and executed 6x
+ *   the dense producer's instructions, on the consumers' SM sub-partitions): on an index where
+ *   every tile is shared, 534-544 -> 549-552 at 32K (the dense kernel 605-612 in the same
+ *   processes); local 1M 520 -> 534, small 128K 408 -> 420
+ *   (bench/results/2026-11-30-gpu-sparse-producer-ab.json). What is left of the gap to the
+ *   dense kernel is in the consumers: 14 % more instructions per wgmma (tile headers, the
+ *   choice between whole, split and column tiles, more polling of the full barriers).
  */
 #include "sm90_common.cuh"
 
