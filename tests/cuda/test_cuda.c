@@ -459,6 +459,17 @@ static void sparse_both(inputs *in, sp_pair *si) {
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
 }
 
+/* Runs a test's index on both sides, compares the outputs as "what [shape]", and frees the index
+ * and the inputs. */
+static void sparse_check_and_free(inputs *in, sp_pair *si, const char *what, const shape *s) {
+    char name[220], sh[128];
+    sparse_both(in, si);
+    snprintf(name, sizeof name, "%s [%s]", what, shape_str(s, sh, sizeof sh));
+    compare_out(name, &in->o_cpu.h, &in->o_gpu.d, in->lens, in->lse_cpu, in->lse_gpu);
+    sp_free(si);
+    inputs_free(in);
+}
+
 /* Estimate on both sides, compare the sets, then build the block index on both sides from the
  * CPU sets (so the comparison is exact), run the sparse kernel on both from that same index. */
 static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
@@ -527,7 +538,6 @@ static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
  * subsets of one set of 200 keys per (b, h), as vertical-slash lists are (a small union, each
  * pair of row blocks listing different parts of it). */
 static void test_sparse_random(const shape *s, int subset) {
-    char name[200], sh[128];
     inputs in;
     inputs_make(&in, s, 0);
     const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
@@ -566,12 +576,9 @@ static void test_sparse_random(const shape *s, int subset) {
             }
         }
     }
-    sparse_both(&in, &si);
-    snprintf(name, sizeof name, "sparse random index%s [%s]", subset ? " (columns of one set)" : "",
-             shape_str(s, sh, sizeof sh));
-    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    sp_free(&si);
-    inputs_free(&in);
+    sparse_check_and_free(&in, &si,
+                          subset ? "sparse random index (columns of one set)" : "sparse random index",
+                          s);
 }
 
 /* An index whose heads differ in kind, so that one launch splits its heads between the two
@@ -579,7 +586,6 @@ static void test_sparse_random(const shape *s, int subset) {
  * pieces ending at the block (a run of slash diagonals) plus ascending columns left of it, odd
  * heads scattered ascending starts with gaps between them and the same kind of columns. */
 static void test_sparse_mixed_heads(const shape *s) {
-    char name[200], sh[128];
     inputs in;
     inputs_make(&in, s, 0);
     const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
@@ -611,12 +617,7 @@ static void test_sparse_mixed_heads(const shape *s) {
         for (int32_t j = nc; j < mc; j++) si.h.column_index[i * mc + j] = -1;
         si.h.column_count[i] = nc;
     }
-    sparse_both(&in, &si);
-    snprintf(name, sizeof name, "sparse band and scattered heads [%s]",
-             shape_str(s, sh, sizeof sh));
-    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    sp_free(&si);
-    inputs_free(&in);
+    sparse_check_and_free(&in, &si, "sparse band and scattered heads", s);
 }
 
 /* Vertical-slash-shaped lists, which the warp-specialised kernel reads from copies of the last
@@ -626,7 +627,6 @@ static void test_sparse_mixed_heads(const shape *s) {
  * so that its pair is gathered instead, in the same launch; head 2 lists more columns than a
  * pair can share (the gathered path with alternating tiles). */
 static void test_sparse_prefix_columns(const shape *s) {
-    char name[200], sh[128];
     inputs in;
     inputs_make(&in, s, 0);
     const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
@@ -672,12 +672,7 @@ static void test_sparse_prefix_columns(const shape *s) {
         si.h.column_count[i] = nc;
     }
     free(verts);
-    sparse_both(&in, &si);
-    snprintf(name, sizeof name, "sparse band with prefix columns [%s]",
-             shape_str(s, sh, sizeof sh));
-    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    sp_free(&si);
-    inputs_free(&in);
+    sparse_check_and_free(&in, &si, "sparse band with prefix columns", s);
 }
 
 /* Unsorted sets with duplicates and out-of-range entries, built on both sides. */
