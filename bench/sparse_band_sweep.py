@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Band-width sweep of the sparse kernels, for kernel work on a GPU machine.
+
+Each index set is a band of slash distances 0..W-1 per head, optionally with random vertical
+columns (as the benchmark's sets draw them), timed with each kernel path chosen by environment
+switches (as in time_variants.py). Time against band width separates what a shared 128-key tile
+costs from what each 128-row work item costs; the sets with columns show what gathered or copied
+columns cost against range keys; --full-band (W = L: every tile shared, no columns) compares the
+sparse kernel's per-tile rate with the dense kernel's on the same work, in the same process.
+
+  sparse_band_sweep.py --lib build/libminference.so
+      [--variant ws=MI_CUDA_SM90_SPARSE=1 --variant ring=MI_CUDA_SM90_SPARSE=0]
+      [--full-band] [--rounds 2] [--out results.json]
+
+Variants are timed in turn for each set, --rounds times, so that a slow drift of the clocks hits
+them alike. Two builds are compared by running this once per build, alternately."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import torch_ref as tr  # noqa: E402
+
+# (L, heads, band W, vertical columns)
+SWEEP = [(131072, 8, w, 0) for w in (512, 1024, 2048, 4096, 8192)] + \
+        [(131072, 8, 1024, 100), (131072, 8, 1024, 1000), (131072, 8, 6096, 0),
+         (131072, 8, 6096, 1000),
+         (1048576, 1, 1024, 0), (1048576, 1, 1024, 100), (1048576, 1, 6096, 0),
+         (1048576, 1, 6096, 1000)]
+FULL_BAND = [(32768, 32, 32768, 0), (131072, 8, 16384, 0), (131072, 8, 131072, 0)]
+
+
+def band_sets(L, H, band, columns, gen):
+    """Per head: `columns` vertical columns (0..29 and random others, ascending) and the slash
+    distances 0..band-1 (descending)."""
+    vs, ss = [], []
+    for _ in range(H):
+        first = torch.arange(min(30, columns))
+        rnd = torch.randperm(max(L - 30, 1), generator=gen)[:max(columns - 30, 0)] + 30
+        v = torch.cat([first, rnd]) if columns else torch.zeros(0, dtype=torch.long)
+        vs.append(v[v < L].unique().sort().values)
+        ss.append(torch.arange(min(band, L)).sort(descending=True).values)
+    return vs, ss
+
+
+def time_set(lib, L, H, band, columns, variants, reps):
+    """TFLOP/s (effective) and ms per head of each variant on one set."""
+    gen = torch.Generator().manual_seed(1)
+    vs, ss = band_sets(L, H, band, columns, gen)
+    q, k, v = tr.qkv(H, max(1, H // 4), L, seed=2)
+    o = torch.empty_like(q)
+    vsi, vbuf, mv, ms = tr.make_vs_index(lib, vs, ss)
+    mb, mc = ms + 1, mv
+    spi, sbuf = tr.make_sparse_index(lib, H, L, mb, mc)
+    lib.check(lib.l.mi_vs_build_index(lib.ctx, tr.C.c_int64(L), None, tr.C.byref(vsi),
+                                      tr.C.byref(spi)), "index")
+    dq, dk, dv, do_ = tr.tdesc(q), tr.tdesc(k), tr.tdesc(v), tr.tdesc(o)
+
+    def run():
+        lib.check(lib.l.mi_attention_sparse(lib.ctx, tr.C.byref(dq), tr.C.byref(dk),
+                                            tr.C.byref(dv), None, tr.C.byref(spi),
+                                            tr.C.c_float(0), tr.C.byref(do_), None), "sparse")
+
+    pairs = tr.keys_visited(sbuf, H, L, mb, mc)
+    out = {"L": L, "heads": H, "band": band, "columns": columns, "keys_per_row": pairs / (H * L)}
+    for name, sets in variants:
+        for key, val in sets:
+            os.environ[key] = val
+        try:
+            t = tr.time_cuda(run, reps)
+        finally:
+            for key, _ in sets:
+                del os.environ[key]
+        out[name] = {"ms_per_head": t / H, "tflops": 4.0 * 128 * pairs / t / 1e9}
+    del q, k, v, o, vbuf, sbuf
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libminference.so")
+    ap.add_argument("--variant", action="append", help="name=VAR=VAL,VAR=VAL")
+    ap.add_argument("--full-band", action="store_true",
+                    help="the full-band sets against the dense kernel instead of the sweep")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    specs = args.variant or ["ws=MI_CUDA_SM90_SPARSE=1", "ring=MI_CUDA_SM90_SPARSE=0"]
+    variants = []
+    for spec in specs:
+        name, _, env = spec.partition("=")
+        variants.append((name, [kv.split("=", 1) for kv in env.split(",") if kv]))
+    lib = tr.Lib(os.path.abspath(args.lib))
+    rows = []
+    for rnd in range(args.rounds):
+        dense_done = set()
+        for L, H, band, columns in (FULL_BAND if args.full_band else SWEEP):
+            if args.full_band and L not in dense_done:  # the dense kernel, once per length
+                dense_done.add(L)
+                d = tr.bench_dense(lib, L, H, max(1, H // 4), 5, do_torch=False)
+                rows.append({"kind": "dense", "round": rnd, "L": L, "heads": H,
+                             "tflops": d["ours_tflops"], "ms_per_head": d["ours_ms_per_head"]})
+                print(f"dense L={L} {d['ours_tflops']:.0f} TFLOP/s", flush=True)
+            r = time_set(lib, L, H, band, columns, variants, 5 if L < 500000 else 3)
+            rows.append({"kind": "sparse", "round": rnd, **r})
+            print(f"L={L} band={band} columns={columns} keys/row={r['keys_per_row']:.0f} " +
+                  " ".join(f"{n}={r[n]['tflops']:.0f}" for n, _ in variants), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(),
+                       "variants": specs, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
