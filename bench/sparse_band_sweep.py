@@ -50,21 +50,9 @@ def time_set(lib, L, H, band, columns, variants, reps):
     """TFLOP/s (effective) and ms per head of each variant on one set."""
     gen = torch.Generator().manual_seed(1)
     vs, ss = band_sets(L, H, band, columns, gen)
-    q, k, v = tr.qkv(H, max(1, H // 4), L, seed=2)
-    o = torch.empty_like(q)
-    vsi, vbuf, mv, ms = tr.make_vs_index(lib, vs, ss)
-    mb, mc = ms + 1, mv
-    spi, sbuf = tr.make_sparse_index(lib, H, L, mb, mc)
-    lib.check(lib.l.mi_vs_build_index(lib.ctx, tr.C.c_int64(L), None, tr.C.byref(vsi),
-                                      tr.C.byref(spi)), "index")
-    dq, dk, dv, do_ = tr.tdesc(q), tr.tdesc(k), tr.tdesc(v), tr.tdesc(o)
-
-    def run():
-        lib.check(lib.l.mi_attention_sparse(lib.ctx, tr.C.byref(dq), tr.C.byref(dk),
-                                            tr.C.byref(dv), None, tr.C.byref(spi),
-                                            tr.C.c_float(0), tr.C.byref(do_), None), "sparse")
-
-    pairs = tr.keys_visited(sbuf, H, L, mb, mc)
+    build, run, keys = tr.sparse_case(lib, L, H, max(1, H // 4), vs, ss)
+    build()
+    pairs = keys()
     out = {"L": L, "heads": H, "band": band, "columns": columns, "keys_per_row": pairs / (H * L)}
     for name, sets in variants:
         for key, val in sets:
@@ -75,7 +63,7 @@ def time_set(lib, L, H, band, columns, variants, reps):
             for key, _ in sets:
                 del os.environ[key]
         out[name] = {"ms_per_head": t / H, "tflops": 4.0 * 128 * pairs / t / 1e9}
-    del q, k, v, o, vbuf, sbuf
+    del build, run, keys
     torch.cuda.empty_cache()
     return out
 

@@ -280,29 +280,39 @@ def bench_dense(lib, L, H, Hk, reps, do_torch=True):
     return res
 
 
-def bench_sparse(lib, L, H, Hk, name, reps):
-    gen = torch.Generator().manual_seed(1)
-    vs, ss = index_set(name, L, H, gen)
+def sparse_case(lib, L, H, Hk, vs, ss):
+    """Random inputs and the block index of per-head columns vs and distances ss: build() builds
+    the index on the GPU, run() the sparse kernel on it; keys() the (row, key) pairs computed,
+    once the index is built."""
     q, k, v = qkv(H, Hk, L, seed=2)
     o = torch.empty_like(q)
     vsi, vbuf, mv, ms = make_vs_index(lib, vs, ss)
     mb, mc = ms + 1, mv
     spi, sbuf = make_sparse_index(lib, H, L, mb, mc)
+    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
 
     def build():
         lib.check(lib.l.mi_vs_build_index(lib.ctx, C.c_int64(L), None, C.byref(vsi),
                                           C.byref(spi)), "index")
-
-    t_idx = time_cuda(build, reps)
-    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
 
     def run():
         lib.check(lib.l.mi_attention_sparse(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv), None,
                                             C.byref(spi), C.c_float(0), C.byref(do_), None),
                   "sparse")
 
+    # the tensors the descriptors point to live as long as the functions that use them
+    build.buffers = (vbuf, sbuf)
+    run.buffers = (q, k, v, o, sbuf)
+    return build, run, lambda: keys_visited(sbuf, H, L, mb, mc)
+
+
+def bench_sparse(lib, L, H, Hk, name, reps):
+    gen = torch.Generator().manual_seed(1)
+    vs, ss = index_set(name, L, H, gen)
+    build, run, keys = sparse_case(lib, L, H, Hk, vs, ss)
+    t_idx = time_cuda(build, reps)
     t = time_cuda(run, reps)
-    pairs = keys_visited(sbuf, H, L, mb, mc)
+    pairs = keys()
     flops = 4.0 * 128 * pairs
     return {"L": L, "heads": H, "set": name, "kernel_ms": t, "kernel_ms_per_head": t / H,
             "index_ms": t_idx, "effective_tflops": flops / t / 1e9,

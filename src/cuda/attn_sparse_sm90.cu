@@ -325,7 +325,6 @@ __global__ void __launch_bounds__(384, 1)
         for (int i = tid; i < min(nb, SP_STAGED); i += 128)
             staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
         named_barrier_sync(3, 128);
-        range_packer rp({staged, offs, na}, {staged + SP_STAGED, offs + a.max_blocks, nb});
         /* gathered tiles. A's and B's column lists are mostly the same keys (the verticals of
          * the head, less those inside each block's ranges). When both are strictly ascending
          * (as the index builders write them) and fit in shared memory, A's tiles carry every
@@ -339,7 +338,7 @@ __global__ void __launch_bounds__(384, 1)
         int32_t *warp_sum = scol_b + SP_CSTAGED; /* [4] */
         int32_t *t_shared = warp_sum + 4;        /* warp 0's tile count after the ranges */
         int col_a = 0, col_b = 0; /* column tiles done */
-        int share = -1;           /* not decided until the first gathered tile */
+        bool share = false;       /* both lists staged and ascending: set by stage_columns */
         bool prefix = false;      /* columns read from the copies of the last block's */
         const bool has_columns = ca > 0 || cb > 0;
         /* stages both column lists and sees whether they can be shared (every producer warp,
@@ -415,15 +414,16 @@ __global__ void __launch_bounds__(384, 1)
          * and for the column tiles, which they help write. */
         const int t0 = t;
         if (pw == 0) {
-            bool staged = false;
+            range_packer rp({staged, offs, na}, {staged + SP_STAGED, offs + a.max_blocks, nb});
+            bool columns_staged = false;
             for (;; ++t) {
                 const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
                 const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
                 tile_header &hd = hdr[slot];
                 const int ranges_left = __shfl_sync(0xffffffffu, lane == 0 ? (int)rp.more() : 0, 0);
-                if (!staged && (t - t0 >= SP_STAGES || !ranges_left)) {
+                if (!columns_staged && (t - t0 >= SP_STAGES || !ranges_left)) {
                     stage_columns();
-                    staged = true;
+                    columns_staged = true;
                 }
                 if (!ranges_left) break;
                 /* the next range tile is planned before the wait for its slot, so that the loads
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(384, 1)
                     break;
                 }
             }
-            if (!staged) stage_columns();
+            if (!columns_staged) stage_columns();
             if (lane == 0) *t_shared = t;
         } else {
             stage_columns(); /* meets warp 0 there */
