@@ -794,13 +794,16 @@ __global__ void __launch_bounds__(384, 1)
         const int pslot = pending % SP_STAGES;
         mbar_wait(v_full + pslot, (pending / SP_STAGES) & 1);
         if (pending_column) fence_proxy_async();
-        wgmma_fence();
+        /* the fence next to its wgmma: ptxas did not count one before the branch */
+        const int phf = __shfl_sync(0xffffffffu, pending_hf, 0);
         if (__shfl_sync(0xffffffffu, pending_pk, 0) == 2) {
+            wgmma_fence();
             issue_pv(pslot, true, 0);
             wgmma_commit();
             wgmma_wait<0>();
         } else {
-            issue_pv(pslot, false, __shfl_sync(0xffffffffu, pending_hf, 0));
+            wgmma_fence();
+            issue_pv(pslot, false, phf);
             wgmma_commit();
             wgmma_wait<0>();
         }
