@@ -78,7 +78,17 @@
  *   processes); local 1M 520 -> 534, small 128K 408 -> 420
  *   (bench/results/2026-11-30-gpu-sparse-producer-ab.json). What is left of the gap to the
  *   dense kernel is in the consumers: 14 % more instructions per wgmma (tile headers, the
- *   choice between whole, split and column tiles, more polling of the full barriers).
+ *   choice between whole, split and column tiles, more polling of the full barriers);
+ *   the output rows stored from one address per row (store_rows in sm90_common.cuh: an
+ *   address and a branch per store had been a tenth of the consumers' instructions on `small`):
+ *   small 128K 408-410 -> 412-414, 1M 404 -> 411-414, local and mixed unchanged; the
+ *   hand-on flag kept in a register (ptxas had reloaded a spilled item index at every tile):
+ *   no change measured (bench/results/2026-11-30-gpu-sparse-epilogue-ab.json).
+ *   Tried and not kept, same file: an item's last P V issued with the next item's first S and
+ *   its rows stored after that turn. Slower on every band-like set (local 1M 534-539 -> 520,
+ *   small 128K 416 -> 406): the consumers then reach the next item's first tile with nothing
+ *   to do and wait for it (mbarrier waits 3.2 -> 8.6 % of their samples), where the last P V
+ *   and the store used to fill that wait.
  */
 #include "sm90_common.cuh"
 
@@ -596,7 +606,10 @@ __global__ void __launch_bounds__(384, 1)
     int t = 0; /* tiles so far, over all items */
     for (int w = blockIdx.x, k = 0; w < items; w += gridDim.x, ++k) {
     const item it = item_of(w);
-    const bool last_item = w + (int)gridDim.x >= items;
+    /* whether this consumer hands the tensor cores on after the item's last tile (consumer
+     * 1's very last turn is not awaited); one register, set once per item (a bool of the item
+     * index let ptxas recompute it from a spilled value at every tile) */
+    const int hands_on_last = __shfl_sync(0xffffffffu, cw == 0 || w + (int)gridDim.x < items, 0);
     const int first_row = it.rs + cw * 64;
     const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qb = k & 1;
@@ -736,8 +749,7 @@ __global__ void __launch_bounds__(384, 1)
         /* a gathered tile was written by cp.async (generic proxy), wgmma reads it through the
          * async proxy */
         if (column) fence_proxy_async();
-        /* consumer 1's very last turn is not awaited */
-        const bool hand_on = cw == 0 || !(last && last_item);
+        const bool hand_on = !last || hands_on_last;
         const int pslot = pending % SP_STAGES;
         /* loop-carried values that steer wgmma, broadcast again (ptxas does not follow their
          * uniformity through the loop) */
