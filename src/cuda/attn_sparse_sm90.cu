@@ -83,7 +83,12 @@
  *   address and a branch per store had been a tenth of the consumers' instructions on `small`):
  *   small 128K 408-410 -> 412-414, 1M 404 -> 411-414, local and mixed unchanged; the
  *   hand-on flag kept in a register (ptxas had reloaded a spilled item index at every tile):
- *   no change measured (bench/results/2026-11-30-gpu-sparse-epilogue-ab.json).
+ *   no change measured (bench/results/2026-11-30-gpu-sparse-epilogue-ab.json); column tiles
+ *   of the copies masked by position (each block's count and largest key in the tile header)
+ *   instead of a lookup of every key's position and users: local 1M 538-544 -> 544-549 and
+ *   128K 530-540 -> 538-542 in one process, small unchanged (same file). Packing the header
+ *   fields the consumers read into one word (one load and broadcast per tile instead of four)
+ *   changed nothing measurable and was not kept.
  *   Tried and not kept, same file: an item's last P V issued with the next item's first S and
  *   its rows stored after that turn. Slower on every band-like set (local 1M 534-539 -> 520,
  *   small 128K 416 -> 406): the consumers then reach the next item's first tile with nothing
@@ -133,6 +138,9 @@ struct tile_header {
     int users[2];  /* per half: bit 0 = row block A, bit 1 = B; 0 = nobody (gathered: any key) */
     int column;    /* gathered tile: keys in kpos, their users in kusers */
     int last;      /* the item's last tile (or, for an item without keys, a marker: no data) */
+    /* a column tile read from the copies: positions [0, nuse[i]) hold row block i's keys (A
+     * i = 0, B 1), none of them after kmax[i]; -1: the keys and users are in kpos / kusers */
+    int nuse[2], kmax[2];
     int pad[2];
     int kpos[128]; /* gathered tile: key of each row, MI_NO_KEY where none */
     uint8_t kusers[128]; /* and the row blocks that use it */
@@ -513,6 +521,12 @@ __global__ void __launch_bounds__(384, 1)
                     hd.users[0] = hd.users[1] = (p0 < ca ? 1 : 0) | (p0 < cb ? 2 : 0);
                     hd.column = 1;
                     hd.last = last;
+                    /* the lists ascend (share), so a block's last key in the tile is its largest */
+                    for (int r = 0; r < 2; ++r) {
+                        const int n = min(max((r ? cb : ca) - p0, 0), 128);
+                        hd.nuse[r] = n;
+                        hd.kmax[r] = n > 0 ? (r ? scol_b : scol_a)[p0 + n - 1] : -1;
+                    }
                 }
                 named_barrier_sync(3, 128); /* the header is written before the K barrier's arrive */
                 if (tid == 0) {
@@ -558,6 +572,7 @@ __global__ void __launch_bounds__(384, 1)
                 hd.users[0] = hd.users[1] = tile_users;
                 hd.column = 1;
                 hd.last = last;
+                hd.nuse[0] = hd.nuse[1] = -1;
             }
             /* The copies complete on the slot's barrier by themselves: each thread's arrive-on
              * counts as pending until its copies land, and thread 0's plain arrive (once every
@@ -643,6 +658,19 @@ __global__ void __launch_bounds__(384, 1)
      * shared tile that only the other row block uses, or missing from a gathered tile */
     auto mask = [&](float *s, const tile_header &hd, bool whole, int hf, int column) {
         if (column) {
+            /* a tile of the copies whose keys all come before this block's rows: only the
+             * positions past this block's list go (most tiles: none), no per-key lookups */
+            const int n = __shfl_sync(0xffffffffu, hd.nuse[cw], 0);
+            if (n >= 0 && __shfl_sync(0xffffffffu, hd.kmax[cw], 0) <= first_row) {
+                if (n < 128) {
+#pragma unroll
+                    for (int j = 0; j < 16; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            s[4 * j + e] = 8 * j + 2 * cq + (e & 1) >= n ? -INFINITY : s[4 * j + e];
+                }
+                return;
+            }
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 int2 kk = *reinterpret_cast<const int2 *>(hd.kpos + 8 * j + 2 * cq);
