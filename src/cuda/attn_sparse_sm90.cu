@@ -88,7 +88,9 @@
  *   instead of a lookup of every key's position and users: local 1M 538-544 -> 544-549 and
  *   128K 530-540 -> 538-542 in one process, small unchanged (same file). Packing the header
  *   fields the consumers read into one word (one load and broadcast per tile instead of four)
- *   changed nothing measurable and was not kept.
+ *   changed nothing measurable and was not kept; awaiting the next tile and reading its header
+ *   during each turn, while S runs, made local and small 8-11 % slower (with two stages that
+ *   tile's K is often still loading then, and the softmax waits behind it; same file).
  *   Tried and not kept, same file: an item's last P V issued with the next item's first S and
  *   its rows stored after that turn. Slower on every band-like set (local 1M 534-539 -> 520,
  *   small 128K 416 -> 406): the consumers then reach the next item's first tile with nothing
