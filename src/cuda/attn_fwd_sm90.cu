@@ -170,25 +170,14 @@ __global__ void __launch_bounds__(128, 3)
             }
         }
         /* gathered rows: two threads per row look its key position up (K) or read it back
-         * (V); then sixteen lanes copy one row, so that each instruction of a warp moves two
-         * whole rows (with a row per lane pair it touched sixteen rows, a memory transaction
-         * each) */
+         * (V); each warp then copies its sixteen rows (gather_rows) */
         int *kp = kpos + (t & 1) * BN;
         const int pos = is_v ? kp[gr] : tile_key(tp, t, gr, len);
         if (!is_v) {
             if (gc == 0) kp[gr] = pos;
             late |= pos == MI_NO_KEY || pos > rs;
         }
-        const int c = lane & 15;
-        const T *src = g + 8 * c;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const int r = 2 * k + (lane >> 4); /* row in this warp's 16 */
-            const int pr = __shfl_sync(0xffffffffu, pos, 2 * r);
-            const bool ok = pr != MI_NO_KEY;
-            cp_async_16(d + sw_off(16 * warp + r, c, KHALF), src + (int64_t)(ok ? pr : 0) * sl,
-                        ok ? 16 : 0);
-        }
+        gather_rows<16, 2, 8>(d, KHALF, 16 * warp, g, sl, pos);
     };
     load(0, 0, false);
     cp_async_commit(); /* group: Q, K0 */

@@ -580,19 +580,11 @@ __global__ void __launch_bounds__(384, 1)
              * counts as pending until its copies land, and thread 0's plain arrive (once every
              * thread has registered its own) is the one the barrier expects. So the producer goes
              * on at once; the consumers fence the async proxy before their wgmma read the tile.
-             * Sixteen lanes copy one row (a warp, two whole rows per instruction): a lane per
-             * row made each instruction touch 32 rows, 32 memory transactions for 512 bytes. */
+             * Each warp copies its 32 rows (gather_rows). */
             auto gather = [&](const void *g, const int64_t *st, uint32_t dst, uint64_t *bar) {
-                const T *src = reinterpret_cast<const T *>(g) + b * st[0] + hk * st[1] +
-                               8 * (lane & 15);
-#pragma unroll 4
-                for (int i = 0; i < 16; ++i) {
-                    const int r = 2 * i + (lane >> 4); /* row in this warp's 32 */
-                    const int kr = __shfl_sync(0xffffffffu, key, r);
-                    const bool ok = kr != MI_NO_KEY;
-                    cp_async_16(dst + sw_off(32 * pw + r, lane & 15, SP_HALF),
-                                src + (int64_t)(ok ? kr : 0) * st[2], ok ? 16 : 0);
-                }
+                gather_rows<32, 1, 4>(dst, SP_HALF, 32 * pw,
+                                      reinterpret_cast<const T *>(g) + b * st[0] + hk * st[1],
+                                      st[2], key);
                 cp_async_mbar_arrive(bar);
                 named_barrier_sync(3, 128); /* also orders the header before the arrive */
                 if (tid == 0) mbar_arrive(bar);

@@ -170,6 +170,28 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
     return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+/* One warp's ROWS gathered rows of 128 two-byte elements into rows row0.. of a swizzled tile at
+ * dst, with cp.async: sixteen lanes to a row, so that each instruction moves two whole rows (a
+ * lane per row made each instruction touch 32 rows, a memory transaction each). Row r's key is
+ * in lane KEY_SPREAD * r; a row whose key is MI_NO_KEY is filled with zeros. src is row 0 of the
+ * (b, head) slice, stride its elements per row. */
+template <int ROWS, int KEY_SPREAD, int UNROLL, typename T>
+__device__ __forceinline__ void gather_rows(uint32_t dst, int half_bytes, int row0, const T *src,
+                                            int64_t stride, int key) {
+    /* the lane as the kernels compute it, so that it is the same value to the compiler
+     * (threadIdx.x & 31 cost the ring kernel two registers and 32 instructions) */
+    const int lane = (int)threadIdx.x % 32, c = lane & 15;
+    src += 8 * c;
+#pragma unroll UNROLL
+    for (int i = 0; i < ROWS / 2; ++i) {
+        const int r = 2 * i + (lane >> 4);
+        const int kr = __shfl_sync(0xffffffffu, key, KEY_SPREAD * r);
+        const bool ok = kr != MI_NO_KEY;
+        cp_async_16(dst + sw_off(row0 + r, c, half_bytes), src + (int64_t)(ok ? kr : 0) * stride,
+                    ok ? 16 : 0);
+    }
+}
+
 /* wgmma shared-memory descriptor, 128-byte swizzle, of a tile and of byte offsets inside it: the
  * start address (bits 0-13, in 16-byte units) is the only field that changes between the
  * k-steps of one GEMM, and shared addresses stay below 256 KB, so an offset is one add to the
@@ -285,8 +307,8 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
         if (in1) r1[4 * i] = v1;
     }
     if (lseg && cq == 0) {
-        if (qrow0 < plen) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (qrow1 < plen) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
+        if (in0) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (in1) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
     }
 }
 

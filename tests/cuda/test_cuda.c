@@ -581,6 +581,16 @@ static void test_sparse_random(const shape *s, int subset) {
                           s);
 }
 
+/* A band of adjacent 64-key pieces ending at the block that starts at r0 (a run of slash
+ * diagonals), at most band pieces back: their starts into offs; returns how many, and the band's
+ * first key in *first. */
+static int32_t put_band(int32_t *offs, int32_t r0, int32_t band, int32_t *first) {
+    int32_t n = 0;
+    *first = r0 - 64 * band > 0 ? r0 - 64 * band : 0;
+    for (int32_t o = *first; o <= r0; o += 64) offs[n++] = o;
+    return n;
+}
+
 /* An index whose heads differ in kind, so that one launch splits its heads between the two
  * sm_90a sparse kernels (picked per head on the device): even heads a band of adjacent 64-key
  * pieces ending at the block (a run of slash diagonals) plus ascending columns left of it, odd
@@ -596,9 +606,7 @@ static void test_sparse_mixed_heads(const shape *s) {
         const int32_t h = (int32_t)(i / R % H), r0 = (int32_t)(i % R) * 64;
         int32_t nb = 0, lo = r0;
         if (h % 2 == 0) {
-            const int32_t first = r0 - 64 * band > 0 ? r0 - 64 * band : 0;
-            for (int32_t o = first; o <= r0; o += 64) si.h.block_offset[i * mb + nb++] = o;
-            lo = first;
+            nb = put_band(si.h.block_offset + i * mb, r0, band, &lo);
         } else {
             int32_t o = (int32_t)(rnd32() % 64);
             while (o <= r0 && nb < mb) {
@@ -651,10 +659,9 @@ static void test_sparse_prefix_columns(const shape *s) {
         /* the last head has no ranges and its columns reach into the block's own rows, so
          * that some keys of a column tile come after some of its rows (per-key masking) */
         const int only_columns = h == H - 1;
-        const int32_t first = r0 - 64 * band > 0 ? r0 - 64 * band : 0;
-        int32_t nb = 0;
-        if (!only_columns)
-            for (int32_t o = first; o <= r0; o += 64) si.h.block_offset[i * mb + nb++] = o;
+        int32_t first;
+        int32_t nb = put_band(si.h.block_offset + i * mb, r0, band, &first);
+        if (only_columns) nb = 0; /* its starts are zeroed next */
         for (int32_t j = nb; j < mb; j++) si.h.block_offset[i * mb + j] = 0;
         si.h.block_count[i] = nb;
         const int32_t limit = only_columns ? r0 + 64 : first;
