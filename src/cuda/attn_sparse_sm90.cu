@@ -149,10 +149,23 @@ struct tile_header {
 };
 
 /* range starts of A and B staged in shared memory for the producer's merge, then their columns */
-constexpr int SP_STAGED = 2048, SP_CSTAGED = 2048;
+constexpr int SP_STAGED = 1024, SP_CSTAGED = 2048;
+
+/* An item's range tiles, planned while the item before it runs (see the producer). */
+constexpr int SP_PLAN = 448; /* tiles; an item with more is planned as it goes */
+enum { PLAN_NONE = 0, PLAN_READY = 1, PLAN_INLINE = 2 };
+struct range_plan {
+    int state;           /* PLAN_NONE: not planned yet; PLAN_INLINE: too long, merge inline */
+    int tiles;           /* PLAN_READY: tiles in off / users */
+    int count[4];        /* the item's range and column counts: A, B, A, B (clamped) */
+    int2 off[SP_PLAN];   /* start of each 64-key half */
+    uint8_t users[SP_PLAN]; /* users of half 0 | users of half 1 << 2 */
+};
+
 constexpr size_t SP_SMEM = 1024 + (2 + 2 * SP_STAGES) * SP_TILE +
                            SP_STAGES * sizeof(tile_header) + 16 * sizeof(uint64_t) +
-                           (2 * SP_STAGED + 2 * SP_CSTAGED + 8) * sizeof(int32_t);
+                           (2 * SP_STAGED + 2 * SP_CSTAGED + 8) * sizeof(int32_t) +
+                           2 * sizeof(range_plan);
 static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
 
 #ifdef MI_SM90_DEVICE
@@ -259,6 +272,8 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *q_full = bars, *q_empty = bars + 2, *k_full = bars + 4, *v_full = k_full + SP_STAGES,
              *k_empty = v_full + SP_STAGES, *v_empty = k_empty + SP_STAGES;
     int32_t *staged /* [2][SP_STAGED] */ = reinterpret_cast<int32_t *>(bars + 16);
+    /* by item parity, after the column lists (8-byte aligned: an even count of words before) */
+    range_plan *plans = reinterpret_cast<range_plan *>(staged + 2 * SP_STAGED + 2 * SP_CSTAGED + 8);
 
     const int tid = threadIdx.x;
     const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -290,30 +305,81 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(q_empty + i, 8); /* one arrival per consumer warp */
         }
         init_stage_barriers(k_full, v_full, k_empty, v_empty, SP_STAGES);
+        plans[0].state = plans[1].state = PLAN_NONE;
         fence_mbarrier_init();
     }
     __syncthreads();
 
     if (wgi == 0) {
-        /* the producer warpgroup: lane 0 of warp 0 plans the range tiles and issues the TMA
-         * loads; all four warps write the column tiles' headers and gather their rows (since
-         * one warp issuing 4096 copies per tile could not keep up with the consumers). Only
-         * warp 0 waits on the slots' barriers (see the column loop), the others meet it at
-         * named barriers. */
+        /* the producer warpgroup: lane 0 of warp 0 issues the TMA loads of the range tiles,
+         * which warps 1-3 planned while the item before ran; all four warps write the column
+         * tiles' headers and gather their rows (since one warp issuing 4096 copies per tile
+         * could not keep up with the consumers). Only warp 0 waits on the slots' barriers (see
+         * the column loop), the others meet it at named barriers. */
         /* 96 registers for the producer (its merge, per-item column users and gather code
          * spilled 144 bytes at 72, 12 at 96) and 200 for the consumers, whose code uses
          * registers up to R189 (R184 at this split) */
         setmaxnreg_dec<96>();
         const int pw = tid / 32, lane = tid % 32;
+        /* Warps 1-3 plan an item's range tiles into plans[its parity]: its counts, its range
+         * starts staged, and lane 0 of warp 1 merging them into tiles. Warp 0 issues the
+         * loads at about nine cycles an instruction (it shares its SM sub-partition with two
+         * consumer warps); merging as it went put a third of its instructions per tile, and
+         * an item's index reads, on the path of every load. An item with more than SP_PLAN
+         * tiles or SP_STAGED starts a side is merged inline by warp 0 (PLAN_INLINE). */
+        auto plan_item = [&](int w, range_plan &pl) {
+            const item n = item_of(w);
+            const int na = min(max(__ldg(a.block_count + n.row_a), 0), a.max_blocks);
+            const int nb = n.has_b ? min(max(__ldg(a.block_count + n.row_a + 1), 0), a.max_blocks) : 0;
+            const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
+            const bool fit = na <= SP_STAGED && nb <= SP_STAGED;
+            if (fit) {
+                for (int i = tid - 32; i < na; i += 96) staged[i] = __ldg(offs + i);
+                for (int i = tid - 32; i < nb; i += 96)
+                    staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
+            }
+            named_barrier_sync(4, 96);
+            if (tid == 32) {
+                pl.count[0] = na;
+                pl.count[1] = nb;
+                pl.count[2] = min(max(__ldg(a.column_count + n.row_a), 0), a.max_columns);
+                pl.count[3] = n.has_b ? min(max(__ldg(a.column_count + n.row_a + 1), 0),
+                                            a.max_columns)
+                                      : 0;
+                int m = 0;
+                bool ok = fit;
+                if (fit) {
+                    range_packer rp({staged, offs, na},
+                                    {staged + SP_STAGED, offs + a.max_blocks, nb});
+                    while (rp.more()) {
+                        if (m == SP_PLAN) {
+                            ok = false;
+                            break;
+                        }
+                        int o[2], u[2];
+                        rp.next(o, u);
+                        pl.off[m] = make_int2(o[0], o[1]);
+                        pl.users[m] = (uint8_t)(u[0] | u[1] << 2);
+                        ++m;
+                    }
+                }
+                pl.tiles = m;
+                pl.state = ok ? PLAN_READY : PLAN_INLINE;
+            }
+        };
         int t = 0; /* tiles so far, over all items: the slot ring runs on */
         for (int w = blockIdx.x, k = 0; w < items; w += gridDim.x, ++k) {
         const item it = item_of(w);
         const int b = it.b, h = it.h, hk = it.hk;
         const int64_t row_a = it.row_a;
-        const int na = min(max(a.block_count[row_a], 0), a.max_blocks);
-        const int nb = it.has_b ? min(max(a.block_count[row_a + 1], 0), a.max_blocks) : 0;
-        const int ca = min(max(a.column_count[row_a], 0), a.max_columns);
-        const int cb = it.has_b ? min(max(a.column_count[row_a + 1], 0), a.max_columns) : 0;
+        named_barrier_sync(3, 128); /* every warp is done with the last item; its plan is written */
+        range_plan &pl = plans[k & 1];
+        if (pl.state == PLAN_NONE) { /* the first item, or one after an inline one */
+            if (pw > 0) plan_item(w, pl);
+            named_barrier_sync(3, 128);
+        }
+        const bool planned = pl.state == PLAN_READY;
+        const int na = pl.count[0], nb = pl.count[1], ca = pl.count[2], cb = pl.count[3];
         if (tid == 0) { /* Q, into the buffer item k - 2 used */
             const int qb = k & 1;
             if (k >= 2)
@@ -325,8 +391,8 @@ __global__ void __launch_bounds__(384, 1)
                                 (i >> 1) * 64 * 128,
                             &a.tm_q, (i & 1) * 64, it.rs + (i >> 1) * 64, h, b, q_full + qb);
         }
-        /* the next item's counts and the heads of its lists into L2 while this one runs: an
-         * item's start waits on two round trips to memory otherwise (counts, then lists) */
+        /* the next item's counts and the heads of its lists into L2 while this one runs (its
+         * planners read them, then its column lists) */
         if (w + (int)gridDim.x < items) {
             const int64_t nrow = item_of(w + gridDim.x).row_a;
             const int line = tid % 32, part = tid / 32; /* 128-byte lines of 32 entries */
@@ -337,14 +403,15 @@ __global__ void __launch_bounds__(384, 1)
             if (part >= 2 && line * 32 < a.max_columns)
                 prefetch_l2(a.column_index + (nrow + part - 2) * a.max_columns + line * 32);
         }
-        named_barrier_sync(3, 128); /* every warp is done with the last item's staged lists */
         const int32_t *offs = a.block_offset + row_a * a.max_blocks;
         const int32_t *cols_a = a.column_index + row_a * a.max_columns;
         const int32_t *cols_b = cols_a + a.max_columns;
-        for (int i = tid; i < min(na, SP_STAGED); i += 128) staged[i] = __ldg(offs + i);
-        for (int i = tid; i < min(nb, SP_STAGED); i += 128)
-            staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
-        named_barrier_sync(3, 128);
+        if (!planned) { /* merged inline: its starts staged now */
+            for (int i = tid; i < min(na, SP_STAGED); i += 128) staged[i] = __ldg(offs + i);
+            for (int i = tid; i < min(nb, SP_STAGED); i += 128)
+                staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
+            named_barrier_sync(3, 128);
+        }
         /* gathered tiles. A's and B's column lists are mostly the same keys (the verticals of
          * the head, less those inside each block's ranges). When both are strictly ascending
          * (as the index builders write them) and fit in shared memory, A's tiles carry every
@@ -436,20 +503,28 @@ __global__ void __launch_bounds__(384, 1)
         if (pw == 0) {
             range_packer rp({staged, offs, na}, {staged + SP_STAGED, offs + a.max_blocks, nb});
             bool columns_staged = false;
-            for (;; ++t) {
+            const int planned_tiles = planned ? pl.tiles : 0;
+            for (int i = 0;; ++t, ++i) {
                 const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
                 const uint32_t kd = smem_addr(ks) + slot * SP_TILE, vd = smem_addr(vs) + slot * SP_TILE;
                 tile_header &hd = hdr[slot];
-                const int ranges_left = __shfl_sync(0xffffffffu, lane == 0 ? (int)rp.more() : 0, 0);
+                const int ranges_left =
+                    planned ? i < planned_tiles
+                            : __shfl_sync(0xffffffffu, lane == 0 ? (int)rp.more() : 0, 0);
                 if (!columns_staged && (t - t0 >= SP_STAGES || !ranges_left)) {
                     stage_columns();
                     columns_staged = true;
                 }
                 if (!ranges_left) break;
-                /* the next range tile is planned before the wait for its slot, so that the loads
+                /* the next range tile is known before the wait for its slot, so that the loads
                  * go out as soon as the slot is free */
                 int ro[2] = {0, 0}, ru[2] = {0, 0}, rlast = 0;
-                if (lane == 0) {
+                if (planned) {
+                    const int2 o = pl.off[i];
+                    const int u = pl.users[i];
+                    ro[0] = o.x, ro[1] = o.y, ru[0] = u & 3, ru[1] = u >> 2;
+                    rlast = i + 1 == planned_tiles && !has_columns;
+                } else if (lane == 0) {
                     rp.next(ro, ru);
                     rlast = !rp.more() && !has_columns; /* no more ranges and no columns */
                 }
@@ -482,6 +557,14 @@ __global__ void __launch_bounds__(384, 1)
             if (lane == 0) *t_shared = t;
         } else {
             stage_columns(); /* meets warp 0 there */
+            /* then the next item's plan, into the staging warp 0 does not read (only an item
+             * merged inline does; the next one is planned at its start then) */
+            if (w + (int)gridDim.x < items) {
+                if (planned)
+                    plan_item(w + gridDim.x, plans[(k + 1) & 1]);
+                else if (tid == 32)
+                    plans[(k + 1) & 1].state = PLAN_NONE;
+            }
         }
         named_barrier_sync(3, 128); /* warp 0 is done with the ranges; t_shared is written */
         t = *t_shared;
