@@ -107,7 +107,9 @@
 namespace mi_cuda {
 
 struct sparse_sm90_args {
-    CUtensorMap tm_q, tm_k, tm_v;
+    /* Q, K and V for boxes of 128 rows (Q, a range tile whose two ranges are adjacent: one
+     * load per 64 columns) and K and V for boxes of 64 rows (one per range) */
+    CUtensorMap tm_q, tm_k2, tm_v2, tm_k, tm_v;
     const void *k, *v; /* gathered columns */
     int64_t k_stride[3], v_stride[3];
     void *o;
@@ -122,8 +124,8 @@ struct sparse_sm90_args {
     const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items */
     /* The columns of each (b, h)'s last row block, copied (K and V rows in list order) by
      * sparse_route_kernel, for row blocks whose lists are a prefix of that one (see the tile
-     * loop): tm_kc / tm_vc as (d, position, b * heads + h, 1); col_rows[bh] positions hold
-     * copies, -1 where none were made; crows = 0: no copies at all. */
+     * loop): tm_kc / tm_vc as (d, position, b * heads + h, 1), boxes of 128 positions;
+     * col_rows[bh] positions hold copies, -1 where none were made; crows = 0: no copies. */
     CUtensorMap tm_kc, tm_vc;
     const int32_t *col_rows;
     int crows;
@@ -386,10 +388,9 @@ __global__ void __launch_bounds__(384, 1)
                 while (!mbar_try_wait(q_empty + qb, ((k >> 1) - 1) & 1)) {
                 }
             mbar_expect_tx(q_full + qb, SP_TILE);
-            for (int i = 0; i < 4; ++i)
-                tma_load_4d(smem_addr(qs) + qb * SP_TILE + (i & 1) * SP_HALF +
-                                (i >> 1) * 64 * 128,
-                            &a.tm_q, (i & 1) * 64, it.rs + (i >> 1) * 64, h, b, q_full + qb);
+            for (int i = 0; i < 2; ++i)
+                tma_load_4d(smem_addr(qs) + qb * SP_TILE + i * SP_HALF, &a.tm_q, i * 64, it.rs, h,
+                            b, q_full + qb);
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
          * planners read them, then its column lists) */
@@ -528,6 +529,9 @@ __global__ void __launch_bounds__(384, 1)
                     rp.next(ro, ru);
                     rlast = !rp.more() && !has_columns; /* no more ranges and no columns */
                 }
+                /* adjacent ranges (most tiles of a band) as one run of 128 rows: half the
+                 * loads to issue */
+                const bool run = ro[1] == ro[0] + 64;
                 if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
                 if (lane == 0) {
                     hd.off[0] = ro[0];
@@ -537,16 +541,26 @@ __global__ void __launch_bounds__(384, 1)
                     hd.column = 0;
                     hd.last = rlast;
                     mbar_expect_tx(k_full + slot, SP_TILE);
-                    for (int i = 0; i < 4; ++i)
-                        tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
-                                    (i & 1) * 64, ro[i >> 1], hk, b, k_full + slot);
+                    if (run)
+                        for (int i = 0; i < 2; ++i)
+                            tma_load_4d(kd + i * SP_HALF, &a.tm_k2, i * 64, ro[0], hk, b,
+                                        k_full + slot);
+                    else
+                        for (int i = 0; i < 4; ++i)
+                            tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
+                                        (i & 1) * 64, ro[i >> 1], hk, b, k_full + slot);
                 }
                 if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
                 if (lane == 0) {
                     mbar_expect_tx(v_full + slot, SP_TILE);
-                    for (int i = 0; i < 4; ++i)
-                        tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
-                                    (i & 1) * 64, ro[i >> 1], hk, b, v_full + slot);
+                    if (run)
+                        for (int i = 0; i < 2; ++i)
+                            tma_load_4d(vd + i * SP_HALF, &a.tm_v2, i * 64, ro[0], hk, b,
+                                        v_full + slot);
+                    else
+                        for (int i = 0; i < 4; ++i)
+                            tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
+                                        (i & 1) * 64, ro[i >> 1], hk, b, v_full + slot);
                 }
                 if (__shfl_sync(0xffffffffu, rlast, 0)) {
                     ++t;
@@ -616,16 +630,14 @@ __global__ void __launch_bounds__(384, 1)
                 named_barrier_sync(3, 128); /* the header is written before the K barrier's arrive */
                 if (tid == 0) {
                     mbar_expect_tx(k_full + slot, SP_TILE);
-                    for (int i = 0; i < 4; ++i)
-                        tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_kc,
-                                    (i & 1) * 64, p0 + (i >> 1) * 64, it.bh, 0, k_full + slot);
+                    for (int i = 0; i < 2; ++i)
+                        tma_load_4d(kd + i * SP_HALF, &a.tm_kc, i * 64, p0, it.bh, 0, k_full + slot);
                 }
                 if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
                 if (tid == 0) {
                     mbar_expect_tx(v_full + slot, SP_TILE);
-                    for (int i = 0; i < 4; ++i)
-                        tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_vc,
-                                    (i & 1) * 64, p0 + (i >> 1) * 64, it.bh, 0, v_full + slot);
+                    for (int i = 0; i < 2; ++i)
+                        tma_load_4d(vd + i * SP_HALF, &a.tm_vc, i * 64, p0, it.bh, 0, v_full + slot);
                 }
                 if (last) {
                     ++t;
@@ -1062,7 +1074,12 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     if (!any_sparse) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, 64)) return cudaSuccess;
+    if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k2, &a.tm_v2, p, 128) ||
+        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 64,
+                                 bf16) ||
+        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 64,
+                                 bf16))
+        return cudaSuccess;
     a.k = p->k;
     a.v = p->v;
     a.o = p->o;
@@ -1111,8 +1128,8 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
         cc.k = reinterpret_cast<char *>(buf) + ints;
         cc.v = reinterpret_cast<char *>(cc.k) + copy;
         const int64_t cstride[3] = {0, (int64_t)cc.rows * 128, 128};
-        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, 64, bf16) &&
-            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, 64, bf16))
+        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, 128, bf16) &&
+            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, 128, bf16))
             a.crows = cc.rows;
         else
             cc.rows = 0;
