@@ -423,14 +423,17 @@ __global__ void __launch_bounds__(384, 1)
         const int tiles_a = (ca + 127) / 128;
         int tiles_b = (cb + 127) / 128, cnt_b = cb; /* B's: all of them, or those A lacks */
         int32_t *scol_a = staged + 2 * SP_STAGED, *scol_b = scol_a + SP_CSTAGED;
-        int32_t *warp_sum = scol_b + SP_CSTAGED; /* [4] */
+        int32_t *warp_sum = scol_b + SP_CSTAGED; /* [3], for warps 1-3 */
         int32_t *t_shared = warp_sum + 4;        /* warp 0's tile count after the ranges */
+        int32_t *col_info = warp_sum + 5; /* [3]: share | prefix << 1, cnt_b, tiles_b */
         int col_a = 0, col_b = 0; /* column tiles done */
         bool share = false;       /* both lists staged and ascending: set by stage_columns */
         bool prefix = false;      /* columns read from the copies of the last block's */
         const bool has_columns = ca > 0 || cb > 0;
-        /* stages both column lists and sees whether they can be shared (every producer warp,
-         * once per item) */
+        /* stages both column lists and sees whether they can be shared: warps 1-3 (96 threads,
+         * named barrier 4), once per item while warp 0 loads the range tiles, which used to
+         * stop for it */
+        const int st = tid - 32; /* their thread index */
         auto stage_columns = [&]() {
             const bool fit = ca > 0 && cb > 0 && ca <= SP_CSTAGED && cb <= SP_CSTAGED;
             bool ok = fit;
@@ -438,16 +441,16 @@ __global__ void __launch_bounds__(384, 1)
                 /* loads only, independent of each other so that they are all in flight
                  * at once; the order is checked in shared memory afterwards */
 #pragma unroll 4
-                for (int i = tid; i < ca; i += 128) scol_a[i] = __ldg(cols_a + i);
+                for (int i = st; i < ca; i += 96) scol_a[i] = __ldg(cols_a + i);
 #pragma unroll 4
-                for (int i = tid; i < cb; i += 128) scol_b[i] = __ldg(cols_b + i);
-                named_barrier_sync(3, 128);
-                for (int i = tid + 1; i < ca; i += 128) ok &= scol_a[i] > scol_a[i - 1];
-                for (int i = tid + 1; i < cb; i += 128) ok &= scol_b[i] > scol_b[i - 1];
+                for (int i = st; i < cb; i += 96) scol_b[i] = __ldg(cols_b + i);
+                named_barrier_sync(4, 96);
+                for (int i = st + 1; i < ca; i += 96) ok &= scol_a[i] > scol_a[i - 1];
+                for (int i = st + 1; i < cb; i += 96) ok &= scol_b[i] > scol_b[i - 1];
                 ok &= scol_a[0] >= 0 && scol_b[0] >= 0; /* bit 31 marks users below */
             }
             /* every thread's verdict (and its staged entries) before anyone reads them */
-            share = !named_barrier_or(3, 128, !ok);
+            share = !named_barrier_or(4, 96, !ok);
             /* Vertical-slash lists are the head's verticals left of the block's band: a
              * prefix of the last row block's list. Where both lists are, their columns
              * are the first positions of its copies, read with TMA as whole tiles
@@ -459,51 +462,54 @@ __global__ void __launch_bounds__(384, 1)
                     const int32_t *last = a.column_index +
                                           ((int64_t)it.bh * a.row_blocks + a.row_blocks - 1) *
                                               a.max_columns;
-                    for (int i = tid; i < max(ca, cb); i += 128) {
+                    for (int i = st; i < max(ca, cb); i += 96) {
                         const int u = __ldg(last + i);
                         same &= (i >= ca || scol_a[i] == u) && (i >= cb || scol_b[i] == u);
                     }
                 }
-                prefix = !named_barrier_or(3, 128, !same);
+                prefix = !named_barrier_or(4, 96, !same);
             }
             if (share && !prefix) {
                 /* who uses each column, found once per item rather than per tile: bit 31
                  * of a B entry marks a key A lists too, of an A entry a key B lists; B's
                  * list then keeps the keys A lacks only, so that the tile count is known
                  * (the last tile carries the end of the item) and no tile is empty */
-                for (int i = tid; i < cb; i += 128)
+                for (int i = st; i < cb; i += 96)
                     if (sorted_contains(scol_a, ca, scol_b[i])) scol_b[i] |= INT_MIN;
-                named_barrier_sync(3, 128);
-                for (int i = tid; i < ca; i += 128)
+                named_barrier_sync(4, 96);
+                for (int i = st; i < ca; i += 96)
                     if (sorted_contains(scol_b, cb, scol_a[i], INT_MAX)) scol_a[i] |= INT_MIN;
                 int kept = 0;
-                for (int c0 = 0; c0 < cb; c0 += 128) { /* in place: writes trail reads */
-                    const int v = c0 + tid < cb ? scol_b[c0 + tid] : INT_MIN;
+                for (int c0 = 0; c0 < cb; c0 += 96) { /* in place: writes trail reads */
+                    const int v = c0 + st < cb ? scol_b[c0 + st] : INT_MIN;
                     const uint32_t m = __ballot_sync(0xffffffffu, v >= 0);
-                    if (lane == 0) warp_sum[pw] = __popc(m);
-                    named_barrier_sync(3, 128);
+                    if (lane == 0) warp_sum[pw - 1] = __popc(m);
+                    named_barrier_sync(4, 96);
                     int before = kept;
-                    for (int j = 0; j < 4; ++j) {
-                        before += j < pw ? warp_sum[j] : 0;
+                    for (int j = 0; j < 3; ++j) {
+                        before += j < pw - 1 ? warp_sum[j] : 0;
                         kept += warp_sum[j];
                     }
-                    named_barrier_sync(3, 128);
+                    named_barrier_sync(4, 96);
                     if (v >= 0) scol_b[before + __popc(m & ((1u << lane) - 1))] = v;
                 }
-                named_barrier_sync(3, 128);
+                named_barrier_sync(4, 96);
                 cnt_b = kept;
                 tiles_b = (kept + 127) / 128;
             }
+            if (tid == 32) { /* for warp 0, after the barrier that ends the ranges */
+                col_info[0] = (share ? 1 : 0) | (prefix ? 2 : 0);
+                col_info[1] = cnt_b;
+                col_info[2] = tiles_b;
+            }
         };
-        /* The range tiles: warp 0 alone plans and loads them (with every producer warp walking
-         * the plan, the merge doubled the kernel's instructions per tile against the dense
-         * kernel's; the other warps would only have waited). They join it to stage the column
-         * lists (once the first two tiles are on their way, so that it overlaps their loads)
-         * and for the column tiles, which they help write. */
+        /* The range tiles: warp 0 alone loads them (with every producer warp walking the
+         * plan, the merge doubled the kernel's instructions per tile against the dense
+         * kernel's), while the others stage the column lists and plan the next item. All four
+         * write the column tiles. */
         const int t0 = t;
         if (pw == 0) {
             range_packer rp({staged, offs, na}, {staged + SP_STAGED, offs + a.max_blocks, nb});
-            bool columns_staged = false;
             const int planned_tiles = planned ? pl.tiles : 0;
             for (int i = 0;; ++t, ++i) {
                 const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
@@ -512,10 +518,6 @@ __global__ void __launch_bounds__(384, 1)
                 const int ranges_left =
                     planned ? i < planned_tiles
                             : __shfl_sync(0xffffffffu, lane == 0 ? (int)rp.more() : 0, 0);
-                if (!columns_staged && (t - t0 >= SP_STAGES || !ranges_left)) {
-                    stage_columns();
-                    columns_staged = true;
-                }
                 if (!ranges_left) break;
                 /* the next range tile is known before the wait for its slot, so that the loads
                  * go out as soon as the slot is free */
@@ -567,10 +569,9 @@ __global__ void __launch_bounds__(384, 1)
                     break;
                 }
             }
-            if (!columns_staged) stage_columns();
             if (lane == 0) *t_shared = t;
         } else {
-            stage_columns(); /* meets warp 0 there */
+            stage_columns();
             /* then the next item's plan, into the staging warp 0 does not read (only an item
              * merged inline does; the next one is planned at its start then) */
             if (w + (int)gridDim.x < items) {
@@ -582,6 +583,10 @@ __global__ void __launch_bounds__(384, 1)
         }
         named_barrier_sync(3, 128); /* warp 0 is done with the ranges; t_shared is written */
         t = *t_shared;
+        share = col_info[0] & 1;
+        prefix = col_info[0] & 2;
+        cnt_b = col_info[1];
+        tiles_b = col_info[2];
         if (!has_columns) {
             if (t == t0) { /* an item with no keys at all: an end marker, no data */
                 const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
