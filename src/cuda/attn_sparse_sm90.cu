@@ -8,7 +8,7 @@
  * A and B of the index at once, so that the tiles both use are loaded once:
  *   - the producer warpgroup merges A's and B's range starts (each ascending) into one list of
  *     64-key ranges, each marked with who uses it (A, B or both), and packs them two to a
- *     128-key tile: two both use (a shared tile), one of A's only with one of B's only (a split
+ *     128-key tile (warps 1-3 plan the next item's tiles while warp 0 loads this one's): two both use (a shared tile), one of A's only with one of B's only (a split
  *     tile: each consumer computes its own 64-key half), or else two of one side's. Tiles are
  *     loaded with TMA (64 x 64 boxes; ranges may start anywhere, rows outside the sequence read
  *     as zeros). A band of diagonals, the common case, is shared but for its two ends;
@@ -96,6 +96,24 @@
  *   small 128K 416 -> 406): the consumers then reach the next item's first tile with nothing
  *   to do and wait for it (mbarrier waits 3.2 -> 8.6 % of their samples), where the last P V
  *   and the store used to fill that wait.
+ *   Nsight Compute on `small` then showed producer warp 0 busy most of the time: it shares its
+ *   SM sub-partition with two consumer warps and issues about one instruction every nine
+ *   cycles, and per tile it merged the next starts, waited, wrote the header and issued eight
+ *   loads, with an item's index reads (counts, then lists) at each item's start. Copying the
+ *   next item's counts and starts ahead with cp.async, from warp 0 just before an item's last
+ *   tile, made small 1M 2-5 % slower (422-425 -> 397-405; its instructions sat right before that
+ *   tile's loads); warps 1-3 instead plan the next item (counts, starts staged, the merge into a
+ *   list of tiles, range_plan) while warp 0 issues this item's loads from its plan: small 128K
+ *   416-418 -> 424-428, small 1M 419-422 -> 428-431, local 1M 538-540 -> 541-547; Q, the column
+ *   copies and tiles of two adjacent ranges as 128-row boxes (two loads per K or V tile instead
+ *   of four): within run-to-run spread, kept for the shorter producer path; warps 1-3 also
+ *   stage and check the column lists, which warp 0 used to stop for after an item's second
+ *   tile: local 1M 544-546 -> 551-554, small 128K 432-433 -> 436-439
+ *   (bench/results/2026-11-30-gpu-sparse-planner-ab.json). The last P V carried into the next
+ *   item's first turn, tried again with the planner in place: first 9-13 % slower (a branch on
+ *   a per-thread flag put the tile loop in divergent code, where every wgmma descriptor went
+ *   through R2UR: 12 % more consumer instructions), then, broadcast, still 2-3 % slower (local
+ *   1M 548-550 -> 530-533; the first tile's step is a second copy of the consumer code); not kept.
  */
 #include "sm90_common.cuh"
 
@@ -129,6 +147,7 @@ struct sparse_sm90_args {
     CUtensorMap tm_kc, tm_vc;
     const int32_t *col_rows;
     int crows;
+    int plan_tiles; /* range tiles planned ahead per item, at most (SP_PLAN; fewer to test) */
 };
 
 constexpr int SP_STAGES = 2;
@@ -354,7 +373,7 @@ __global__ void __launch_bounds__(384, 1)
                     range_packer rp({staged, offs, na},
                                     {staged + SP_STAGED, offs + a.max_blocks, nb});
                     while (rp.more()) {
-                        if (m == SP_PLAN) {
+                        if (m == a.plan_tiles) {
                             ok = false;
                             break;
                         }
@@ -1118,6 +1137,10 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     const size_t ints = ((2 + 3 * (size_t)n_bh) * sizeof(int32_t) + 255) / 256 * 256;
     size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
     const char *copies_env = getenv("MI_CUDA_SM90_COLUMN_COPIES"); /* =0: gather (A/B runs) */
+    /* =N: plan at most N range tiles of an item ahead, merging longer items inline (to test
+     * that path, which only items of more than SP_PLAN tiles take otherwise) */
+    const char *plan_env = getenv("MI_CUDA_SM90_PLAN_TILES");
+    a.plan_tiles = plan_env ? max(0, min(atoi(plan_env), mi_cuda::SP_PLAN)) : mi_cuda::SP_PLAN;
     if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || (copies_env && copies_env[0] == '0'))
         cc.rows = 0, copy = 0;
     int32_t *buf = nullptr;
