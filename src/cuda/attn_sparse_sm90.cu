@@ -553,6 +553,18 @@ __global__ void __launch_bounds__(384, 1)
                 /* adjacent ranges (most tiles of a band) as one run of 128 rows: half the
                  * loads to issue */
                 const bool run = ro[1] == ro[0] + 64;
+                /* K or V of the tile (lane 0): the run, or each range */
+                auto load = [&](uint32_t dst, const CUtensorMap *run_map, const CUtensorMap *map,
+                                uint64_t *bar) {
+                    mbar_expect_tx(bar, SP_TILE);
+                    if (run)
+                        for (int i = 0; i < 2; ++i)
+                            tma_load_4d(dst + i * SP_HALF, run_map, i * 64, ro[0], hk, b, bar);
+                    else
+                        for (int i = 0; i < 4; ++i)
+                            tma_load_4d(dst + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, map,
+                                        (i & 1) * 64, ro[i >> 1], hk, b, bar);
+                };
                 if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
                 if (lane == 0) {
                     hd.off[0] = ro[0];
@@ -561,28 +573,10 @@ __global__ void __launch_bounds__(384, 1)
                     hd.users[1] = ru[1];
                     hd.column = 0;
                     hd.last = rlast;
-                    mbar_expect_tx(k_full + slot, SP_TILE);
-                    if (run)
-                        for (int i = 0; i < 2; ++i)
-                            tma_load_4d(kd + i * SP_HALF, &a.tm_k2, i * 64, ro[0], hk, b,
-                                        k_full + slot);
-                    else
-                        for (int i = 0; i < 4; ++i)
-                            tma_load_4d(kd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_k,
-                                        (i & 1) * 64, ro[i >> 1], hk, b, k_full + slot);
+                    load(kd, &a.tm_k2, &a.tm_k, k_full + slot);
                 }
                 if (t >= SP_STAGES) mbar_wait(v_empty + slot, par);
-                if (lane == 0) {
-                    mbar_expect_tx(v_full + slot, SP_TILE);
-                    if (run)
-                        for (int i = 0; i < 2; ++i)
-                            tma_load_4d(vd + i * SP_HALF, &a.tm_v2, i * 64, ro[0], hk, b,
-                                        v_full + slot);
-                    else
-                        for (int i = 0; i < 4; ++i)
-                            tma_load_4d(vd + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, &a.tm_v,
-                                        (i & 1) * 64, ro[i >> 1], hk, b, v_full + slot);
-                }
+                if (lane == 0) load(vd, &a.tm_v2, &a.tm_v, v_full + slot);
                 if (__shfl_sync(0xffffffffu, rlast, 0)) {
                     ++t;
                     break;
