@@ -396,6 +396,9 @@ __global__ void __launch_bounds__(384, 1)
         named_barrier_sync(3, 128); /* every warp is done with the last item; its plan is written */
         range_plan &pl = plans[k & 1];
         if (pl.state == PLAN_NONE) { /* the first item, or one after an inline one */
+            /* every thread has read the state before the planner may write it: a warp that read
+             * it late would otherwise skip the barrier below that the others wait at */
+            named_barrier_sync(3, 128);
             if (pw > 0) plan_item(w, pl);
             named_barrier_sync(3, 128);
         }
