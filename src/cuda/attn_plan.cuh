@@ -77,7 +77,7 @@ __device__ __forceinline__ void write_empty_rows(T *og, int64_t o_row_stride, fl
 /* Plans the keys of query rows [rs, rs + BM) of (b, h); false when this launch skips the head. */
 __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, int bh, int m_blk,
                                            int rs, int BM, int len, tile_plan &tp) {
-    tp.mode = p.use_head_modes ? p.head_modes[h].mode : p.mode.mode;
+    tp.mode = head_mode_of(p, h).mode;
     tp.windowed = false;
     tp.n_a = tp.n_b = 0;
     tp.n_cols = 0;
@@ -94,7 +94,7 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
             tp.n_a = (re - 1) / BN + 1;
             tp.sink_tiles = tp.n_a;
         } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
-            const mi_cuda_head_mode hm = p.use_head_modes ? p.head_modes[h] : p.mode;
+            const mi_cuda_head_mode hm = head_mode_of(p, h);
             tp.windowed = true;
             tp.n_init = max(hm.n_init, 0);
             tp.n_local = max(hm.n_local, 0);

@@ -8,8 +8,9 @@
  * A and B of the index at once, so that the tiles both use are loaded once:
  *   - the producer warpgroup merges A's and B's range starts (each ascending) into one list of
  *     64-key ranges, each marked with who uses it (A, B or both), and packs them two to a
- *     128-key tile (warps 1-3 plan the next item's tiles while warp 0 loads this one's): two both use (a shared tile), one of A's only with one of B's only (a split
- *     tile: each consumer computes its own 64-key half), or else two of one side's. Tiles are
+ *     128-key tile (warps 1-3 plan the next item's tiles while warp 0 loads this one's): two
+ *     both use (a shared tile), one of A's only with one of B's only (a split tile: each
+ *     consumer computes its own 64-key half), or else two of one side's. Tiles are
  *     loaded with TMA (64 x 64 boxes; ranges may start anywhere, rows outside the sequence read
  *     as zeros). A band of diagonals, the common case, is shared but for its two ends;
  *   - then the columns. Where both lists are a prefix of the head's last row block's list (as
@@ -348,25 +349,29 @@ __global__ void __launch_bounds__(384, 1)
          * consumer warps); merging as it went put a third of its instructions per tile, and
          * an item's index reads, on the path of every load. An item with more than SP_PLAN
          * tiles or SP_STAGED starts a side is merged inline by warp 0 (PLAN_INLINE). */
+        /* A's and B's range starts (up to SP_STAGED each) into staged, threads i0, i0 + step.. */
+        auto stage_starts = [&](int i0, int step, const int32_t *offs, int na, int nb) {
+            for (int i = i0; i < min(na, SP_STAGED); i += step) staged[i] = __ldg(offs + i);
+            for (int i = i0; i < min(nb, SP_STAGED); i += step)
+                staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
+        };
+        /* an item's count from the index, clamped to what the index holds (0 for a missing B) */
+        auto count_at = [&](const int32_t *counts, const item &n, int r, int most) {
+            return r == 0 || n.has_b ? min(max(__ldg(counts + n.row_a + r), 0), most) : 0;
+        };
         auto plan_item = [&](int w, range_plan &pl) {
             const item n = item_of(w);
-            const int na = min(max(__ldg(a.block_count + n.row_a), 0), a.max_blocks);
-            const int nb = n.has_b ? min(max(__ldg(a.block_count + n.row_a + 1), 0), a.max_blocks) : 0;
+            const int na = count_at(a.block_count, n, 0, a.max_blocks);
+            const int nb = count_at(a.block_count, n, 1, a.max_blocks);
             const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
             const bool fit = na <= SP_STAGED && nb <= SP_STAGED;
-            if (fit) {
-                for (int i = tid - 32; i < na; i += 96) staged[i] = __ldg(offs + i);
-                for (int i = tid - 32; i < nb; i += 96)
-                    staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
-            }
+            if (fit) stage_starts(tid - 32, 96, offs, na, nb);
             named_barrier_sync(4, 96);
             if (tid == 32) {
                 pl.count[0] = na;
                 pl.count[1] = nb;
-                pl.count[2] = min(max(__ldg(a.column_count + n.row_a), 0), a.max_columns);
-                pl.count[3] = n.has_b ? min(max(__ldg(a.column_count + n.row_a + 1), 0),
-                                            a.max_columns)
-                                      : 0;
+                pl.count[2] = count_at(a.column_count, n, 0, a.max_columns);
+                pl.count[3] = count_at(a.column_count, n, 1, a.max_columns);
                 int m = 0;
                 bool ok = fit;
                 if (fit) {
@@ -415,14 +420,15 @@ __global__ void __launch_bounds__(384, 1)
                             b, q_full + qb);
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
-         * planners read them, then its column lists) */
-        if (w + (int)gridDim.x < items) {
+         * planners read them, then its column lists), by warps 1-3: not on warp 0's path */
+        if (pw > 0 && w + (int)gridDim.x < items) {
             const int64_t nrow = item_of(w + gridDim.x).row_a;
             const int line = tid % 32, part = tid / 32; /* 128-byte lines of 32 entries */
-            if (part == 0 && line < 2)
+            if (part == 1 && line < 2)
                 prefetch_l2((line ? a.column_count : a.block_count) + nrow);
-            if (part == 1 && line < 8 && (line % 4) * 32 < a.max_blocks)
-                prefetch_l2(a.block_offset + (nrow + line / 4) * a.max_blocks + (line % 4) * 32);
+            const int ol = line - 2; /* block_offset lines */
+            if (part == 1 && ol >= 0 && ol < 8 && (ol % 4) * 32 < a.max_blocks)
+                prefetch_l2(a.block_offset + (nrow + ol / 4) * a.max_blocks + (ol % 4) * 32);
             if (part >= 2 && line * 32 < a.max_columns)
                 prefetch_l2(a.column_index + (nrow + part - 2) * a.max_columns + line * 32);
         }
@@ -430,9 +436,7 @@ __global__ void __launch_bounds__(384, 1)
         const int32_t *cols_a = a.column_index + row_a * a.max_columns;
         const int32_t *cols_b = cols_a + a.max_columns;
         if (!planned) { /* merged inline: its starts staged now */
-            for (int i = tid; i < min(na, SP_STAGED); i += 128) staged[i] = __ldg(offs + i);
-            for (int i = tid; i < min(nb, SP_STAGED); i += 128)
-                staged[SP_STAGED + i] = __ldg(offs + a.max_blocks + i);
+            stage_starts(tid, 128, offs, na, nb);
             named_barrier_sync(3, 128);
         }
         /* gathered tiles. A's and B's column lists are mostly the same keys (the verticals of
