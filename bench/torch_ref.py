@@ -7,11 +7,14 @@ Measures (bf16, D = 128, causal; BENCHMARKS.md):
   dense           ours vs cuDNN vs flash, per-head ms and TFLOP/s (2 L^2 D per head)
   sparse          VS kernel on the prescribed index sets local / mixed / small (index built on
                   the GPU and timed apart), effective TFLOP/s = 4 D (keys visited) / time
+  patterns        block-sparse top-100 (estimation timed apart; random and position-coded
+                  inputs) and A-shape 128 + 4096, against the original's kernel times
   estimation      VS estimation + index build at default budgets (1000 / 6096), share of total
   prefill         whole layer, every head VS 1000/6096, estimation included (random inputs)
   crossover       prefill vs dense per length: where sparse starts to pay
 
-Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick] [--crossover-only]
+Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick]
+                    [--sections dense,sparse,patterns,estimation,crossover]
 Writes DIR/<date>-gpu-attention.json and DIR/<date>-gpu-attention.png; prints a table last.
 """
 import argparse
@@ -319,6 +322,72 @@ def bench_sparse(lib, L, H, Hk, name, reps):
             "keys_per_row": pairs / (H * L)}
 
 
+# The original's Triton kernels on the same GPU, ms per head, kernel only (BENCHMARKS.md):
+# block-sparse top-100 and A-shape with 128 sink keys and a 4096-key window.
+ORIGINAL_MS = {("block_sparse", 131072): 1.39, ("block_sparse", 1048576): 17.0,
+               ("a_shape", 131072): 0.94, ("a_shape", 1048576): 7.5}
+BS_TOP_K, A_INIT, A_LOCAL = 100, 128, 4096
+
+
+def a_shape_keys(L, n_init, n_local):
+    """(row, key) pairs of A-shape attention, exactly: row i sees its window
+    [max(0, i - n_local + 1), i] and the sinks [0, n_init) left of it."""
+    i = torch.arange(L, dtype=torch.int64)
+    lo = (i - n_local + 1).clamp(min=0)
+    return int(((i + 1 - lo) + lo.clamp(max=n_init)).sum().item())
+
+
+def bench_block_sparse(lib, L, H, Hk, inputs, reps):
+    """Block-sparse top-100 (spec: 64-row mean pooling, block-causal top-k): estimation and
+    kernel timed apart. inputs "random" (scattered blocks) or "position-coded" (near-diagonal
+    blocks, as real heads pick)."""
+    q, k, v = qkv(H, Hk, L, seed=5, local=inputs == "position-coded")
+    o = torch.empty_like(q)
+    spi, sbuf = make_sparse_index(lib, H, L, BS_TOP_K, 1)
+    top_k = (C.c_int32 * H)(*([BS_TOP_K] * H))
+    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
+
+    def est():
+        lib.check(lib.l.mi_block_sparse_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, top_k,
+                                                 C.byref(spi)), "block-sparse estimate")
+
+    def run():
+        lib.check(lib.l.mi_attention_sparse(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv), None,
+                                            C.byref(spi), C.c_float(0), C.byref(do_), None),
+                  "sparse")
+
+    t_est = time_cuda(est, reps)
+    t = time_cuda(run, reps)
+    pairs = keys_visited(sbuf, H, L, BS_TOP_K, 1)
+    orig = ORIGINAL_MS[("block_sparse", L)] if ("block_sparse", L) in ORIGINAL_MS else None
+    return {"L": L, "heads": H, "pattern": "block_sparse", "top_k": BS_TOP_K, "inputs": inputs,
+            "kernel_ms_per_head": t / H, "estimate_ms_per_head": t_est / H,
+            "effective_tflops": 4.0 * 128 * pairs / t / 1e9, "keys_per_row": pairs / (H * L),
+            "original_kernel_ms_per_head": orig,
+            "speedup_vs_original": orig / (t / H) if orig else None}
+
+
+def bench_a_shape(lib, L, H, Hk, reps):
+    """A-shape with 128 sinks and a 4096-key window; effective FLOPs count the exact keys."""
+    q, k, v = qkv(H, Hk, L, seed=6)
+    o = torch.empty_like(q)
+    dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
+
+    def run():
+        lib.check(lib.l.mi_attention_a_shape(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv),
+                                             None, A_INIT, A_LOCAL, 0, C.c_float(0),
+                                             C.byref(do_), None), "a-shape")
+
+    t = time_cuda(run, reps)
+    pairs = H * a_shape_keys(L, A_INIT, A_LOCAL)
+    orig = ORIGINAL_MS[("a_shape", L)] if ("a_shape", L) in ORIGINAL_MS else None
+    return {"L": L, "heads": H, "pattern": "a_shape", "n_init": A_INIT, "n_local": A_LOCAL,
+            "inputs": "random", "kernel_ms_per_head": t / H,
+            "effective_tflops": 4.0 * 128 * pairs / t / 1e9, "keys_per_row": pairs / (H * L),
+            "original_kernel_ms_per_head": orig,
+            "speedup_vs_original": orig / (t / H) if orig else None}
+
+
 def prefill_call(lib, q, k, v, o, H, dense_below, vsz=1000, ssz=6096):
     pats = (HeadPattern * H)()
     for h in range(H):
@@ -403,7 +472,7 @@ def main():
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sections", default="dense,sparse,estimation,crossover")
+    ap.add_argument("--sections", default="dense,sparse,patterns,estimation,crossover")
     args = ap.parse_args()
     lib = Lib(os.path.abspath(args.lib))
     sections = args.sections.split(",")
@@ -436,6 +505,18 @@ def main():
                                  max(reps, 3))
                 print("sparse", json.dumps(r), flush=True)
                 res["sparse"].append(r)
+                torch.cuda.empty_cache()
+    if "patterns" in sections:
+        res["patterns"] = []
+        for L, H, Hk, reps in shapes:
+            if L < 131072 or L == 524288:
+                continue
+            H1 = max(H // 4, 1) if L >= 524288 else H
+            for r in (bench_block_sparse(lib, L, H1, Hk, "random", max(reps, 3)),
+                      bench_block_sparse(lib, L, H1, Hk, "position-coded", max(reps, 3)),
+                      bench_a_shape(lib, L, H1, Hk, max(reps, 3))):
+                print("patterns", json.dumps(r), flush=True)
+                res["patterns"].append(r)
                 torch.cuda.empty_cache()
     if "estimation" in sections:
         res["estimation"] = []
@@ -483,6 +564,12 @@ def plot(res, path):
         pts = [(r["L"], r["kernel_ms_per_head"]) for r in res.get("sparse", []) if r["set"] == name]
         if pts:
             ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"minference VS {name}")
+    for pat, inputs, lab in (("block_sparse", "random", "block-sparse top-100"),
+                             ("a_shape", "random", "A-shape 128+4096")):
+        pts = [(r["L"], r["kernel_ms_per_head"]) for r in res.get("patterns", [])
+               if r["pattern"] == pat and r["inputs"] == inputs]
+        if pts:
+            ax.plot(*zip(*pts), marker="^", linestyle=":", label=f"minference {lab}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length")
@@ -512,6 +599,15 @@ def table(res):
         for r in res["sparse"]:
             print(f"{r['L']:>9} {r['set']:>6} {r['kernel_ms_per_head']:>8.3f} "
                   f"{r['effective_tflops']:>8.0f} {r['index_ms']:>9.3f} {r['keys_per_row']:>8.0f}")
+    if res.get("patterns"):
+        print(f"{'pattern L':>9} {'pattern':>12} {'inputs':>14} {'ms/head':>8} {'eff TF/s':>8} "
+              f"{'est ms/h':>8} {'orig ms/h':>9} {'speed-up':>8}")
+        for r in res["patterns"]:
+            print(f"{r['L']:>9} {r['pattern']:>12} {r['inputs']:>14} "
+                  f"{r['kernel_ms_per_head']:>8.3f} {r['effective_tflops']:>8.0f} "
+                  f"{r.get('estimate_ms_per_head') or float('nan'):>8.3f} "
+                  f"{r['original_kernel_ms_per_head'] or float('nan'):>9.2f} "
+                  f"{r['speedup_vs_original'] or float('nan'):>8.2f}")
     for r in res.get("estimation", []):
         print(f"estimation L {r['L']} H {r['heads']}: estimate {r['estimate_ms']:.2f} ms, index "
               f"{r['index_ms']:.2f} ms, prefill {r['prefill_ms']:.2f} ms "

@@ -67,7 +67,7 @@ def gpu_tables(runs):
     set of lengths, the newest one that records its time (the build as it is), else, for older
     records, the one with the highest throughput (several recorded kernel variants)."""
     gpu = [r for r in runs if r.get("gpu") and
-           any(isinstance(r.get(k), list) for k in ("dense", "sparse", "estimation"))]
+           any(isinstance(r.get(k), list) for k in ("dense", "sparse", "patterns", "estimation"))]
     if not gpu:
         return []
 
@@ -110,6 +110,27 @@ def gpu_tables(runs):
             out.append(f"| {length(e['L'])} | {e['set']} | {fmt(e.get('keys_per_row'), '.0f')} "
                        f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('effective_tflops'), '.0f')} | {fmt(e.get('index_ms'), '.2f')} |")
+        out.append("")
+    pt = best("patterns", mean_of("effective_tflops"))
+    if pt:
+        out += [f"**GPU block-sparse and A-shape kernels** (`{pt['_file']}`, commit "
+                f"{pt.get('commit', '?')}) against the original's Triton kernels on the same GPU "
+                "(kernel only, from BENCHMARKS.md). Block-sparse keeps the top 100 64-key blocks "
+                "per row block, on random inputs (scattered blocks) and on position-coded ones "
+                "(near-diagonal blocks); A-shape keeps 128 sink keys and a 4096-key window, its "
+                "effective TFLOP/s counting exactly those keys.", "",
+                "| L | pattern | inputs | keys/row | ms/head | effective TFLOP/s | estimation ms/head "
+                "| original ms/head | speed-up |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        names = {"block_sparse": "block-sparse top-100", "a_shape": "A-shape 128 + 4096"}
+        for e in pt["patterns"]:
+            out.append(f"| {length(e['L'])} | {names.get(e['pattern'], e['pattern'])} "
+                       f"| {e.get('inputs', '-')} | {fmt(e.get('keys_per_row'), '.0f')} "
+                       f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
+                       f"| {fmt(e.get('effective_tflops'), '.0f')} "
+                       f"| {fmt(e.get('estimate_ms_per_head'), '.2f')} "
+                       f"| {fmt(e.get('original_kernel_ms_per_head'), '.2f')} "
+                       f"| {fmt(e.get('speedup_vs_original'), '.2f')}x |")
         out.append("")
     # untimed runs: the fastest prefill
     es = best("estimation", lambda entries: -sum(e.get("prefill_ms_per_head", 0) for e in entries))
