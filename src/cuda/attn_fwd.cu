@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(BM * 2)
         }
 
         /* scale, mask */
-        const bool full = t < tp.n_a && range_tile_unmasked(tp, tile_offset(tp, t), rs, len);
+        const bool full =
+            t < tp.n_a && range_tile_unmasked(tp, tile_offset(tp, t), rs, rs + BM - 1, len);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(128, 3)
             const int off = tile_offset(tp, t);
             /* whether the tile's scores need the mask, known here and not after S(t), where
              * looking the offset up again would sit between the wgmma and the softmax */
-            if (!is_v) range_mask = !range_tile_unmasked(tp, off, rs, len);
+            if (!is_v) range_mask = !range_tile_unmasked(tp, off, rs, rs + BM - 1, len);
             if (off >= 0 && off + BN <= len) {
                 const T *src = g + (off + lr0) * sl + lc * 8;
 #pragma unroll

@@ -52,12 +52,15 @@ __device__ __forceinline__ bool key_visible(const tile_plan &tp, int key, int ro
     return key <= row && (row - key < tp.n_local || key < tp.n_init || row >= tp.tri_start);
 }
 
-/* A 64-key range tile starting at off that every row from first_row on sees entirely (inside the
- * sequence, at or left of the diagonal, no A-shape window): its scores need no mask. */
+/* A 64-key range tile starting at off that every row of first_row .. last_row sees entirely: inside
+ * the sequence, at or left of the diagonal and, for A-/Tri-shape, all sinks, all inside the last
+ * row's window, or all rows dense (Tri-shape): its scores need no mask. With a window only the
+ * tiles at its two ends need one (A-shape used to mask every tile). */
 __device__ __forceinline__ bool range_tile_unmasked(const tile_plan &tp, int off, int first_row,
-                                                    int len) {
-    return !tp.windowed && off >= 0 && off + BN - 1 < len &&
-           off + BN - 1 <= first_row;
+                                                    int last_row, int len) {
+    return off >= 0 && off + BN - 1 < len && off + BN - 1 <= first_row &&
+           (!tp.windowed || off + BN - 1 < tp.n_init || last_row - off < tp.n_local ||
+            first_row >= tp.tri_start);
 }
 
 /* Rows [rs, rs + rows) that see no key: output 0, LSE -inf (lseg may be NULL). */

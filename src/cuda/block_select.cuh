@@ -4,7 +4,8 @@
  * (k out of up to L values per head) and the block-sparse estimate (k out of m+1 per row block).
  *
  * Keys are float values mapped to order-preserving uint32. Ties at the threshold are broken by
- * position: lowest positions first, or highest first when prefer_high is set.
+ * position: lowest positions first, or highest first when prefer_high is set. block_top_bin
+ * narrows a long list to the keys near the top first, where the caller has room for them.
  */
 #ifndef MI_BLOCK_SELECT_CUH
 #define MI_BLOCK_SELECT_CUH
@@ -86,6 +87,60 @@ __device__ void block_radix_select(KeyFn key, int n, int k, select_smem &sm, uin
     thr = prefix;
     n_take_eq = kr;
     eq_total = sm.eq_total;
+}
+
+/* The first of a two-pass select for k out of n keys, when few keys lie near the k-th largest:
+ * a histogram of the top 12 bits (sign, exponent, 3 mantissa bits of a float) finds the bin that
+ * holds the k-th largest key. Every key of the top k then lies in that bin or above, so the
+ * caller compacts those candidates (block_compact, keys above (bin << 20) - 1) and runs the exact
+ * select on them alone: two passes over the n keys instead of five. After the call (all threads):
+ * bin, and n_cand = the keys in that bin or above. Requires 0 < k <= n. */
+constexpr int TOP_BINS = 4096;
+struct top_bin_smem {
+    int hist[TOP_BINS];
+    int bin, n_cand;
+};
+
+template <int NT, typename KeyFn, typename ScanTmp>
+__device__ void block_top_bin(KeyFn key, int n, int k, top_bin_smem &sm, ScanTmp &scan_tmp,
+                              int &bin, int &n_cand) {
+    constexpr int PER = TOP_BINS / NT; /* bins per thread, highest first */
+    static_assert(TOP_BINS % NT == 0, "bins per thread");
+    const int tid = threadIdx.x;
+    for (int i = tid; i < TOP_BINS; i += NT) sm.hist[i] = 0;
+    __syncthreads();
+    const int n_round = (n + NT - 1) / NT * NT;
+    for (int i = tid; i < n_round; i += NT) {
+        const int b = i < n ? (int)(key(i) >> 20) : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, b);
+        if (b >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&sm.hist[b], __popc(same));
+    }
+    __syncthreads();
+    /* thread t owns bins TOP_BINS - 1 - PER t .. - PER + 1; a scan of their sums in that order
+     * finds the bin where the count from the top reaches k */
+    int cnt[PER], sum = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        cnt[i] = sm.hist[TOP_BINS - 1 - (PER * tid + i)];
+        sum += cnt[i];
+    }
+    int excl;
+    cub::BlockScan<int, NT>(scan_tmp).ExclusiveSum(sum, excl);
+    if (excl < k && k <= excl + sum) {
+        int acc = excl;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (acc < k && k <= acc + cnt[i]) {
+                sm.bin = TOP_BINS - 1 - (PER * tid + i);
+                sm.n_cand = acc + cnt[i];
+            }
+            acc += cnt[i];
+        }
+    }
+    __syncthreads();
+    bin = sm.bin;
+    n_cand = sm.n_cand;
+    __syncthreads();
 }
 
 /* Visits the selected positions in ascending order: emit(position, rank). Selection: every key >

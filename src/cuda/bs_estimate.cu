@@ -3,12 +3,15 @@
  * pooling of q and k over the real rows only, pooled scores qp[m].kp[n] for n <= m, the diagonal
  * block and block 0 forced, per-row-block top-k written as ascending offsets 64*n into the common
  * mi_sparse_index form (column_count = 0).
- * One CTA per (b, h, row block) holds the m+1 scores in shared memory and runs the block radix
- * select + in-order compaction of block_select.cuh, so the offsets come out sorted.
+ * A CTA per (b, h) and up to four adjacent row blocks holds their scores in shared memory and
+ * runs the selects of block_select.cuh (a histogram pass to the keys near the top, then the
+ * radix select and in-order compaction on those), so the offsets come out sorted.
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
 
+#include <algorithm>
+#include <stdlib.h>
 #include <string.h>
 
 namespace mi_cuda {
@@ -48,62 +51,165 @@ struct bs_select_params {
 };
 
 constexpr int BS_NT = 256;
+constexpr int BS_MAX_ROWS = 4;      /* row blocks per CTA, at most (their pooled q in registers) */
+constexpr int BS_CANDIDATES = 2048; /* the two-pass select's room for keys near the top */
+/* the scores of a CTA's row blocks: at most this much shared memory */
+constexpr size_t BS_SCORE_SMEM = 200 * 1024;
 
+/* One CTA per `ROWS` adjacent row blocks of one (b, h), the longest first. The scores: the
+ * pooled keys are read once for all ROWS row blocks (each was read once per row block, a CTA's
+ * threads each reading a whole row: at 1M, 69 GB of L2 reads per head), eight lanes to a key
+ * row, coalesced. Then, per row block, the top k: block_top_bin narrows the m + 1 keys to the
+ * few near the top, the exact radix select and the in-order compaction run on those; where more
+ * than BS_CANDIDATES lie there (k close to m), on all of them as before. */
+template <int D, int ROWS>
 __global__ void __launch_bounds__(BS_NT)
     bs_select_kernel(const __grid_constant__ bs_select_params p) {
-    extern __shared__ float scores[]; /* [m+1] then the pooled query row */
-    __shared__ select_smem sm;
+    extern __shared__ float scores[]; /* [ROWS][stride] */
+    __shared__ union {
+        select_smem sel;
+        top_bin_smem top;
+    } sm;
+    __shared__ int cand[BS_CANDIDATES];
     __shared__ typename cub::BlockScan<int, BS_NT>::TempStorage scan_tmp;
-    const int m = blockIdx.x, bh = blockIdx.y;
+    const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
-    if (!p.active[h] || m >= p.idx_row_blocks) return;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
+    if (!p.active[h] || m0 >= p.idx_row_blocks) return;
     int len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) len = 0;
-    const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
-    const int n = m + 1;
+    const int rows = min(ROWS, p.idx_row_blocks - m0);
     /* as the CPU reference: at least the forced blocks (diagonal, and block 0 when m > 0) */
-    int k = max(min(max(p.top_k[h], 0), n), m > 0 ? 2 : 1);
-    k = min(k, p.max_blocks);
-    if (m * 64 >= len) k = 0;
-    if (threadIdx.x == 0) p.column_count[row] = 0;
-    if (k <= 0) {
-        if (threadIdx.x == 0) p.block_count[row] = 0;
-        return;
+    int kk[ROWS];
+    int n_score = 0; /* key rows whose scores some row block needs */
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int m = m0 + r, n = m + 1;
+        int k = max(min(max(p.top_k[h], 0), n), m > 0 ? 2 : 1);
+        k = min(k, p.max_blocks);
+        if (r >= rows || m * 64 >= len) k = 0;
+        kk[r] = k;
+        if (k > 0 && k < n) n_score = n;
     }
-    const int D = p.head_dim;
-    float *qrow = scores + ((n + 3) & ~3);
-    const float *qg = p.qp + ((int64_t)bh * p.row_blocks + m) * D;
-    for (int i = threadIdx.x; i < D; i += BS_NT) qrow[i] = qg[i];
-    __syncthreads();
-    const int bhk = b * (p.heads / p.group) + h / p.group;
-    const float *kbase = p.kp + (int64_t)bhk * p.row_blocks * D;
-    if (k < n) {
-        for (int j = threadIdx.x; j < n; j += BS_NT) {
-            const float4 *kr = reinterpret_cast<const float4 *>(kbase + (int64_t)j * D);
-            float acc = 0.f;
-            for (int i = 0; i < D / 4; ++i) {
-                const float4 kv = kr[i];
-                acc += kv.x * qrow[4 * i] + kv.y * qrow[4 * i + 1] + kv.z * qrow[4 * i + 2] +
-                       kv.w * qrow[4 * i + 3];
+    const int stride = (m0 + ROWS + 3) & ~3;
+
+    if (n_score > 0) {
+        /* lane l of a warp: key row 4 w' + l / 8 of the warp's four, float4 pieces l % 8,
+         * l % 8 + 8, ... (eight lanes read 128 contiguous bytes at a time) */
+        constexpr int PIECES = D / 32;
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane & 7;
+        float4 q[ROWS][PIECES];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const int m = min(m0 + r, p.row_blocks - 1);
+            const float4 *qg =
+                reinterpret_cast<const float4 *>(p.qp + ((int64_t)bh * p.row_blocks + m) * D);
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i) q[r][i] = qg[i * 8 + part];
+        }
+        const int bhk = b * (p.heads / p.group) + h / p.group;
+        const float4 *kbase =
+            reinterpret_cast<const float4 *>(p.kp + (int64_t)bhk * p.row_blocks * D);
+        for (int j0 = 4 * warp; j0 < n_score; j0 += 4 * (BS_NT / 32)) {
+            const int j = j0 + (lane >> 3);
+            float acc[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+            if (j < n_score) {
+#pragma unroll
+                for (int i = 0; i < PIECES; ++i) {
+                    const float4 kv = kbase[(int64_t)j * (D / 4) + i * 8 + part];
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r)
+                        acc[r] += kv.x * q[r][i].x + kv.y * q[r][i].y + kv.z * q[r][i].z +
+                                  kv.w * q[r][i].w;
+                }
             }
-            scores[j] = acc;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int o = 4; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            if (part == 0 && j < n_score)
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+                    if (j <= m0 + r) scores[r * stride + j] = acc[r];
         }
         __syncthreads();
     }
-    auto key = [&](int j) -> uint32_t {
-        if (j == m) return 0xffffffffu;                  /* diagonal first */
-        if (j == 0) return float_order_key(3.402823466e38f); /* then block 0 */
-        return float_order_key(scores[j]);
-    };
-    uint32_t thr = 0;
-    int take_eq = 0, eq_total = 0;
-    const bool all = k >= n;
-    if (!all) block_radix_select<BS_NT>(key, n, k, sm, thr, take_eq, eq_total);
-    int32_t *off = p.block_offset + row * p.max_blocks;
-    /* ties: lower block first (the CPU reference's total order) */
-    block_compact<BS_NT, 4>(key, n, all, thr, take_eq, eq_total, false,
-                            [&](int j, int rank) { off[rank] = 64 * j; }, scan_tmp);
-    if (threadIdx.x == 0) p.block_count[row] = k;
+
+    for (int r = 0; r < rows; ++r) {
+        const int m = m0 + r, n = m + 1, k = kk[r];
+        const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
+        int32_t *off = p.block_offset + row * p.max_blocks;
+        if (threadIdx.x == 0) {
+            p.column_count[row] = 0;
+            p.block_count[row] = k;
+        }
+        if (k <= 0) continue;
+        if (k >= n) {
+            for (int j = threadIdx.x; j < n; j += BS_NT) off[j] = 64 * j;
+            continue;
+        }
+        const float *sc = scores + r * stride;
+        auto key = [&](int j) -> uint32_t {
+            if (j == m) return 0xffffffffu;                      /* diagonal first */
+            if (j == 0) return float_order_key(3.402823466e38f); /* then block 0 */
+            return float_order_key(sc[j]);
+        };
+        /* ties: lower block first (the CPU reference's total order) */
+        auto emit = [&](int j, int rank) { off[rank] = 64 * j; };
+        int bin, n_cand;
+        block_top_bin<BS_NT>(key, n, k, sm.top, scan_tmp, bin, n_cand);
+        uint32_t thr = 0;
+        int take_eq = 0, eq_total = 0;
+        if (n_cand <= BS_CANDIDATES) {
+            /* the candidates, ascending: the keys in the bin or above */
+            block_compact<BS_NT, 4>(
+                key, n, bin == 0, ((uint32_t)bin << 20) - 1u, 0, 0, false,
+                [&](int j, int rank) { cand[rank] = j; }, scan_tmp);
+            __syncthreads();
+            auto ckey = [&](int i) { return key(cand[i]); };
+            const bool all = k >= n_cand;
+            if (!all) block_radix_select<BS_NT>(ckey, n_cand, k, sm.sel, thr, take_eq, eq_total);
+            block_compact<BS_NT, 4>(
+                ckey, n_cand, all, thr, take_eq, eq_total, false,
+                [&](int i, int rank) { off[rank] = 64 * cand[i]; }, scan_tmp);
+        } else {
+            block_radix_select<BS_NT>(key, n, k, sm.sel, thr, take_eq, eq_total);
+            block_compact<BS_NT, 4>(key, n, false, thr, take_eq, eq_total, false, emit, scan_tmp);
+        }
+        __syncthreads(); /* cand and the select's shared memory are reused by the next row */
+    }
+}
+
+/* The row blocks per CTA for R row blocks: as many as fit BS_SCORE_SMEM (0: none fits). */
+static int bs_rows_per_cta(int64_t R) {
+    const int64_t per = (R + BS_MAX_ROWS + 3) * (int64_t)sizeof(float);
+    return (int)std::min<int64_t>(BS_MAX_ROWS, (int64_t)BS_SCORE_SMEM / per);
+}
+
+template <int D, int ROWS>
+static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
+    const int64_t stride = ((int64_t)sp.idx_row_blocks + ROWS + 3) & ~(int64_t)3;
+    const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
+    auto kern = bs_select_kernel<D, ROWS>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const unsigned ctas = (unsigned)((sp.idx_row_blocks + ROWS - 1) / ROWS);
+    kern<<<dim3(ctas, (unsigned)BH), BS_NT, smem, st>>>(sp);
+    return cudaGetLastError();
+}
+
+template <int D>
+static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_t BH,
+                                    cudaStream_t st) {
+    switch (rows) {
+    case 1: return launch_bs_select<D, 1>(sp, BH, st);
+    case 2: return launch_bs_select<D, 2>(sp, BH, st);
+    case 3: return launch_bs_select<D, 3>(sp, BH, st);
+    default: return launch_bs_select<D, 4>(sp, BH, st);
+    }
 }
 
 } // namespace mi_cuda
@@ -134,9 +240,20 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
                        "sparse index is [%d, %d, %d], the call needs [%lld, %lld, %lld]",
                        index->batch, index->heads, index->row_blocks, (long long)s->batch,
                        (long long)s->heads_q, (long long)R);
-    const size_t smem = (size_t)(R + 4) * 4 + (size_t)s->head_dim * 4;
-    if (smem > 200 * 1024)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA block-sparse estimate: L too long");
+    int rows = bs_rows_per_cta(index->row_blocks);
+    /* MI_CUDA_BS_ROWS=N caps the row blocks per CTA, so that the tests reach each variant on
+     * short sequences */
+    if (const char *cap = getenv("MI_CUDA_BS_ROWS"))
+        if (atoi(cap) > 0) rows = std::min(rows, atoi(cap));
+    if (rows < 1)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "CUDA block-sparse estimate: %d row blocks do not fit shared memory "
+                       "(at most %d)",
+                       index->row_blocks, (int)(BS_SCORE_SMEM / sizeof(float)) - BS_MAX_ROWS - 3);
+    if (s->head_dim != 64 && s->head_dim != 128)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "CUDA block-sparse estimate: head_dim %lld (64 or 128)",
+                       (long long)s->head_dim);
     const int64_t BH = s->batch * s->heads_q, BHK = s->batch * s->heads_kv;
     if (R <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
     cudaStream_t stream = mi_stream(ctx);
@@ -183,13 +300,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         sp.top_k[h] = top_k[h];
         sp.active[h] = active ? active[h] : 1;
     }
-    cudaError_t e = cudaFuncSetAttribute(bs_select_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess) {
-        bs_select_kernel<<<dim3((unsigned)index->row_blocks, (unsigned)BH), BS_NT, smem, stream>>>(
-            sp);
-        e = cudaGetLastError();
-    }
+    cudaError_t e = s->head_dim == 64 ? launch_bs_select<64>(sp, rows, BH, stream)
+                                      : launch_bs_select<128>(sp, rows, BH, stream);
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA block-sparse estimate: %s",
                        cudaGetErrorString(e));
@@ -210,8 +322,8 @@ extern "C" mi_status mi_cuda_block_sparse_estimate(mi_context *ctx, const mi_att
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "CUDA estimate scratch: %s",
                        cudaGetErrorString(e));
-    mi_status st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, top_k, nullptr, 0, scratch,
-                                           index);
+    mi_status st =
+        mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, top_k, nullptr, 0, scratch, index);
     cudaFreeAsync(scratch, stream);
     return st;
 }

@@ -4,13 +4,14 @@
  *
  * Inputs: seeded random data and planted-structure data (sinks, heavy columns, slashes); awkward
  * shapes (L = 1, 63, 64, 65, 1000, 4099), GQA 1/4/8, D = 64/128, both layouts, batch 2 with
- * per-sequence lengths, budgets 0 / tiny / > L. GPU outputs are poisoned (all-ones bytes = NaN)
- * before every run, every output is scanned for NaN/Inf, and errors are judged per element
- * (atol + rtol |ref|) and as a relative L2 norm.
+ * per-sequence lengths, budgets 0 / tiny / > L, block-sparse estimation on rows of 2000+ blocks.
+ * GPU outputs are poisoned (all-ones bytes = NaN) before every run, every output is scanned for
+ * NaN/Inf, and errors are judged per element (atol + rtol |ref|) and as a relative L2 norm.
  *
  * Exit status: 0 pass, 1 fail, 77 skipped (no GPU or a build without CUDA).
  * Usage: test_cuda [--quick]   (--quick: a small subset, e.g. under compute-sanitizer)
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "minference.h"
 #include "minference_cuda.h"
 
@@ -751,6 +752,41 @@ static void test_block_sparse(const shape *s, int32_t topk) {
     inputs_free(&in);
 }
 
+/* Block-sparse estimation alone on long sequences (thousands of blocks per row: the select's
+ * narrowing pass and its fallback when many keys lie near the top), batch 2 of two lengths; with
+ * rows > 0 the CTAs take at most that many row blocks each. */
+static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows) {
+    char name[200], env[16];
+    const int32_t B = 2, H = 2, Hk = 1, R = (int32_t)((L + 63) / 64);
+    int32_t lens[2] = {(int32_t)L, (int32_t)(L * 3 / 5 + 1)};
+    pair q = pair_alloc(MI_DTYPE_BF16, B, H, L, D, 0);
+    pair k = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
+    pair v = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
+    fill_inputs(&q, &k, &v, 0);
+    int32_t tk[2] = {topk, topk / 2 + 1};
+    int32_t mb = topk < R ? topk : R;
+    sp_pair si;
+    sp_alloc(&si, B, H, R, mb, 1);
+    if (rows > 0) {
+        snprintf(env, sizeof env, "%d", rows);
+        setenv("MI_CUDA_BS_ROWS", env, 1);
+    }
+    MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
+    MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    unsetenv("MI_CUDA_BS_ROWS");
+    const int64_t idiff = sp_diff(&si);
+    const int64_t nrows = (int64_t)B * H * R;
+    snprintf(name, sizeof name,
+             "block_sparse_estimate long L%lld D%lld top %d rows/CTA %d differing %lld / %lld",
+             (long long)L, (long long)D, topk, rows, (long long)idiff, (long long)nrows);
+    check(idiff * 100 <= nrows, "index differs", name);
+    sp_free(&si);
+    pair_free(&q);
+    pair_free(&k);
+    pair_free(&v);
+}
+
 /* A whole layer with one pattern per head. `wide` budgets cover every key (estimation cannot
  * differ), otherwise structured inputs keep the estimate away from near-ties. */
 static void test_prefill(const shape *s, int wide, int use_workspace) {
@@ -932,6 +968,14 @@ int main(int argc, char **argv) {
     test_index_messy(1000, 40, 60, 1);
     test_index_messy(4099, 300, 700, 1);
     test_index_messy(70, 5, 8, 0);
+
+    /* block-sparse estimation on long rows: the select's narrowing pass and (top 2040 of more
+     * than 2048) its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA */
+    const int64_t Lb = quick ? 40000 : 140000;
+    test_block_sparse_long(Lb, 128, 100, 0);
+    test_block_sparse_long(Lb, 64, 100, 3);
+    test_block_sparse_long(Lb, 128, 2040, 1);
+    if (!quick) test_block_sparse_long(Lb, 128, 700, 2);
 
     printf("%s: %d passed, %d failed\n", g_fail ? "FAILED" : "OK", g_pass, g_fail);
     mi_context_destroy(g_gpu);
