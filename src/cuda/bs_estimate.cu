@@ -113,11 +113,12 @@ __global__ void __launch_bounds__(BS_NT)
         /* UNROLL groups of key rows in flight per warp: with one CTA per SM at 1M (its scores
          * fill shared memory), one group at a time kept about 2 TB/s of L2 reads in flight */
         constexpr int UNROLL = 4, STEP = 4 * (BS_NT / 32);
-        for (int j0 = 4 * warp + (lane >> 3); j0 < n_score; j0 += STEP * UNROLL) {
+        /* the loop bound is the warp's (the shuffles below need every lane) */
+        for (int j0 = 4 * warp; j0 < n_score; j0 += STEP * UNROLL) {
             float4 kv[UNROLL][PIECES];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                const int j = j0 + u * STEP;
+                const int j = j0 + u * STEP + (lane >> 3);
 #pragma unroll
                 for (int i = 0; i < PIECES; ++i)
                     kv[u][i] = j < n_score ? __ldg(kbase + (int64_t)j * (D / 4) + i * 8 + part)
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(BS_NT)
             }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                const int j = j0 + u * STEP;
+                const int j = j0 + u * STEP + (lane >> 3);
                 float acc[ROWS];
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
