@@ -62,8 +62,8 @@ constexpr size_t BS_SCORE_SMEM = 200 * 1024;
  * row, coalesced. Then, per row block, the top k: block_top_bin narrows the m + 1 keys to the
  * few near the top, the exact radix select and the in-order compaction run on those; where more
  * than BS_CANDIDATES lie there (k close to m), on all of them as before. */
-template <int D, int ROWS>
-__global__ void __launch_bounds__(BS_NT)
+template <int D, int ROWS, int UNROLL>
+__global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
     bs_select_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ float scores[]; /* [ROWS][stride] */
     __shared__ union {
@@ -110,9 +110,8 @@ __global__ void __launch_bounds__(BS_NT)
         const int bhk = b * (p.heads / p.group) + h / p.group;
         const float4 *kbase =
             reinterpret_cast<const float4 *>(p.kp + (int64_t)bhk * p.row_blocks * D);
-        /* UNROLL groups of key rows in flight per warp: with one CTA per SM at 1M (its scores
-         * fill shared memory), one group at a time kept about 2 TB/s of L2 reads in flight */
-        constexpr int UNROLL = 4, STEP = 4 * (BS_NT / 32);
+        /* UNROLL groups of key rows in flight per warp (see launch_bs_select) */
+        constexpr int STEP = 4 * (BS_NT / 32);
         /* the loop bound is the warp's (the shuffles below need every lane) */
         for (int j0 = 4 * warp; j0 < n_score; j0 += STEP * UNROLL) {
             float4 kv[UNROLL][PIECES];
@@ -199,11 +198,22 @@ static int bs_rows_per_cta(int64_t R) {
     return (int)std::min<int64_t>(BS_MAX_ROWS, (int64_t)BS_SCORE_SMEM / per);
 }
 
+/* Where the scores leave room for two CTAs per SM, the key rows go one group per warp at a time;
+ * where one CTA fills an SM's shared memory (about 512K and beyond), four groups are in flight
+ * per warp, at 150-174 registers. H200, one head, per-head estimate time (bench/results/
+ * 2026-11-30-gpu-bs-estimate-ab.json): 1M 12.0 ms with one group, 5.5 ms with four; 128K 0.125
+ * ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA. */
+constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
+
 template <int D, int ROWS>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
     const int64_t stride = ((int64_t)sp.idx_row_blocks + ROWS + 3) & ~(int64_t)3;
     const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
-    auto kern = bs_select_kernel<D, ROWS>;
+    bool four = smem > BS_TWO_CTA_SMEM;
+    /* MI_CUDA_BS_GROUPS=1 or 4 forces the choice (for the tests) */
+    if (const char *g = getenv("MI_CUDA_BS_GROUPS"))
+        if (atoi(g) == 1 || atoi(g) == 4) four = atoi(g) == 4;
+    auto kern = four ? bs_select_kernel<D, ROWS, 4> : bs_select_kernel<D, ROWS, 1>;
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
