@@ -200,9 +200,11 @@ static int bs_rows_per_cta(int64_t R) {
 
 /* Where the scores leave room for two CTAs per SM, the key rows go one group per warp at a time;
  * where one CTA fills an SM's shared memory (about 512K and beyond), four groups are in flight
- * per warp, at 150-174 registers. H200, one head, per-head estimate time (bench/results/
- * 2026-11-30-gpu-bs-estimate-ab.json): 1M 12.0 ms with one group, 5.5 ms with four; 128K 0.125
- * ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA. */
+ * per warp, at 150-168 registers. H200, per-head estimate time, builds in turn in one process
+ * (bench/results/2026-11-30-gpu-patterns-ab.json): 1M 12.0 ms with one group, 5.5-5.6 ms with
+ * four; 128K 0.113 ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA.
+ * (One CTA per row block, each thread reading a whole pooled key row, with a five-pass select:
+ * 0.30 ms at 128K, 23.6 ms at 1M.) */
 constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
 
 template <int D, int ROWS>
