@@ -51,31 +51,26 @@ struct bs_select_params {
 };
 
 constexpr int BS_NT = 256;
-constexpr int BS_MAX_ROWS = 6;      /* row blocks per CTA, at most (their pooled q in registers) */
+constexpr int BS_MAX_ROWS = 4;      /* row blocks per CTA, at most (their pooled q in registers) */
 constexpr int BS_CANDIDATES = 2048; /* the two-pass select's room for keys near the top */
-/* the scores' top halves for a CTA's row blocks: at most this much shared memory */
-constexpr size_t BS_SCORE_SMEM = 190 * 1024;
+/* the scores of a CTA's row blocks: at most this much shared memory */
+constexpr size_t BS_SCORE_SMEM = 200 * 1024;
 
 /* One CTA per `ROWS` adjacent row blocks of one (b, h), the longest first. The scores: the
  * pooled keys are read once for all ROWS row blocks (each was read once per row block, a CTA's
  * threads each reading a whole row: at 1M, 69 GB of L2 reads per head), eight lanes to a key
- * row, coalesced. Only the top 16 bits of each score's order key are kept (half the shared
- * memory of the scores, so more row blocks share each read): block_top_bin needs 12. Then, per
- * row block, the top k: block_top_bin narrows the m + 1 keys to the few near the top, whose
- * exact scores are computed again (a thread per key, from the pooled rows), and the exact
- * radix select and the in-order compaction run on those; where more than BS_CANDIDATES lie
- * there (k close to m), on all of them, each exact score computed where it is read. */
+ * row, coalesced. Then, per row block, the top k: block_top_bin narrows the m + 1 keys to the
+ * few near the top, the exact radix select and the in-order compaction run on those; where more
+ * than BS_CANDIDATES lie there (k close to m), on all of them as before. */
 template <int D, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
     bs_select_kernel(const __grid_constant__ bs_select_params p) {
-    extern __shared__ __align__(16) uint16_t top16[]; /* [ROWS][stride] */
+    extern __shared__ float scores[]; /* [ROWS][stride] */
     __shared__ union {
         select_smem sel;
         top_bin_smem top;
     } sm;
     __shared__ int cand[BS_CANDIDATES];
-    __shared__ uint32_t cand_key[BS_CANDIDATES];
-    __shared__ float qrow[ROWS][D];
     __shared__ typename cub::BlockScan<int, BS_NT>::TempStorage scan_tmp;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
@@ -96,13 +91,7 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
         kk[r] = k;
         if (k > 0 && k < n) n_score = n;
     }
-    const int stride = (m0 + ROWS + 7) & ~7;
-    const int bhk = b * (p.heads / p.group) + h / p.group;
-    const float4 *kbase = reinterpret_cast<const float4 *>(p.kp + (int64_t)bhk * p.row_blocks * D);
-    for (int i = threadIdx.x; i < ROWS * D; i += BS_NT)
-        qrow[i / D][i % D] =
-            p.qp[((int64_t)bh * p.row_blocks + min(m0 + i / D, p.row_blocks - 1)) * D + i % D];
-    __syncthreads();
+    const int stride = (m0 + ROWS + 3) & ~3;
 
     if (n_score > 0) {
         /* lane l of a warp: key row 4 w' + l / 8 of the warp's four, float4 pieces l % 8,
@@ -118,6 +107,9 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
 #pragma unroll
             for (int i = 0; i < PIECES; ++i) q[r][i] = qg[i * 8 + part];
         }
+        const int bhk = b * (p.heads / p.group) + h / p.group;
+        const float4 *kbase =
+            reinterpret_cast<const float4 *>(p.kp + (int64_t)bhk * p.row_blocks * D);
         /* UNROLL groups of key rows in flight per warp (see launch_bs_select) */
         constexpr int STEP = 4 * (BS_NT / 32);
         /* the loop bound is the warp's (the shuffles below need every lane) */
@@ -149,8 +141,7 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
                 if (part == 0 && j < n_score)
 #pragma unroll
                     for (int r = 0; r < ROWS; ++r)
-                        if (j <= m0 + r)
-                            top16[r * stride + j] = (uint16_t)(float_order_key(acc[r]) >> 16);
+                        if (j <= m0 + r) scores[r * stride + j] = acc[r];
             }
         }
         __syncthreads();
@@ -169,48 +160,33 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
             for (int j = threadIdx.x; j < n; j += BS_NT) off[j] = 64 * j;
             continue;
         }
-        const uint16_t *tk = top16 + r * stride;
-        /* the diagonal first, then block 0; ties: lower block first (the CPU reference's order) */
-        auto coarse = [&](int j) -> uint32_t {
-            if (j == m) return 0xffffffffu;
-            if (j == 0) return float_order_key(3.402823466e38f);
-            return (uint32_t)tk[j] << 16;
+        const float *sc = scores + r * stride;
+        auto key = [&](int j) -> uint32_t {
+            if (j == m) return 0xffffffffu;                      /* diagonal first */
+            if (j == 0) return float_order_key(3.402823466e38f); /* then block 0 */
+            return float_order_key(sc[j]);
         };
-        auto exact = [&](int j) -> uint32_t {
-            if (j == m) return 0xffffffffu;
-            if (j == 0) return float_order_key(3.402823466e38f);
-            const float4 *kr = kbase + (int64_t)j * (D / 4);
-            float acc = 0.f;
-#pragma unroll 8
-            for (int i = 0; i < D / 4; ++i) {
-                const float4 kv = __ldg(kr + i);
-                acc += kv.x * qrow[r][4 * i] + kv.y * qrow[r][4 * i + 1] +
-                       kv.z * qrow[r][4 * i + 2] + kv.w * qrow[r][4 * i + 3];
-            }
-            return float_order_key(acc);
-        };
+        /* ties: lower block first (the CPU reference's total order) */
         auto emit = [&](int j, int rank) { off[rank] = 64 * j; };
         int bin, n_cand;
-        block_top_bin<BS_NT>(coarse, n, k, sm.top, scan_tmp, bin, n_cand);
+        block_top_bin<BS_NT>(key, n, k, sm.top, scan_tmp, bin, n_cand);
         uint32_t thr = 0;
         int take_eq = 0, eq_total = 0;
         if (n_cand <= BS_CANDIDATES) {
-            /* the candidates, ascending: the keys in the bin or above, with their exact keys */
+            /* the candidates, ascending: the keys in the bin or above */
             block_compact<BS_NT, 4>(
-                coarse, n, bin == 0, ((uint32_t)bin << 20) - 1u, 0, 0, false,
+                key, n, bin == 0, ((uint32_t)bin << 20) - 1u, 0, 0, false,
                 [&](int j, int rank) { cand[rank] = j; }, scan_tmp);
             __syncthreads();
-            for (int i = threadIdx.x; i < n_cand; i += BS_NT) cand_key[i] = exact(cand[i]);
-            __syncthreads();
-            auto ckey = [&](int i) { return cand_key[i]; };
+            auto ckey = [&](int i) { return key(cand[i]); };
             const bool all = k >= n_cand;
             if (!all) block_radix_select<BS_NT>(ckey, n_cand, k, sm.sel, thr, take_eq, eq_total);
             block_compact<BS_NT, 4>(
                 ckey, n_cand, all, thr, take_eq, eq_total, false,
                 [&](int i, int rank) { off[rank] = 64 * cand[i]; }, scan_tmp);
         } else {
-            block_radix_select<BS_NT>(exact, n, k, sm.sel, thr, take_eq, eq_total);
-            block_compact<BS_NT, 4>(exact, n, false, thr, take_eq, eq_total, false, emit, scan_tmp);
+            block_radix_select<BS_NT>(key, n, k, sm.sel, thr, take_eq, eq_total);
+            block_compact<BS_NT, 4>(key, n, false, thr, take_eq, eq_total, false, emit, scan_tmp);
         }
         __syncthreads(); /* cand and the select's shared memory are reused by the next row */
     }
@@ -218,7 +194,7 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
 
 /* The row blocks per CTA for R row blocks: as many as fit BS_SCORE_SMEM (0: none fits). */
 static int bs_rows_per_cta(int64_t R) {
-    const int64_t per = (R + BS_MAX_ROWS + 7) * (int64_t)sizeof(uint16_t);
+    const int64_t per = (R + BS_MAX_ROWS + 3) * (int64_t)sizeof(float);
     return (int)std::min<int64_t>(BS_MAX_ROWS, (int64_t)BS_SCORE_SMEM / per);
 }
 
@@ -228,13 +204,15 @@ static int bs_rows_per_cta(int64_t R) {
  * (bench/results/2026-11-30-gpu-patterns-ab.json): 1M 12.0 ms with one group, 5.5-5.6 ms with
  * four; 128K 0.113 ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA.
  * (One CTA per row block, each thread reading a whole pooled key row, with a five-pass select:
- * 0.30 ms at 128K, 23.6 ms at 1M.) */
-constexpr size_t BS_TWO_CTA_SMEM = 76 * 1024;
+ * 0.30 ms at 128K, 23.6 ms at 1M.) Keeping only the top 16 bits of each score (six row blocks per
+ * CTA, five at 1M, the candidates' exact scores computed again) was tried: 1M 7 % faster, 128K
+ * 19 % slower; not kept. */
+constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
 
 template <int D, int ROWS>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
-    const int64_t stride = ((int64_t)sp.idx_row_blocks + ROWS + 7) & ~(int64_t)7;
-    const size_t smem = (size_t)(ROWS * stride) * sizeof(uint16_t);
+    const int64_t stride = ((int64_t)sp.idx_row_blocks + ROWS + 3) & ~(int64_t)3;
+    const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
     bool four = smem > BS_TWO_CTA_SMEM;
     /* MI_CUDA_BS_GROUPS=1 or 4 forces the choice (for the tests) */
     if (const char *g = getenv("MI_CUDA_BS_GROUPS"))
@@ -255,9 +233,7 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_
     case 1: return launch_bs_select<D, 1>(sp, BH, st);
     case 2: return launch_bs_select<D, 2>(sp, BH, st);
     case 3: return launch_bs_select<D, 3>(sp, BH, st);
-    case 4: return launch_bs_select<D, 4>(sp, BH, st);
-    case 5: return launch_bs_select<D, 5>(sp, BH, st);
-    default: return launch_bs_select<D, 6>(sp, BH, st);
+    default: return launch_bs_select<D, 4>(sp, BH, st);
     }
 }
 
@@ -298,8 +274,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA block-sparse estimate: %d row blocks do not fit shared memory "
                        "(at most %d)",
-                       index->row_blocks,
-                       (int)(BS_SCORE_SMEM / sizeof(uint16_t)) - BS_MAX_ROWS - 7);
+                       index->row_blocks, (int)(BS_SCORE_SMEM / sizeof(float)) - BS_MAX_ROWS - 3);
     if (s->head_dim != 64 && s->head_dim != 128)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA block-sparse estimate: head_dim %lld (64 or 128)",
