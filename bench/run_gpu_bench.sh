@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the library with CUDA, runs the GPU tests, then the attention benchmark against PyTorch
 # SDPA. Results (JSON + PNG) land in $RESULTS (default bench/results); logs in $LOGS.
-#   bench/run_gpu_bench.sh [--quick] [--no-test] [--sections dense,sparse,estimation,crossover]
+#   bench/run_gpu_bench.sh [--quick] [--no-test] [--sections dense,sparse,patterns,estimation,crossover]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""; TEST=1; SECTIONS="dense,sparse,estimation,crossover"
+QUICK=""; TEST=1; SECTIONS="dense,sparse,patterns,estimation,crossover"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK="--quick" ;;
@@ -60,4 +60,4 @@ if [ "$TEST" = 1 ]; then
 fi
 
 timeout 1500 python3 bench/torch_ref.py --lib build/libminference.so --out "$RESULTS" $QUICK \
-  --sections "$SECTIONS" 2>&1 | tee "$LOGS/bench.log" | grep -v "^dense {\|^sparse {\|^estimation {\|^crossover {"
+  --sections "$SECTIONS" 2>&1 | tee "$LOGS/bench.log" | grep -v "^dense {\|^sparse {\|^patterns {\|^estimation {\|^crossover {"
