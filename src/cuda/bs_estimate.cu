@@ -62,8 +62,8 @@ constexpr size_t BS_SCORE_SMEM = 200 * 1024;
  * row, coalesced. Then, per row block, the top k: block_top_bin narrows the m + 1 keys to the
  * few near the top, the exact radix select and the in-order compaction run on those; where more
  * than BS_CANDIDATES lie there (k close to m), on all of them as before. */
-template <int D, int ROWS, int UNROLL>
-__global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
+template <int D, int ROWS, int UNROLL, int NT>
+__global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
     bs_select_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ float scores[]; /* [ROWS][stride] */
     __shared__ union {
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
         top_bin_smem top;
     } sm;
     __shared__ int cand[BS_CANDIDATES];
-    __shared__ typename cub::BlockScan<int, BS_NT>::TempStorage scan_tmp;
+    __shared__ typename cub::BlockScan<int, NT>::TempStorage scan_tmp;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
         const float4 *kbase =
             reinterpret_cast<const float4 *>(p.kp + (int64_t)bhk * p.row_blocks * D);
         /* UNROLL groups of key rows in flight per warp (see launch_bs_select) */
-        constexpr int STEP = 4 * (BS_NT / 32);
+        constexpr int STEP = 4 * (NT / 32);
         /* the loop bound is the warp's (the shuffles below need every lane) */
         for (int j0 = 4 * warp; j0 < n_score; j0 += STEP * UNROLL) {
             float4 kv[UNROLL][PIECES];
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
         }
         if (k <= 0) continue;
         if (k >= n) {
-            for (int j = threadIdx.x; j < n; j += BS_NT) off[j] = 64 * j;
+            for (int j = threadIdx.x; j < n; j += NT) off[j] = 64 * j;
             continue;
         }
         const float *sc = scores + r * stride;
@@ -169,24 +169,24 @@ __global__ void __launch_bounds__(BS_NT, UNROLL == 1 ? 2 : 1)
         /* ties: lower block first (the CPU reference's total order) */
         auto emit = [&](int j, int rank) { off[rank] = 64 * j; };
         int bin, n_cand;
-        block_top_bin<BS_NT>(key, n, k, sm.top, scan_tmp, bin, n_cand);
+        block_top_bin<NT>(key, n, k, sm.top, scan_tmp, bin, n_cand);
         uint32_t thr = 0;
         int take_eq = 0, eq_total = 0;
         if (n_cand <= BS_CANDIDATES) {
             /* the candidates, ascending: the keys in the bin or above */
-            block_compact<BS_NT, 4>(
+            block_compact<NT, 4>(
                 key, n, bin == 0, ((uint32_t)bin << 20) - 1u, 0, 0, false,
                 [&](int j, int rank) { cand[rank] = j; }, scan_tmp);
             __syncthreads();
             auto ckey = [&](int i) { return key(cand[i]); };
             const bool all = k >= n_cand;
-            if (!all) block_radix_select<BS_NT>(ckey, n_cand, k, sm.sel, thr, take_eq, eq_total);
-            block_compact<BS_NT, 4>(
+            if (!all) block_radix_select<NT>(ckey, n_cand, k, sm.sel, thr, take_eq, eq_total);
+            block_compact<NT, 4>(
                 ckey, n_cand, all, thr, take_eq, eq_total, false,
                 [&](int i, int rank) { off[rank] = 64 * cand[i]; }, scan_tmp);
         } else {
-            block_radix_select<BS_NT>(key, n, k, sm.sel, thr, take_eq, eq_total);
-            block_compact<BS_NT, 4>(key, n, false, thr, take_eq, eq_total, false, emit, scan_tmp);
+            block_radix_select<NT>(key, n, k, sm.sel, thr, take_eq, eq_total);
+            block_compact<NT, 4>(key, n, false, thr, take_eq, eq_total, false, emit, scan_tmp);
         }
         __syncthreads(); /* cand and the select's shared memory are reused by the next row */
     }
@@ -198,31 +198,35 @@ static int bs_rows_per_cta(int64_t R) {
     return (int)std::min<int64_t>(BS_MAX_ROWS, (int64_t)BS_SCORE_SMEM / per);
 }
 
-/* Where the scores leave room for two CTAs per SM, the key rows go one group per warp at a time;
- * where one CTA fills an SM's shared memory (about 512K and beyond), four groups are in flight
- * per warp, at 150-168 registers. H200, per-head estimate time, builds in turn in one process
- * (bench/results/2026-11-30-gpu-patterns-ab.json): 1M 12.0 ms with one group, 5.5-5.6 ms with
- * four; 128K 0.113 ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA.
- * (One CTA per row block, each thread reading a whole pooled key row, with a five-pass select:
- * 0.30 ms at 128K, 23.6 ms at 1M.) Keeping only the top 16 bits of each score (six row blocks per
- * CTA, five at 1M, the candidates' exact scores computed again) was tried: 1M 7 % faster, 128K
- * 19 % slower; not kept. */
+/* Where the scores leave room for two CTAs per SM, CTAs of 256 threads with one group of key rows
+ * in flight per warp; where one CTA fills an SM's shared memory (about 512K and beyond), the
+ * wide variant: 512 threads, two groups in flight per warp (at most 128 registers). H200,
+ * per-head estimate time, builds in turn in one process (bench/results/2026-11-30-gpu-patterns-
+ * ab.json): at 1M, 256 threads with one group 12.0 ms, with four groups 5.5-5.6 ms (Nsight
+ * Compute: 12.5 % occupancy, L2 29 %, SM 34 %, latency bound); 128K 0.113 ms with one group and
+ * two CTAs per SM, 0.163 ms with four groups and one CTA. (One CTA per row block, each thread
+ * reading a whole pooled key row, with a five-pass select: 0.30 ms at 128K, 23.6 ms at 1M.)
+ * Keeping only the top 16 bits of each score (six row blocks per CTA, five at 1M, the
+ * candidates' exact scores computed again) was tried: 1M 7 % faster, 128K 19 % slower; not
+ * kept. */
 constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
+constexpr int BS_WIDE_NT = 512;
 
 template <int D, int ROWS>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
     const int64_t stride = ((int64_t)sp.idx_row_blocks + ROWS + 3) & ~(int64_t)3;
     const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
-    bool four = smem > BS_TWO_CTA_SMEM;
-    /* MI_CUDA_BS_GROUPS=1 or 4 forces the choice (for the tests) */
-    if (const char *g = getenv("MI_CUDA_BS_GROUPS"))
-        if (atoi(g) == 1 || atoi(g) == 4) four = atoi(g) == 4;
-    auto kern = four ? bs_select_kernel<D, ROWS, 4> : bs_select_kernel<D, ROWS, 1>;
+    bool wide = smem > BS_TWO_CTA_SMEM;
+    /* MI_CUDA_BS_WIDE=0 or 1 forces the choice (for the tests) */
+    if (const char *w = getenv("MI_CUDA_BS_WIDE"))
+        if (w[0] == '0' || w[0] == '1') wide = w[0] == '1';
+    auto kern =
+        wide ? bs_select_kernel<D, ROWS, 2, BS_WIDE_NT> : bs_select_kernel<D, ROWS, 1, BS_NT>;
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const unsigned ctas = (unsigned)((sp.idx_row_blocks + ROWS - 1) / ROWS);
-    kern<<<dim3(ctas, (unsigned)BH), BS_NT, smem, st>>>(sp);
+    kern<<<dim3(ctas, (unsigned)BH), wide ? BS_WIDE_NT : BS_NT, smem, st>>>(sp);
     return cudaGetLastError();
 }
 

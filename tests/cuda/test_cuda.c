@@ -755,7 +755,7 @@ static void test_block_sparse(const shape *s, int32_t topk) {
 /* Block-sparse estimation alone on long sequences (thousands of blocks per row: the select's
  * narrowing pass and its fallback when many keys lie near the top), batch 2 of two lengths; with
  * rows > 0 the CTAs take at most that many row blocks each. */
-static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int groups) {
+static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int wide) {
     char name[200], env[16];
     const int32_t B = 2, H = 2, Hk = 1, R = (int32_t)((L + 63) / 64);
     int32_t lens[2] = {(int32_t)L, (int32_t)(L * 3 / 5 + 1)};
@@ -771,21 +771,18 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
         snprintf(env, sizeof env, "%d", rows);
         setenv("MI_CUDA_BS_ROWS", env, 1);
     }
-    if (groups > 0) {
-        snprintf(env, sizeof env, "%d", groups);
-        setenv("MI_CUDA_BS_GROUPS", env, 1);
-    }
+    if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     unsetenv("MI_CUDA_BS_ROWS");
-    unsetenv("MI_CUDA_BS_GROUPS");
+    unsetenv("MI_CUDA_BS_WIDE");
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
     snprintf(name, sizeof name,
-             "block_sparse_estimate long L%lld D%lld top %d rows/CTA %d groups %d differing %lld / "
+             "block_sparse_estimate long L%lld D%lld top %d rows/CTA %d wide %d differing %lld / "
              "%lld",
-             (long long)L, (long long)D, topk, rows, groups, (long long)idiff, (long long)nrows);
+             (long long)L, (long long)D, topk, rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
     pair_free(&q);
@@ -976,14 +973,14 @@ int main(int argc, char **argv) {
     test_index_messy(70, 5, 8, 0);
 
     /* block-sparse estimation on long rows: the select's narrowing pass and (top 2040 of more
-     * than 2048) its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA and one
-     * (the default here) or four groups of key rows in flight per warp */
+     * than 2048) its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA, in
+     * CTAs of 256 threads (the default here) and in the wide ones of 512 */
     const int64_t Lb = quick ? 40000 : 140000;
-    test_block_sparse_long(Lb, 128, 100, 0, 0);
-    test_block_sparse_long(Lb, 128, 100, 0, 4);
-    test_block_sparse_long(Lb, 64, 100, 3, 4);
-    test_block_sparse_long(Lb, 128, 2040, 1, 0);
-    if (!quick) test_block_sparse_long(Lb, 128, 700, 2, 4);
+    test_block_sparse_long(Lb, 128, 100, 0, -1);
+    test_block_sparse_long(Lb, 128, 100, 0, 1);
+    test_block_sparse_long(Lb, 64, 100, 3, 1);
+    test_block_sparse_long(Lb, 128, 2040, 1, -1);
+    if (!quick) test_block_sparse_long(Lb, 128, 700, 2, 1);
 
     printf("%s: %d passed, %d failed\n", g_fail ? "FAILED" : "OK", g_pass, g_fail);
     mi_context_destroy(g_gpu);
