@@ -203,12 +203,12 @@ static int bs_rows_per_cta(int64_t R) {
  * wide variant: 512 threads, two groups in flight per warp (at most 128 registers). H200,
  * per-head estimate time, builds in turn in one process (bench/results/2026-11-30-gpu-patterns-
  * ab.json): at 1M, 256 threads with one group 12.0 ms, with four groups 5.5-5.6 ms (Nsight
- * Compute: 12.5 % occupancy, L2 29 %, SM 34 %, latency bound); 128K 0.113 ms with one group and
- * two CTAs per SM, 0.163 ms with four groups and one CTA. (One CTA per row block, each thread
- * reading a whole pooled key row, with a five-pass select: 0.30 ms at 128K, 23.6 ms at 1M.)
- * Keeping only the top 16 bits of each score (six row blocks per CTA, five at 1M, the
- * candidates' exact scores computed again) was tried: 1M 7 % faster, 128K 19 % slower; not
- * kept. */
+ * Compute: 12.5 % occupancy, L2 29 %, SM 34 %, latency bound), the wide variant 4.5-4.6 ms;
+ * 128K 0.113 ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA. (One
+ * CTA per row block, each thread reading a whole pooled key row, with a five-pass select: 0.30 ms
+ * at 128K, 23.6 ms at 1M.) Keeping only the top 16 bits of each score (six row blocks per CTA,
+ * five at 1M, the candidates' exact scores computed again) was tried: 1M 7 % faster, 128K 19 %
+ * slower; not kept. */
 constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
 constexpr int BS_WIDE_NT = 512;
 
