@@ -581,33 +581,36 @@ def plot(res, path):
     fig.savefig(path, dpi=110)
 
 
+def print_rows(rows, cols):
+    """A right-aligned table: cols are (title, width, format, key of a row); a missing value
+    prints as nan."""
+    print(" ".join(f"{title:>{w}}" for title, w, _, _ in cols))
+    for r in rows:
+        print(" ".join(format(float("nan") if r.get(key) is None else r[key], f">{w}{spec}")
+                       for _, w, spec, key in cols))
+
+
 def table(res):
     print()
     print(f"{res['gpu']}  commit {res['commit']}  {res['features']}")
     if res.get("dense"):
-        print(f"{'dense L':>9} {'H':>3} {'ours ms/h':>10} {'TF/s':>6} {'cuDNN ms/h':>11} "
-              f"{'TF/s':>6} {'flash TF/s':>10} {'ours/cuDNN':>10}")
-        for r in res["dense"]:
-            print(f"{r['L']:>9} {r['heads']:>3} {r['ours_ms_per_head']:>10.3f} "
-                  f"{r['ours_tflops']:>6.0f} {r.get('cudnn_ms_per_head', float('nan')):>11.3f} "
-                  f"{r.get('cudnn_tflops', float('nan')):>6.0f} "
-                  f"{r.get('flash_tflops', float('nan')):>10.0f} "
-                  f"{r.get('ratio_to_cudnn', float('nan')):>10.2f}")
+        print_rows(res["dense"], [
+            ("dense L", 9, "", "L"), ("H", 3, "", "heads"),
+            ("ours ms/h", 10, ".3f", "ours_ms_per_head"), ("TF/s", 6, ".0f", "ours_tflops"),
+            ("cuDNN ms/h", 11, ".3f", "cudnn_ms_per_head"), ("TF/s", 6, ".0f", "cudnn_tflops"),
+            ("flash TF/s", 10, ".0f", "flash_tflops"), ("ours/cuDNN", 10, ".2f", "ratio_to_cudnn")])
     if res.get("sparse"):
-        print(f"{'sparse L':>9} {'set':>6} {'ms/head':>8} {'eff TF/s':>8} {'index ms':>9} "
-              f"{'keys/row':>8}")
-        for r in res["sparse"]:
-            print(f"{r['L']:>9} {r['set']:>6} {r['kernel_ms_per_head']:>8.3f} "
-                  f"{r['effective_tflops']:>8.0f} {r['index_ms']:>9.3f} {r['keys_per_row']:>8.0f}")
+        print_rows(res["sparse"], [
+            ("sparse L", 9, "", "L"), ("set", 6, "", "set"),
+            ("ms/head", 8, ".3f", "kernel_ms_per_head"), ("eff TF/s", 8, ".0f", "effective_tflops"),
+            ("index ms", 9, ".3f", "index_ms"), ("keys/row", 8, ".0f", "keys_per_row")])
     if res.get("patterns"):
-        print(f"{'pattern L':>9} {'pattern':>12} {'inputs':>14} {'ms/head':>8} {'eff TF/s':>8} "
-              f"{'est ms/h':>8} {'orig ms/h':>9} {'speed-up':>8}")
-        for r in res["patterns"]:
-            print(f"{r['L']:>9} {r['pattern']:>12} {r['inputs']:>14} "
-                  f"{r['kernel_ms_per_head']:>8.3f} {r['effective_tflops']:>8.0f} "
-                  f"{r.get('estimate_ms_per_head') or float('nan'):>8.3f} "
-                  f"{r['original_kernel_ms_per_head'] or float('nan'):>9.2f} "
-                  f"{r['speedup_vs_original'] or float('nan'):>8.2f}")
+        print_rows(res["patterns"], [
+            ("pattern L", 9, "", "L"), ("pattern", 12, "", "pattern"), ("inputs", 14, "", "inputs"),
+            ("ms/head", 8, ".3f", "kernel_ms_per_head"), ("eff TF/s", 8, ".0f", "effective_tflops"),
+            ("est ms/h", 8, ".3f", "estimate_ms_per_head"),
+            ("orig ms/h", 9, ".2f", "original_kernel_ms_per_head"),
+            ("speed-up", 8, ".2f", "speedup_vs_original")])
     for r in res.get("estimation", []):
         print(f"estimation L {r['L']} H {r['heads']}: estimate {r['estimate_ms']:.2f} ms, index "
               f"{r['index_ms']:.2f} ms, prefill {r['prefill_ms']:.2f} ms "
