@@ -337,6 +337,15 @@ def a_shape_keys(L, n_init, n_local):
     return int(((i + 1 - lo) + lo.clamp(max=n_init)).sum().item())
 
 
+def pattern_timing(pattern, L, H, t, pairs):
+    """A patterns row's timing fields: kernel time t (ms, all H heads) over (row, key) pairs,
+    against the original kernel's time where BENCHMARKS.md has one."""
+    orig = ORIGINAL_MS.get((pattern, L))
+    return {"kernel_ms_per_head": t / H, "effective_tflops": 4.0 * 128 * pairs / t / 1e9,
+            "keys_per_row": pairs / (H * L), "original_kernel_ms_per_head": orig,
+            "speedup_vs_original": orig / (t / H) if orig else None}
+
+
 def bench_block_sparse(lib, L, H, Hk, inputs, reps):
     """Block-sparse top-100 (spec: 64-row mean pooling, block-causal top-k): estimation and
     kernel timed apart. inputs "random" (scattered blocks) or "position-coded" (near-diagonal
@@ -358,13 +367,9 @@ def bench_block_sparse(lib, L, H, Hk, inputs, reps):
 
     t_est = time_cuda(est, reps)
     t = time_cuda(run, reps)
-    pairs = keys_visited(sbuf, H, L, BS_TOP_K, 1)
-    orig = ORIGINAL_MS[("block_sparse", L)] if ("block_sparse", L) in ORIGINAL_MS else None
     return {"L": L, "heads": H, "pattern": "block_sparse", "top_k": BS_TOP_K, "inputs": inputs,
-            "kernel_ms_per_head": t / H, "estimate_ms_per_head": t_est / H,
-            "effective_tflops": 4.0 * 128 * pairs / t / 1e9, "keys_per_row": pairs / (H * L),
-            "original_kernel_ms_per_head": orig,
-            "speedup_vs_original": orig / (t / H) if orig else None}
+            "estimate_ms_per_head": t_est / H,
+            **pattern_timing("block_sparse", L, H, t, keys_visited(sbuf, H, L, BS_TOP_K, 1))}
 
 
 def bench_a_shape(lib, L, H, Hk, reps):
@@ -379,13 +384,9 @@ def bench_a_shape(lib, L, H, Hk, reps):
                                              C.byref(do_), None), "a-shape")
 
     t = time_cuda(run, reps)
-    pairs = H * a_shape_keys(L, A_INIT, A_LOCAL)
-    orig = ORIGINAL_MS[("a_shape", L)] if ("a_shape", L) in ORIGINAL_MS else None
     return {"L": L, "heads": H, "pattern": "a_shape", "n_init": A_INIT, "n_local": A_LOCAL,
-            "inputs": "random", "kernel_ms_per_head": t / H,
-            "effective_tflops": 4.0 * 128 * pairs / t / 1e9, "keys_per_row": pairs / (H * L),
-            "original_kernel_ms_per_head": orig,
-            "speedup_vs_original": orig / (t / H) if orig else None}
+            "inputs": "random",
+            **pattern_timing("a_shape", L, H, t, H * a_shape_keys(L, A_INIT, A_LOCAL))}
 
 
 def prefill_call(lib, q, k, v, o, H, dense_below, vsz=1000, ssz=6096):

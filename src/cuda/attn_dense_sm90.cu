@@ -87,24 +87,18 @@ __global__ void __launch_bounds__(384, 1)
     if (wgi == 0) {
         setmaxnreg_dec<24>();
         if (tid != 0) return;
-        mbar_expect_tx(q_full, DS_TILE);
-        tma_load_4d(smem_addr(qs), &a.tm_q, 0, rs, h, b, q_full);
-        tma_load_4d(smem_addr(qs) + DS_HALF, &a.tm_q, 64, rs, h, b, q_full);
+        tma_load_tile128(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
         for (int t = 0; t < n_tiles; ++t) {
             const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * DS_TILE, vd = smem_addr(vs) + slot * DS_TILE;
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(k_empty + slot, par)) {
                 }
-            mbar_expect_tx(k_full + slot, DS_TILE);
-            tma_load_4d(kd, &a.tm_k, 0, t * DS_BN, hk, b, k_full + slot);
-            tma_load_4d(kd + DS_HALF, &a.tm_k, 64, t * DS_BN, hk, b, k_full + slot);
+            tma_load_tile128(kd, &a.tm_k, t * DS_BN, hk, b, k_full + slot);
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(v_empty + slot, par)) {
                 }
-            mbar_expect_tx(v_full + slot, DS_TILE);
-            tma_load_4d(vd, &a.tm_v, 0, t * DS_BN, hk, b, v_full + slot);
-            tma_load_4d(vd + DS_HALF, &a.tm_v, 64, t * DS_BN, hk, b, v_full + slot);
+            tma_load_tile128(vd, &a.tm_v, t * DS_BN, hk, b, v_full + slot);
         }
         return;
     }

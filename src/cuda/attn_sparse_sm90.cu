@@ -414,10 +414,7 @@ __global__ void __launch_bounds__(384, 1)
             if (k >= 2)
                 while (!mbar_try_wait(q_empty + qb, ((k >> 1) - 1) & 1)) {
                 }
-            mbar_expect_tx(q_full + qb, SP_TILE);
-            for (int i = 0; i < 2; ++i)
-                tma_load_4d(smem_addr(qs) + qb * SP_TILE + i * SP_HALF, &a.tm_q, i * 64, it.rs, h,
-                            b, q_full + qb);
+            tma_load_tile128(smem_addr(qs) + qb * SP_TILE, &a.tm_q, it.rs, h, b, q_full + qb);
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
          * planners read them, then its column lists), by warps 1-3: not on warp 0's path */
@@ -563,14 +560,14 @@ __global__ void __launch_bounds__(384, 1)
                 /* K or V of the tile (lane 0): the run, or each range */
                 auto load = [&](uint32_t dst, const CUtensorMap *run_map, const CUtensorMap *map,
                                 uint64_t *bar) {
+                    if (run) {
+                        tma_load_tile128(dst, run_map, ro[0], hk, b, bar);
+                        return;
+                    }
                     mbar_expect_tx(bar, SP_TILE);
-                    if (run)
-                        for (int i = 0; i < 2; ++i)
-                            tma_load_4d(dst + i * SP_HALF, run_map, i * 64, ro[0], hk, b, bar);
-                    else
-                        for (int i = 0; i < 4; ++i)
-                            tma_load_4d(dst + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, map,
-                                        (i & 1) * 64, ro[i >> 1], hk, b, bar);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(dst + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, map,
+                                    (i & 1) * 64, ro[i >> 1], hk, b, bar);
                 };
                 if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
                 if (lane == 0) {
@@ -653,17 +650,9 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 named_barrier_sync(3, 128); /* the header is written before the K barrier's arrive */
-                if (tid == 0) {
-                    mbar_expect_tx(k_full + slot, SP_TILE);
-                    for (int i = 0; i < 2; ++i)
-                        tma_load_4d(kd + i * SP_HALF, &a.tm_kc, i * 64, p0, it.bh, 0, k_full + slot);
-                }
+                if (tid == 0) tma_load_tile128(kd, &a.tm_kc, p0, it.bh, 0, k_full + slot);
                 if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
-                if (tid == 0) {
-                    mbar_expect_tx(v_full + slot, SP_TILE);
-                    for (int i = 0; i < 2; ++i)
-                        tma_load_4d(vd + i * SP_HALF, &a.tm_vc, i * 64, p0, it.bh, 0, v_full + slot);
-                }
+                if (tid == 0) tma_load_tile128(vd, &a.tm_vc, p0, it.bh, 0, v_full + slot);
                 if (last) {
                     ++t;
                     break;

@@ -19,6 +19,20 @@ __device__ __forceinline__ uint32_t float_order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Adds one to hist[bin_of(i)] for each i < n whose bin is not negative, over the block. Values of
+ * one vector share their top bits, so most keys land in a few bins: lanes with the same bin are
+ * merged (match_any) and one of them adds the count, instead of up to 32 serialised atomics on
+ * one address. */
+template <int NT, typename BinFn>
+__device__ __forceinline__ void block_histogram(BinFn bin_of, int n, int *hist) {
+    const int n_round = (n + NT - 1) / NT * NT; /* every lane of a warp reaches match_any */
+    for (int i = threadIdx.x; i < n_round; i += NT) {
+        const int bin = i < n ? bin_of(i) : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+    }
+}
+
 struct select_smem {
     int hist[256];
     int bin, above, eq_total;
@@ -35,20 +49,12 @@ __device__ void block_radix_select(KeyFn key, int n, int k, select_smem &sm, uin
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += NT) sm.hist[i] = 0;
         __syncthreads();
-        /* Values of one vector share their top bits, so most keys land in a few bins: lanes
-         * with the same bin are merged (match_any) and one of them adds the count, instead of
-         * up to 32 serialised atomics on one address. */
-        const int n_round = (n + NT - 1) / NT * NT;
-        for (int i = tid; i < n_round; i += NT) {
-            int bin = -1;
-            if (i < n) {
+        block_histogram<NT>(
+            [&](int i) {
                 const uint32_t u = key(i);
-                if ((u & mask) == prefix) bin = (int)((u >> shift) & 255u);
-            }
-            const unsigned same = __match_any_sync(0xffffffffu, bin);
-            if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1)
-                atomicAdd(&sm.hist[bin], __popc(same));
-        }
+                return (u & mask) == prefix ? (int)((u >> shift) & 255u) : -1;
+            },
+            n, sm.hist);
         __syncthreads();
         if (tid < 32) {
             const int lane = tid;
@@ -109,12 +115,7 @@ __device__ void block_top_bin(KeyFn key, int n, int k, top_bin_smem &sm, ScanTmp
     const int tid = threadIdx.x;
     for (int i = tid; i < TOP_BINS; i += NT) sm.hist[i] = 0;
     __syncthreads();
-    const int n_round = (n + NT - 1) / NT * NT;
-    for (int i = tid; i < n_round; i += NT) {
-        const int b = i < n ? (int)(key(i) >> 20) : -1;
-        const unsigned same = __match_any_sync(0xffffffffu, b);
-        if (b >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&sm.hist[b], __popc(same));
-    }
+    block_histogram<NT>([&](int i) { return (int)(key(i) >> 20); }, n, sm.hist);
     __syncthreads();
     /* thread t owns bins TOP_BINS - 1 - PER t .. - PER + 1; a scan of their sums in that order
      * finds the bin where the count from the top reaches k */
