@@ -1,8 +1,9 @@
 /*
- * attn_sparse_sm90.cu: the Hopper (sm_90a) sparse attention kernel, D = 128, for launches whose
- * every head consumes the block index (vertical-slash and block-sparse layers, the benchmark's
- * index sets) and whose sequences all have the full length; everything else runs the ring
- * kernel of attn_fwd_sm90.cu.
+ * attn_sparse_sm90.cu: the Hopper (sm_90a) sparse attention kernel, D = 128, for the heads of a
+ * launch that consume the block index with band-like ranges (vertical-slash and block-sparse
+ * heads, chosen on the device) and for its A-shape heads (their sinks and window generated as
+ * ranges), where the sequences all have the full length; everything else runs the ring kernel
+ * of attn_fwd_sm90.cu.
  *
  * The structure of the dense kernel (attn_dense_sm90.cu) applied to two adjacent 64-row blocks
  * A and B of the index at once, so that the tiles both use are loaded once:
@@ -115,6 +116,16 @@
  *   a per-thread flag put the tile loop in divergent code, where every wgmma descriptor went
  *   through R2UR: 12 % more consumer instructions), then, broadcast, still 2-3 % slower (local
  *   1M 548-550 -> 530-533; the first tile's step is a second copy of the consumer code); not kept.
+ *   A-shape heads (sinks + window, no dense last rows) moved here from the ring kernel: the
+ *   producer generates each block's pieces (ashape_starts: the same tiles plan_tiles gives the
+ *   ring kernel), so that a window's pieces are shared tiles but for its two ends, and the
+ *   consumers also mask the keys left of the window in the pieces it cuts (a second branch,
+ *   after the causal one, so that the other heads' mask path is unchanged). 128 + 4096 on the
+ *   H200: 128K 0.615 -> 0.519-0.524 ms per head (454 -> 532-537 TFLOP/s, 1.8x the original
+ *   kernel), 1M 5.03-5.11 -> 4.29-4.31 ms (443-450 -> 525-528). A column tile of the copies
+ *   whose block's list ends in its first half is computed as that half alone (S over 64 keys):
+ *   small 128K 429-432 -> 440-441, local unchanged
+ *   (bench/results/2026-11-30-gpu-a-shape-ws-ab.json).
  */
 #include "sm90_common.cuh"
 
@@ -140,7 +151,9 @@ struct sparse_sm90_args {
     float scale_log2;
     int pairs;         /* row-block pairs per (b, h) */
     int max_items;     /* pairs x B x H */
-    const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items */
+    const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items;
+                              * WS_A_SHAPE marks an A-shape head */
+    int a_init, a_local;     /* the sinks and window of the A-shape heads routed here */
     /* The columns of each (b, h)'s last row block, copied (K and V rows in list order) by
      * sparse_route_kernel, for row blocks whose lists are a prefix of that one (see the tile
      * loop): tm_kc / tm_vc as (d, position, b * heads + h, 1), boxes of 128 positions;
@@ -170,6 +183,10 @@ struct tile_header {
     uint8_t kusers[128]; /* and the row blocks that use it */
 };
 
+/* A list entry of ws_heads for an A-shape head: its ranges are its sinks and window, generated
+ * instead of read from the index (see ashape_starts), and it has no columns */
+constexpr int WS_A_SHAPE = 1 << 30;
+
 /* range starts of A and B staged in shared memory for the producer's merge, then their columns */
 constexpr int SP_STAGED = 1024, SP_CSTAGED = 2048;
 
@@ -192,12 +209,30 @@ static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA m
 
 #ifdef MI_SM90_DEVICE
 /* Range starts of row blocks A and B: staged in shared memory (up to SP_STAGED each), the rest
- * read from the index. */
+ * read from the index; or, for an A-shape head (g == nullptr), generated: the sink pieces
+ * 0, 64, .. then the window's from 64 win0. */
 struct staged_list {
     const int32_t *sm, *g;
     int n;
-    __device__ int at(int i) const { return i < SP_STAGED ? sm[i] : __ldg(g + i); }
+    int sinks = 0, win0 = 0;
+    __device__ int at(int i) const {
+        if (!g) return (i < sinks ? i : win0 + i - sinks) * 64;
+        return i < SP_STAGED ? sm[i] : __ldg(g + i);
+    }
 };
+
+/* The 64-key pieces that the 64 rows from rs see under A-shape (sinks [0, n_init), window of
+ * n_local keys up to the row): the same tiles as plan_tiles gives the ring kernel. */
+__device__ __forceinline__ staged_list ashape_starts(int rs, int len, int n_init, int n_local) {
+    staged_list l{nullptr, nullptr, 0};
+    if (rs >= len) return l;
+    const int last_tile = (min(rs + 64, len) - 1) / 64;
+    l.sinks = min((min(n_init, len) + 63) / 64, last_tile + 1);
+    l.win0 = l.sinks;
+    if (n_local > 0) l.win0 = max(l.sinks, max(0, rs - n_local + 1) / 64);
+    l.n = l.sinks + (n_local > 0 ? max(0, last_tile - l.win0 + 1) : 0);
+    return l;
+}
 
 /* Whether list[0, n) holds key, comparing entries & mask (strictly ascending so). */
 __device__ __forceinline__ bool sorted_contains(const int32_t *list, int n, int key,
@@ -306,12 +341,14 @@ __global__ void __launch_bounds__(384, 1)
     struct item {
         int pair, bh, b, h, hk, rs;
         int64_t row_a;
-        bool has_b;
+        bool has_b, ashape;
     };
     auto item_of = [&](int w) {
         item it;
         it.pair = a.pairs - 1 - w % a.pairs;
-        it.bh = __ldg(a.ws_heads + 1 + w / a.pairs);
+        const int entry = __ldg(a.ws_heads + 1 + w / a.pairs);
+        it.ashape = (entry & WS_A_SHAPE) != 0;
+        it.bh = entry & ~WS_A_SHAPE;
         it.b = it.bh / a.heads;
         it.h = it.bh % a.heads;
         it.hk = it.h / a.group;
@@ -357,15 +394,28 @@ __global__ void __launch_bounds__(384, 1)
         };
         /* an item's count from the index, clamped to what the index holds (0 for a missing B) */
         auto count_at = [&](const int32_t *counts, const item &n, int r, int most) {
+            if (n.ashape) return 0; /* no columns (and no index) */
             return r == 0 || n.has_b ? min(max(__ldg(counts + n.row_a + r), 0), most) : 0;
+        };
+        /* an item's range starts: A's and B's lists of the index (starts staged or not), or
+         * generated for an A-shape head */
+        auto range_lists = [&](const item &n, staged_list &la, staged_list &lb) {
+            if (n.ashape) {
+                la = ashape_starts(n.rs, a.len, a.a_init, a.a_local);
+                lb = ashape_starts(n.rs + 64, a.len, a.a_init, a.a_local);
+                return;
+            }
+            const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
+            la = {staged, offs, count_at(a.block_count, n, 0, a.max_blocks)};
+            lb = {staged + SP_STAGED, offs + a.max_blocks, count_at(a.block_count, n, 1, a.max_blocks)};
         };
         auto plan_item = [&](int w, range_plan &pl) {
             const item n = item_of(w);
-            const int na = count_at(a.block_count, n, 0, a.max_blocks);
-            const int nb = count_at(a.block_count, n, 1, a.max_blocks);
-            const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
-            const bool fit = na <= SP_STAGED && nb <= SP_STAGED;
-            if (fit) stage_starts(tid - 32, 96, offs, na, nb);
+            staged_list la, lb;
+            range_lists(n, la, lb);
+            const int na = la.n, nb = lb.n;
+            const bool fit = n.ashape || (na <= SP_STAGED && nb <= SP_STAGED);
+            if (fit && !n.ashape) stage_starts(tid - 32, 96, la.g, na, nb);
             named_barrier_sync(4, 96);
             if (tid == 32) {
                 pl.count[0] = na;
@@ -375,8 +425,7 @@ __global__ void __launch_bounds__(384, 1)
                 int m = 0;
                 bool ok = fit;
                 if (fit) {
-                    range_packer rp({staged, offs, na},
-                                    {staged + SP_STAGED, offs + a.max_blocks, nb});
+                    range_packer rp(la, lb);
                     while (rp.more()) {
                         if (m == a.plan_tiles) {
                             ok = false;
@@ -418,7 +467,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
          * planners read them, then its column lists), by warps 1-3: not on warp 0's path */
-        if (pw > 0 && w + (int)gridDim.x < items) {
+        if (pw > 0 && w + (int)gridDim.x < items && !item_of(w + gridDim.x).ashape) {
             const int64_t nrow = item_of(w + gridDim.x).row_a;
             const int line = tid % 32, part = tid / 32; /* 128-byte lines of 32 entries */
             if (part == 1 && line < 2)
@@ -433,7 +482,7 @@ __global__ void __launch_bounds__(384, 1)
         const int32_t *cols_a = a.column_index + row_a * a.max_columns;
         const int32_t *cols_b = cols_a + a.max_columns;
         if (!planned) { /* merged inline: its starts staged now */
-            stage_starts(tid, 128, offs, na, nb);
+            if (!it.ashape) stage_starts(tid, 128, offs, na, nb);
             named_barrier_sync(3, 128);
         }
         /* gathered tiles. A's and B's column lists are mostly the same keys (the verticals of
@@ -532,7 +581,9 @@ __global__ void __launch_bounds__(384, 1)
          * write the column tiles. */
         const int t0 = t;
         if (pw == 0) {
-            range_packer rp({staged, offs, na}, {staged + SP_STAGED, offs + a.max_blocks, nb});
+            staged_list la{staged, offs, na}, lb{staged + SP_STAGED, offs + a.max_blocks, nb};
+            if (it.ashape) range_lists(it, la, lb);
+            range_packer rp(la, lb);
             const int planned_tiles = planned ? pl.tiles : 0;
             for (int i = 0;; ++t, ++i) {
                 const int slot = t % SP_STAGES, par = ((t / SP_STAGES) - 1) & 1;
@@ -639,7 +690,9 @@ __global__ void __launch_bounds__(384, 1)
                 hd.kpos[tid] = pos < n_pos ? (pos < ca ? scol_a : scol_b)[pos] : MI_NO_KEY;
                 hd.kusers[tid] = (uint8_t)((pos < ca ? 1 : 0) | (pos < cb ? 2 : 0));
                 if (tid == 0) {
-                    hd.users[0] = hd.users[1] = (p0 < ca ? 1 : 0) | (p0 < cb ? 2 : 0);
+                    /* a block whose list ends in the first half computes that half only */
+                    hd.users[0] = (p0 < ca ? 1 : 0) | (p0 < cb ? 2 : 0);
+                    hd.users[1] = (p0 + 64 < ca ? 1 : 0) | (p0 + 64 < cb ? 2 : 0);
                     hd.column = 1;
                     hd.last = last;
                     /* the lists ascend (share), so a block's last key in the tile is its largest */
@@ -729,6 +782,8 @@ __global__ void __launch_bounds__(384, 1)
      * index let ptxas recompute it from a spilled value at every tile) */
     const int hands_on_last = __shfl_sync(0xffffffffu, cw == 0 || w + (int)gridDim.x < items, 0);
     const int first_row = it.rs + cw * 64;
+    /* the keys a row sees reach back `window` keys (or to a sink): A-shape heads only */
+    const int window = it.ashape ? a.a_local : INT_MAX;
     const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qb = k & 1;
     const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
@@ -765,17 +820,20 @@ __global__ void __launch_bounds__(384, 1)
              * positions past this block's list go (most tiles: none), no per-key lookups */
             const int n = __shfl_sync(0xffffffffu, hd.nuse[cw], 0);
             if (n >= 0 && __shfl_sync(0xffffffffu, hd.kmax[cw], 0) <= first_row) {
-                if (n < 128) {
+                if (n < (whole ? 128 : 64)) {
 #pragma unroll
-                    for (int j = 0; j < 16; ++j)
+                    for (int j = 0; j < 16; ++j) {
+                        if (j >= 8 && !whole) break; /* a half tile: positions 0-63 */
 #pragma unroll
                         for (int e = 0; e < 4; ++e)
                             s[4 * j + e] = 8 * j + 2 * cq + (e & 1) >= n ? -INFINITY : s[4 * j + e];
+                    }
                 }
                 return;
             }
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
+                if (j >= 8 && !whole) break;
                 int2 kk = *reinterpret_cast<const int2 *>(hd.kpos + 8 * j + 2 * cq);
                 const uint32_t uu = *reinterpret_cast<const uint16_t *>(hd.kusers + 8 * j + 2 * cq);
                 if (!(uu & me)) kk.x = MI_NO_KEY; /* a key of the other row block only */
@@ -800,6 +858,18 @@ __global__ void __launch_bounds__(384, 1)
                     for (int e = 0; e < 4; ++e) {
                         const int key = off + 8 * (j - 8 * part) + 2 * cq + (e & 1);
                         const bool kill = key < 0 || key > (e < 2 ? qrow0 : qrow1);
+                        s[4 * j + e] = kill ? -INFINITY : s[4 * j + e];
+                    }
+            }
+            /* A-shape: a piece not all sinks nor all inside the window of this block's last
+             * row (the window's first piece or two) loses the keys too far left */
+            if (off + 63 >= a.a_init && first_row + 63 - off >= window) {
+#pragma unroll
+                for (int j = 8 * part; j < 8 * part + 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = off + 8 * (j - 8 * part) + 2 * cq + (e & 1);
+                        const bool kill = key >= a.a_init && (e < 2 ? qrow0 : qrow1) - key >= window;
                         s[4 * j + e] = kill ? -INFINITY : s[4 * j + e];
                     }
             }
@@ -980,9 +1050,11 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
  * scattered diagonals make runs of one or two pieces (`mixed`, from its definition: about 0.55
  * at 128K, 0.15 at 1M), where the ring kernel is faster. So a sparse head goes to this kernel when at least 90 % of the starts of
  * sampled row blocks (the later half, which holds most of the work) are followed by the next
- * piece; the others, and every head of another mode, go to the ring kernel. One CTA per (b, h)
- * writes its flag (taken[bh], for the ring kernel to skip) and appends it to this kernel's list
- * {n, bh...} (n zeroed before). For a head it takes, it then copies the K and V rows of the last
+ * piece; the others go to the ring kernel. So do the heads of other modes, but for the A-shape
+ * heads with the sinks and window this launch runs here (a_init, a_local): those come here
+ * (list entries marked WS_A_SHAPE). One CTA per (b, h) writes its flag (taken[bh], for the ring
+ * kernel to skip) and appends it to this kernel's list {n, bh...} (n zeroed before). For a
+ * sparse head it takes, it then copies the K and V rows of the last
  * row block's columns (the first c.rows of them, where they are ascending keys of the sequence)
  * to c.k / c.v in list order, zeros after them for a tile, and writes how many to c.count[bh]
  * (-1: none). */
@@ -995,13 +1067,24 @@ constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
 constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
 constexpr int ROUTE_MIN_CANDIDATES = 16; /* fewer starts with a successor: the ring kernel */
 
+/* Whether head mode m is A-shape with sinks n_init and window n_local and no dense last rows
+ * (Tri-shape stays on the ring kernel), as plan_tiles reads it. */
+__host__ __device__ __forceinline__ bool a_shape_with(const mi_cuda_head_mode &m, int len,
+                                                      int n_init, int n_local) {
+    return m.mode == MI_CUDA_MODE_A_SHAPE && min(max(m.n_last, 0), len - 1) <= 0 &&
+           max(m.n_init, 0) == n_init && max(m.n_local, 0) == n_local;
+}
+
+/* sparse_on = 0: no sparse head comes here (no usable index); a_init < 0: no A-shape head */
 __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     sparse_route_kernel(const __grid_constant__ mi_cuda_attn_params p, int32_t *taken,
-                        int32_t *list, int every, column_copies c) {
+                        int32_t *list, int sparse_on, int every, column_copies c, int a_init,
+                        int a_local) {
 #ifdef MI_SM90_DEVICE
     const int bh = blockIdx.x, h = bh % p.heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const bool sparse = head_mode_of(p, h).mode == MI_CUDA_MODE_SPARSE;
+    const bool sparse = sparse_on && head_mode_of(p, h).mode == MI_CUDA_MODE_SPARSE;
+    const bool ashape = a_init >= 0 && a_shape_with(head_mode_of(p, h), p.len, a_init, a_local);
     int adj = 0, cand = 0;
     if (sparse && !every) {
         /* one warp per sampled row block */
@@ -1022,10 +1105,11 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     if (threadIdx.x == 0) {
         adj = cand = 0;
         for (int i = 0; i < ROUTE_SAMPLES; ++i) adj += s_adj[i], cand += s_cand[i];
-        const bool ws = sparse && (every || (cand >= ROUTE_MIN_CANDIDATES && 10 * adj >= 9 * cand));
+        const bool ws =
+            ashape || (sparse && (every || (cand >= ROUTE_MIN_CANDIDATES && 10 * adj >= 9 * cand)));
         taken[bh] = ws;
-        if (ws) list[1 + atomicAdd(list, 1)] = bh;
-        s_ws = ws;
+        if (ws) list[1 + atomicAdd(list, 1)] = bh | (ashape ? WS_A_SHAPE : 0);
+        s_ws = ws && sparse; /* column copies: sparse heads only */
     }
     __syncthreads();
     if (c.rows == 0) return;
@@ -1065,12 +1149,14 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
 
 } // namespace mi_cuda
 
-/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel) with this kernel
- * where it applies: every sequence of the full length and not run dense by dense_below, D = 128,
- * an index of 64-row blocks covering the sequence, tensors TMA can address, a sparse head at
- * least. The choice is made on the device, since the index is built there: a small kernel flags
- * the heads this kernel runs (*taken) and lists them for it; the ring kernel runs the others.
- * MI_CUDA_SM90_SPARSE=1 sends every sparse head to this kernel, =0 none (for A/B runs). */
+/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel), and its A-shape
+ * heads with the first one's sinks and window, with this kernel where it applies: every
+ * sequence of the full length and not run dense by dense_below, D = 128, tensors TMA can
+ * address, and a sparse head with an index of 64-row blocks covering the sequence or such an
+ * A-shape head. The choice is made on the device, since the index is built there: a small
+ * kernel flags the heads this kernel runs (*taken) and lists them for it; the ring kernel runs
+ * the others. MI_CUDA_SM90_SPARSE=1 sends every sparse head to this kernel, =0 none;
+ * MI_CUDA_SM90_A_SHAPE=0 leaves the A-shape heads to the ring kernel (for A/B runs). */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
                                                         cudaStream_t st, int *used,
                                                         int32_t **taken) {
@@ -1078,14 +1164,23 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     *taken = nullptr;
     const char *env = getenv("MI_CUDA_SM90_SPARSE");
     const int every = env && env[0] == '1';
-    if ((env && env[0] == '0') || p->head_dim != 128 || !p->block_count ||
-        (p->dense_below > 0 && p->len < p->dense_below) ||
-        (int64_t)p->row_blocks * 64 < p->len)
+    const char *a_env = getenv("MI_CUDA_SM90_A_SHAPE"); /* =0: A-shape to the ring kernel */
+    if ((env && env[0] == '0') || p->head_dim != 128 ||
+        (p->dense_below > 0 && p->len < p->dense_below))
         return cudaSuccess;
+    /* the sparse heads (with an index that covers the sequence), and the A-shape heads with the
+     * sinks and window of the first one (A-shape layers have one pair; others: ring kernel) */
     bool any_sparse = false;
-    for (int h = 0; h < p->heads; ++h)
-        any_sparse |= mi_cuda::head_mode_of(*p, h).mode == MI_CUDA_MODE_SPARSE;
-    if (!any_sparse) return cudaSuccess;
+    int a_init = -1, a_local = -1;
+    for (int h = 0; h < p->heads; ++h) {
+        const mi_cuda_head_mode m = mi_cuda::head_mode_of(*p, h);
+        any_sparse |= m.mode == MI_CUDA_MODE_SPARSE;
+        if (a_init < 0 && !(a_env && a_env[0] == '0') &&
+            mi_cuda::a_shape_with(m, p->len, max(m.n_init, 0), max(m.n_local, 0)))
+            a_init = max(m.n_init, 0), a_local = max(m.n_local, 0);
+    }
+    if (any_sparse && (!p->block_count || (int64_t)p->row_blocks * 64 < p->len)) any_sparse = false;
+    if (!any_sparse && a_init < 0) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k2, &a.tm_v2, p, 128) ||
@@ -1103,18 +1198,20 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
         a.v_stride[i] = p->v_stride[i];
         a.o_stride[i] = p->o_stride[i];
     }
-    a.block_count = p->block_count;
-    a.block_offset = p->block_offset;
-    a.column_count = p->column_count;
-    a.column_index = p->column_index;
-    a.row_blocks = p->row_blocks;
-    a.max_blocks = p->max_blocks;
-    a.max_columns = p->max_columns;
+    a.block_count = any_sparse ? p->block_count : nullptr;
+    a.block_offset = any_sparse ? p->block_offset : nullptr;
+    a.column_count = any_sparse ? p->column_count : nullptr;
+    a.column_index = any_sparse ? p->column_index : nullptr;
+    a.row_blocks = any_sparse ? p->row_blocks : (p->len + 63) / 64;
+    a.max_blocks = any_sparse ? p->max_blocks : 0;
+    a.max_columns = any_sparse ? p->max_columns : 0;
+    a.a_init = a_init;
+    a.a_local = a_local;
     a.heads = p->heads;
     a.group = p->group;
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
-    a.pairs = (p->row_blocks + 1) / 2;
+    a.pairs = (a.row_blocks + 1) / 2;
     const int n_bh = p->batch * p->heads;
     const int64_t items = (int64_t)a.pairs * n_bh;
     if (items > 0x7fffffff) return cudaSuccess;
@@ -1123,7 +1220,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
      * (b, h): the most a shared column list has; none where they would take more than
      * COPY_BYTES_MAX): stream-ordered, so that nothing waits for the host */
     constexpr size_t COPY_BYTES_MAX = (size_t)256 << 20;
-    mi_cuda::column_copies cc = {nullptr, nullptr, nullptr, min(p->max_columns, mi_cuda::SP_CSTAGED)};
+    mi_cuda::column_copies cc = {nullptr, nullptr, nullptr, min(a.max_columns, mi_cuda::SP_CSTAGED)};
     const size_t ints = ((2 + 3 * (size_t)n_bh) * sizeof(int32_t) + 255) / 256 * 256;
     size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
     const char *copies_env = getenv("MI_CUDA_SM90_COLUMN_COPIES"); /* =0: gather (A/B runs) */
@@ -1155,7 +1252,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     cudaError_t e = cudaMemsetAsync(buf + n_bh, 0, sizeof(int32_t), st);
     if (e == cudaSuccess) {
         mi_cuda::sparse_route_kernel<<<n_bh, 32 * mi_cuda::ROUTE_SAMPLES, 0, st>>>(
-            *p, buf, buf + n_bh, every, cc);
+            *p, buf, buf + n_bh, any_sparse, every, cc, a_init, a_local);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)

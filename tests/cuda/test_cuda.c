@@ -4,7 +4,8 @@
  *
  * Inputs: seeded random data and planted-structure data (sinks, heavy columns, slashes); awkward
  * shapes (L = 1, 63, 64, 65, 1000, 4099), GQA 1/4/8, D = 64/128, both layouts, batch 2 with
- * per-sequence lengths, budgets 0 / tiny / > L, block-sparse estimation on rows of 2000+ blocks.
+ * per-sequence lengths, budgets 0 / tiny / > L, block-sparse estimation on rows of 2000+ blocks,
+ * A-shape windows up to 4096 keys (on and off 64-key pieces) on 5000-12000-token sequences.
  * GPU outputs are poisoned (all-ones bytes = NaN) before every run, every output is scanned for
  * NaN/Inf, and errors are judged per element (atol + rtol |ref|) and as a relative L2 norm.
  *
@@ -802,8 +803,10 @@ static void test_prefill(const shape *s, int wide, int use_workspace) {
         const mi_pattern_type t = (mi_pattern_type)(h % 5);
         pat[h] = mi_head_pattern_default(t);
         if (t == MI_PATTERN_A_SHAPE) {
+            /* two windows: on full lengths the first A-shape head's takes the warp-specialised
+             * kernel, the other the ring kernel */
             pat[h].n_init = 16;
-            pat[h].n_local = 200;
+            pat[h].n_local = h < 5 ? 200 : 300;
         }
         if (t == MI_PATTERN_TRI_SHAPE) {
             pat[h].n_init = 8;
@@ -966,6 +969,20 @@ int main(int argc, char **argv) {
         shape c2 = {2, 4, 4, 1300, 128, dts[di], !di, {1300, 1300}};
         test_sparse_prefix_columns(&c1);
         test_sparse_prefix_columns(&c2);
+    }
+    /* A-shape at D = 128 and full lengths (the warp-specialised sparse kernel's generated
+     * ranges): sinks and windows on and off 64-key pieces, the benchmark's 128 + 4096, a window
+     * shorter than a piece, sinks past the sequence, 32 heads (several items per CTA), batch 2 */
+    for (int di = 0; di < 2; di++) {
+        const int64_t La = quick ? 5000 : 12000, Lb2 = quick ? 1300 : 3000;
+        shape a1 = {1, 4, 2, La, 128, dts[di], di, {0, 0}};
+        shape a2 = {2, 32, 8, Lb2, 128, dts[di], !di, {(int32_t)Lb2, (int32_t)Lb2}};
+        test_ashape(&a1, 128, 4096, 0);
+        test_ashape(&a1, 100, 1000, 0);
+        test_ashape(&a1, 0, 63, 0);
+        test_ashape(&a2, 64, 512, 0);
+        test_ashape(&a2, 5000, 70, 0);
+        if (!quick) test_ashape(&a2, 1, 1, 0);
     }
     test_index_messy(1000, 40, 60, 0);
     test_index_messy(1000, 40, 60, 1);
