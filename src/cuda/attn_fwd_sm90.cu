@@ -16,7 +16,7 @@
  * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
  * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). Launches whose every head is dense (and whose
  * sequences have the full length) go to the warp-specialised dense kernel instead
- * (attn_dense_sm90.cu), and band-like sparse heads and A-shape heads to attn_sparse_sm90.cu
+ * (attn_dense_sm90.cu), and band-like sparse heads and A-/Tri-shape heads to attn_sparse_sm90.cu
  * (chosen per head on the device; this kernel then skips them); see mi_cuda_attn_sm90_launch at
  * the end of this file. */
 #include "sm90_common.cuh"

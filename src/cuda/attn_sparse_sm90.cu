@@ -1,8 +1,8 @@
 /*
  * attn_sparse_sm90.cu: the Hopper (sm_90a) sparse attention kernel, D = 128, for the heads of a
  * launch that consume the block index with band-like ranges (vertical-slash and block-sparse
- * heads, chosen on the device) and for its A-shape heads (their sinks and window generated as
- * ranges), where the sequences all have the full length; everything else runs the ring kernel
+ * heads, chosen on the device) and for its A-/Tri-shape heads (their sinks, window and dense
+ * last rows generated as ranges), where the sequences all have the full length; everything else runs the ring kernel
  * of attn_fwd_sm90.cu.
  *
  * The structure of the dense kernel (attn_dense_sm90.cu) applied to two adjacent 64-row blocks
@@ -116,7 +116,7 @@
  *   a per-thread flag put the tile loop in divergent code, where every wgmma descriptor went
  *   through R2UR: 12 % more consumer instructions), then, broadcast, still 2-3 % slower (local
  *   1M 548-550 -> 530-533; the first tile's step is a second copy of the consumer code); not kept.
- *   A-shape heads (sinks + window, no dense last rows) moved here from the ring kernel: the
+ *   A-shape and Tri-shape heads moved here from the ring kernel: the
  *   producer generates each block's pieces (ashape_starts: the same tiles plan_tiles gives the
  *   ring kernel), so that a window's pieces are shared tiles but for its two ends, and the
  *   consumers also mask the keys left of the window in the pieces it cuts (a second branch,
@@ -153,7 +153,9 @@ struct sparse_sm90_args {
     int max_items;     /* pairs x B x H */
     const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items;
                               * WS_A_SHAPE marks an A-shape head */
-    int a_init, a_local;     /* the sinks and window of the A-shape heads routed here */
+    /* the A-shape (Tri-shape) heads routed here: their sinks and window, and the first of the
+     * last rows that see every key (INT_MAX: none) */
+    int a_init, a_local, a_tri;
     /* The columns of each (b, h)'s last row block, copied (K and V rows in list order) by
      * sparse_route_kernel, for row blocks whose lists are a prefix of that one (see the tile
      * loop): tm_kc / tm_vc as (d, position, b * heads + h, 1), boxes of 128 positions;
@@ -222,11 +224,17 @@ struct staged_list {
 };
 
 /* The 64-key pieces that the 64 rows from rs see under A-shape (sinks [0, n_init), window of
- * n_local keys up to the row): the same tiles as plan_tiles gives the ring kernel. */
-__device__ __forceinline__ staged_list ashape_starts(int rs, int len, int n_init, int n_local) {
+ * n_local keys up to the row; Tri-shape: every key from row tri on): the same tiles as
+ * plan_tiles gives the ring kernel. */
+__device__ __forceinline__ staged_list ashape_starts(int rs, int len, int n_init, int n_local,
+                                                    int tri) {
     staged_list l{nullptr, nullptr, 0};
     if (rs >= len) return l;
     const int last_tile = (min(rs + 64, len) - 1) / 64;
+    if (min(rs + 64, len) - 1 >= tri) { /* rows that see every key: all pieces */
+        l.sinks = l.win0 = l.n = last_tile + 1;
+        return l;
+    }
     l.sinks = min((min(n_init, len) + 63) / 64, last_tile + 1);
     l.win0 = l.sinks;
     if (n_local > 0) l.win0 = max(l.sinks, max(0, rs - n_local + 1) / 64);
@@ -401,8 +409,8 @@ __global__ void __launch_bounds__(384, 1)
          * generated for an A-shape head */
         auto range_lists = [&](const item &n, staged_list &la, staged_list &lb) {
             if (n.ashape) {
-                la = ashape_starts(n.rs, a.len, a.a_init, a.a_local);
-                lb = ashape_starts(n.rs + 64, a.len, a.a_init, a.a_local);
+                la = ashape_starts(n.rs, a.len, a.a_init, a.a_local, a.a_tri);
+                lb = ashape_starts(n.rs + 64, a.len, a.a_init, a.a_local, a.a_tri);
                 return;
             }
             const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
@@ -862,14 +870,16 @@ __global__ void __launch_bounds__(384, 1)
                     }
             }
             /* A-shape: a piece not all sinks nor all inside the window of this block's last
-             * row (the window's first piece or two) loses the keys too far left */
+             * row (the window's first piece or two; with Tri-shape's last rows, every piece of
+             * their block) loses the keys too far left of the rows before those */
             if (off + 63 >= a.a_init && first_row + 63 - off >= window) {
 #pragma unroll
                 for (int j = 8 * part; j < 8 * part + 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = off + 8 * (j - 8 * part) + 2 * cq + (e & 1);
-                        const bool kill = key >= a.a_init && (e < 2 ? qrow0 : qrow1) - key >= window;
+                        const int row = e < 2 ? qrow0 : qrow1;
+                        const bool kill = key >= a.a_init && row - key >= window && row < a.a_tri;
                         s[4 * j + e] = kill ? -INFINITY : s[4 * j + e];
                     }
             }
@@ -1051,7 +1061,8 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
  * at 128K, 0.15 at 1M), where the ring kernel is faster. So a sparse head goes to this kernel when at least 90 % of the starts of
  * sampled row blocks (the later half, which holds most of the work) are followed by the next
  * piece; the others go to the ring kernel. So do the heads of other modes, but for the A-shape
- * heads with the sinks and window this launch runs here (a_init, a_local): those come here
+ * heads with the sinks, window and last rows this launch runs here (a_init, a_local, a_tri: the
+ * first A-/Tri-shape head's): those come here
  * (list entries marked WS_A_SHAPE). One CTA per (b, h) writes its flag (taken[bh], for the ring
  * kernel to skip) and appends it to this kernel's list {n, bh...} (n zeroed before). For a
  * sparse head it takes, it then copies the K and V rows of the last
@@ -1067,24 +1078,31 @@ constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
 constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
 constexpr int ROUTE_MIN_CANDIDATES = 16; /* fewer starts with a successor: the ring kernel */
 
-/* Whether head mode m is A-shape with sinks n_init and window n_local and no dense last rows
- * (Tri-shape stays on the ring kernel), as plan_tiles reads it. */
+/* The last rows of an A-/Tri-shape head that see every key start at this row (INT_MAX: none),
+ * as plan_tiles reads the mode. */
+__host__ __device__ __forceinline__ int tri_start_of(const mi_cuda_head_mode &m, int len) {
+    const int nl = min(max(m.n_last, 0), len - 1);
+    return nl > 0 ? len - nl : INT_MAX;
+}
+
+/* Whether head mode m is A-shape (or Tri-shape) with these sinks, window and last rows. */
 __host__ __device__ __forceinline__ bool a_shape_with(const mi_cuda_head_mode &m, int len,
-                                                      int n_init, int n_local) {
-    return m.mode == MI_CUDA_MODE_A_SHAPE && min(max(m.n_last, 0), len - 1) <= 0 &&
-           max(m.n_init, 0) == n_init && max(m.n_local, 0) == n_local;
+                                                      int n_init, int n_local, int tri) {
+    return m.mode == MI_CUDA_MODE_A_SHAPE && max(m.n_init, 0) == n_init &&
+           max(m.n_local, 0) == n_local && tri_start_of(m, len) == tri;
 }
 
 /* sparse_on = 0: no sparse head comes here (no usable index); a_init < 0: no A-shape head */
 __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     sparse_route_kernel(const __grid_constant__ mi_cuda_attn_params p, int32_t *taken,
                         int32_t *list, int sparse_on, int every, column_copies c, int a_init,
-                        int a_local) {
+                        int a_local, int a_tri) {
 #ifdef MI_SM90_DEVICE
     const int bh = blockIdx.x, h = bh % p.heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bool sparse = sparse_on && head_mode_of(p, h).mode == MI_CUDA_MODE_SPARSE;
-    const bool ashape = a_init >= 0 && a_shape_with(head_mode_of(p, h), p.len, a_init, a_local);
+    const bool ashape =
+        a_init >= 0 && a_shape_with(head_mode_of(p, h), p.len, a_init, a_local, a_tri);
     int adj = 0, cand = 0;
     if (sparse && !every) {
         /* one warp per sampled row block */
@@ -1149,14 +1167,14 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
 
 } // namespace mi_cuda
 
-/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel), and its A-shape
- * heads with the first one's sinks and window, with this kernel where it applies: every
+/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel), and its A-/Tri-
+ * shape heads with the first one's sinks, window and last rows, with this kernel where it applies: every
  * sequence of the full length and not run dense by dense_below, D = 128, tensors TMA can
  * address, and a sparse head with an index of 64-row blocks covering the sequence or such an
- * A-shape head. The choice is made on the device, since the index is built there: a small
+ * A-/Tri-shape head. The choice is made on the device, since the index is built there: a small
  * kernel flags the heads this kernel runs (*taken) and lists them for it; the ring kernel runs
  * the others. MI_CUDA_SM90_SPARSE=1 sends every sparse head to this kernel, =0 none;
- * MI_CUDA_SM90_A_SHAPE=0 leaves the A-shape heads to the ring kernel (for A/B runs). */
+ * MI_CUDA_SM90_A_SHAPE=0 leaves the A-/Tri-shape heads to the ring kernel (for A/B runs). */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
                                                         cudaStream_t st, int *used,
                                                         int32_t **taken) {
@@ -1168,16 +1186,31 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     if ((env && env[0] == '0') || p->head_dim != 128 ||
         (p->dense_below > 0 && p->len < p->dense_below))
         return cudaSuccess;
-    /* the sparse heads (with an index that covers the sequence), and the A-shape heads with the
-     * sinks and window of the first one (A-shape layers have one pair; others: ring kernel) */
+    /* the sparse heads (with an index that covers the sequence), and the A-/Tri-shape heads with
+     * the sinks, window and last rows of the first one (an A-shape layer's heads usually share
+     * them; the others go to the ring kernel) */
     bool any_sparse = false;
-    int a_init = -1, a_local = -1;
+    int a_init = -1, a_local = -1, a_tri = INT_MAX;
     for (int h = 0; h < p->heads; ++h) {
         const mi_cuda_head_mode m = mi_cuda::head_mode_of(*p, h);
         any_sparse |= m.mode == MI_CUDA_MODE_SPARSE;
-        if (a_init < 0 && !(a_env && a_env[0] == '0') &&
-            mi_cuda::a_shape_with(m, p->len, max(m.n_init, 0), max(m.n_local, 0)))
-            a_init = max(m.n_init, 0), a_local = max(m.n_local, 0);
+        if (a_init < 0 && !(a_env && a_env[0] == '0') && m.mode == MI_CUDA_MODE_A_SHAPE) {
+            a_init = max(m.n_init, 0);
+            a_local = max(m.n_local, 0);
+            a_tri = mi_cuda::tri_start_of(m, p->len);
+        }
+    }
+    /* Tri-shape: the pair that holds the dense last rows is one item of about len / 128 tiles
+     * (one consumer busy), the others about n_local / 128 + 2 each. Unless each SM has at least
+     * two such items' worth of the others, that item sets the kernel's time: 128 + 4096 + 64
+     * at 1M on one head ran 17.6 ms here against 15.5 on the ring kernel (4.3 without the last
+     * rows), while at 128K on 32 heads 0.59 against 0.78 ms per head. */
+    if (a_init >= 0 && a_tri != INT_MAX) {
+        int64_t heads = 0;
+        for (int h = 0; h < p->heads; ++h)
+            heads += mi_cuda::a_shape_with(mi_cuda::head_mode_of(*p, h), p->len, a_init, a_local,
+                                           a_tri);
+        if (heads * p->batch * (a_local / 128 + 2) < 2 * (int64_t)mi_cuda_sm_count()) a_init = -1;
     }
     if (any_sparse && (!p->block_count || (int64_t)p->row_blocks * 64 < p->len)) any_sparse = false;
     if (!any_sparse && a_init < 0) return cudaSuccess;
@@ -1207,6 +1240,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     a.max_columns = any_sparse ? p->max_columns : 0;
     a.a_init = a_init;
     a.a_local = a_local;
+    a.a_tri = a_tri;
     a.heads = p->heads;
     a.group = p->group;
     a.len = p->len;
@@ -1252,7 +1286,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     cudaError_t e = cudaMemsetAsync(buf + n_bh, 0, sizeof(int32_t), st);
     if (e == cudaSuccess) {
         mi_cuda::sparse_route_kernel<<<n_bh, 32 * mi_cuda::ROUTE_SAMPLES, 0, st>>>(
-            *p, buf, buf + n_bh, any_sparse, every, cc, a_init, a_local);
+            *p, buf, buf + n_bh, any_sparse, every, cc, a_init, a_local, a_tri);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)

@@ -5,7 +5,7 @@
  * Inputs: seeded random data and planted-structure data (sinks, heavy columns, slashes); awkward
  * shapes (L = 1, 63, 64, 65, 1000, 4099), GQA 1/4/8, D = 64/128, both layouts, batch 2 with
  * per-sequence lengths, budgets 0 / tiny / > L, block-sparse estimation on rows of 2000+ blocks,
- * A-shape windows up to 4096 keys (on and off 64-key pieces) on 5000-12000-token sequences.
+ * A-/Tri-shape windows up to 4096 keys (on and off 64-key pieces) on 5000-12000-token sequences.
  * GPU outputs are poisoned (all-ones bytes = NaN) before every run, every output is scanned for
  * NaN/Inf, and errors are judged per element (atol + rtol |ref|) and as a relative L2 norm.
  *
@@ -970,9 +970,10 @@ int main(int argc, char **argv) {
         test_sparse_prefix_columns(&c1);
         test_sparse_prefix_columns(&c2);
     }
-    /* A-shape at D = 128 and full lengths (the warp-specialised sparse kernel's generated
-     * ranges): sinks and windows on and off 64-key pieces, the benchmark's 128 + 4096, a window
-     * shorter than a piece, sinks past the sequence, 32 heads (several items per CTA), batch 2 */
+    /* A-shape and Tri-shape at D = 128 and full lengths (the warp-specialised sparse kernel's
+     * generated ranges): sinks and windows on and off 64-key pieces, the benchmark's 128 + 4096,
+     * a window shorter than a piece, sinks past the sequence, last rows that straddle a row
+     * block, 32 heads (several items per CTA), batch 2 */
     for (int di = 0; di < 2; di++) {
         const int64_t La = quick ? 5000 : 12000, Lb2 = quick ? 1300 : 3000;
         shape a1 = {1, 4, 2, La, 128, dts[di], di, {0, 0}};
@@ -982,6 +983,8 @@ int main(int argc, char **argv) {
         test_ashape(&a1, 0, 63, 0);
         test_ashape(&a2, 64, 512, 0);
         test_ashape(&a2, 5000, 70, 0);
+        test_ashape(&a1, 128, 4096, 64); /* Tri-shape: the last 64 rows see every key */
+        test_ashape(&a2, 64, 512, 100);
         if (!quick) test_ashape(&a2, 1, 1, 0);
     }
     test_index_messy(1000, 40, 60, 0);
