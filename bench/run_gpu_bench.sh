@@ -44,18 +44,19 @@ done
 if [ "$TEST" = 1 ]; then
   # every kernel path on a Hopper GPU: wgmma (default: sparse heads routed per head), every
   # sparse head on the warp-specialised kernel, every one on the ring kernel, the ring kernel for
-  # dense launches, and the portable mma.sync one
-  for path in sm90 sm90_ws_sparse sm90_ring_sparse sm90_ring_dense sm80; do
+  # A-/Tri-shape heads and for dense launches, and the portable mma.sync one
+  for path in sm90 sm90_ws_sparse sm90_ring_sparse sm90_ring_a_shape sm90_ring_dense sm80; do
     case "$path" in
       sm90_ws_sparse) export MI_CUDA_SM90_SPARSE=1 ;;
       sm90_ring_sparse) export MI_CUDA_SM90_SPARSE=0 ;;
+      sm90_ring_a_shape) export MI_CUDA_SM90_A_SHAPE=0 ;;
       sm90_ring_dense) export MI_CUDA_SM90_DENSE=0 ;;
       sm80) export MI_CUDA_DISABLE_SM90=1 ;;
     esac
     timeout 900 build/tests/cuda/test_cuda $QUICK > "$LOGS/test_cuda_$path.log" 2>&1
     echo "test_cuda ($path) rc=$? : $(tail -1 "$LOGS/test_cuda_$path.log")"
     grep FAIL "$LOGS/test_cuda_$path.log" | head -20
-    unset MI_CUDA_DISABLE_SM90 MI_CUDA_SM90_SPARSE MI_CUDA_SM90_DENSE
+    unset MI_CUDA_DISABLE_SM90 MI_CUDA_SM90_SPARSE MI_CUDA_SM90_A_SHAPE MI_CUDA_SM90_DENSE
   done
 fi
 
