@@ -2,8 +2,8 @@
  * attn_sparse_sm90.cu: the Hopper (sm_90a) sparse attention kernel, D = 128, for the heads of a
  * launch that consume the block index with band-like ranges (vertical-slash and block-sparse
  * heads, chosen on the device) and for its A-/Tri-shape heads (their sinks, window and dense
- * last rows generated as ranges), where the sequences all have the full length; everything else runs the ring kernel
- * of attn_fwd_sm90.cu.
+ * last rows generated as ranges), where the sequences all have the full length; everything
+ * else runs the ring kernel of attn_fwd_sm90.cu.
  *
  * The structure of the dense kernel (attn_dense_sm90.cu) applied to two adjacent 64-row blocks
  * A and B of the index at once, so that the tiles both use are loaded once:
@@ -116,13 +116,15 @@
  *   a per-thread flag put the tile loop in divergent code, where every wgmma descriptor went
  *   through R2UR: 12 % more consumer instructions), then, broadcast, still 2-3 % slower (local
  *   1M 548-550 -> 530-533; the first tile's step is a second copy of the consumer code); not kept.
- *   A-shape and Tri-shape heads moved here from the ring kernel: the
- *   producer generates each block's pieces (ashape_starts: the same tiles plan_tiles gives the
- *   ring kernel), so that a window's pieces are shared tiles but for its two ends, and the
- *   consumers also mask the keys left of the window in the pieces it cuts (a second branch,
- *   after the causal one, so that the other heads' mask path is unchanged). 128 + 4096 on the
- *   H200: 128K 0.615 -> 0.519-0.524 ms per head (454 -> 532-537 TFLOP/s, 1.8x the original
- *   kernel), 1M 5.03-5.11 -> 4.29-4.31 ms (443-450 -> 525-528). A column tile of the copies
+ *   A-shape and Tri-shape heads moved here from the ring kernel: the producer generates each
+ *   block's pieces (ashape_starts: the same tiles plan_tiles gives the ring kernel), so that a
+ *   window's pieces are shared tiles but for its two ends, and the consumers also mask the keys
+ *   left of the window in the pieces it cuts (a second branch, after the causal one, so that the
+ *   other heads' mask path is unchanged). 128 + 4096 on the H200: 128K 0.615 -> 0.519-0.524 ms per
+ *   head (454 -> 532-537 TFLOP/s, 1.8x the original kernel), 1M 5.03-5.11 -> 4.29-4.31 ms (443-450
+ *   -> 525-528); with the last 64 rows dense (Tri-shape) at 128K x 32 heads 0.70-0.78 -> 0.58-0.59
+ *   ms, but at 1M on one head 15.5 -> 17.6 ms: the pair holding those rows is one item of 8192
+ *   tiles for one consumer, hence the launcher's rule for Tri-shape. A column tile of the copies
  *   whose block's list ends in its first half is computed as that half alone (S over 64 keys):
  *   small 128K 429-432 -> 440-441, local unchanged
  *   (bench/results/2026-11-30-gpu-a-shape-ws-ab.json).
@@ -415,7 +417,8 @@ __global__ void __launch_bounds__(384, 1)
             }
             const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
             la = {staged, offs, count_at(a.block_count, n, 0, a.max_blocks)};
-            lb = {staged + SP_STAGED, offs + a.max_blocks, count_at(a.block_count, n, 1, a.max_blocks)};
+            lb = {staged + SP_STAGED, offs + a.max_blocks,
+                  count_at(a.block_count, n, 1, a.max_blocks)};
         };
         auto plan_item = [&](int w, range_plan &pl) {
             const item n = item_of(w);
@@ -1167,14 +1170,15 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
 
 } // namespace mi_cuda
 
-/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel), and its A-/Tri-
- * shape heads with the first one's sinks, window and last rows, with this kernel where it applies: every
- * sequence of the full length and not run dense by dense_below, D = 128, tensors TMA can
- * address, and a sparse head with an index of 64-row blocks covering the sequence or such an
- * A-/Tri-shape head. The choice is made on the device, since the index is built there: a small
- * kernel flags the heads this kernel runs (*taken) and lists them for it; the ring kernel runs
- * the others. MI_CUDA_SM90_SPARSE=1 sends every sparse head to this kernel, =0 none;
- * MI_CUDA_SM90_A_SHAPE=0 leaves the A-/Tri-shape heads to the ring kernel (for A/B runs). */
+/* Runs the sparse heads of the launch that suit it (see sparse_route_kernel), and its
+ * A-/Tri-shape heads with the first one's sinks, window and last rows, with this kernel where
+ * it applies: every sequence of the full length and not run dense by dense_below, D = 128,
+ * tensors TMA can address, and a sparse head with an index of 64-row blocks covering the
+ * sequence or such an A-/Tri-shape head. The choice is made on the device, since the index is
+ * built there: a small kernel flags the heads this kernel runs (*taken) and lists them for it;
+ * the ring kernel runs the others. MI_CUDA_SM90_SPARSE=1 sends every sparse head to this
+ * kernel, =0 none; MI_CUDA_SM90_A_SHAPE=0 leaves the A-/Tri-shape heads to the ring kernel (for
+ * A/B runs). */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
                                                         cudaStream_t st, int *used,
                                                         int32_t **taken) {
@@ -1254,7 +1258,8 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
      * (b, h): the most a shared column list has; none where they would take more than
      * COPY_BYTES_MAX): stream-ordered, so that nothing waits for the host */
     constexpr size_t COPY_BYTES_MAX = (size_t)256 << 20;
-    mi_cuda::column_copies cc = {nullptr, nullptr, nullptr, min(a.max_columns, mi_cuda::SP_CSTAGED)};
+    mi_cuda::column_copies cc = {nullptr, nullptr, nullptr,
+                                 min(a.max_columns, mi_cuda::SP_CSTAGED)};
     const size_t ints = ((2 + 3 * (size_t)n_bh) * sizeof(int32_t) + 255) / 256 * 256;
     size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
     const char *copies_env = getenv("MI_CUDA_SM90_COLUMN_COPIES"); /* =0: gather (A/B runs) */
