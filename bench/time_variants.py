@@ -100,7 +100,8 @@ def main():
             print(f"{r['variant']:>8} {'prefill ' + str(r['L'] // 1024) + 'K':>14} "
                   f"{r['prefill_ms_per_head']:>9.3f}  (layer {r['prefill_ms']:.1f} ms, "
                   f"{r['heads']} heads, estimate {r['estimate_ms']:.2f} ms, "
-                  f"index {r['index_ms']:.2f} ms)")
+                  f"index {r['index_ms']:.2f} ms, {r.get('keys_per_row', 0):.0f} keys/row, "
+                  f"kernel {r.get('kernel_effective_tflops') or 0:.0f} TF/s)")
 
 
 if __name__ == "__main__":

@@ -435,11 +435,16 @@ def bench_estimation(lib, L, H, Hk, reps):
 
     t_est = time_cuda(est, reps)
     t_idx = time_cuda(build, reps)
+    # the index the prefill computes on: its (row, key) pairs, and the kernel's share of the time
+    pairs = keys_visited(sbuf, H, L, ms + 1, mv)
     run, ws = prefill_call(lib, q, k, v, o, H, 0)
     t_pre = time_cuda(run, reps)
+    t_kernel = t_pre - t_est - t_idx
     return {"L": L, "heads": H, "estimate_ms": t_est, "index_ms": t_idx, "prefill_ms": t_pre,
             "prefill_ms_per_head": t_pre / H,
             "estimate_index_share": (t_est + t_idx) / t_pre,
+            "keys_per_row": pairs / (H * L),
+            "kernel_effective_tflops": 4.0 * 128 * pairs / t_kernel / 1e9 if t_kernel > 0 else None,
             "note": "q/k random plus a rotary-style position code: the estimate picks near "
                     "diagonals (local-like pattern)"}
 
@@ -613,9 +618,12 @@ def table(res):
             ("orig ms/h", 9, ".2f", "original_kernel_ms_per_head"),
             ("speed-up", 8, ".2f", "speedup_vs_original")])
     for r in res.get("estimation", []):
+        kernel = r.get("kernel_effective_tflops")
         print(f"estimation L {r['L']} H {r['heads']}: estimate {r['estimate_ms']:.2f} ms, index "
               f"{r['index_ms']:.2f} ms, prefill {r['prefill_ms']:.2f} ms "
-              f"({100 * r['estimate_index_share']:.1f} % estimation+index)")
+              f"({100 * r['estimate_index_share']:.1f} % estimation+index), "
+              f"{r.get('keys_per_row', 0):.0f} keys/row"
+              + (f", kernel {kernel:.0f} effective TF/s" if kernel else ""))
     if res.get("crossover"):
         c = res["crossover"]
         for r in c["rows"]:

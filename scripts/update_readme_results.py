@@ -137,10 +137,13 @@ def gpu_tables(runs):
     if es:
         out += [f"**GPU whole-layer prefill** (every head vertical-slash 1000/6096, estimation and "
                 f"index included; `{es['_file']}`)", "",
-                "| L | heads | prefill ms/head | estimation + index share |", "|---|---|---|---|"]
+                "| L | heads | prefill ms/head | estimation + index share | keys/row of the index "
+                "| kernel effective TFLOP/s |", "|---|---|---|---|---|---|"]
         for e in es["estimation"]:
             out.append(f"| {length(e['L'])} | {e['heads']} | {fmt(e.get('prefill_ms_per_head'), '.2f')} "
-                       f"| {fmt(100 * e.get('estimate_index_share', 0), '.1f')} % |")
+                       f"| {fmt(100 * e.get('estimate_index_share', 0), '.1f')} % "
+                       f"| {fmt(e.get('keys_per_row'), '.0f')} "
+                       f"| {fmt(e.get('kernel_effective_tflops'), '.0f')} |")
         out.append("")
     if any(r["_file"].endswith(".json") for r in gpu):
         # the plot of the run the dense table comes from (it has dense and sparse lines), else
