@@ -78,7 +78,8 @@ def main():
            "shape": {"layers": LAYERS, "hidden": HIDDEN, "ffn": FFN, "heads": HQ, "kv_heads": HKV,
                      "head_dim": D, "dtype": "bf16", "batch": 1},
            "what": "projected TTFT = 32 x (measured layer GEMMs + measured layer attention)",
-           "inputs": "attention on q/k with a rotary-style position code (near and scattered diagonals estimated)",
+           "inputs": "attention on q/k with a rotary-style position code (near and scattered "
+                     "diagonals estimated)",
            "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, datetime.date.today().isoformat() + "-ttft-8b-projection.json")

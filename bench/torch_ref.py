@@ -540,7 +540,8 @@ def main():
         rows, cross = bench_crossover(lib, 32, 8, lengths, 5)
         res["crossover"] = {"rows": rows, "first_length_sparse_wins": cross,
                             "pattern": "every head VS 1000/6096, estimation + index included, "
-                                       "position-coded q/k (near and scattered diagonals estimated)"}
+                                       "position-coded q/k (near and scattered diagonals "
+                                       "estimated)"}
         for r in rows:
             print("crossover", json.dumps(r), flush=True)
     os.makedirs(args.out, exist_ok=True)
