@@ -64,6 +64,44 @@ __device__ __forceinline__ bool range_tile_unmasked(const tile_plan &tp, int off
             first_row >= tp.tri_start);
 }
 
+/* An A-/Tri-shape head's window as every kernel reads its mode for a sequence of len rows:
+ * sinks [0, n_init), n_local keys up to each row, and every key from row tri_start on
+ * (0x7fffffff: no such rows). */
+struct a_shape_window {
+    int n_init, n_local, tri_start;
+};
+__host__ __device__ __forceinline__ a_shape_window a_shape_window_of(const mi_cuda_head_mode &m,
+                                                                     int len) {
+    const int nl = min(max(m.n_last, 0), len - 1);
+    return {max(m.n_init, 0), max(m.n_local, 0), nl > 0 ? len - nl : 0x7fffffff};
+}
+__host__ __device__ __forceinline__ bool operator==(const a_shape_window &x,
+                                                    const a_shape_window &y) {
+    return x.n_init == y.n_init && x.n_local == y.n_local && x.tri_start == y.tri_start;
+}
+
+/* The 64-key tiles that rows [rs, re) (re > rs, re <= len) see under window w: sink tiles
+ * [0, sink_tiles), then window tiles from win_start, n in all; every tile up to the diagonal
+ * where a row sees every key. */
+struct a_shape_tiles {
+    int sink_tiles, win_start, n;
+};
+__device__ __forceinline__ a_shape_tiles a_shape_tiles_of(const a_shape_window &w, int rs, int re,
+                                                          int len) {
+    const int last_tile = (re - 1) / BN;
+    if (re - 1 >= w.tri_start) return {last_tile + 1, last_tile + 1, last_tile + 1};
+    a_shape_tiles t;
+    t.sink_tiles = min((min(w.n_init, len) + BN - 1) / BN, last_tile + 1);
+    t.win_start = t.sink_tiles;
+    int n_win = 0;
+    if (w.n_local > 0) {
+        t.win_start = max(t.sink_tiles, max(0, rs - w.n_local + 1) / BN);
+        n_win = max(0, last_tile - t.win_start + 1);
+    }
+    t.n = t.sink_tiles + n_win;
+    return t;
+}
+
 /* Rows [rs, rs + rows) that see no key: output 0, LSE -inf (lseg may be NULL). */
 template <typename T>
 __device__ __forceinline__ void write_empty_rows(T *og, int64_t o_row_stride, float *lseg, int rs,
@@ -98,27 +136,15 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
             tp.n_a = (re - 1) / BN + 1;
             tp.sink_tiles = tp.n_a;
         } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
-            const mi_cuda_head_mode hm = head_mode_of(p, h);
+            const a_shape_window w = a_shape_window_of(head_mode_of(p, h), len);
             tp.windowed = true;
-            tp.n_init = max(hm.n_init, 0);
-            tp.n_local = max(hm.n_local, 0);
-            const int nl = min(max(hm.n_last, 0), len - 1);
-            tp.tri_start = nl > 0 ? len - nl : 0x7fffffff;
-            const int last_tile = (re - 1) / BN;
-            if (re - 1 >= tp.tri_start) {
-                tp.sink_tiles = last_tile + 1;
-                tp.n_a = last_tile + 1;
-            } else {
-                const int sinks = min(tp.n_init, len);
-                tp.sink_tiles = min((sinks + BN - 1) / BN, last_tile + 1);
-                int n_win = 0;
-                if (tp.n_local > 0) {
-                    const int w0 = max(0, rs - tp.n_local + 1) / BN;
-                    tp.win_start = max(tp.sink_tiles, w0);
-                    n_win = max(0, last_tile - tp.win_start + 1);
-                }
-                tp.n_a = tp.sink_tiles + n_win;
-            }
+            tp.n_init = w.n_init;
+            tp.n_local = w.n_local;
+            tp.tri_start = w.tri_start;
+            const a_shape_tiles at = a_shape_tiles_of(w, rs, re, len);
+            tp.sink_tiles = at.sink_tiles;
+            tp.win_start = at.win_start;
+            tp.n_a = at.n;
         } else { /* sparse: BM == 64, one index row block */
             const int64_t row = (int64_t)bh * p.row_blocks + m_blk;
             tp.n_a = min(max(p.block_count[row], 0), p.max_blocks);

@@ -155,9 +155,7 @@ struct sparse_sm90_args {
     int max_items;     /* pairs x B x H */
     const int32_t *ws_heads; /* {n, bh...}: the (b, h) this kernel runs, n x pairs work items;
                               * WS_A_SHAPE marks an A-shape head */
-    /* the A-shape (Tri-shape) heads routed here: their sinks and window, and the first of the
-     * last rows that see every key (INT_MAX: none) */
-    int a_init, a_local, a_tri;
+    a_shape_window a_win; /* that of the A-/Tri-shape heads routed here */
     /* The columns of each (b, h)'s last row block, copied (K and V rows in list order) by
      * sparse_route_kernel, for row blocks whose lists are a prefix of that one (see the tile
      * loop): tm_kc / tm_vc as (d, position, b * heads + h, 1), boxes of 128 positions;
@@ -225,22 +223,15 @@ struct staged_list {
     }
 };
 
-/* The 64-key pieces that the 64 rows from rs see under A-shape (sinks [0, n_init), window of
- * n_local keys up to the row; Tri-shape: every key from row tri on): the same tiles as
+/* The 64-key pieces that the 64 rows from rs see under A-/Tri-shape window w: the tiles
  * plan_tiles gives the ring kernel. */
-__device__ __forceinline__ staged_list ashape_starts(int rs, int len, int n_init, int n_local,
-                                                    int tri) {
+__device__ __forceinline__ staged_list ashape_starts(const a_shape_window &w, int rs, int len) {
     staged_list l{nullptr, nullptr, 0};
     if (rs >= len) return l;
-    const int last_tile = (min(rs + 64, len) - 1) / 64;
-    if (min(rs + 64, len) - 1 >= tri) { /* rows that see every key: all pieces */
-        l.sinks = l.win0 = l.n = last_tile + 1;
-        return l;
-    }
-    l.sinks = min((min(n_init, len) + 63) / 64, last_tile + 1);
-    l.win0 = l.sinks;
-    if (n_local > 0) l.win0 = max(l.sinks, max(0, rs - n_local + 1) / 64);
-    l.n = l.sinks + (n_local > 0 ? max(0, last_tile - l.win0 + 1) : 0);
+    const a_shape_tiles t = a_shape_tiles_of(w, rs, min(rs + 64, len), len);
+    l.n = t.n;
+    l.sinks = t.sink_tiles;
+    l.win0 = t.win_start;
     return l;
 }
 
@@ -407,23 +398,23 @@ __global__ void __launch_bounds__(384, 1)
             if (n.ashape) return 0; /* no columns (and no index) */
             return r == 0 || n.has_b ? min(max(__ldg(counts + n.row_a + r), 0), most) : 0;
         };
-        /* an item's range starts: A's and B's lists of the index (starts staged or not), or
-         * generated for an A-shape head */
-        auto range_lists = [&](const item &n, staged_list &la, staged_list &lb) {
+        /* an item's range starts: A's and B's lists of the index, na and nb starts (staged or
+         * not), or generated for an A-shape head */
+        auto range_lists = [&](const item &n, int na, int nb, staged_list &la, staged_list &lb) {
             if (n.ashape) {
-                la = ashape_starts(n.rs, a.len, a.a_init, a.a_local, a.a_tri);
-                lb = ashape_starts(n.rs + 64, a.len, a.a_init, a.a_local, a.a_tri);
+                la = ashape_starts(a.a_win, n.rs, a.len);
+                lb = ashape_starts(a.a_win, n.rs + 64, a.len);
                 return;
             }
             const int32_t *offs = a.block_offset + n.row_a * a.max_blocks;
-            la = {staged, offs, count_at(a.block_count, n, 0, a.max_blocks)};
-            lb = {staged + SP_STAGED, offs + a.max_blocks,
-                  count_at(a.block_count, n, 1, a.max_blocks)};
+            la = {staged, offs, na};
+            lb = {staged + SP_STAGED, offs + a.max_blocks, nb};
         };
         auto plan_item = [&](int w, range_plan &pl) {
             const item n = item_of(w);
             staged_list la, lb;
-            range_lists(n, la, lb);
+            range_lists(n, count_at(a.block_count, n, 0, a.max_blocks),
+                        count_at(a.block_count, n, 1, a.max_blocks), la, lb);
             const int na = la.n, nb = lb.n;
             const bool fit = n.ashape || (na <= SP_STAGED && nb <= SP_STAGED);
             if (fit && !n.ashape) stage_starts(tid - 32, 96, la.g, na, nb);
@@ -478,15 +469,17 @@ __global__ void __launch_bounds__(384, 1)
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
          * planners read them, then its column lists), by warps 1-3: not on warp 0's path */
-        if (pw > 0 && w + (int)gridDim.x < items && !item_of(w + gridDim.x).ashape) {
-            const int64_t nrow = item_of(w + gridDim.x).row_a;
+        if (pw > 0 && w + (int)gridDim.x < items) {
+            const item next = item_of(w + gridDim.x);
+            const int64_t nrow = next.row_a;
             const int line = tid % 32, part = tid / 32; /* 128-byte lines of 32 entries */
-            if (part == 1 && line < 2)
+            const bool index = !next.ashape; /* an A-shape item reads none */
+            if (index && part == 1 && line < 2)
                 prefetch_l2((line ? a.column_count : a.block_count) + nrow);
             const int ol = line - 2; /* block_offset lines */
-            if (part == 1 && ol >= 0 && ol < 8 && (ol % 4) * 32 < a.max_blocks)
+            if (index && part == 1 && ol >= 0 && ol < 8 && (ol % 4) * 32 < a.max_blocks)
                 prefetch_l2(a.block_offset + (nrow + ol / 4) * a.max_blocks + (ol % 4) * 32);
-            if (part >= 2 && line * 32 < a.max_columns)
+            if (index && part >= 2 && line * 32 < a.max_columns)
                 prefetch_l2(a.column_index + (nrow + part - 2) * a.max_columns + line * 32);
         }
         const int32_t *offs = a.block_offset + row_a * a.max_blocks;
@@ -592,8 +585,8 @@ __global__ void __launch_bounds__(384, 1)
          * write the column tiles. */
         const int t0 = t;
         if (pw == 0) {
-            staged_list la{staged, offs, na}, lb{staged + SP_STAGED, offs + a.max_blocks, nb};
-            if (it.ashape) range_lists(it, la, lb);
+            staged_list la, lb;
+            range_lists(it, na, nb, la, lb);
             range_packer rp(la, lb);
             const int planned_tiles = planned ? pl.tiles : 0;
             for (int i = 0;; ++t, ++i) {
@@ -794,7 +787,7 @@ __global__ void __launch_bounds__(384, 1)
     const int hands_on_last = __shfl_sync(0xffffffffu, cw == 0 || w + (int)gridDim.x < items, 0);
     const int first_row = it.rs + cw * 64;
     /* the keys a row sees reach back `window` keys (or to a sink): A-shape heads only */
-    const int window = it.ashape ? a.a_local : INT_MAX;
+    const int window = it.ashape ? a.a_win.n_local : INT_MAX;
     const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qb = k & 1;
     const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
@@ -875,14 +868,15 @@ __global__ void __launch_bounds__(384, 1)
             /* A-shape: a piece not all sinks nor all inside the window of this block's last
              * row (the window's first piece or two; with Tri-shape's last rows, every piece of
              * their block) loses the keys too far left of the rows before those */
-            if (off + 63 >= a.a_init && first_row + 63 - off >= window) {
+            if (off + 63 >= a.a_win.n_init && first_row + 63 - off >= window) {
 #pragma unroll
                 for (int j = 8 * part; j < 8 * part + 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = off + 8 * (j - 8 * part) + 2 * cq + (e & 1);
                         const int row = e < 2 ? qrow0 : qrow1;
-                        const bool kill = key >= a.a_init && row - key >= window && row < a.a_tri;
+                        const bool kill = key >= a.a_win.n_init && row - key >= window &&
+                                          row < a.a_win.tri_start;
                         s[4 * j + e] = kill ? -INFINITY : s[4 * j + e];
                     }
             }
@@ -1061,17 +1055,16 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
  * band of diagonals: a run of n pieces in row block A is the same run one piece on in B, n - 1
  * shared): in `local` and `small` every start but a block's last is followed by the next piece;
  * scattered diagonals make runs of one or two pieces (`mixed`, from its definition: about 0.55
- * at 128K, 0.15 at 1M), where the ring kernel is faster. So a sparse head goes to this kernel when at least 90 % of the starts of
- * sampled row blocks (the later half, which holds most of the work) are followed by the next
- * piece; the others go to the ring kernel. So do the heads of other modes, but for the A-shape
- * heads with the sinks, window and last rows this launch runs here (a_init, a_local, a_tri: the
- * first A-/Tri-shape head's): those come here
- * (list entries marked WS_A_SHAPE). One CTA per (b, h) writes its flag (taken[bh], for the ring
- * kernel to skip) and appends it to this kernel's list {n, bh...} (n zeroed before). For a
- * sparse head it takes, it then copies the K and V rows of the last
- * row block's columns (the first c.rows of them, where they are ascending keys of the sequence)
- * to c.k / c.v in list order, zeros after them for a tile, and writes how many to c.count[bh]
- * (-1: none). */
+ * at 128K, 0.15 at 1M), where the ring kernel is faster. So a sparse head goes to this kernel
+ * when at least 90 % of the starts of sampled row blocks (the later half, which holds most of
+ * the work) are followed by the next piece; the others go to the ring kernel. So do the heads of
+ * other modes, but for the A-shape heads with the sinks, window and last rows this launch runs
+ * here (a_win: the first A-/Tri-shape head's): those come here (list entries marked WS_A_SHAPE).
+ * One CTA per (b, h) writes its flag (taken[bh], for the ring kernel to skip) and appends it to
+ * this kernel's list {n, bh...} (n zeroed before). For a sparse head it takes, it then copies
+ * the K and V rows of the last row block's columns (the first c.rows of them, where they are
+ * ascending keys of the sequence) to c.k / c.v in list order, zeros after them for a tile, and
+ * writes how many to c.count[bh] (-1: none). */
 struct column_copies {
     void *k, *v;    /* [B * H][rows][128] elements of 2 bytes */
     int32_t *count; /* [B * H] */
@@ -1081,31 +1074,23 @@ constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
 constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
 constexpr int ROUTE_MIN_CANDIDATES = 16; /* fewer starts with a successor: the ring kernel */
 
-/* The last rows of an A-/Tri-shape head that see every key start at this row (INT_MAX: none),
- * as plan_tiles reads the mode. */
-__host__ __device__ __forceinline__ int tri_start_of(const mi_cuda_head_mode &m, int len) {
-    const int nl = min(max(m.n_last, 0), len - 1);
-    return nl > 0 ? len - nl : INT_MAX;
-}
-
-/* Whether head mode m is A-shape (or Tri-shape) with these sinks, window and last rows. */
+/* Whether head mode m is A-shape (or Tri-shape) with window w. */
 __host__ __device__ __forceinline__ bool a_shape_with(const mi_cuda_head_mode &m, int len,
-                                                      int n_init, int n_local, int tri) {
-    return m.mode == MI_CUDA_MODE_A_SHAPE && max(m.n_init, 0) == n_init &&
-           max(m.n_local, 0) == n_local && tri_start_of(m, len) == tri;
+                                                      const a_shape_window &w) {
+    return m.mode == MI_CUDA_MODE_A_SHAPE && a_shape_window_of(m, len) == w;
 }
 
-/* sparse_on = 0: no sparse head comes here (no usable index); a_init < 0: no A-shape head */
+/* sparse_on = 0: no sparse head comes here (no usable index); a_on = 0: no A-shape head, else
+ * those with window a_win */
 __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
     sparse_route_kernel(const __grid_constant__ mi_cuda_attn_params p, int32_t *taken,
-                        int32_t *list, int sparse_on, int every, column_copies c, int a_init,
-                        int a_local, int a_tri) {
+                        int32_t *list, int sparse_on, int every, column_copies c, int a_on,
+                        a_shape_window a_win) {
 #ifdef MI_SM90_DEVICE
     const int bh = blockIdx.x, h = bh % p.heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bool sparse = sparse_on && head_mode_of(p, h).mode == MI_CUDA_MODE_SPARSE;
-    const bool ashape =
-        a_init >= 0 && a_shape_with(head_mode_of(p, h), p.len, a_init, a_local, a_tri);
+    const bool ashape = a_on && a_shape_with(head_mode_of(p, h), p.len, a_win);
     int adj = 0, cand = 0;
     if (sparse && !every) {
         /* one warp per sampled row block */
@@ -1193,15 +1178,14 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     /* the sparse heads (with an index that covers the sequence), and the A-/Tri-shape heads with
      * the sinks, window and last rows of the first one (an A-shape layer's heads usually share
      * them; the others go to the ring kernel) */
-    bool any_sparse = false;
-    int a_init = -1, a_local = -1, a_tri = INT_MAX;
+    bool any_sparse = false, a_on = false;
+    mi_cuda::a_shape_window a_win = {0, 0, INT_MAX};
     for (int h = 0; h < p->heads; ++h) {
         const mi_cuda_head_mode m = mi_cuda::head_mode_of(*p, h);
         any_sparse |= m.mode == MI_CUDA_MODE_SPARSE;
-        if (a_init < 0 && !(a_env && a_env[0] == '0') && m.mode == MI_CUDA_MODE_A_SHAPE) {
-            a_init = max(m.n_init, 0);
-            a_local = max(m.n_local, 0);
-            a_tri = mi_cuda::tri_start_of(m, p->len);
+        if (!a_on && !(a_env && a_env[0] == '0') && m.mode == MI_CUDA_MODE_A_SHAPE) {
+            a_on = true;
+            a_win = mi_cuda::a_shape_window_of(m, p->len);
         }
     }
     /* Tri-shape: the pair that holds the dense last rows is one item of about len / 128 tiles
@@ -1209,15 +1193,15 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
      * two such items' worth of the others, that item sets the kernel's time: 128 + 4096 + 64
      * at 1M on one head ran 17.6 ms here against 15.5 on the ring kernel (4.3 without the last
      * rows), while at 128K on 32 heads 0.59 against 0.78 ms per head. */
-    if (a_init >= 0 && a_tri != INT_MAX) {
+    if (a_on && a_win.tri_start != INT_MAX) {
         int64_t heads = 0;
         for (int h = 0; h < p->heads; ++h)
-            heads += mi_cuda::a_shape_with(mi_cuda::head_mode_of(*p, h), p->len, a_init, a_local,
-                                           a_tri);
-        if (heads * p->batch * (a_local / 128 + 2) < 2 * (int64_t)mi_cuda_sm_count()) a_init = -1;
+            heads += mi_cuda::a_shape_with(mi_cuda::head_mode_of(*p, h), p->len, a_win);
+        if (heads * p->batch * (a_win.n_local / 128 + 2) < 2 * (int64_t)mi_cuda_sm_count())
+            a_on = false;
     }
     if (any_sparse && (!p->block_count || (int64_t)p->row_blocks * 64 < p->len)) any_sparse = false;
-    if (!any_sparse && a_init < 0) return cudaSuccess;
+    if (!any_sparse && !a_on) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k2, &a.tm_v2, p, 128) ||
@@ -1242,9 +1226,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     a.row_blocks = any_sparse ? p->row_blocks : (p->len + 63) / 64;
     a.max_blocks = any_sparse ? p->max_blocks : 0;
     a.max_columns = any_sparse ? p->max_columns : 0;
-    a.a_init = a_init;
-    a.a_local = a_local;
-    a.a_tri = a_tri;
+    a.a_win = a_win;
     a.heads = p->heads;
     a.group = p->group;
     a.len = p->len;
@@ -1291,7 +1273,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     cudaError_t e = cudaMemsetAsync(buf + n_bh, 0, sizeof(int32_t), st);
     if (e == cudaSuccess) {
         mi_cuda::sparse_route_kernel<<<n_bh, 32 * mi_cuda::ROUTE_SAMPLES, 0, st>>>(
-            *p, buf, buf + n_bh, any_sparse, every, cc, a_init, a_local, a_tri);
+            *p, buf, buf + n_bh, any_sparse, every, cc, a_on, a_win);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)

@@ -55,6 +55,9 @@ constexpr int BS_MAX_ROWS = 4;      /* row blocks per CTA, at most (their pooled
 constexpr int BS_CANDIDATES = 2048; /* the two-pass select's room for keys near the top */
 /* the scores of a CTA's row blocks: at most this much shared memory */
 constexpr size_t BS_SCORE_SMEM = 200 * 1024;
+/* floats per row block in the scores of a CTA whose last row block is m_end - 1 (its m_end
+ * keys, rounded up for 16-byte alignment) */
+__host__ __device__ constexpr int64_t bs_score_stride(int64_t m_end) { return (m_end + 3) & ~3; }
 
 /* One CTA per `ROWS` adjacent row blocks of one (b, h), the longest first. The scores: the
  * pooled keys are read once for all ROWS row blocks (each was read once per row block, a CTA's
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
         kk[r] = k;
         if (k > 0 && k < n) n_score = n;
     }
-    const int stride = (m0 + ROWS + 3) & ~3;
+    const int stride = (int)bs_score_stride(m0 + ROWS);
 
     if (n_score > 0) {
         /* lane l of a warp: key row 4 w' + l / 8 of the warp's four, float4 pieces l % 8,
@@ -214,7 +217,7 @@ constexpr int BS_WIDE_NT = 512;
 
 template <int D, int ROWS>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
-    const int64_t stride = ((int64_t)sp.idx_row_blocks + ROWS + 3) & ~(int64_t)3;
+    const int64_t stride = bs_score_stride((int64_t)sp.idx_row_blocks + ROWS);
     const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
     bool wide = smem > BS_TWO_CTA_SMEM;
     /* MI_CUDA_BS_WIDE=0 or 1 forces the choice (for the tests) */
