@@ -62,7 +62,7 @@ def time_set(lib, L, H, band, columns, variants, reps):
         finally:
             for key, _ in sets:
                 del os.environ[key]
-        out[name] = {"ms_per_head": t / H, "tflops": 4.0 * 128 * pairs / t / 1e9}
+        out[name] = {"ms_per_head": t / H, "tflops": tr.effective_tflops(pairs, t)}
     del build, run, keys
     torch.cuda.empty_cache()
     return out

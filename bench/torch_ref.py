@@ -209,6 +209,11 @@ def make_sparse_index(lib, H, L, mb, mc):
     return idx, buf
 
 
+def effective_tflops(pairs, t_ms):
+    """TFLOP/s of the (row, key) pairs a kernel computed in t_ms (QK^T and PV, D = 128)."""
+    return 4.0 * 128 * pairs / t_ms / 1e9
+
+
 def keys_visited(buf, H, L, mb, mc):
     """Sum over row blocks of 64 * (64 * block_count + column_count), i.e. (row, key) pairs
     the kernel computes (rows >= L excluded)."""
@@ -316,9 +321,8 @@ def bench_sparse(lib, L, H, Hk, name, reps):
     t_idx = time_cuda(build, reps)
     t = time_cuda(run, reps)
     pairs = keys()
-    flops = 4.0 * 128 * pairs
     return {"L": L, "heads": H, "set": name, "kernel_ms": t, "kernel_ms_per_head": t / H,
-            "index_ms": t_idx, "effective_tflops": flops / t / 1e9,
+            "index_ms": t_idx, "effective_tflops": effective_tflops(pairs, t),
             "keys_per_row": pairs / (H * L)}
 
 
@@ -341,7 +345,7 @@ def pattern_timing(pattern, L, H, t, pairs):
     """A patterns row's timing fields: kernel time t (ms, all H heads) over (row, key) pairs,
     against the original kernel's time where BENCHMARKS.md has one."""
     orig = ORIGINAL_MS.get((pattern, L))
-    return {"kernel_ms_per_head": t / H, "effective_tflops": 4.0 * 128 * pairs / t / 1e9,
+    return {"kernel_ms_per_head": t / H, "effective_tflops": effective_tflops(pairs, t),
             "keys_per_row": pairs / (H * L), "original_kernel_ms_per_head": orig,
             "speedup_vs_original": orig / (t / H) if orig else None}
 
@@ -444,7 +448,7 @@ def bench_estimation(lib, L, H, Hk, reps):
             "prefill_ms_per_head": t_pre / H,
             "estimate_index_share": (t_est + t_idx) / t_pre,
             "keys_per_row": pairs / (H * L),
-            "kernel_effective_tflops": 4.0 * 128 * pairs / t_kernel / 1e9 if t_kernel > 0 else None,
+            "kernel_effective_tflops": effective_tflops(pairs, t_kernel) if t_kernel > 0 else None,
             "note": "q/k random plus a rotary-style position code; the estimate keeps the near "
                     "diagonals and, beyond them, scattered ones: keys_per_row is the density of "
                     "the index the prefill computes on"}
