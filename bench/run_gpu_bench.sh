@@ -34,7 +34,7 @@ grep -E "spill|warning" "$LOGS/build.log" | grep -v " 0 bytes spill" | head -20
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 
 # Tensor-core instructions in the kernels (HMMA: mma.sync; HGMMA: wgmma)
-for f in attn_fwd attn_fwd_sm90 attn_dense_sm90 attn_sparse_sm90; do
+for f in attn_fwd attn_fwd_sm90 attn_dense_sm90 attn_sparse_sm90 bs_estimate; do
   obj=$(find build -name "$f.cu.o" | head -1)
   [ -n "$obj" ] || continue
   cuobjdump -sass "$obj" > "$LOGS/$f.sass" 2>/dev/null

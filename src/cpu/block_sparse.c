@@ -5,7 +5,8 @@
  * [R, max_blocks] = 64 * selected key block, ascending, column_count [R] = 0.
  *
  * qp[m] / kp[n] = mean of the rows of 64-row block m / n over the block's real rows (a partial
- * last block is averaged over its len % 64 rows, not diluted by padding). Block scores
+ * last block is averaged over its len % 64 rows, not diluted by padding), rounded to the input
+ * dtype (as the original, whose pooled means are bf16 or fp16 tensors). Block scores
  * qp[m] . kp[n] for n <= m (no scale: it does not change the ranking), computed 64 x 64 blocks at
  * a time with the attention micro-kernel. Row block m keeps its diagonal block m and block 0
  * always (the original forces neither and gives NaN rows when L < 64), plus the best other blocks
@@ -37,6 +38,9 @@ static void pool(const mi_tensor *t, int64_t b, int64_t h, int64_t len, int64_t 
         }
         const float inv = 1.0f / (float)(r1 - r0);
         for (int64_t d = 0; d < D; d++) pm[d] *= inv;
+        /* rounded to the input dtype, as the original's pooling and the CUDA estimate do */
+        mi_cpu_store(row, t->dtype, pm, D);
+        mi_cpu_load_f32(pm, row, t->dtype, D, 1.0f);
     }
 }
 

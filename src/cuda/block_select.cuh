@@ -191,6 +191,156 @@ __device__ void block_compact(KeyFn key, int n, bool take_all, uint32_t thr, int
     }
 }
 
+/* Warp-wide selects over n <= 32 SLOTS distinct 64-bit values, held in registers: lane l holds
+ * value 32 i + l in slot i, 0 where there is none (every value is above 0). */
+
+/* How many values are >= x (x > 0), one ballot per slot. */
+template <int SLOTS> __device__ __forceinline__ int warp_count_ge(const uint64_t *v, uint64_t x) {
+    int c = 0;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) c += __popc(__ballot_sync(0xffffffffu, v[i] >= x));
+    return c;
+}
+
+/* The k-th largest by quickselect, each round counting the values at or above a pseudo-random
+ * pivot of those still in question (about 2 ln n rounds). Requires 0 < k < n. */
+template <int SLOTS>
+__device__ __forceinline__ uint64_t warp_kth_quickselect(const uint64_t *v, int n, int k) {
+    const int lane = threadIdx.x & 31;
+    uint64_t lo = 0, hi = ~0ull; /* the k-th largest lies in (lo, hi); kr more wanted there */
+    bool hi_set = false;
+    int kr = k;
+    uint32_t seed = 0x9e3779b9u * (uint32_t)(n + 7 * k);
+    for (;;) {
+        unsigned in[SLOTS];
+        int total = 0;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            in[i] = __ballot_sync(0xffffffffu, v[i] > lo && (!hi_set || v[i] < hi));
+            total += __popc(in[i]);
+        }
+        if (total == kr) { /* all of them: the k-th is the smallest */
+            uint64_t low = ~0ull;
+#pragma unroll
+            for (int i = 0; i < SLOTS; ++i)
+                if ((in[i] >> lane) & 1u) low = v[i] < low ? v[i] : low;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const uint64_t other = __shfl_xor_sync(0xffffffffu, low, o);
+                low = other < low ? other : low;
+            }
+            return low;
+        }
+        seed = seed * 1664525u + 1013904223u;
+        /* the pivot: the r-th value in question, in slot `at` of lane src */
+        int r = (int)((seed >> 8) % (uint32_t)total), at = -1, src = 0;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            const int cnt = __popc(in[i]);
+            if (at < 0 && r < cnt) {
+                at = i;
+                src = (int)__fns(in[i], 0, r + 1);
+            } else if (at < 0) {
+                r -= cnt;
+            }
+        }
+        uint64_t pick = 0;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i)
+            if (i == at) pick = v[i];
+        const uint64_t pivot = __shfl_sync(0xffffffffu, pick, src);
+        int ge = 0;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i)
+            ge += __popc(__ballot_sync(0xffffffffu, ((in[i] >> lane) & 1u) && v[i] >= pivot));
+        if (ge == kr) return pivot;
+        if (ge > kr) {
+            lo = pivot;
+        } else {
+            kr -= ge;
+            hi = pivot;
+            hi_set = true;
+        }
+    }
+}
+
+/* Keeps the k largest of the n distinct values c[0 .. n) (n <= 32 SLOTS) in place, in their
+ * order, and returns the smallest one kept. The k-th largest is bracketed first: 32 of the values,
+ * one per lane from spread positions, are sorted (bitonic, across lanes) and a binary search with
+ * exact counts finds the two adjacent samples around it. The few values between them (n / 32
+ * expected) go one per lane to `scratch` (32 values of the warp's own), where each lane ranks its
+ * value against the others. Where more than 32 lie there, a quickselect on all of them. About a
+ * fifth of a quickselect's instructions for n = 256. Requires 0 < k <= n. */
+template <int SLOTS>
+__device__ __forceinline__ uint64_t warp_keep_top(uint64_t *c, int n, int k, uint64_t *scratch) {
+    static_assert(SLOTS >= 1 && SLOTS <= 32, "slots");
+    const int lane = threadIdx.x & 31;
+    uint64_t v[SLOTS];
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) v[i] = 32 * i + lane < n ? c[32 * i + lane] : 0;
+    uint64_t thr = 1; /* k == n: every value */
+    if (k < n) {
+        uint64_t smp = 0; /* lane l samples value 32 (l % SLOTS) + l */
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i)
+            if (i == lane % SLOTS) smp = v[i];
+#pragma unroll
+        for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+            for (int stride = size / 2; stride > 0; stride >>= 1) {
+                const uint64_t other = __shfl_xor_sync(0xffffffffu, smp, stride);
+                const bool keep_max = ((lane & size) == 0) == ((lane & stride) == 0);
+                smp = keep_max ? (other > smp ? other : smp) : (other < smp ? other : smp);
+            }
+        /* lane i holds the i-th largest sample (0s last). The first i whose sample has at least k
+         * values at or above it (i = 32: none, every value counts) */
+        int lo_i = 0, hi_i = 32;
+        while (lo_i < hi_i) {
+            const int mid = (lo_i + hi_i) >> 1;
+            const uint64_t x = __shfl_sync(0xffffffffu, smp, mid);
+            if (x == 0 || warp_count_ge<SLOTS>(v, x) >= k)
+                hi_i = mid;
+            else
+                lo_i = mid + 1;
+        }
+        const uint64_t upper = lo_i > 0 ? __shfl_sync(0xffffffffu, smp, lo_i - 1) : 0;
+        uint64_t lower = lo_i < 32 ? __shfl_sync(0xffffffffu, smp, lo_i & 31) : 0;
+        if (lower == 0) lower = 1;
+        const int above = lo_i > 0 ? warp_count_ge<SLOTS>(v, upper) : 0;
+        const int kr = k - above; /* the kr-th largest of [lower, upper) */
+        int m = 0;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            const bool in = v[i] >= lower && (lo_i == 0 || v[i] < upper);
+            const unsigned bal = __ballot_sync(0xffffffffu, in);
+            if (in && m + __popc(bal & ((1u << lane) - 1u)) < 32)
+                scratch[m + __popc(bal & ((1u << lane) - 1u))] = v[i];
+            m += __popc(bal);
+        }
+        __syncwarp();
+        if (m <= 32) {
+            const uint64_t x = lane < m ? scratch[lane] : 0;
+            int rank = 0;
+            for (int j = 0; j < m; ++j) rank += scratch[j] > x;
+            const unsigned hit = __ballot_sync(0xffffffffu, lane < m && rank == kr - 1);
+            thr = __shfl_sync(0xffffffffu, x, __ffs(hit) - 1);
+        } else {
+            thr = warp_kth_quickselect<SLOTS>(v, n, k);
+        }
+        __syncwarp(); /* scratch is written again by the next call */
+    }
+    int out = 0;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+        const bool keep = v[i] != 0 && v[i] >= thr;
+        const unsigned kept = __ballot_sync(0xffffffffu, keep);
+        if (keep) c[out + __popc(kept & ((1u << lane) - 1u))] = v[i];
+        out += __popc(kept);
+    }
+    __syncwarp();
+    return thr;
+}
+
 } // namespace mi_cuda
 
 #endif /* MI_BLOCK_SELECT_CUH */

@@ -20,10 +20,12 @@ struct pool_params {
     const void *x;
     int64_t stride[3];
     int32_t heads, len, row_blocks, head_dim;
-    float *out; /* [B*heads, R, D] */
+    void *out; /* [B*heads, R, D] in the input dtype */
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
 };
 
+/* The mean of a block's real rows, summed in row order and rounded to the input dtype as the CPU
+ * reference does (IEEE reciprocal and product, whatever the fast-math flags). */
 template <typename T>
 __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const int m = blockIdx.x, bh = blockIdx.y;
@@ -35,12 +37,20 @@ __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const int r0 = m * 64, r1 = min(r0 + 64, len);
     float acc = 0.f;
     for (int r = r0; r < r1; ++r) acc += dtype_traits<T>::to_float(x[(int64_t)r * p.stride[2] + d]);
-    p.out[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] =
-        r1 > r0 ? acc / (float)(r1 - r0) : 0.f;
+    const float mean = r1 > r0 ? __fmul_rn(acc, __frcp_rn((float)(r1 - r0))) : 0.f;
+    reinterpret_cast<T *>(p.out)[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] =
+        dtype_traits<T>::from_float(mean);
+}
+
+/* Eight values of a 16-byte load in the input dtype, as floats. */
+template <typename T> __device__ __forceinline__ void unpack8(const uint4 &u, float *f) {
+    const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = dtype_traits<T>::to_float(e[i]);
 }
 
 struct bs_select_params {
-    const float *qp, *kp;
+    const void *qp, *kp; /* pooled, in the input dtype */
     int32_t heads, group, row_blocks, head_dim;
     int32_t *block_count, *block_offset, *column_count;
     int32_t idx_row_blocks, max_blocks;
@@ -65,7 +75,7 @@ __host__ __device__ constexpr int64_t bs_score_stride(int64_t m_end) { return (m
  * row, coalesced. Then, per row block, the top k: block_top_bin narrows the m + 1 keys to the
  * few near the top, the exact radix select and the in-order compaction run on those; where more
  * than BS_CANDIDATES lie there (k close to m), on all of them as before. */
-template <int D, int ROWS, int UNROLL, int NT>
+template <typename T, int D, int ROWS, int UNROLL, int NT>
 __global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
     bs_select_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ float scores[]; /* [ROWS][stride] */
@@ -97,46 +107,49 @@ __global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
     const int stride = (int)bs_score_stride(m0 + ROWS);
 
     if (n_score > 0) {
-        /* lane l of a warp: key row 4 w' + l / 8 of the warp's four, float4 pieces l % 8,
+        /* lane l of a warp: key row 4 w' + l / 8 of the warp's four, 8-value pieces l % 8,
          * l % 8 + 8, ... (eight lanes read 128 contiguous bytes at a time) */
-        constexpr int PIECES = D / 32;
+        constexpr int PIECES = D / 64;
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane & 7;
-        float4 q[ROWS][PIECES];
+        float q[ROWS][PIECES][8];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const int m = min(m0 + r, p.row_blocks - 1);
-            const float4 *qg =
-                reinterpret_cast<const float4 *>(p.qp + ((int64_t)bh * p.row_blocks + m) * D);
+            const uint4 *qg = reinterpret_cast<const uint4 *>(static_cast<const T *>(p.qp) +
+                                                              ((int64_t)bh * p.row_blocks + m) * D);
 #pragma unroll
-            for (int i = 0; i < PIECES; ++i) q[r][i] = qg[i * 8 + part];
+            for (int i = 0; i < PIECES; ++i) unpack8<T>(qg[i * 8 + part], q[r][i]);
         }
         const int bhk = b * (p.heads / p.group) + h / p.group;
-        const float4 *kbase =
-            reinterpret_cast<const float4 *>(p.kp + (int64_t)bhk * p.row_blocks * D);
+        const uint4 *kbase = reinterpret_cast<const uint4 *>(static_cast<const T *>(p.kp) +
+                                                             (int64_t)bhk * p.row_blocks * D);
         /* UNROLL groups of key rows in flight per warp (see launch_bs_select) */
         constexpr int STEP = 4 * (NT / 32);
         /* the loop bound is the warp's (the shuffles below need every lane) */
         for (int j0 = 4 * warp; j0 < n_score; j0 += STEP * UNROLL) {
-            float4 kv[UNROLL][PIECES];
+            uint4 kv[UNROLL][PIECES];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int j = j0 + u * STEP + (lane >> 3);
 #pragma unroll
                 for (int i = 0; i < PIECES; ++i)
-                    kv[u][i] = j < n_score ? __ldg(kbase + (int64_t)j * (D / 4) + i * 8 + part)
-                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+                    kv[u][i] = j < n_score ? __ldg(kbase + (int64_t)j * (D / 8) + i * 8 + part)
+                                           : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int j = j0 + u * STEP + (lane >> 3);
+                float kf[PIECES][8];
+#pragma unroll
+                for (int i = 0; i < PIECES; ++i) unpack8<T>(kv[u][i], kf[i]);
                 float acc[ROWS];
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     acc[r] = 0.f;
 #pragma unroll
                     for (int i = 0; i < PIECES; ++i)
-                        acc[r] += kv[u][i].x * q[r][i].x + kv[u][i].y * q[r][i].y +
-                                  kv[u][i].z * q[r][i].z + kv[u][i].w * q[r][i].w;
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r] += kf[i][e] * q[r][i][e];
 #pragma unroll
                     for (int o = 4; o > 0; o >>= 1)
                         acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
@@ -215,7 +228,7 @@ static int bs_rows_per_cta(int64_t R) {
 constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
 constexpr int BS_WIDE_NT = 512;
 
-template <int D, int ROWS>
+template <typename T, int D, int ROWS>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
     const int64_t stride = bs_score_stride((int64_t)sp.idx_row_blocks + ROWS);
     const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
@@ -224,7 +237,7 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cuda
     if (const char *w = getenv("MI_CUDA_BS_WIDE"))
         if (w[0] == '0' || w[0] == '1') wide = w[0] == '1';
     auto kern =
-        wide ? bs_select_kernel<D, ROWS, 2, BS_WIDE_NT> : bs_select_kernel<D, ROWS, 1, BS_NT>;
+        wide ? bs_select_kernel<T, D, ROWS, 2, BS_WIDE_NT> : bs_select_kernel<T, D, ROWS, 1, BS_NT>;
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -233,15 +246,249 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cuda
     return cudaGetLastError();
 }
 
-template <int D>
+template <typename T, int D>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_t BH,
                                     cudaStream_t st) {
     switch (rows) {
-    case 1: return launch_bs_select<D, 1>(sp, BH, st);
-    case 2: return launch_bs_select<D, 2>(sp, BH, st);
-    case 3: return launch_bs_select<D, 3>(sp, BH, st);
-    default: return launch_bs_select<D, 4>(sp, BH, st);
+    case 1: return launch_bs_select<T, D, 1>(sp, BH, st);
+    case 2: return launch_bs_select<T, D, 2>(sp, BH, st);
+    case 3: return launch_bs_select<T, D, 3>(sp, BH, st);
+    default: return launch_bs_select<T, D, 4>(sp, BH, st);
     }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The streaming estimate: tensor-core scores and a running top k per row block                */
+
+/* A CTA of four warps takes 64 adjacent row blocks of one (b, h), a warp 16 of them (the rows of
+ * its mma tiles). It streams the pooled keys in tiles of 64 from the diagonal down to block 0
+ * through shared memory (cp.async, two stages) and scores them with mma.sync m16n8k16 against
+ * the pooled queries held in registers. Each row block keeps candidates in shared memory: every
+ * score above its threshold is appended; when the next tile might not fit, the warp keeps the
+ * row's top k (warp_keep_top) and raises the threshold to the smallest of them. So the pooled keys
+ * are read once per 64 row blocks, not once per three or four as in bs_select_kernel.
+ *
+ * A candidate is one 64-bit value, (order key of the score) << 32 | ~block: distinct, ordered as
+ * the CPU reference ranks (higher score first, lower block first among equal scores; the diagonal
+ * and block 0 forced on top). Walking the keys downwards, a row's candidates are appended in
+ * descending block order, which compaction keeps, so the kept list read backwards gives the
+ * ascending offsets. Downwards also meets the high scores of near-diagonal blocks first, which
+ * real heads favour, so the threshold rises early and few candidates are appended. */
+constexpr int BSS_ROWS = 64;
+constexpr int BSS_NT = 128;
+constexpr int BSS_KEYS = 64;
+/* candidate slots per row block (172 KB of shared memory for the CTA). A row compacts to k once
+ * its candidates could overflow with the next tile. 352 slots (217 KB, compacting half as often)
+ * measured slower: 0.16 against 0.105 ms per head at 128K, 2.7 against 2.2 at 1M */
+constexpr int BSS_CAP = 256;
+/* the largest top k it takes; larger ones would compact too often */
+constexpr int BSS_MAX_K = 192;
+static_assert(BSS_MAX_K + BSS_KEYS <= BSS_CAP && BSS_CAP % 32 == 0, "candidate slots");
+/* pooled key rows in shared memory are D + 32 values apart: the 16-byte reads of eight lanes
+ * (two rows) fall on distinct banks */
+template <int D> constexpr int bss_key_stride() { return D + 32; }
+template <int D> constexpr size_t bss_smem_bytes() {
+    return (size_t)BSS_ROWS * BSS_CAP * 8 + (size_t)2 * BSS_KEYS * bss_key_stride<D>() * 2 +
+           (size_t)(BSS_NT / 32) * 32 * 8;
+}
+
+__device__ __forceinline__ uint64_t bs_candidate(float score, int j, int m) {
+    if (j > m) return 0; /* never above a threshold */
+    const uint32_t key = j == m   ? 0xffffffffu
+                         : j == 0 ? float_order_key(3.402823466e38f)
+                                  : float_order_key(score);
+    return (uint64_t)key << 32 | (uint32_t)~j;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BSS_NT, 1)
+    bs_stream_kernel(const __grid_constant__ bs_select_params p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int KS = bss_key_stride<D>();
+    uint64_t *cand = reinterpret_cast<uint64_t *>(smem); /* [BSS_ROWS][BSS_CAP] */
+    T *kbuf = reinterpret_cast<T *>(smem + (size_t)BSS_ROWS * BSS_CAP * 8); /* [2][64][KS] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    /* the warp's 32 values for warp_keep_top */
+    uint64_t *scratch = reinterpret_cast<uint64_t *>(kbuf + 2 * BSS_KEYS * KS) + 32 * warp;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * BSS_ROWS;
+    if (!p.active[h] || m0 >= p.idx_row_blocks) return;
+    int len = p.seq_lens[b];
+    if (p.dense_below > 0 && len < p.dense_below) len = 0;
+    const int nb = (len + 63) / 64; /* the sequence's blocks */
+    const int wm0 = m0 + 16 * warp;
+
+    /* this thread's two row blocks (those of its accumulator rows g and g + 8) */
+    int mr[2], kk[2], cnt[2] = {0, 0};
+    bool sel[2];
+    uint64_t thr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int m = wm0 + g + 8 * r, n = m + 1;
+        int k = max(min(max(p.top_k[h], 0), n), m > 0 ? 2 : 1);
+        k = min(k, p.max_blocks);
+        if (m >= p.idx_row_blocks || m >= nb) k = 0;
+        mr[r] = m;
+        kk[r] = k;
+        sel[r] = k > 0 && k < n; /* otherwise no select: none, or every block */
+        thr[r] = sel[r] ? 0 : ~0ull;
+    }
+    const bool warp_sel = __any_sync(0xffffffffu, sel[0] || sel[1]);
+    const int n_tiles = __syncthreads_or(warp_sel) ? (min(m0 + BSS_ROWS, nb) + 63) / 64 : 0;
+
+    const int bhk = b * (p.heads / p.group) + h / p.group;
+    const T *kg = static_cast<const T *>(p.kp) + (int64_t)bhk * p.row_blocks * D;
+    auto load_tile = [&](int it, int buf) {
+        T *dst = kbuf + buf * BSS_KEYS * KS;
+        for (int c = threadIdx.x; c < BSS_KEYS * D / 8; c += BSS_NT) {
+            const int r = c / (D / 8), piece = c % (D / 8), j = it * BSS_KEYS + r;
+            const bool ok = j < nb;
+            cp_async_16(dst + r * KS + piece * 8, kg + (int64_t)(ok ? j : 0) * D + piece * 8,
+                        ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (n_tiles > 0) load_tile(n_tiles - 1, 0);
+
+    /* the pooled queries as A fragments. The k index of the mma runs over a permutation of d
+     * that A and B share: k-steps 2 s and 2 s + 1 take d = 32 s .. 32 s + 31, lane t's four
+     * values of a step being d = 32 s + 8 t + 4 (step & 1) + 0..3, so one 16-byte read gives a
+     * lane its operands for both steps */
+    uint4 qa[D / 32], qb[D / 32];
+    {
+        const T *qg = static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D;
+#pragma unroll
+        for (int s = 0; s < D / 32; ++s) {
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            qa[s] = mr[0] < nb ? __ldg(reinterpret_cast<const uint4 *>(
+                                     qg + (int64_t)mr[0] * D + 32 * s + 8 * t))
+                               : zero;
+            qb[s] = mr[1] < nb ? __ldg(reinterpret_cast<const uint4 *>(
+                                     qg + (int64_t)mr[1] * D + 32 * s + 8 * t))
+                               : zero;
+        }
+    }
+
+    /* keeps the top k of this warp's selecting rows that hold more than `limit` candidates
+     * (limit < 0: more than k) */
+    auto shrink = [&](int limit) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            unsigned need = __ballot_sync(0xffffffffu,
+                                          t == 0 && sel[r] && cnt[r] > (limit < 0 ? kk[r] : limit));
+            while (need) {
+                const int src = __ffs(need) - 1;
+                need &= need - 1;
+                const int n_c = __shfl_sync(0xffffffffu, cnt[r], src);
+                const int k_c = __shfl_sync(0xffffffffu, kk[r], src);
+                uint64_t *row = cand + (16 * warp + (src >> 2) + 8 * r) * BSS_CAP;
+                const uint64_t low = warp_keep_top<BSS_CAP / 32>(row, n_c, k_c, scratch);
+                if (g == (src >> 2)) {
+                    cnt[r] = k_c;
+                    thr[r] = low;
+                }
+            }
+        }
+    };
+
+    for (int step = 0; step < n_tiles; ++step) {
+        const int it = n_tiles - 1 - step, buf = step & 1;
+        if (step + 1 < n_tiles) {
+            load_tile(it - 1, buf ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int j0 = it * BSS_KEYS;
+        if (warp_sel && j0 <= wm0 + 15) {
+            /* room for a whole tile */
+            shrink(BSS_CAP - BSS_KEYS);
+            float acc[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+            const T *kt = kbuf + buf * BSS_KEYS * KS;
+#pragma unroll
+            for (int s = 0; s < D / 32; ++s) {
+                const uint32_t a0[4] = {qa[s].x, qb[s].x, qa[s].y, qb[s].y};
+                const uint32_t a1[4] = {qa[s].z, qb[s].z, qa[s].w, qb[s].w};
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    const uint4 kv =
+                        *reinterpret_cast<const uint4 *>(kt + (8 * nt + g) * KS + 32 * s + 8 * t);
+                    const uint32_t b0[2] = {kv.x, kv.y}, b1[2] = {kv.z, kv.w};
+                    mma_16816<T>(acc[nt], a0, b0);
+                    mma_16816<T>(acc[nt], a1, b1);
+                }
+            }
+            /* append, highest block first: n-tiles downwards, lanes 3 .. 0 of a quad, and the
+             * second column of a lane before its first */
+#pragma unroll
+            for (int nt = 7; nt >= 0; --nt) {
+                const int jl = j0 + 8 * nt + 2 * t;
+                uint64_t c[2][2];
+                bool f[2][2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    c[r][0] = bs_candidate(acc[nt][2 * r + 1], jl + 1, mr[r]);
+                    c[r][1] = bs_candidate(acc[nt][2 * r], jl, mr[r]);
+                    f[r][0] = c[r][0] > thr[r];
+                    f[r][1] = c[r][1] > thr[r];
+                }
+                if (!__any_sync(0xffffffffu, f[0][0] || f[0][1] || f[1][0] || f[1][1])) continue;
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int n = f[r][0] + f[r][1];
+                    int incl = n; /* over lanes t .. 3 of the quad */
+                    int o = __shfl_down_sync(0xffffffffu, incl, 1, 4);
+                    if (t < 3) incl += o;
+                    o = __shfl_down_sync(0xffffffffu, incl, 2, 4);
+                    if (t < 2) incl += o;
+                    const int total = __shfl_sync(0xffffffffu, incl, 0, 4);
+                    uint64_t *row = cand + (16 * warp + g + 8 * r) * BSS_CAP;
+                    int pos = cnt[r] + incl - n;
+                    if (f[r][0]) row[pos++] = c[r][0];
+                    if (f[r][1]) row[pos] = c[r][1];
+                    cnt[r] += total;
+                }
+            }
+        }
+        __syncthreads(); /* the buffer is loaded again two steps on */
+    }
+
+    /* exactly k per selecting row, then the offsets, ascending */
+    if (warp_sel) shrink(-1);
+    __syncwarp();
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+        const int m = wm0 + rr, src = (rr & 7) * 4, r = rr >> 3;
+        const int k = __shfl_sync(0xffffffffu, kk[r], src);
+        const bool s = __shfl_sync(0xffffffffu, (int)sel[r], src) != 0;
+        if (m >= p.idx_row_blocks) continue;
+        const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
+        int32_t *off = p.block_offset + row * p.max_blocks;
+        if (lane == 0) {
+            p.block_count[row] = k;
+            p.column_count[row] = 0;
+        }
+        const uint64_t *c = cand + (16 * warp + rr) * BSS_CAP;
+        for (int i = lane; i < k; i += 32) off[i] = 64 * (s ? (int)~(uint32_t)c[k - 1 - i] : i);
+    }
+}
+
+template <typename T, int D>
+static cudaError_t launch_bs_stream(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
+    auto kern = bs_stream_kernel<T, D>;
+    const size_t smem = bss_smem_bytes<D>();
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const unsigned ctas = (unsigned)((sp.idx_row_blocks + BSS_ROWS - 1) / BSS_ROWS);
+    kern<<<dim3(ctas, (unsigned)BH), BSS_NT, smem, st>>>(sp);
+    return cudaGetLastError();
 }
 
 } // namespace mi_cuda
@@ -253,8 +500,9 @@ static size_t align256b(size_t x) { return (x + 255) & ~(size_t)255; }
 extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv,
                                            int64_t len, int64_t head_dim) {
     const int64_t R = (len + 63) / 64;
-    return align256b((size_t)batch * heads * R * head_dim * 4) +
-           align256b((size_t)batch * heads_kv * R * head_dim * 4);
+    /* the pooled q and k in the input dtype (two bytes a value) */
+    return align256b((size_t)batch * heads * R * head_dim * 2) +
+           align256b((size_t)batch * heads_kv * R * head_dim * 2);
 }
 
 extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
@@ -272,26 +520,47 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
                        "sparse index is [%d, %d, %d], the call needs [%lld, %lld, %lld]",
                        index->batch, index->heads, index->row_blocks, (long long)s->batch,
                        (long long)s->heads_q, (long long)R);
+    if (s->head_dim != 64 && s->head_dim != 128)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "CUDA block-sparse estimate: head_dim %lld (64 or 128)",
+                       (long long)s->head_dim);
+    /* Heads with top k up to BSS_MAX_K take the streaming kernel, the others the one that holds
+     * whole score rows; so do all heads on GPUs whose CTAs cannot have the streaming kernel's
+     * shared memory (A100: 163 KB). MI_CUDA_BS_STREAM=0 sends every head to the latter (A/B
+     * runs, tests). */
+    int dev = 0, smem_optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    bool stream_on = (size_t)smem_optin >= (s->head_dim == 64 ? bss_smem_bytes<64>()
+                                                                : bss_smem_bytes<128>());
+    if (const char *e = getenv("MI_CUDA_BS_STREAM"))
+        if (e[0] == '0') stream_on = false;
+    bool any_stream = false, any_rows = false;
+    uint8_t to_stream[MI_CUDA_MAX_HEADS], to_rows[MI_CUDA_MAX_HEADS];
+    for (int64_t h = 0; h < s->heads_q; ++h) {
+        const bool on = active ? active[h] != 0 : true;
+        const bool st_head = stream_on && top_k[h] <= BSS_MAX_K;
+        to_stream[h] = on && st_head;
+        to_rows[h] = on && !st_head;
+        any_stream |= to_stream[h] != 0;
+        any_rows |= to_rows[h] != 0;
+    }
     int rows = bs_rows_per_cta(index->row_blocks);
     /* MI_CUDA_BS_ROWS=N caps the row blocks per CTA, so that the tests reach each variant on
      * short sequences */
     if (const char *cap = getenv("MI_CUDA_BS_ROWS"))
         if (atoi(cap) > 0) rows = std::min(rows, atoi(cap));
-    if (rows < 1)
+    if (any_rows && rows < 1)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA block-sparse estimate: %d row blocks do not fit shared memory "
-                       "(at most %d)",
-                       index->row_blocks, (int)(BS_SCORE_SMEM / sizeof(float)) - BS_MAX_ROWS - 3);
-    if (s->head_dim != 64 && s->head_dim != 128)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
-                       "CUDA block-sparse estimate: head_dim %lld (64 or 128)",
-                       (long long)s->head_dim);
+                       "for a top k above %d (at most %d)",
+                       index->row_blocks, BSS_MAX_K,
+                       (int)(BS_SCORE_SMEM / sizeof(float)) - BS_MAX_ROWS - 3);
     const int64_t BH = s->batch * s->heads_q, BHK = s->batch * s->heads_kv;
     if (R <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
     cudaStream_t stream = mi_stream(ctx);
-    float *qp = static_cast<float *>(scratch);
-    float *kp = reinterpret_cast<float *>(static_cast<char *>(scratch) +
-                                          align256b((size_t)BH * R * s->head_dim * 4));
+    void *qp = scratch;
+    void *kp = static_cast<char *>(scratch) + align256b((size_t)BH * R * s->head_dim * 2);
 
     pool_params pp;
     memset(&pp, 0, sizeof(pp));
@@ -328,12 +597,23 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.max_blocks = index->max_blocks;
     sp.dense_below = dense_below;
     memcpy(sp.seq_lens, ap.seq_lens, sizeof(sp.seq_lens));
-    for (int64_t h = 0; h < s->heads_q; ++h) {
-        sp.top_k[h] = top_k[h];
-        sp.active[h] = active ? active[h] : 1;
+    for (int64_t h = 0; h < s->heads_q; ++h) sp.top_k[h] = top_k[h];
+    cudaError_t e = cudaSuccess;
+    const bool d64 = s->head_dim == 64;
+    if (any_stream) {
+        memcpy(sp.active, to_stream, (size_t)s->heads_q);
+        e = bf ? (d64 ? launch_bs_stream<__nv_bfloat16, 64>(sp, BH, stream)
+                      : launch_bs_stream<__nv_bfloat16, 128>(sp, BH, stream))
+               : (d64 ? launch_bs_stream<__half, 64>(sp, BH, stream)
+                      : launch_bs_stream<__half, 128>(sp, BH, stream));
     }
-    cudaError_t e = s->head_dim == 64 ? launch_bs_select<64>(sp, rows, BH, stream)
-                                      : launch_bs_select<128>(sp, rows, BH, stream);
+    if (e == cudaSuccess && any_rows) {
+        memcpy(sp.active, to_rows, (size_t)s->heads_q);
+        e = bf ? (d64 ? launch_bs_select<__nv_bfloat16, 64>(sp, rows, BH, stream)
+                      : launch_bs_select<__nv_bfloat16, 128>(sp, rows, BH, stream))
+               : (d64 ? launch_bs_select<__half, 64>(sp, rows, BH, stream)
+                      : launch_bs_select<__half, 128>(sp, rows, BH, stream));
+    }
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA block-sparse estimate: %s",
                        cudaGetErrorString(e));

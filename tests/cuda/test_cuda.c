@@ -753,17 +753,36 @@ static void test_block_sparse(const shape *s, int32_t topk) {
     inputs_free(&in);
 }
 
-/* Block-sparse estimation alone on long sequences (thousands of blocks per row: the select's
- * narrowing pass and its fallback when many keys lie near the top), batch 2 of two lengths; with
- * rows > 0 the CTAs take at most that many row blocks each. */
-static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int wide) {
-    char name[200], env[16];
+/* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
+ * lengths. Top k up to 192 takes the streaming kernel unless stream = 0; the row-holding kernel
+ * (top k above 192, or stream = 0) narrows long lists first and falls back when many keys lie
+ * near the top; with rows > 0 its CTAs take at most that many row blocks each, wide >= 0 forces
+ * its CTA size. ramp: every key a multiple of one positive vector, growing towards block 0, and
+ * positive queries, so that each block scores above every later one: walking down from the
+ * diagonal, the streaming kernel keeps every candidate and compacts at every few tiles; rounded
+ * to bf16, neighbouring blocks also pool to equal vectors (exact ties, lower block first). */
+static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int wide,
+                                   int stream, int ramp) {
+    char name[220], env[16];
     const int32_t B = 2, H = 2, Hk = 1, R = (int32_t)((L + 63) / 64);
     int32_t lens[2] = {(int32_t)L, (int32_t)(L * 3 / 5 + 1)};
     pair q = pair_alloc(MI_DTYPE_BF16, B, H, L, D, 0);
     pair k = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
     pair v = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
     fill_inputs(&q, &k, &v, 0);
+    if (ramp) {
+        for (int64_t b = 0; b < B; b++) {
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t d = 0; d < D; d++) {
+                    const float base = 0.5f + 0.25f * (float)(d % 3);
+                    set_f(&k.h, b, 0, l, d, base * (1.0f + (float)(L - l) / (float)L));
+                    for (int64_t h = 0; h < H; h++)
+                        set_f(&q.h, b, h, l, d, 0.3f + 0.1f * fabsf(rndn()));
+                }
+        }
+        upload(&q);
+        upload(&k);
+    }
     int32_t tk[2] = {topk, topk / 2 + 1};
     int32_t mb = topk < R ? topk : R;
     sp_pair si;
@@ -773,17 +792,20 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
         setenv("MI_CUDA_BS_ROWS", env, 1);
     }
     if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
+    if (stream == 0) setenv("MI_CUDA_BS_STREAM", "0", 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     unsetenv("MI_CUDA_BS_ROWS");
     unsetenv("MI_CUDA_BS_WIDE");
+    unsetenv("MI_CUDA_BS_STREAM");
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
     snprintf(name, sizeof name,
-             "block_sparse_estimate long L%lld D%lld top %d rows/CTA %d wide %d differing %lld / "
-             "%lld",
-             (long long)L, (long long)D, topk, rows, wide, (long long)idiff, (long long)nrows);
+             "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
+             "%lld / %lld",
+             (long long)L, (long long)D, topk, stream == 0 || topk > 192 ? "rows" : "streaming",
+             ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
     pair_free(&q);
@@ -992,15 +1014,24 @@ int main(int argc, char **argv) {
     test_index_messy(4099, 300, 700, 1);
     test_index_messy(70, 5, 8, 0);
 
-    /* block-sparse estimation on long rows: the select's narrowing pass and (top 2040 of more
-     * than 2048) its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA, in
-     * CTAs of 256 threads (the default here) and in the wide ones of 512 */
+    /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
+     * the largest top k it takes (192), D = 64, and ramp inputs (compaction at every few tiles,
+     * exact ties). The row-holding kernel: its narrowing pass and (top 2040 of more than 2048)
+     * its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256
+     * threads (the default here) and in the wide ones of 512 */
     const int64_t Lb = quick ? 40000 : 140000;
-    test_block_sparse_long(Lb, 128, 100, 0, -1);
-    test_block_sparse_long(Lb, 128, 100, 0, 1);
-    test_block_sparse_long(Lb, 64, 100, 3, 1);
-    test_block_sparse_long(Lb, 128, 2040, 1, -1);
-    if (!quick) test_block_sparse_long(Lb, 128, 700, 2, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, 1, 0);
+    test_block_sparse_long(Lb, 128, 192, 0, -1, 1, 0);
+    test_block_sparse_long(Lb, 64, 100, 0, -1, 1, 0);
+    test_block_sparse_long(quick ? 20000 : 70000, 128, 100, 0, -1, 1, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, 0, 0);
+    test_block_sparse_long(Lb, 128, 100, 0, 1, 0, 0);
+    test_block_sparse_long(Lb, 64, 100, 3, 1, 0, 0);
+    test_block_sparse_long(Lb, 128, 2040, 1, -1, 1, 0);
+    if (!quick) {
+        test_block_sparse_long(Lb, 128, 700, 2, 1, 1, 0);
+        test_block_sparse_long(70000, 128, 100, 0, -1, 0, 1);
+    }
 
     printf("%s: %d passed, %d failed\n", g_fail ? "FAILED" : "OK", g_pass, g_fail);
     mi_context_destroy(g_gpu);
