@@ -1,11 +1,27 @@
 /*
  * bs_estimate.cu: block-sparse estimation (spec §3.4 with the library's fixes): 64-row mean
- * pooling of q and k over the real rows only, pooled scores qp[m].kp[n] for n <= m, the diagonal
- * block and block 0 forced, per-row-block top-k written as ascending offsets 64*n into the common
- * mi_sparse_index form (column_count = 0).
- * A CTA per (b, h) and up to four adjacent row blocks holds their scores in shared memory and
- * runs the selects of block_select.cuh (a histogram pass to the keys near the top, then the
- * radix select and in-order compaction on those), so the offsets come out sorted.
+ * pooling of q and k over the real rows only, rounded to the input dtype; pooled scores
+ * qp[m].kp[n] for n <= m, the diagonal block and block 0 forced, per-row-block top-k written as
+ * ascending offsets 64*n into the common mi_sparse_index form (column_count = 0).
+ *
+ * Two select kernels, chosen per head:
+ * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
+ *   tiles streamed from the diagonal down, a running top k per row block in shared memory.
+ * - bs_select_kernel (larger top k, or GPUs without the former's shared memory): a CTA per
+ *   (b, h) and up to four adjacent row blocks holds their whole score rows in shared memory and
+ *   runs the selects of block_select.cuh (a histogram pass to the keys near the top, then the
+ *   radix select and in-order compaction on those), so the offsets come out sorted.
+ *
+ * Versions (H200, top 100, ms per head at 128K x 32 heads / 1M x 1 head, random inputs):
+ *   1. a CTA per row block, each thread reading a whole pooled key row, five-pass select:
+ *      0.30 / 23.6
+ *   2. up to four row blocks per CTA sharing each pooled key read, two-pass select: 0.11 / 4.6
+ *   3. pooled vectors in the input dtype (half the reads): 0.11 / 4.2
+ *   4. the streaming kernel with a radix-select compaction: 0.11 / 2.8; with a quickselect one:
+ *      0.16 / 3.8 (one warp per scheduler; the compactions were ~10K instructions a tile)
+ *   5. compaction by sorted samples and ranks (current): 0.104 / 2.2; position-coded inputs
+ *      0.077 / 1.7. 352 candidate slots instead of 256: 0.16 / 2.7.
+ *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json)
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"

@@ -5,14 +5,16 @@
  *    diagonal, so top_k = 0 keeps just those), ascending multiples of 64, column_count 0, no
  *    blocks for row blocks after the sequence;
  *  - the selection is a true top-k of a float64 re-computation of the pooled scores, with the
- *    partial last block pooled over its real rows only;
+ *    partial last block pooled over its real rows only and the means rounded to the input
+ *    dtype (as the original's pooled tensors);
  *  - a planted key block is found by every later row block;
  *  - attention on the index equals the float64 reference under the expanded mask; top_k >= R
  *    is dense.
  */
 #include "test_qkvo.h"
 
-/* float64 pooled means of (b, h) over the real rows of each 64-row block: p [nb][D] */
+/* float64 pooled means of (b, h) over the real rows of each 64-row block, rounded to the input
+ * dtype: p [nb][D] */
 static void ref_pool(const tbuf *t, int64_t b, int64_t h, int64_t len, double *p) {
     const int64_t D = t->D, nb = (len + 63) / 64;
     for (int64_t m = 0; m < nb; m++) {
@@ -20,7 +22,9 @@ static void ref_pool(const tbuf *t, int64_t b, int64_t h, int64_t len, double *p
         for (int64_t d = 0; d < D; d++) {
             double s = 0.0;
             for (int64_t r = r0; r < r1; r++) s += t->ref[((b * t->H + h) * t->L + r) * D + d];
-            p[m * D + d] = s / (double)(r1 - r0);
+            uint16_t bits;
+            float f;
+            p[m * D + d] = stored_value(t->t.dtype, s / (double)(r1 - r0), &bits, &f);
         }
     }
 }
