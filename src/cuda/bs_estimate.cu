@@ -76,6 +76,20 @@ struct bs_select_params {
     uint8_t active[MI_CUDA_MAX_HEADS];
 };
 
+/* The sequence length of batch b as the estimate sees it: 0 below dense_below (no blocks). */
+__device__ __forceinline__ int bs_seq_len(const bs_select_params &p, int b) {
+    const int len = p.seq_lens[b];
+    return p.dense_below > 0 && len < p.dense_below ? 0 : len;
+}
+
+/* The blocks row block m of head h keeps, as the CPU reference: at least the forced ones (the
+ * diagonal, and block 0 when m > 0), none past the index or the sequence. */
+__device__ __forceinline__ int bs_row_k(const bs_select_params &p, int h, int m, int len) {
+    if (m >= p.idx_row_blocks || m * 64 >= len) return 0;
+    const int k = max(min(max(p.top_k[h], 0), m + 1), m > 0 ? 2 : 1);
+    return min(k, p.max_blocks);
+}
+
 constexpr int BS_NT = 256;
 constexpr int BS_MAX_ROWS = 4;      /* row blocks per CTA, at most (their pooled q in registers) */
 constexpr int BS_CANDIDATES = 2048; /* the two-pass select's room for keys near the top */
@@ -105,20 +119,15 @@ __global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
     const int b = bh / p.heads, h = bh % p.heads;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
     if (!p.active[h] || m0 >= p.idx_row_blocks) return;
-    int len = p.seq_lens[b];
-    if (p.dense_below > 0 && len < p.dense_below) len = 0;
+    const int len = bs_seq_len(p, b);
     const int rows = min(ROWS, p.idx_row_blocks - m0);
-    /* as the CPU reference: at least the forced blocks (diagonal, and block 0 when m > 0) */
     int kk[ROWS];
     int n_score = 0; /* key rows whose scores some row block needs */
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         const int m = m0 + r, n = m + 1;
-        int k = max(min(max(p.top_k[h], 0), n), m > 0 ? 2 : 1);
-        k = min(k, p.max_blocks);
-        if (r >= rows || m * 64 >= len) k = 0;
-        kk[r] = k;
-        if (k > 0 && k < n) n_score = n;
+        kk[r] = bs_row_k(p, h, m, len);
+        if (kk[r] > 0 && kk[r] < n) n_score = n;
     }
     const int stride = (int)bs_score_stride(m0 + ROWS);
 
@@ -330,8 +339,7 @@ __global__ void __launch_bounds__(BSS_NT, 1)
     const int b = bh / p.heads, h = bh % p.heads;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * BSS_ROWS;
     if (!p.active[h] || m0 >= p.idx_row_blocks) return;
-    int len = p.seq_lens[b];
-    if (p.dense_below > 0 && len < p.dense_below) len = 0;
+    const int len = bs_seq_len(p, b);
     const int nb = (len + 63) / 64; /* the sequence's blocks */
     const int wm0 = m0 + 16 * warp;
 
@@ -342,9 +350,7 @@ __global__ void __launch_bounds__(BSS_NT, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int m = wm0 + g + 8 * r, n = m + 1;
-        int k = max(min(max(p.top_k[h], 0), n), m > 0 ? 2 : 1);
-        k = min(k, p.max_blocks);
-        if (m >= p.idx_row_blocks || m >= nb) k = 0;
+        const int k = bs_row_k(p, h, m, len);
         mr[r] = m;
         kk[r] = k;
         sel[r] = k > 0 && k < n; /* otherwise no select: none, or every block */
