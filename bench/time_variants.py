@@ -4,7 +4,7 @@ bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quic
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
   time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=MI_CUDA_DISABLE_SM90=1
-      [--shapes small|sparse|dense] [--prefill L] [--out results.json]
+      [--shapes small|sparse|dense|block-sparse] [--prefill L] [--out results.json]
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every launch. cuDNN SDPA is timed once per dense shape."""
@@ -28,6 +28,11 @@ SPARSE_SMALL = [SPARSE[0], SPARSE[2], SPARSE[3]]
 SPARSE_ONLY = SPARSE[:4] + [(1048576, 1, 1, "mixed", 3), SPARSE[4]]
 # --shapes dense: dense causal only, up to 512K (for changes to the dense kernel)
 DENSE_ONLY = DENSE + [(524288, 2, 1, 2)]
+# --shapes block-sparse: top-100 estimate and kernel on torch_ref.py's pattern shapes and inputs
+# (for changes to the block-sparse estimate, e.g. --variant rows=MI_CUDA_BS_STREAM=0)
+BLOCK_SPARSE = [(L, H, Hk, inputs) for L, H, Hk in ((131072, 32, 8), (524288, 1, 1),
+                                                    (1048576, 1, 1))
+                for inputs in ("random", "position-coded")]
 
 
 def main():
@@ -35,13 +40,16 @@ def main():
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", required=True, help="name=VAR=VAL,VAR=VAL")
     ap.add_argument("--out")
-    ap.add_argument("--shapes", default="all", choices=["all", "small", "sparse", "dense"])
+    ap.add_argument("--shapes", default="all",
+                    choices=["all", "small", "sparse", "dense", "block-sparse"])
     ap.add_argument("--prefill", type=int, default=0,
                     help="also time the whole-layer VS prefill (estimation included) at this L, "
                          "8 heads (torch_ref.py's estimation section)")
     args = ap.parse_args()
     dense, sparse = {"all": (DENSE, SPARSE), "small": (DENSE_SMALL, SPARSE_SMALL),
-                     "sparse": ([], SPARSE_ONLY), "dense": (DENSE_ONLY, [])}[args.shapes]
+                     "sparse": ([], SPARSE_ONLY), "dense": (DENSE_ONLY, []),
+                     "block-sparse": ([], [])}[args.shapes]
+    block_sparse = BLOCK_SPARSE if args.shapes == "block-sparse" else []
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []
     cudnn = {}
@@ -76,6 +84,11 @@ def main():
             r = timed(sets, lambda: tr.bench_sparse(lib, L, H, Hk, sname, reps))
             rows.append({"variant": name, "kind": "sparse", **r})
             print(json.dumps(rows[-1]), flush=True)
+    for L, H, Hk, inputs in block_sparse:
+        for name, sets in variants:
+            r = timed(sets, lambda: tr.bench_block_sparse(lib, L, H, Hk, inputs, 3))
+            rows.append({"variant": name, "kind": "block_sparse", **r})
+            print(json.dumps(rows[-1]), flush=True)
     if args.prefill:
         for name, sets in variants:
             r = timed(sets, lambda: tr.bench_estimation(lib, args.prefill, 8, 2, 3))
@@ -96,6 +109,11 @@ def main():
         elif r["kind"] == "sparse":
             print(f"{r['variant']:>8} {r['set'] + ' ' + str(r['L'] // 1024) + 'K':>14} "
                   f"{r['kernel_ms_per_head']:>9.3f} {r['effective_tflops']:>6.0f}")
+        elif r["kind"] == "block_sparse":
+            print(f"{r['variant']:>8} {'bs ' + str(r['L'] // 1024) + 'K':>14} "
+                  f"{r['kernel_ms_per_head']:>9.3f} {r['effective_tflops']:>6.0f}  ({r['inputs']}, "
+                  f"estimate {r['estimate_ms_per_head']:.4f} ms/head, "
+                  f"{100 * r['estimate_share']:.1f} % of the total)")
         else:
             print(f"{r['variant']:>8} {'prefill ' + str(r['L'] // 1024) + 'K':>14} "
                   f"{r['prefill_ms_per_head']:>9.3f}  (layer {r['prefill_ms']:.1f} ms, "

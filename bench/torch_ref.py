@@ -372,7 +372,7 @@ def bench_block_sparse(lib, L, H, Hk, inputs, reps):
     t_est = time_cuda(est, reps)
     t = time_cuda(run, reps)
     return {"L": L, "heads": H, "pattern": "block_sparse", "top_k": BS_TOP_K, "inputs": inputs,
-            "estimate_ms_per_head": t_est / H,
+            "estimate_ms_per_head": t_est / H, "estimate_share": t_est / (t_est + t),
             **pattern_timing("block_sparse", L, H, t, keys_visited(sbuf, H, L, BS_TOP_K, 1))}
 
 
@@ -621,6 +621,7 @@ def table(res):
             ("pattern L", 9, "", "L"), ("pattern", 12, "", "pattern"), ("inputs", 14, "", "inputs"),
             ("ms/head", 8, ".3f", "kernel_ms_per_head"), ("eff TF/s", 8, ".0f", "effective_tflops"),
             ("est ms/h", 8, ".3f", "estimate_ms_per_head"),
+            ("est share", 9, ".3f", "estimate_share"),
             ("orig ms/h", 9, ".2f", "original_kernel_ms_per_head"),
             ("speed-up", 8, ".2f", "speedup_vs_original")])
     for r in res.get("estimation", []):

@@ -12,6 +12,27 @@ namespace mi_cuda {
 
 constexpr int BN = 64;
 
+/* An A-/Tri-shape head's window as every kernel reads its mode for a sequence of len rows:
+ * sinks [0, n_init), n_local keys up to each row, and every key from row tri_start on
+ * (0x7fffffff: no such rows). */
+struct a_shape_window {
+    int n_init, n_local, tri_start;
+};
+__host__ __device__ __forceinline__ a_shape_window a_shape_window_of(const mi_cuda_head_mode &m,
+                                                                     int len) {
+    const int nl = min(max(m.n_last, 0), len - 1);
+    return {max(m.n_init, 0), max(m.n_local, 0), nl > 0 ? len - nl : 0x7fffffff};
+}
+__host__ __device__ __forceinline__ bool operator==(const a_shape_window &x,
+                                                    const a_shape_window &y) {
+    return x.n_init == y.n_init && x.n_local == y.n_local && x.tri_start == y.tri_start;
+}
+/* Whether row `row` keeps key `key` under window w (causality aside): a sink, inside the row's
+ * window, or a dense Tri-shape row. */
+__host__ __device__ __forceinline__ bool window_keeps(const a_shape_window &w, int key, int row) {
+    return row - key < w.n_local || key < w.n_init || row >= w.tri_start;
+}
+
 /* Dense, A-shape and Tri-shape tiles are all "sinks [0, sink_tiles) then a window from
  * win_start" (dense: every tile a sink), and the sparse ones come from `offsets`, so that the
  * kernels' per-tile steps need no branch on the mode. */
@@ -24,7 +45,7 @@ struct tile_plan {
     const int32_t *offsets; /* sparse: block_offset row */
     const int32_t *cols;    /* sparse: column_index row */
     int n_cols;
-    int n_init, n_local, tri_start;
+    a_shape_window win; /* outside A-/Tri-shape: no sinks, an unbounded window */
 };
 
 __device__ __forceinline__ int tile_offset(const tile_plan &tp, int t) {
@@ -48,8 +69,7 @@ __device__ __forceinline__ int tile_key(const tile_plan &tp, int t, int r, int l
  * Tri-shape window. The sparse modes need no test beyond causality: their tiles hold only the
  * keys of the index. */
 __device__ __forceinline__ bool key_visible(const tile_plan &tp, int key, int row) {
-    /* outside A-/Tri-shape, n_local is INT_MAX: the window test always holds */
-    return key <= row && (row - key < tp.n_local || key < tp.n_init || row >= tp.tri_start);
+    return key <= row && window_keeps(tp.win, key, row);
 }
 
 /* A 64-key range tile starting at off that every row of first_row .. last_row sees entirely: inside
@@ -60,24 +80,8 @@ __device__ __forceinline__ bool key_visible(const tile_plan &tp, int key, int ro
 __device__ __forceinline__ bool range_tile_unmasked(const tile_plan &tp, int off, int first_row,
                                                     int last_row, int len) {
     return off >= 0 && off + BN - 1 < len && off + BN - 1 <= first_row &&
-           (!tp.windowed || off + BN - 1 < tp.n_init || last_row - off < tp.n_local ||
-            first_row >= tp.tri_start);
-}
-
-/* An A-/Tri-shape head's window as every kernel reads its mode for a sequence of len rows:
- * sinks [0, n_init), n_local keys up to each row, and every key from row tri_start on
- * (0x7fffffff: no such rows). */
-struct a_shape_window {
-    int n_init, n_local, tri_start;
-};
-__host__ __device__ __forceinline__ a_shape_window a_shape_window_of(const mi_cuda_head_mode &m,
-                                                                     int len) {
-    const int nl = min(max(m.n_last, 0), len - 1);
-    return {max(m.n_init, 0), max(m.n_local, 0), nl > 0 ? len - nl : 0x7fffffff};
-}
-__host__ __device__ __forceinline__ bool operator==(const a_shape_window &x,
-                                                    const a_shape_window &y) {
-    return x.n_init == y.n_init && x.n_local == y.n_local && x.tri_start == y.tri_start;
+           (!tp.windowed || off + BN - 1 < tp.win.n_init || last_row - off < tp.win.n_local ||
+            first_row >= tp.win.tri_start);
 }
 
 /* The 64-key tiles that rows [rs, re) (re > rs, re <= len) see under window w: sink tiles
@@ -125,9 +129,7 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
     tp.n_cols = 0;
     tp.sink_tiles = tp.win_start = 0;
     tp.offsets = tp.cols = nullptr;
-    tp.n_init = 0;
-    tp.n_local = 0x7fffffff;
-    tp.tri_start = 0x7fffffff;
+    tp.win = {0, 0x7fffffff, 0x7fffffff};
     const int re = min(rs + BM, len); /* exclusive end of the real rows */
     if (tp.mode == MI_CUDA_MODE_NONE) return false;
     if (p.dense_below > 0 && len < p.dense_below) tp.mode = MI_CUDA_MODE_DENSE;
@@ -138,9 +140,7 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
         } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
             const a_shape_window w = a_shape_window_of(head_mode_of(p, h), len);
             tp.windowed = true;
-            tp.n_init = w.n_init;
-            tp.n_local = w.n_local;
-            tp.tri_start = w.tri_start;
+            tp.win = w;
             const a_shape_tiles at = a_shape_tiles_of(w, rs, re, len);
             tp.sink_tiles = at.sink_tiles;
             tp.win_start = at.win_start;

@@ -788,6 +788,7 @@ __global__ void __launch_bounds__(384, 1)
     const int first_row = it.rs + cw * 64;
     /* the keys a row sees reach back `window` keys (or to a sink): A-shape heads only */
     const int window = it.ashape ? a.a_win.n_local : INT_MAX;
+    const a_shape_window item_win = {a.a_win.n_init, window, a.a_win.tri_start};
     const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qb = k & 1;
     const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
@@ -874,9 +875,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = off + 8 * (j - 8 * part) + 2 * cq + (e & 1);
-                        const int row = e < 2 ? qrow0 : qrow1;
-                        const bool kill = key >= a.a_win.n_init && row - key >= window &&
-                                          row < a.a_win.tri_start;
+                        const bool kill = !window_keeps(item_win, key, e < 2 ? qrow0 : qrow1);
                         s[4 * j + e] = kill ? -INFINITY : s[4 * j + e];
                     }
             }

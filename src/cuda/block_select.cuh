@@ -202,24 +202,28 @@ template <int SLOTS> __device__ __forceinline__ int warp_count_ge(const uint64_t
     return c;
 }
 
-/* The k-th largest by quickselect, each round counting the values at or above a pseudo-random
- * pivot of those still in question (about 2 ln n rounds). Requires 0 < k < n. */
+/* This lane's place among the lanes set in a ballot below it. */
+__device__ __forceinline__ int lanes_below(unsigned ballot) {
+    return __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u));
+}
+
+/* The kr-th largest of the values in [lo, hi] by quickselect, each round counting the values at
+ * or above a pseudo-random pivot of those still in question (about 2 ln n rounds). Requires
+ * 0 < kr <= the values in [lo, hi], lo > 0. */
 template <int SLOTS>
-__device__ __forceinline__ uint64_t warp_kth_quickselect(const uint64_t *v, int n, int k) {
+__device__ __forceinline__ uint64_t warp_kth_quickselect(const uint64_t *v, uint64_t lo,
+                                                         uint64_t hi, int kr) {
     const int lane = threadIdx.x & 31;
-    uint64_t lo = 0, hi = ~0ull; /* the k-th largest lies in (lo, hi); kr more wanted there */
-    bool hi_set = false;
-    int kr = k;
-    uint32_t seed = 0x9e3779b9u * (uint32_t)(n + 7 * k);
+    uint32_t seed = 0x9e3779b9u * (uint32_t)(7 * kr + 1);
     for (;;) {
         unsigned in[SLOTS];
         int total = 0;
 #pragma unroll
         for (int i = 0; i < SLOTS; ++i) {
-            in[i] = __ballot_sync(0xffffffffu, v[i] > lo && (!hi_set || v[i] < hi));
+            in[i] = __ballot_sync(0xffffffffu, v[i] >= lo && v[i] <= hi);
             total += __popc(in[i]);
         }
-        if (total == kr) { /* all of them: the k-th is the smallest */
+        if (total == kr) { /* all of them: the kr-th is the smallest */
             uint64_t low = ~0ull;
 #pragma unroll
             for (int i = 0; i < SLOTS; ++i)
@@ -255,11 +259,10 @@ __device__ __forceinline__ uint64_t warp_kth_quickselect(const uint64_t *v, int 
             ge += __popc(__ballot_sync(0xffffffffu, ((in[i] >> lane) & 1u) && v[i] >= pivot));
         if (ge == kr) return pivot;
         if (ge > kr) {
-            lo = pivot;
+            lo = pivot + 1;
         } else {
             kr -= ge;
-            hi = pivot;
-            hi_set = true;
+            hi = pivot - 1;
         }
     }
 }
@@ -269,8 +272,8 @@ __device__ __forceinline__ uint64_t warp_kth_quickselect(const uint64_t *v, int 
  * one per lane from spread positions, are sorted (bitonic, across lanes) and a binary search with
  * exact counts finds the two adjacent samples around it. The few values between them (n / 32
  * expected) go one per lane to `scratch` (32 values of the warp's own), where each lane ranks its
- * value against the others. Where more than 32 lie there, a quickselect on all of them. About a
- * fifth of a quickselect's instructions for n = 256. Requires 0 < k <= n. */
+ * value against the others; where more than 32 lie there, a quickselect between the two samples.
+ * About a fifth of a quickselect's instructions for n = 256. Requires 0 < k <= n. */
 template <int SLOTS>
 __device__ __forceinline__ uint64_t warp_keep_top(uint64_t *c, int n, int k, uint64_t *scratch) {
     static_assert(SLOTS >= 1 && SLOTS <= 32, "slots");
@@ -303,18 +306,19 @@ __device__ __forceinline__ uint64_t warp_keep_top(uint64_t *c, int n, int k, uin
             else
                 lo_i = mid + 1;
         }
-        const uint64_t upper = lo_i > 0 ? __shfl_sync(0xffffffffu, smp, lo_i - 1) : 0;
-        uint64_t lower = lo_i < 32 ? __shfl_sync(0xffffffffu, smp, lo_i & 31) : 0;
-        if (lower == 0) lower = 1;
-        const int above = lo_i > 0 ? warp_count_ge<SLOTS>(v, upper) : 0;
-        const int kr = k - above; /* the kr-th largest of [lower, upper) */
+        /* the k-th largest is the kr-th of [lower, upper] */
+        const uint64_t above_smp = lo_i > 0 ? __shfl_sync(0xffffffffu, smp, lo_i - 1) : 0;
+        const uint64_t at_smp = __shfl_sync(0xffffffffu, smp, lo_i & 31);
+        const uint64_t upper = lo_i > 0 ? above_smp - 1 : ~0ull;
+        const uint64_t lower = lo_i < 32 && at_smp > 0 ? at_smp : 1;
+        const int kr = k - (lo_i > 0 ? warp_count_ge<SLOTS>(v, above_smp) : 0);
         int m = 0;
 #pragma unroll
         for (int i = 0; i < SLOTS; ++i) {
-            const bool in = v[i] >= lower && (lo_i == 0 || v[i] < upper);
+            const bool in = v[i] >= lower && v[i] <= upper;
             const unsigned bal = __ballot_sync(0xffffffffu, in);
-            if (in && m + __popc(bal & ((1u << lane) - 1u)) < 32)
-                scratch[m + __popc(bal & ((1u << lane) - 1u))] = v[i];
+            const int at = m + lanes_below(bal);
+            if (in && at < 32) scratch[at] = v[i];
             m += __popc(bal);
         }
         __syncwarp();
@@ -325,16 +329,16 @@ __device__ __forceinline__ uint64_t warp_keep_top(uint64_t *c, int n, int k, uin
             const unsigned hit = __ballot_sync(0xffffffffu, lane < m && rank == kr - 1);
             thr = __shfl_sync(0xffffffffu, x, __ffs(hit) - 1);
         } else {
-            thr = warp_kth_quickselect<SLOTS>(v, n, k);
+            thr = warp_kth_quickselect<SLOTS>(v, lower, upper, kr);
         }
         __syncwarp(); /* scratch is written again by the next call */
     }
     int out = 0;
 #pragma unroll
     for (int i = 0; i < SLOTS; ++i) {
-        const bool keep = v[i] != 0 && v[i] >= thr;
+        const bool keep = v[i] >= thr; /* thr > 0: never an empty slot */
         const unsigned kept = __ballot_sync(0xffffffffu, keep);
-        if (keep) c[out + __popc(kept & ((1u << lane) - 1u))] = v[i];
+        if (keep) c[out + lanes_below(kept)] = v[i];
         out += __popc(kept);
     }
     __syncwarp();

@@ -19,8 +19,10 @@
  *   3. pooled vectors in the input dtype (half the reads): 0.11 / 4.2
  *   4. the streaming kernel with a radix-select compaction: 0.11 / 2.8; with a quickselect one:
  *      0.16 / 3.8 (one warp per scheduler; the compactions were ~10K instructions a tile)
- *   5. compaction by sorted samples and ranks (current): 0.104 / 2.2; position-coded inputs
- *      0.077 / 1.7. 352 candidate slots instead of 256: 0.16 / 2.7.
+ *   5. compaction by sorted samples and ranks: 0.104 / 2.2; position-coded inputs 0.077 / 1.7.
+ *      352 candidate slots instead of 256: 0.16 / 2.7.
+ *   6. its quickselect fallback started from the samples' bracket (current): 0.085 / 1.87;
+ *      position-coded 0.068 / 1.54 (one round).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json)
  */
 #include "block_select.cuh"
@@ -88,6 +90,12 @@ __device__ __forceinline__ int bs_row_k(const bs_select_params &p, int h, int m,
     if (m >= p.idx_row_blocks || m * 64 >= len) return 0;
     const int k = max(min(max(p.top_k[h], 0), m + 1), m > 0 ? 2 : 1);
     return min(k, p.max_blocks);
+}
+
+/* The order key that ranks block j for row block m: the diagonal first, then block 0, then the
+ * score (higher first; the CPU reference's order). */
+__device__ __forceinline__ uint32_t bs_rank_key(float score, int j, int m) {
+    return j == m ? 0xffffffffu : j == 0 ? float_order_key(3.402823466e38f) : float_order_key(score);
 }
 
 constexpr int BS_NT = 256;
@@ -202,11 +210,7 @@ __global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
             continue;
         }
         const float *sc = scores + r * stride;
-        auto key = [&](int j) -> uint32_t {
-            if (j == m) return 0xffffffffu;                      /* diagonal first */
-            if (j == 0) return float_order_key(3.402823466e38f); /* then block 0 */
-            return float_order_key(sc[j]);
-        };
+        auto key = [&](int j) { return bs_rank_key(sc[j], j, m); };
         /* ties: lower block first (the CPU reference's total order) */
         auto emit = [&](int j, int rank) { off[rank] = 64 * j; };
         int bin, n_cand;
@@ -319,10 +323,7 @@ template <int D> constexpr size_t bss_smem_bytes() {
 
 __device__ __forceinline__ uint64_t bs_candidate(float score, int j, int m) {
     if (j > m) return 0; /* never above a threshold */
-    const uint32_t key = j == m   ? 0xffffffffu
-                         : j == 0 ? float_order_key(3.402823466e38f)
-                                  : float_order_key(score);
-    return (uint64_t)key << 32 | (uint32_t)~j;
+    return (uint64_t)bs_rank_key(score, j, m) << 32 | (uint32_t)~j;
 }
 
 template <typename T, int D>
@@ -377,20 +378,15 @@ __global__ void __launch_bounds__(BSS_NT, 1)
      * that A and B share: k-steps 2 s and 2 s + 1 take d = 32 s .. 32 s + 31, lane t's four
      * values of a step being d = 32 s + 8 t + 4 (step & 1) + 0..3, so one 16-byte read gives a
      * lane its operands for both steps */
-    uint4 qa[D / 32], qb[D / 32];
-    {
-        const T *qg = static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D;
+    uint4 qf[2][D / 32];
+    const T *qg = static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D;
 #pragma unroll
-        for (int s = 0; s < D / 32; ++s) {
-            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            qa[s] = mr[0] < nb ? __ldg(reinterpret_cast<const uint4 *>(
-                                     qg + (int64_t)mr[0] * D + 32 * s + 8 * t))
-                               : zero;
-            qb[s] = mr[1] < nb ? __ldg(reinterpret_cast<const uint4 *>(
-                                     qg + (int64_t)mr[1] * D + 32 * s + 8 * t))
-                               : zero;
-        }
-    }
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int s = 0; s < D / 32; ++s)
+            qf[r][s] = mr[r] < nb ? __ldg(reinterpret_cast<const uint4 *>(
+                                        qg + (int64_t)mr[r] * D + 32 * s + 8 * t))
+                                  : make_uint4(0u, 0u, 0u, 0u);
 
     /* keeps the top k of this warp's selecting rows that hold more than `limit` candidates
      * (limit < 0: more than k) */
@@ -435,8 +431,8 @@ __global__ void __launch_bounds__(BSS_NT, 1)
             const T *kt = kbuf + buf * BSS_KEYS * KS;
 #pragma unroll
             for (int s = 0; s < D / 32; ++s) {
-                const uint32_t a0[4] = {qa[s].x, qb[s].x, qa[s].y, qb[s].y};
-                const uint32_t a1[4] = {qa[s].z, qb[s].z, qa[s].w, qb[s].w};
+                const uint32_t a0[4] = {qf[0][s].x, qf[1][s].x, qf[0][s].y, qf[1][s].y};
+                const uint32_t a1[4] = {qf[0][s].z, qf[1][s].z, qf[0][s].w, qf[1][s].w};
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     const uint4 kv =
@@ -550,11 +546,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
      * whole score rows; so do all heads on GPUs whose CTAs cannot have the streaming kernel's
      * shared memory (A100: 163 KB). MI_CUDA_BS_STREAM=0 sends every head to the latter (A/B
      * runs, tests). */
-    int dev = 0, smem_optin = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    bool stream_on = (size_t)smem_optin >= (s->head_dim == 64 ? bss_smem_bytes<64>()
-                                                                : bss_smem_bytes<128>());
+    bool stream_on = (size_t)mi_cuda_smem_per_block() >=
+                     (s->head_dim == 64 ? bss_smem_bytes<64>() : bss_smem_bytes<128>());
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
     bool any_stream = false, any_rows = false;

@@ -33,11 +33,20 @@ extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
     return MI_STATUS_SUCCESS;
 }
 
-extern "C" int mi_cuda_sm_count(void) {
+/* An attribute of the current device, 0 when it cannot be read. */
+static int current_device_attribute(cudaDeviceAttr attr) {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess) return 0;
     return n;
+}
+
+extern "C" int mi_cuda_sm_count(void) {
+    return current_device_attribute(cudaDevAttrMultiProcessorCount);
+}
+
+extern "C" int mi_cuda_smem_per_block(void) {
+    return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
 extern "C" mi_status mi_cuda_context_init(mi_context *ctx) {

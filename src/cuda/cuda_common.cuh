@@ -111,6 +111,8 @@ __host__ __device__ __forceinline__ mi_cuda_head_mode head_mode_of(const mi_cuda
 /* Host-side helpers (cuda_backend.cu). */
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what);
 extern "C" int mi_cuda_sm_count(void);
+/* The most shared memory one CTA of the current device may have (its opt-in limit), 0 if unknown. */
+extern "C" int mi_cuda_smem_per_block(void);
 /* Hopper path (attn_fwd_sm90.cu): usable on this device, and its launcher (D = 128). */
 extern "C" int mi_cuda_sm90_usable(void);
 /* The sm_90a kernel for D = 128, every mode in 64-row blocks (attn_fwd_sm90.cu). */
