@@ -14,9 +14,15 @@
 
 namespace mi_cuda {
 
+/* An unsigned key that orders as the float does (negatives flipped, positives above them). */
 __device__ __forceinline__ uint32_t float_order_key(float f) {
     const uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* The float whose key is k: scores at or above it (or NaN) are the ones whose key can reach k. */
+__device__ __forceinline__ float float_of_order_key(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
 /* Adds one to hist[bin_of(i)] for each i < n whose bin is not negative, over the block. Values of
@@ -283,10 +289,10 @@ __device__ __forceinline__ uint64_t warp_keep_top(uint64_t *c, int n, int k, uin
     for (int i = 0; i < SLOTS; ++i) v[i] = 32 * i + lane < n ? c[32 * i + lane] : 0;
     uint64_t thr = 1; /* k == n: every value */
     if (k < n) {
-        uint64_t smp = 0; /* lane l samples value 32 (l % SLOTS) + l */
-#pragma unroll
-        for (int i = 0; i < SLOTS; ++i)
-            if (i == lane % SLOTS) smp = v[i];
+        /* lane l samples value 32 (l % SLOTS) + l, read again: picking it out of v[] made v[] an
+         * indexed array in local memory */
+        const int at = 32 * (lane % SLOTS) + lane;
+        uint64_t smp = at < n ? c[at] : 0;
 #pragma unroll
         for (int size = 2; size <= 32; size <<= 1)
 #pragma unroll

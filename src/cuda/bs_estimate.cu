@@ -21,9 +21,19 @@
  *      0.16 / 3.8 (one warp per scheduler; the compactions were ~10K instructions a tile)
  *   5. compaction by sorted samples and ranks: 0.104 / 2.2; position-coded inputs 0.077 / 1.7.
  *      352 candidate slots instead of 256: 0.16 / 2.7.
- *   6. its quickselect fallback started from the samples' bracket (current): 0.085 / 1.87;
+ *   6. its quickselect fallback started from the samples' bracket: 0.085 / 1.87;
  *      position-coded 0.068 / 1.54 (one round).
- *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json)
+ *   7. a bound pass first (current; group maxima give each row a starting threshold), plain
+ *      tiles passed over with one float compare a score, the warp select's samples read from
+ *      shared memory (no local memory): 0.063 / 1.69 against 0.092 / 2.16 without the bound
+ *      pass; position-coded 0.076 / 1.89 against 0.075 / 1.70. On by default: it saves 30 % on
+ *      scattered scores and costs up to 11 % on near-diagonal ones.
+ *      Measured floors (diagnostic builds, not kept): the pooled-key stream and mma.sync alone
+ *      take 0.019 / 0.40 (0.59 with two passes); the appends and compactions take the rest.
+ *      Four rows compacted at once by one warp (interleaved selects, 252 registers): 0.136 /
+ *      3.41 without the bound pass; not kept.
+ *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
+ *   2026-11-30-gpu-bs-estimate-bound-ab.json)
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
@@ -73,6 +83,7 @@ struct bs_select_params {
     int32_t *block_count, *block_offset, *column_count;
     int32_t idx_row_blocks, max_blocks;
     int32_t dense_below;
+    int32_t bound_groups; /* the streaming kernel's bound pass: -1 automatic, 0 none, else G */
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t top_k[MI_CUDA_MAX_HEADS];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -302,7 +313,9 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_
  * and block 0 forced on top). Walking the keys downwards, a row's candidates are appended in
  * descending block order, which compaction keeps, so the kept list read backwards gives the
  * ascending offsets. Downwards also meets the high scores of near-diagonal blocks first, which
- * real heads favour, so the threshold rises early and few candidates are appended. */
+ * real heads favour, so the threshold rises early and few candidates are appended. Long rows
+ * first take a bound pass over the same tiles (below), which starts each row's threshold near
+ * its k-th score. */
 constexpr int BSS_ROWS = 64;
 constexpr int BSS_NT = 128;
 constexpr int BSS_KEYS = 64;
@@ -324,6 +337,18 @@ template <int D> constexpr size_t bss_smem_bytes() {
 __device__ __forceinline__ uint64_t bs_candidate(float score, int j, int m) {
     if (j > m) return 0; /* never above a threshold */
     return (uint64_t)bs_rank_key(score, j, m) << 32 | (uint32_t)~j;
+}
+
+/* Where lane t of a quad writes its n values when lanes 3 .. 0 write in turn (the sum over the
+ * lanes above t); `total` gets the quad's sum. */
+__device__ __forceinline__ int quad_offset_down(int n, int t, int &total) {
+    int incl = n; /* over lanes t .. 3 */
+    int o = __shfl_down_sync(0xffffffffu, incl, 1, 4);
+    if (t < 3) incl += o;
+    o = __shfl_down_sync(0xffffffffu, incl, 2, 4);
+    if (t < 2) incl += o;
+    total = __shfl_sync(0xffffffffu, incl, 0, 4);
+    return incl - n;
 }
 
 template <typename T, int D>
@@ -372,7 +397,6 @@ __global__ void __launch_bounds__(BSS_NT, 1)
         }
         cp_async_commit();
     };
-    if (n_tiles > 0) load_tile(n_tiles - 1, 0);
 
     /* the pooled queries as A fragments. The k index of the mma runs over a permutation of d
      * that A and B share: k-steps 2 s and 2 s + 1 take d = 32 s .. 32 s + 31, lane t's four
@@ -410,19 +434,51 @@ __global__ void __launch_bounds__(BSS_NT, 1)
         }
     };
 
-    for (int step = 0; step < n_tiles; ++step) {
-        const int it = n_tiles - 1 - step, buf = step & 1;
-        if (step + 1 < n_tiles) {
-            load_tile(it - 1, buf ^ 1);
+    /* The bound pass. Where rows span more tiles than their candidate slots hold, the tiles are
+     * first scored for the maxima of G groups of keys per row and tile only; the k-th largest of
+     * a row's maxima is a lower bound of its k-th largest score (k distinct blocks reach it), so
+     * the second pass starts with that threshold: it appends little more than k candidates
+     * (about 1.3 k on random scores at 1M) and rarely compacts. G doubles from 1 while the
+     * maxima fit the slots (256 tiles: 1; 32 tiles: 8). */
+    int G = 0;
+    if (n_tiles > BSS_CAP / BSS_KEYS && p.bound_groups != 0) {
+        G = p.bound_groups > 0 ? p.bound_groups : 32;
+        if (p.bound_groups < 0)
+            while (G > 1 && n_tiles * G > BSS_CAP) G >>= 1;
+    }
+    const int n_steps = (G > 0 ? 2 : 1) * n_tiles;
+    auto tile_at = [&](int step) { return n_tiles - 1 - (step < n_tiles ? step : step - n_tiles); };
+    if (n_steps > 0) load_tile(tile_at(0), 0);
+
+    for (int step = 0; step < n_steps; ++step) {
+        const int it = tile_at(step), buf = step & 1;
+        const bool bound_pass = G > 0 && step < n_tiles;
+        if (step + 1 < n_steps) {
+            load_tile(tile_at(step + 1), buf ^ 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (G > 0 && step == n_tiles && warp_sel) {
+            /* each row's bound: the k-th largest of its maxima where it has more than k (else
+             * the threshold a compaction set, or none); every block whose score key reaches it
+             * is a candidate */
+            shrink(-1);
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (sel[r]) {
+                    thr[r] = thr[r] > 0 ? (thr[r] >> 32 << 32) - 1 : 0;
+                    cnt[r] = 0;
+                }
+        }
         const int j0 = it * BSS_KEYS;
+        /* a plain tile: every key below every row's diagonal, none of them block 0, so each
+         * key is its score's order key */
+        const bool plain = it > 0 && j0 + BSS_KEYS <= wm0;
         if (warp_sel && j0 <= wm0 + 15) {
             /* room for a whole tile */
-            shrink(BSS_CAP - BSS_KEYS);
+            shrink(bound_pass ? BSS_CAP - G : BSS_CAP - BSS_KEYS);
             float acc[8][4];
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
@@ -442,35 +498,101 @@ __global__ void __launch_bounds__(BSS_NT, 1)
                     mma_16816<T>(acc[nt], a1, b1);
                 }
             }
-            /* append, highest block first: n-tiles downwards, lanes 3 .. 0 of a quad, and the
-             * second column of a lane before its first */
-#pragma unroll
-            for (int nt = 7; nt >= 0; --nt) {
-                const int jl = j0 + 8 * nt + 2 * t;
-                uint64_t c[2][2];
-                bool f[2][2];
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    c[r][0] = bs_candidate(acc[nt][2 * r + 1], jl + 1, mr[r]);
-                    c[r][1] = bs_candidate(acc[nt][2 * r], jl, mr[r]);
-                    f[r][0] = c[r][0] > thr[r];
-                    f[r][1] = c[r][1] > thr[r];
-                }
-                if (!__any_sync(0xffffffffu, f[0][0] || f[0][1] || f[1][0] || f[1][1])) continue;
+            if (bound_pass) {
+                /* a lane holds 16 keys of each of its rows (two per n-tile): its groups are runs
+                 * of `span` n-tiles (G >= 4), or its keys with those of the next one or three
+                 * lanes of the quad (G = 2, 1). A maximum is appended as its score key and an id
+                 * unique in the row (tile, lane, group) */
+                const int lane_groups = G >= 4 ? G / 4 : 1, span = 8 / lane_groups;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int n = f[r][0] + f[r][1];
-                    int incl = n; /* over lanes t .. 3 of the quad */
-                    int o = __shfl_down_sync(0xffffffffu, incl, 1, 4);
-                    if (t < 3) incl += o;
-                    o = __shfl_down_sync(0xffffffffu, incl, 2, 4);
-                    if (t < 2) incl += o;
-                    const int total = __shfl_sync(0xffffffffu, incl, 0, 4);
+                    uint32_t key[8];
+                    if (plain) {
+#pragma unroll
+                        for (int nt = 0; nt < 8; ++nt)
+                            key[nt] = max(float_order_key(acc[nt][2 * r]),
+                                          float_order_key(acc[nt][2 * r + 1]));
+                    } else {
+#pragma unroll
+                        for (int nt = 0; nt < 8; ++nt) {
+                            const int jl = j0 + 8 * nt + 2 * t;
+                            const uint32_t k0 =
+                                jl <= mr[r] ? bs_rank_key(acc[nt][2 * r], jl, mr[r]) : 0;
+                            const uint32_t k1 =
+                                jl + 1 <= mr[r] ? bs_rank_key(acc[nt][2 * r + 1], jl + 1, mr[r])
+                                                : 0;
+                            key[nt] = max(k0, k1);
+                        }
+                    }
+#pragma unroll
+                    for (int w = 1; w < 8; w <<= 1)
+                        if (w < span)
+#pragma unroll
+                            for (int nt = 0; nt < 8; nt += 2 * w) key[nt] = max(key[nt], key[nt + w]);
+                    if (G < 4) {
+                        key[0] = max(key[0], __shfl_xor_sync(0xffffffffu, key[0], 1));
+                        if (G < 2) key[0] = max(key[0], __shfl_xor_sync(0xffffffffu, key[0], 2));
+                    }
+                    const bool lane_on = G >= 4 || (t & (4 / G - 1)) == 0;
+                    uint64_t c[8];
+                    int n = 0;
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt) {
+                        c[nt] = (uint64_t)key[nt] << 32 | (uint32_t)(32 * it + 8 * t + nt);
+                        const bool f = nt % span == 0 && lane_on && key[nt] > 0 && c[nt] > thr[r];
+                        if (!f) c[nt] = 0;
+                        n += f;
+                    }
+                    int total;
+                    int pos = cnt[r] + quad_offset_down(n, t, total);
                     uint64_t *row = cand + (16 * warp + g + 8 * r) * BSS_CAP;
-                    int pos = cnt[r] + incl - n;
-                    if (f[r][0]) row[pos++] = c[r][0];
-                    if (f[r][1]) row[pos] = c[r][1];
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt)
+                        if (c[nt] != 0) row[pos++] = c[nt];
                     cnt[r] += total;
+                }
+            } else {
+                /* a plain tile is passed over when no score can reach its row's threshold key
+                 * (one float compare a score; NaN goes on to the exact test) */
+                bool skip = false;
+                if (plain) {
+                    float lim[2];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        lim[r] = sel[r] ? float_of_order_key((uint32_t)(thr[r] >> 32)) : INFINITY;
+                    bool reach = false;
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) reach |= !(acc[nt][i] < lim[i >> 1]);
+                    skip = !__any_sync(0xffffffffu, reach);
+                }
+                /* append, highest block first: n-tiles downwards, lanes 3 .. 0 of a quad, and the
+                 * second column of a lane before its first */
+#pragma unroll
+                for (int nt = 7; nt >= 0 && !skip; --nt) {
+                    const int jl = j0 + 8 * nt + 2 * t;
+                    uint64_t c[2][2];
+                    bool f[2][2];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        c[r][0] = bs_candidate(acc[nt][2 * r + 1], jl + 1, mr[r]);
+                        c[r][1] = bs_candidate(acc[nt][2 * r], jl, mr[r]);
+                        f[r][0] = c[r][0] > thr[r];
+                        f[r][1] = c[r][1] > thr[r];
+                    }
+                    if (!__any_sync(0xffffffffu, f[0][0] || f[0][1] || f[1][0] || f[1][1]))
+                        continue;
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int n = f[r][0] + f[r][1];
+                        int total;
+                        int pos = cnt[r] + quad_offset_down(n, t, total);
+                        uint64_t *row = cand + (16 * warp + g + 8 * r) * BSS_CAP;
+                        if (f[r][0]) row[pos++] = c[r][0];
+                        if (f[r][1]) row[pos] = c[r][1];
+                        cnt[r] += total;
+                    }
                 }
             }
         }
@@ -599,6 +721,13 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
 
     bs_select_params sp;
     memset(&sp, 0, sizeof(sp));
+    /* MI_CUDA_BS_BOUND=0 turns the streaming kernel's bound pass off, =G (1, 2, 4, 8, 16 or 32)
+     * fixes its groups per tile (A/B runs, tests) */
+    sp.bound_groups = -1;
+    if (const char *e = getenv("MI_CUDA_BS_BOUND")) {
+        const int g = atoi(e);
+        if (e[0] == '0' || (g >= 1 && g <= 32 && (g & (g - 1)) == 0)) sp.bound_groups = g;
+    }
     sp.qp = qp;
     sp.kp = kp;
     sp.heads = (int32_t)s->heads_q;

@@ -754,7 +754,9 @@ static void test_block_sparse(const shape *s, int32_t topk) {
 }
 
 /* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
- * lengths. Top k up to 192 takes the streaming kernel unless stream = 0; the row-holding kernel
+ * lengths. Top k up to 192 takes the streaming kernel unless stream = 0: with its bound pass
+ * chosen by length (stream = 1), without it (2), or with 32 groups per tile, which makes that
+ * pass compact as well (3). The row-holding kernel
  * (top k above 192, or stream = 0) narrows long lists first and falls back when many keys lie
  * near the top; with rows > 0 its CTAs take at most that many row blocks each, wide >= 0 forces
  * its CTA size. ramp: every key a multiple of one positive vector, growing towards block 0, and
@@ -793,18 +795,24 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     }
     if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
     if (stream == 0) setenv("MI_CUDA_BS_STREAM", "0", 1);
+    if (stream >= 2) setenv("MI_CUDA_BS_BOUND", stream == 2 ? "0" : "32", 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     unsetenv("MI_CUDA_BS_ROWS");
     unsetenv("MI_CUDA_BS_WIDE");
     unsetenv("MI_CUDA_BS_STREAM");
+    unsetenv("MI_CUDA_BS_BOUND");
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
     snprintf(name, sizeof name,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
-             (long long)L, (long long)D, topk, stream == 0 || topk > 192 ? "rows" : "streaming",
+             (long long)L, (long long)D, topk,
+             stream == 0 || topk > 192 ? "rows"
+             : stream == 2             ? "streaming, no bound pass"
+             : stream == 3             ? "streaming, bound pass of 32 groups"
+                                       : "streaming",
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
@@ -1015,8 +1023,8 @@ int main(int argc, char **argv) {
     test_index_messy(70, 5, 8, 0);
 
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
-     * the largest top k it takes (192), D = 64, and ramp inputs (compaction at every few tiles,
-     * exact ties). The row-holding kernel: its narrowing pass and (top 2040 of more than 2048)
+     * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
+     * exact ties), and without its bound pass or with one that compacts. The row-holding kernel: its narrowing pass and (top 2040 of more than 2048)
      * its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256
      * threads (the default here) and in the wide ones of 512 */
     const int64_t Lb = quick ? 40000 : 140000;
@@ -1024,6 +1032,10 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lb, 128, 192, 0, -1, 1, 0);
     test_block_sparse_long(Lb, 64, 100, 0, -1, 1, 0);
     test_block_sparse_long(quick ? 20000 : 70000, 128, 100, 0, -1, 1, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, 2, 0);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, 3, 0);
+    test_block_sparse_long(quick ? 20000 : 70000, 128, 192, 0, -1, 3, 1);
+    if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, 2, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, 0, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, 0, 0);
     test_block_sparse_long(Lb, 64, 100, 3, 1, 0, 0);
