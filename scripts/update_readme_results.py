@@ -128,7 +128,7 @@ def gpu_tables(runs):
                        f"| {e.get('inputs', '-')} | {fmt(e.get('keys_per_row'), '.0f')} "
                        f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('effective_tflops'), '.0f')} "
-                       f"| {fmt(e.get('estimate_ms_per_head'), '.2f')} "
+                       f"| {fmt(e.get('estimate_ms_per_head'), '.3f')} "
                        f"| {fmt(e.get('original_kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('speedup_vs_original'), '.2f')}x |")
         out.append("")

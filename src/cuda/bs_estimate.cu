@@ -26,8 +26,10 @@
  *   7. a bound pass first (current; group maxima give each row a starting threshold), plain
  *      tiles passed over with one float compare a score, the warp select's samples read from
  *      shared memory (no local memory): 0.063 / 1.69 against 0.092 / 2.16 without the bound
- *      pass; position-coded 0.076 / 1.89 against 0.075 / 1.70. On by default: it saves 30 % on
- *      scattered scores and costs up to 11 % on near-diagonal ones.
+ *      pass; position-coded 0.076 / 1.89 against 0.075 / 1.70. On by default: over two runs it
+ *      saved 22-33 % on scattered scores and cost 1-11 % on near-diagonal ones. Without the
+ *      plain-tile paths (two runs) the bound pass cost 10-29 % on near-diagonal scores: the
+ *      paths stay.
  *      Measured floors (diagnostic builds, not kept): the pooled-key stream and mma.sync alone
  *      take 0.019 / 0.40 (0.59 with two passes); the appends and compactions take the rest.
  *      Four rows compacted at once by one warp (interleaved selects, 252 registers): 0.136 /

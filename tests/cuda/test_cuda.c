@@ -753,18 +753,21 @@ static void test_block_sparse(const shape *s, int32_t topk) {
     inputs_free(&in);
 }
 
+/* Which block-sparse estimate kernel test_block_sparse_long asks for. Top k up to 192 takes the
+ * streaming kernel unless BS_ROWS: with its bound pass chosen by length, without it, or with 32
+ * groups per tile, which makes that pass compact as well. The row-holding kernel (top k above
+ * 192, or BS_ROWS) narrows long lists first and falls back when many keys lie near the top. */
+typedef enum { BS_ROWS, BS_STREAM, BS_STREAM_NO_BOUND, BS_STREAM_BOUND_32 } bs_kernel;
+
 /* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
- * lengths. Top k up to 192 takes the streaming kernel unless stream = 0: with its bound pass
- * chosen by length (stream = 1), without it (2), or with 32 groups per tile, which makes that
- * pass compact as well (3). The row-holding kernel
- * (top k above 192, or stream = 0) narrows long lists first and falls back when many keys lie
- * near the top; with rows > 0 its CTAs take at most that many row blocks each, wide >= 0 forces
- * its CTA size. ramp: every key a multiple of one positive vector, growing towards block 0, and
- * positive queries, so that each block scores above every later one: walking down from the
- * diagonal, the streaming kernel keeps every candidate and compacts at every few tiles; rounded
- * to bf16, neighbouring blocks also pool to equal vectors (exact ties, lower block first). */
+ * lengths, on the kernel `kern` asks for. With rows > 0 the row-holding kernel's CTAs take at
+ * most that many row blocks each, wide >= 0 forces its CTA size. ramp: every key a multiple of
+ * one positive vector, growing towards block 0, and positive queries, so that each block scores
+ * above every later one: walking down from the diagonal, the streaming kernel keeps every
+ * candidate and compacts at every few tiles; rounded to bf16, neighbouring blocks also pool to
+ * equal vectors (exact ties, lower block first). */
 static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int wide,
-                                   int stream, int ramp) {
+                                   bs_kernel kern, int ramp) {
     char name[220], env[16];
     const int32_t B = 2, H = 2, Hk = 1, R = (int32_t)((L + 63) / 64);
     int32_t lens[2] = {(int32_t)L, (int32_t)(L * 3 / 5 + 1)};
@@ -794,8 +797,9 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
         setenv("MI_CUDA_BS_ROWS", env, 1);
     }
     if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
-    if (stream == 0) setenv("MI_CUDA_BS_STREAM", "0", 1);
-    if (stream >= 2) setenv("MI_CUDA_BS_BOUND", stream == 2 ? "0" : "32", 1);
+    if (kern == BS_ROWS) setenv("MI_CUDA_BS_STREAM", "0", 1);
+    if (kern == BS_STREAM_NO_BOUND) setenv("MI_CUDA_BS_BOUND", "0", 1);
+    if (kern == BS_STREAM_BOUND_32) setenv("MI_CUDA_BS_BOUND", "32", 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
@@ -809,10 +813,10 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
              (long long)L, (long long)D, topk,
-             stream == 0 || topk > 192 ? "rows"
-             : stream == 2             ? "streaming, no bound pass"
-             : stream == 3             ? "streaming, bound pass of 32 groups"
-                                       : "streaming",
+             kern == BS_ROWS || topk > 192    ? "rows"
+             : kern == BS_STREAM_NO_BOUND     ? "streaming, no bound pass"
+             : kern == BS_STREAM_BOUND_32     ? "streaming, bound pass of 32 groups"
+                                              : "streaming",
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
@@ -1024,25 +1028,26 @@ int main(int argc, char **argv) {
 
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
      * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
-     * exact ties), and without its bound pass or with one that compacts. The row-holding kernel: its narrowing pass and (top 2040 of more than 2048)
-     * its fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256
-     * threads (the default here) and in the wide ones of 512 */
-    const int64_t Lb = quick ? 40000 : 140000;
-    test_block_sparse_long(Lb, 128, 100, 0, -1, 1, 0);
-    test_block_sparse_long(Lb, 128, 192, 0, -1, 1, 0);
-    test_block_sparse_long(Lb, 64, 100, 0, -1, 1, 0);
-    test_block_sparse_long(quick ? 20000 : 70000, 128, 100, 0, -1, 1, 1);
-    test_block_sparse_long(Lb, 128, 100, 0, -1, 2, 0);
-    test_block_sparse_long(Lb, 128, 100, 0, -1, 3, 0);
-    test_block_sparse_long(quick ? 20000 : 70000, 128, 192, 0, -1, 3, 1);
-    if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, 2, 1);
-    test_block_sparse_long(Lb, 128, 100, 0, -1, 0, 0);
-    test_block_sparse_long(Lb, 128, 100, 0, 1, 0, 0);
-    test_block_sparse_long(Lb, 64, 100, 3, 1, 0, 0);
-    test_block_sparse_long(Lb, 128, 2040, 1, -1, 1, 0);
+     * exact ties), and without its bound pass or with one that compacts. The row-holding
+     * kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
+     * default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256 threads (the default here)
+     * and in the wide ones of 512 */
+    const int64_t Lb = quick ? 40000 : 140000, Lr = quick ? 20000 : 70000;
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM, 0);
+    test_block_sparse_long(Lb, 128, 192, 0, -1, BS_STREAM, 0);
+    test_block_sparse_long(Lb, 64, 100, 0, -1, BS_STREAM, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 0);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_BOUND_32, 0);
+    test_block_sparse_long(Lr, 128, 192, 0, -1, BS_STREAM_BOUND_32, 1);
+    if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
+    test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
+    test_block_sparse_long(Lb, 64, 100, 3, 1, BS_ROWS, 0);
+    test_block_sparse_long(Lb, 128, 2040, 1, -1, BS_STREAM, 0);
     if (!quick) {
-        test_block_sparse_long(Lb, 128, 700, 2, 1, 1, 0);
-        test_block_sparse_long(70000, 128, 100, 0, -1, 0, 1);
+        test_block_sparse_long(Lb, 128, 700, 2, 1, BS_STREAM, 0);
+        test_block_sparse_long(70000, 128, 100, 0, -1, BS_ROWS, 1);
     }
 
     printf("%s: %d passed, %d failed\n", g_fail ? "FAILED" : "OK", g_pass, g_fail);
