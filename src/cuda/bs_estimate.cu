@@ -23,7 +23,7 @@
  *      352 candidate slots instead of 256: 0.16 / 2.7.
  *   6. its quickselect fallback started from the samples' bracket: 0.085 / 1.87;
  *      position-coded 0.068 / 1.54 (one round).
- *   7. a bound pass first (current; group maxima give each row a starting threshold), plain
+ *   7. a bound pass first (group maxima give each row a starting threshold), plain
  *      tiles passed over with one float compare a score, the warp select's samples read from
  *      shared memory (no local memory): 0.063 / 1.69 against 0.092 / 2.16 without the bound
  *      pass; position-coded 0.076 / 1.89 against 0.075 / 1.70. On by default: over two runs it
@@ -34,6 +34,13 @@
  *      take 0.019 / 0.40 (0.59 with two passes); the appends and compactions take the rest.
  *      Four rows compacted at once by one warp (interleaved selects, 252 registers): 0.136 /
  *      3.41 without the bound pass; not kept.
+ *   8. the bound pass moved to its own kernel (bs_bound_kernel: fixed slots, no appends, two
+ *      CTAs an SM, compile-time group counts, 512 slots), pooling with 16-byte loads, plain
+ *      tiles' n-tiles passed over one at a time: see bench/results/2026-11-30-gpu-bs-estimate-
+ *      bound-kernel.json for the times. Tried on the way and not kept: tile masks from the
+ *      bound kernel telling each warp which tiles could hold a candidate (no measurable gain:
+ *      on random and near-diagonal inputs alike some row of a warp needs nearly every tile);
+ *      two-key groups in the four tiles nearest the diagonal (none either).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json)
  */
@@ -42,6 +49,7 @@
 
 #include <algorithm>
 #include <stdlib.h>
+#include <type_traits>
 #include <string.h>
 
 namespace mi_cuda {
@@ -56,6 +64,11 @@ struct pool_params {
 
 /* The mean of a block's real rows, summed in row order and rounded to the input dtype as the CPU
  * reference does (IEEE reciprocal and product, whatever the fast-math flags). */
+template <typename T> __device__ __forceinline__ T bs_mean_of(float sum, int rows) {
+    return dtype_traits<T>::from_float(rows > 0 ? __fmul_rn(sum, __frcp_rn((float)rows)) : 0.f);
+}
+
+/* A thread per (block, d). */
 template <typename T>
 __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const int m = blockIdx.x, bh = blockIdx.y;
@@ -67,9 +80,39 @@ __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const int r0 = m * 64, r1 = min(r0 + 64, len);
     float acc = 0.f;
     for (int r = r0; r < r1; ++r) acc += dtype_traits<T>::to_float(x[(int64_t)r * p.stride[2] + d]);
-    const float mean = r1 > r0 ? __fmul_rn(acc, __frcp_rn((float)(r1 - r0))) : 0.f;
     reinterpret_cast<T *>(p.out)[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] =
-        dtype_traits<T>::from_float(mean);
+        bs_mean_of<T>(acc, r1 - r0);
+}
+
+/* The same sums with a thread per (block, 8 values of d), for rows that 16-byte loads can read
+ * (the common case): eight loads in flight a thread instead of one, where the one-value kernel
+ * waited on memory latency (0.41 ms for the q and k of 128K x 32 heads). BS_POOL_NT / (D / 8)
+ * blocks per CTA. */
+constexpr int BS_POOL_NT = 128;
+template <typename T, int D>
+__global__ void __launch_bounds__(BS_POOL_NT) bs_pool_vec_kernel(const __grid_constant__ pool_params p) {
+    constexpr int PIECES = D / 8, BLOCKS = BS_POOL_NT / PIECES;
+    const int m = blockIdx.x * BLOCKS + threadIdx.x / PIECES, piece = threadIdx.x % PIECES;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    if (m >= p.row_blocks) return;
+    const int len = p.seq_lens[b];
+    const T *x = reinterpret_cast<const T *>(p.x) + b * p.stride[0] + h * p.stride[1] + 8 * piece;
+    const int r0 = m * 64, r1 = min(r0 + 64, len);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+    for (int r = r0; r < r1; ++r) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * p.stride[2]));
+        const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += dtype_traits<T>::to_float(e[i]);
+    }
+    uint4 out;
+    T *o = reinterpret_cast<T *>(&out);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = bs_mean_of<T>(acc[i], r1 - r0);
+    *reinterpret_cast<uint4 *>(reinterpret_cast<T *>(p.out) +
+                               ((int64_t)bh * p.row_blocks + m) * D + 8 * piece) = out;
 }
 
 /* Eight values of a 16-byte load in the input dtype, as floats. */
@@ -85,7 +128,8 @@ struct bs_select_params {
     int32_t *block_count, *block_offset, *column_count;
     int32_t idx_row_blocks, max_blocks;
     int32_t dense_below;
-    int32_t bound_groups; /* the streaming kernel's bound pass: -1 automatic, 0 none, else G */
+    int32_t bound_groups; /* bs_bound_kernel's groups per tile: -1 automatic, else G */
+    uint32_t *bound;      /* [B*H, row_blocks] each row's bound (bs_bound_kernel); null: none */
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t top_k[MI_CUDA_MAX_HEADS];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -315,9 +359,11 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_
  * and block 0 forced on top). Walking the keys downwards, a row's candidates are appended in
  * descending block order, which compaction keeps, so the kept list read backwards gives the
  * ascending offsets. Downwards also meets the high scores of near-diagonal blocks first, which
- * real heads favour, so the threshold rises early and few candidates are appended. Long rows
- * first take a bound pass over the same tiles (below), which starts each row's threshold near
- * its k-th score. */
+ * real heads favour, so the threshold rises early and few candidates are appended.
+ *
+ * Rows longer than BSS_BOUND_TILES tiles start from a bound that bs_bound_kernel computed before
+ * (below): each row's threshold starts near its k-th score, and tiles where no row of a warp can
+ * reach its bound are not scored at all (nor loaded, where no warp of the CTA needs them). */
 constexpr int BSS_ROWS = 64;
 constexpr int BSS_NT = 128;
 constexpr int BSS_KEYS = 64;
@@ -328,12 +374,17 @@ constexpr int BSS_CAP = 256;
 /* the largest top k it takes; larger ones would compact too often */
 constexpr int BSS_MAX_K = 192;
 static_assert(BSS_MAX_K + BSS_KEYS <= BSS_CAP && BSS_CAP % 32 == 0, "candidate slots");
+/* CTAs whose rows span more key tiles than this take a bound first (shorter rows fit their
+ * candidate slots whole) */
+constexpr int BSS_BOUND_TILES = BSS_CAP / BSS_KEYS;
 /* pooled key rows in shared memory are D + 32 values apart: the 16-byte reads of eight lanes
  * (two rows) fall on distinct banks */
 template <int D> constexpr int bss_key_stride() { return D + 32; }
+template <int D> constexpr size_t bss_key_bytes() {
+    return (size_t)2 * BSS_KEYS * bss_key_stride<D>() * 2;
+}
 template <int D> constexpr size_t bss_smem_bytes() {
-    return (size_t)BSS_ROWS * BSS_CAP * 8 + (size_t)2 * BSS_KEYS * bss_key_stride<D>() * 2 +
-           (size_t)(BSS_NT / 32) * 32 * 8;
+    return (size_t)BSS_ROWS * BSS_CAP * 8 + bss_key_bytes<D>() + (size_t)(BSS_NT / 32) * 32 * 8;
 }
 
 __device__ __forceinline__ uint64_t bs_candidate(float score, int j, int m) {
@@ -353,6 +404,248 @@ __device__ __forceinline__ int quad_offset_down(int n, int t, int &total) {
     return incl - n;
 }
 
+/* The part of a streaming CTA (bs_stream_kernel, bs_bound_kernel) that one thread sees: its two
+ * row blocks (those of its accumulator rows g and g + 8), their top k, whether they select
+ * (otherwise none or every block), and the pooled queries of its warp as mma A fragments. The
+ * k index of the mma runs over a permutation of d that A and B share: k-steps 2 s and 2 s + 1
+ * take d = 32 s .. 32 s + 31, lane t's four values of a step being d = 32 s + 8 t + 4 (step & 1)
+ * + 0..3, so one 16-byte read gives a lane its operands for both steps. */
+template <typename T, int D> struct bss_thread {
+    int mr[2], kk[2];
+    bool sel[2];
+    bool warp_sel; /* any row of the warp selects */
+    int n_tiles;   /* the key tiles the CTA walks: none where no row selects */
+    uint4 qf[2][D / 32];
+
+    /* every thread of the CTA calls it (a barrier) */
+    __device__ void init(const bs_select_params &p, int bh, int h, int m0, int wm0, int g, int t,
+                         int len) {
+        const int nb = (len + 63) / 64;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int m = wm0 + g + 8 * r;
+            mr[r] = m;
+            kk[r] = bs_row_k(p, h, m, len);
+            sel[r] = kk[r] > 0 && kk[r] < m + 1;
+        }
+        warp_sel = __any_sync(0xffffffffu, sel[0] || sel[1]);
+        n_tiles = __syncthreads_or(warp_sel) ? (min(m0 + BSS_ROWS, nb) + BSS_KEYS - 1) / BSS_KEYS
+                                             : 0;
+        const T *qg = static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int s = 0; s < D / 32; ++s)
+                qf[r][s] = mr[r] < nb ? __ldg(reinterpret_cast<const uint4 *>(
+                                            qg + (int64_t)mr[r] * D + 32 * s + 8 * t))
+                                      : make_uint4(0u, 0u, 0u, 0u);
+    }
+
+    /* the scores of the warp's 16 rows against the 64 keys of a tile in shared memory */
+    __device__ __forceinline__ void score(const T *kt, int g, int t, float (&acc)[8][4]) const {
+        constexpr int KS = bss_key_stride<D>();
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+#pragma unroll
+        for (int s = 0; s < D / 32; ++s) {
+            const uint32_t a0[4] = {qf[0][s].x, qf[1][s].x, qf[0][s].y, qf[1][s].y};
+            const uint32_t a1[4] = {qf[0][s].z, qf[1][s].z, qf[0][s].w, qf[1][s].w};
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const uint4 kv =
+                    *reinterpret_cast<const uint4 *>(kt + (8 * nt + g) * KS + 32 * s + 8 * t);
+                const uint32_t b0[2] = {kv.x, kv.y}, b1[2] = {kv.z, kv.w};
+                mma_16816<T>(acc[nt], a0, b0);
+                mma_16816<T>(acc[nt], a1, b1);
+            }
+        }
+    }
+};
+
+/* Starts the copy of pooled key tile `it` (keys 64 it .. 64 it + 63, zeros past nb) into dst. */
+template <typename T, int D>
+__device__ __forceinline__ void bss_load_tile(T *dst, const T *kg, int it, int nb) {
+    constexpr int KS = bss_key_stride<D>();
+    static_assert(BSS_KEYS * D / 8 % BSS_NT == 0, "16-byte pieces a thread");
+#pragma unroll
+    for (int i = 0; i < BSS_KEYS * D / 8 / BSS_NT; ++i) {
+        const int c = threadIdx.x + i * BSS_NT;
+        const int r = c / (D / 8), piece = c % (D / 8), j = it * BSS_KEYS + r;
+        const bool ok = j < nb;
+        cp_async_16(dst + r * KS + piece * 8, kg + (int64_t)(ok ? j : 0) * D + piece * 8,
+                    ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+/* The pooled keys of (b, h)'s KV head. */
+template <typename T, int D>
+__device__ __forceinline__ const T *bss_keys_of(const bs_select_params &p, int b, int h) {
+    const int bhk = b * (p.heads / p.group) + h / p.group;
+    return static_cast<const T *>(p.kp) + (int64_t)bhk * p.row_blocks * D;
+}
+
+/* The bound kernel. For the CTAs of bs_stream_kernel whose rows span more than BSS_BOUND_TILES
+ * tiles, it scores the same tiles for the maxima of G groups of keys per row and tile only, each
+ * kept in a fixed slot of shared memory as its top 16 bits (rounding down keeps it at or below a
+ * key of its group), so there are no appends and no compactions. A row's bound is the k-th
+ * largest of its maxima: k distinct blocks reach it, so the row's k-th largest score key is at
+ * least that. G is the largest power of two up to 32 whose maxima fit the BSB_SLOTS slots (1M:
+ * 2, 128K: 16); past that, tiles share slots, a slot keeping the largest of their groups' maxima:
+ * still the maximum of a set of distinct blocks, so the bound holds. 512 slots against 256 gave
+ * the streaming kernel 20 % less work on near-diagonal scores at 128K (finer groups), and 128 of
+ * them given to two-key groups in the four tiles nearest the diagonal did not help (measured). */
+constexpr int BSB_SLOTS = 512;
+template <int D> constexpr size_t bsb_smem_bytes() {
+    return (size_t)BSS_ROWS * BSB_SLOTS * 2 + bss_key_bytes<D>();
+}
+
+/* The maxima of the groups of a lane's 16 keys of one row (two per n-tile) when a tile has G
+ * groups: runs of 32 / G n-tiles (G >= 4), or the lane's keys with those of the next one or
+ * three lanes of its quad (G = 2, 1). Group i of the lane ends in key[i * span]. */
+template <int G, typename V, typename Max>
+__device__ __forceinline__ void bsb_group_max(V (&key)[8], Max mx) {
+    constexpr int span = G >= 4 ? 32 / G : 8;
+#pragma unroll
+    for (int w = 1; w < span; w <<= 1)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt += 2 * w) key[nt] = mx(key[nt], key[nt + w]);
+    if (G < 4) key[0] = mx(key[0], __shfl_xor_sync(0xffffffffu, key[0], 1));
+    if (G < 2) key[0] = mx(key[0], __shfl_xor_sync(0xffffffffu, key[0], 2));
+}
+
+/* One tile's group maxima of a thread's two rows (rows[0] and rows[8 * BSB_SLOTS]), G groups a
+ * tile (a compile-time G: runtime spans had cost divisions and branches at every key, and twice
+ * the bound kernel's time), written to slots first .. first + G - 1 (modulo BSB_SLOTS), each
+ * keeping the largest. */
+template <int G>
+__device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool plain, int j0,
+                                                const int (&m)[2], int t, uint16_t *rows,
+                                                int first) {
+    constexpr int lane_groups = G >= 4 ? G / 4 : 1, span = 8 / lane_groups;
+    const bool lane_on = G >= 4 || (t & (4 / G - 1)) == 0;
+    const int group0 = G >= 4 ? t * lane_groups : G == 2 ? t >> 1 : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        uint32_t key[8];
+        if (plain) {
+            /* float maxima, one order key a group: fmaxf passes NaN over, which can only lower
+             * a maximum to another key of its group */
+            float f[8];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) f[nt] = fmaxf(acc[nt][2 * r], acc[nt][2 * r + 1]);
+            bsb_group_max<G>(f, [](float a, float c) { return fmaxf(a, c); });
+#pragma unroll
+            for (int nt = 0; nt < 8; nt += span) key[nt] = float_order_key(f[nt]);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const int jl = j0 + 8 * nt + 2 * t;
+                const uint32_t k0 = jl <= m[r] ? bs_rank_key(acc[nt][2 * r], jl, m[r]) : 0;
+                const uint32_t k1 =
+                    jl + 1 <= m[r] ? bs_rank_key(acc[nt][2 * r + 1], jl + 1, m[r]) : 0;
+                key[nt] = max(k0, k1);
+            }
+            bsb_group_max<G>(key, [](uint32_t a, uint32_t c) { return max(a, c); });
+        }
+        uint16_t *row = rows + 8 * r * BSB_SLOTS;
+        if (lane_on)
+#pragma unroll
+            for (int nt = 0; nt < 8; nt += span) {
+                const int slot = (first + group0 + nt / span) & (BSB_SLOTS - 1);
+                const uint16_t v = (uint16_t)(key[nt] >> 16);
+                if (v > row[slot]) row[slot] = v;
+            }
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BSS_NT, 2)
+    bs_bound_kernel(const __grid_constant__ bs_select_params p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int KS = bss_key_stride<D>();
+    T *kbuf = reinterpret_cast<T *>(smem);                                      /* [2][64][KS] */
+    uint16_t *maxima = reinterpret_cast<uint16_t *>(smem + bss_key_bytes<D>()); /* [64][512] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * BSS_ROWS;
+    if (!p.active[h] || m0 >= p.idx_row_blocks) return;
+    const int len = bs_seq_len(p, b);
+    const int nb = (len + 63) / 64;
+    const int wm0 = m0 + 16 * warp;
+    bss_thread<T, D> th;
+    th.init(p, bh, h, m0, wm0, g, t, len);
+    const int n_tiles = th.n_tiles;
+    if (n_tiles <= BSS_BOUND_TILES) return; /* the streaming kernel takes no bound here */
+    int G = p.bound_groups > 0 ? p.bound_groups : 32;
+    if (p.bound_groups <= 0)
+        while (G > 1 && n_tiles * G > BSB_SLOTS) G >>= 1;
+    for (int i = threadIdx.x; i < BSS_ROWS * BSB_SLOTS / 8; i += BSS_NT)
+        reinterpret_cast<uint4 *>(maxima)[i] = make_uint4(0u, 0u, 0u, 0u);
+    const T *kg = bss_keys_of<T, D>(p, b, h);
+    bss_load_tile<T, D>(kbuf, kg, n_tiles - 1, nb);
+
+    for (int it = n_tiles - 1, buf = 0; it >= 0; --it, buf ^= 1) {
+        if (it > 0) {
+            bss_load_tile<T, D>(kbuf + (buf ^ 1) * BSS_KEYS * KS, kg, it - 1, nb);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int j0 = it * BSS_KEYS;
+        /* a plain tile: every key below every row's diagonal, none of them block 0 */
+        const bool plain = it > 0 && j0 + BSS_KEYS <= wm0;
+        if (th.warp_sel && j0 <= wm0 + 15) {
+            float acc[8][4];
+            th.score(kbuf + buf * BSS_KEYS * KS, g, t, acc);
+            /* the tile's first slot (a group's slot wraps at most once past it) */
+            const int first = (it * G) & (BSB_SLOTS - 1);
+            uint16_t *rows = maxima + (16 * warp + g) * BSB_SLOTS;
+            const int m[2] = {th.mr[0], th.mr[1]};
+            switch (G) {
+            case 1: bsb_tile_maxima<1>(acc, plain, j0, m, t, rows, first); break;
+            case 2: bsb_tile_maxima<2>(acc, plain, j0, m, t, rows, first); break;
+            case 4: bsb_tile_maxima<4>(acc, plain, j0, m, t, rows, first); break;
+            case 8: bsb_tile_maxima<8>(acc, plain, j0, m, t, rows, first); break;
+            case 16: bsb_tile_maxima<16>(acc, plain, j0, m, t, rows, first); break;
+            default: bsb_tile_maxima<32>(acc, plain, j0, m, t, rows, first); break;
+            }
+        }
+        __syncthreads(); /* the buffer is loaded again two tiles on; slots may be shared */
+    }
+    if (!th.warp_sel) return;
+
+    /* each row's bound: the largest x with k maxima at or above it, bit by bit; a lane counts
+     * its 16 slots two at a time (halfword compares) */
+#pragma unroll 1
+    for (int rr = 0; rr < 16; ++rr) {
+        const int m = wm0 + rr, src = (rr & 7) * 4;
+        /* (named, not indexed: an indexed member would put th in local memory) */
+        const int k = __shfl_sync(0xffffffffu, rr < 8 ? th.kk[0] : th.kk[1], src);
+        const bool s = rr < 8 ? th.sel[0] : th.sel[1];
+        if (!__shfl_sync(0xffffffffu, (int)s, src)) continue;
+        const uint32_t *row =
+            reinterpret_cast<const uint32_t *>(maxima + (16 * warp + rr) * BSB_SLOTS);
+        uint32_t v[BSB_SLOTS / 64];
+#pragma unroll
+        for (int i = 0; i < BSB_SLOTS / 64; ++i) v[i] = row[32 * i + lane];
+        uint32_t x = 0;
+#pragma unroll 1
+        for (int bit = 15; bit >= 0; --bit) {
+            const uint32_t c = x | 1u << bit;
+            int n = 0;
+#pragma unroll
+            for (int i = 0; i < BSB_SLOTS / 64; ++i) n += __popc(__vcmpgeu2(v[i], c * 0x10001u));
+            if ((int)__reduce_add_sync(0xffffffffu, (unsigned)n) >= 16 * k) x = c;
+        }
+        if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + m] = x << 16;
+    }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(BSS_NT, 1)
     bs_stream_kernel(const __grid_constant__ bs_select_params p) {
@@ -370,62 +663,32 @@ __global__ void __launch_bounds__(BSS_NT, 1)
     const int len = bs_seq_len(p, b);
     const int nb = (len + 63) / 64; /* the sequence's blocks */
     const int wm0 = m0 + 16 * warp;
-
-    /* this thread's two row blocks (those of its accumulator rows g and g + 8) */
-    int mr[2], kk[2], cnt[2] = {0, 0};
-    bool sel[2];
+    bss_thread<T, D> th;
+    th.init(p, bh, h, m0, wm0, g, t, len);
+    const int n_tiles = th.n_tiles;
+    const bool bounded = p.bound != nullptr && n_tiles > BSS_BOUND_TILES;
+    int cnt[2] = {0, 0};
     uint64_t thr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int m = wm0 + g + 8 * r, n = m + 1;
-        const int k = bs_row_k(p, h, m, len);
-        mr[r] = m;
-        kk[r] = k;
-        sel[r] = k > 0 && k < n; /* otherwise no select: none, or every block */
-        thr[r] = sel[r] ? 0 : ~0ull;
+        /* the bound x admits every block whose score key reaches it */
+        const uint32_t x =
+            bounded && th.sel[r] ? p.bound[(int64_t)bh * p.row_blocks + th.mr[r]] : 0u;
+        thr[r] = th.sel[r] ? (x > 0 ? ((uint64_t)x << 32) - 1 : 0) : ~0ull;
     }
-    const bool warp_sel = __any_sync(0xffffffffu, sel[0] || sel[1]);
-    const int n_tiles = __syncthreads_or(warp_sel) ? (min(m0 + BSS_ROWS, nb) + 63) / 64 : 0;
-
-    const int bhk = b * (p.heads / p.group) + h / p.group;
-    const T *kg = static_cast<const T *>(p.kp) + (int64_t)bhk * p.row_blocks * D;
-    auto load_tile = [&](int it, int buf) {
-        T *dst = kbuf + buf * BSS_KEYS * KS;
-        for (int c = threadIdx.x; c < BSS_KEYS * D / 8; c += BSS_NT) {
-            const int r = c / (D / 8), piece = c % (D / 8), j = it * BSS_KEYS + r;
-            const bool ok = j < nb;
-            cp_async_16(dst + r * KS + piece * 8, kg + (int64_t)(ok ? j : 0) * D + piece * 8,
-                        ok ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-
-    /* the pooled queries as A fragments. The k index of the mma runs over a permutation of d
-     * that A and B share: k-steps 2 s and 2 s + 1 take d = 32 s .. 32 s + 31, lane t's four
-     * values of a step being d = 32 s + 8 t + 4 (step & 1) + 0..3, so one 16-byte read gives a
-     * lane its operands for both steps */
-    uint4 qf[2][D / 32];
-    const T *qg = static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int s = 0; s < D / 32; ++s)
-            qf[r][s] = mr[r] < nb ? __ldg(reinterpret_cast<const uint4 *>(
-                                        qg + (int64_t)mr[r] * D + 32 * s + 8 * t))
-                                  : make_uint4(0u, 0u, 0u, 0u);
-
+    const T *kg = bss_keys_of<T, D>(p, b, h);
     /* keeps the top k of this warp's selecting rows that hold more than `limit` candidates
      * (limit < 0: more than k) */
     auto shrink = [&](int limit) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            unsigned need = __ballot_sync(0xffffffffu,
-                                          t == 0 && sel[r] && cnt[r] > (limit < 0 ? kk[r] : limit));
+            unsigned need = __ballot_sync(
+                0xffffffffu, t == 0 && th.sel[r] && cnt[r] > (limit < 0 ? th.kk[r] : limit));
             while (need) {
                 const int src = __ffs(need) - 1;
                 need &= need - 1;
                 const int n_c = __shfl_sync(0xffffffffu, cnt[r], src);
-                const int k_c = __shfl_sync(0xffffffffu, kk[r], src);
+                const int k_c = __shfl_sync(0xffffffffu, th.kk[r], src);
                 uint64_t *row = cand + (16 * warp + (src >> 2) + 8 * r) * BSS_CAP;
                 const uint64_t low = warp_keep_top<BSS_CAP / 32>(row, n_c, k_c, scratch);
                 if (g == (src >> 2)) {
@@ -436,152 +699,63 @@ __global__ void __launch_bounds__(BSS_NT, 1)
         }
     };
 
-    /* The bound pass. Where rows span more tiles than their candidate slots hold, the tiles are
-     * first scored for the maxima of G groups of keys per row and tile only; the k-th largest of
-     * a row's maxima is a lower bound of its k-th largest score (k distinct blocks reach it), so
-     * the second pass starts with that threshold: it appends little more than k candidates
-     * (about 1.3 k on random scores at 1M) and rarely compacts. G doubles from 1 while the
-     * maxima fit the slots (256 tiles: 1; 32 tiles: 8). */
-    int G = 0;
-    if (n_tiles > BSS_CAP / BSS_KEYS && p.bound_groups != 0) {
-        G = p.bound_groups > 0 ? p.bound_groups : 32;
-        if (p.bound_groups < 0)
-            while (G > 1 && n_tiles * G > BSS_CAP) G >>= 1;
-    }
-    const int n_steps = (G > 0 ? 2 : 1) * n_tiles;
-    auto tile_at = [&](int step) { return n_tiles - 1 - (step < n_tiles ? step : step - n_tiles); };
-    if (n_steps > 0) load_tile(tile_at(0), 0);
-
-    for (int step = 0; step < n_steps; ++step) {
-        const int it = tile_at(step), buf = step & 1;
-        const bool bound_pass = G > 0 && step < n_tiles;
-        if (step + 1 < n_steps) {
-            load_tile(tile_at(step + 1), buf ^ 1);
+    if (n_tiles > 0) bss_load_tile<T, D>(kbuf, kg, n_tiles - 1, nb);
+    for (int it = n_tiles - 1, buf = 0; it >= 0; --it, buf ^= 1) {
+        if (it > 0) {
+            bss_load_tile<T, D>(kbuf + (buf ^ 1) * BSS_KEYS * KS, kg, it - 1, nb);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (G > 0 && step == n_tiles && warp_sel) {
-            /* each row's bound: the k-th largest of its maxima where it has more than k (else
-             * the threshold a compaction set, or none); every block whose score key reaches it
-             * is a candidate */
-            shrink(-1);
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-                if (sel[r]) {
-                    thr[r] = thr[r] > 0 ? (thr[r] >> 32 << 32) - 1 : 0;
-                    cnt[r] = 0;
-                }
-        }
         const int j0 = it * BSS_KEYS;
         /* a plain tile: every key below every row's diagonal, none of them block 0, so each
          * key is its score's order key */
         const bool plain = it > 0 && j0 + BSS_KEYS <= wm0;
-        if (warp_sel && j0 <= wm0 + 15) {
+        if (th.warp_sel && j0 <= wm0 + 15) {
             /* room for a whole tile */
-            shrink(bound_pass ? BSS_CAP - G : BSS_CAP - BSS_KEYS);
+            shrink(BSS_CAP - BSS_KEYS);
             float acc[8][4];
+            th.score(kbuf + buf * BSS_KEYS * KS, g, t, acc);
+            /* in a plain tile, the n-tiles where no score can reach its row's threshold key are
+             * passed over (one float compare a score; NaN goes on to the exact test) */
+            unsigned nt_on = 0xffu;
+            if (plain) {
+                float lim[2];
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
-            const T *kt = kbuf + buf * BSS_KEYS * KS;
-#pragma unroll
-            for (int s = 0; s < D / 32; ++s) {
-                const uint32_t a0[4] = {qf[0][s].x, qf[1][s].x, qf[0][s].y, qf[1][s].y};
-                const uint32_t a1[4] = {qf[0][s].z, qf[1][s].z, qf[0][s].w, qf[1][s].w};
+                for (int r = 0; r < 2; ++r)
+                    lim[r] = th.sel[r] ? float_of_order_key((uint32_t)(thr[r] >> 32)) : INFINITY;
+                unsigned reach = 0;
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
-                    const uint4 kv =
-                        *reinterpret_cast<const uint4 *>(kt + (8 * nt + g) * KS + 32 * s + 8 * t);
-                    const uint32_t b0[2] = {kv.x, kv.y}, b1[2] = {kv.z, kv.w};
-                    mma_16816<T>(acc[nt], a0, b0);
-                    mma_16816<T>(acc[nt], a1, b1);
+                    bool any = false;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) any |= !(acc[nt][i] < lim[i >> 1]);
+                    reach |= (unsigned)any << nt;
                 }
+                nt_on = __reduce_or_sync(0xffffffffu, reach);
             }
-            if (bound_pass) {
-                /* a lane holds 16 keys of each of its rows (two per n-tile): its groups are runs
-                 * of `span` n-tiles (G >= 4), or its keys with those of the next one or three
-                 * lanes of the quad (G = 2, 1). A maximum is appended as its score key and an id
-                 * unique in the row (tile, lane, group) */
-                const int lane_groups = G >= 4 ? G / 4 : 1, span = 8 / lane_groups;
+            /* append, highest block first: n-tiles downwards, lanes 3 .. 0 of a quad, and the
+             * second column of a lane before its first. A plain tile's candidates need no
+             * diagonal or block-0 tests (a compile-time branch) */
+            auto append = [&](auto plain_tile) {
+                constexpr bool PLAIN = decltype(plain_tile)::value;
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    uint32_t key[8];
-                    if (plain) {
-#pragma unroll
-                        for (int nt = 0; nt < 8; ++nt)
-                            key[nt] = max(float_order_key(acc[nt][2 * r]),
-                                          float_order_key(acc[nt][2 * r + 1]));
-                    } else {
-#pragma unroll
-                        for (int nt = 0; nt < 8; ++nt) {
-                            const int jl = j0 + 8 * nt + 2 * t;
-                            const uint32_t k0 =
-                                jl <= mr[r] ? bs_rank_key(acc[nt][2 * r], jl, mr[r]) : 0;
-                            const uint32_t k1 =
-                                jl + 1 <= mr[r] ? bs_rank_key(acc[nt][2 * r + 1], jl + 1, mr[r])
-                                                : 0;
-                            key[nt] = max(k0, k1);
-                        }
-                    }
-#pragma unroll
-                    for (int w = 1; w < 8; w <<= 1)
-                        if (w < span)
-#pragma unroll
-                            for (int nt = 0; nt < 8; nt += 2 * w) key[nt] = max(key[nt], key[nt + w]);
-                    if (G < 4) {
-                        key[0] = max(key[0], __shfl_xor_sync(0xffffffffu, key[0], 1));
-                        if (G < 2) key[0] = max(key[0], __shfl_xor_sync(0xffffffffu, key[0], 2));
-                    }
-                    const bool lane_on = G >= 4 || (t & (4 / G - 1)) == 0;
-                    uint64_t c[8];
-                    int n = 0;
-#pragma unroll
-                    for (int nt = 0; nt < 8; ++nt) {
-                        c[nt] = (uint64_t)key[nt] << 32 | (uint32_t)(32 * it + 8 * t + nt);
-                        const bool f = nt % span == 0 && lane_on && key[nt] > 0 && c[nt] > thr[r];
-                        if (!f) c[nt] = 0;
-                        n += f;
-                    }
-                    int total;
-                    int pos = cnt[r] + quad_offset_down(n, t, total);
-                    uint64_t *row = cand + (16 * warp + g + 8 * r) * BSS_CAP;
-#pragma unroll
-                    for (int nt = 0; nt < 8; ++nt)
-                        if (c[nt] != 0) row[pos++] = c[nt];
-                    cnt[r] += total;
-                }
-            } else {
-                /* a plain tile is passed over when no score can reach its row's threshold key
-                 * (one float compare a score; NaN goes on to the exact test) */
-                bool skip = false;
-                if (plain) {
-                    float lim[2];
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        lim[r] = sel[r] ? float_of_order_key((uint32_t)(thr[r] >> 32)) : INFINITY;
-                    bool reach = false;
-#pragma unroll
-                    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) reach |= !(acc[nt][i] < lim[i >> 1]);
-                    skip = !__any_sync(0xffffffffu, reach);
-                }
-                /* append, highest block first: n-tiles downwards, lanes 3 .. 0 of a quad, and the
-                 * second column of a lane before its first */
-#pragma unroll
-                for (int nt = 7; nt >= 0 && !skip; --nt) {
+                for (int nt = 7; nt >= 0; --nt) {
+                    if (!((nt_on >> nt) & 1u)) continue;
                     const int jl = j0 + 8 * nt + 2 * t;
                     uint64_t c[2][2];
                     bool f[2][2];
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
-                        c[r][0] = bs_candidate(acc[nt][2 * r + 1], jl + 1, mr[r]);
-                        c[r][1] = bs_candidate(acc[nt][2 * r], jl, mr[r]);
-                        f[r][0] = c[r][0] > thr[r];
-                        f[r][1] = c[r][1] > thr[r];
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float sc = acc[nt][2 * r + 1 - e];
+                            const int j = jl + 1 - e;
+                            c[r][e] = PLAIN ? (uint64_t)float_order_key(sc) << 32 | (uint32_t)~j
+                                            : bs_candidate(sc, j, th.mr[r]);
+                            f[r][e] = c[r][e] > thr[r];
+                        }
                     }
                     if (!__any_sync(0xffffffffu, f[0][0] || f[0][1] || f[1][0] || f[1][1]))
                         continue;
@@ -596,19 +770,23 @@ __global__ void __launch_bounds__(BSS_NT, 1)
                         cnt[r] += total;
                     }
                 }
-            }
+            };
+            if (plain)
+                append(std::true_type{});
+            else
+                append(std::false_type{});
         }
-        __syncthreads(); /* the buffer is loaded again two steps on */
+        __syncthreads(); /* the buffer is loaded again two tiles on */
     }
 
     /* exactly k per selecting row, then the offsets, ascending */
-    if (warp_sel) shrink(-1);
+    if (th.warp_sel) shrink(-1);
     __syncwarp();
 #pragma unroll
     for (int rr = 0; rr < 16; ++rr) {
         const int m = wm0 + rr, src = (rr & 7) * 4, r = rr >> 3;
-        const int k = __shfl_sync(0xffffffffu, kk[r], src);
-        const bool s = __shfl_sync(0xffffffffu, (int)sel[r], src) != 0;
+        const int k = __shfl_sync(0xffffffffu, th.kk[r], src);
+        const bool s = __shfl_sync(0xffffffffu, (int)th.sel[r], src) != 0;
         if (m >= p.idx_row_blocks) continue;
         const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
         int32_t *off = p.block_offset + row * p.max_blocks;
@@ -623,13 +801,21 @@ __global__ void __launch_bounds__(BSS_NT, 1)
 
 template <typename T, int D>
 static cudaError_t launch_bs_stream(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
+    const unsigned ctas = (unsigned)((sp.idx_row_blocks + BSS_ROWS - 1) / BSS_ROWS);
+    const dim3 grid(ctas, (unsigned)BH);
+    cudaError_t e;
+    if (sp.bound != nullptr) {
+        auto bound = bs_bound_kernel<T, D>;
+        const size_t smem = bsb_smem_bytes<D>();
+        e = cudaFuncSetAttribute(bound, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        bound<<<grid, BSS_NT, smem, st>>>(sp);
+    }
     auto kern = bs_stream_kernel<T, D>;
     const size_t smem = bss_smem_bytes<D>();
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    const unsigned ctas = (unsigned)((sp.idx_row_blocks + BSS_ROWS - 1) / BSS_ROWS);
-    kern<<<dim3(ctas, (unsigned)BH), BSS_NT, smem, st>>>(sp);
+    kern<<<grid, BSS_NT, smem, st>>>(sp);
     return cudaGetLastError();
 }
 
@@ -639,12 +825,25 @@ using namespace mi_cuda;
 
 static size_t align256b(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* The scratch's parts: pooled q, pooled k (the input dtype, two bytes a value), the streaming
+ * kernel's row bounds. */
+struct bs_scratch_layout {
+    size_t qp, kp, bound, total;
+};
+static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
+                                       int64_t head_dim) {
+    const int64_t R = (len + 63) / 64, BH = batch * heads;
+    bs_scratch_layout l;
+    l.qp = 0;
+    l.kp = l.qp + align256b((size_t)BH * R * head_dim * 2);
+    l.bound = l.kp + align256b((size_t)batch * heads_kv * R * head_dim * 2);
+    l.total = l.bound + align256b((size_t)BH * R * 4);
+    return l;
+}
+
 extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv,
                                            int64_t len, int64_t head_dim) {
-    const int64_t R = (len + 63) / 64;
-    /* the pooled q and k in the input dtype (two bytes a value) */
-    return align256b((size_t)batch * heads * R * head_dim * 2) +
-           align256b((size_t)batch * heads_kv * R * head_dim * 2);
+    return bs_scratch_of(batch, heads, heads_kv, len, head_dim).total;
 }
 
 extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
@@ -698,8 +897,10 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     const int64_t BH = s->batch * s->heads_q, BHK = s->batch * s->heads_kv;
     if (R <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
     cudaStream_t stream = mi_stream(ctx);
-    void *qp = scratch;
-    void *kp = static_cast<char *>(scratch) + align256b((size_t)BH * R * s->head_dim * 2);
+    const bs_scratch_layout lay = bs_scratch_of(s->batch, s->heads_q, s->heads_kv, s->len,
+                                                s->head_dim);
+    void *qp = static_cast<char *>(scratch) + lay.qp;
+    void *kp = static_cast<char *>(scratch) + lay.kp;
 
     pool_params pp;
     memset(&pp, 0, sizeof(pp));
@@ -707,28 +908,50 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     pp.len = (int32_t)s->len;
     pp.row_blocks = (int32_t)R;
     pp.head_dim = (int32_t)s->head_dim;
-    const bool bf = s->dtype == MI_DTYPE_BF16;
+    const bool bf = s->dtype == MI_DTYPE_BF16, d64 = s->head_dim == 64;
+    bool pool_vec = true;
+    if (const char *e = getenv("MI_CUDA_BS_POOL_VEC"))
+        if (e[0] == '0') pool_vec = false;
     for (int pass = 0; pass < 2; ++pass) {
         const mi_tensor *t = pass ? k : q;
         pp.x = t->data;
         for (int i = 0; i < 3; ++i) pp.stride[i] = t->stride[i];
         pp.heads = (int32_t)(pass ? s->heads_kv : s->heads_q);
         pp.out = pass ? kp : qp;
-        dim3 grid((unsigned)R, (unsigned)(pass ? BHK : BH));
-        if (bf)
-            bs_pool_kernel<__nv_bfloat16><<<grid, (unsigned)s->head_dim, 0, stream>>>(pp);
-        else
-            bs_pool_kernel<__half><<<grid, (unsigned)s->head_dim, 0, stream>>>(pp);
+        const unsigned n_bh = (unsigned)(pass ? BHK : BH);
+        /* 16-byte loads where every row starts 16-byte aligned (MI_CUDA_BS_POOL_VEC=0: never,
+         * for tests) */
+        const bool vec = ((uintptr_t)t->data & 15) == 0 && t->stride[0] % 8 == 0 &&
+                         t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0 && pool_vec;
+        if (vec) {
+            const int blocks = BS_POOL_NT / ((int)s->head_dim / 8);
+            const dim3 grid((unsigned)((R + blocks - 1) / blocks), n_bh);
+            if (bf)
+                (d64 ? bs_pool_vec_kernel<__nv_bfloat16, 64> : bs_pool_vec_kernel<__nv_bfloat16, 128>)
+                    <<<grid, BS_POOL_NT, 0, stream>>>(pp);
+            else
+                (d64 ? bs_pool_vec_kernel<__half, 64> : bs_pool_vec_kernel<__half, 128>)
+                    <<<grid, BS_POOL_NT, 0, stream>>>(pp);
+        } else {
+            const dim3 grid((unsigned)R, n_bh);
+            if (bf)
+                bs_pool_kernel<__nv_bfloat16><<<grid, (unsigned)s->head_dim, 0, stream>>>(pp);
+            else
+                bs_pool_kernel<__half><<<grid, (unsigned)s->head_dim, 0, stream>>>(pp);
+        }
     }
 
     bs_select_params sp;
     memset(&sp, 0, sizeof(sp));
-    /* MI_CUDA_BS_BOUND=0 turns the streaming kernel's bound pass off, =G (1, 2, 4, 8, 16 or 32)
-     * fixes its groups per tile (A/B runs, tests) */
+    /* Long rows of the streaming kernel start from bounds (bs_bound_kernel). MI_CUDA_BS_BOUND=0
+     * takes no bounds, =G (1, 2, 4, 8, 16 or 32) fixes the bound kernel's groups per tile, past
+     * its slots too (A/B runs, tests). */
     sp.bound_groups = -1;
+    sp.bound = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.bound);
     if (const char *e = getenv("MI_CUDA_BS_BOUND")) {
         const int g = atoi(e);
-        if (e[0] == '0' || (g >= 1 && g <= 32 && (g & (g - 1)) == 0)) sp.bound_groups = g;
+        if (e[0] == '0') sp.bound = nullptr;
+        if (g >= 1 && g <= 32 && (g & (g - 1)) == 0) sp.bound_groups = g;
     }
     sp.qp = qp;
     sp.kp = kp;
@@ -745,7 +968,6 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     memcpy(sp.seq_lens, ap.seq_lens, sizeof(sp.seq_lens));
     for (int64_t h = 0; h < s->heads_q; ++h) sp.top_k[h] = top_k[h];
     cudaError_t e = cudaSuccess;
-    const bool d64 = s->head_dim == 64;
     if (any_stream) {
         memcpy(sp.active, to_stream, (size_t)s->heads_q);
         e = bf ? (d64 ? launch_bs_stream<__nv_bfloat16, 64>(sp, BH, stream)
