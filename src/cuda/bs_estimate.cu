@@ -6,7 +6,8 @@
  *
  * Two select kernels, chosen per head:
  * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
- *   tiles streamed from the diagonal down, a running top k per row block in shared memory.
+ *   tiles streamed from the diagonal down, a running top k per row block in shared memory; long
+ *   rows start from a lower bound of their k-th score that bs_bound_kernel computes first.
  * - bs_select_kernel (larger top k, or GPUs without the former's shared memory): a CTA per
  *   (b, h) and up to four adjacent row blocks holds their whole score rows in shared memory and
  *   runs the selects of block_select.cuh (a histogram pass to the keys near the top, then the
@@ -34,15 +35,18 @@
  *      take 0.019 / 0.40 (0.59 with two passes); the appends and compactions take the rest.
  *      Four rows compacted at once by one warp (interleaved selects, 252 registers): 0.136 /
  *      3.41 without the bound pass; not kept.
- *   8. the bound pass moved to its own kernel (bs_bound_kernel: fixed slots, no appends, two
- *      CTAs an SM, compile-time group counts, 512 slots), pooling with 16-byte loads, plain
- *      tiles' n-tiles passed over one at a time: see bench/results/2026-11-30-gpu-bs-estimate-
- *      bound-kernel.json for the times. Tried on the way and not kept: tile masks from the
- *      bound kernel telling each warp which tiles could hold a candidate (no measurable gain:
- *      on random and near-diagonal inputs alike some row of a warp needs nearly every tile);
- *      two-key groups in the four tiles nearest the diagonal (none either).
+ *   8. the bound pass moved to its own kernel (current; bs_bound_kernel: fixed slots, no
+ *      appends, two CTAs an SM, compile-time group counts, 512 slots), pooling with 16-byte
+ *      loads, plain tiles' n-tiles passed over one at a time: 0.044 / 1.09, position-coded
+ *      0.044 / 1.08 (the previous build in the same run: 0.063 / 1.70 and 0.077 / 1.92). At
+ *      1M: pooling 0.13 ms, bounds 0.30, the streaming kernel 0.63. With group counts known
+ *      only at run time the bound kernel had twice the instructions (0.85 ms at 1M). Tried on
+ *      the way and not kept: tile masks from the bound kernel telling each warp which tiles
+ *      could hold a candidate (no measurable gain: on random and near-diagonal inputs alike
+ *      some row of a warp needs nearly every tile); two-key groups in the four tiles nearest
+ *      the diagonal (none either).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
- *   2026-11-30-gpu-bs-estimate-bound-ab.json)
+ *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json)
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
