@@ -30,8 +30,9 @@ SPARSE_ONLY = SPARSE[:4] + [(1048576, 1, 1, "mixed", 3), SPARSE[4]]
 DENSE_ONLY = DENSE + [(524288, 2, 1, 2)]
 # --shapes block-sparse: top-100 estimate and kernel on torch_ref.py's pattern shapes and inputs
 # (for changes to the block-sparse estimate, e.g. --variant rows=MI_CUDA_BS_STREAM=0)
+# (1M x 32 heads: a whole layer's launch, where CTAs fill the GPU as they do in a model's prefill)
 BLOCK_SPARSE = [(L, H, Hk, inputs) for L, H, Hk in ((131072, 32, 8), (524288, 1, 1),
-                                                    (1048576, 1, 1))
+                                                    (1048576, 1, 1), (1048576, 32, 8))
                 for inputs in ("random", "position-coded")]
 
 

@@ -366,29 +366,31 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_
  * real heads favour, so the threshold rises early and few candidates are appended.
  *
  * Rows longer than BSS_BOUND_TILES tiles start from a bound that bs_bound_kernel computed before
- * (below): each row's threshold starts near its k-th score, and tiles where no row of a warp can
- * reach its bound are not scored at all (nor loaded, where no warp of the CTA needs them). */
+ * (below), so each row's threshold starts near its k-th score.
+ *
+ * The candidate slots per row block, CAP: a row compacts to k before an n-tile (up to 8 new
+ * candidates a row) could overflow them. 256 slots take a CTA's 64 rows to 172 KB of shared
+ * memory, one CTA an SM; 128 slots (108 KB) fit two, for top k up to BSS_NARROW_MAX_K. (352
+ * slots, compacting less often, measured slower: 0.16 against 0.105 ms per head at 128K, 2.7
+ * against 2.2 at 1M, before the bounds.) */
 constexpr int BSS_ROWS = 64;
 constexpr int BSS_NT = 128;
 constexpr int BSS_KEYS = 64;
-/* candidate slots per row block (172 KB of shared memory for the CTA). A row compacts to k once
- * its candidates could overflow with the next tile. 352 slots (217 KB, compacting half as often)
- * measured slower: 0.16 against 0.105 ms per head at 128K, 2.7 against 2.2 at 1M */
-constexpr int BSS_CAP = 256;
-/* the largest top k it takes; larger ones would compact too often */
-constexpr int BSS_MAX_K = 192;
-static_assert(BSS_MAX_K + BSS_KEYS <= BSS_CAP && BSS_CAP % 32 == 0, "candidate slots");
-/* CTAs whose rows span more key tiles than this take a bound first (shorter rows fit their
- * candidate slots whole) */
-constexpr int BSS_BOUND_TILES = BSS_CAP / BSS_KEYS;
+constexpr int BSS_CAP_WIDE = 256, BSS_CAP_NARROW = 128;
+/* the largest top k each takes; larger ones would compact too often */
+constexpr int BSS_MAX_K = 192, BSS_NARROW_MAX_K = 104;
+static_assert(BSS_MAX_K + 8 < BSS_CAP_WIDE && BSS_NARROW_MAX_K + 8 < BSS_CAP_NARROW,
+              "candidate slots");
+/* CTAs whose rows span more key tiles than this take a bound first */
+constexpr int BSS_BOUND_TILES = 4;
 /* pooled key rows in shared memory are D + 32 values apart: the 16-byte reads of eight lanes
  * (two rows) fall on distinct banks */
 template <int D> constexpr int bss_key_stride() { return D + 32; }
 template <int D> constexpr size_t bss_key_bytes() {
     return (size_t)2 * BSS_KEYS * bss_key_stride<D>() * 2;
 }
-template <int D> constexpr size_t bss_smem_bytes() {
-    return (size_t)BSS_ROWS * BSS_CAP * 8 + bss_key_bytes<D>() + (size_t)(BSS_NT / 32) * 32 * 8;
+template <int D> constexpr size_t bss_smem_bytes(int cap) {
+    return (size_t)BSS_ROWS * cap * 8 + bss_key_bytes<D>() + (size_t)(BSS_NT / 32) * 32 * 8;
 }
 
 __device__ __forceinline__ uint64_t bs_candidate(float score, int j, int m) {
@@ -650,13 +652,39 @@ __global__ void __launch_bounds__(BSS_NT, 2)
     }
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(BSS_NT, 1)
+/* A row's candidate count and threshold. */
+struct bss_row_state {
+    int cnt;
+    uint64_t thr;
+};
+
+/* Keeps the top k of each row of `rows` (the warp's 8 rows of one accumulator half, CAP slots
+ * apart) that `need` marks at its quad's first lane, and returns this thread's row's count and
+ * threshold after that. Not inlined: the streaming kernel calls it before every n-tile, and 16
+ * inlined copies of warp_keep_top would crowd the instruction cache; the call is rare. */
+template <int CAP>
+__device__ __noinline__ bss_row_state bss_keep_top(uint64_t *rows, unsigned need, bss_row_state me,
+                                                   int k, uint64_t *scratch) {
+    const int g = (threadIdx.x & 31) >> 2;
+    while (need) {
+        const int src = __ffs(need) - 1;
+        need &= need - 1;
+        const int n_c = __shfl_sync(0xffffffffu, me.cnt, src);
+        const int k_c = __shfl_sync(0xffffffffu, k, src);
+        const uint64_t low =
+            warp_keep_top<CAP / 32>(rows + (src >> 2) * CAP, n_c, k_c, scratch);
+        if (g == (src >> 2)) me = {k_c, low};
+    }
+    return me;
+}
+
+template <typename T, int D, int CAP>
+__global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     bs_stream_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int KS = bss_key_stride<D>();
-    uint64_t *cand = reinterpret_cast<uint64_t *>(smem); /* [BSS_ROWS][BSS_CAP] */
-    T *kbuf = reinterpret_cast<T *>(smem + (size_t)BSS_ROWS * BSS_CAP * 8); /* [2][64][KS] */
+    uint64_t *cand = reinterpret_cast<uint64_t *>(smem);               /* [BSS_ROWS][CAP] */
+    T *kbuf = reinterpret_cast<T *>(smem + (size_t)BSS_ROWS * CAP * 8); /* [2][64][KS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* the warp's 32 values for warp_keep_top */
     uint64_t *scratch = reinterpret_cast<uint64_t *>(kbuf + 2 * BSS_KEYS * KS) + 32 * warp;
@@ -686,19 +714,13 @@ __global__ void __launch_bounds__(BSS_NT, 1)
     auto shrink = [&](int limit) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            unsigned need = __ballot_sync(
+            const unsigned need = __ballot_sync(
                 0xffffffffu, t == 0 && th.sel[r] && cnt[r] > (limit < 0 ? th.kk[r] : limit));
-            while (need) {
-                const int src = __ffs(need) - 1;
-                need &= need - 1;
-                const int n_c = __shfl_sync(0xffffffffu, cnt[r], src);
-                const int k_c = __shfl_sync(0xffffffffu, th.kk[r], src);
-                uint64_t *row = cand + (16 * warp + (src >> 2) + 8 * r) * BSS_CAP;
-                const uint64_t low = warp_keep_top<BSS_CAP / 32>(row, n_c, k_c, scratch);
-                if (g == (src >> 2)) {
-                    cnt[r] = k_c;
-                    thr[r] = low;
-                }
+            if (need) {
+                const bss_row_state now = bss_keep_top<CAP>(
+                    cand + (16 * warp + 8 * r) * CAP, need, {cnt[r], thr[r]}, th.kk[r], scratch);
+                cnt[r] = now.cnt;
+                thr[r] = now.thr;
             }
         }
     };
@@ -717,8 +739,6 @@ __global__ void __launch_bounds__(BSS_NT, 1)
          * key is its score's order key */
         const bool plain = it > 0 && j0 + BSS_KEYS <= wm0;
         if (th.warp_sel && j0 <= wm0 + 15) {
-            /* room for a whole tile */
-            shrink(BSS_CAP - BSS_KEYS);
             float acc[8][4];
             th.score(kbuf + buf * BSS_KEYS * KS, g, t, acc);
             /* in a plain tile, the n-tiles where no score can reach its row's threshold key are
@@ -747,6 +767,7 @@ __global__ void __launch_bounds__(BSS_NT, 1)
 #pragma unroll
                 for (int nt = 7; nt >= 0; --nt) {
                     if (!((nt_on >> nt) & 1u)) continue;
+                    shrink(CAP - 8); /* room for the n-tile */
                     const int jl = j0 + 8 * nt + 2 * t;
                     uint64_t c[2][2];
                     bool f[2][2];
@@ -768,7 +789,7 @@ __global__ void __launch_bounds__(BSS_NT, 1)
                         const int n = f[r][0] + f[r][1];
                         int total;
                         int pos = cnt[r] + quad_offset_down(n, t, total);
-                        uint64_t *row = cand + (16 * warp + g + 8 * r) * BSS_CAP;
+                        uint64_t *row = cand + (16 * warp + g + 8 * r) * CAP;
                         if (f[r][0]) row[pos++] = c[r][0];
                         if (f[r][1]) row[pos] = c[r][1];
                         cnt[r] += total;
@@ -798,13 +819,14 @@ __global__ void __launch_bounds__(BSS_NT, 1)
             p.block_count[row] = k;
             p.column_count[row] = 0;
         }
-        const uint64_t *c = cand + (16 * warp + rr) * BSS_CAP;
+        const uint64_t *c = cand + (16 * warp + rr) * CAP;
         for (int i = lane; i < k; i += 32) off[i] = 64 * (s ? (int)~(uint32_t)c[k - 1 - i] : i);
     }
 }
 
 template <typename T, int D>
-static cudaError_t launch_bs_stream(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
+static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t BH,
+                                    cudaStream_t st) {
     const unsigned ctas = (unsigned)((sp.idx_row_blocks + BSS_ROWS - 1) / BSS_ROWS);
     const dim3 grid(ctas, (unsigned)BH);
     cudaError_t e;
@@ -815,8 +837,9 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int64_t BH, cuda
         if (e != cudaSuccess) return e;
         bound<<<grid, BSS_NT, smem, st>>>(sp);
     }
-    auto kern = bs_stream_kernel<T, D>;
-    const size_t smem = bss_smem_bytes<D>();
+    auto kern = cap == BSS_CAP_NARROW ? bs_stream_kernel<T, D, BSS_CAP_NARROW>
+                                      : bs_stream_kernel<T, D, BSS_CAP_WIDE>;
+    const size_t smem = bss_smem_bytes<D>(cap);
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<grid, BSS_NT, smem, st>>>(sp);
@@ -869,24 +892,35 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA block-sparse estimate: head_dim %lld (64 or 128)",
                        (long long)s->head_dim);
-    /* Heads with top k up to BSS_MAX_K take the streaming kernel, the others the one that holds
-     * whole score rows; so do all heads on GPUs whose CTAs cannot have the streaming kernel's
-     * shared memory (A100: 163 KB). MI_CUDA_BS_STREAM=0 sends every head to the latter (A/B
-     * runs, tests). */
-    bool stream_on = (size_t)mi_cuda_smem_per_block() >=
-                     (s->head_dim == 64 ? bss_smem_bytes<64>() : bss_smem_bytes<128>());
+    /* Heads with top k up to BSS_MAX_K take the streaming kernel (with 128 candidate slots a
+     * row where every such head's top k is at most BSS_NARROW_MAX_K, else 256), the others the
+     * one that holds whole score rows; so do heads whose streaming kernel's shared memory a CTA
+     * cannot have (A100: 163 KB, room for 128 slots only). MI_CUDA_BS_STREAM=0 sends every head
+     * to the latter, MI_CUDA_BS_CAP=256 keeps 256 slots (A/B runs, tests). */
+    const size_t smem_cta = (size_t)mi_cuda_smem_per_block();
+    const auto stream_smem = [&](int cap) {
+        return s->head_dim == 64 ? bss_smem_bytes<64>(cap) : bss_smem_bytes<128>(cap);
+    };
+    bool stream_on = true, narrow_on = true;
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
-    bool any_stream = false, any_rows = false;
+    if (const char *e = getenv("MI_CUDA_BS_CAP"))
+        if (atoi(e) == BSS_CAP_WIDE) narrow_on = false;
+    const bool wide_fits = smem_cta >= stream_smem(BSS_CAP_WIDE);
+    const bool narrow_fits = narrow_on && smem_cta >= stream_smem(BSS_CAP_NARROW);
+    bool any_stream = false, any_rows = false, all_narrow = true;
     uint8_t to_stream[MI_CUDA_MAX_HEADS], to_rows[MI_CUDA_MAX_HEADS];
     for (int64_t h = 0; h < s->heads_q; ++h) {
         const bool on = active ? active[h] != 0 : true;
-        const bool st_head = stream_on && top_k[h] <= BSS_MAX_K;
+        const bool narrow = narrow_fits && top_k[h] <= BSS_NARROW_MAX_K;
+        const bool st_head = stream_on && (narrow || (wide_fits && top_k[h] <= BSS_MAX_K));
         to_stream[h] = on && st_head;
         to_rows[h] = on && !st_head;
         any_stream |= to_stream[h] != 0;
         any_rows |= to_rows[h] != 0;
+        if (to_stream[h] && !narrow) all_narrow = false;
     }
+    const int cap = all_narrow ? BSS_CAP_NARROW : BSS_CAP_WIDE;
     int rows = bs_rows_per_cta(index->row_blocks);
     /* MI_CUDA_BS_ROWS=N caps the row blocks per CTA, so that the tests reach each variant on
      * short sequences */
@@ -974,10 +1008,10 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     cudaError_t e = cudaSuccess;
     if (any_stream) {
         memcpy(sp.active, to_stream, (size_t)s->heads_q);
-        e = bf ? (d64 ? launch_bs_stream<__nv_bfloat16, 64>(sp, BH, stream)
-                      : launch_bs_stream<__nv_bfloat16, 128>(sp, BH, stream))
-               : (d64 ? launch_bs_stream<__half, 64>(sp, BH, stream)
-                      : launch_bs_stream<__half, 128>(sp, BH, stream));
+        e = bf ? (d64 ? launch_bs_stream<__nv_bfloat16, 64>(sp, cap, BH, stream)
+                      : launch_bs_stream<__nv_bfloat16, 128>(sp, cap, BH, stream))
+               : (d64 ? launch_bs_stream<__half, 64>(sp, cap, BH, stream)
+                      : launch_bs_stream<__half, 128>(sp, cap, BH, stream));
     }
     if (e == cudaSuccess && any_rows) {
         memcpy(sp.active, to_rows, (size_t)s->heads_q);
