@@ -892,20 +892,28 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA block-sparse estimate: head_dim %lld (64 or 128)",
                        (long long)s->head_dim);
-    /* Heads with top k up to BSS_MAX_K take the streaming kernel (with 128 candidate slots a
-     * row where every such head's top k is at most BSS_NARROW_MAX_K, else 256), the others the
-     * one that holds whole score rows; so do heads whose streaming kernel's shared memory a CTA
-     * cannot have (A100: 163 KB, room for 128 slots only). MI_CUDA_BS_STREAM=0 sends every head
-     * to the latter, MI_CUDA_BS_CAP=256 keeps 256 slots (A/B runs, tests). */
+    /* Heads with top k up to BSS_MAX_K take the streaming kernel, the others the one that holds
+     * whole score rows; so do heads whose streaming kernel's shared memory a CTA cannot have
+     * (A100: 163 KB, room for 128 slots only). The streaming kernel takes 128 candidate slots a
+     * row where every such head's top k is at most BSS_NARROW_MAX_K and its CTAs outnumber the
+     * SMs (else the second CTA an SM would buy nothing: 128 slots compact more often), else 256.
+     * H200, top 100: 128 slots took 128K x 32 heads from 0.044 to 0.036 ms per head on random
+     * inputs and 1M x 32 from 0.95 / 0.77 to 0.67 / 0.73, but 512K x 1 position-coded from
+     * 0.45 to 0.66. MI_CUDA_BS_STREAM=0 sends every head to the row-holding kernel,
+     * MI_CUDA_BS_CAP=128|256 fixes the slots (A/B runs, tests). */
     const size_t smem_cta = (size_t)mi_cuda_smem_per_block();
     const auto stream_smem = [&](int cap) {
         return s->head_dim == 64 ? bss_smem_bytes<64>(cap) : bss_smem_bytes<128>(cap);
     };
-    bool stream_on = true, narrow_on = true;
+    const int64_t stream_ctas =
+        s->batch * s->heads_q * (((int64_t)index->row_blocks + BSS_ROWS - 1) / BSS_ROWS);
+    bool stream_on = true, narrow_on = stream_ctas > mi_cuda_sm_count();
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
-    if (const char *e = getenv("MI_CUDA_BS_CAP"))
+    if (const char *e = getenv("MI_CUDA_BS_CAP")) {
         if (atoi(e) == BSS_CAP_WIDE) narrow_on = false;
+        if (atoi(e) == BSS_CAP_NARROW) narrow_on = true;
+    }
     const bool wide_fits = smem_cta >= stream_smem(BSS_CAP_WIDE);
     const bool narrow_fits = narrow_on && smem_cta >= stream_smem(BSS_CAP_NARROW);
     bool any_stream = false, any_rows = false, all_narrow = true;

@@ -758,7 +758,8 @@ static void test_block_sparse(const shape *s, int32_t topk) {
  * bounds from a fixed number of groups per tile: 1 and 2 (maxima across the lanes of a quad), 32
  * (the groups of many tiles share the bound kernel's slots). BS_STREAM_POOL_1 pools with a thread
  * per value, as for rows that 16-byte loads cannot read. Top k up to 104 takes 128 candidate
- * slots a row unless BS_STREAM_WIDE (256, as larger top k). The row-holding kernel (top k above 192,
+ * slots a row where the CTAs outnumber the SMs, else 256 as larger top k: BS_STREAM_WIDE and
+ * BS_STREAM_NARROW fix them. The row-holding kernel (top k above 192,
  * or BS_ROWS) narrows long lists first and falls back when many keys lie near the top. */
 typedef enum {
     BS_ROWS,
@@ -768,7 +769,8 @@ typedef enum {
     BS_STREAM_BOUND_2,
     BS_STREAM_BOUND_32,
     BS_STREAM_POOL_1,
-    BS_STREAM_WIDE
+    BS_STREAM_WIDE,
+    BS_STREAM_NARROW
 } bs_kernel;
 
 /* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
@@ -815,6 +817,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     if (kern == BS_STREAM_BOUND_2) setenv("MI_CUDA_BS_BOUND", "2", 1);
     if (kern == BS_STREAM_POOL_1) setenv("MI_CUDA_BS_POOL_VEC", "0", 1);
     if (kern == BS_STREAM_WIDE) setenv("MI_CUDA_BS_CAP", "256", 1);
+    if (kern == BS_STREAM_NARROW) setenv("MI_CUDA_BS_CAP", "128", 1);
     if (kern == BS_STREAM_BOUND_32) setenv("MI_CUDA_BS_BOUND", "32", 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
@@ -837,6 +840,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              : kern == BS_STREAM_BOUND_2      ? "streaming, bounds of 2 groups a tile"
              : kern == BS_STREAM_POOL_1       ? "streaming, pooled a value a thread"
              : kern == BS_STREAM_WIDE         ? "streaming, 256 slots a row"
+             : kern == BS_STREAM_NARROW       ? "streaming, 128 slots a row"
              : kern == BS_STREAM_BOUND_32     ? "streaming, bounds of 32 groups a tile"
                                               : "streaming",
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
@@ -1051,8 +1055,8 @@ int main(int argc, char **argv) {
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
      * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
      * exact ties), and without bounds, with bounds of 1, 2 or 32 groups a tile (the last
-     * sharing slots), pooled a value a thread, or with 256 candidate slots at top 100. The
-     * row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
+     * sharing slots), pooled a value a thread, or with 256 or 128 candidate slots at top 100.
+     * The row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
      * default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256 threads (the default here)
      * and in the wide ones of 512 */
     const int64_t Lb = quick ? 40000 : 140000, Lr = quick ? 20000 : 70000;
@@ -1069,6 +1073,9 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lr, 64, 100, 0, -1, BS_STREAM_POOL_1, 0);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_WIDE, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_WIDE, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NARROW, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NARROW, 1);
+    test_block_sparse_long(Lr, 64, 100, 0, -1, BS_STREAM_NARROW, 0);
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
