@@ -35,7 +35,7 @@
  *      take 0.019 / 0.40 (0.59 with two passes); the appends and compactions take the rest.
  *      Four rows compacted at once by one warp (interleaved selects, 252 registers): 0.136 /
  *      3.41 without the bound pass; not kept.
- *   8. the bound pass moved to its own kernel (current; bs_bound_kernel: fixed slots, no
+ *   8. the bound pass moved to its own kernel (bs_bound_kernel: fixed slots, no
  *      appends, two CTAs an SM, compile-time group counts, 512 slots), pooling with 16-byte
  *      loads, plain tiles' n-tiles passed over one at a time: 0.044 / 1.09, position-coded
  *      0.044 / 1.08 (the previous build in the same run: 0.063 / 1.70 and 0.077 / 1.92). At
@@ -45,6 +45,10 @@
  *      could hold a candidate (no measurable gain: on random and near-diagonal inputs alike
  *      some row of a warp needs nearly every tile); two-key groups in the four tiles nearest
  *      the diagonal (none either).
+ *   9. 128 candidate slots a row where top k <= 104 and the CTAs outnumber the SMs, two CTAs an
+ *      SM (current): 0.036 / 1.09, position-coded 0.045 / 1.13; 1M x 32 heads 0.67 / 0.73
+ *      against 0.95 / 0.77 with 256 slots. With 128 slots at 512K x 1 (128 CTAs) position-coded
+ *      went from 0.45 to 0.66, hence the CTA count rule.
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json)
  */
@@ -896,7 +900,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
      * whole score rows; so do heads whose streaming kernel's shared memory a CTA cannot have
      * (A100: 163 KB, room for 128 slots only). The streaming kernel takes 128 candidate slots a
      * row where every such head's top k is at most BSS_NARROW_MAX_K and its CTAs outnumber the
-     * SMs (else the second CTA an SM would buy nothing: 128 slots compact more often), else 256.
+     * SMs (else the second CTA an SM would buy nothing: 128 slots compact more often) or 256 do
+     * not fit, else 256.
      * H200, top 100: 128 slots took 128K x 32 heads from 0.044 to 0.036 ms per head on random
      * inputs and 1M x 32 from 0.95 / 0.77 to 0.67 / 0.73, but 512K x 1 position-coded from
      * 0.45 to 0.66. MI_CUDA_BS_STREAM=0 sends every head to the row-holding kernel,
@@ -907,14 +912,14 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     };
     const int64_t stream_ctas =
         s->batch * s->heads_q * (((int64_t)index->row_blocks + BSS_ROWS - 1) / BSS_ROWS);
-    bool stream_on = true, narrow_on = stream_ctas > mi_cuda_sm_count();
+    const bool wide_fits = smem_cta >= stream_smem(BSS_CAP_WIDE);
+    bool stream_on = true, narrow_on = stream_ctas > mi_cuda_sm_count() || !wide_fits;
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
     if (const char *e = getenv("MI_CUDA_BS_CAP")) {
         if (atoi(e) == BSS_CAP_WIDE) narrow_on = false;
         if (atoi(e) == BSS_CAP_NARROW) narrow_on = true;
     }
-    const bool wide_fits = smem_cta >= stream_smem(BSS_CAP_WIDE);
     const bool narrow_fits = narrow_on && smem_cta >= stream_smem(BSS_CAP_NARROW);
     bool any_stream = false, any_rows = false, all_narrow = true;
     uint8_t to_stream[MI_CUDA_MAX_HEADS], to_rows[MI_CUDA_MAX_HEADS];
