@@ -773,6 +773,21 @@ typedef enum {
     BS_STREAM_NARROW
 } bs_kernel;
 
+/* What each bs_kernel sets (no variable: the defaults) and how the check names it. */
+static const struct {
+    const char *var, *value, *label;
+} bs_kernel_env[] = {
+    [BS_ROWS] = {"MI_CUDA_BS_STREAM", "0", "rows"},
+    [BS_STREAM] = {NULL, NULL, "streaming"},
+    [BS_STREAM_NO_BOUND] = {"MI_CUDA_BS_BOUND", "0", "streaming, no bounds"},
+    [BS_STREAM_BOUND_1] = {"MI_CUDA_BS_BOUND", "1", "streaming, bounds of 1 group a tile"},
+    [BS_STREAM_BOUND_2] = {"MI_CUDA_BS_BOUND", "2", "streaming, bounds of 2 groups a tile"},
+    [BS_STREAM_BOUND_32] = {"MI_CUDA_BS_BOUND", "32", "streaming, bounds of 32 groups a tile"},
+    [BS_STREAM_POOL_1] = {"MI_CUDA_BS_POOL_VEC", "0", "streaming, pooled a value a thread"},
+    [BS_STREAM_WIDE] = {"MI_CUDA_BS_CAP", "256", "streaming, 256 slots a row"},
+    [BS_STREAM_NARROW] = {"MI_CUDA_BS_CAP", "128", "streaming, 128 slots a row"},
+};
+
 /* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
  * lengths, on the kernel `kern` asks for. With rows > 0 the row-holding kernel's CTAs take at
  * most that many row blocks each, wide >= 0 forces its CTA size. ramp: every key a multiple of
@@ -811,14 +826,8 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
         setenv("MI_CUDA_BS_ROWS", env, 1);
     }
     if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
-    if (kern == BS_ROWS) setenv("MI_CUDA_BS_STREAM", "0", 1);
-    if (kern == BS_STREAM_NO_BOUND) setenv("MI_CUDA_BS_BOUND", "0", 1);
-    if (kern == BS_STREAM_BOUND_1) setenv("MI_CUDA_BS_BOUND", "1", 1);
-    if (kern == BS_STREAM_BOUND_2) setenv("MI_CUDA_BS_BOUND", "2", 1);
-    if (kern == BS_STREAM_POOL_1) setenv("MI_CUDA_BS_POOL_VEC", "0", 1);
-    if (kern == BS_STREAM_WIDE) setenv("MI_CUDA_BS_CAP", "256", 1);
-    if (kern == BS_STREAM_NARROW) setenv("MI_CUDA_BS_CAP", "128", 1);
-    if (kern == BS_STREAM_BOUND_32) setenv("MI_CUDA_BS_BOUND", "32", 1);
+    const char *var = bs_kernel_env[kern].var;
+    if (var) setenv(var, bs_kernel_env[kern].value, 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
@@ -834,15 +843,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
              (long long)L, (long long)D, topk,
-             kern == BS_ROWS || topk > 192    ? "rows"
-             : kern == BS_STREAM_NO_BOUND     ? "streaming, no bounds"
-             : kern == BS_STREAM_BOUND_1      ? "streaming, bounds of 1 group a tile"
-             : kern == BS_STREAM_BOUND_2      ? "streaming, bounds of 2 groups a tile"
-             : kern == BS_STREAM_POOL_1       ? "streaming, pooled a value a thread"
-             : kern == BS_STREAM_WIDE         ? "streaming, 256 slots a row"
-             : kern == BS_STREAM_NARROW       ? "streaming, 128 slots a row"
-             : kern == BS_STREAM_BOUND_32     ? "streaming, bounds of 32 groups a tile"
-                                              : "streaming",
+             topk > 192 ? "rows" : bs_kernel_env[kern].label,
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
