@@ -138,9 +138,18 @@ struct bs_select_params {
     int32_t dense_below;
     int32_t bound_groups; /* bs_bound_kernel's groups per tile: -1 automatic, else G */
     uint32_t *bound;      /* [B*H, row_blocks] each row's bound (bs_bound_kernel); null: none */
+    /* The streaming kernels' row groups in chunks of key tiles (bss_split, below); chunk_tiles
+     * 0: a CTA per row group. groups_r: the row groups with key tiles, split_items: their
+     * chunks; split_heads: the streaming heads, split_slot[h]: h's rank among them. */
+    int32_t chunk_tiles, groups_r, split_items, split_heads;
+    int32_t groups, bh; /* the index's row groups; the (b, h) pairs (all heads) */
+    uint16_t *split_maxima; /* [split_heads, split rows, BSB_SLOTS] the chunks' group maxima */
+    int32_t *split_count;   /* [split_heads, split rows, BSS_SPLIT_MAX] each chunk's candidates */
+    uint64_t *split_cand;   /* [split_heads, split rows, BSS_SPLIT_MAX, BSS_MAX_K] */
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t top_k[MI_CUDA_MAX_HEADS];
     uint8_t active[MI_CUDA_MAX_HEADS];
+    uint8_t split_slot[MI_CUDA_MAX_HEADS];
 };
 
 /* The sequence length of batch b as the estimate sees it: 0 below dense_below (no blocks). */
@@ -387,6 +396,68 @@ static_assert(BSS_MAX_K + 8 < BSS_CAP_WIDE && BSS_NARROW_MAX_K + 8 < BSS_CAP_NAR
               "candidate slots");
 /* CTAs whose rows span more key tiles than this take a bound first */
 constexpr int BSS_BOUND_TILES = 4;
+
+/* Long row groups in chunks. A CTA walks its row group's key tiles one after the other, so with
+ * few heads the row groups nearest the end of a long sequence set the time: at 1M x 1 head the
+ * last one walks 256 tiles while the average is 128 and half the SMs' second CTA slots idle.
+ * Where the tiles of all groups, spread over two CTAs an SM, come to fewer than the longest
+ * group's, the groups longer than chunk_tiles split into up to BSS_SPLIT_MAX chunks of about
+ * equal length (the nearest the diagonal first). Each chunk of the bound kernel writes the group
+ * maxima of its tiles into its own window of the row's slots (bs_bound_rank_kernel takes the k-th
+ * largest over all windows, as bs_bound_kernel does over one CTA's), each chunk of the streaming
+ * kernel keeps the top k of its tiles' candidates (bs_merge_kernel keeps the top k of their
+ * union): every block of a row's top k is in its chunk's top k. */
+constexpr int BSS_SPLIT_MAX = 4;
+/* automatic chunks take at least this many tiles (a chunk costs its start, its end and a share
+ * of the merge) */
+constexpr int BSS_SPLIT_MIN_TILES = 16;
+
+/* What a CTA of the streaming kernels walks: row group `group`, chunk `chunk` of `chunks`. */
+struct bss_work {
+    int group, chunk, chunks;
+};
+
+/* Work item x: without chunks, the row groups from the last; with them, the chunks of the
+ * groups with tiles from the last group (a group of n = c + 1 tiles has ceil(n / chunk_tiles)),
+ * then the groups past the sequence (nothing to walk, rows to clear). */
+__device__ __forceinline__ bss_work bss_work_of(const bs_select_params &p, int x) {
+    const int C = p.chunk_tiles;
+    if (C <= 0) return {p.groups - 1 - x, 0, 1};
+    if (x >= p.split_items) return {p.groups_r + x - p.split_items, 0, 1};
+    int S = (p.groups_r + C - 1) / C, c_hi = p.groups_r - 1;
+    for (;;) {
+        /* the groups of S chunks: c + 1 in ((S - 1) C, S C] */
+        const int c_lo = (S - 1) * C, n = (c_hi - c_lo + 1) * S;
+        if (x < n || S == 1) return {c_hi - x / S, x % S, S};
+        x -= n;
+        c_hi = c_lo - 1;
+        --S;
+    }
+}
+
+/* The key tiles [lo, hi) of a CTA's chunk, of the n_tiles its rows reach: all of them without
+ * chunks; else chunk s of the group's c + 1 tiles split evenly (chunk 0 the highest), clipped
+ * to n_tiles (a shorter sequence of the batch). span: the chunk's tiles before clipping. */
+struct bss_range {
+    int lo, hi, span;
+};
+__device__ __forceinline__ bss_range bss_range_of(const bss_work &w, int n_tiles) {
+    if (w.chunks == 1) return {0, n_tiles, n_tiles};
+    const int n = w.group + 1, base = n / w.chunks, extra = n % w.chunks;
+    const int hi = n - (w.chunk * base + min(w.chunk, extra));
+    const int span = base + (w.chunk < extra ? 1 : 0);
+    const int h = min(hi, n_tiles);
+    return {min(hi - span, h), h, span};
+}
+
+
+/* A split row's place in the chunk buffers: the streaming pair's rows of the groups from
+ * chunk_tiles on (those with more than chunk_tiles tiles). */
+__device__ __forceinline__ int64_t bss_split_row(const bs_select_params &p, int b, int h, int m) {
+    const int64_t rows = (int64_t)(p.groups_r - p.chunk_tiles) * BSS_ROWS;
+    return ((int64_t)b * p.split_heads + p.split_slot[h]) * rows +
+           (m - (int64_t)p.chunk_tiles * BSS_ROWS);
+}
 /* pooled key rows in shared memory are D + 32 values apart: the 16-byte reads of eight lanes
  * (two rows) fall on distinct banks */
 template <int D> constexpr int bss_key_stride() { return D + 32; }
@@ -497,6 +568,27 @@ __device__ __forceinline__ const T *bss_keys_of(const bs_select_params &p, int b
     return static_cast<const T *>(p.kp) + (int64_t)bhk * p.row_blocks * D;
 }
 
+/* Walks key tiles hi - 1 down to lo through the two buffers of kbuf (every thread of the CTA
+ * calls it, with the same range): body(it, tile) for each, the next tile loading meanwhile. */
+template <typename T, int D, typename Body>
+__device__ __forceinline__ void bss_walk_tiles(T *kbuf, const T *kg, bss_range r, int nb,
+                                               Body body) {
+    constexpr int KS = bss_key_stride<D>();
+    if (r.hi <= r.lo) return;
+    bss_load_tile<T, D>(kbuf, kg, r.hi - 1, nb);
+    for (int it = r.hi - 1, buf = 0; it >= r.lo; --it, buf ^= 1) {
+        if (it > r.lo) {
+            bss_load_tile<T, D>(kbuf + (buf ^ 1) * BSS_KEYS * KS, kg, it - 1, nb);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        body(it, kbuf + buf * BSS_KEYS * KS);
+        __syncthreads(); /* the buffer is loaded again two tiles on */
+    }
+}
+
 /* The bound kernel. For the CTAs of bs_stream_kernel whose rows span more than BSS_BOUND_TILES
  * tiles, it scores the same tiles for the maxima of G groups of keys per row and tile only, each
  * kept in a fixed slot of shared memory as its top 16 bits (rounding down keeps it at or below a
@@ -508,6 +600,11 @@ __device__ __forceinline__ const T *bss_keys_of(const bs_select_params &p, int b
  * the streaming kernel 20 % less work on near-diagonal scores at 128K (finer groups), and 128 of
  * them given to two-key groups in the four tiles nearest the diagonal did not help (measured). */
 constexpr int BSB_SLOTS = 512;
+/* A chunk's window of a row's slots: 1, 2 or 4 windows (BSS_SPLIT_MAX). */
+__device__ __forceinline__ int bsb_window(int chunks) {
+    return chunks == 1 ? BSB_SLOTS : chunks == 2 ? BSB_SLOTS / 2 : BSB_SLOTS / 4;
+}
+static_assert(BSS_SPLIT_MAX == 4, "bsb_window");
 template <int D> constexpr size_t bsb_smem_bytes() {
     return (size_t)BSS_ROWS * BSB_SLOTS * 2 + bss_key_bytes<D>();
 }
@@ -528,12 +625,12 @@ __device__ __forceinline__ void bsb_group_max(V (&key)[8], Max mx) {
 
 /* One tile's group maxima of a thread's two rows (rows[0] and rows[8 * BSB_SLOTS]), G groups a
  * tile (a compile-time G: runtime spans had cost divisions and branches at every key, and twice
- * the bound kernel's time), written to slots first .. first + G - 1 (modulo BSB_SLOTS), each
- * keeping the largest. */
+ * the bound kernel's time), written to slots first .. first + G - 1 (modulo the window, mask + 1
+ * slots), each keeping the largest. */
 template <int G>
 __device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool plain, int j0,
                                                 const int (&m)[2], int t, uint16_t *rows,
-                                                int first) {
+                                                int first, int mask) {
     constexpr int lane_groups = G >= 4 ? G / 4 : 1, span = 8 / lane_groups;
     const bool lane_on = G >= 4 || (t & (4 / G - 1)) == 0;
     const int group0 = G >= 4 ? t * lane_groups : G == 2 ? t >> 1 : 0;
@@ -564,96 +661,140 @@ __device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool p
         if (lane_on)
 #pragma unroll
             for (int nt = 0; nt < 8; nt += span) {
-                const int slot = (first + group0 + nt / span) & (BSB_SLOTS - 1);
+                const int slot = (first + group0 + nt / span) & mask;
                 const uint16_t v = (uint16_t)(key[nt] >> 16);
                 if (v > row[slot]) row[slot] = v;
             }
     }
 }
 
+/* The largest x (a score key's top 16 bits, returned in place) that at least k of the 16-bit
+ * maxima row[0 .. n) reach (n a multiple of 64, at most BSB_SLOTS), bit by bit; a lane counts its
+ * slots two at a time (halfword compares). Every lane of the warp calls it. */
+__device__ __forceinline__ uint32_t bsb_row_bound(const uint16_t *row16, int n, int k) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t *row = reinterpret_cast<const uint32_t *>(row16);
+    uint32_t v[BSB_SLOTS / 64];
+#pragma unroll
+    for (int i = 0; i < BSB_SLOTS / 64; ++i) v[i] = 64 * i < n ? row[32 * i + lane] : 0u;
+    uint32_t x = 0;
+#pragma unroll 1
+    for (int bit = 15; bit >= 0; --bit) {
+        const uint32_t c = x | 1u << bit;
+        int cnt = 0;
+#pragma unroll
+        for (int i = 0; i < BSB_SLOTS / 64; ++i) cnt += __popc(__vcmpgeu2(v[i], c * 0x10001u));
+        /* (a halfword compare sets 16 bits) */
+        if ((int)__reduce_add_sync(0xffffffffu, (unsigned)cnt) >= 16 * k) x = c;
+    }
+    return x << 16;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(BSS_NT, 2)
     bs_bound_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    constexpr int KS = bss_key_stride<D>();
     T *kbuf = reinterpret_cast<T *>(smem);                                      /* [2][64][KS] */
     uint16_t *maxima = reinterpret_cast<uint16_t *>(smem + bss_key_bytes<D>()); /* [64][512] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y;
+    /* the work items of all (b, h) in turn, so that every head's longest come first */
+    const int bh = (int)(blockIdx.x % (unsigned)p.bh);
     const int b = bh / p.heads, h = bh % p.heads;
-    const int m0 = (gridDim.x - 1 - blockIdx.x) * BSS_ROWS;
+    const bss_work w = bss_work_of(p, (int)(blockIdx.x / (unsigned)p.bh));
+    const int m0 = w.group * BSS_ROWS;
     if (!p.active[h] || m0 >= p.idx_row_blocks) return;
     const int len = bs_seq_len(p, b);
     const int nb = (len + 63) / 64;
     const int wm0 = m0 + 16 * warp;
     bss_thread<T, D> th;
     th.init(p, bh, h, m0, wm0, g, t, len);
-    const int n_tiles = th.n_tiles;
-    if (n_tiles <= BSS_BOUND_TILES) return; /* the streaming kernel takes no bound here */
+    if (th.n_tiles <= BSS_BOUND_TILES) return; /* the streaming kernel takes no bound here */
+    const bss_range range = bss_range_of(w, th.n_tiles);
+    /* a chunk's window of each row's slots, G groups a tile: as many as the chunk's tiles fit */
+    const int window = bsb_window(w.chunks);
     int G = p.bound_groups > 0 ? p.bound_groups : 32;
     if (p.bound_groups <= 0)
-        while (G > 1 && n_tiles * G > BSB_SLOTS) G >>= 1;
+        while (G > 1 && range.span * G > window) G >>= 1;
     for (int i = threadIdx.x; i < BSS_ROWS * BSB_SLOTS / 8; i += BSS_NT)
         reinterpret_cast<uint4 *>(maxima)[i] = make_uint4(0u, 0u, 0u, 0u);
-    const T *kg = bss_keys_of<T, D>(p, b, h);
-    bss_load_tile<T, D>(kbuf, kg, n_tiles - 1, nb);
-
-    for (int it = n_tiles - 1, buf = 0; it >= 0; --it, buf ^= 1) {
-        if (it > 0) {
-            bss_load_tile<T, D>(kbuf + (buf ^ 1) * BSS_KEYS * KS, kg, it - 1, nb);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    const int m[2] = {th.mr[0], th.mr[1]};
+    bss_walk_tiles<T, D>(kbuf, bss_keys_of<T, D>(p, b, h), range, nb, [&](int it, const T *tile) {
         const int j0 = it * BSS_KEYS;
         /* a plain tile: every key below every row's diagonal, none of them block 0 */
         const bool plain = it > 0 && j0 + BSS_KEYS <= wm0;
-        if (th.warp_sel && j0 <= wm0 + 15) {
-            float acc[8][4];
-            th.score(kbuf + buf * BSS_KEYS * KS, g, t, acc);
-            /* the tile's first slot (a group's slot wraps at most once past it) */
-            const int first = (it * G) & (BSB_SLOTS - 1);
-            uint16_t *rows = maxima + (16 * warp + g) * BSB_SLOTS;
-            const int m[2] = {th.mr[0], th.mr[1]};
-            switch (G) {
-            case 1: bsb_tile_maxima<1>(acc, plain, j0, m, t, rows, first); break;
-            case 2: bsb_tile_maxima<2>(acc, plain, j0, m, t, rows, first); break;
-            case 4: bsb_tile_maxima<4>(acc, plain, j0, m, t, rows, first); break;
-            case 8: bsb_tile_maxima<8>(acc, plain, j0, m, t, rows, first); break;
-            case 16: bsb_tile_maxima<16>(acc, plain, j0, m, t, rows, first); break;
-            default: bsb_tile_maxima<32>(acc, plain, j0, m, t, rows, first); break;
-            }
+        if (!th.warp_sel || j0 > wm0 + 15) return;
+        float acc[8][4];
+        th.score(tile, g, t, acc);
+        /* the tile's first slot (a group's slot wraps at most once past it) */
+        const int first = ((it - range.lo) * G) & (window - 1), mask = window - 1;
+        uint16_t *rows = maxima + (16 * warp + g) * BSB_SLOTS;
+        switch (G) {
+        case 1: bsb_tile_maxima<1>(acc, plain, j0, m, t, rows, first, mask); break;
+        case 2: bsb_tile_maxima<2>(acc, plain, j0, m, t, rows, first, mask); break;
+        case 4: bsb_tile_maxima<4>(acc, plain, j0, m, t, rows, first, mask); break;
+        case 8: bsb_tile_maxima<8>(acc, plain, j0, m, t, rows, first, mask); break;
+        case 16: bsb_tile_maxima<16>(acc, plain, j0, m, t, rows, first, mask); break;
+        default: bsb_tile_maxima<32>(acc, plain, j0, m, t, rows, first, mask); break;
         }
-        __syncthreads(); /* the buffer is loaded again two tiles on; slots may be shared */
-    }
+    });
     if (!th.warp_sel) return;
 
-    /* each row's bound: the largest x with k maxima at or above it, bit by bit; a lane counts
-     * its 16 slots two at a time (halfword compares) */
+    if (w.chunks > 1) {
+        /* the window goes to the row's slots in memory, for bs_bound_rank_kernel (every chunk
+         * writes its window, an empty chunk zeros) */
+        __syncwarp();
+        for (int rr = 0; rr < 16; ++rr) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_SLOTS);
+            uint4 *dst = reinterpret_cast<uint4 *>(
+                p.split_maxima + bss_split_row(p, b, h, wm0 + rr) * BSB_SLOTS + w.chunk * window);
+            for (int i = lane; i < window / 8; i += 32) dst[i] = src[i];
+        }
+        return;
+    }
+    /* each row's bound: the k-th largest of its maxima */
 #pragma unroll 1
     for (int rr = 0; rr < 16; ++rr) {
-        const int m = wm0 + rr, src = (rr & 7) * 4;
+        const int src = (rr & 7) * 4;
         /* (named, not indexed: an indexed member would put th in local memory) */
         const int k = __shfl_sync(0xffffffffu, rr < 8 ? th.kk[0] : th.kk[1], src);
         const bool s = rr < 8 ? th.sel[0] : th.sel[1];
         if (!__shfl_sync(0xffffffffu, (int)s, src)) continue;
-        const uint32_t *row =
-            reinterpret_cast<const uint32_t *>(maxima + (16 * warp + rr) * BSB_SLOTS);
-        uint32_t v[BSB_SLOTS / 64];
-#pragma unroll
-        for (int i = 0; i < BSB_SLOTS / 64; ++i) v[i] = row[32 * i + lane];
-        uint32_t x = 0;
-#pragma unroll 1
-        for (int bit = 15; bit >= 0; --bit) {
-            const uint32_t c = x | 1u << bit;
-            int n = 0;
-#pragma unroll
-            for (int i = 0; i < BSB_SLOTS / 64; ++i) n += __popc(__vcmpgeu2(v[i], c * 0x10001u));
-            if ((int)__reduce_add_sync(0xffffffffu, (unsigned)n) >= 16 * k) x = c;
-        }
-        if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + m] = x << 16;
+        const uint32_t x = bsb_row_bound(maxima + (16 * warp + rr) * BSB_SLOTS, BSB_SLOTS, k);
+        if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + wm0 + rr] = x;
     }
+}
+
+/* The selecting row m of a split row group that takes a bound: whether it does, its top k and
+ * the chunks of its group. */
+struct bss_split_rowinfo {
+    bool sel;
+    int k, chunks;
+};
+__device__ __forceinline__ bss_split_rowinfo bss_split_row_info(const bs_select_params &p, int h,
+                                                                int m, int len) {
+    const int k = bs_row_k(p, h, m, len);
+    const int c = m / BSS_ROWS, C = p.chunk_tiles;
+    return {k > 0 && k < m + 1, k, (c + 1 + C - 1) / C};
+}
+
+/* The rows of split groups (a warp each): the k-th largest of the group maxima that the bound
+ * kernel's chunks wrote to their windows, as bs_bound_kernel does for the rows of one CTA. */
+__global__ void __launch_bounds__(BSS_NT) bs_bound_rank_kernel(const __grid_constant__ bs_select_params p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int m = p.chunk_tiles * BSS_ROWS + blockIdx.x * (BSS_NT / 32) + warp;
+    if (!p.active[h] || m >= p.idx_row_blocks) return;
+    const int len = bs_seq_len(p, b);
+    const int nb = (len + 63) / 64;
+    const bss_split_rowinfo r = bss_split_row_info(p, h, m, len);
+    /* the streaming kernel's test: the tiles of the row's group */
+    const int m0 = m / BSS_ROWS * BSS_ROWS;
+    const int n_tiles = (min(m0 + BSS_ROWS, nb) + BSS_KEYS - 1) / BSS_KEYS;
+    if (!r.sel || n_tiles <= BSS_BOUND_TILES) return;
+    const uint32_t x = bsb_row_bound(p.split_maxima + bss_split_row(p, b, h, m) * BSB_SLOTS,
+                                     bsb_window(r.chunks) * r.chunks, r.k);
+    if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + m] = x;
 }
 
 /* A row's candidate count and threshold. */
@@ -692,17 +833,18 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* the warp's 32 values for warp_keep_top */
     uint64_t *scratch = reinterpret_cast<uint64_t *>(kbuf + 2 * BSS_KEYS * KS) + 32 * warp;
-    const int bh = blockIdx.y;
+    /* the work items of all (b, h) in turn, so that every head's longest come first */
+    const int bh = (int)(blockIdx.x % (unsigned)p.bh);
     const int b = bh / p.heads, h = bh % p.heads;
-    const int m0 = (gridDim.x - 1 - blockIdx.x) * BSS_ROWS;
+    const bss_work w = bss_work_of(p, (int)(blockIdx.x / (unsigned)p.bh));
+    const int m0 = w.group * BSS_ROWS;
     if (!p.active[h] || m0 >= p.idx_row_blocks) return;
     const int len = bs_seq_len(p, b);
     const int nb = (len + 63) / 64; /* the sequence's blocks */
     const int wm0 = m0 + 16 * warp;
     bss_thread<T, D> th;
     th.init(p, bh, h, m0, wm0, g, t, len);
-    const int n_tiles = th.n_tiles;
-    const bool bounded = p.bound != nullptr && n_tiles > BSS_BOUND_TILES;
+    const bool bounded = p.bound != nullptr && th.n_tiles > BSS_BOUND_TILES;
     int cnt[2] = {0, 0};
     uint64_t thr[2];
 #pragma unroll
@@ -729,22 +871,14 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
         }
     };
 
-    if (n_tiles > 0) bss_load_tile<T, D>(kbuf, kg, n_tiles - 1, nb);
-    for (int it = n_tiles - 1, buf = 0; it >= 0; --it, buf ^= 1) {
-        if (it > 0) {
-            bss_load_tile<T, D>(kbuf + (buf ^ 1) * BSS_KEYS * KS, kg, it - 1, nb);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    bss_walk_tiles<T, D>(kbuf, kg, bss_range_of(w, th.n_tiles), nb, [&](int it, const T *tile) {
         const int j0 = it * BSS_KEYS;
         /* a plain tile: every key below every row's diagonal, none of them block 0, so each
          * key is its score's order key */
         const bool plain = it > 0 && j0 + BSS_KEYS <= wm0;
         if (th.warp_sel && j0 <= wm0 + 15) {
             float acc[8][4];
-            th.score(kbuf + buf * BSS_KEYS * KS, g, t, acc);
+            th.score(tile, g, t, acc);
             /* in a plain tile, the n-tiles where no score can reach its row's threshold key are
              * passed over (one float compare a score; NaN goes on to the exact test) */
             unsigned nt_on = 0xffu;
@@ -805,12 +939,28 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
             else
                 append(std::false_type{});
         }
-        __syncthreads(); /* the buffer is loaded again two tiles on */
-    }
+    });
 
-    /* exactly k per selecting row, then the offsets, ascending */
+    /* exactly k per selecting row (at most k in a chunk), then the offsets, ascending */
     if (th.warp_sel) shrink(-1);
     __syncwarp();
+    if (w.chunks > 1) {
+        /* a chunk's candidates go to memory, for bs_merge_kernel */
+        if (!th.warp_sel) return;
+#pragma unroll 1
+        for (int rr = 0; rr < 16; ++rr) {
+            const int src = (rr & 7) * 4, r = rr >> 3;
+            /* (named, not indexed: an indexed member would put th in local memory) */
+            const int n = __shfl_sync(0xffffffffu, r ? cnt[1] : cnt[0], src);
+            if (!__shfl_sync(0xffffffffu, (int)(r ? th.sel[1] : th.sel[0]), src)) continue;
+            const int64_t sr = bss_split_row(p, b, h, wm0 + rr) * BSS_SPLIT_MAX + w.chunk;
+            const uint64_t *c = cand + (16 * warp + rr) * CAP;
+            uint64_t *dst = p.split_cand + sr * BSS_MAX_K;
+            for (int i = lane; i < n; i += 32) dst[i] = c[i];
+            if (lane == 0) p.split_count[sr] = n;
+        }
+        return;
+    }
 #pragma unroll
     for (int rr = 0; rr < 16; ++rr) {
         const int m = wm0 + rr, src = (rr & 7) * 4, r = rr >> 3;
@@ -828,11 +978,76 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     }
 }
 
+/* The rows of split groups (a warp each, BSS_NT / 32 a CTA): the top k of the union of the
+ * chunks' candidates, which come in descending block order (chunk 0 holds the highest tiles,
+ * each chunk's list is in that order), so the kept list read backwards gives the ascending
+ * offsets as in bs_stream_kernel. Rows that do not select get none or every block. */
+constexpr int BSM_SLOTS = BSS_SPLIT_MAX * BSS_MAX_K / 32; /* warp_keep_top's values a lane */
+__global__ void __launch_bounds__(BSS_NT) bs_merge_kernel(const __grid_constant__ bs_select_params p) {
+    __shared__ uint64_t lists[BSS_NT / 32][BSS_SPLIT_MAX * BSS_MAX_K];
+    __shared__ uint64_t scratch[BSS_NT / 32][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int m = p.chunk_tiles * BSS_ROWS + blockIdx.x * (BSS_NT / 32) + warp;
+    if (!p.active[h] || m >= p.idx_row_blocks) return;
+    const int len = bs_seq_len(p, b);
+    const bss_split_rowinfo r = bss_split_row_info(p, h, m, len);
+    const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
+    int32_t *off = p.block_offset + row * p.max_blocks;
+    if (!r.sel) {
+        if (lane == 0) {
+            p.block_count[row] = r.k;
+            p.column_count[row] = 0;
+        }
+        for (int i = lane; i < r.k; i += 32) off[i] = 64 * i;
+        return;
+    }
+    const int64_t sr = bss_split_row(p, b, h, m) * BSS_SPLIT_MAX;
+    uint64_t *c = lists[warp];
+    int n = 0;
+    for (int s = 0; s < r.chunks; ++s) {
+        const int n_s = p.split_count[sr + s];
+        const uint64_t *src = p.split_cand + (sr + s) * BSS_MAX_K;
+        for (int i = lane; i < n_s; i += 32) c[n + i] = src[i];
+        n += n_s;
+    }
+    __syncwarp();
+    /* at least k: k distinct blocks reach the bound (or, without one, every chunk admits all).
+     * warp_keep_top sized to the list: its samples are spread over all its slots, and with
+     * most of them past the list it brackets the k-th value badly and falls back to its
+     * quickselect (24 slots for lists of about 400 took 0.14 ms at 1M x 1 head) */
+    const int k = min(r.k, n);
+    if (k > 0 && k < n) {
+        uint64_t *sc = scratch[warp];
+        if (n <= 128)
+            warp_keep_top<4>(c, n, k, sc);
+        else if (n <= 256)
+            warp_keep_top<8>(c, n, k, sc);
+        else if (n <= 384)
+            warp_keep_top<12>(c, n, k, sc);
+        else if (n <= 512)
+            warp_keep_top<16>(c, n, k, sc);
+        else
+            warp_keep_top<BSM_SLOTS>(c, n, k, sc);
+    }
+    if (lane == 0) {
+        p.block_count[row] = k;
+        p.column_count[row] = 0;
+    }
+    for (int i = lane; i < k; i += 32) off[i] = 64 * (int)~(uint32_t)c[k - 1 - i];
+}
+
 template <typename T, int D>
 static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t BH,
                                     cudaStream_t st) {
-    const unsigned ctas = (unsigned)((sp.idx_row_blocks + BSS_ROWS - 1) / BSS_ROWS);
-    const dim3 grid(ctas, (unsigned)BH);
+    const bool split = sp.chunk_tiles > 0;
+    const int64_t items = split ? sp.split_items + sp.groups - sp.groups_r : sp.groups;
+    const dim3 grid((unsigned)(items * BH));
+    /* the rows of the split groups, BSS_NT / 32 a CTA */
+    const dim3 split_grid(
+        (unsigned)(((sp.groups_r - sp.chunk_tiles) * BSS_ROWS + BSS_NT / 32 - 1) / (BSS_NT / 32)),
+        (unsigned)BH);
     cudaError_t e;
     if (sp.bound != nullptr) {
         auto bound = bs_bound_kernel<T, D>;
@@ -840,6 +1055,7 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
         e = cudaFuncSetAttribute(bound, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         bound<<<grid, BSS_NT, smem, st>>>(sp);
+        if (split) bs_bound_rank_kernel<<<split_grid, BSS_NT, 0, st>>>(sp);
     }
     auto kern = cap == BSS_CAP_NARROW ? bs_stream_kernel<T, D, BSS_CAP_NARROW>
                                       : bs_stream_kernel<T, D, BSS_CAP_WIDE>;
@@ -847,6 +1063,7 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<grid, BSS_NT, smem, st>>>(sp);
+    if (split) bs_merge_kernel<<<split_grid, BSS_NT, 0, st>>>(sp);
     return cudaGetLastError();
 }
 
@@ -856,25 +1073,74 @@ using namespace mi_cuda;
 
 static size_t align256b(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* MI_CUDA_BS_SPLIT: -1 unset (automatic), 0 never split, N chunks of at least N tiles (tests). */
+static int bss_split_env() {
+    const char *e = getenv("MI_CUDA_BS_SPLIT");
+    if (!e || !*e) return -1;
+    const int n = atoi(e);
+    return n > 0 ? n : 0;
+}
+
+/* The tiles a chunk takes for `pairs` streaming (b, h) pairs of `groups` row groups with key
+ * tiles, or 0 where no group splits. Groups split where the tiles of all groups, spread over two
+ * CTAs an SM, come to at most 3/4 of the longest group's: otherwise the longest-first order
+ * already evens the CTAs out, and chunks only add their starts, ends and merges. The chunks then
+ * take about half the tiles a CTA slot gets (so that the longest-first order evens them out), at
+ * least BSS_SPLIT_MIN_TILES, and a group at most BSS_SPLIT_MAX. A model of that order (CTAs of
+ * n + 2 tiles' cost into 264 slots) gave at 1M x 1 head 258 -> 175 tiles on the busiest slot, at
+ * 512K x 1 130 -> 60, at 128K x 8 34 -> 27, and losses from 1M x 2 heads on (258 -> 290-309)
+ * and at 128K x 16, hence the 3/4. */
+static int bss_chunk_tiles(int64_t pairs, int64_t groups) {
+    const int forced = bss_split_env();
+    if (forced == 0 || pairs <= 0 || groups < 2) return 0;
+    int64_t c = forced;
+    if (forced < 0) {
+        const int64_t tiles = pairs * groups * (groups + 1) / 2;
+        const int64_t slots = 2 * (int64_t)mi_cuda_sm_count();
+        if (4 * tiles > 3 * groups * slots) return 0;
+        c = std::max<int64_t>((tiles + 2 * slots - 1) / (2 * slots), BSS_SPLIT_MIN_TILES);
+    }
+    c = std::max<int64_t>(c, (groups + BSS_SPLIT_MAX - 1) / BSS_SPLIT_MAX);
+    return c < groups ? (int)c : 0;
+}
+
+/* The chunks of `groups` row groups (group c: c + 1 tiles) of at most chunk_tiles tiles. */
+static int bss_split_items(int groups, int chunk_tiles) {
+    int n = 0;
+    for (int c = 0; c < groups; ++c) n += (c + chunk_tiles) / chunk_tiles;
+    return n;
+}
+
 /* The scratch's parts: pooled q, pooled k (the input dtype, two bytes a value), the streaming
- * kernel's row bounds. */
+ * kernel's row bounds, and for split groups (split_pairs streaming pairs) the chunks' group
+ * maxima, candidate counts and candidates. */
 struct bs_scratch_layout {
-    size_t qp, kp, bound, total;
+    size_t qp, kp, bound, split_maxima, split_count, split_cand, total;
 };
 static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
-                                       int64_t head_dim) {
-    const int64_t R = (len + 63) / 64, BH = batch * heads;
+                                       int64_t head_dim, int64_t split_pairs) {
+    const int64_t R = (len + 63) / 64, BH = batch * heads, groups = (R + BSS_ROWS - 1) / BSS_ROWS;
+    const int chunk = bss_chunk_tiles(split_pairs, groups);
+    const int64_t split_rows = chunk > 0 ? split_pairs * (groups - chunk) * BSS_ROWS : 0;
     bs_scratch_layout l;
     l.qp = 0;
     l.kp = l.qp + align256b((size_t)BH * R * head_dim * 2);
     l.bound = l.kp + align256b((size_t)batch * heads_kv * R * head_dim * 2);
-    l.total = l.bound + align256b((size_t)BH * R * 4);
+    l.split_maxima = l.bound + align256b((size_t)BH * R * 4);
+    l.split_count = l.split_maxima + align256b((size_t)split_rows * BSB_SLOTS * 2);
+    l.split_cand = l.split_count + align256b((size_t)split_rows * BSS_SPLIT_MAX * 4);
+    l.total = l.split_cand + align256b((size_t)split_rows * BSS_SPLIT_MAX * BSS_MAX_K * 8);
     return l;
 }
 
+/* Enough for any number of streaming heads (the split buffers peak at a few heads: at 1M about
+ * 240 MB, for four). */
 extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv,
                                            int64_t len, int64_t head_dim) {
-    return bs_scratch_of(batch, heads, heads_kv, len, head_dim).total;
+    size_t most = 0;
+    for (int64_t hs = 1; hs <= heads; ++hs)
+        most = std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, batch * hs).total);
+    return most;
 }
 
 extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
@@ -910,29 +1176,43 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     const auto stream_smem = [&](int cap) {
         return s->head_dim == 64 ? bss_smem_bytes<64>(cap) : bss_smem_bytes<128>(cap);
     };
-    const int64_t stream_ctas =
-        s->batch * s->heads_q * (((int64_t)index->row_blocks + BSS_ROWS - 1) / BSS_ROWS);
     const bool wide_fits = smem_cta >= stream_smem(BSS_CAP_WIDE);
-    bool stream_on = true, narrow_on = stream_ctas > mi_cuda_sm_count() || !wide_fits;
+    int cap_env = 0;
+    bool stream_on = true;
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
-    if (const char *e = getenv("MI_CUDA_BS_CAP")) {
-        if (atoi(e) == BSS_CAP_WIDE) narrow_on = false;
-        if (atoi(e) == BSS_CAP_NARROW) narrow_on = true;
-    }
-    const bool narrow_fits = narrow_on && smem_cta >= stream_smem(BSS_CAP_NARROW);
-    bool any_stream = false, any_rows = false, all_narrow = true;
+    if (const char *e = getenv("MI_CUDA_BS_CAP")) cap_env = atoi(e);
+    const bool narrow_ok = cap_env != BSS_CAP_WIDE && smem_cta >= stream_smem(BSS_CAP_NARROW);
+    bool any_stream = false, any_rows = false;
+    int n_stream = 0;
     uint8_t to_stream[MI_CUDA_MAX_HEADS], to_rows[MI_CUDA_MAX_HEADS];
+    uint8_t split_slot[MI_CUDA_MAX_HEADS] = {0};
     for (int64_t h = 0; h < s->heads_q; ++h) {
         const bool on = active ? active[h] != 0 : true;
-        const bool narrow = narrow_fits && top_k[h] <= BSS_NARROW_MAX_K;
-        const bool st_head = stream_on && (narrow || (wide_fits && top_k[h] <= BSS_MAX_K));
+        const bool st_head = stream_on && ((narrow_ok && top_k[h] <= BSS_NARROW_MAX_K) ||
+                                           (wide_fits && top_k[h] <= BSS_MAX_K));
         to_stream[h] = on && st_head;
         to_rows[h] = on && !st_head;
         any_stream |= to_stream[h] != 0;
         any_rows |= to_rows[h] != 0;
-        if (to_stream[h] && !narrow) all_narrow = false;
+        if (to_stream[h]) split_slot[h] = (uint8_t)n_stream++;
     }
+    /* the streaming heads' row groups in chunks where few heads leave SMs idle (bss_split) */
+    const int groups_r = (int)((R + BSS_ROWS - 1) / BSS_ROWS);
+    const int groups = (index->row_blocks + BSS_ROWS - 1) / BSS_ROWS;
+    const int64_t pairs = s->batch * n_stream;
+    const int chunk_tiles = bss_chunk_tiles(pairs, groups_r);
+    const int64_t stream_ctas =
+        pairs * (chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) + groups - groups_r
+                                 : groups);
+    /* 128 slots where the CTAs outnumber the SMs (else the second CTA an SM would buy nothing)
+     * or 256 do not fit */
+    const bool narrow_on = cap_env == BSS_CAP_NARROW ||
+                           (cap_env != BSS_CAP_WIDE && (stream_ctas > mi_cuda_sm_count() || !wide_fits));
+    bool all_narrow = true;
+    for (int64_t h = 0; h < s->heads_q; ++h)
+        if (to_stream[h] && !(narrow_on && narrow_ok && top_k[h] <= BSS_NARROW_MAX_K))
+            all_narrow = false;
     const int cap = all_narrow ? BSS_CAP_NARROW : BSS_CAP_WIDE;
     int rows = bs_rows_per_cta(index->row_blocks);
     /* MI_CUDA_BS_ROWS=N caps the row blocks per CTA, so that the tests reach each variant on
@@ -949,7 +1229,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     if (R <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
     cudaStream_t stream = mi_stream(ctx);
     const bs_scratch_layout lay = bs_scratch_of(s->batch, s->heads_q, s->heads_kv, s->len,
-                                                s->head_dim);
+                                                s->head_dim, pairs);
     void *qp = static_cast<char *>(scratch) + lay.qp;
     void *kp = static_cast<char *>(scratch) + lay.kp;
 
@@ -1018,6 +1298,16 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.dense_below = dense_below;
     memcpy(sp.seq_lens, ap.seq_lens, sizeof(sp.seq_lens));
     for (int64_t h = 0; h < s->heads_q; ++h) sp.top_k[h] = top_k[h];
+    sp.groups = groups;
+    sp.bh = (int32_t)BH;
+    sp.chunk_tiles = chunk_tiles;
+    sp.groups_r = groups_r;
+    sp.split_items = chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) : 0;
+    sp.split_heads = n_stream;
+    memcpy(sp.split_slot, split_slot, sizeof(split_slot));
+    sp.split_maxima = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) + lay.split_maxima);
+    sp.split_count = reinterpret_cast<int32_t *>(static_cast<char *>(scratch) + lay.split_count);
+    sp.split_cand = reinterpret_cast<uint64_t *>(static_cast<char *>(scratch) + lay.split_cand);
     cudaError_t e = cudaSuccess;
     if (any_stream) {
         memcpy(sp.active, to_stream, (size_t)s->heads_q);

@@ -759,7 +759,9 @@ static void test_block_sparse(const shape *s, int32_t topk) {
  * (the groups of many tiles share the bound kernel's slots). BS_STREAM_POOL_1 pools with a thread
  * per value, as for rows that 16-byte loads cannot read. Top k up to 104 takes 128 candidate
  * slots a row where the CTAs outnumber the SMs, else 256 as larger top k: BS_STREAM_WIDE and
- * BS_STREAM_NARROW fix them. The row-holding kernel (top k above 192,
+ * BS_STREAM_NARROW fix them. Few heads split their long row groups into chunks of key tiles;
+ * BS_STREAM_NO_SPLIT never does, BS_STREAM_SPLIT_4 takes the shortest chunks (4 a group at the
+ * end), also without bounds. The row-holding kernel (top k above 192,
  * or BS_ROWS) narrows long lists first and falls back when many keys lie near the top. */
 typedef enum {
     BS_ROWS,
@@ -770,12 +772,16 @@ typedef enum {
     BS_STREAM_BOUND_32,
     BS_STREAM_POOL_1,
     BS_STREAM_WIDE,
-    BS_STREAM_NARROW
+    BS_STREAM_NARROW,
+    BS_STREAM_NO_SPLIT,
+    BS_STREAM_SPLIT_4,
+    BS_STREAM_SPLIT_4_NO_BOUND
 } bs_kernel;
 
-/* What each bs_kernel sets (no variable: the defaults) and how the check names it. */
+/* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
+ * names it. */
 static const struct {
-    const char *var, *value, *label;
+    const char *var, *value, *label, *var2, *value2;
 } bs_kernel_env[] = {
     [BS_ROWS] = {"MI_CUDA_BS_STREAM", "0", "rows"},
     [BS_STREAM] = {NULL, NULL, "streaming"},
@@ -786,6 +792,11 @@ static const struct {
     [BS_STREAM_POOL_1] = {"MI_CUDA_BS_POOL_VEC", "0", "streaming, pooled a value a thread"},
     [BS_STREAM_WIDE] = {"MI_CUDA_BS_CAP", "256", "streaming, 256 slots a row"},
     [BS_STREAM_NARROW] = {"MI_CUDA_BS_CAP", "128", "streaming, 128 slots a row"},
+    [BS_STREAM_NO_SPLIT] = {"MI_CUDA_BS_SPLIT", "0", "streaming, groups not split"},
+    [BS_STREAM_SPLIT_4] = {"MI_CUDA_BS_SPLIT", "1", "streaming, long groups in 4 chunks"},
+    [BS_STREAM_SPLIT_4_NO_BOUND] = {"MI_CUDA_BS_SPLIT", "1",
+                                    "streaming, long groups in 4 chunks, no bounds",
+                                    "MI_CUDA_BS_BOUND", "0"},
 };
 
 /* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
@@ -828,6 +839,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
     const char *var = bs_kernel_env[kern].var;
     if (var) setenv(var, bs_kernel_env[kern].value, 1);
+    if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
@@ -837,6 +849,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     unsetenv("MI_CUDA_BS_BOUND");
     unsetenv("MI_CUDA_BS_POOL_VEC");
     unsetenv("MI_CUDA_BS_CAP");
+    unsetenv("MI_CUDA_BS_SPLIT");
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
     snprintf(name, sizeof name,
@@ -1056,7 +1069,9 @@ int main(int argc, char **argv) {
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
      * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
      * exact ties), and without bounds, with bounds of 1, 2 or 32 groups a tile (the last
-     * sharing slots), pooled a value a thread, or with 256 or 128 candidate slots at top 100.
+     * sharing slots), pooled a value a thread, or with 256 or 128 candidate slots at top 100;
+     * long row groups split into chunks (by default at Lb and Lr here: 4 (b, h) pairs), not
+     * split, or split into the most chunks (4), with and without bounds.
      * The row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
      * default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256 threads (the default here)
      * and in the wide ones of 512 */
@@ -1077,6 +1092,15 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NARROW, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NARROW, 1);
     test_block_sparse_long(Lr, 64, 100, 0, -1, BS_STREAM_NARROW, 0);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NO_SPLIT, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NO_SPLIT, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_SPLIT_4, 0);
+    test_block_sparse_long(Lb, 128, 192, 0, -1, BS_STREAM_SPLIT_4, 0);
+    test_block_sparse_long(Lb, 64, 100, 0, -1, BS_STREAM_SPLIT_4, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_SPLIT_4, 1);
+    test_block_sparse_long(Lr, 128, 192, 0, -1, BS_STREAM_SPLIT_4, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_SPLIT_4_NO_BOUND, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_SPLIT_4_NO_BOUND, 1);
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
