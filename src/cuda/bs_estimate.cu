@@ -7,7 +7,9 @@
  * Two select kernels, chosen per head:
  * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
  *   tiles streamed from the diagonal down, a running top k per row block in shared memory; long
- *   rows start from a lower bound of their k-th score that bs_bound_kernel computes first.
+ *   rows start from a lower bound of their k-th score that bs_bound_kernel computes first. With
+ *   few heads, long row groups split into chunks of key tiles (bs_bound_rank_kernel and
+ *   bs_merge_kernel join them).
  * - bs_select_kernel (larger top k, or GPUs without the former's shared memory): a CTA per
  *   (b, h) and up to four adjacent row blocks holds their whole score rows in shared memory and
  *   runs the selects of block_select.cuh (a histogram pass to the keys near the top, then the
@@ -46,11 +48,17 @@
  *      some row of a warp needs nearly every tile); two-key groups in the four tiles nearest
  *      the diagonal (none either).
  *   9. 128 candidate slots a row where top k <= 104 and the CTAs outnumber the SMs, two CTAs an
- *      SM (current): 0.036 / 1.09, position-coded 0.045 / 1.13; 1M x 32 heads 0.67 / 0.73
+ *      SM: 0.036 / 1.09, position-coded 0.045 / 1.13; 1M x 32 heads 0.67 / 0.73
  *      against 0.95 / 0.77 with 256 slots. With 128 slots at 512K x 1 (128 CTAs) position-coded
  *      went from 0.45 to 0.66, hence the CTA count rule.
+ *  10. few heads at long lengths split their long row groups into chunks of key tiles (BSS_SPLIT_MAX
+ *      below), merged by two small kernels (current): 1M x 1 0.93, position-coded 0.97 (1.07 /
+ *      1.12 unsplit in the same run); 512K x 1 0.47 against 0.59, position-coded 0.52 against
+ *      0.46 (chunks away from the diagonal each keep a top k of their own). Not kept: the
+ *      chunks sharing their thresholds through the rows' bounds in memory (no gain).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
- *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json)
+ *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
+ *   2026-11-30-gpu-bs-estimate-split.json)
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
@@ -138,7 +146,7 @@ struct bs_select_params {
     int32_t dense_below;
     int32_t bound_groups; /* bs_bound_kernel's groups per tile: -1 automatic, else G */
     uint32_t *bound;      /* [B*H, row_blocks] each row's bound (bs_bound_kernel); null: none */
-    /* The streaming kernels' row groups in chunks of key tiles (bss_split, below); chunk_tiles
+    /* The streaming kernels' row groups in chunks of key tiles (BSS_SPLIT_MAX, below); chunk_tiles
      * 0: a CTA per row group. groups_r: the row groups with key tiles, split_items: their
      * chunks; split_heads: the streaming heads, split_slot[h]: h's rank among them. */
     int32_t chunk_tiles, groups_r, split_items, split_heads;
@@ -1197,7 +1205,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         any_rows |= to_rows[h] != 0;
         if (to_stream[h]) split_slot[h] = (uint8_t)n_stream++;
     }
-    /* the streaming heads' row groups in chunks where few heads leave SMs idle (bss_split) */
+    /* the streaming heads' row groups in chunks where few heads leave SMs idle (BSS_SPLIT_MAX) */
     const int groups_r = (int)((R + BSS_ROWS - 1) / BSS_ROWS);
     const int groups = (index->row_blocks + BSS_ROWS - 1) / BSS_ROWS;
     const int64_t pairs = s->batch * n_stream;
