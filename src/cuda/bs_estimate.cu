@@ -51,11 +51,12 @@
  *      SM: 0.036 / 1.09, position-coded 0.045 / 1.13; 1M x 32 heads 0.67 / 0.73
  *      against 0.95 / 0.77 with 256 slots. With 128 slots at 512K x 1 (128 CTAs) position-coded
  *      went from 0.45 to 0.66, hence the CTA count rule.
- *  10. few heads at long lengths split their long row groups into chunks of key tiles (BSS_SPLIT_MAX
- *      below), merged by two small kernels (current): 1M x 1 0.93, position-coded 0.97 (1.07 /
- *      1.12 unsplit in the same run); 512K x 1 0.47 against 0.59, position-coded 0.52 against
- *      0.46 (chunks away from the diagonal each keep a top k of their own). Not kept: the
- *      chunks sharing their thresholds through the rows' bounds in memory (no gain).
+ *  10. few heads at long lengths split their long row groups into chunks of key tiles
+ *      (BSS_SPLIT_MAX below), merged by two small kernels (current): 1M x 1 0.93,
+ *      position-coded 0.97 (1.07 / 1.12 unsplit in the same run); 512K x 1 0.47 against 0.59,
+ *      position-coded 0.52 against 0.46 (chunks away from the diagonal each keep a top k of
+ *      their own). Not kept: the chunks sharing their thresholds through the rows' bounds in
+ *      memory (no gain).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json)
@@ -752,7 +753,8 @@ __global__ void __launch_bounds__(BSS_NT, 2)
          * writes its window, an empty chunk zeros) */
         __syncwarp();
         for (int rr = 0; rr < 16; ++rr) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_SLOTS);
+            const uint4 *src =
+                reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_SLOTS);
             uint4 *dst = reinterpret_cast<uint4 *>(
                 p.split_maxima + bss_split_row(p, b, h, wm0 + rr) * BSB_SLOTS + w.chunk * window);
             for (int i = lane; i < window / 8; i += 32) dst[i] = src[i];
@@ -787,7 +789,8 @@ __device__ __forceinline__ bss_split_rowinfo bss_split_row_info(const bs_select_
 
 /* The rows of split groups (a warp each): the k-th largest of the group maxima that the bound
  * kernel's chunks wrote to their windows, as bs_bound_kernel does for the rows of one CTA. */
-__global__ void __launch_bounds__(BSS_NT) bs_bound_rank_kernel(const __grid_constant__ bs_select_params p) {
+__global__ void __launch_bounds__(BSS_NT)
+    bs_bound_rank_kernel(const __grid_constant__ bs_select_params p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
@@ -991,7 +994,8 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
  * each chunk's list is in that order), so the kept list read backwards gives the ascending
  * offsets as in bs_stream_kernel. Rows that do not select get none or every block. */
 constexpr int BSM_SLOTS = BSS_SPLIT_MAX * BSS_MAX_K / 32; /* warp_keep_top's values a lane */
-__global__ void __launch_bounds__(BSS_NT) bs_merge_kernel(const __grid_constant__ bs_select_params p) {
+__global__ void __launch_bounds__(BSS_NT)
+    bs_merge_kernel(const __grid_constant__ bs_select_params p) {
     __shared__ uint64_t lists[BSS_NT / 32][BSS_SPLIT_MAX * BSS_MAX_K];
     __shared__ uint64_t scratch[BSS_NT / 32][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1147,7 +1151,8 @@ extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t
                                            int64_t len, int64_t head_dim) {
     size_t most = 0;
     for (int64_t hs = 1; hs <= heads; ++hs)
-        most = std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, batch * hs).total);
+        most =
+            std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, batch * hs).total);
     return most;
 }
 
@@ -1215,8 +1220,9 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
                                  : groups);
     /* 128 slots where the CTAs outnumber the SMs (else the second CTA an SM would buy nothing)
      * or 256 do not fit */
-    const bool narrow_on = cap_env == BSS_CAP_NARROW ||
-                           (cap_env != BSS_CAP_WIDE && (stream_ctas > mi_cuda_sm_count() || !wide_fits));
+    const bool narrow_on =
+        cap_env == BSS_CAP_NARROW ||
+        (cap_env != BSS_CAP_WIDE && (stream_ctas > mi_cuda_sm_count() || !wide_fits));
     bool all_narrow = true;
     for (int64_t h = 0; h < s->heads_q; ++h)
         if (to_stream[h] && !(narrow_on && narrow_ok && top_k[h] <= BSS_NARROW_MAX_K))
