@@ -56,7 +56,9 @@
  *      position-coded 0.97 (1.07 / 1.12 unsplit in the same run); 512K x 1 0.47 against 0.59,
  *      position-coded 0.52 against 0.46 (chunks away from the diagonal each keep a top k of
  *      their own). Not kept: the chunks sharing their thresholds through the rows' bounds in
- *      memory (no gain).
+ *      memory (no gain); in plain tiles, a vote passing over each half of the warp's rows
+ *      without candidates in an n-tile (the streaming kernel at 1M x 1 0.58 against 0.50 ms:
+ *      the votes cost more than the keys and offsets they skipped).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json)
@@ -774,38 +776,42 @@ __global__ void __launch_bounds__(BSS_NT, 2)
     }
 }
 
-/* The selecting row m of a split row group that takes a bound: whether it does, its top k and
- * the chunks of its group. */
-struct bss_split_rowinfo {
-    bool sel;
-    int k, chunks;
+/* The row of a split group that a warp of bs_bound_rank_kernel or bs_merge_kernel takes (a warp
+ * a row from the first split group on, BSS_NT / 32 rows a CTA, grid y the (b, h) pairs): its top
+ * k, whether it selects, and its group's chunks; none (valid false) past the index or in a head
+ * the launch does not take. */
+struct bss_split_warp {
+    bool valid, sel;
+    int b, h, bh, m, len, k, chunks;
 };
-__device__ __forceinline__ bss_split_rowinfo bss_split_row_info(const bs_select_params &p, int h,
-                                                                int m, int len) {
-    const int k = bs_row_k(p, h, m, len);
-    const int c = m / BSS_ROWS, C = p.chunk_tiles;
-    return {k > 0 && k < m + 1, k, (c + 1 + C - 1) / C};
+__device__ __forceinline__ bss_split_warp bss_split_warp_of(const bs_select_params &p) {
+    bss_split_warp w;
+    w.bh = blockIdx.y;
+    w.b = w.bh / p.heads;
+    w.h = w.bh % p.heads;
+    w.m = p.chunk_tiles * BSS_ROWS + blockIdx.x * (BSS_NT / 32) + (threadIdx.x >> 5);
+    w.valid = p.active[w.h] && w.m < p.idx_row_blocks;
+    if (!w.valid) return w;
+    w.len = bs_seq_len(p, w.b);
+    w.k = bs_row_k(p, w.h, w.m, w.len);
+    w.sel = w.k > 0 && w.k < w.m + 1;
+    w.chunks = (w.m / BSS_ROWS + p.chunk_tiles) / p.chunk_tiles; /* ceil((c + 1) / C) */
+    return w;
 }
 
 /* The rows of split groups (a warp each): the k-th largest of the group maxima that the bound
  * kernel's chunks wrote to their windows, as bs_bound_kernel does for the rows of one CTA. */
 __global__ void __launch_bounds__(BSS_NT)
     bs_bound_rank_kernel(const __grid_constant__ bs_select_params p) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int m = p.chunk_tiles * BSS_ROWS + blockIdx.x * (BSS_NT / 32) + warp;
-    if (!p.active[h] || m >= p.idx_row_blocks) return;
-    const int len = bs_seq_len(p, b);
-    const int nb = (len + 63) / 64;
-    const bss_split_rowinfo r = bss_split_row_info(p, h, m, len);
+    const bss_split_warp w = bss_split_warp_of(p);
+    if (!w.valid || !w.sel) return;
     /* the streaming kernel's test: the tiles of the row's group */
-    const int m0 = m / BSS_ROWS * BSS_ROWS;
+    const int nb = (w.len + 63) / 64, m0 = w.m / BSS_ROWS * BSS_ROWS;
     const int n_tiles = (min(m0 + BSS_ROWS, nb) + BSS_KEYS - 1) / BSS_KEYS;
-    if (!r.sel || n_tiles <= BSS_BOUND_TILES) return;
-    const uint32_t x = bsb_row_bound(p.split_maxima + bss_split_row(p, b, h, m) * BSB_SLOTS,
-                                     bsb_window(r.chunks) * r.chunks, r.k);
-    if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + m] = x;
+    if (n_tiles <= BSS_BOUND_TILES) return;
+    const uint32_t x = bsb_row_bound(p.split_maxima + bss_split_row(p, w.b, w.h, w.m) * BSB_SLOTS,
+                                     bsb_window(w.chunks) * w.chunks, w.k);
+    if ((threadIdx.x & 31) == 0) p.bound[(int64_t)w.bh * p.row_blocks + w.m] = x;
 }
 
 /* A row's candidate count and threshold. */
@@ -999,26 +1005,22 @@ __global__ void __launch_bounds__(BSS_NT)
     __shared__ uint64_t lists[BSS_NT / 32][BSS_SPLIT_MAX * BSS_MAX_K];
     __shared__ uint64_t scratch[BSS_NT / 32][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int m = p.chunk_tiles * BSS_ROWS + blockIdx.x * (BSS_NT / 32) + warp;
-    if (!p.active[h] || m >= p.idx_row_blocks) return;
-    const int len = bs_seq_len(p, b);
-    const bss_split_rowinfo r = bss_split_row_info(p, h, m, len);
-    const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
+    const bss_split_warp w = bss_split_warp_of(p);
+    if (!w.valid) return;
+    const int64_t row = (int64_t)w.bh * p.idx_row_blocks + w.m;
     int32_t *off = p.block_offset + row * p.max_blocks;
-    if (!r.sel) {
+    if (!w.sel) {
         if (lane == 0) {
-            p.block_count[row] = r.k;
+            p.block_count[row] = w.k;
             p.column_count[row] = 0;
         }
-        for (int i = lane; i < r.k; i += 32) off[i] = 64 * i;
+        for (int i = lane; i < w.k; i += 32) off[i] = 64 * i;
         return;
     }
-    const int64_t sr = bss_split_row(p, b, h, m) * BSS_SPLIT_MAX;
+    const int64_t sr = bss_split_row(p, w.b, w.h, w.m) * BSS_SPLIT_MAX;
     uint64_t *c = lists[warp];
     int n = 0;
-    for (int s = 0; s < r.chunks; ++s) {
+    for (int s = 0; s < w.chunks; ++s) {
         const int n_s = p.split_count[sr + s];
         const uint64_t *src = p.split_cand + (sr + s) * BSS_MAX_K;
         for (int i = lane; i < n_s; i += 32) c[n + i] = src[i];
@@ -1029,7 +1031,7 @@ __global__ void __launch_bounds__(BSS_NT)
      * warp_keep_top sized to the list: its samples are spread over all its slots, and with
      * most of them past the list it brackets the k-th value badly and falls back to its
      * quickselect (24 slots for lists of about 400 took 0.14 ms at 1M x 1 head) */
-    const int k = min(r.k, n);
+    const int k = min(w.k, n);
     if (k > 0 && k < n) {
         uint64_t *sc = scratch[warp];
         if (n <= 128)
