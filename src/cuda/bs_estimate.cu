@@ -411,8 +411,8 @@ constexpr int BSS_BOUND_TILES = 4;
 /* Long row groups in chunks. A CTA walks its row group's key tiles one after the other, so with
  * few heads the row groups nearest the end of a long sequence set the time: at 1M x 1 head the
  * last one walks 256 tiles while the average is 128 and half the SMs' second CTA slots idle.
- * Where the tiles of all groups, spread over two CTAs an SM, come to fewer than the longest
- * group's, the groups longer than chunk_tiles split into up to BSS_SPLIT_MAX chunks of about
+ * Where the tiles of all groups, spread over two CTAs an SM, come to at most 3/4 of the longest
+ * group's (bss_chunk_tiles), the groups longer than chunk_tiles split into up to BSS_SPLIT_MAX chunks of about
  * equal length (the nearest the diagonal first). Each chunk of the bound kernel writes the group
  * maxima of its tiles into its own window of the row's slots (bs_bound_rank_kernel takes the k-th
  * largest over all windows, as bs_bound_kernel does over one CTA's), each chunk of the streaming
@@ -460,7 +460,6 @@ __device__ __forceinline__ bss_range bss_range_of(const bss_work &w, int n_tiles
     const int h = min(hi, n_tiles);
     return {min(hi - span, h), h, span};
 }
-
 
 /* A split row's place in the chunk buffers: the streaming pair's rows of the groups from
  * chunk_tiles on (those with more than chunk_tiles tiles). */
