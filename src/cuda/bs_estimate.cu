@@ -412,12 +412,13 @@ constexpr int BSS_BOUND_TILES = 4;
  * few heads the row groups nearest the end of a long sequence set the time: at 1M x 1 head the
  * last one walks 256 tiles while the average is 128 and half the SMs' second CTA slots idle.
  * Where the tiles of all groups, spread over two CTAs an SM, come to at most 3/4 of the longest
- * group's (bss_chunk_tiles), the groups longer than chunk_tiles split into up to BSS_SPLIT_MAX chunks of about
- * equal length (the nearest the diagonal first). Each chunk of the bound kernel writes the group
- * maxima of its tiles into its own window of the row's slots (bs_bound_rank_kernel takes the k-th
- * largest over all windows, as bs_bound_kernel does over one CTA's), each chunk of the streaming
- * kernel keeps the top k of its tiles' candidates (bs_merge_kernel keeps the top k of their
- * union): every block of a row's top k is in its chunk's top k. */
+ * group's (bss_chunk_tiles), the groups longer than chunk_tiles split into up to BSS_SPLIT_MAX
+ * chunks of about equal length (the nearest the diagonal first). Each chunk of the bound kernel
+ * writes the group maxima of its tiles into its own window of the row's slots
+ * (bs_bound_rank_kernel takes the k-th largest over all windows, as bs_bound_kernel does over one
+ * CTA's), each chunk of the streaming kernel keeps the top k of its tiles' candidates
+ * (bs_merge_kernel keeps the top k of their union): every block of a row's top k is in its
+ * chunk's top k. */
 constexpr int BSS_SPLIT_MAX = 4;
 /* automatic chunks take at least this many tiles (a chunk costs its start, its end and a share
  * of the merge) */
@@ -468,6 +469,7 @@ __device__ __forceinline__ int64_t bss_split_row(const bs_select_params &p, int 
     return ((int64_t)b * p.split_heads + p.split_slot[h]) * rows +
            (m - (int64_t)p.chunk_tiles * BSS_ROWS);
 }
+
 /* pooled key rows in shared memory are D + 32 values apart: the 16-byte reads of eight lanes
  * (two rows) fall on distinct banks */
 template <int D> constexpr int bss_key_stride() { return D + 32; }
