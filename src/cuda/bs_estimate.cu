@@ -53,9 +53,8 @@
  *      went from 0.45 to 0.66, hence the CTA count rule.
  *  10. few heads at long lengths split their long row groups into chunks of key tiles
  *      (BSS_SPLIT_MAX below), merged by two small kernels (current): 1M x 1 0.93,
- *      position-coded 0.97 (1.07 / 1.12 unsplit in the same run); 512K x 1 0.47 against 0.59,
- *      position-coded 0.52 against 0.46 (chunks away from the diagonal each keep a top k of
- *      their own). Not kept: the chunks sharing their thresholds through the rows' bounds in
+ *      position-coded 0.97 (1.07 / 1.12 unsplit in the same run); 512K x 1 0.52 against 0.59,
+ *      position-coded 0.45 against 0.46, with 256 slots (128 had made it 0.52). Not kept: the chunks sharing their thresholds through the rows' bounds in
  *      memory (no gain); in plain tiles, a vote passing over each half of the warp's rows
  *      without candidates in an n-tile (the streaming kernel at 1M x 1 0.58 against 0.50 ms:
  *      the votes cost more than the keys and offsets they skipped).
@@ -1222,10 +1221,14 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         pairs * (chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) + groups - groups_r
                                  : groups);
     /* 128 slots where the CTAs outnumber the SMs (else the second CTA an SM would buy nothing)
-     * or 256 do not fit */
+     * or 256 do not fit. Chunks need three CTAs an SM for it: at 512K x 1 head (320 chunks on
+     * 132 SMs) 256 slots took the streaming kernel from 0.28 to 0.21 ms on position-coded inputs
+     * (fewer compactions near the diagonal) and from 0.25 to 0.27 on random ones; at 1M x 1
+     * (640 chunks) from 0.50 to 0.73 on random inputs and 0.50 to 0.51 on position-coded ones */
+    const int64_t narrow_ctas = (int64_t)mi_cuda_sm_count() * (chunk_tiles > 0 ? 3 : 1);
     const bool narrow_on =
         cap_env == BSS_CAP_NARROW ||
-        (cap_env != BSS_CAP_WIDE && (stream_ctas > mi_cuda_sm_count() || !wide_fits));
+        (cap_env != BSS_CAP_WIDE && (stream_ctas > narrow_ctas || !wide_fits));
     bool all_narrow = true;
     for (int64_t h = 0; h < s->heads_q; ++h)
         if (to_stream[h] && !(narrow_on && narrow_ok && top_k[h] <= BSS_NARROW_MAX_K))
