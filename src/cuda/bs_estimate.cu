@@ -63,6 +63,7 @@
  *   2026-11-30-gpu-bs-estimate-split.json)
  */
 #include "block_select.cuh"
+#include "bs_chunks.cuh"
 #include "cuda_common.cuh"
 
 #include <algorithm>
@@ -407,58 +408,10 @@ static_assert(BSS_MAX_K + 8 < BSS_CAP_WIDE && BSS_NARROW_MAX_K + 8 < BSS_CAP_NAR
 /* CTAs whose rows span more key tiles than this take a bound first */
 constexpr int BSS_BOUND_TILES = 4;
 
-/* Long row groups in chunks. A CTA walks its row group's key tiles one after the other, so with
- * few heads the row groups nearest the end of a long sequence set the time: at 1M x 1 head the
- * last one walks 256 tiles while the average is 128 and half the SMs' second CTA slots idle.
- * Where the tiles of all groups, spread over two CTAs an SM, come to at most 3/4 of the longest
- * group's (bss_chunk_tiles), the groups longer than chunk_tiles split into up to BSS_SPLIT_MAX
- * chunks of about equal length (the nearest the diagonal first). Each chunk of the bound kernel
- * writes the group maxima of its tiles into its own window of the row's slots
- * (bs_bound_rank_kernel takes the k-th largest over all windows, as bs_bound_kernel does over one
- * CTA's), each chunk of the streaming kernel keeps the top k of its tiles' candidates
- * (bs_merge_kernel keeps the top k of their union): every block of a row's top k is in its
- * chunk's top k. */
-constexpr int BSS_SPLIT_MAX = 4;
-/* automatic chunks take at least this many tiles (a chunk costs its start, its end and a share
- * of the merge) */
-constexpr int BSS_SPLIT_MIN_TILES = 16;
-
-/* What a CTA of the streaming kernels walks: row group `group`, chunk `chunk` of `chunks`. */
-struct bss_work {
-    int group, chunk, chunks;
-};
-
-/* Work item x: without chunks, the row groups from the last; with them, the chunks of the
- * groups with tiles from the last group (a group of n = c + 1 tiles has ceil(n / chunk_tiles)),
- * then the groups past the sequence (nothing to walk, rows to clear). */
-__device__ __forceinline__ bss_work bss_work_of(const bs_select_params &p, int x) {
-    const int C = p.chunk_tiles;
-    if (C <= 0) return {p.groups - 1 - x, 0, 1};
-    if (x >= p.split_items) return {p.groups_r + x - p.split_items, 0, 1};
-    int S = (p.groups_r + C - 1) / C, c_hi = p.groups_r - 1;
-    for (;;) {
-        /* the groups of S chunks: c + 1 in ((S - 1) C, S C] */
-        const int c_lo = (S - 1) * C, n = (c_hi - c_lo + 1) * S;
-        if (x < n || S == 1) return {c_hi - x / S, x % S, S};
-        x -= n;
-        c_hi = c_lo - 1;
-        --S;
-    }
-}
-
-/* The key tiles [lo, hi) of a CTA's chunk, of the n_tiles its rows reach: all of them without
- * chunks; else chunk s of the group's c + 1 tiles split evenly (chunk 0 the highest), clipped
- * to n_tiles (a shorter sequence of the batch). span: the chunk's tiles before clipping. */
-struct bss_range {
-    int lo, hi, span;
-};
-__device__ __forceinline__ bss_range bss_range_of(const bss_work &w, int n_tiles) {
-    if (w.chunks == 1) return {0, n_tiles, n_tiles};
-    const int n = w.group + 1, base = n / w.chunks, extra = n % w.chunks;
-    const int hi = n - (w.chunk * base + min(w.chunk, extra));
-    const int span = base + (w.chunk < extra ? 1 : 0);
-    const int h = min(hi, n_tiles);
-    return {min(hi - span, h), h, span};
+/* The row groups' division into chunks of key tiles (bss_plan, bss_work_of, bss_range_of):
+ * bs_chunks.cuh. */
+__device__ __forceinline__ bss_plan bss_plan_of(const bs_select_params &p) {
+    return {p.chunk_tiles, p.groups, p.groups_r, p.split_items};
 }
 
 /* A split row's place in the chunk buffers: the streaming pair's rows of the groups from
@@ -711,7 +664,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
     /* the work items of all (b, h) in turn, so that every head's longest come first */
     const int bh = (int)(blockIdx.x % (unsigned)p.bh);
     const int b = bh / p.heads, h = bh % p.heads;
-    const bss_work w = bss_work_of(p, (int)(blockIdx.x / (unsigned)p.bh));
+    const bss_work w = bss_work_of(bss_plan_of(p), (int)(blockIdx.x / (unsigned)p.bh));
     const int m0 = w.group * BSS_ROWS;
     if (!p.active[h] || m0 >= p.idx_row_blocks) return;
     const int len = bs_seq_len(p, b);
@@ -795,7 +748,7 @@ __device__ __forceinline__ bss_split_warp bss_split_warp_of(const bs_select_para
     w.len = bs_seq_len(p, w.b);
     w.k = bs_row_k(p, w.h, w.m, w.len);
     w.sel = w.k > 0 && w.k < w.m + 1;
-    w.chunks = (w.m / BSS_ROWS + p.chunk_tiles) / p.chunk_tiles; /* ceil((c + 1) / C) */
+    w.chunks = bss_group_chunks(w.m / BSS_ROWS, p.chunk_tiles);
     return w;
 }
 
@@ -853,7 +806,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     /* the work items of all (b, h) in turn, so that every head's longest come first */
     const int bh = (int)(blockIdx.x % (unsigned)p.bh);
     const int b = bh / p.heads, h = bh % p.heads;
-    const bss_work w = bss_work_of(p, (int)(blockIdx.x / (unsigned)p.bh));
+    const bss_work w = bss_work_of(bss_plan_of(p), (int)(blockIdx.x / (unsigned)p.bh));
     const int m0 = w.group * BSS_ROWS;
     if (!p.active[h] || m0 >= p.idx_row_blocks) return;
     const int len = bs_seq_len(p, b);
@@ -1095,34 +1048,9 @@ static int bss_split_env() {
     return n > 0 ? n : 0;
 }
 
-/* The tiles a chunk takes for `pairs` streaming (b, h) pairs of `groups` row groups with key
- * tiles, or 0 where no group splits. Groups split where the tiles of all groups, spread over two
- * CTAs an SM, come to at most 3/4 of the longest group's: otherwise the longest-first order
- * already evens the CTAs out, and chunks only add their starts, ends and merges. The chunks then
- * take about half the tiles a CTA slot gets (so that the longest-first order evens them out), at
- * least BSS_SPLIT_MIN_TILES, and a group at most BSS_SPLIT_MAX. A model of that order (CTAs of
- * n + 2 tiles' cost into 264 slots) gave at 1M x 1 head 258 -> 175 tiles on the busiest slot, at
- * 512K x 1 130 -> 60, at 128K x 8 34 -> 27, and losses from 1M x 2 heads on (258 -> 290-309)
- * and at 128K x 16, hence the 3/4. */
+/* bss_chunk_tiles_for (bs_chunks.cuh) on this GPU, MI_CUDA_BS_SPLIT applied. */
 static int bss_chunk_tiles(int64_t pairs, int64_t groups) {
-    const int forced = bss_split_env();
-    if (forced == 0 || pairs <= 0 || groups < 2) return 0;
-    int64_t c = forced;
-    if (forced < 0) {
-        const int64_t tiles = pairs * groups * (groups + 1) / 2;
-        const int64_t slots = 2 * (int64_t)mi_cuda_sm_count();
-        if (4 * tiles > 3 * groups * slots) return 0;
-        c = std::max<int64_t>((tiles + 2 * slots - 1) / (2 * slots), BSS_SPLIT_MIN_TILES);
-    }
-    c = std::max<int64_t>(c, (groups + BSS_SPLIT_MAX - 1) / BSS_SPLIT_MAX);
-    return c < groups ? (int)c : 0;
-}
-
-/* The chunks of `groups` row groups (group c: c + 1 tiles) of at most chunk_tiles tiles. */
-static int bss_split_items(int groups, int chunk_tiles) {
-    int n = 0;
-    for (int c = 0; c < groups; ++c) n += (c + chunk_tiles) / chunk_tiles;
-    return n;
+    return bss_chunk_tiles_for(pairs, groups, 2 * (int64_t)mi_cuda_sm_count(), bss_split_env());
 }
 
 /* The scratch's parts: pooled q, pooled k (the input dtype, two bytes a value), the streaming
