@@ -54,10 +54,11 @@
  *  10. few heads at long lengths split their long row groups into chunks of key tiles
  *      (BSS_SPLIT_MAX below), merged by two small kernels (current): 1M x 1 0.93,
  *      position-coded 0.97 (1.07 / 1.12 unsplit in the same run); 512K x 1 0.52 against 0.59,
- *      position-coded 0.45 against 0.46, with 256 slots (128 had made it 0.52). Not kept: the chunks sharing their thresholds through the rows' bounds in
- *      memory (no gain); in plain tiles, a vote passing over each half of the warp's rows
- *      without candidates in an n-tile (the streaming kernel at 1M x 1 0.58 against 0.50 ms:
- *      the votes cost more than the keys and offsets they skipped).
+ *      position-coded 0.45 against 0.46, with 256 slots (128 had made it 0.52). Not kept:
+ *      the chunks sharing their thresholds through the rows' bounds in memory (no gain); in
+ *      plain tiles, a vote passing over each half of the warp's rows without candidates in an
+ *      n-tile (the streaming kernel at 1M x 1 0.58 against 0.50 ms: the votes cost more than
+ *      the keys and offsets they skipped).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json)
@@ -109,7 +110,8 @@ __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
  * blocks per CTA. */
 constexpr int BS_POOL_NT = 128;
 template <typename T, int D>
-__global__ void __launch_bounds__(BS_POOL_NT) bs_pool_vec_kernel(const __grid_constant__ pool_params p) {
+__global__ void __launch_bounds__(BS_POOL_NT)
+    bs_pool_vec_kernel(const __grid_constant__ pool_params p) {
     constexpr int PIECES = D / 8, BLOCKS = BS_POOL_NT / PIECES;
     const int m = blockIdx.x * BLOCKS + threadIdx.x / PIECES, piece = threadIdx.x % PIECES;
     const int bh = blockIdx.y;
@@ -449,6 +451,11 @@ __device__ __forceinline__ int quad_offset_down(int n, int t, int &total) {
     return incl - n;
 }
 
+/* The key tiles of row group m0 / BSS_ROWS in a sequence of nb blocks. */
+__device__ __forceinline__ int bss_group_tiles(int m0, int nb) {
+    return (min(m0 + BSS_ROWS, nb) + BSS_KEYS - 1) / BSS_KEYS;
+}
+
 /* The part of a streaming CTA (bs_stream_kernel, bs_bound_kernel) that one thread sees: its two
  * row blocks (those of its accumulator rows g and g + 8), their top k, whether they select
  * (otherwise none or every block), and the pooled queries of its warp as mma A fragments. The
@@ -474,8 +481,7 @@ template <typename T, int D> struct bss_thread {
             sel[r] = kk[r] > 0 && kk[r] < m + 1;
         }
         warp_sel = __any_sync(0xffffffffu, sel[0] || sel[1]);
-        n_tiles = __syncthreads_or(warp_sel) ? (min(m0 + BSS_ROWS, nb) + BSS_KEYS - 1) / BSS_KEYS
-                                             : 0;
+        n_tiles = __syncthreads_or(warp_sel) ? bss_group_tiles(m0, nb) : 0;
         const T *qg = static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D;
 #pragma unroll
         for (int r = 0; r < 2; ++r)
@@ -759,9 +765,7 @@ __global__ void __launch_bounds__(BSS_NT)
     const bss_split_warp w = bss_split_warp_of(p);
     if (!w.valid || !w.sel) return;
     /* the streaming kernel's test: the tiles of the row's group */
-    const int nb = (w.len + 63) / 64, m0 = w.m / BSS_ROWS * BSS_ROWS;
-    const int n_tiles = (min(m0 + BSS_ROWS, nb) + BSS_KEYS - 1) / BSS_KEYS;
-    if (n_tiles <= BSS_BOUND_TILES) return;
+    if (bss_group_tiles(w.m / BSS_ROWS * BSS_ROWS, (w.len + 63) / 64) <= BSS_BOUND_TILES) return;
     const uint32_t x = bsb_row_bound(p.split_maxima + bss_split_row(p, w.b, w.h, w.m) * BSB_SLOTS,
                                      bsb_window(w.chunks) * w.chunks, w.k);
     if ((threadIdx.x & 31) == 0) p.bound[(int64_t)w.bh * p.row_blocks + w.m] = x;
@@ -1048,22 +1052,20 @@ static int bss_split_env() {
     return n > 0 ? n : 0;
 }
 
-/* bss_chunk_tiles_for (bs_chunks.cuh) on this GPU, MI_CUDA_BS_SPLIT applied. */
-static int bss_chunk_tiles(int64_t pairs, int64_t groups) {
-    return bss_chunk_tiles_for(pairs, groups, 2 * (int64_t)mi_cuda_sm_count(), bss_split_env());
-}
+/* The CTA slots bss_chunk_tiles_for (bs_chunks.cuh) spreads the tiles over: two an SM. */
+static int64_t bss_slots() { return 2 * (int64_t)mi_cuda_sm_count(); }
 
 /* The scratch's parts: pooled q, pooled k (the input dtype, two bytes a value), the streaming
- * kernel's row bounds, and for split groups (split_pairs streaming pairs) the chunks' group
- * maxima, candidate counts and candidates. */
+ * kernel's row bounds, and for split groups (split_pairs streaming pairs in chunks of
+ * chunk_tiles, 0: none) the chunks' group maxima, candidate counts and candidates. */
 struct bs_scratch_layout {
     size_t qp, kp, bound, split_maxima, split_count, split_cand, total;
 };
 static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
-                                       int64_t head_dim, int64_t split_pairs) {
+                                       int64_t head_dim, int64_t split_pairs, int chunk_tiles) {
     const int64_t R = (len + 63) / 64, BH = batch * heads, groups = (R + BSS_ROWS - 1) / BSS_ROWS;
-    const int chunk = bss_chunk_tiles(split_pairs, groups);
-    const int64_t split_rows = chunk > 0 ? split_pairs * (groups - chunk) * BSS_ROWS : 0;
+    const int64_t split_rows =
+        chunk_tiles > 0 ? split_pairs * (groups - chunk_tiles) * BSS_ROWS : 0;
     bs_scratch_layout l;
     l.qp = 0;
     l.kp = l.qp + align256b((size_t)BH * R * head_dim * 2);
@@ -1079,10 +1081,15 @@ static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t hea
  * 240 MB, for four). */
 extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv,
                                            int64_t len, int64_t head_dim) {
+    const int64_t groups = ((len + 63) / 64 + BSS_ROWS - 1) / BSS_ROWS, slots = bss_slots();
+    const int forced = bss_split_env();
     size_t most = 0;
-    for (int64_t hs = 1; hs <= heads; ++hs)
-        most =
-            std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, batch * hs).total);
+    for (int64_t hs = 1; hs <= heads; ++hs) {
+        const int64_t pairs = batch * hs;
+        const int chunk = bss_chunk_tiles_for(pairs, groups, slots, forced);
+        most = std::max(
+            most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, pairs, chunk).total);
+    }
     return most;
 }
 
@@ -1144,10 +1151,10 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     const int groups_r = (int)((R + BSS_ROWS - 1) / BSS_ROWS);
     const int groups = (index->row_blocks + BSS_ROWS - 1) / BSS_ROWS;
     const int64_t pairs = s->batch * n_stream;
-    const int chunk_tiles = bss_chunk_tiles(pairs, groups_r);
+    const int chunk_tiles = bss_chunk_tiles_for(pairs, groups_r, bss_slots(), bss_split_env());
+    const int split_items = chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) : 0;
     const int64_t stream_ctas =
-        pairs * (chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) + groups - groups_r
-                                 : groups);
+        pairs * (chunk_tiles > 0 ? split_items + groups - groups_r : groups);
     /* 128 slots where the CTAs outnumber the SMs (else the second CTA an SM would buy nothing)
      * or 256 do not fit. Chunks need three CTAs an SM for it: at 512K x 1 head (320 chunks on
      * 132 SMs) 256 slots took the streaming kernel from 0.28 to 0.21 ms on position-coded inputs
@@ -1177,7 +1184,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     if (R <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
     cudaStream_t stream = mi_stream(ctx);
     const bs_scratch_layout lay = bs_scratch_of(s->batch, s->heads_q, s->heads_kv, s->len,
-                                                s->head_dim, pairs);
+                                                s->head_dim, pairs, chunk_tiles);
     void *qp = static_cast<char *>(scratch) + lay.qp;
     void *kp = static_cast<char *>(scratch) + lay.kp;
 
@@ -1206,8 +1213,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
             const int blocks = BS_POOL_NT / ((int)s->head_dim / 8);
             const dim3 grid((unsigned)((R + blocks - 1) / blocks), n_bh);
             if (bf)
-                (d64 ? bs_pool_vec_kernel<__nv_bfloat16, 64> : bs_pool_vec_kernel<__nv_bfloat16, 128>)
-                    <<<grid, BS_POOL_NT, 0, stream>>>(pp);
+                (d64 ? bs_pool_vec_kernel<__nv_bfloat16, 64>
+                     : bs_pool_vec_kernel<__nv_bfloat16, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(pp);
             else
                 (d64 ? bs_pool_vec_kernel<__half, 64> : bs_pool_vec_kernel<__half, 128>)
                     <<<grid, BS_POOL_NT, 0, stream>>>(pp);
@@ -1250,7 +1257,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.bh = (int32_t)BH;
     sp.chunk_tiles = chunk_tiles;
     sp.groups_r = groups_r;
-    sp.split_items = chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) : 0;
+    sp.split_items = split_items;
     sp.split_heads = n_stream;
     memcpy(sp.split_slot, split_slot, sizeof(split_slot));
     sp.split_maxima = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) + lay.split_maxima);
