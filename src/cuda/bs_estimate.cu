@@ -52,16 +52,24 @@
  *      against 0.95 / 0.77 with 256 slots. With 128 slots at 512K x 1 (128 CTAs) position-coded
  *      went from 0.45 to 0.66, hence the CTA count rule.
  *  10. few heads at long lengths split their long row groups into chunks of key tiles
- *      (BSS_SPLIT_MAX below), merged by two small kernels (current): 1M x 1 0.93,
+ *      (BSS_SPLIT_MAX below), merged by two small kernels: 1M x 1 0.93,
  *      position-coded 0.97 (1.07 / 1.12 unsplit in the same run); 512K x 1 0.52 against 0.59,
  *      position-coded 0.45 against 0.46, with 256 slots (128 had made it 0.52). Not kept:
  *      the chunks sharing their thresholds through the rows' bounds in memory (no gain); in
  *      plain tiles, a vote passing over each half of the warp's rows without candidates in an
  *      n-tile (the streaming kernel at 1M x 1 0.58 against 0.50 ms: the votes cost more than
  *      the keys and offsets they skipped).
+ *  11. a plain tile's candidates appended at once where every row has room (append_masked in
+ *      bs_stream_kernel): each key's slot from a mask of the row's passing keys, where the
+ *      appends an n-tile at a time chained a vote, three shuffles and the row's count from one
+ *      n-tile to the next (current). Streaming kernel at 1M x 1 random 0.526 -> 0.452 ms, 512K
+ *      x 1 random 0.289 -> 0.267; estimate at 1M x 32 heads random 0.68 -> 0.62 ms per head;
+ *      position-coded inputs 1-2 % slower (1M x 1 streaming 0.533 -> 0.542, 1M x 32 0.740 ->
+ *      0.755), where tiles full of candidates near the diagonal still take the n-tile appends.
+ *      With the slot stores predicated instead of branched over: random 1M x 1 0.478 (not kept).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
- *   2026-11-30-gpu-bs-estimate-split.json)
+ *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
@@ -156,6 +164,7 @@ struct bs_select_params {
      * chunks; split_heads: the streaming heads, split_slot[h]: h's rank among them. */
     int32_t chunk_tiles, groups_r, split_items, split_heads;
     int32_t groups, bh; /* the index's row groups; the (b, h) pairs (all heads) */
+    int32_t mask_append; /* bs_stream_kernel's plain tiles appended at once where they can be */
     uint16_t *split_maxima; /* [split_heads, split rows, BSB_SLOTS] the chunks' group maxima */
     int32_t *split_count;   /* [split_heads, split rows, BSS_SPLIT_MAX] each chunk's candidates */
     uint64_t *split_cand;   /* [split_heads, split rows, BSS_SPLIT_MAX, BSS_MAX_K] */
@@ -854,22 +863,91 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
             float acc[8][4];
             th.score(tile, g, t, acc);
             /* in a plain tile, the n-tiles where no score can reach its row's threshold key are
-             * passed over (one float compare a score; NaN goes on to the exact test) */
+             * passed over (one float compare a score; NaN goes on to the exact test). may[r]
+             * marks the keys that pass that compare, in the row's order of keys: bit
+             * 8 (nt % 4) + e of word nt / 4 is key j0 + 8 nt + 2 t + e once shifted by 2 t */
             unsigned nt_on = 0xffu;
+            uint32_t may[2][2] = {{0u, 0u}, {0u, 0u}};
             if (plain) {
                 float lim[2];
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
                     lim[r] = th.sel[r] ? float_of_order_key((uint32_t)(thr[r] >> 32)) : INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        if (!(acc[nt][i] < lim[i >> 1]))
+                            may[i >> 1][nt >> 2] |= 1u << (8 * (nt & 3) + (i & 1));
+                /* bit nt: any of the lane's keys of n-tile nt passes (byte nt % 4 of word nt / 4
+                 * not 0, its bits gathered by a multiply) */
                 unsigned reach = 0;
 #pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    bool any = false;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) any |= !(acc[nt][i] < lim[i >> 1]);
-                    reach |= (unsigned)any << nt;
+                for (int w = 0; w < 2; ++w) {
+                    uint32_t x = (may[0][w] | may[1][w]) & 0x03030303u;
+                    x = (x | x >> 1) & 0x01010101u;
+                    reach |= (x * 0x01020408u) >> 24 << (4 * w);
                 }
                 nt_on = __reduce_or_sync(0xffffffffu, reach);
+            }
+            /* A plain tile's appends at once, where every row has room for all the keys its
+             * mask passes and each of them is above its threshold (the common case once the
+             * threshold is near the k-th score): each key's slot is the row's count plus the
+             * row's keys above it in the tile (the quad's masks joined), so the candidates land
+             * where the appends below would put them, in the same order, with no dependence
+             * from one n-tile to the next. Where a row lacks the room (a compaction is due) or a
+             * passed key is not a candidate (a score equal to the threshold's, NaN), it returns
+             * false having moved nothing (what it wrote lies past the counts) and the appends
+             * below take the tile. */
+            auto append_masked = [&]() -> bool {
+                uint64_t above[2];
+                int total[2];
+                bool fits = true;
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    uint32_t lo = may[r][0] << (2 * t);
+                    uint32_t hi = __funnelshift_l(may[r][0], may[r][1], 2 * t);
+                    lo |= __shfl_xor_sync(0xffffffffu, lo, 1);
+                    hi |= __shfl_xor_sync(0xffffffffu, hi, 1);
+                    lo |= __shfl_xor_sync(0xffffffffu, lo, 2);
+                    hi |= __shfl_xor_sync(0xffffffffu, hi, 2);
+                    total[r] = __popc(lo) + __popc(hi);
+                    fits &= cnt[r] + total[r] <= CAP;
+                    /* bit 8 nt + e: this lane's key of n-tile nt, column e */
+                    above[r] = ((uint64_t)hi << 32 | lo) >> (2 * t);
+                }
+                if (!__all_sync(0xffffffffu, fits)) return false;
+                bool exact = true;
+#pragma unroll
+                for (int nt = 7; nt >= 0; --nt) {
+                    if (!((nt_on >> nt) & 1u)) continue;
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+#pragma unroll
+                        for (int e = 1; e >= 0; --e) {
+                            if (!((may[r][nt >> 2] >> (8 * (nt & 3) + e)) & 1u)) continue;
+                            const int j = j0 + 8 * nt + 2 * t + e;
+                            const uint64_t c =
+                                (uint64_t)float_order_key(acc[nt][2 * r + e]) << 32 |
+                                (uint32_t)~j;
+                            exact &= c > thr[r];
+                            const int pos = cnt[r] + __popcll(above[r] >> (8 * nt + e + 1));
+                            cand[(16 * warp + g + 8 * r) * CAP + pos] = c;
+                        }
+                }
+                if (__any_sync(0xffffffffu, !exact)) return false;
+                cnt[0] += total[0];
+                cnt[1] += total[1];
+                return true;
+            };
+            /* (not tried where a lane's own keys, four times over, would not fit its row: a
+             * tile full of candidates, as near the diagonal, that needs a compaction anyway) */
+            if (plain && nt_on != 0 && p.mask_append) {
+                bool likely = true;
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    likely &= cnt[r] + 4 * (__popc(may[r][0]) + __popc(may[r][1])) <= CAP;
+                if (__all_sync(0xffffffffu, likely) && append_masked()) return;
             }
             /* append, highest block first: n-tiles downwards, lanes 3 .. 0 of a quad, and the
              * second column of a lane before its first. A plain tile's candidates need no
@@ -1239,6 +1317,11 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         if (e[0] == '0') sp.bound = nullptr;
         if (g >= 1 && g <= 32 && (g & (g - 1)) == 0) sp.bound_groups = g;
     }
+    /* MI_CUDA_BS_MASK_APPEND=0: plain tiles appended an n-tile at a time, always (A/B runs,
+     * tests) */
+    sp.mask_append = 1;
+    if (const char *e = getenv("MI_CUDA_BS_MASK_APPEND"))
+        if (e[0] == '0') sp.mask_append = 0;
     sp.qp = qp;
     sp.kp = kp;
     sp.heads = (int32_t)s->heads_q;

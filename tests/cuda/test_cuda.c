@@ -775,7 +775,8 @@ typedef enum {
     BS_STREAM_NARROW,
     BS_STREAM_NO_SPLIT,
     BS_STREAM_SPLIT_4,
-    BS_STREAM_SPLIT_4_NO_BOUND
+    BS_STREAM_SPLIT_4_NO_BOUND,
+    BS_STREAM_NTILE_APPEND
 } bs_kernel;
 
 /* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
@@ -797,37 +798,55 @@ static const struct {
     [BS_STREAM_SPLIT_4_NO_BOUND] = {"MI_CUDA_BS_SPLIT", "1",
                                     "streaming, long groups in 4 chunks, no bounds",
                                     "MI_CUDA_BS_BOUND", "0"},
+    [BS_STREAM_NTILE_APPEND] = {"MI_CUDA_BS_MASK_APPEND", "0",
+                                "streaming, plain tiles appended an n-tile at a time"},
 };
 
-/* Block-sparse estimation alone on long sequences (thousands of blocks per row), batch 2 of two
- * lengths, on the kernel `kern` asks for. With rows > 0 the row-holding kernel's CTAs take at
- * most that many row blocks each, wide >= 0 forces its CTA size. ramp: every key a multiple of
- * one positive vector, growing towards block 0, and positive queries, so that each block scores
- * above every later one: walking down from the diagonal, the streaming kernel keeps every
- * candidate and compacts at every few tiles; rounded to bf16, neighbouring blocks also pool to
- * equal vectors (exact ties, lower block first). */
+/* The variables the block-sparse tests set, cleared after each estimate. */
+static void bs_env_clear(void) {
+    static const char *const vars[] = {
+        "MI_CUDA_BS_ROWS", "MI_CUDA_BS_WIDE",  "MI_CUDA_BS_STREAM", "MI_CUDA_BS_BOUND",
+        "MI_CUDA_BS_POOL_VEC", "MI_CUDA_BS_CAP", "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+/* The inputs of the long block-sparse tests: batch 2 (lengths L and 3 L / 5 + 1), 2 query heads
+ * on one KV head. ramp: every key a multiple of one positive vector, growing towards block 0,
+ * and positive queries, so that each block scores above every later one: walking down from the
+ * diagonal, the streaming kernel keeps every candidate and compacts at every few tiles; rounded
+ * to bf16, neighbouring blocks also pool to equal vectors (exact ties, lower block first). */
+static void bs_long_inputs(int64_t L, int64_t D, int ramp, pair *q, pair *k, pair *v,
+                           int32_t lens[2]) {
+    const int32_t B = 2, H = 2, Hk = 1;
+    lens[0] = (int32_t)L;
+    lens[1] = (int32_t)(L * 3 / 5 + 1);
+    *q = pair_alloc(MI_DTYPE_BF16, B, H, L, D, 0);
+    *k = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
+    *v = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
+    fill_inputs(q, k, v, 0);
+    if (!ramp) return;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t d = 0; d < D; d++) {
+                const float base = 0.5f + 0.25f * (float)(d % 3);
+                set_f(&k->h, b, 0, l, d, base * (1.0f + (float)(L - l) / (float)L));
+                for (int64_t h = 0; h < H; h++)
+                    set_f(&q->h, b, h, l, d, 0.3f + 0.1f * fabsf(rndn()));
+            }
+    upload(q);
+    upload(k);
+}
+
+/* Block-sparse estimation alone on long sequences (thousands of blocks per row), on the inputs of
+ * bs_long_inputs, on the kernel `kern` asks for. With rows > 0 the row-holding kernel's CTAs
+ * take at most that many row blocks each, wide >= 0 forces its CTA size. */
 static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int wide,
                                    bs_kernel kern, int ramp) {
     char name[220], env[16];
-    const int32_t B = 2, H = 2, Hk = 1, R = (int32_t)((L + 63) / 64);
-    int32_t lens[2] = {(int32_t)L, (int32_t)(L * 3 / 5 + 1)};
-    pair q = pair_alloc(MI_DTYPE_BF16, B, H, L, D, 0);
-    pair k = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
-    pair v = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
-    fill_inputs(&q, &k, &v, 0);
-    if (ramp) {
-        for (int64_t b = 0; b < B; b++) {
-            for (int64_t l = 0; l < L; l++)
-                for (int64_t d = 0; d < D; d++) {
-                    const float base = 0.5f + 0.25f * (float)(d % 3);
-                    set_f(&k.h, b, 0, l, d, base * (1.0f + (float)(L - l) / (float)L));
-                    for (int64_t h = 0; h < H; h++)
-                        set_f(&q.h, b, h, l, d, 0.3f + 0.1f * fabsf(rndn()));
-                }
-        }
-        upload(&q);
-        upload(&k);
-    }
+    const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
+    int32_t lens[2];
+    pair q, k, v;
+    bs_long_inputs(L, D, ramp, &q, &k, &v, lens);
     int32_t tk[2] = {topk, topk / 2 + 1};
     int32_t mb = topk < R ? topk : R;
     sp_pair si;
@@ -843,13 +862,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    unsetenv("MI_CUDA_BS_ROWS");
-    unsetenv("MI_CUDA_BS_WIDE");
-    unsetenv("MI_CUDA_BS_STREAM");
-    unsetenv("MI_CUDA_BS_BOUND");
-    unsetenv("MI_CUDA_BS_POOL_VEC");
-    unsetenv("MI_CUDA_BS_CAP");
-    unsetenv("MI_CUDA_BS_SPLIT");
+    bs_env_clear();
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
     snprintf(name, sizeof name,
@@ -859,6 +872,44 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              topk > 192 ? "rows" : bs_kernel_env[kern].label,
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
+    sp_free(&si);
+    pair_free(&q);
+    pair_free(&k);
+    pair_free(&v);
+}
+
+/* The streaming kernel's two ways of appending a plain tile's candidates (at once where every
+ * row has room, else an n-tile at a time) give the same index, bit for bit: the default against
+ * MI_CUDA_BS_MASK_APPEND=0 on the inputs of bs_long_inputs, both with `var` set to `value` where
+ * var is not NULL (the chunks, the slots). */
+static void test_block_sparse_appends_agree(int64_t L, int64_t D, int32_t topk, int ramp,
+                                            const char *var, const char *value) {
+    char name[200];
+    const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
+    int32_t lens[2];
+    pair q, k, v;
+    bs_long_inputs(L, D, ramp, &q, &k, &v, lens);
+    int32_t tk[2] = {topk, topk / 2 + 1};
+    sp_pair si;
+    sp_alloc(&si, B, H, R, topk < R ? topk : R, 1);
+    if (var) setenv(var, value, 1);
+    setenv("MI_CUDA_BS_MASK_APPEND", "0", 1);
+    MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    /* that index is the reference (the host side of the pair has the same layout) */
+    CUDA_OK(cudaMemcpy(si.hb, si.db, si.bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(si.db, 0xff, si.bytes));
+    unsetenv("MI_CUDA_BS_MASK_APPEND");
+    MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    bs_env_clear();
+    const int64_t idiff = sp_diff(&si);
+    snprintf(name, sizeof name,
+             "block_sparse_estimate appends at once = an n-tile at a time: L%lld D%lld top %d%s "
+             "%s=%s, differing %lld / %lld",
+             (long long)L, (long long)D, topk, ramp ? " ramp" : "", var ? var : "defaults",
+             var ? value : "", (long long)idiff, (long long)B * H * R);
+    check(idiff == 0, "index differs", name);
     sp_free(&si);
     pair_free(&q);
     pair_free(&k);
@@ -1071,7 +1122,8 @@ int main(int argc, char **argv) {
      * exact ties), and without bounds, with bounds of 1, 2 or 32 groups a tile (the last
      * sharing slots), pooled a value a thread, or with 256 or 128 candidate slots at top 100;
      * long row groups split into chunks (by default at Lb and Lr here: 4 (b, h) pairs), not
-     * split, or split into the most chunks (4), with and without bounds.
+     * split, or split into the most chunks (4), with and without bounds; plain tiles appended
+     * an n-tile at a time, and the index of that path against the default's, bit for bit.
      * The row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
      * default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256 threads (the default here)
      * and in the wide ones of 512 */
@@ -1101,6 +1153,18 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lr, 128, 192, 0, -1, BS_STREAM_SPLIT_4, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_SPLIT_4_NO_BOUND, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_SPLIT_4_NO_BOUND, 1);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 1);
+    test_block_sparse_appends_agree(Lb, 128, 100, 0, NULL, NULL);
+    test_block_sparse_appends_agree(Lb, 128, 192, 0, NULL, NULL);
+    test_block_sparse_appends_agree(Lb, 64, 100, 0, NULL, NULL);
+    test_block_sparse_appends_agree(Lr, 128, 100, 1, NULL, NULL);
+    test_block_sparse_appends_agree(Lr, 128, 100, 1, "MI_CUDA_BS_CAP", "128");
+    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_CAP", "256");
+    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "0");
+    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1");
+    test_block_sparse_appends_agree(Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1");
+    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0");
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
