@@ -62,14 +62,18 @@
  *  11. a plain tile's candidates appended at once where every row has room (append_masked in
  *      bs_stream_kernel): each key's slot from a mask of the row's passing keys, where the
  *      appends an n-tile at a time chained a vote, three shuffles and the row's count from one
- *      n-tile to the next (current). Streaming kernel at 1M x 1 random 0.526 -> 0.452 ms, 512K
+ *      n-tile to the next. Streaming kernel at 1M x 1 random 0.526 -> 0.452 ms, 512K
  *      x 1 random 0.289 -> 0.267; estimate at 1M x 32 heads random 0.68 -> 0.62 ms per head;
  *      position-coded inputs 1-2 % slower (1M x 1 streaming 0.533 -> 0.542, 1M x 32 0.740 ->
  *      0.755), where tiles full of candidates near the diagonal still take the n-tile appends.
  *      With the slot stores predicated instead of branched over: random 1M x 1 0.478 (not kept).
+ *  12. the bound kernel's rows of slots 16 bytes apart past their 1 KB (BSB_ROW: every slot
+ *      update had been an eight-way bank conflict): bound kernel at 1M x 1 0.220 -> 0.212 ms,
+ *      512K x 1 0.101 -> 0.097-0.099, in two rounds on one GPU (current).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
- *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json)
+ *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
+ *   2026-11-30-gpu-bs-estimate-bound-rows.json)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
@@ -579,13 +583,17 @@ __device__ __forceinline__ void bss_walk_tiles(T *kbuf, const T *kg, bss_range r
  * the streaming kernel 20 % less work on near-diagonal scores at 128K (finer groups), and 128 of
  * them given to two-key groups in the four tiles nearest the diagonal did not help (measured). */
 constexpr int BSB_SLOTS = 512;
+/* A row's slots in shared memory are BSB_ROW apart: 16 bytes past the 1 KB of its slots, so the
+ * rows of a warp's eight lanes g fall on different banks (1 KB apart, every update of a slot was
+ * an eight-way conflict). */
+constexpr int BSB_ROW = BSB_SLOTS + 8;
 /* A chunk's window of a row's slots: 1, 2 or 4 windows (BSS_SPLIT_MAX). */
 __device__ __forceinline__ int bsb_window(int chunks) {
     return chunks == 1 ? BSB_SLOTS : chunks == 2 ? BSB_SLOTS / 2 : BSB_SLOTS / 4;
 }
 static_assert(BSS_SPLIT_MAX == 4, "bsb_window");
 template <int D> constexpr size_t bsb_smem_bytes() {
-    return (size_t)BSS_ROWS * BSB_SLOTS * 2 + bss_key_bytes<D>();
+    return (size_t)BSS_ROWS * BSB_ROW * 2 + bss_key_bytes<D>();
 }
 
 /* The maxima of the groups of a lane's 16 keys of one row (two per n-tile) when a tile has G
@@ -602,7 +610,7 @@ __device__ __forceinline__ void bsb_group_max(V (&key)[8], Max mx) {
     if (G < 2) key[0] = mx(key[0], __shfl_xor_sync(0xffffffffu, key[0], 2));
 }
 
-/* One tile's group maxima of a thread's two rows (rows[0] and rows[8 * BSB_SLOTS]), G groups a
+/* One tile's group maxima of a thread's two rows (rows[0] and rows[8 * BSB_ROW]), G groups a
  * tile (a compile-time G: runtime spans had cost divisions and branches at every key, and twice
  * the bound kernel's time), written to slots first .. first + G - 1 (modulo the window, mask + 1
  * slots), each keeping the largest. */
@@ -636,7 +644,7 @@ __device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool p
             }
             bsb_group_max<G>(key, [](uint32_t a, uint32_t c) { return max(a, c); });
         }
-        uint16_t *row = rows + 8 * r * BSB_SLOTS;
+        uint16_t *row = rows + 8 * r * BSB_ROW;
         if (lane_on)
 #pragma unroll
             for (int nt = 0; nt < 8; nt += span) {
@@ -674,7 +682,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
     bs_bound_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ __align__(16) unsigned char smem[];
     T *kbuf = reinterpret_cast<T *>(smem);                                      /* [2][64][KS] */
-    uint16_t *maxima = reinterpret_cast<uint16_t *>(smem + bss_key_bytes<D>()); /* [64][512] */
+    uint16_t *maxima = reinterpret_cast<uint16_t *>(smem + bss_key_bytes<D>()); /* [64][BSB_ROW] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* the work items of all (b, h) in turn, so that every head's longest come first */
     const int bh = (int)(blockIdx.x % (unsigned)p.bh);
@@ -694,7 +702,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
     int G = p.bound_groups > 0 ? p.bound_groups : 32;
     if (p.bound_groups <= 0)
         while (G > 1 && range.span * G > window) G >>= 1;
-    for (int i = threadIdx.x; i < BSS_ROWS * BSB_SLOTS / 8; i += BSS_NT)
+    for (int i = threadIdx.x; i < BSS_ROWS * BSB_ROW / 8; i += BSS_NT)
         reinterpret_cast<uint4 *>(maxima)[i] = make_uint4(0u, 0u, 0u, 0u);
     const int m[2] = {th.mr[0], th.mr[1]};
     bss_walk_tiles<T, D>(kbuf, bss_keys_of<T, D>(p, b, h), range, nb, [&](int it, const T *tile) {
@@ -706,7 +714,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
         th.score(tile, g, t, acc);
         /* the tile's first slot (a group's slot wraps at most once past it) */
         const int first = ((it - range.lo) * G) & (window - 1), mask = window - 1;
-        uint16_t *rows = maxima + (16 * warp + g) * BSB_SLOTS;
+        uint16_t *rows = maxima + (16 * warp + g) * BSB_ROW;
         switch (G) {
         case 1: bsb_tile_maxima<1>(acc, plain, j0, m, t, rows, first, mask); break;
         case 2: bsb_tile_maxima<2>(acc, plain, j0, m, t, rows, first, mask); break;
@@ -724,7 +732,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
         __syncwarp();
         for (int rr = 0; rr < 16; ++rr) {
             const uint4 *src =
-                reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_SLOTS);
+                reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_ROW);
             uint4 *dst = reinterpret_cast<uint4 *>(
                 p.split_maxima + bss_split_row(p, b, h, wm0 + rr) * BSB_SLOTS + w.chunk * window);
             for (int i = lane; i < window / 8; i += 32) dst[i] = src[i];
@@ -739,7 +747,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
         const int k = __shfl_sync(0xffffffffu, rr < 8 ? th.kk[0] : th.kk[1], src);
         const bool s = rr < 8 ? th.sel[0] : th.sel[1];
         if (!__shfl_sync(0xffffffffu, (int)s, src)) continue;
-        const uint32_t x = bsb_row_bound(maxima + (16 * warp + rr) * BSB_SLOTS, BSB_SLOTS, k);
+        const uint32_t x = bsb_row_bound(maxima + (16 * warp + rr) * BSB_ROW, BSB_SLOTS, k);
         if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + wm0 + rr] = x;
     }
 }
