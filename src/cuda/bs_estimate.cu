@@ -69,11 +69,16 @@
  *      With the slot stores predicated instead of branched over: random 1M x 1 0.478 (not kept).
  *  12. the bound kernel's rows of slots 16 bytes apart past their 1 KB (BSB_ROW: every slot
  *      update had been an eight-way bank conflict): bound kernel at 1M x 1 0.220 -> 0.212 ms,
- *      512K x 1 0.101 -> 0.097-0.099, in two rounds on one GPU (current).
+ *      512K x 1 0.101 -> 0.097-0.099, in two rounds on one GPU.
+ *  13. the streaming kernel's rows of candidate slots 8 bytes apart past their CAP slots
+ *      (bss_cand_row: at equal counts, as after a compaction, the eight rows of a warp's lanes
+ *      had appended to one bank): streaming kernel at 1M x 1 0.449-0.450 -> 0.438-0.439 ms on
+ *      random inputs and 0.537-0.541 -> 0.524-0.525 on position-coded ones, in two rounds
+ *      (current).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
- *   2026-11-30-gpu-bs-estimate-bound-rows.json)
+ *   2026-11-30-gpu-bs-estimate-bound-rows.json, 2026-11-30-gpu-bs-estimate-cand-rows.json)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
@@ -443,8 +448,12 @@ template <int D> constexpr int bss_key_stride() { return D + 32; }
 template <int D> constexpr size_t bss_key_bytes() {
     return (size_t)2 * BSS_KEYS * bss_key_stride<D>() * 2;
 }
+/* A row's candidate slots lie cap + 1 apart (8 bytes past their cap), so that the rows of a
+ * warp's eight lanes g, at equal counts (as after a compaction), append to different banks. */
+__host__ __device__ constexpr int bss_cand_row(int cap) { return cap + 1; }
 template <int D> constexpr size_t bss_smem_bytes(int cap) {
-    return (size_t)BSS_ROWS * cap * 8 + bss_key_bytes<D>() + (size_t)(BSS_NT / 32) * 32 * 8;
+    return (size_t)BSS_ROWS * bss_cand_row(cap) * 8 + bss_key_bytes<D>() +
+           (size_t)(BSS_NT / 32) * 32 * 8;
 }
 
 __device__ __forceinline__ uint64_t bs_candidate(float score, int j, int m) {
@@ -808,7 +817,7 @@ __device__ __noinline__ bss_row_state bss_keep_top(uint64_t *rows, unsigned need
         const int n_c = __shfl_sync(0xffffffffu, me.cnt, src);
         const int k_c = __shfl_sync(0xffffffffu, k, src);
         const uint64_t low =
-            warp_keep_top<CAP / 32>(rows + (src >> 2) * CAP, n_c, k_c, scratch);
+            warp_keep_top<CAP / 32>(rows + (src >> 2) * bss_cand_row(CAP), n_c, k_c, scratch);
         if (g == (src >> 2)) me = {k_c, low};
     }
     return me;
@@ -819,8 +828,9 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     bs_stream_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int KS = bss_key_stride<D>();
-    uint64_t *cand = reinterpret_cast<uint64_t *>(smem);               /* [BSS_ROWS][CAP] */
-    T *kbuf = reinterpret_cast<T *>(smem + (size_t)BSS_ROWS * CAP * 8); /* [2][64][KS] */
+    uint64_t *cand = reinterpret_cast<uint64_t *>(smem);               /* [BSS_ROWS][CROW] */
+    constexpr int CROW = bss_cand_row(CAP);
+    T *kbuf = reinterpret_cast<T *>(smem + (size_t)BSS_ROWS * CROW * 8); /* [2][64][KS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* the warp's 32 values for warp_keep_top */
     uint64_t *scratch = reinterpret_cast<uint64_t *>(kbuf + 2 * BSS_KEYS * KS) + 32 * warp;
@@ -855,7 +865,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                 0xffffffffu, t == 0 && th.sel[r] && cnt[r] > (limit < 0 ? th.kk[r] : limit));
             if (need) {
                 const bss_row_state now = bss_keep_top<CAP>(
-                    cand + (16 * warp + 8 * r) * CAP, need, {cnt[r], thr[r]}, th.kk[r], scratch);
+                    cand + (16 * warp + 8 * r) * CROW, need, {cnt[r], thr[r]}, th.kk[r], scratch);
                 cnt[r] = now.cnt;
                 thr[r] = now.thr;
             }
@@ -940,7 +950,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                                 (uint32_t)~j;
                             exact &= c > thr[r];
                             const int pos = cnt[r] + __popcll(above[r] >> (8 * nt + e + 1));
-                            cand[(16 * warp + g + 8 * r) * CAP + pos] = c;
+                            cand[(16 * warp + g + 8 * r) * CROW + pos] = c;
                         }
                 }
                 if (__any_sync(0xffffffffu, !exact)) return false;
@@ -987,7 +997,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                         const int n = f[r][0] + f[r][1];
                         int total;
                         int pos = cnt[r] + quad_offset_down(n, t, total);
-                        uint64_t *row = cand + (16 * warp + g + 8 * r) * CAP;
+                        uint64_t *row = cand + (16 * warp + g + 8 * r) * CROW;
                         if (f[r][0]) row[pos++] = c[r][0];
                         if (f[r][1]) row[pos] = c[r][1];
                         cnt[r] += total;
@@ -1014,7 +1024,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
             const int n = __shfl_sync(0xffffffffu, r ? cnt[1] : cnt[0], src);
             if (!__shfl_sync(0xffffffffu, (int)(r ? th.sel[1] : th.sel[0]), src)) continue;
             const int64_t sr = bss_split_row(p, b, h, wm0 + rr) * BSS_SPLIT_MAX + w.chunk;
-            const uint64_t *c = cand + (16 * warp + rr) * CAP;
+            const uint64_t *c = cand + (16 * warp + rr) * CROW;
             uint64_t *dst = p.split_cand + sr * BSS_MAX_K;
             for (int i = lane; i < n; i += 32) dst[i] = c[i];
             if (lane == 0) p.split_count[sr] = n;
@@ -1033,7 +1043,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
             p.block_count[row] = k;
             p.column_count[row] = 0;
         }
-        const uint64_t *c = cand + (16 * warp + rr) * CAP;
+        const uint64_t *c = cand + (16 * warp + rr) * CROW;
         for (int i = lane; i < k; i += 32) off[i] = 64 * (s ? (int)~(uint32_t)c[k - 1 - i] : i);
     }
 }
