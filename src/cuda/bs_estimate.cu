@@ -82,6 +82,7 @@
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
+#include "bs_slots.cuh"
 #include "cuda_common.cuh"
 
 #include <algorithm>
@@ -882,8 +883,8 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
             th.score(tile, g, t, acc);
             /* in a plain tile, the n-tiles where no score can reach its row's threshold key are
              * passed over (one float compare a score; NaN goes on to the exact test). may[r]
-             * marks the keys that pass that compare, in the row's order of keys: bit
-             * 8 (nt % 4) + e of word nt / 4 is key j0 + 8 nt + 2 t + e once shifted by 2 t */
+             * marks the keys that pass that compare: key j0 + 8 nt + 2 t + e at bit
+             * bss_own_bit(nt, e) of word nt / 4 (bs_slots.cuh) */
             unsigned nt_on = 0xffu;
             uint32_t may[2][2] = {{0u, 0u}, {0u, 0u}};
             if (plain) {
@@ -896,7 +897,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         if (!(acc[nt][i] < lim[i >> 1]))
-                            may[i >> 1][nt >> 2] |= 1u << (8 * (nt & 3) + (i & 1));
+                            may[i >> 1][nt >> 2] |= 1u << bss_own_bit(nt, i & 1);
                 /* bit nt: any of the lane's keys of n-tile nt passes (byte nt % 4 of word nt / 4
                  * not 0, its bits gathered by a multiply) */
                 unsigned reach = 0;
@@ -923,8 +924,8 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                 bool fits = true;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    uint32_t lo = may[r][0] << (2 * t);
-                    uint32_t hi = __funnelshift_l(may[r][0], may[r][1], 2 * t);
+                    uint32_t lo, hi;
+                    bss_lane_row_mask(may[r][0], may[r][1], t, lo, hi);
                     lo |= __shfl_xor_sync(0xffffffffu, lo, 1);
                     hi |= __shfl_xor_sync(0xffffffffu, hi, 1);
                     lo |= __shfl_xor_sync(0xffffffffu, lo, 2);
@@ -943,13 +944,13 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                     for (int r = 0; r < 2; ++r)
 #pragma unroll
                         for (int e = 1; e >= 0; --e) {
-                            if (!((may[r][nt >> 2] >> (8 * (nt & 3) + e)) & 1u)) continue;
+                            if (!((may[r][nt >> 2] >> bss_own_bit(nt, e)) & 1u)) continue;
                             const int j = j0 + 8 * nt + 2 * t + e;
                             const uint64_t c =
                                 (uint64_t)float_order_key(acc[nt][2 * r + e]) << 32 |
                                 (uint32_t)~j;
                             exact &= c > thr[r];
-                            const int pos = cnt[r] + __popcll(above[r] >> (8 * nt + e + 1));
+                            const int pos = cnt[r] + bss_keys_above(above[r], nt, e);
                             cand[(16 * warp + g + 8 * r) * CROW + pos] = c;
                         }
                 }

@@ -9,26 +9,11 @@
  */
 #include "bs_chunks.cuh"
 
-#include "../core/check.h"
+#include "host_expect.h"
 
 #include <vector>
 
 using namespace mi_cuda;
-
-static int reported;
-
-/* Records a failed property with its case, printing the first few. */
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            check_failures++;                                                                      \
-            if (reported++ < 20) {                                                                 \
-                fprintf(stderr, "%s:%d: %s fails for ", __FILE__, __LINE__, #cond);                \
-                fprintf(stderr, __VA_ARGS__);                                                      \
-                fputc('\n', stderr);                                                               \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
 
 /* The chunk lengths the source documents (bss_chunk_tiles_for), on an H200's 132 SMs. */
 static void test_documented_choices() {
