@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Per-kernel GPU times of the block-sparse estimate (mi_block_sparse_estimate, top 100), from
+torch.profiler, per shape, input and variant, on the inputs of bench/torch_ref.py (random, and
+position-coded: near-diagonal blocks score highest). For work on the estimate's kernels, where
+bench/time_variants.py --shapes block-sparse gives only the estimate's total:
+
+  bs_estimate_kernels.py --lib build/libminference.so --variant new= \\
+      --variant ntile=MI_CUDA_BS_MASK_APPEND=0 [--shapes 512K,1M] [--heads 1] [--out times.json]
+
+Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
+after; the library reads them at every call. Prints one line per shape, input and variant: each
+kernel's time in ms for all heads, averaged over --repeat calls after one warm-up call."""
+import argparse
+import collections
+import ctypes as C
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import torch_ref as tr  # noqa: E402
+
+LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
+
+
+def kernel_times(lib, dq, dk, top_k, spi, repeat):
+    """ms per call of each CUDA kernel the estimate launches (templates and namespaces cut)."""
+    def estimate():
+        lib.check(lib.l.mi_block_sparse_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, top_k,
+                                                 C.byref(spi)), "mi_block_sparse_estimate")
+    estimate()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            estimate()
+        torch.cuda.synchronize()
+    total = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.split("<")[0].split("(")[0].split("::")[-1]
+            total[name] += e.device_time_total / repeat / 1000
+    return dict(total)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", default="build/libminference.so")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=VAR=VALUE[,VAR=VALUE...]; NAME= for the defaults (repeatable)")
+    ap.add_argument("--shapes", default="512K,1M", help="lengths: 128K, 512K, 1M (comma-separated)")
+    ap.add_argument("--heads", type=int, default=1, help="query heads (KV heads: heads / 4 or 1)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", help="also write the times as JSON here")
+    args = ap.parse_args()
+    variants = args.variant or ["default="]
+    try:
+        lengths = [LENGTHS[s.strip()] for s in args.shapes.split(",")]
+    except KeyError as e:
+        ap.error(f"unknown length {e}; one of {', '.join(LENGTHS)}")
+    if args.heads < 1 or args.repeat < 1:
+        ap.error("--heads and --repeat must be at least 1")
+    lib = tr.Lib(os.path.abspath(args.lib))
+    H = args.heads
+    Hk = max(1, H // 4)
+    rows = []
+    for L in lengths:
+        for inputs in ("random", "position-coded"):
+            q, k, _ = tr.qkv(H, Hk, L, seed=5, local=inputs == "position-coded")
+            spi, _buf = tr.make_sparse_index(lib, H, L, tr.BS_TOP_K, 1)
+            top_k = (C.c_int32 * H)(*([tr.BS_TOP_K] * H))
+            dq, dk = tr.tdesc(q), tr.tdesc(k)
+            for spec in variants:
+                name, _, env = spec.partition("=")
+                sets = [kv.split("=", 1) for kv in env.split(",") if kv]
+                for var, value in sets:
+                    os.environ[var] = value
+                try:
+                    times = kernel_times(lib, dq, dk, top_k, spi, args.repeat)
+                finally:
+                    for var, _value in sets:
+                        os.environ.pop(var, None)
+                rows.append({"L": L, "heads": H, "inputs": inputs, "variant": name,
+                             "ms_all_heads": times})
+                print(f"{L // 1024}K x{H} {inputs:14s} {name:10s} "
+                      + "  ".join(f"{n}={t:.3f}" for n, t in times.items()), flush=True)
+            del q, k
+            torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
