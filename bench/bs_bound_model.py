@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""A CPU model of the block-sparse estimate's bound and streaming appends (src/cuda/bs_estimate.cu),
+for planning changes to its two select kernels without a GPU.
+
+Rows of pooled scores are drawn as bench/torch_ref.py draws its inputs (random, or position-coded
+so that near-diagonal blocks score highest), and for each sampled row block the model computes:
+  - the bound: the k-th largest of the group maxima of the row's tiles, cut to its top 16 bits,
+    with the groups laid out as bs_bound_kernel lays them (G groups a 64-key tile, at most
+    `slots` maxima a row);
+  - the keys that reach it (the streaming kernel's appends if it never compacted);
+  - the streaming walk itself: tiles from the diagonal down, n-tiles of 8 keys, a compaction to
+    the top k before an n-tile whenever more than CAP - 8 candidates are held, the threshold
+    raised to the k-th kept; appends and compactions counted.
+The variants: the kernels' bound (512 slots), 256, 1024 or 2048 slots (finer groups, had the
+maxima room), and bounds taken from every s-th tile only (what a cheaper first pass of a one-pass
+design would see). Counts only, no times.
+
+  bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--out model.json]
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+
+LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
+D = 128
+
+
+def pooled(L, inputs, seed):
+    """Pooled q and k (R x D, rounded to bf16 as the estimate pools them) for torch_ref's inputs:
+    N(0, 1) values, pooled over 64 rows (drawn directly as N(0, 1/64)); position-coded inputs
+    carry torch_ref's rotary-style code in their first 32 dimensions."""
+    R = (L + 63) // 64
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(R, D, generator=g) / 8.0
+    k = torch.randn(R, D, generator=g) / 8.0
+    if inputs == "position-coded":
+        pos = torch.arange(R * 64, dtype=torch.float64)[:, None]
+        w = 2 * math.pi / torch.logspace(math.log10(16), math.log10(65536), 16,
+                                         dtype=torch.float64)
+        ang = pos * w[None, :]
+        code = torch.stack([torch.cos(ang), torch.sin(ang)], dim=-1).reshape(R * 64, 32) * 2.6
+        code = code.to(torch.bfloat16).to(torch.float32).reshape(R, 64, 32).mean(dim=1)
+        q[:, :32] = code
+        k[:, :32] = code
+    return q.to(torch.bfloat16).float(), k.to(torch.bfloat16).float()
+
+
+def order_key(f):
+    """float32 -> uint32 keys in float order (as float_order_key)."""
+    b = np.ascontiguousarray(f, dtype=np.float32).view(np.uint32)
+    return np.where(b >> 31 != 0, ~b, b | np.uint32(0x80000000)).astype(np.uint32)
+
+
+def group_of_key():
+    """Group index of each of a tile's 64 keys for G groups (bsb_group_max's layout): key
+    8 nt + 2 t + e of lane t; G >= 4: lane t's runs of 32 / G n-tiles; G = 2: lane pairs."""
+    out = {}
+    nt, t, e = np.meshgrid(np.arange(8), np.arange(4), np.arange(2), indexing="ij")
+    q = (8 * nt + 2 * t + e).ravel()
+    for G in (1, 2, 4, 8, 16, 32):
+        if G >= 4:
+            grp = t * (G // 4) + nt // (32 // G)
+        elif G == 2:
+            grp = t // 2
+        else:
+            grp = np.zeros_like(t)
+        arr = np.empty(64, dtype=np.int64)
+        arr[q] = grp.ravel()
+        out[G] = arr
+    return out
+
+
+GROUPS = group_of_key()
+
+
+def bound_of(keys, m, n_tiles, k, slots, every):
+    """The bound x (a 32-bit order key, low 16 bits 0) for row block m: the k-th largest group
+    maximum over tiles n_tiles - 1 .. 0 (those with (top - it) % every == 0), G as large as the
+    slots allow; keys: order keys of j = 0 .. 64 n_tiles - 1 (0 past m, the forced ones top)."""
+    top = n_tiles - 1
+    tiles = [it for it in range(top, -1, -1) if (top - it) % every == 0]
+    G = 32
+    while G > 1 and len(tiles) * G > slots:
+        G //= 2
+    grp = GROUPS[G]
+    maxima = []
+    for it in tiles:
+        kt = keys[64 * it: 64 * it + 64]
+        mx = np.zeros(G, dtype=np.uint32)
+        np.maximum.at(mx, grp, kt)
+        maxima.append(mx)
+    allm = np.sort(np.concatenate(maxima))[::-1]
+    kth = allm[k - 1] if len(allm) >= k else np.uint32(0)
+    return int(kth) & 0xFFFF0000, G, len(tiles)
+
+
+def walk(cand, k, cap, thr):
+    """The streaming walk over one row's candidates (uint64, index = block, 0 where none),
+    n-tiles of 8 from the top down; returns appends and compactions."""
+    held = []
+    appends = compactions = 0
+    n = len(cand)
+    for hi in range(n, 0, -8):
+        if len(held) > cap - 8:
+            held.sort(reverse=True)
+            held = held[:k]
+            thr = held[-1]
+            compactions += 1
+        piece = cand[max(hi - 8, 0):hi]
+        new = piece[piece > thr]
+        appends += len(new)
+        held.extend(int(c) for c in new)
+    return appends, compactions
+
+
+def model(L, inputs, rows, k, cap, seed):
+    q, kk = pooled(L, inputs, seed)
+    R = q.shape[0]
+    ms = np.unique(np.linspace(R // 2, R - 1, rows).astype(np.int64))
+    variants = [("bound, 512 slots", 512, 1), ("bound, 256 slots", 256, 1),
+                ("bound, 1024 slots", 1024, 1), ("bound, 2048 slots", 2048, 1),
+                ("bound from every 2nd tile", 512, 2), ("bound from every 4th tile", 512, 4),
+                ("bound from every 8th tile", 512, 8), ("no bound", 0, 0)]
+    acc = {name: {"reach": [], "appends": [], "compactions": [], "G": set(), "tiles": []}
+           for name, _, _ in variants}
+    exact_reach = []
+    for m in ms:
+        m = int(m)
+        m0 = m // 64 * 64
+        n_tiles = (min(m0 + 64, R) + 63) // 64
+        s = (q[m] @ kk[: 64 * n_tiles].T if 64 * n_tiles <= R else
+             torch.cat([q[m] @ kk.T, torch.zeros(64 * n_tiles - R)])).numpy()
+        keys = order_key(s)
+        j = np.arange(64 * n_tiles)
+        keys[j > m] = 0
+        keys[m] = 0xFFFFFFFF
+        keys[0] = 0xFF7FFFFF  # float_order_key(FLT_MAX)
+        cand = (keys.astype(np.uint64) << np.uint64(32)) | (~j.astype(np.uint64) & 0xFFFFFFFF)
+        cand[j > m] = 0
+        plain = keys[1:m]
+        kth = np.sort(plain)[::-1][k - 3] if m - 1 >= k - 2 else 0
+        exact_reach.append(int((plain >= kth).sum()))
+        for name, slots, every in variants:
+            if slots:
+                x, G, nt = bound_of(keys, m, n_tiles, k, slots, every)
+                thr = (x << 32) - 1 if x > 0 else 0
+                acc[name]["G"].add(G)
+                acc[name]["tiles"].append(nt / n_tiles)
+                acc[name]["reach"].append(int((plain >= x).sum()))
+            else:
+                thr = 0
+                acc[name]["reach"].append(m - 1)
+            a, c = walk(cand, k, cap, thr)
+            acc[name]["appends"].append(a)
+            acc[name]["compactions"].append(c)
+    out = []
+    for name, _, _ in variants:
+        r = acc[name]
+        out.append({"variant": name, "groups_per_tile": sorted(r["G"]),
+                    "share_of_tiles_scanned": float(np.mean(r["tiles"])) if r["tiles"] else 0.0,
+                    "keys_reaching_bound_mean": float(np.mean(r["reach"])),
+                    "keys_reaching_bound_p90": float(np.percentile(r["reach"], 90)),
+                    "appends_mean": float(np.mean(r["appends"])),
+                    "compactions_mean": float(np.mean(r["compactions"]))})
+    return {"L": L, "inputs": inputs, "rows": len(ms), "top_k": k, "cap": cap,
+            "keys_at_or_above_kth_mean": float(np.mean(exact_reach)), "variants": out}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="128K,1M", help="128K, 512K, 1M (comma-separated)")
+    ap.add_argument("--rows", type=int, default=48, help="row blocks sampled per length and input")
+    ap.add_argument("--top-k", type=int, default=100)
+    ap.add_argument("--cap", type=int, default=128, help="candidate slots per row")
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--out", help="also write the results as JSON here")
+    args = ap.parse_args()
+    try:
+        lengths = [LENGTHS[s.strip()] for s in args.lengths.split(",")]
+    except KeyError as e:
+        ap.error(f"unknown length {e}; one of {', '.join(LENGTHS)}")
+    if args.rows < 1 or not 3 <= args.top_k <= args.cap - 9:
+        ap.error("--rows must be at least 1 and --top-k between 3 and --cap - 9")
+    results = []
+    for L in lengths:
+        for inputs in ("random", "position-coded"):
+            t0 = time.time()
+            r = model(L, inputs, args.rows, args.top_k, args.cap, args.seed)
+            results.append(r)
+            print(f"L {L // 1024}K {inputs}: {r['rows']} rows, keys at or above the k-th "
+                  f"{r['keys_at_or_above_kth_mean']:.0f} ({time.time() - t0:.0f} s)", flush=True)
+            print(f"  {'variant':28s} {'G':>6s} {'tiles':>6s} {'reach':>8s} {'p90':>8s} "
+                  f"{'appends':>8s} {'compact':>8s}")
+            for v in r["variants"]:
+                print(f"  {v['variant']:28s} {','.join(map(str, v['groups_per_tile'])):>6s} "
+                      f"{v['share_of_tiles_scanned']:6.2f} {v['keys_reaching_bound_mean']:8.0f} "
+                      f"{v['keys_reaching_bound_p90']:8.0f} {v['appends_mean']:8.0f} "
+                      f"{v['compactions_mean']:8.1f}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"what": __doc__.split("\n\n")[0], "seed": args.seed, "results": results},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
