@@ -12,8 +12,9 @@ so that near-diagonal blocks score highest), and for each sampled row block the 
     the top k before an n-tile whenever more than CAP - 8 candidates are held, the threshold
     raised to the k-th kept; appends and compactions counted.
 The variants: the kernels' bound (512 slots), 256, 1024 or 2048 slots (finer groups, had the
-maxima room), and bounds taken from every s-th tile only (what a cheaper first pass of a one-pass
-design would see). Counts only, no times.
+maxima room), 512 slots with 32 groups in the 4 or 8 tiles nearest the diagonal and the rest
+shared by the others, and bounds taken from every s-th tile only (what a cheaper first pass of a
+one-pass design would see). Counts only, no times.
 
   bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--out model.json]
 """
@@ -78,25 +79,30 @@ def group_of_key():
 GROUPS = group_of_key()
 
 
-def bound_of(keys, m, n_tiles, k, slots, every):
-    """The bound x (a 32-bit order key, low 16 bits 0) for row block m: the k-th largest group
-    maximum over tiles n_tiles - 1 .. 0 (those with (top - it) % every == 0), G as large as the
-    slots allow; keys: order keys of j = 0 .. 64 n_tiles - 1 (0 past m, the forced ones top)."""
+def bound_of(keys, n_tiles, k, slots, every, near=0):
+    """The bound x (a 32-bit order key, low 16 bits 0) for a row: the k-th largest group maximum
+    over tiles n_tiles - 1 .. 0 (those with (top - it) % every == 0), G as large as the slots
+    allow; with near > 0, the `near` tiles nearest the diagonal take 32 groups each and the
+    others share what slots are left. keys: order keys of j = 0 .. 64 n_tiles - 1 (0 past the
+    row's diagonal, the forced ones on top). Returns x, the groups per tile (near, rest) and the
+    tiles scanned."""
     top = n_tiles - 1
     tiles = [it for it in range(top, -1, -1) if (top - it) % every == 0]
+    near = min(near, len(tiles))
+    rest = len(tiles) - near
     G = 32
-    while G > 1 and len(tiles) * G > slots:
+    while G > 1 and rest * G > slots - 32 * near:
         G //= 2
-    grp = GROUPS[G]
     maxima = []
-    for it in tiles:
+    for i, it in enumerate(tiles):
+        g = 32 if i < near else G
         kt = keys[64 * it: 64 * it + 64]
-        mx = np.zeros(G, dtype=np.uint32)
-        np.maximum.at(mx, grp, kt)
+        mx = np.zeros(g, dtype=np.uint32)
+        np.maximum.at(mx, GROUPS[g], kt)
         maxima.append(mx)
     allm = np.sort(np.concatenate(maxima))[::-1]
     kth = allm[k - 1] if len(allm) >= k else np.uint32(0)
-    return int(kth) & 0xFFFF0000, G, len(tiles)
+    return int(kth) & 0xFFFF0000, (32 if near else G, G), len(tiles)
 
 
 def walk(cand, k, cap, thr):
@@ -122,12 +128,14 @@ def model(L, inputs, rows, k, cap, seed):
     q, kk = pooled(L, inputs, seed)
     R = q.shape[0]
     ms = np.unique(np.linspace(R // 2, R - 1, rows).astype(np.int64))
-    variants = [("bound, 512 slots", 512, 1), ("bound, 256 slots", 256, 1),
-                ("bound, 1024 slots", 1024, 1), ("bound, 2048 slots", 2048, 1),
-                ("bound from every 2nd tile", 512, 2), ("bound from every 4th tile", 512, 4),
-                ("bound from every 8th tile", 512, 8), ("no bound", 0, 0)]
+    variants = [("bound, 512 slots", 512, 1, 0), ("bound, 256 slots", 256, 1, 0),
+                ("bound, 1024 slots", 1024, 1, 0), ("bound, 2048 slots", 2048, 1, 0),
+                ("512, nearest 4 tiles at 32", 512, 1, 4),
+                ("512, nearest 8 tiles at 32", 512, 1, 8),
+                ("bound from every 2nd tile", 512, 2, 0), ("bound from every 4th tile", 512, 4, 0),
+                ("bound from every 8th tile", 512, 8, 0), ("no bound", 0, 0, 0)]
     acc = {name: {"reach": [], "appends": [], "compactions": [], "G": set(), "tiles": []}
-           for name, _, _ in variants}
+           for name, _, _, _ in variants}
     exact_reach = []
     for m in ms:
         m = int(m)
@@ -145,9 +153,11 @@ def model(L, inputs, rows, k, cap, seed):
         plain = keys[1:m]
         kth = np.sort(plain)[::-1][k - 3] if m - 1 >= k - 2 else 0
         exact_reach.append(int((plain >= kth).sum()))
-        for name, slots, every in variants:
+        for name, slots, every, near in variants:
+            if slots and near and n_tiles - near > slots - 32 * near:
+                continue  # the far tiles would not have a slot each
             if slots:
-                x, G, nt = bound_of(keys, m, n_tiles, k, slots, every)
+                x, G, nt = bound_of(keys, n_tiles, k, slots, every, near)
                 thr = (x << 32) - 1 if x > 0 else 0
                 acc[name]["G"].add(G)
                 acc[name]["tiles"].append(nt / n_tiles)
@@ -159,9 +169,13 @@ def model(L, inputs, rows, k, cap, seed):
             acc[name]["appends"].append(a)
             acc[name]["compactions"].append(c)
     out = []
-    for name, _, _ in variants:
+    for name, _, _, _ in variants:
         r = acc[name]
-        out.append({"variant": name, "groups_per_tile": sorted(r["G"]),
+        if not r["appends"]:
+            continue
+        out.append({"variant": name,
+                    "groups_per_tile": sorted({f"{a}/{b}" if a != b else str(a)
+                                               for a, b in r["G"]}),
                     "share_of_tiles_scanned": float(np.mean(r["tiles"])) if r["tiles"] else 0.0,
                     "keys_reaching_bound_mean": float(np.mean(r["reach"])),
                     "keys_reaching_bound_p90": float(np.percentile(r["reach"], 90)),
@@ -197,7 +211,7 @@ def main():
             print(f"  {'variant':28s} {'G':>6s} {'tiles':>6s} {'reach':>8s} {'p90':>8s} "
                   f"{'appends':>8s} {'compact':>8s}")
             for v in r["variants"]:
-                print(f"  {v['variant']:28s} {','.join(map(str, v['groups_per_tile'])):>6s} "
+                print(f"  {v['variant']:28s} {','.join(v['groups_per_tile']):>6s} "
                       f"{v['share_of_tiles_scanned']:6.2f} {v['keys_reaching_bound_mean']:8.0f} "
                       f"{v['keys_reaching_bound_p90']:8.0f} {v['appends_mean']:8.0f} "
                       f"{v['compactions_mean']:8.1f}", flush=True)
