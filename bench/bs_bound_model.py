@@ -12,8 +12,9 @@ so that near-diagonal blocks score highest), and for each sampled row block the 
     the top k before an n-tile whenever more than CAP - 8 candidates are held, the threshold
     raised to the k-th kept; appends and compactions counted.
 The variants: the kernels' bound (512 slots), 256, 1024 or 2048 slots (finer groups, had the
-maxima room), 512 slots with 32 groups in the 4 or 8 tiles nearest the diagonal and the rest
-shared by the others, and bounds taken from every s-th tile only (what a cheaper first pass of a
+maxima room), 1024 slots of 8-bit codes (the 64 KB of 512 16-bit ones) over a window of
+16-bit keys placed from the tiles nearest the diagonal, 512 slots with 32
+groups in the 4 or 8 tiles nearest the diagonal and the rest shared by the others, and bounds taken from every s-th tile only (what a cheaper first pass of a
 one-pass design would see). Counts only, no times.
 
   bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--out model.json]
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
+FORCED_BLOCK0 = 0xFF7FFFFF  # block 0's rank key, float_order_key(FLT_MAX); the diagonal's is ~0
 D = 128
 
 
@@ -79,13 +81,16 @@ def group_of_key():
 GROUPS = group_of_key()
 
 
-def bound_of(keys, n_tiles, k, slots, every, near=0):
+def bound_of(keys, n_tiles, k, slots, every, near=0, bits=16, below=255):
     """The bound x (a 32-bit order key, low 16 bits 0) for a row: the k-th largest group maximum
     over tiles n_tiles - 1 .. 0 (those with (top - it) % every == 0), G as large as the slots
     allow; with near > 0, the `near` tiles nearest the diagonal take 32 groups each and the
-    others share what slots are left. keys: order keys of j = 0 .. 64 n_tiles - 1 (0 past the
-    row's diagonal, the forced ones on top). Returns x, the groups per tile (near, rest) and the
-    tiles scanned."""
+    others share what slots are left. bits = 8: each maximum kept as an 8-bit code over a window
+    of 255 16-bit keys whose top lies 255 - below keys above the largest plain key of the two
+    tiles nearest the diagonal (a maximum above the window counts as its top, one below it as
+    nothing: never more than the true maximum, so the bound holds). keys: order keys of j = 0 .. 64 n_tiles - 1 (0 past the row's
+    diagonal, the forced ones on top). Returns x, the groups per tile (near, rest) and the tiles
+    scanned."""
     top = n_tiles - 1
     tiles = [it for it in range(top, -1, -1) if (top - it) % every == 0]
     near = min(near, len(tiles))
@@ -100,7 +105,16 @@ def bound_of(keys, n_tiles, k, slots, every, near=0):
         mx = np.zeros(g, dtype=np.uint32)
         np.maximum.at(mx, GROUPS[g], kt)
         maxima.append(mx)
-    allm = np.sort(np.concatenate(maxima))[::-1]
+    allm = np.concatenate(maxima)
+    if bits == 8:
+        first = keys[max(64 * (top - 1), 0): 64 * top + 64]
+        first = first[(first > 0) & (first < FORCED_BLOCK0)]
+        if len(first) == 0:
+            return 0, (32 if near else G, G), len(tiles)
+        base = (int(first.max()) >> 16) - below
+        code = np.clip((allm >> 16).astype(np.int64) - base, 0, 255)
+        allm = np.where(code > 0, (base + code) << 16, 0).astype(np.uint32)
+    allm = np.sort(allm)[::-1]
     kth = allm[k - 1] if len(allm) >= k else np.uint32(0)
     return int(kth) & 0xFFFF0000, (32 if near else G, G), len(tiles)
 
@@ -128,14 +142,20 @@ def model(L, inputs, rows, k, cap, seed):
     q, kk = pooled(L, inputs, seed)
     R = q.shape[0]
     ms = np.unique(np.linspace(R // 2, R - 1, rows).astype(np.int64))
-    variants = [("bound, 512 slots", 512, 1, 0), ("bound, 256 slots", 256, 1, 0),
-                ("bound, 1024 slots", 1024, 1, 0), ("bound, 2048 slots", 2048, 1, 0),
-                ("512, nearest 4 tiles at 32", 512, 1, 4),
-                ("512, nearest 8 tiles at 32", 512, 1, 8),
-                ("bound from every 2nd tile", 512, 2, 0), ("bound from every 4th tile", 512, 4, 0),
-                ("bound from every 8th tile", 512, 8, 0), ("no bound", 0, 0, 0)]
-    acc = {name: {"reach": [], "appends": [], "compactions": [], "G": set(), "tiles": []}
-           for name, _, _, _ in variants}
+    # (name, slots, every s-th tile, nearest tiles at 32 groups, bits a maximum, 8-bit window:
+    # 16-bit keys below the nearest tiles' largest)
+    variants = [("bound, 512 slots", 512, 1, 0, 16, 0), ("bound, 256 slots", 256, 1, 0, 16, 0),
+                ("bound, 1024 slots", 1024, 1, 0, 16, 0),
+                ("bound, 2048 slots", 2048, 1, 0, 16, 0),
+                ("1024 of 8 bits, 255 below", 1024, 1, 0, 8, 255),
+                ("1024 of 8 bits, 191 below", 1024, 1, 0, 8, 191),
+                ("512, nearest 4 tiles at 32", 512, 1, 4, 16, 0),
+                ("512, nearest 8 tiles at 32", 512, 1, 8, 16, 0),
+                ("bound from every 2nd tile", 512, 2, 0, 16, 0),
+                ("bound from every 4th tile", 512, 4, 0, 16, 0),
+                ("bound from every 8th tile", 512, 8, 0, 16, 0), ("no bound", 0, 0, 0, 16, 0)]
+    acc = {v[0]: {"reach": [], "appends": [], "compactions": [], "G": set(), "tiles": []}
+           for v in variants}
     exact_reach = []
     for m in ms:
         m = int(m)
@@ -147,17 +167,17 @@ def model(L, inputs, rows, k, cap, seed):
         j = np.arange(64 * n_tiles)
         keys[j > m] = 0
         keys[m] = 0xFFFFFFFF
-        keys[0] = 0xFF7FFFFF  # float_order_key(FLT_MAX)
+        keys[0] = FORCED_BLOCK0
         cand = (keys.astype(np.uint64) << np.uint64(32)) | (~j.astype(np.uint64) & 0xFFFFFFFF)
         cand[j > m] = 0
         plain = keys[1:m]
         kth = np.sort(plain)[::-1][k - 3] if m - 1 >= k - 2 else 0
         exact_reach.append(int((plain >= kth).sum()))
-        for name, slots, every, near in variants:
+        for name, slots, every, near, bits, below in variants:
             if slots and near and n_tiles - near > slots - 32 * near:
                 continue  # the far tiles would not have a slot each
             if slots:
-                x, G, nt = bound_of(keys, n_tiles, k, slots, every, near)
+                x, G, nt = bound_of(keys, n_tiles, k, slots, every, near, bits, below)
                 thr = (x << 32) - 1 if x > 0 else 0
                 acc[name]["G"].add(G)
                 acc[name]["tiles"].append(nt / n_tiles)
@@ -169,7 +189,7 @@ def model(L, inputs, rows, k, cap, seed):
             acc[name]["appends"].append(a)
             acc[name]["compactions"].append(c)
     out = []
-    for name, _, _, _ in variants:
+    for name, *_ in variants:
         r = acc[name]
         if not r["appends"]:
             continue
