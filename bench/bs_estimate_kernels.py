@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="also write the times as JSON here")
     args = ap.parse_args()
-    variants = args.variant or ["default="]
+    variants = tr.parse_variants(args.variant or ["default="])
     try:
         lengths = [LENGTHS[s.strip()] for s in args.shapes.split(",")]
     except KeyError as e:
@@ -72,16 +72,9 @@ def main():
             spi, _buf = tr.make_sparse_index(lib, H, L, tr.BS_TOP_K, 1)
             top_k = (C.c_int32 * H)(*([tr.BS_TOP_K] * H))
             dq, dk = tr.tdesc(q), tr.tdesc(k)
-            for spec in variants:
-                name, _, env = spec.partition("=")
-                sets = [kv.split("=", 1) for kv in env.split(",") if kv]
-                for var, value in sets:
-                    os.environ[var] = value
-                try:
+            for name, sets in variants:
+                with tr.variant_env(sets):
                     times = kernel_times(lib, dq, dk, top_k, spi, args.repeat)
-                finally:
-                    for var, _value in sets:
-                        os.environ.pop(var, None)
                 rows.append({"L": L, "heads": H, "inputs": inputs, "variant": name,
                              "ms_all_heads": times})
                 print(f"{L // 1024}K x{H} {inputs:14s} {name:10s} "

@@ -55,13 +55,8 @@ def time_set(lib, L, H, band, columns, variants, reps):
     pairs = keys()
     out = {"L": L, "heads": H, "band": band, "columns": columns, "keys_per_row": pairs / (H * L)}
     for name, sets in variants:
-        for key, val in sets:
-            os.environ[key] = val
-        try:
+        with tr.variant_env(sets):
             t = tr.time_cuda(run, reps)
-        finally:
-            for key, _ in sets:
-                del os.environ[key]
         out[name] = {"ms_per_head": t / H, "tflops": tr.effective_tflops(pairs, t)}
     del build, run, keys
     torch.cuda.empty_cache()
@@ -78,10 +73,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     specs = args.variant or ["ws=MI_CUDA_SM90_SPARSE=1", "ring=MI_CUDA_SM90_SPARSE=0"]
-    variants = []
-    for spec in specs:
-        name, _, env = spec.partition("=")
-        variants.append((name, [kv.split("=", 1) for kv in env.split(",") if kv]))
+    variants = tr.parse_variants(specs)
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []
     for rnd in range(args.rounds):

@@ -54,20 +54,14 @@ def main():
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []
     cudnn = {}
-    variants = []
-    for spec in args.variant:
-        name, _, env = spec.partition("=")
-        variants.append((name, [kv.split("=", 1) for kv in env.split(",") if kv]))
+    variants = tr.parse_variants(args.variant)
 
     def timed(sets, fn):
         """fn() under the variant's variables; they are unset afterwards."""
-        for k, v in sets:
-            os.environ[k] = v
         try:
-            return fn()
+            with tr.variant_env(sets):
+                return fn()
         finally:
-            for k, _ in sets:
-                del os.environ[k]
             torch.cuda.empty_cache()
 
     # shape by shape, every variant in turn: a slow drift of the clocks then hits all variants

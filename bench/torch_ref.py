@@ -18,6 +18,7 @@ Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick]
 Writes DIR/<date>-gpu-attention.json and DIR/<date>-gpu-attention.png; prints a table last.
 """
 import argparse
+import contextlib
 import ctypes as C
 import datetime
 import json
@@ -102,6 +103,29 @@ class Lib:
         if st != 0:
             msg = self.l.mi_context_last_error(self.ctx).decode() if self.ctx else ""
             raise RuntimeError(f"{what}: {self.l.mi_status_name(st).decode()}: {msg}")
+
+
+def parse_variants(specs):
+    """The --variant arguments of the A/B scripts, NAME=VAR=VALUE[,VAR=VALUE...] (NAME= for the
+    defaults), as (name, [(VAR, VALUE), ...]) pairs."""
+    out = []
+    for spec in specs:
+        name, _, env = spec.partition("=")
+        out.append((name, [kv.split("=", 1) for kv in env.split(",") if kv]))
+    return out
+
+
+@contextlib.contextmanager
+def variant_env(sets):
+    """The variables of one variant set for the block's calls (the library reads them at every
+    call) and unset after it."""
+    for var, value in sets:
+        os.environ[var] = value
+    try:
+        yield
+    finally:
+        for var, _ in sets:
+            os.environ.pop(var, None)
 
 
 def source_commit():

@@ -515,6 +515,16 @@ template <typename T, int D> struct bss_thread {
                                       : make_uint4(0u, 0u, 0u, 0u);
     }
 
+    /* row rr (0 .. 15) of the warp's rows, as every lane sees it: its top k and whether it
+     * selects, from the lane that holds it (kk and sel named, not indexed: an indexed member
+     * would put the struct in local memory) */
+    __device__ __forceinline__ int row_k(int rr) const {
+        return __shfl_sync(0xffffffffu, rr < 8 ? kk[0] : kk[1], (rr & 7) * 4);
+    }
+    __device__ __forceinline__ bool row_sel(int rr) const {
+        return __shfl_sync(0xffffffffu, (int)(rr < 8 ? sel[0] : sel[1]), (rr & 7) * 4) != 0;
+    }
+
     /* the scores of the warp's 16 rows against the 64 keys of a tile in shared memory */
     __device__ __forceinline__ void score(const T *kt, int g, int t, float (&acc)[8][4]) const {
         constexpr int KS = bss_key_stride<D>();
@@ -752,11 +762,8 @@ __global__ void __launch_bounds__(BSS_NT, 2)
     /* each row's bound: the k-th largest of its maxima */
 #pragma unroll 1
     for (int rr = 0; rr < 16; ++rr) {
-        const int src = (rr & 7) * 4;
-        /* (named, not indexed: an indexed member would put th in local memory) */
-        const int k = __shfl_sync(0xffffffffu, rr < 8 ? th.kk[0] : th.kk[1], src);
-        const bool s = rr < 8 ? th.sel[0] : th.sel[1];
-        if (!__shfl_sync(0xffffffffu, (int)s, src)) continue;
+        const int k = th.row_k(rr);
+        if (!th.row_sel(rr)) continue;
         const uint32_t x = bsb_row_bound(maxima + (16 * warp + rr) * BSB_ROW, BSB_SLOTS, k);
         if (lane == 0) p.bound[(int64_t)bh * p.row_blocks + wm0 + rr] = x;
     }
@@ -796,6 +803,20 @@ __global__ void __launch_bounds__(BSS_NT)
     const uint32_t x = bsb_row_bound(p.split_maxima + bss_split_row(p, w.b, w.h, w.m) * BSB_SLOTS,
                                      bsb_window(w.chunks) * w.chunks, w.k);
     if ((threadIdx.x & 31) == 0) p.bound[(int64_t)w.bh * p.row_blocks + w.m] = x;
+}
+
+/* Writes row block `row` of the index (every lane of the warp calls it): its k blocks in
+ * ascending order, the candidates c[k - 1] .. c[0] (kept in descending block order) where the
+ * row selects, else blocks 0 .. k - 1 (none or every block). */
+__device__ __forceinline__ void bss_write_row(const bs_select_params &p, int64_t row, int k,
+                                              bool sel, const uint64_t *c) {
+    const int lane = threadIdx.x & 31;
+    int32_t *off = p.block_offset + row * p.max_blocks;
+    if (lane == 0) {
+        p.block_count[row] = k;
+        p.column_count[row] = 0;
+    }
+    for (int i = lane; i < k; i += 32) off[i] = 64 * (sel ? (int)~(uint32_t)c[k - 1 - i] : i);
 }
 
 /* A row's candidate count and threshold. */
@@ -1020,10 +1041,9 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
         if (!th.warp_sel) return;
 #pragma unroll 1
         for (int rr = 0; rr < 16; ++rr) {
-            const int src = (rr & 7) * 4, r = rr >> 3;
-            /* (named, not indexed: an indexed member would put th in local memory) */
-            const int n = __shfl_sync(0xffffffffu, r ? cnt[1] : cnt[0], src);
-            if (!__shfl_sync(0xffffffffu, (int)(r ? th.sel[1] : th.sel[0]), src)) continue;
+            /* (named, not indexed: an indexed array would go to local memory) */
+            const int n = __shfl_sync(0xffffffffu, rr < 8 ? cnt[0] : cnt[1], (rr & 7) * 4);
+            if (!th.row_sel(rr)) continue;
             const int64_t sr = bss_split_row(p, b, h, wm0 + rr) * BSS_SPLIT_MAX + w.chunk;
             const uint64_t *c = cand + (16 * warp + rr) * CROW;
             uint64_t *dst = p.split_cand + sr * BSS_MAX_K;
@@ -1034,18 +1054,10 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     }
 #pragma unroll
     for (int rr = 0; rr < 16; ++rr) {
-        const int m = wm0 + rr, src = (rr & 7) * 4, r = rr >> 3;
-        const int k = __shfl_sync(0xffffffffu, th.kk[r], src);
-        const bool s = __shfl_sync(0xffffffffu, (int)th.sel[r], src) != 0;
+        const int m = wm0 + rr, k = th.row_k(rr);
+        const bool s = th.row_sel(rr);
         if (m >= p.idx_row_blocks) continue;
-        const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
-        int32_t *off = p.block_offset + row * p.max_blocks;
-        if (lane == 0) {
-            p.block_count[row] = k;
-            p.column_count[row] = 0;
-        }
-        const uint64_t *c = cand + (16 * warp + rr) * CROW;
-        for (int i = lane; i < k; i += 32) off[i] = 64 * (s ? (int)~(uint32_t)c[k - 1 - i] : i);
+        bss_write_row(p, (int64_t)bh * p.idx_row_blocks + m, k, s, cand + (16 * warp + rr) * CROW);
     }
 }
 
@@ -1062,13 +1074,8 @@ __global__ void __launch_bounds__(BSS_NT)
     const bss_split_warp w = bss_split_warp_of(p);
     if (!w.valid) return;
     const int64_t row = (int64_t)w.bh * p.idx_row_blocks + w.m;
-    int32_t *off = p.block_offset + row * p.max_blocks;
     if (!w.sel) {
-        if (lane == 0) {
-            p.block_count[row] = w.k;
-            p.column_count[row] = 0;
-        }
-        for (int i = lane; i < w.k; i += 32) off[i] = 64 * i;
+        bss_write_row(p, row, w.k, false, nullptr);
         return;
     }
     const int64_t sr = bss_split_row(p, w.b, w.h, w.m) * BSS_SPLIT_MAX;
@@ -1099,11 +1106,7 @@ __global__ void __launch_bounds__(BSS_NT)
         else
             warp_keep_top<BSM_SLOTS>(c, n, k, sc);
     }
-    if (lane == 0) {
-        p.block_count[row] = k;
-        p.column_count[row] = 0;
-    }
-    for (int i = lane; i < k; i += 32) off[i] = 64 * (int)~(uint32_t)c[k - 1 - i];
+    bss_write_row(p, row, k, true, c);
 }
 
 template <typename T, int D>
