@@ -4,7 +4,9 @@
  * qp[m].kp[n] for n <= m, the diagonal block and block 0 forced, per-row-block top-k written as
  * ascending offsets 64*n into the common mi_sparse_index form (column_count = 0).
  *
- * Two select kernels, chosen per head:
+ * Three ways to select, chosen per call and head:
+ * - one (b, h) pair of 128K and longer: through scores in memory (bs_score_kernel,
+ *   bs_row_select_kernel; bsr_scores_on);
  * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
  *   tiles streamed from the diagonal down, a running top k per row block in shared memory; long
  *   rows start from a lower bound of their k-th score that bs_bound_kernel computes first. With
@@ -74,11 +76,21 @@
  *      (bss_cand_row: at equal counts, as after a compaction, the eight rows of a warp's lanes
  *      had appended to one bank): streaming kernel at 1M x 1 0.449-0.450 -> 0.438-0.439 ms on
  *      random inputs and 0.537-0.541 -> 0.524-0.525 on position-coded ones, in two rounds
- *      (current).
+ *      (current for two or more (b, h) pairs).
+ *  14. one pair of 128K and longer through scores in memory (bs_score_kernel writes every
+ *      pooled score's order key and each 16-key group's maximum; bs_row_select_kernel, a warp a
+ *      row block, bounds its k-th key by the k-th largest group maximum and selects from the
+ *      keys that reach it): 1M x 1 0.82 / 0.87 against 0.85 / 0.97 ms (random / position-
+ *      coded), 512K x 1 0.32 / 0.40 against 0.47 / 0.43, 128K x 1 0.12 / 0.13 against 0.19 /
+ *      0.19. On the way: a CTA a row with the block-wide radix select, 0.52 ms for the select
+ *      at 1M (barriers); score stores straight from the mma fragments, 0.46 ms for the scores
+ *      against 0.24 staged (then 0.34 with the group maxima); a warp reading only the groups
+ *      that reach the bound, 0.72 against 0.35.
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
- *   2026-11-30-gpu-bs-estimate-bound-rows.json, 2026-11-30-gpu-bs-estimate-cand-rows.json)
+ *   2026-11-30-gpu-bs-estimate-bound-rows.json, 2026-11-30-gpu-bs-estimate-cand-rows.json,
+ *   2026-11-30-gpu-bs-estimate-scores.json)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
@@ -178,6 +190,15 @@ struct bs_select_params {
     uint16_t *split_maxima; /* [split_heads, split rows, BSB_SLOTS] the chunks' group maxima */
     int32_t *split_count;   /* [split_heads, split rows, BSS_SPLIT_MAX] each chunk's candidates */
     uint64_t *split_cand;   /* [split_heads, split rows, BSS_SPLIT_MAX, BSS_MAX_K] */
+    /* The estimate through scores in memory (bs_score_kernel, bs_row_select_kernel): the keys of
+     * the pairs score_bh0 .. score_bh0 + gridDim.z - 1, score_pair_keys apart (bsr_row_base). */
+    uint32_t *scores;
+    int64_t score_pair_keys;
+    int32_t score_bh0;
+    int32_t score_chunk_tiles; /* the key tiles a CTA of bs_score_kernel scores */
+    /* and the maxima of each row's groups of BSR_GROUP_KEYS keys, score_max_stride a row */
+    uint32_t *score_maxima;
+    int32_t score_max_stride;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t top_k[MI_CUDA_MAX_HEADS];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -202,6 +223,51 @@ __device__ __forceinline__ int bs_row_k(const bs_select_params &p, int h, int m,
  * score (higher first; the CPU reference's order). */
 __device__ __forceinline__ uint32_t bs_rank_key(float score, int j, int m) {
     return j == m ? 0xffffffffu : j == 0 ? float_order_key(3.402823466e38f) : float_order_key(score);
+}
+
+/* The start of a row block's select (every thread of the CTA calls it): writes its counts, and
+ * its offsets where it takes none or every block (then true: nothing is left to select). */
+template <int NT>
+__device__ __forceinline__ bool bs_row_trivial(const bs_select_params &p, int64_t row, int k,
+                                               int n) {
+    int32_t *off = p.block_offset + row * p.max_blocks;
+    if (threadIdx.x == 0) {
+        p.column_count[row] = 0;
+        p.block_count[row] = k;
+    }
+    if (k <= 0) return true;
+    if (k < n) return false;
+    for (int j = threadIdx.x; j < n; j += NT) off[j] = 64 * j;
+    return true;
+}
+
+/* Writes the top k of a row block as ascending offsets, from the n_cand candidate blocks cand[]
+ * (ascending, holding every block of the top k); key(j) ranks block j (bs_rank_key). Ties: lower
+ * block first (the CPU reference's total order). Every thread of the CTA calls it. */
+template <int NT, typename KeyFn>
+__device__ void bs_emit_top_of(KeyFn key, const int *cand, int n_cand, int k, int32_t *off,
+                               select_smem &sel,
+                               typename cub::BlockScan<int, NT>::TempStorage &scan_tmp) {
+    auto ckey = [&](int i) { return key(cand[i]); };
+    uint32_t thr = 0;
+    int take_eq = 0, eq_total = 0;
+    const bool all = k >= n_cand;
+    if (!all) block_radix_select<NT>(ckey, n_cand, k, sel, thr, take_eq, eq_total);
+    block_compact<NT, 4>(
+        ckey, n_cand, all, thr, take_eq, eq_total, false,
+        [&](int i, int rank) { off[rank] = 64 * cand[i]; }, scan_tmp);
+}
+
+/* The same over all n blocks of the row (0 < k < n). */
+template <int NT, typename KeyFn>
+__device__ void bs_emit_top(KeyFn key, int n, int k, int32_t *off, select_smem &sel,
+                            typename cub::BlockScan<int, NT>::TempStorage &scan_tmp) {
+    uint32_t thr = 0;
+    int take_eq = 0, eq_total = 0;
+    block_radix_select<NT>(key, n, k, sel, thr, take_eq, eq_total);
+    block_compact<NT, 4>(
+        key, n, false, thr, take_eq, eq_total, false, [&](int j, int rank) { off[rank] = 64 * j; },
+        scan_tmp);
 }
 
 constexpr int BS_NT = 256;
@@ -306,38 +372,20 @@ __global__ void __launch_bounds__(NT, NT == BS_NT ? 2 : 1)
         const int m = m0 + r, n = m + 1, k = kk[r];
         const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
         int32_t *off = p.block_offset + row * p.max_blocks;
-        if (threadIdx.x == 0) {
-            p.column_count[row] = 0;
-            p.block_count[row] = k;
-        }
-        if (k <= 0) continue;
-        if (k >= n) {
-            for (int j = threadIdx.x; j < n; j += NT) off[j] = 64 * j;
-            continue;
-        }
+        if (bs_row_trivial<NT>(p, row, k, n)) continue;
         const float *sc = scores + r * stride;
         auto key = [&](int j) { return bs_rank_key(sc[j], j, m); };
-        /* ties: lower block first (the CPU reference's total order) */
-        auto emit = [&](int j, int rank) { off[rank] = 64 * j; };
         int bin, n_cand;
         block_top_bin<NT>(key, n, k, sm.top, scan_tmp, bin, n_cand);
-        uint32_t thr = 0;
-        int take_eq = 0, eq_total = 0;
         if (n_cand <= BS_CANDIDATES) {
             /* the candidates, ascending: the keys in the bin or above */
             block_compact<NT, 4>(
                 key, n, bin == 0, ((uint32_t)bin << 20) - 1u, 0, 0, false,
                 [&](int j, int rank) { cand[rank] = j; }, scan_tmp);
             __syncthreads();
-            auto ckey = [&](int i) { return key(cand[i]); };
-            const bool all = k >= n_cand;
-            if (!all) block_radix_select<NT>(ckey, n_cand, k, sm.sel, thr, take_eq, eq_total);
-            block_compact<NT, 4>(
-                ckey, n_cand, all, thr, take_eq, eq_total, false,
-                [&](int i, int rank) { off[rank] = 64 * cand[i]; }, scan_tmp);
+            bs_emit_top_of<NT>(key, cand, n_cand, k, off, sm.sel, scan_tmp);
         } else {
-            block_radix_select<NT>(key, n, k, sm.sel, thr, take_eq, eq_total);
-            block_compact<NT, 4>(key, n, false, thr, take_eq, eq_total, false, emit, scan_tmp);
+            bs_emit_top<NT>(key, n, k, off, sm.sel, scan_tmp);
         }
         __syncthreads(); /* cand and the select's shared memory are reused by the next row */
     }
@@ -1138,6 +1186,274 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
     return cudaGetLastError();
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The estimate through scores in memory: a tensor-core pass writes every pooled score of the    */
+/* causal triangle to memory as its order key, then a CTA per row block selects from them.       */
+
+/* Where a (b, h) pair's keys lie: row group g (row blocks 64 g .. 64 g + 63) holds [64][64 (g + 1)]
+ * keys, so each row block's keys for blocks 0 .. m start 16-byte aligned, and those of the
+ * diagonal tile past m are zeros (below every real key: never above a bound). */
+__host__ __device__ constexpr int64_t bsr_group_base(int64_t g) {
+    return (int64_t)BSS_ROWS * BSS_KEYS * g * (g + 1) / 2;
+}
+__host__ __device__ constexpr int64_t bsr_pair_keys(int64_t R) {
+    return bsr_group_base((R + BSS_ROWS - 1) / BSS_ROWS);
+}
+__host__ __device__ constexpr int64_t bsr_row_base(int64_t m) {
+    return bsr_group_base(m / BSS_ROWS) + (m % BSS_ROWS) * BSS_KEYS * (m / BSS_ROWS + 1);
+}
+/* The maxima of groups of BSR_GROUP_KEYS adjacent keys: a row's maxima lie score_max_stride =
+ * BSR_GROUPS x (row groups) apart, those of tile i at BSR_GROUPS i. */
+constexpr int BSR_GROUP_KEYS = 16, BSR_GROUPS = BSS_KEYS / BSR_GROUP_KEYS;
+__host__ __device__ constexpr int64_t bsr_pair_maxima(int64_t R) {
+    return ((R + BSS_ROWS - 1) / BSS_ROWS) * BSS_ROWS * BSR_GROUPS *
+           ((R + BSS_ROWS - 1) / BSS_ROWS);
+}
+
+/* The key tiles one CTA of bs_score_kernel scores, by default. */
+constexpr int BSR_CHUNK_TILES = 8;
+
+/* Grid (chunks of score_chunk_tiles key tiles, row groups longest first, pairs): the scores of a
+ * row group's 64 row blocks against one chunk of key tiles, computed as bs_stream_kernel computes
+ * them (bss_thread::score, the same sums in the same order), written as bs_rank_key. A warp puts
+ * its 16 rows x 64 keys in shared memory first and writes them a row's 256 bytes at a time: from
+ * the mma fragments each store covered 32 bytes of eight rows. Rows that take none or every
+ * block are not written (the select does not read them). */
+constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligned, few conflicts */
+/* the group maxima of a chunk's tiles, a row's BSR_GROUPS x BSR_MAX_CHUNK_TILES */
+constexpr int BSR_MAX_CHUNK_TILES = 8;
+constexpr int BSR_MAX_ROW = BSR_GROUPS * BSR_MAX_CHUNK_TILES + 4;
+template <int D> constexpr size_t bsr_score_smem() {
+    return bss_key_bytes<D>() + (size_t)BSS_ROWS * (BSR_STAGE_ROW + BSR_MAX_ROW) * 4;
+}
+template <typename T, int D>
+__global__ void __launch_bounds__(BSS_NT, 3)
+    bs_score_kernel(const __grid_constant__ bs_select_params p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *kbuf = reinterpret_cast<T *>(smem); /* [2][64][KS] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t *stage = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
+                      16 * warp * BSR_STAGE_ROW; /* [16][BSR_STAGE_ROW] */
+    uint32_t *stage_max = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
+                          BSS_ROWS * BSR_STAGE_ROW + 16 * warp * BSR_MAX_ROW; /* [16][..] */
+    const int z = blockIdx.z, bh = p.score_bh0 + z;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int group = (int)(gridDim.y - 1 - blockIdx.y), m0 = group * BSS_ROWS;
+    const int lo = (int)blockIdx.x * p.score_chunk_tiles;
+    if (!p.active[h] || m0 >= p.idx_row_blocks || lo > group) return;
+    const int len = bs_seq_len(p, b), nb = (len + 63) / 64;
+    if (m0 >= nb) return;
+    const int wm0 = m0 + 16 * warp;
+    bss_thread<T, D> th;
+    th.init(p, bh, h, m0, wm0, g, t, len);
+    if (th.n_tiles == 0) return;
+    const bss_range range = {lo, min(lo + p.score_chunk_tiles, th.n_tiles), 0};
+    unsigned sel_rows = 0; /* bit rr: the warp's row rr selects (its keys are written) */
+    for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
+    /* the warp's first row; its rows are row_len keys apart */
+    const int row_len = BSS_KEYS * (group + 1);
+    uint32_t *out = p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
+                    (int64_t)(16 * warp) * row_len;
+    uint32_t *maxima = p.score_maxima + (int64_t)z * bsr_pair_maxima(p.row_blocks) +
+                       (int64_t)wm0 * p.score_max_stride;
+    bss_walk_tiles<T, D>(kbuf, bss_keys_of<T, D>(p, b, h), range, nb, [&](int it, const T *tile) {
+        if (!th.warp_sel) return;
+        float acc[8][4];
+        th.score(tile, g, t, acc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int m = th.mr[r];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const int j = it * BSS_KEYS + 8 * nt + 2 * t;
+                uint2 v;
+                v.x = j <= m ? bs_rank_key(acc[nt][2 * r], j, m) : 0u;
+                v.y = j + 1 <= m ? bs_rank_key(acc[nt][2 * r + 1], j + 1, m) : 0u;
+                *reinterpret_cast<uint2 *>(stage + (g + 8 * r) * BSR_STAGE_ROW + 8 * nt + 2 * t) =
+                    v;
+            }
+        }
+        __syncwarp();
+        /* two rows a store: lanes 0-15 one, 16-31 the next */
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int rr = 2 * i + (lane >> 4), c = 4 * (lane & 15);
+            const bool sel = (sel_rows >> rr) & 1u;
+            const uint4 v = *reinterpret_cast<const uint4 *>(stage + rr * BSR_STAGE_ROW + c);
+            if (sel) *reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c) = v;
+            /* the maximum of 16 keys: four lanes' */
+            uint32_t mx = max(max(v.x, v.y), max(v.z, v.w));
+            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if ((lane & 3) == 0)
+                stage_max[rr * BSR_MAX_ROW + BSR_GROUPS * (it - range.lo) + ((lane & 15) >> 2)] =
+                    mx;
+        }
+        __syncwarp(); /* the stage is written again by the next tile */
+    });
+    if (!th.warp_sel) return;
+    /* the chunk's maxima, BSR_GROUPS x its tiles a row (16-byte pieces: a quarter of the warp a
+     * row) */
+    const int pieces = BSR_GROUPS * (range.hi - range.lo) / 4;
+    for (int i = lane; i < 16 * pieces; i += 32) {
+        const int rr = i / pieces, c = 4 * (i % pieces);
+        if (!((sel_rows >> rr) & 1u)) continue;
+        *reinterpret_cast<uint4 *>(maxima + rr * p.score_max_stride + BSR_GROUPS * range.lo + c) =
+            *reinterpret_cast<const uint4 *>(stage_max + rr * BSR_MAX_ROW + c);
+    }
+}
+
+/* Writes the top k of n candidate blocks as ascending offsets, by one warp: key(i) ranks
+ * candidate i, block(i) is its block, ascending in i; every key of the top k lies in [lo, hi].
+ * The k-th largest key, then every key above it and the first of those equal to it (lower
+ * block first, the CPU reference's order), with ballots only. */
+template <typename KeyFn, typename BlockFn>
+__device__ void bsr_warp_emit(KeyFn key, BlockFn block, int n, int k, uint32_t lo, uint32_t hi,
+                              int32_t *off) {
+    const bool all = k >= n;
+    const uint32_t thr = all ? 0u : warp_kth_largest(key, n, k, lo, hi);
+    int above = 0;
+    for (int i0 = 0; i0 < n && !all; i0 += 32) {
+        const int i = i0 + (threadIdx.x & 31);
+        above += __popc(__ballot_sync(0xffffffffu, i < n && key(i) > thr));
+    }
+    const int take_eq = k - above;
+    int eq_run = 0, out = 0;
+    for (int i0 = 0; i0 < n; i0 += 32) {
+        const int i = i0 + (threadIdx.x & 31);
+        const uint32_t u = i < n ? key(i) : 0u;
+        const bool eq = i < n && !all && u == thr;
+        const unsigned eq_bal = __ballot_sync(0xffffffffu, eq);
+        const bool take =
+            i < n && (all || u > thr || (eq && eq_run + lanes_below(eq_bal) < take_eq));
+        const unsigned take_bal = __ballot_sync(0xffffffffu, take);
+        if (take) off[out + lanes_below(take_bal)] = 64 * block(i);
+        eq_run += __popc(eq_bal);
+        out += __popc(take_bal);
+    }
+}
+
+/* Grid (groups of BSR_WARPS row blocks longest first, pairs): a warp per row block, its top k
+ * from its keys in memory, with no barrier. The k-th largest of the row's group maxima (from
+ * bs_score_kernel) is reached by k distinct blocks, so it bounds the row's k-th key from below;
+ * one pass over the keys (eight 16-byte reads in flight a lane) lists those at or above it in
+ * ascending order, and bsr_warp_emit selects from them; where more than BSR_WCAND reach the
+ * bound (many equal or near-diagonal scores), from the whole row in memory. Reading only the
+ * groups whose maximum reaches the bound (a tenth of the row at 1M) was slower: 0.72 against
+ * 0.35 ms at 1M x 1 (4-byte reads of scattered groups, two groups a warp's read). */
+constexpr int BSR_WARPS = 8;
+constexpr int BSR_WCAND = 512;
+constexpr int BSR_BATCH = 8;
+__global__ void __launch_bounds__(32 * BSR_WARPS)
+    bs_row_select_kernel(const __grid_constant__ bs_select_params p) {
+    __shared__ int cand[BSR_WARPS][BSR_WCAND];
+    __shared__ uint32_t cand_key[BSR_WARPS][BSR_WCAND];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int z = blockIdx.y, bh = p.score_bh0 + z;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int m = p.idx_row_blocks - 1 - (int)(blockIdx.x * BSR_WARPS + warp);
+    if (!p.active[h] || m < 0) return;
+    const int len = bs_seq_len(p, b), n = m + 1, k = bs_row_k(p, h, m, len);
+    const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
+    int32_t *off = p.block_offset + row * p.max_blocks;
+    if (lane == 0) {
+        p.column_count[row] = 0;
+        p.block_count[row] = k;
+    }
+    if (k <= 0) return;
+    if (k >= n) {
+        for (int j = lane; j < n; j += 32) off[j] = 64 * j;
+        return;
+    }
+    const uint32_t *keys = p.scores + (int64_t)z * p.score_pair_keys + bsr_row_base(m);
+    const uint32_t *mxs = p.score_maxima + (int64_t)z * bsr_pair_maxima(p.row_blocks) +
+                          (int64_t)m * p.score_max_stride;
+    const int nm = BSR_GROUPS * (m / BSS_ROWS + 1);
+    uint32_t lo = ~0u, hi = 0u;
+    for (int i = lane; i < nm; i += 32) {
+        const uint32_t v = __ldg(mxs + i);
+        lo = min(lo, v);
+        hi = max(hi, v);
+    }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    const uint32_t bound =
+        k <= nm ? warp_kth_largest([&](int i) { return __ldg(mxs + i); }, nm, k, lo, hi) : 0u;
+    int *wc = cand[warp];
+    uint32_t *wk = cand_key[warp];
+    const uint4 *kv = reinterpret_cast<const uint4 *>(keys);
+    const int nv = (n + 3) / 4;
+    int n_cand = 0;
+    for (int i0 = 0; i0 < nv; i0 += 32 * BSR_BATCH) {
+        uint4 u[BSR_BATCH];
+#pragma unroll
+        for (int r = 0; r < BSR_BATCH; ++r) {
+            const int i = i0 + 32 * r + lane;
+            u[r] = i < nv ? __ldcs(kv + i) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int r = 0; r < BSR_BATCH; ++r) {
+            const int j = 4 * (i0 + 32 * r + lane);
+            const uint32_t e[4] = {u[r].x, u[r].y, u[r].z, u[r].w};
+            bool in[4];
+            int c = 0;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                in[q] = j + q < n && e[q] >= bound;
+                c += in[q];
+            }
+            if (!__any_sync(0xffffffffu, c > 0)) continue;
+            int incl = c;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            int at = n_cand + incl - c;
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                if (in[q]) {
+                    if (at < BSR_WCAND) {
+                        wc[at] = j + q;
+                        wk[at] = e[q];
+                    }
+                    ++at;
+                }
+            n_cand += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncwarp();
+    if (n_cand <= BSR_WCAND)
+        bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
+                      hi, off);
+    else
+        bsr_warp_emit([&](int j) { return keys[j]; }, [&](int j) { return j; }, n, k, bound, hi,
+                      off);
+}
+
+template <typename T, int D>
+static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chunk_pairs,
+                                    cudaStream_t st) {
+    auto score = bs_score_kernel<T, D>;
+    const size_t smem = bsr_score_smem<D>();
+    cudaError_t e =
+        cudaFuncSetAttribute(score, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const unsigned groups = (unsigned)sp.groups_r;
+    const unsigned chunks = (groups + sp.score_chunk_tiles - 1) / sp.score_chunk_tiles;
+    for (int64_t z0 = 0; z0 < BH; z0 += chunk_pairs) {
+        const unsigned nz = (unsigned)std::min<int64_t>(chunk_pairs, BH - z0);
+        bool any = false; /* chunks of heads the call does not take launch nothing */
+        for (int64_t bh = z0; bh < z0 + nz; ++bh) any |= sp.active[bh % sp.heads] != 0;
+        if (!any) continue;
+        sp.score_bh0 = (int32_t)z0;
+        score<<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
+        const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
+        bs_row_select_kernel<<<dim3(rows, nz), 32 * BSR_WARPS, 0, st>>>(sp);
+    }
+    return cudaGetLastError();
+}
+
 } // namespace mi_cuda
 
 using namespace mi_cuda;
@@ -1159,10 +1475,11 @@ static int64_t bss_slots() { return 2 * (int64_t)mi_cuda_sm_count(); }
  * kernel's row bounds, and for split groups (split_pairs streaming pairs in chunks of
  * chunk_tiles, 0: none) the chunks' group maxima, candidate counts and candidates. */
 struct bs_scratch_layout {
-    size_t qp, kp, bound, split_maxima, split_count, split_cand, total;
+    size_t qp, kp, bound, split_maxima, split_count, split_cand, scores, score_maxima, total;
 };
 static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
-                                       int64_t head_dim, int64_t split_pairs, int chunk_tiles) {
+                                       int64_t head_dim, int64_t split_pairs, int chunk_tiles,
+                                       int64_t score_pairs) {
     const int64_t R = (len + 63) / 64, BH = batch * heads, groups = (R + BSS_ROWS - 1) / BSS_ROWS;
     const int64_t split_rows =
         chunk_tiles > 0 ? split_pairs * (groups - chunk_tiles) * BSS_ROWS : 0;
@@ -1173,8 +1490,46 @@ static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t hea
     l.split_maxima = l.bound + align256b((size_t)BH * R * 4);
     l.split_count = l.split_maxima + align256b((size_t)split_rows * BSB_SLOTS * 2);
     l.split_cand = l.split_count + align256b((size_t)split_rows * BSS_SPLIT_MAX * 4);
-    l.total = l.split_cand + align256b((size_t)split_rows * BSS_SPLIT_MAX * BSS_MAX_K * 8);
+    l.scores = l.split_cand + align256b((size_t)split_rows * BSS_SPLIT_MAX * BSS_MAX_K * 8);
+    l.score_maxima = l.scores + align256b((size_t)score_pairs * bsr_pair_keys(R) * 4);
+    l.total = l.score_maxima + align256b((size_t)score_pairs * bsr_pair_maxima(R) * 4);
     return l;
+}
+
+/* The estimate through scores in memory takes at most this much scratch for its keys, the
+ * (b, h) pairs going through it in turn in chunks that fit (one pair at 1M: 537 MB). */
+constexpr size_t BSR_SCORE_BYTES = (size_t)1 << 30;
+
+/* A (b, h) pair's keys and group maxima. */
+static size_t bsr_pair_bytes(int64_t R) {
+    return (size_t)(bsr_pair_keys(R) + bsr_pair_maxima(R)) * 4;
+}
+
+/* Whether `pairs` (b, h) pairs of this length take the estimate through scores in memory: at
+ * most BSR_AUTO_PAIRS of them, where the streaming kernel would split its row groups (its CTAs
+ * too few for the SMs: 128K and longer) and a pair's keys fit BSR_SCORE_BYTES. H200, top 100,
+ * ms per head, scores in memory against streaming (random / position-coded inputs): one pair
+ * 0.12 / 0.13 against 0.19 / 0.19 at 128K, 0.32 / 0.40 against 0.47 / 0.43 at 512K, 0.82 /
+ * 0.87 against 0.85 / 0.97 at 1M; two pairs 0.08 / 0.11 against 0.10 / 0.10 at 128K and 0.27 /
+ * 0.34 against 0.31 / 0.33 at 512K, four 0.24 / 0.29 against 0.23 / 0.28 at 512K and 0.76 /
+ * 0.82 against 0.63 / 0.78 at 1M (bench/results/2026-11-30-gpu-bs-estimate-scores.json): the
+ * streaming kernel's parallelism grows with the pairs, the scores path's does not.
+ * MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B runs, tests). */
+constexpr int64_t BSR_AUTO_PAIRS = 1;
+static bool bsr_scores_on(int64_t pairs, int64_t len) {
+    const int64_t R = (len + 63) / 64;
+    if (const char *e = getenv("MI_CUDA_BS_SCORES"))
+        if (e[0] == '0' || e[0] == '1') return e[0] == '1';
+    const int64_t groups = (R + BSS_ROWS - 1) / BSS_ROWS;
+    return pairs >= 1 && pairs <= BSR_AUTO_PAIRS &&
+           bss_chunk_tiles_for(pairs, groups, bss_slots(), -1) > 0 &&
+           bsr_pair_bytes(R) <= BSR_SCORE_BYTES;
+}
+
+/* The pairs a chunk of the scores path takes: as many as fit BSR_SCORE_BYTES, at least one. */
+static int64_t bsr_chunk_pairs(int64_t BH, int64_t len) {
+    const size_t pair = bsr_pair_bytes((len + 63) / 64);
+    return std::max<int64_t>(1, std::min<int64_t>(BH, (int64_t)(BSR_SCORE_BYTES / pair)));
 }
 
 /* Enough for any number of streaming heads (the split buffers peak at a few heads: at 1M about
@@ -1188,7 +1543,11 @@ extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t
         const int64_t pairs = batch * hs;
         const int chunk = bss_chunk_tiles_for(pairs, groups, slots, forced);
         most = std::max(
-            most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, pairs, chunk).total);
+            most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, pairs, chunk, 0).total);
+        if (bsr_scores_on(pairs, len))
+            most = std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, 0, 0,
+                                                bsr_chunk_pairs(batch * heads, len))
+                                      .total);
     }
     return most;
 }
@@ -1231,6 +1590,10 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     bool stream_on = true;
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
+    /* few heads of long sequences: every head through scores in memory (bsr_scores_on) */
+    int64_t n_active = 0;
+    for (int64_t h = 0; h < s->heads_q; ++h) n_active += active ? active[h] != 0 : 1;
+    const bool scores_on = bsr_scores_on(s->batch * n_active, s->len);
     if (const char *e = getenv("MI_CUDA_BS_CAP")) cap_env = atoi(e);
     const bool narrow_ok = cap_env != BSS_CAP_WIDE && smem_cta >= stream_smem(BSS_CAP_NARROW);
     bool any_stream = false, any_rows = false;
@@ -1241,8 +1604,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         const bool on = active ? active[h] != 0 : true;
         const bool st_head = stream_on && ((narrow_ok && top_k[h] <= BSS_NARROW_MAX_K) ||
                                            (wide_fits && top_k[h] <= BSS_MAX_K));
-        to_stream[h] = on && st_head;
-        to_rows[h] = on && !st_head;
+        to_stream[h] = on && st_head && !scores_on;
+        to_rows[h] = on && !st_head && !scores_on;
         any_stream |= to_stream[h] != 0;
         any_rows |= to_rows[h] != 0;
         if (to_stream[h]) split_slot[h] = (uint8_t)n_stream++;
@@ -1283,8 +1646,9 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     const int64_t BH = s->batch * s->heads_q, BHK = s->batch * s->heads_kv;
     if (R <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
     cudaStream_t stream = mi_stream(ctx);
+    const int64_t score_pairs = scores_on ? bsr_chunk_pairs(BH, s->len) : 0;
     const bs_scratch_layout lay = bs_scratch_of(s->batch, s->heads_q, s->heads_kv, s->len,
-                                                s->head_dim, pairs, chunk_tiles);
+                                                s->head_dim, pairs, chunk_tiles, score_pairs);
     void *qp = static_cast<char *>(scratch) + lay.qp;
     void *kp = static_cast<char *>(scratch) + lay.kp;
 
@@ -1368,7 +1732,22 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.split_maxima = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) + lay.split_maxima);
     sp.split_count = reinterpret_cast<int32_t *>(static_cast<char *>(scratch) + lay.split_count);
     sp.split_cand = reinterpret_cast<uint64_t *>(static_cast<char *>(scratch) + lay.split_cand);
+    sp.scores = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.scores);
+    sp.score_pair_keys = bsr_pair_keys(R);
+    sp.score_maxima = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_maxima);
+    sp.score_max_stride = BSR_GROUPS * groups_r;
+    /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of bs_score_kernel (A/B runs) */
+    sp.score_chunk_tiles = BSR_CHUNK_TILES;
+    if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
+        if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), BSR_MAX_CHUNK_TILES);
     cudaError_t e = cudaSuccess;
+    if (scores_on) {
+        for (int64_t h = 0; h < s->heads_q; ++h) sp.active[h] = active ? active[h] != 0 : 1;
+        e = bf ? (d64 ? launch_bs_scores<__nv_bfloat16, 64>(sp, BH, score_pairs, stream)
+                      : launch_bs_scores<__nv_bfloat16, 128>(sp, BH, score_pairs, stream))
+               : (d64 ? launch_bs_scores<__half, 64>(sp, BH, score_pairs, stream)
+                      : launch_bs_scores<__half, 128>(sp, BH, score_pairs, stream));
+    }
     if (any_stream) {
         memcpy(sp.active, to_stream, (size_t)s->heads_q);
         e = bf ? (d64 ? launch_bs_stream<__nv_bfloat16, 64>(sp, cap, BH, stream)

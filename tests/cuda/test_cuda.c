@@ -776,7 +776,9 @@ typedef enum {
     BS_STREAM_NO_SPLIT,
     BS_STREAM_SPLIT_4,
     BS_STREAM_SPLIT_4_NO_BOUND,
-    BS_STREAM_NTILE_APPEND
+    BS_STREAM_NTILE_APPEND,
+    BS_STREAM_NO_SCORES,
+    BS_SCORES
 } bs_kernel;
 
 /* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
@@ -800,14 +802,26 @@ static const struct {
                                     "MI_CUDA_BS_BOUND", "0"},
     [BS_STREAM_NTILE_APPEND] = {"MI_CUDA_BS_MASK_APPEND", "0",
                                 "streaming, plain tiles appended an n-tile at a time"},
+    [BS_STREAM_NO_SCORES] = {"MI_CUDA_BS_SCORES", "0", "no scores in memory"},
+    [BS_SCORES] = {"MI_CUDA_BS_SCORES", "1", "scores in memory"},
 };
 
 /* The variables the block-sparse tests set, cleared after each estimate. */
 static void bs_env_clear(void) {
     static const char *const vars[] = {
-        "MI_CUDA_BS_ROWS", "MI_CUDA_BS_WIDE",  "MI_CUDA_BS_STREAM", "MI_CUDA_BS_BOUND",
-        "MI_CUDA_BS_POOL_VEC", "MI_CUDA_BS_CAP", "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND"};
+        "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
+        "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
+        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+/* The estimate through scores in memory is the default for one (b, h) pair of 128K and longer;
+ * a test of another path turns it off, so that it runs the path it names. */
+static void bs_env_path(bs_kernel kern) {
+    if (kern == BS_SCORES)
+        unsetenv("MI_CUDA_BS_SCORES");
+    else
+        setenv("MI_CUDA_BS_SCORES", "0", 1);
 }
 
 /* The inputs of the long block-sparse tests: batch 2 (lengths L and 3 L / 5 + 1), 2 query heads
@@ -856,6 +870,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
         setenv("MI_CUDA_BS_ROWS", env, 1);
     }
     if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
+    bs_env_path(kern);
     const char *var = bs_kernel_env[kern].var;
     if (var) setenv(var, bs_kernel_env[kern].value, 1);
     if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
@@ -869,7 +884,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
              (long long)L, (long long)D, topk,
-             topk > 192 ? "rows" : bs_kernel_env[kern].label,
+             topk > 192 && kern != BS_SCORES ? "rows" : bs_kernel_env[kern].label,
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
@@ -878,12 +893,14 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     pair_free(&v);
 }
 
-/* The streaming kernel's two ways of appending a plain tile's candidates (at once where every
- * row has room, else an n-tile at a time) give the same index, bit for bit: the default against
- * MI_CUDA_BS_MASK_APPEND=0 on the inputs of bs_long_inputs, both with `var` set to `value` where
- * var is not NULL (the chunks, the slots). */
-static void test_block_sparse_appends_agree(int64_t L, int64_t D, int32_t topk, int ramp,
-                                            const char *var, const char *value) {
+/* Two block-sparse paths that score the pooled blocks with the same sums give the same index,
+ * bit for bit: `kern` against `ref` on the inputs of bs_long_inputs, both with `var` set to
+ * `value` where var is not NULL (the chunks, the slots). The streaming kernel's two ways of
+ * appending a plain tile's candidates (at once where every row has room, else an n-tile at a
+ * time), and the estimate through scores in memory against the streaming kernel. */
+static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t L, int64_t D,
+                                          int32_t topk, int ramp, const char *var,
+                                          const char *value) {
     char name[200];
     const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
     int32_t lens[2];
@@ -893,22 +910,25 @@ static void test_block_sparse_appends_agree(int64_t L, int64_t D, int32_t topk, 
     sp_pair si;
     sp_alloc(&si, B, H, R, topk < R ? topk : R, 1);
     if (var) setenv(var, value, 1);
-    setenv("MI_CUDA_BS_MASK_APPEND", "0", 1);
+    bs_env_path(ref);
+    setenv(bs_kernel_env[ref].var, bs_kernel_env[ref].value, 1);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     /* that index is the reference (the host side of the pair has the same layout) */
     CUDA_OK(cudaMemcpy(si.hb, si.db, si.bytes, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemset(si.db, 0xff, si.bytes));
-    unsetenv("MI_CUDA_BS_MASK_APPEND");
+    unsetenv(bs_kernel_env[ref].var);
+    bs_env_path(kern);
+    if (bs_kernel_env[kern].var) setenv(bs_kernel_env[kern].var, bs_kernel_env[kern].value, 1);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     bs_env_clear();
     const int64_t idiff = sp_diff(&si);
     snprintf(name, sizeof name,
-             "block_sparse_estimate appends at once = an n-tile at a time: L%lld D%lld top %d%s "
-             "%s=%s, differing %lld / %lld",
-             (long long)L, (long long)D, topk, ramp ? " ramp" : "", var ? var : "defaults",
-             var ? value : "", (long long)idiff, (long long)B * H * R);
+             "block_sparse_estimate %s = %s: L%lld D%lld top %d%s %s=%s, differing %lld / %lld",
+             bs_kernel_env[kern].label, bs_kernel_env[ref].label, (long long)L, (long long)D, topk,
+             ramp ? " ramp" : "", var ? var : "defaults", var ? value : "", (long long)idiff,
+             (long long)B * H * R);
     check(idiff == 0, "index differs", name);
     sp_free(&si);
     pair_free(&q);
@@ -1124,6 +1144,10 @@ int main(int argc, char **argv) {
      * long row groups split into chunks (by default at Lb and Lr here: 4 (b, h) pairs), not
      * split, or split into the most chunks (4), with and without bounds; plain tiles appended
      * an n-tile at a time, and the index of that path against the default's, bit for bit.
+     * The estimate through scores in memory (forced on): top 100, 192 at D = 64, ramp inputs,
+     * top 300 (every key a candidate) and 2040 (more candidates than a warp's slots: the
+     * select over the whole row), and its index against the streaming kernel's, bit for bit
+     * (the same sums), also against split groups.
      * The row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
      * default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256 threads (the default here)
      * and in the wide ones of 512 */
@@ -1155,16 +1179,32 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_SPLIT_4_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 1);
-    test_block_sparse_appends_agree(Lb, 128, 100, 0, NULL, NULL);
-    test_block_sparse_appends_agree(Lb, 128, 192, 0, NULL, NULL);
-    test_block_sparse_appends_agree(Lb, 64, 100, 0, NULL, NULL);
-    test_block_sparse_appends_agree(Lr, 128, 100, 1, NULL, NULL);
-    test_block_sparse_appends_agree(Lr, 128, 100, 1, "MI_CUDA_BS_CAP", "128");
-    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_CAP", "256");
-    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "0");
-    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1");
-    test_block_sparse_appends_agree(Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1");
-    test_block_sparse_appends_agree(Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0");
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, NULL, NULL);
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 192, 0, NULL, NULL);
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 64, 100, 0, NULL, NULL);
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, NULL, NULL);
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1,
+                                  "MI_CUDA_BS_CAP", "128");
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
+                                  "MI_CUDA_BS_CAP", "256");
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
+                                  "MI_CUDA_BS_SPLIT", "0");
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
+                                  "MI_CUDA_BS_SPLIT", "1");
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1,
+                                  "MI_CUDA_BS_SPLIT", "1");
+    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
+                                  "MI_CUDA_BS_BOUND", "0");
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES, 0);
+    test_block_sparse_long(Lb, 64, 192, 0, -1, BS_SCORES, 0);
+    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_SCORES, 1);
+    test_block_sparse_long(Lr, 128, 300, 0, -1, BS_SCORES, 1);
+    test_block_sparse_long(Lb, 128, 2040, 0, -1, BS_SCORES, 0);
+    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL);
+    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL);
+    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL);
+    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 192, 1,
+                                  "MI_CUDA_BS_SPLIT", "1");
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
