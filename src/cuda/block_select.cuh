@@ -197,28 +197,6 @@ __device__ void block_compact(KeyFn key, int n, bool take_all, uint32_t thr, int
     }
 }
 
-/* The k-th largest of the n keys key(0 .. n - 1) (0 < k <= n), every one in [lo, hi], by one
- * warp: the largest x with at least k keys at or above it, fixed a bit at a time below the top
- * bits that lo and hi share (one ballot per 32 keys a bit; no barrier). */
-template <typename KeyFn>
-__device__ uint32_t warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, uint32_t hi) {
-    const int lane = threadIdx.x & 31;
-    const uint32_t diff = lo ^ hi;
-    if (diff == 0) return lo;
-    const int top = 31 - __clz(diff);
-    uint32_t x = top == 31 ? 0u : lo & ~((2u << top) - 1u);
-    for (int bit = top; bit >= 0; --bit) {
-        const uint32_t c = x | (1u << bit);
-        int cnt = 0;
-        for (int i0 = 0; i0 < n; i0 += 32) {
-            const int i = i0 + lane;
-            cnt += __popc(__ballot_sync(0xffffffffu, i < n && key(i) >= c));
-        }
-        if (cnt >= k) x = c;
-    }
-    return x;
-}
-
 /* Warp-wide selects over n <= 32 SLOTS distinct 64-bit values, held in registers: lane l holds
  * value 32 i + l in slot i, 0 where there is none (every value is above 0). */
 

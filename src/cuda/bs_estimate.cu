@@ -94,6 +94,7 @@
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
+#include "bs_scores.cuh"
 #include "bs_slots.cuh"
 #include "cuda_common.cuh"
 
@@ -1190,24 +1191,25 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
 /* The estimate through scores in memory: a tensor-core pass writes every pooled score of the    */
 /* causal triangle to memory as its order key, then a CTA per row block selects from them.       */
 
-/* Where a (b, h) pair's keys lie: row group g (row blocks 64 g .. 64 g + 63) holds [64][64 (g + 1)]
- * keys, so each row block's keys for blocks 0 .. m start 16-byte aligned, and those of the
- * diagonal tile past m are zeros (below every real key: never above a bound). */
-__host__ __device__ constexpr int64_t bsr_group_base(int64_t g) {
-    return (int64_t)BSS_ROWS * BSS_KEYS * g * (g + 1) / 2;
-}
-__host__ __device__ constexpr int64_t bsr_pair_keys(int64_t R) {
-    return bsr_group_base((R + BSS_ROWS - 1) / BSS_ROWS);
-}
-__host__ __device__ constexpr int64_t bsr_row_base(int64_t m) {
-    return bsr_group_base(m / BSS_ROWS) + (m % BSS_ROWS) * BSS_KEYS * (m / BSS_ROWS + 1);
-}
-/* The maxima of groups of BSR_GROUP_KEYS adjacent keys: a row's maxima lie score_max_stride =
- * BSR_GROUPS x (row groups) apart, those of tile i at BSR_GROUPS i. */
-constexpr int BSR_GROUP_KEYS = 16, BSR_GROUPS = BSS_KEYS / BSR_GROUP_KEYS;
-__host__ __device__ constexpr int64_t bsr_pair_maxima(int64_t R) {
-    return ((R + BSS_ROWS - 1) / BSS_ROWS) * BSS_ROWS * BSR_GROUPS *
-           ((R + BSS_ROWS - 1) / BSS_ROWS);
+/* The layout of the keys and group maxima in memory (bsr_row_base, bsr_pair_maxima, ...) and
+ * the bit-by-bit k-th largest: bs_scores.cuh. */
+static_assert(BSR_ROWS == BSS_ROWS && BSR_TILE_KEYS == BSS_KEYS, "the streaming kernel's tiles");
+
+/* The k-th largest of the n keys key(0 .. n - 1) (0 < k <= n), every key of the top k in
+ * [lo, hi], by one warp: bsr_kth_largest with one ballot per 32 keys a count, no barrier. */
+template <typename KeyFn>
+__device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, uint32_t hi) {
+    const int lane = threadIdx.x & 31;
+    return bsr_kth_largest(
+        [&](uint32_t c) {
+            int cnt = 0;
+            for (int i0 = 0; i0 < n; i0 += 32) {
+                const int i = i0 + lane;
+                cnt += __popc(__ballot_sync(0xffffffffu, i < n && key(i) >= c));
+            }
+            return cnt;
+        },
+        k, lo, hi);
 }
 
 /* The key tiles one CTA of bs_score_kernel scores, by default. */
@@ -1311,7 +1313,7 @@ template <typename KeyFn, typename BlockFn>
 __device__ void bsr_warp_emit(KeyFn key, BlockFn block, int n, int k, uint32_t lo, uint32_t hi,
                               int32_t *off) {
     const bool all = k >= n;
-    const uint32_t thr = all ? 0u : warp_kth_largest(key, n, k, lo, hi);
+    const uint32_t thr = all ? 0u : bsr_warp_kth_largest(key, n, k, lo, hi);
     int above = 0;
     for (int i0 = 0; i0 < n && !all; i0 += 32) {
         const int i = i0 + (threadIdx.x & 31);
@@ -1378,7 +1380,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS)
     lo = __reduce_min_sync(0xffffffffu, lo);
     hi = __reduce_max_sync(0xffffffffu, hi);
     const uint32_t bound =
-        k <= nm ? warp_kth_largest([&](int i) { return __ldg(mxs + i); }, nm, k, lo, hi) : 0u;
+        k <= nm ? bsr_warp_kth_largest([&](int i) { return __ldg(mxs + i); }, nm, k, lo, hi) : 0u;
     int *wc = cand[warp];
     uint32_t *wk = cand_key[warp];
     const uint4 *kv = reinterpret_cast<const uint4 *>(keys);
@@ -1497,7 +1499,7 @@ static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t hea
 }
 
 /* The estimate through scores in memory takes at most this much scratch for its keys, the
- * (b, h) pairs going through it in turn in chunks that fit (one pair at 1M: 537 MB). */
+ * (b, h) pairs going through it in turn in chunks that fit (one pair at 1M: 539 MB). */
 constexpr size_t BSR_SCORE_BYTES = (size_t)1 << 30;
 
 /* A (b, h) pair's keys and group maxima. */
@@ -1735,7 +1737,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.scores = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.scores);
     sp.score_pair_keys = bsr_pair_keys(R);
     sp.score_maxima = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_maxima);
-    sp.score_max_stride = BSR_GROUPS * groups_r;
+    sp.score_max_stride = (int32_t)bsr_max_stride(R);
     /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of bs_score_kernel (A/B runs) */
     sp.score_chunk_tiles = BSR_CHUNK_TILES;
     if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
