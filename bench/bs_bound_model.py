@@ -17,7 +17,14 @@ maxima room), 1024 slots of 8-bit codes (the 64 KB of 512 16-bit ones) over a wi
 groups in the 4 or 8 tiles nearest the diagonal and the rest shared by the others, and bounds taken from every s-th tile only (what a cheaper first pass of a
 one-pass design would see). Counts only, no times.
 
-  bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--out model.json]
+With --scores, the bound of the estimate through scores in memory instead (bs_row_select_kernel:
+the k-th largest of whole 32-bit group maxima over every key of the row, the forced ones
+included) and how many keys reach it: a row with more than `--cap` of them (512 there) selects
+from its whole row. Variants: its 16 adjacent keys a group, 8 adjacent keys, 16 keys four apart
+within a tile, 16 keys 32 apart over a score CTA's 512 keys, and the top 2 of each 16-key group.
+
+  bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--scores]
+                    [--out model.json]
 """
 import argparse
 import json
@@ -205,6 +212,58 @@ def model(L, inputs, rows, k, cap, seed):
             "keys_at_or_above_kth_mean": float(np.mean(exact_reach)), "variants": out}
 
 
+def scores_bound(keys, k, grouping):
+    """The scores path's bound for one row: keys (order keys of j = 0 .. 64 n_tiles - 1, 0 past
+    the diagonal) grouped by `grouping`; the k-th largest of the groups' maxima (or of the union
+    of each group's top 2)."""
+    n = len(keys)
+    j = np.arange(n)
+    if grouping == "16 adjacent":
+        grp, top = j // 16, 1
+    elif grouping == "8 adjacent":
+        grp, top = j // 8, 1
+    elif grouping == "16 four apart in a tile":
+        grp, top = (j // 64) * 4 + j % 4, 1
+    elif grouping == "16 32 apart in 512 keys":
+        grp, top = (j // 512) * 32 + j % 32, 1
+    else:  # "top 2 of 16 adjacent"
+        grp, top = j // 16, 2
+    order = np.lexsort((-keys.astype(np.int64), grp))
+    g_sorted = grp[order]
+    first = np.r_[True, g_sorted[1:] != g_sorted[:-1]]
+    rank = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    vals = np.sort(keys[order][rank < top])[::-1]
+    return int(vals[k - 1]) if len(vals) >= k else 0
+
+
+SCORE_GROUPINGS = ["16 adjacent", "8 adjacent", "16 four apart in a tile",
+                   "16 32 apart in 512 keys", "top 2 of 16 adjacent"]
+
+
+def model_scores(L, inputs, rows, k, cap, seed):
+    """Keys reaching the scores path's bound per sampled row, per grouping."""
+    q, kk = pooled(L, inputs, seed)
+    R = q.shape[0]
+    ms = np.unique(np.linspace(R // 2, R - 1, rows).astype(np.int64))
+    acc = {g: [] for g in SCORE_GROUPINGS}
+    for m in ms:
+        m = int(m)
+        n_keys = (m // 64 + 1) * 64
+        s = (q[m] @ kk[: min(n_keys, R)].T).numpy()
+        keys = np.zeros(n_keys, dtype=np.uint32)
+        keys[: len(s)] = order_key(s)
+        keys[m + 1:] = 0
+        keys[m] = 0xFFFFFFFF
+        keys[0] = FORCED_BLOCK0
+        for g in SCORE_GROUPINGS:
+            x = scores_bound(keys, k, g)
+            acc[g].append(int((keys[: m + 1] >= x).sum()))
+    out = [{"grouping": g, "keys_reaching_bound_mean": float(np.mean(v)),
+            "keys_reaching_bound_p90": float(np.percentile(v, 90)),
+            "rows_past_cap": float(np.mean(np.array(v) > cap))} for g, v in acc.items()]
+    return {"L": L, "inputs": inputs, "rows": len(ms), "top_k": k, "cap": cap, "groupings": out}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", default="128K,1M", help="128K, 512K, 1M (comma-separated)")
@@ -212,6 +271,8 @@ def main():
     ap.add_argument("--top-k", type=int, default=100)
     ap.add_argument("--cap", type=int, default=128, help="candidate slots per row")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--scores", action="store_true",
+                    help="model the scores path's bound (bs_row_select_kernel) instead")
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args()
     try:
@@ -221,6 +282,19 @@ def main():
     if args.rows < 1 or not 3 <= args.top_k <= args.cap - 9:
         ap.error("--rows must be at least 1 and --top-k between 3 and --cap - 9")
     results = []
+    if args.scores:
+        for L in lengths:
+            for inputs in ("random", "position-coded"):
+                r = model_scores(L, inputs, args.rows, args.top_k, args.cap, args.seed)
+                results.append(r)
+                print(f"L {L // 1024}K {inputs}: {r['rows']} rows, top {r['top_k']}, cap "
+                      f"{r['cap']}", flush=True)
+                print(f"  {'grouping':26s} {'reach':>8s} {'p90':>8s} {'past cap':>9s}")
+                for g in r["groupings"]:
+                    print(f"  {g['grouping']:26s} {g['keys_reaching_bound_mean']:8.0f} "
+                          f"{g['keys_reaching_bound_p90']:8.0f} {g['rows_past_cap']:9.2f}",
+                          flush=True)
+        lengths = []
     for L in lengths:
         for inputs in ("random", "position-coded"):
             t0 = time.time()
