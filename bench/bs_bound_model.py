@@ -21,7 +21,9 @@ With --scores, the bound of the estimate through scores in memory instead (bs_ro
 the k-th largest of whole 32-bit group maxima over every key of the row, the forced ones
 included) and how many keys reach it: a row with more than `--cap` of them (512 there) selects
 from its whole row. Variants: its 16 adjacent keys a group, 8 adjacent keys, 16 keys four apart
-within a tile, 16 keys 32 apart over a score CTA's 512 keys, and the top 2 of each 16-key group.
+within a tile, 16 keys 32 apart over a score CTA's 512 keys, and the top 2 of each 16-key group;
+and, for keys kept as their top 16 bits only, how many keys share the k-th key's 16 bits (those
+whose exact scores a select would need again).
 
   bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--scores]
                     [--out model.json]
@@ -246,6 +248,7 @@ def model_scores(L, inputs, rows, k, cap, seed):
     R = q.shape[0]
     ms = np.unique(np.linspace(R // 2, R - 1, rows).astype(np.int64))
     acc = {g: [] for g in SCORE_GROUPINGS}
+    bucket = []
     for m in ms:
         m = int(m)
         n_keys = (m // 64 + 1) * 64
@@ -258,10 +261,14 @@ def model_scores(L, inputs, rows, k, cap, seed):
         for g in SCORE_GROUPINGS:
             x = scores_bound(keys, k, g)
             acc[g].append(int((keys[: m + 1] >= x).sum()))
+        kth = np.sort(keys[: m + 1])[::-1][k - 1]
+        bucket.append(int(((keys[: m + 1] >> 16) == (kth >> 16)).sum()))
     out = [{"grouping": g, "keys_reaching_bound_mean": float(np.mean(v)),
             "keys_reaching_bound_p90": float(np.percentile(v, 90)),
             "rows_past_cap": float(np.mean(np.array(v) > cap))} for g, v in acc.items()]
-    return {"L": L, "inputs": inputs, "rows": len(ms), "top_k": k, "cap": cap, "groupings": out}
+    return {"L": L, "inputs": inputs, "rows": len(ms), "top_k": k, "cap": cap, "groupings": out,
+            "keys_sharing_kth_top16_mean": float(np.mean(bucket)),
+            "keys_sharing_kth_top16_max": int(np.max(bucket))}
 
 
 def main():
@@ -288,7 +295,9 @@ def main():
                 r = model_scores(L, inputs, args.rows, args.top_k, args.cap, args.seed)
                 results.append(r)
                 print(f"L {L // 1024}K {inputs}: {r['rows']} rows, top {r['top_k']}, cap "
-                      f"{r['cap']}", flush=True)
+                      f"{r['cap']}; keys sharing the k-th key's top 16 bits: mean "
+                      f"{r['keys_sharing_kth_top16_mean']:.1f}, max "
+                      f"{r['keys_sharing_kth_top16_max']}", flush=True)
                 print(f"  {'grouping':26s} {'reach':>8s} {'p90':>8s} {'past cap':>9s}")
                 for g in r["groupings"]:
                     print(f"  {g['grouping']:26s} {g['keys_reaching_bound_mean']:8.0f} "
