@@ -9,7 +9,9 @@ bench/time_variants.py --shapes block-sparse gives only the estimate's total:
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every call. Prints one line per shape, input and variant: each
-kernel's time in ms for all heads, averaged over --repeat calls after one warm-up call."""
+kernel's time in ms for all heads, averaged over --repeat calls after one warm-up call, and
+whether the variant's whole index equals the first variant's, bit for bit (variants that score
+with the same sums must agree exactly)."""
 import argparse
 import collections
 import ctypes as C
@@ -69,17 +71,25 @@ def main():
     for L in lengths:
         for inputs in ("random", "position-coded"):
             q, k, _ = tr.qkv(H, Hk, L, seed=5, local=inputs == "position-coded")
-            spi, _buf = tr.make_sparse_index(lib, H, L, tr.BS_TOP_K, 1)
+            spi, buf = tr.make_sparse_index(lib, H, L, tr.BS_TOP_K, 1)
             top_k = (C.c_int32 * H)(*([tr.BS_TOP_K] * H))
             dq, dk = tr.tdesc(q), tr.tdesc(k)
+            first = None
             for name, sets in variants:
+                buf.fill_(-7)
                 with tr.variant_env(sets):
                     times = kernel_times(lib, dq, dk, top_k, spi, args.repeat)
+                torch.cuda.synchronize()
+                index = buf.clone()
+                differ = 0 if first is None else int((index != first).sum().item())
+                if first is None:
+                    first = index
                 rows.append({"L": L, "heads": H, "inputs": inputs, "variant": name,
-                             "ms_all_heads": times})
+                             "ms_all_heads": times, "index_words_differing_from_first": differ})
                 print(f"{L // 1024}K x{H} {inputs:14s} {name:10s} "
+                      f"{'same' if differ == 0 else f'DIFF {differ}':>10s} "
                       + "  ".join(f"{n}={t:.3f}" for n, t in times.items()), flush=True)
-            del q, k
+            del q, k, first, index
             torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
