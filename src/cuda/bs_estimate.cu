@@ -1509,7 +1509,8 @@ static size_t bsr_pair_bytes(int64_t R) {
 
 /* Whether `pairs` (b, h) pairs of this length take the estimate through scores in memory: at
  * most BSR_AUTO_PAIRS of them, where the streaming kernel would split its row groups (its CTAs
- * too few for the SMs: 128K and longer) and a pair's keys fit BSR_SCORE_BYTES. H200, top 100,
+ * too few for the SMs), from BSR_AUTO_MIN_ROW_BLOCKS on, and where a pair's keys fit
+ * BSR_SCORE_BYTES. H200, top 100,
  * ms per head, scores in memory against streaming (random / position-coded inputs): one pair
  * 0.12 / 0.13 against 0.19 / 0.19 at 128K, 0.32 / 0.40 against 0.47 / 0.43 at 512K, 0.82 /
  * 0.87 against 0.85 / 0.97 at 1M; two pairs 0.08 / 0.11 against 0.10 / 0.10 at 128K and 0.27 /
@@ -1518,12 +1519,14 @@ static size_t bsr_pair_bytes(int64_t R) {
  * streaming kernel's parallelism grows with the pairs, the scores path's does not.
  * MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B runs, tests). */
 constexpr int64_t BSR_AUTO_PAIRS = 1;
+/* 128K: the shortest length measured (one pair splits from 64K on) */
+constexpr int64_t BSR_AUTO_MIN_ROW_BLOCKS = 2048;
 static bool bsr_scores_on(int64_t pairs, int64_t len) {
     const int64_t R = (len + 63) / 64;
     if (const char *e = getenv("MI_CUDA_BS_SCORES"))
         if (e[0] == '0' || e[0] == '1') return e[0] == '1';
     const int64_t groups = (R + BSS_ROWS - 1) / BSS_ROWS;
-    return pairs >= 1 && pairs <= BSR_AUTO_PAIRS &&
+    return pairs >= 1 && pairs <= BSR_AUTO_PAIRS && R >= BSR_AUTO_MIN_ROW_BLOCKS &&
            bss_chunk_tiles_for(pairs, groups, bss_slots(), -1) > 0 &&
            bsr_pair_bytes(R) <= BSR_SCORE_BYTES;
 }
