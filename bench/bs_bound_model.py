@@ -68,6 +68,21 @@ def order_key(f):
     return np.where(b >> 31 != 0, ~b, b | np.uint32(0x80000000)).astype(np.uint32)
 
 
+def row_keys(q, kk, m):
+    """Order keys of row block m's scores against blocks 0 .. 64 (m // 64 + 1) - 1, as the
+    kernels rank them: 0 past the diagonal (and past the sequence), the diagonal and block 0
+    forced on top."""
+    R = q.shape[0]
+    n = (m // 64 + 1) * 64
+    s = (q[m] @ kk[: min(n, R)].T).numpy()
+    keys = np.zeros(n, dtype=np.uint32)
+    keys[: len(s)] = order_key(s)
+    keys[m + 1:] = 0
+    keys[m] = 0xFFFFFFFF
+    keys[0] = FORCED_BLOCK0
+    return keys
+
+
 def group_of_key():
     """Group index of each of a tile's 64 keys for G groups (bsb_group_max's layout): key
     8 nt + 2 t + e of lane t; G >= 4: lane t's runs of 32 / G n-tiles; G = 2: lane pairs."""
@@ -168,15 +183,9 @@ def model(L, inputs, rows, k, cap, seed):
     exact_reach = []
     for m in ms:
         m = int(m)
-        m0 = m // 64 * 64
-        n_tiles = (min(m0 + 64, R) + 63) // 64
-        s = (q[m] @ kk[: 64 * n_tiles].T if 64 * n_tiles <= R else
-             torch.cat([q[m] @ kk.T, torch.zeros(64 * n_tiles - R)])).numpy()
-        keys = order_key(s)
+        keys = row_keys(q, kk, m)
+        n_tiles = len(keys) // 64
         j = np.arange(64 * n_tiles)
-        keys[j > m] = 0
-        keys[m] = 0xFFFFFFFF
-        keys[0] = FORCED_BLOCK0
         cand = (keys.astype(np.uint64) << np.uint64(32)) | (~j.astype(np.uint64) & 0xFFFFFFFF)
         cand[j > m] = 0
         plain = keys[1:m]
@@ -251,13 +260,7 @@ def model_scores(L, inputs, rows, k, cap, seed):
     bucket = []
     for m in ms:
         m = int(m)
-        n_keys = (m // 64 + 1) * 64
-        s = (q[m] @ kk[: min(n_keys, R)].T).numpy()
-        keys = np.zeros(n_keys, dtype=np.uint32)
-        keys[: len(s)] = order_key(s)
-        keys[m + 1:] = 0
-        keys[m] = 0xFFFFFFFF
-        keys[0] = FORCED_BLOCK0
+        keys = row_keys(q, kk, m)
         for g in SCORE_GROUPINGS:
             x = scores_bound(keys, k, g)
             acc[g].append(int((keys[: m + 1] >= x).sum()))

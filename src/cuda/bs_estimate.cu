@@ -1358,6 +1358,8 @@ __global__ void __launch_bounds__(32 * BSR_WARPS)
     const int len = bs_seq_len(p, b), n = m + 1, k = bs_row_k(p, h, m, len);
     const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
     int32_t *off = p.block_offset + row * p.max_blocks;
+    /* bs_row_trivial with a warp's lanes for a CTA's threads (calling it here changes this
+     * kernel's code: to fold in with the next GPU test run) */
     if (lane == 0) {
         p.column_count[row] = 0;
         p.block_count[row] = k;
@@ -1544,16 +1546,18 @@ extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t
     const int64_t groups = ((len + 63) / 64 + BSS_ROWS - 1) / BSS_ROWS, slots = bss_slots();
     const int forced = bss_split_env();
     size_t most = 0;
+    bool any_scores = false; /* some number of heads takes the scores path */
     for (int64_t hs = 1; hs <= heads; ++hs) {
         const int64_t pairs = batch * hs;
         const int chunk = bss_chunk_tiles_for(pairs, groups, slots, forced);
         most = std::max(
             most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, pairs, chunk, 0).total);
-        if (bsr_scores_on(pairs, len))
-            most = std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, 0, 0,
-                                                bsr_chunk_pairs(batch * heads, len))
-                                      .total);
+        any_scores |= bsr_scores_on(pairs, len);
     }
+    if (any_scores)
+        most = std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, 0, 0,
+                                            bsr_chunk_pairs(batch * heads, len))
+                                  .total);
     return most;
 }
 

@@ -1179,32 +1179,38 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_SPLIT_4_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 1);
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, NULL, NULL);
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 192, 0, NULL, NULL);
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 64, 100, 0, NULL, NULL);
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, NULL, NULL);
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1,
-                                  "MI_CUDA_BS_CAP", "128");
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
-                                  "MI_CUDA_BS_CAP", "256");
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
-                                  "MI_CUDA_BS_SPLIT", "0");
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
-                                  "MI_CUDA_BS_SPLIT", "1");
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1,
-                                  "MI_CUDA_BS_SPLIT", "1");
-    test_block_sparse_paths_agree(BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0,
-                                  "MI_CUDA_BS_BOUND", "0");
+    /* paths that score with the same sums give the same index, bit for bit: the streaming
+     * kernel's two ways of appending, and the scores in memory against the streaming kernel */
+    const struct {
+        bs_kernel kern, ref;
+        int64_t L, D;
+        int32_t topk;
+        int ramp;
+        const char *var, *value;
+    } agree[] = {
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, NULL, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 192, 0, NULL, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 64, 100, 0, NULL, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, NULL, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_CAP", "128"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_CAP", "256"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "0"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0"},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 192, 1, "MI_CUDA_BS_SPLIT", "1"},
+    };
+    for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++)
+        test_block_sparse_paths_agree(agree[i].kern, agree[i].ref, agree[i].L, agree[i].D,
+                                      agree[i].topk, agree[i].ramp, agree[i].var, agree[i].value);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES, 0);
     test_block_sparse_long(Lb, 64, 192, 0, -1, BS_SCORES, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_SCORES, 1);
     test_block_sparse_long(Lr, 128, 300, 0, -1, BS_SCORES, 1);
     test_block_sparse_long(Lb, 128, 2040, 0, -1, BS_SCORES, 0);
-    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL);
-    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL);
-    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL);
-    test_block_sparse_paths_agree(BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 192, 1,
-                                  "MI_CUDA_BS_SPLIT", "1");
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
