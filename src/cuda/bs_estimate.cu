@@ -5,8 +5,8 @@
  * ascending offsets 64*n into the common mi_sparse_index form (column_count = 0).
  *
  * Three ways to select, chosen per call and head:
- * - one (b, h) pair of 128K and longer: through scores in memory (bs_score_kernel,
- *   bs_row_select_kernel; bsr_scores_on);
+ * - sequences of 128K and longer (up to the 1 GiB of keys a pair, 1M): through scores in memory
+ *   (bs_score_kernel, bs_row_select_kernel; bsr_scores_on);
  * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
  *   tiles streamed from the diagonal down, a running top k per row block in shared memory; long
  *   rows start from a lower bound of their k-th score that bs_bound_kernel computes first. With
@@ -86,11 +86,22 @@
  *      at 1M (barriers); score stores straight from the mma fragments, 0.46 ms for the scores
  *      against 0.24 staged (then 0.34 with the group maxima); a warp reading only the groups
  *      that reach the bound, 0.72 against 0.35.
+ *  15. group summaries (the upper 16 bits of each 16-key group's two largest keys) instead of
+ *      maxima, and a select that reads only the groups whose largest key reaches the bound,
+ *      eight groups a warp's 16-byte read: the k-th largest of twice as many values is a far
+ *      tighter bound (at 128K the maxima's let 812 keys of a row through on average, so most
+ *      rows fell back to the whole row; the summaries' 116). Select at 1M x 1 0.345 / 0.400 ->
+ *      0.189 / 0.207 ms, 512K 0.151 / 0.226 -> 0.108 / 0.117, 128K 0.071 / 0.082 -> 0.047 /
+ *      0.054; the scores 0.339 -> 0.360 at 1M (the top two). Estimate at 1M x 1 0.82 / 0.87 ->
+ *      0.685 / 0.703 ms; scores in memory now the default at every head count from 128K on
+ *      (bsr_scores_on). On the way: the same gather bounded by the k-th largest group maximum,
+ *      0.220 / 0.366 at 1M but 0.090 / 0.169 at 128K (rows past BSR_WCAND); two CTAs an SM
+ *      (115 registers) 0.217 / 0.238 at 1M.
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
  *   2026-11-30-gpu-bs-estimate-bound-rows.json, 2026-11-30-gpu-bs-estimate-cand-rows.json,
- *   2026-11-30-gpu-bs-estimate-scores.json)
+ *   2026-11-30-gpu-bs-estimate-scores.json, 2026-12-01-gpu-bs-estimate-summaries.json)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
@@ -197,9 +208,9 @@ struct bs_select_params {
     int64_t score_pair_keys;
     int32_t score_bh0;
     int32_t score_chunk_tiles; /* the key tiles a CTA of bs_score_kernel scores */
-    /* and the maxima of each row's groups of BSR_GROUP_KEYS keys, score_max_stride a row */
-    uint32_t *score_maxima;
-    int32_t score_max_stride;
+    /* and the maxima of each row's groups of BSR_GROUP_KEYS keys, score_sum_stride a row */
+    uint32_t *score_sums;
+    int32_t score_sum_stride;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t top_k[MI_CUDA_MAX_HEADS];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -226,19 +237,20 @@ __device__ __forceinline__ uint32_t bs_rank_key(float score, int j, int m) {
     return j == m ? 0xffffffffu : j == 0 ? float_order_key(3.402823466e38f) : float_order_key(score);
 }
 
-/* The start of a row block's select (every thread of the CTA calls it): writes its counts, and
- * its offsets where it takes none or every block (then true: nothing is left to select). */
+/* The start of a row block's select (each of the NT threads that select the row calls it, tid
+ * its index among them: a CTA's threads, or a warp's lanes): writes its counts, and its offsets
+ * where it takes none or every block (then true: nothing is left to select). */
 template <int NT>
-__device__ __forceinline__ bool bs_row_trivial(const bs_select_params &p, int64_t row, int k,
-                                               int n) {
+__device__ __forceinline__ bool bs_row_trivial(const bs_select_params &p, int64_t row, int k, int n,
+                                               int tid = (int)threadIdx.x) {
     int32_t *off = p.block_offset + row * p.max_blocks;
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         p.column_count[row] = 0;
         p.block_count[row] = k;
     }
     if (k <= 0) return true;
     if (k < n) return false;
-    for (int j = threadIdx.x; j < n; j += NT) off[j] = 64 * j;
+    for (int j = tid; j < n; j += NT) off[j] = 64 * j;
     return true;
 }
 
@@ -1191,7 +1203,7 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
 /* The estimate through scores in memory: a tensor-core pass writes every pooled score of the    */
 /* causal triangle to memory as its order key, then a CTA per row block selects from them.       */
 
-/* The layout of the keys and group maxima in memory (bsr_row_base, bsr_pair_maxima, ...) and
+/* The layout of the keys and group summaries in memory (bsr_row_base, bsr_pair_summaries, ...) and
  * the bit-by-bit k-th largest: bs_scores.cuh. */
 static_assert(BSR_ROWS == BSS_ROWS && BSR_TILE_KEYS == BSS_KEYS, "the streaming kernel's tiles");
 
@@ -1219,14 +1231,15 @@ constexpr int BSR_CHUNK_TILES = 8;
  * row group's 64 row blocks against one chunk of key tiles, computed as bs_stream_kernel computes
  * them (bss_thread::score, the same sums in the same order), written as bs_rank_key. A warp puts
  * its 16 rows x 64 keys in shared memory first and writes them a row's 256 bytes at a time: from
- * the mma fragments each store covered 32 bytes of eight rows. Rows that take none or every
- * block are not written (the select does not read them). */
+ * the mma fragments each store covered 32 bytes of eight rows. It also writes each group of
+ * BSR_GROUP_KEYS keys' summary (bsr_group_summary: four lanes' two largest, merged). Rows that
+ * take none or every block are not written (the select does not read them). */
 constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligned, few conflicts */
-/* the group maxima of a chunk's tiles, a row's BSR_GROUPS x BSR_MAX_CHUNK_TILES */
+/* the group summaries of a chunk's tiles, a row's BSR_GROUPS x BSR_MAX_CHUNK_TILES */
 constexpr int BSR_MAX_CHUNK_TILES = 8;
-constexpr int BSR_MAX_ROW = BSR_GROUPS * BSR_MAX_CHUNK_TILES + 4;
+constexpr int BSR_SUM_ROW = BSR_GROUPS * BSR_MAX_CHUNK_TILES + 4;
 template <int D> constexpr size_t bsr_score_smem() {
-    return bss_key_bytes<D>() + (size_t)BSS_ROWS * (BSR_STAGE_ROW + BSR_MAX_ROW) * 4;
+    return bss_key_bytes<D>() + (size_t)BSS_ROWS * (BSR_STAGE_ROW + BSR_SUM_ROW) * 4;
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BSS_NT, 3)
@@ -1236,8 +1249,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t *stage = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
                       16 * warp * BSR_STAGE_ROW; /* [16][BSR_STAGE_ROW] */
-    uint32_t *stage_max = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
-                          BSS_ROWS * BSR_STAGE_ROW + 16 * warp * BSR_MAX_ROW; /* [16][..] */
+    uint32_t *stage_sum = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
+                          BSS_ROWS * BSR_STAGE_ROW + 16 * warp * BSR_SUM_ROW; /* [16][..] */
     const int z = blockIdx.z, bh = p.score_bh0 + z;
     const int b = bh / p.heads, h = bh % p.heads;
     const int group = (int)(gridDim.y - 1 - blockIdx.y), m0 = group * BSS_ROWS;
@@ -1256,8 +1269,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     const int row_len = BSS_KEYS * (group + 1);
     uint32_t *out = p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
                     (int64_t)(16 * warp) * row_len;
-    uint32_t *maxima = p.score_maxima + (int64_t)z * bsr_pair_maxima(p.row_blocks) +
-                       (int64_t)wm0 * p.score_max_stride;
+    uint32_t *sums_out = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
+                         (int64_t)wm0 * p.score_sum_stride;
     bss_walk_tiles<T, D>(kbuf, bss_keys_of<T, D>(p, b, h), range, nb, [&](int it, const T *tile) {
         if (!th.warp_sel) return;
         float acc[8][4];
@@ -1283,25 +1296,29 @@ __global__ void __launch_bounds__(BSS_NT, 3)
             const bool sel = (sel_rows >> rr) & 1u;
             const uint4 v = *reinterpret_cast<const uint4 *>(stage + rr * BSR_STAGE_ROW + c);
             if (sel) *reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c) = v;
-            /* the maximum of 16 keys: four lanes' */
-            uint32_t mx = max(max(v.x, v.y), max(v.z, v.w));
-            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            /* the summary of 16 keys: four lanes' two largest */
+            uint32_t top = max(v.x, v.y), second = min(v.x, v.y);
+            bsr_top2_add(top, second, v.z);
+            bsr_top2_add(top, second, v.w);
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1)
+                bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
+                               __shfl_xor_sync(0xffffffffu, second, o));
             if ((lane & 3) == 0)
-                stage_max[rr * BSR_MAX_ROW + BSR_GROUPS * (it - range.lo) + ((lane & 15) >> 2)] =
-                    mx;
+                stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + ((lane & 15) >> 2)] =
+                    bsr_group_summary(top, second);
         }
         __syncwarp(); /* the stage is written again by the next tile */
     });
     if (!th.warp_sel) return;
-    /* the chunk's maxima, BSR_GROUPS x its tiles a row (16-byte pieces: a quarter of the warp a
+    /* the chunk's summaries, BSR_GROUPS x its tiles a row (16-byte pieces: a quarter of the warp a
      * row) */
     const int pieces = BSR_GROUPS * (range.hi - range.lo) / 4;
     for (int i = lane; i < 16 * pieces; i += 32) {
         const int rr = i / pieces, c = 4 * (i % pieces);
         if (!((sel_rows >> rr) & 1u)) continue;
-        *reinterpret_cast<uint4 *>(maxima + rr * p.score_max_stride + BSR_GROUPS * range.lo + c) =
-            *reinterpret_cast<const uint4 *>(stage_max + rr * BSR_MAX_ROW + c);
+        *reinterpret_cast<uint4 *>(sums_out + rr * p.score_sum_stride + BSR_GROUPS * range.lo + c) =
+            *reinterpret_cast<const uint4 *>(stage_sum + rr * BSR_SUM_ROW + c);
     }
 }
 
@@ -1335,21 +1352,50 @@ __device__ void bsr_warp_emit(KeyFn key, BlockFn block, int n, int k, uint32_t l
     }
 }
 
+/* Appends this lane's entries e = 0 .. 3 whose keep[e] is set, in ascending order of
+ * 4 * lane + e after the warp's `base` entries so far: put(at, e) for each, at its place.
+ * Returns base + the warp's count. Ballots only (no scan). */
+template <typename PutFn>
+__device__ __forceinline__ int bsr_warp_append4(const bool (&keep)[4], int base, PutFn put) {
+    unsigned bal[4];
+    int at = base, total = base;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        bal[e] = __ballot_sync(0xffffffffu, keep[e]);
+        at += lanes_below(bal[e]);
+        total += __popc(bal[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+        if (keep[e]) put(at++, e);
+    return total;
+}
+
+__device__ __forceinline__ uint32_t bsr_lane_of(const uint4 &u, int e) {
+    return e == 0 ? u.x : e == 1 ? u.y : e == 2 ? u.z : u.w;
+}
+
 /* Grid (groups of BSR_WARPS row blocks longest first, pairs): a warp per row block, its top k
- * from its keys in memory, with no barrier. The k-th largest of the row's group maxima (from
- * bs_score_kernel) is reached by k distinct blocks, so it bounds the row's k-th key from below;
- * one pass over the keys (eight 16-byte reads in flight a lane) lists those at or above it in
- * ascending order, and bsr_warp_emit selects from them; where more than BSR_WCAND reach the
- * bound (many equal or near-diagonal scores), from the whole row in memory. Reading only the
- * groups whose maximum reaches the bound (a tenth of the row at 1M) was slower: 0.72 against
- * 0.35 ms at 1M x 1 (4-byte reads of scattered groups, two groups a warp's read). */
+ * from its keys in memory, with no barrier. The k-th largest 16-bit value of the row's group
+ * summaries (from bs_score_kernel) bounds the row's k-th key from below (bsr_summary_count).
+ * Only the groups whose largest key reaches the bound can hold a key of the top k: the warp
+ * lists them in order, reads them eight groups (a 16-byte read a lane) at a time, BSR_BATCH
+ * reads in flight, and lists their keys at or above the bound, in ascending order;
+ * bsr_warp_emit selects from those. Where more than BSR_WCAND groups or keys reach the bound
+ * (short rows, many equal scores), it selects from the whole row in memory. The summaries sit
+ * in registers for the bound's counts up to BSR_REG_GROUPS of them (1M). */
 constexpr int BSR_WARPS = 8;
 constexpr int BSR_WCAND = 512;
-constexpr int BSR_BATCH = 8;
-__global__ void __launch_bounds__(32 * BSR_WARPS)
+constexpr int BSR_BATCH = 4;
+constexpr int BSR_REG_GROUPS = 1024;
+/* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
+ * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
+constexpr int BSR_CTAS_PER_SM = 3;
+__global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     bs_row_select_kernel(const __grid_constant__ bs_select_params p) {
     __shared__ int cand[BSR_WARPS][BSR_WCAND];
     __shared__ uint32_t cand_key[BSR_WARPS][BSR_WCAND];
+    __shared__ int cand_group[BSR_WARPS][BSR_WCAND];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int z = blockIdx.y, bh = p.score_bh0 + z;
     const int b = bh / p.heads, h = bh % p.heads;
@@ -1357,73 +1403,96 @@ __global__ void __launch_bounds__(32 * BSR_WARPS)
     if (!p.active[h] || m < 0) return;
     const int len = bs_seq_len(p, b), n = m + 1, k = bs_row_k(p, h, m, len);
     const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
+    if (bs_row_trivial<32>(p, row, k, n, lane)) return;
     int32_t *off = p.block_offset + row * p.max_blocks;
-    /* bs_row_trivial with a warp's lanes for a CTA's threads (calling it here changes this
-     * kernel's code: to fold in with the next GPU test run) */
-    if (lane == 0) {
-        p.column_count[row] = 0;
-        p.block_count[row] = k;
-    }
-    if (k <= 0) return;
-    if (k >= n) {
-        for (int j = lane; j < n; j += 32) off[j] = 64 * j;
-        return;
-    }
     const uint32_t *keys = p.scores + (int64_t)z * p.score_pair_keys + bsr_row_base(m);
-    const uint32_t *mxs = p.score_maxima + (int64_t)z * bsr_pair_maxima(p.row_blocks) +
-                          (int64_t)m * p.score_max_stride;
-    const int nm = BSR_GROUPS * (m / BSS_ROWS + 1);
-    uint32_t lo = ~0u, hi = 0u;
-    for (int i = lane; i < nm; i += 32) {
-        const uint32_t v = __ldg(mxs + i);
-        lo = min(lo, v);
-        hi = max(hi, v);
+    const uint32_t *sums = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
+                           (int64_t)m * p.score_sum_stride;
+    const uint4 *sv = reinterpret_cast<const uint4 *>(sums);
+    const int ng = BSR_GROUPS * (m / BSS_ROWS + 1), ng4 = ng / 4; /* BSR_GROUPS is 4 */
+    /* the range of the nonzero 16-bit values (zeros: the keys past the row's end) */
+    uint32_t lo16 = 0xffffu, hi16 = 0u, top = 0u;
+    auto range_of = [&](uint32_t w) {
+        const uint32_t t16 = w >> 16, s16 = w & 0xffffu;
+        lo16 = min(lo16, s16 ? s16 : t16 ? t16 : 0xffffu);
+        hi16 = max(hi16, t16);
+        top = max(top, w);
+    };
+    uint32_t x16 = 0u;
+    if (ng <= BSR_REG_GROUPS) {
+        uint4 sr[BSR_REG_GROUPS / 128];
+#pragma unroll
+        for (int r = 0; r < BSR_REG_GROUPS / 128; ++r) {
+            const int i = 32 * r + lane;
+            sr[r] = i < ng4 ? __ldg(sv + i) : make_uint4(0u, 0u, 0u, 0u);
+            if (i < ng4) {
+                range_of(sr[r].x);
+                range_of(sr[r].y);
+                range_of(sr[r].z);
+                range_of(sr[r].w);
+            }
+        }
+        x16 = bsr_summary_bound(
+            [&](uint32_t c) {
+                int cnt = 0;
+#pragma unroll
+                for (int r = 0; r < BSR_REG_GROUPS / 128; ++r)
+                    cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
+                           bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+            },
+            k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
+    } else {
+        for (int i = lane; i < ng; i += 32) range_of(__ldg(sums + i));
+        x16 = bsr_summary_bound(
+            [&](uint32_t c) {
+                int cnt = 0;
+                for (int i = lane; i < ng; i += 32) cnt += bsr_summary_count(__ldg(sums + i), c);
+                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+            },
+            k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
     }
-    lo = __reduce_min_sync(0xffffffffu, lo);
-    hi = __reduce_max_sync(0xffffffffu, hi);
-    const uint32_t bound =
-        k <= nm ? bsr_warp_kth_largest([&](int i) { return __ldg(mxs + i); }, nm, k, lo, hi) : 0u;
-    int *wc = cand[warp];
+    const uint32_t bound = x16 << 16, hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
+    int *wc = cand[warp], *wg = cand_group[warp];
     uint32_t *wk = cand_key[warp];
     const uint4 *kv = reinterpret_cast<const uint4 *>(keys);
-    const int nv = (n + 3) / 4;
-    int n_cand = 0;
-    for (int i0 = 0; i0 < nv; i0 += 32 * BSR_BATCH) {
+    /* the groups whose largest key reaches the bound, in order */
+    int n_groups = 0;
+    for (int i0 = 0; i0 < ng4 && n_groups <= BSR_WCAND; i0 += 32) {
+        const int i = i0 + lane;
+        const uint4 u = i < ng4 ? __ldg(sv + i) : make_uint4(0u, 0u, 0u, 0u);
+        bool keep[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) keep[e] = i < ng4 && bsr_lane_of(u, e) >= bound;
+        n_groups = bsr_warp_append4(keep, n_groups, [&](int at, int e) {
+            if (at < BSR_WCAND) wg[at] = 4 * i + e;
+        });
+    }
+    __syncwarp();
+    int n_cand = n_groups > BSR_WCAND ? BSR_WCAND + 1 : 0;
+    /* their keys, a quarter group (four keys) a lane */
+    for (int c0 = 0; c0 < n_groups && n_cand <= BSR_WCAND; c0 += 8 * BSR_BATCH) {
         uint4 u[BSR_BATCH];
+        int gi[BSR_BATCH];
 #pragma unroll
         for (int r = 0; r < BSR_BATCH; ++r) {
-            const int i = i0 + 32 * r + lane;
-            u[r] = i < nv ? __ldcs(kv + i) : make_uint4(0u, 0u, 0u, 0u);
+            const int c = c0 + 8 * r + (lane >> 2);
+            gi[r] = c < n_groups ? wg[c] : -1;
+            u[r] = gi[r] >= 0 ? __ldcs(kv + 4 * gi[r] + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int r = 0; r < BSR_BATCH; ++r) {
-            const int j = 4 * (i0 + 32 * r + lane);
-            const uint32_t e[4] = {u[r].x, u[r].y, u[r].z, u[r].w};
-            bool in[4];
-            int c = 0;
+            const int j = BSR_GROUP_KEYS * gi[r] + 4 * (lane & 3);
+            bool keep[4];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                in[q] = j + q < n && e[q] >= bound;
-                c += in[q];
-            }
-            if (!__any_sync(0xffffffffu, c > 0)) continue;
-            int incl = c;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            int at = n_cand + incl - c;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                if (in[q]) {
-                    if (at < BSR_WCAND) {
-                        wc[at] = j + q;
-                        wk[at] = e[q];
-                    }
-                    ++at;
+            for (int e = 0; e < 4; ++e)
+                keep[e] = gi[r] >= 0 && j + e < n && bsr_lane_of(u[r], e) >= bound;
+            n_cand = bsr_warp_append4(keep, n_cand, [&](int at, int e) {
+                if (at < BSR_WCAND) {
+                    wc[at] = j + e;
+                    wk[at] = bsr_lane_of(u[r], e);
                 }
-            n_cand += __shfl_sync(0xffffffffu, incl, 31);
+            });
         }
     }
     __syncwarp();
@@ -1479,7 +1548,7 @@ static int64_t bss_slots() { return 2 * (int64_t)mi_cuda_sm_count(); }
  * kernel's row bounds, and for split groups (split_pairs streaming pairs in chunks of
  * chunk_tiles, 0: none) the chunks' group maxima, candidate counts and candidates. */
 struct bs_scratch_layout {
-    size_t qp, kp, bound, split_maxima, split_count, split_cand, scores, score_maxima, total;
+    size_t qp, kp, bound, split_maxima, split_count, split_cand, scores, score_sums, total;
 };
 static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
                                        int64_t head_dim, int64_t split_pairs, int chunk_tiles,
@@ -1495,8 +1564,8 @@ static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t hea
     l.split_count = l.split_maxima + align256b((size_t)split_rows * BSB_SLOTS * 2);
     l.split_cand = l.split_count + align256b((size_t)split_rows * BSS_SPLIT_MAX * 4);
     l.scores = l.split_cand + align256b((size_t)split_rows * BSS_SPLIT_MAX * BSS_MAX_K * 8);
-    l.score_maxima = l.scores + align256b((size_t)score_pairs * bsr_pair_keys(R) * 4);
-    l.total = l.score_maxima + align256b((size_t)score_pairs * bsr_pair_maxima(R) * 4);
+    l.score_sums = l.scores + align256b((size_t)score_pairs * bsr_pair_keys(R) * 4);
+    l.total = l.score_sums + align256b((size_t)score_pairs * bsr_pair_summaries(R) * 4);
     return l;
 }
 
@@ -1504,33 +1573,30 @@ static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t hea
  * (b, h) pairs going through it in turn in chunks that fit (one pair at 1M: 539 MB). */
 constexpr size_t BSR_SCORE_BYTES = (size_t)1 << 30;
 
-/* A (b, h) pair's keys and group maxima. */
+/* A (b, h) pair's keys and group summaries. */
 static size_t bsr_pair_bytes(int64_t R) {
-    return (size_t)(bsr_pair_keys(R) + bsr_pair_maxima(R)) * 4;
+    return (size_t)(bsr_pair_keys(R) + bsr_pair_summaries(R)) * 4;
 }
 
-/* Whether `pairs` (b, h) pairs of this length take the estimate through scores in memory: at
- * most BSR_AUTO_PAIRS of them, where the streaming kernel would split its row groups (its CTAs
- * too few for the SMs), from BSR_AUTO_MIN_ROW_BLOCKS on, and where a pair's keys fit
- * BSR_SCORE_BYTES. H200, top 100,
- * ms per head, scores in memory against streaming (random / position-coded inputs): one pair
- * 0.12 / 0.13 against 0.19 / 0.19 at 128K, 0.32 / 0.40 against 0.47 / 0.43 at 512K, 0.82 /
- * 0.87 against 0.85 / 0.97 at 1M; two pairs 0.08 / 0.11 against 0.10 / 0.10 at 128K and 0.27 /
- * 0.34 against 0.31 / 0.33 at 512K, four 0.24 / 0.29 against 0.23 / 0.28 at 512K and 0.76 /
- * 0.82 against 0.63 / 0.78 at 1M (bench/results/2026-11-30-gpu-bs-estimate-scores.json): the
- * streaming kernel's parallelism grows with the pairs, the scores path's does not.
- * MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B runs, tests). */
-constexpr int64_t BSR_AUTO_PAIRS = 1;
-/* 128K: the shortest length measured (one pair splits from 64K on) */
+/* Whether the estimate goes through scores in memory at this length (every head, however
+ * many): from BSR_AUTO_MIN_ROW_BLOCKS on, where a pair's keys fit BSR_SCORE_BYTES (1M fits;
+ * longer sequences take the streaming kernel). H200, top 100, ms for all heads, pooling
+ * included, scores in memory against streaming, random / position-coded inputs: one head
+ * 0.101 / 0.108 against 0.190 / 0.192 at 128K, 0.285 / 0.294 against 0.470 / 0.434 at 512K,
+ * 0.685 / 0.703 against 0.850 / 0.967 at 1M; four heads 0.187 / 0.205 against 0.248 / 0.265
+ * at 128K, 0.863 / 0.898 against 0.912 / 1.139 at 512K, 2.53 / 2.59 against 2.52 / 3.11 at
+ * 1M; 32 heads 1.13 / 1.22 against 1.06 / 1.31 at 128K, 20.2 / 20.7 against 19.2 / 23.7 at 1M
+ * (bench/results/2026-12-01-gpu-bs-estimate-summaries.json). Random scores at 32 heads are the
+ * one case where streaming is ahead (5-7 %); near-diagonal scores, the shape of real heads,
+ * favour scores in memory at every count. MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B
+ * runs, tests). */
+/* 128K: the shortest length measured */
 constexpr int64_t BSR_AUTO_MIN_ROW_BLOCKS = 2048;
-static bool bsr_scores_on(int64_t pairs, int64_t len) {
+static bool bsr_scores_on(int64_t len) {
     const int64_t R = (len + 63) / 64;
     if (const char *e = getenv("MI_CUDA_BS_SCORES"))
         if (e[0] == '0' || e[0] == '1') return e[0] == '1';
-    const int64_t groups = (R + BSS_ROWS - 1) / BSS_ROWS;
-    return pairs >= 1 && pairs <= BSR_AUTO_PAIRS && R >= BSR_AUTO_MIN_ROW_BLOCKS &&
-           bss_chunk_tiles_for(pairs, groups, bss_slots(), -1) > 0 &&
-           bsr_pair_bytes(R) <= BSR_SCORE_BYTES;
+    return R >= BSR_AUTO_MIN_ROW_BLOCKS && bsr_pair_bytes(R) <= BSR_SCORE_BYTES;
 }
 
 /* The pairs a chunk of the scores path takes: as many as fit BSR_SCORE_BYTES, at least one. */
@@ -1539,25 +1605,23 @@ static int64_t bsr_chunk_pairs(int64_t BH, int64_t len) {
     return std::max<int64_t>(1, std::min<int64_t>(BH, (int64_t)(BSR_SCORE_BYTES / pair)));
 }
 
-/* Enough for any number of streaming heads (the split buffers peak at a few heads: at 1M about
- * 240 MB, for four). */
+/* The scores path's scratch where it is on; else enough for any number of streaming heads (the
+ * split buffers peak at a few heads). */
 extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv,
                                            int64_t len, int64_t head_dim) {
+    if (bsr_scores_on(len))
+        return bs_scratch_of(batch, heads, heads_kv, len, head_dim, 0, 0,
+                             bsr_chunk_pairs(batch * heads, len))
+            .total;
     const int64_t groups = ((len + 63) / 64 + BSS_ROWS - 1) / BSS_ROWS, slots = bss_slots();
     const int forced = bss_split_env();
     size_t most = 0;
-    bool any_scores = false; /* some number of heads takes the scores path */
     for (int64_t hs = 1; hs <= heads; ++hs) {
         const int64_t pairs = batch * hs;
         const int chunk = bss_chunk_tiles_for(pairs, groups, slots, forced);
         most = std::max(
             most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, pairs, chunk, 0).total);
-        any_scores |= bsr_scores_on(pairs, len);
     }
-    if (any_scores)
-        most = std::max(most, bs_scratch_of(batch, heads, heads_kv, len, head_dim, 0, 0,
-                                            bsr_chunk_pairs(batch * heads, len))
-                                  .total);
     return most;
 }
 
@@ -1599,10 +1663,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     bool stream_on = true;
     if (const char *e = getenv("MI_CUDA_BS_STREAM"))
         if (e[0] == '0') stream_on = false;
-    /* few heads of long sequences: every head through scores in memory (bsr_scores_on) */
-    int64_t n_active = 0;
-    for (int64_t h = 0; h < s->heads_q; ++h) n_active += active ? active[h] != 0 : 1;
-    const bool scores_on = bsr_scores_on(s->batch * n_active, s->len);
+    /* long sequences: every head through scores in memory (bsr_scores_on) */
+    const bool scores_on = bsr_scores_on(s->len);
     if (const char *e = getenv("MI_CUDA_BS_CAP")) cap_env = atoi(e);
     const bool narrow_ok = cap_env != BSS_CAP_WIDE && smem_cta >= stream_smem(BSS_CAP_NARROW);
     bool any_stream = false, any_rows = false;
@@ -1743,8 +1805,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.split_cand = reinterpret_cast<uint64_t *>(static_cast<char *>(scratch) + lay.split_cand);
     sp.scores = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.scores);
     sp.score_pair_keys = bsr_pair_keys(R);
-    sp.score_maxima = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_maxima);
-    sp.score_max_stride = (int32_t)bsr_max_stride(R);
+    sp.score_sums = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_sums);
+    sp.score_sum_stride = (int32_t)bsr_summary_stride(R);
     /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of bs_score_kernel (A/B runs) */
     sp.score_chunk_tiles = BSR_CHUNK_TILES;
     if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))

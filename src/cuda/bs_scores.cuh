@@ -7,8 +7,9 @@
  * A (b, h) pair's scores are the order keys of the pooled scores of the causal triangle, by row
  * groups of 64 row blocks: group g holds [64][64 (g + 1)] keys, so row block m's keys for blocks
  * 0 .. m start 16-byte aligned, the rows of a group follow each other, and the keys of the
- * diagonal tile past m are zeros (below every real key). Each row also has the maxima of its
- * groups of BSR_GROUP_KEYS adjacent keys, BSR_GROUPS a tile, score_max_stride apart.
+ * diagonal tile past m are zeros (below every real key). Each row also has a summary of each
+ * of its groups of BSR_GROUP_KEYS adjacent keys, BSR_GROUPS a tile, score_sum_stride apart: the
+ * upper 16 bits of the group's largest and second largest keys (bsr_group_summary).
  */
 #ifndef MI_BS_SCORES_CUH
 #define MI_BS_SCORES_CUH
@@ -32,12 +33,12 @@ __host__ __device__ constexpr int64_t bsr_pair_keys(int64_t R) {
 __host__ __device__ constexpr int64_t bsr_row_base(int64_t m) {
     return bsr_group_base(m / BSR_ROWS) + (m % BSR_ROWS) * BSR_TILE_KEYS * (m / BSR_ROWS + 1);
 }
-/* A row's group maxima (score_max_stride: BSR_GROUPS x the row groups) and a pair's. */
-__host__ __device__ constexpr int64_t bsr_max_stride(int64_t R) {
+/* A row's group summaries (score_sum_stride: BSR_GROUPS x the row groups) and a pair's. */
+__host__ __device__ constexpr int64_t bsr_summary_stride(int64_t R) {
     return BSR_GROUPS * ((R + BSR_ROWS - 1) / BSR_ROWS);
 }
-__host__ __device__ constexpr int64_t bsr_pair_maxima(int64_t R) {
-    return ((R + BSR_ROWS - 1) / BSR_ROWS) * BSR_ROWS * bsr_max_stride(R);
+__host__ __device__ constexpr int64_t bsr_pair_summaries(int64_t R) {
+    return ((R + BSR_ROWS - 1) / BSR_ROWS) * BSR_ROWS * bsr_summary_stride(R);
 }
 
 /* The k-th largest of a set of keys, given count_ge(x) = how many are at or above x, every key
@@ -58,6 +59,43 @@ __host__ __device__ inline uint32_t bsr_kth_largest(CountFn count_ge, int k, uin
         if (count_ge(c) >= k) x = c;
     }
     return x;
+}
+
+/* The two largest (top >= second) of keys seen so far, and of two such pairs. */
+__host__ __device__ inline void bsr_top2_add(uint32_t &top, uint32_t &second, uint32_t x) {
+    second = x > top ? top : (x > second ? x : second);
+    top = x > top ? x : top;
+}
+__host__ __device__ inline void bsr_top2_merge(uint32_t &top, uint32_t &second, uint32_t top2,
+                                               uint32_t second2) {
+    const uint32_t lo_top = top < top2 ? top : top2,
+                   hi_second = second > second2 ? second : second2;
+    second = lo_top > hi_second ? lo_top : hi_second;
+    top = top > top2 ? top : top2;
+}
+
+/* A group's summary: the upper 16 bits of its largest key, then those of its second largest.
+ * Its largest key reaches x16 << 16 exactly where the summary does. */
+__host__ __device__ constexpr uint32_t bsr_group_summary(uint32_t top, uint32_t second) {
+    return (top & 0xffff0000u) | (second >> 16);
+}
+/* How many of a summary's two keys reach x16 << 16 (0 < x16 < 2^16). The k-th largest x16 over
+ * a row's summaries is reached by k distinct keys, so x16 << 16 bounds the row's k-th key from
+ * below (two keys a group make it far tighter than the maxima alone: at 128K, 116 keys reach
+ * it on average for top 100 where 812 reach the k-th largest maximum, bench/bs_bound_model.py). */
+__host__ __device__ constexpr int bsr_summary_count(uint32_t w, uint32_t x16) {
+    return (w >= (x16 << 16)) + ((w & 0xffffu) >= x16);
+}
+
+/* The k-th largest nonzero 16-bit value of a row's summaries, given count_ge(x16) over them
+ * (0 < x16 < 2^16) and the range [lo16, hi16] of the nonzero values (hi16 = 0: none); 0 where
+ * fewer than k are nonzero (no bound). */
+#pragma nv_exec_check_disable /* count_ge runs where the caller does */
+template <typename CountFn>
+__host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, uint32_t lo16,
+                                                      uint32_t hi16) {
+    if (hi16 == 0 || count_ge(lo16) < k) return 0u;
+    return bsr_kth_largest(count_ge, k, lo16, hi16);
 }
 
 } // namespace mi_cuda

@@ -3,9 +3,12 @@
  * k-th largest (src/cuda/bs_scores.cuh), on the host. Properties: the rows of a pair follow each
  * other without gaps or overlaps and end at the pair's size; every row starts 16-byte aligned and
  * holds its m + 1 keys rounded up to 16 bytes, inside its group's tile width; a row's group
- * maxima fit its stride and the pair's; the k-th largest equals the one a sort gives, on random
+ * summaries fit its stride and the pair's; the k-th largest equals the one a sort gives, on random
  * keys of every spread (many equal ones, the extremes 0 and ~0), for every k and for bounds lo
- * anywhere at or below it.
+ * anywhere at or below it. The group summaries: four partial top-two pairs merged as the score
+ * kernel's lanes merge them give a group's two largest keys; the summaries' bound equals the
+ * k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least k keys of
+ * the row reach it, on rows of every length and spread with zeros past their end.
  */
 #include "bs_scores.cuh"
 
@@ -29,10 +32,10 @@ static void test_layout(int64_t R) {
         EXPECT((m + 1 + 3) / 4 * 4 <= width, "R %lld m %lld: the keys fit", r, mm);
         const int64_t next = m + 1 < rows ? bsr_row_base(m + 1) : bsr_pair_keys(R);
         EXPECT(next == base + width, "R %lld m %lld: rows follow each other", r, mm);
-        EXPECT(BSR_GROUPS * (m / BSR_ROWS + 1) <= bsr_max_stride(R), "R %lld m %lld", r, mm);
+        EXPECT(BSR_GROUPS * (m / BSR_ROWS + 1) <= bsr_summary_stride(R), "R %lld m %lld", r, mm);
     }
-    EXPECT(rows * bsr_max_stride(R) == bsr_pair_maxima(R), "R %lld: maxima", r);
-    EXPECT(bsr_max_stride(R) % 4 == 0, "R %lld: maxima rows 16-byte aligned", r);
+    EXPECT(rows * bsr_summary_stride(R) == bsr_pair_summaries(R), "R %lld: summaries", r);
+    EXPECT(bsr_summary_stride(R) % 4 == 0, "R %lld: summary rows 16-byte aligned", r);
 }
 
 static void test_kth(std::mt19937 &rng, int n, uint32_t spread) {
@@ -60,6 +63,73 @@ static void test_kth(std::mt19937 &rng, int n, uint32_t spread) {
     }
 }
 
+/* The score kernel's summary of 16 keys: four lanes' two largest of four, merged with the lanes
+ * one and then two apart (every lane ends with the same pair). */
+static uint32_t summary_of(const uint32_t *g) {
+    uint32_t top[4], second[4];
+    for (int l = 0; l < 4; ++l) {
+        const uint32_t *v = g + 4 * l;
+        top[l] = std::max(v[0], v[1]);
+        second[l] = std::min(v[0], v[1]);
+        bsr_top2_add(top[l], second[l], v[2]);
+        bsr_top2_add(top[l], second[l], v[3]);
+    }
+    for (int o = 1; o <= 2; o <<= 1) {
+        uint32_t t[4], s[4];
+        for (int l = 0; l < 4; ++l) {
+            t[l] = top[l];
+            s[l] = second[l];
+            bsr_top2_merge(t[l], s[l], top[l ^ o], second[l ^ o]);
+        }
+        for (int l = 0; l < 4; ++l) {
+            top[l] = t[l];
+            second[l] = s[l];
+        }
+    }
+    for (int l = 1; l < 4; ++l) EXPECT(top[l] == top[0] && second[l] == second[0], "lanes agree");
+    return bsr_group_summary(top[0], second[0]);
+}
+
+static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
+    const int groups = (n + BSR_GROUP_KEYS - 1) / BSR_GROUP_KEYS + (int)(rng() % 2);
+    std::vector<uint32_t> keys(groups * BSR_GROUP_KEYS, 0u); /* zeros past the row's end */
+    for (int j = 0; j < n; ++j) {
+        const uint32_t pick = rng() % 16;
+        keys[j] = pick == 0 ? ~0u : 0x80000000u + (uint32_t)(rng() % spread);
+    }
+    std::vector<uint32_t> sums(groups), halves;
+    for (int gi = 0; gi < groups; ++gi) {
+        std::vector<uint32_t> g(keys.begin() + gi * BSR_GROUP_KEYS,
+                                keys.begin() + (gi + 1) * BSR_GROUP_KEYS);
+        sums[gi] = summary_of(g.data());
+        std::sort(g.begin(), g.end(), std::greater<uint32_t>());
+        EXPECT(sums[gi] == bsr_group_summary(g[0], g[1]), "n %d group %d: the two largest", n, gi);
+        for (int i = 0; i < 2; ++i)
+            if (g[i] >> 16) halves.push_back(g[i] >> 16);
+    }
+    std::sort(halves.begin(), halves.end(), std::greater<uint32_t>());
+    uint32_t lo16 = 0xffffu, hi16 = 0u;
+    for (uint32_t w : sums) {
+        const uint32_t t16 = w >> 16, s16 = w & 0xffffu;
+        lo16 = std::min(lo16, s16 ? s16 : t16 ? t16 : 0xffffu);
+        hi16 = std::max(hi16, t16);
+    }
+    auto count_ge = [&](uint32_t c) {
+        int cnt = 0;
+        for (uint32_t w : sums) cnt += bsr_summary_count(w, c);
+        return cnt;
+    };
+    std::vector<uint32_t> sorted = keys;
+    std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
+    for (int k = 1; k <= n; k += 1 + n / 30) {
+        const uint32_t x16 = bsr_summary_bound(count_ge, k, lo16, hi16);
+        const uint32_t want = k <= (int)halves.size() ? halves[k - 1] : 0u;
+        EXPECT(x16 == want, "n %d spread %u k %d: %04x, want %04x", n, spread, k, x16, want);
+        EXPECT((x16 << 16) <= sorted[k - 1], "n %d spread %u k %d: %04x bounds %08x", n, spread, k,
+               x16, sorted[k - 1]);
+    }
+}
+
 int main() {
     const int64_t lengths[] = {1, 2, 63, 64, 65, 127, 128, 129, 1000, 2048, 4097, 16384};
     for (int64_t R : lengths) test_layout(R);
@@ -70,5 +140,10 @@ int main() {
     for (int n : sizes)
         for (uint32_t s : spreads)
             for (int rep = 0; rep < 3; ++rep) test_kth(rng, n, s);
+    const int rows[] = {1, 2, 15, 16, 17, 100, 257, 1000, 2048, 4000};
+    const uint32_t key_spreads[] = {1, 3, 1u << 16, 1u << 17, 1u << 24, 0x7fffffffu};
+    for (int n : rows)
+        for (uint32_t s : key_spreads)
+            for (int rep = 0; rep < 3; ++rep) test_summaries(rng, n, s);
     return CHECK_SUMMARY("bs_scores");
 }

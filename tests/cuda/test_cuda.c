@@ -815,7 +815,7 @@ static void bs_env_clear(void) {
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
-/* The estimate through scores in memory is the default for one (b, h) pair of 128K and longer;
+/* The estimate through scores in memory is the default from 128K on;
  * a test of another path turns it off, so that it runs the path it names. */
 static void bs_env_path(bs_kernel kern) {
     if (kern == BS_SCORES)
