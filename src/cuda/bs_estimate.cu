@@ -96,7 +96,9 @@
  *      0.685 / 0.703 ms; scores in memory now the default at every head count from 128K on
  *      (bsr_scores_on). On the way: the same gather bounded by the k-th largest group maximum,
  *      0.220 / 0.366 at 1M but 0.090 / 0.169 at 128K (rows past BSR_WCAND); two CTAs an SM
- *      (115 registers) 0.217 / 0.238 at 1M.
+ *      (115 registers) 0.217 / 0.238 at 1M. Then rows past BSR_WCAND raise the bound to the
+ *      k-th largest key listed and list again: select at 128K 0.047 / 0.054 -> 0.041 / 0.046,
+ *      512K 0.109 / 0.117 -> 0.102 / 0.113, 1M 0.189 / 0.209 -> 0.187 / 0.200 (two rounds).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
@@ -208,7 +210,8 @@ struct bs_select_params {
     int64_t score_pair_keys;
     int32_t score_bh0;
     int32_t score_chunk_tiles; /* the key tiles a CTA of bs_score_kernel scores */
-    /* and the maxima of each row's groups of BSR_GROUP_KEYS keys, score_sum_stride a row */
+    int32_t score_raise;       /* bs_row_select_kernel raises the bound of rows past BSR_WCAND */
+    /* and the summaries of each row's groups of BSR_GROUP_KEYS keys, score_sum_stride a row */
     uint32_t *score_sums;
     int32_t score_sum_stride;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
@@ -1382,7 +1385,8 @@ __device__ __forceinline__ uint32_t bsr_lane_of(const uint4 &u, int e) {
  * lists them in order, reads them eight groups (a 16-byte read a lane) at a time, BSR_BATCH
  * reads in flight, and lists their keys at or above the bound, in ascending order;
  * bsr_warp_emit selects from those. Where more than BSR_WCAND groups or keys reach the bound
- * (short rows, many equal scores), it selects from the whole row in memory. The summaries sit
+ * (short rows, many near scores), the k-th largest key listed is a higher bound and the warp
+ * lists again; where that fails too, it selects from the whole row in memory. The summaries sit
  * in registers for the bound's counts up to BSR_REG_GROUPS of them (1M). */
 constexpr int BSR_WARPS = 8;
 constexpr int BSR_WCAND = 512;
@@ -1452,51 +1456,74 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
             },
             k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
     }
-    const uint32_t bound = x16 << 16, hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
+    uint32_t bound = x16 << 16;
+    const uint32_t hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
     int *wc = cand[warp], *wg = cand_group[warp];
     uint32_t *wk = cand_key[warp];
     const uint4 *kv = reinterpret_cast<const uint4 *>(keys);
-    /* the groups whose largest key reaches the bound, in order */
-    int n_groups = 0;
-    for (int i0 = 0; i0 < ng4 && n_groups <= BSR_WCAND; i0 += 32) {
-        const int i = i0 + lane;
-        const uint4 u = i < ng4 ? __ldg(sv + i) : make_uint4(0u, 0u, 0u, 0u);
-        bool keep[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) keep[e] = i < ng4 && bsr_lane_of(u, e) >= bound;
-        n_groups = bsr_warp_append4(keep, n_groups, [&](int at, int e) {
-            if (at < BSR_WCAND) wg[at] = 4 * i + e;
-        });
-    }
-    __syncwarp();
-    int n_cand = n_groups > BSR_WCAND ? BSR_WCAND + 1 : 0;
-    /* their keys, a quarter group (four keys) a lane */
-    for (int c0 = 0; c0 < n_groups && n_cand <= BSR_WCAND; c0 += 8 * BSR_BATCH) {
-        uint4 u[BSR_BATCH];
-        int gi[BSR_BATCH];
-#pragma unroll
-        for (int r = 0; r < BSR_BATCH; ++r) {
-            const int c = c0 + 8 * r + (lane >> 2);
-            gi[r] = c < n_groups ? wg[c] : -1;
-            u[r] = gi[r] >= 0 ? __ldcs(kv + 4 * gi[r] + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int r = 0; r < BSR_BATCH; ++r) {
-            const int j = BSR_GROUP_KEYS * gi[r] + 4 * (lane & 3);
+    /* Lists the keys at or above bnd, in ascending order, from the groups whose largest key
+     * can reach it: up to BSR_WCAND of them in wc / wk, the count listed returned; over: more
+     * reach bnd than were listed. */
+    auto collect = [&](uint32_t bnd, bool &over) {
+        const uint32_t group_bnd = bnd & 0xffff0000u; /* what the summaries resolve */
+        int n_groups = 0;
+        for (int i0 = 0; i0 < ng4 && n_groups <= BSR_WCAND; i0 += 32) {
+            const int i = i0 + lane;
+            const uint4 u = i < ng4 ? __ldg(sv + i) : make_uint4(0u, 0u, 0u, 0u);
             bool keep[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                keep[e] = gi[r] >= 0 && j + e < n && bsr_lane_of(u[r], e) >= bound;
-            n_cand = bsr_warp_append4(keep, n_cand, [&](int at, int e) {
-                if (at < BSR_WCAND) {
-                    wc[at] = j + e;
-                    wk[at] = bsr_lane_of(u[r], e);
-                }
+            for (int e = 0; e < 4; ++e) keep[e] = i < ng4 && bsr_lane_of(u, e) >= group_bnd;
+            n_groups = bsr_warp_append4(keep, n_groups, [&](int at, int e) {
+                if (at < BSR_WCAND) wg[at] = 4 * i + e;
             });
         }
+        __syncwarp();
+        const int listed = min(n_groups, BSR_WCAND);
+        int n_cand = 0;
+        /* their keys, a quarter group (four keys) a lane */
+        for (int c0 = 0; c0 < listed && n_cand <= BSR_WCAND; c0 += 8 * BSR_BATCH) {
+            uint4 u[BSR_BATCH];
+            int gi[BSR_BATCH];
+#pragma unroll
+            for (int r = 0; r < BSR_BATCH; ++r) {
+                const int c = c0 + 8 * r + (lane >> 2);
+                gi[r] = c < listed ? wg[c] : -1;
+                u[r] =
+                    gi[r] >= 0 ? __ldcs(kv + 4 * gi[r] + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int r = 0; r < BSR_BATCH; ++r) {
+                const int j = BSR_GROUP_KEYS * gi[r] + 4 * (lane & 3);
+                bool keep[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    keep[e] = gi[r] >= 0 && j + e < n && bsr_lane_of(u[r], e) >= bnd;
+                n_cand = bsr_warp_append4(keep, n_cand, [&](int at, int e) {
+                    if (at < BSR_WCAND) {
+                        wc[at] = j + e;
+                        wk[at] = bsr_lane_of(u[r], e);
+                    }
+                });
+            }
+        }
+        __syncwarp();
+        over = n_cand > BSR_WCAND || n_groups > BSR_WCAND;
+        return min(n_cand, BSR_WCAND);
+    };
+    bool over;
+    int n_cand = collect(bound, over);
+    /* Too many keys reach the bound (short rows with fewer than k summary values, many near
+     * ones): the k-th largest of those listed is reached by k distinct keys, a higher bound. */
+    if (over && n_cand >= k && p.score_raise) {
+        const uint32_t raised =
+            bsr_warp_kth_largest([&](int i) { return wk[i]; }, n_cand, k, bound, hi);
+        __syncwarp();
+        if (raised > bound) {
+            bound = raised;
+            n_cand = collect(bound, over);
+        }
     }
-    __syncwarp();
-    if (n_cand <= BSR_WCAND)
+    if (!over)
         bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
                       hi, off);
     else
@@ -1811,6 +1838,10 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.score_chunk_tiles = BSR_CHUNK_TILES;
     if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
         if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), BSR_MAX_CHUNK_TILES);
+    /* MI_CUDA_BS_RAISE=0: rows past BSR_WCAND select from the whole row at once (A/B runs) */
+    sp.score_raise = 1;
+    if (const char *e = getenv("MI_CUDA_BS_RAISE"))
+        if (e[0] == '0') sp.score_raise = 0;
     cudaError_t e = cudaSuccess;
     if (scores_on) {
         for (int64_t h = 0; h < s->heads_q; ++h) sp.active[h] = active ? active[h] != 0 : 1;
