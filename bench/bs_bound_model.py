@@ -17,16 +17,17 @@ maxima room), 1024 slots of 8-bit codes (the 64 KB of 512 16-bit ones) over a wi
 groups in the 4 or 8 tiles nearest the diagonal and the rest shared by the others, and bounds taken from every s-th tile only (what a cheaper first pass of a
 one-pass design would see). Counts only, no times.
 
-With --scores, the bound of the estimate through scores in memory instead (bs_row_select_kernel:
-the k-th largest of whole 32-bit group maxima over every key of the row, the forced ones
-included) and how many keys reach it: a row with more than `--cap` of them (512 there) selects
-from its whole row. Variants: its 16 adjacent keys a group, 8 adjacent keys, 16 keys four apart
-within a tile, 16 keys 32 apart over a score CTA's 512 keys, and the top 2 of each 16-key group;
-and, for keys kept as their top 16 bits only, how many keys share the k-th key's 16 bits (those
-whose exact scores a select would need again).
+With --scores, the bound of the estimate through scores in memory instead (bs_row_select_kernel,
+over every key of the row, the forced ones included) and how many keys reach it: a row with more
+than `--cap` of them (512 there) cannot select from its listed keys alone. Variants: its 16 adjacent keys a group, 8 adjacent keys, 16 keys four apart
+within a tile, 16 keys 32 apart over a score CTA's 512 keys, the top 2 of each 16-key group, and
+what the kernel now does: the top 2 as their upper 16 bits (the group summaries), alone and with
+the second bound of rows past the cap (the k-th largest of the first cap keys reaching the first
+bound); and, for keys kept as their top 16 bits only, how many keys share the k-th key's 16 bits
+(those whose exact scores a select would need again). --all-rows samples the short rows too.
 
   bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--scores]
-                    [--out model.json]
+                    [--all-rows] [--out model.json]
 """
 import argparse
 import json
@@ -237,32 +238,49 @@ def scores_bound(keys, k, grouping):
         grp, top = (j // 64) * 4 + j % 4, 1
     elif grouping == "16 32 apart in 512 keys":
         grp, top = (j // 512) * 32 + j % 32, 1
-    else:  # "top 2 of 16 adjacent"
+    else:  # "top 2 of 16 adjacent", and the kernel's summaries: their upper 16 bits
         grp, top = j // 16, 2
     order = np.lexsort((-keys.astype(np.int64), grp))
     g_sorted = grp[order]
     first = np.r_[True, g_sorted[1:] != g_sorted[:-1]]
     rank = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
     vals = np.sort(keys[order][rank < top])[::-1]
+    if grouping.startswith("summaries"):
+        # bsr_summary_bound: the k-th largest nonzero upper 16 bits, shifted back
+        vals = vals[(vals >> 16) > 0] >> 16
+        return int(vals[k - 1]) << 16 if len(vals) >= k else 0
     return int(vals[k - 1]) if len(vals) >= k else 0
 
 
+def raised_bound(keys, m, k, cap, x):
+    """bs_row_select_kernel's second bound where more than cap keys reach x: the k-th largest of
+    the first cap of them in ascending order (k distinct keys reach it)."""
+    reach = keys[: m + 1][keys[: m + 1] >= x]
+    if len(reach) <= cap or k > cap:
+        return x
+    return max(x, int(np.sort(reach[:cap])[::-1][k - 1]))
+
+
 SCORE_GROUPINGS = ["16 adjacent", "8 adjacent", "16 four apart in a tile",
-                   "16 32 apart in 512 keys", "top 2 of 16 adjacent"]
+                   "16 32 apart in 512 keys", "top 2 of 16 adjacent",
+                   "summaries (16-bit top 2)", "summaries, raised"]
 
 
-def model_scores(L, inputs, rows, k, cap, seed):
+def model_scores(L, inputs, rows, k, cap, seed, all_rows):
     """Keys reaching the scores path's bound per sampled row, per grouping."""
     q, kk = pooled(L, inputs, seed)
     R = q.shape[0]
-    ms = np.unique(np.linspace(R // 2, R - 1, rows).astype(np.int64))
+    ms = np.unique(np.linspace(k if all_rows else R // 2, R - 1, rows).astype(np.int64))
     acc = {g: [] for g in SCORE_GROUPINGS}
     bucket = []
     for m in ms:
         m = int(m)
         keys = row_keys(q, kk, m)
         for g in SCORE_GROUPINGS:
-            x = scores_bound(keys, k, g)
+            if g == "summaries, raised":
+                x = raised_bound(keys, m, k, cap, scores_bound(keys, k, g))
+            else:
+                x = scores_bound(keys, k, g)
             acc[g].append(int((keys[: m + 1] >= x).sum()))
         kth = np.sort(keys[: m + 1])[::-1][k - 1]
         bucket.append(int(((keys[: m + 1] >> 16) == (kth >> 16)).sum()))
@@ -283,6 +301,8 @@ def main():
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--scores", action="store_true",
                     help="model the scores path's bound (bs_row_select_kernel) instead")
+    ap.add_argument("--all-rows", action="store_true",
+                    help="with --scores, sample row blocks from k on (default: the second half)")
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args()
     try:
@@ -295,7 +315,8 @@ def main():
     if args.scores:
         for L in lengths:
             for inputs in ("random", "position-coded"):
-                r = model_scores(L, inputs, args.rows, args.top_k, args.cap, args.seed)
+                r = model_scores(L, inputs, args.rows, args.top_k, args.cap, args.seed,
+                                 args.all_rows)
                 results.append(r)
                 print(f"L {L // 1024}K {inputs}: {r['rows']} rows, top {r['top_k']}, cap "
                       f"{r['cap']}; keys sharing the k-th key's top 16 bits: mean "
