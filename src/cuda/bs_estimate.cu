@@ -1298,7 +1298,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
             const int rr = 2 * i + (lane >> 4), c = 4 * (lane & 15);
             const bool sel = (sel_rows >> rr) & 1u;
             const uint4 v = *reinterpret_cast<const uint4 *>(stage + rr * BSR_STAGE_ROW + c);
-            if (sel) *reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c) = v;
+            /* __stwb: a plain assignment of v (also read below) compiled to four 4-byte stores */
+            if (sel) __stwb(reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c), v);
             /* the summary of 16 keys: four lanes' two largest */
             uint32_t top = max(v.x, v.y), second = min(v.x, v.y);
             bsr_top2_add(top, second, v.z);
