@@ -99,6 +99,10 @@
  *      (115 registers) 0.217 / 0.238 at 1M. Then rows past BSR_WCAND raise the bound to the
  *      k-th largest key listed and list again: select at 128K 0.047 / 0.054 -> 0.041 / 0.046,
  *      512K 0.109 / 0.117 -> 0.102 / 0.113, 1M 0.189 / 0.209 -> 0.187 / 0.200 (two rounds).
+ *      Then the keys' 16-byte stores written as such (a plain uint4 assignment had compiled to
+ *      four 4-byte stores): scores at 1M x 1 0.360 -> 0.328 / 0.330 ms, 1M x 32 heads 11.55 ->
+ *      10.41 ms; estimate at 1M x 1 0.651 / 0.667 ms, 1M x 32 18.9 / 19.4 ms for all heads
+ *      against 19.2 / 23.9 streaming.
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
@@ -1613,10 +1617,11 @@ static size_t bsr_pair_bytes(int64_t R) {
  * 0.101 / 0.108 against 0.190 / 0.192 at 128K, 0.285 / 0.294 against 0.470 / 0.434 at 512K,
  * 0.685 / 0.703 against 0.850 / 0.967 at 1M; four heads 0.187 / 0.205 against 0.248 / 0.265
  * at 128K, 0.863 / 0.898 against 0.912 / 1.139 at 512K, 2.53 / 2.59 against 2.52 / 3.11 at
- * 1M; 32 heads 1.13 / 1.22 against 1.06 / 1.31 at 128K, 20.2 / 20.7 against 19.2 / 23.7 at 1M
- * (bench/results/2026-12-01-gpu-bs-estimate-summaries.json). Random scores at 32 heads are the
- * one case where streaming is ahead (5-7 %); near-diagonal scores, the shape of real heads,
- * favour scores in memory at every count. MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B
+ * 1M; 32 heads 1.13 / 1.22 against 1.06 / 1.31 at 128K, 20.2 / 20.7 against 19.2 / 23.7 at 1M;
+ * with the score kernel's 16-byte stores, 18.9 / 19.4 against 19.2 / 23.9 at 1M x 32 and 0.651 /
+ * 0.667 at 1M x 1 (bench/results/2026-12-01-gpu-bs-estimate-summaries.json). Random scores at
+ * 128K x 32 heads were the one case where streaming was ahead (6 %, before the stores);
+ * near-diagonal scores, the shape of real heads, favour scores in memory at every count. MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B
  * runs, tests). */
 /* 128K: the shortest length measured */
 constexpr int64_t BSR_AUTO_MIN_ROW_BLOCKS = 2048;
