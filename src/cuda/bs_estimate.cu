@@ -1305,9 +1305,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
             /* __stwb: a plain assignment of v (also read below) compiled to four 4-byte stores */
             if (sel) __stwb(reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c), v);
             /* the summary of 16 keys: four lanes' two largest */
-            uint32_t top = max(v.x, v.y), second = min(v.x, v.y);
-            bsr_top2_add(top, second, v.z);
-            bsr_top2_add(top, second, v.w);
+            uint32_t top, second;
+            bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
 #pragma unroll
             for (int o = 1; o <= 2; o <<= 1)
                 bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
@@ -1419,12 +1418,10 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
                            (int64_t)m * p.score_sum_stride;
     const uint4 *sv = reinterpret_cast<const uint4 *>(sums);
     const int ng = BSR_GROUPS * (m / BSS_ROWS + 1), ng4 = ng / 4; /* BSR_GROUPS is 4 */
-    /* the range of the nonzero 16-bit values (zeros: the keys past the row's end) */
+    /* the range of the nonzero 16-bit values, and the largest summary */
     uint32_t lo16 = 0xffffu, hi16 = 0u, top = 0u;
     auto range_of = [&](uint32_t w) {
-        const uint32_t t16 = w >> 16, s16 = w & 0xffffu;
-        lo16 = min(lo16, s16 ? s16 : t16 ? t16 : 0xffffu);
-        hi16 = max(hi16, t16);
+        bsr_summary_range(w, lo16, hi16);
         top = max(top, w);
     };
     uint32_t x16 = 0u;
@@ -1621,8 +1618,8 @@ static size_t bsr_pair_bytes(int64_t R) {
  * with the score kernel's 16-byte stores, 18.9 / 19.4 against 19.2 / 23.9 at 1M x 32 and 0.651 /
  * 0.667 at 1M x 1 (bench/results/2026-12-01-gpu-bs-estimate-summaries.json). Random scores at
  * 128K x 32 heads were the one case where streaming was ahead (6 %, before the stores);
- * near-diagonal scores, the shape of real heads, favour scores in memory at every count. MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B
- * runs, tests). */
+ * near-diagonal scores, the shape of real heads, favour scores in memory at every count.
+ * MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B runs, tests). */
 /* 128K: the shortest length measured */
 constexpr int64_t BSR_AUTO_MIN_ROW_BLOCKS = 2048;
 static bool bsr_scores_on(int64_t len) {

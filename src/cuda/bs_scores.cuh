@@ -61,10 +61,17 @@ __host__ __device__ inline uint32_t bsr_kth_largest(CountFn count_ge, int k, uin
     return x;
 }
 
-/* The two largest (top >= second) of keys seen so far, and of two such pairs. */
+/* The two largest (top >= second) of keys seen so far, of four keys, and of two such pairs. */
 __host__ __device__ inline void bsr_top2_add(uint32_t &top, uint32_t &second, uint32_t x) {
     second = x > top ? top : (x > second ? x : second);
     top = x > top ? x : top;
+}
+__host__ __device__ inline void bsr_top2_of4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                             uint32_t &top, uint32_t &second) {
+    top = a > b ? a : b;
+    second = a > b ? b : a;
+    bsr_top2_add(top, second, c);
+    bsr_top2_add(top, second, d);
 }
 __host__ __device__ inline void bsr_top2_merge(uint32_t &top, uint32_t &second, uint32_t top2,
                                                uint32_t second2) {
@@ -85,6 +92,14 @@ __host__ __device__ constexpr uint32_t bsr_group_summary(uint32_t top, uint32_t 
  * it on average for top 100 where 812 reach the k-th largest maximum, bench/bs_bound_model.py). */
 __host__ __device__ constexpr int bsr_summary_count(uint32_t w, uint32_t x16) {
     return (w >= (x16 << 16)) + ((w & 0xffffu) >= x16);
+}
+
+/* Widens [lo16, hi16] (start: 0xffff, 0) to the nonzero 16-bit values of summary w (zeros: the
+ * keys past the row's end). */
+__host__ __device__ inline void bsr_summary_range(uint32_t w, uint32_t &lo16, uint32_t &hi16) {
+    const uint32_t t16 = w >> 16, s16 = w & 0xffffu, v = s16 ? s16 : t16 ? t16 : 0xffffu;
+    lo16 = lo16 < v ? lo16 : v;
+    hi16 = hi16 > t16 ? hi16 : t16;
 }
 
 /* The k-th largest nonzero 16-bit value of a row's summaries, given count_ge(x16) over them

@@ -69,10 +69,7 @@ static uint32_t summary_of(const uint32_t *g) {
     uint32_t top[4], second[4];
     for (int l = 0; l < 4; ++l) {
         const uint32_t *v = g + 4 * l;
-        top[l] = std::max(v[0], v[1]);
-        second[l] = std::min(v[0], v[1]);
-        bsr_top2_add(top[l], second[l], v[2]);
-        bsr_top2_add(top[l], second[l], v[3]);
+        bsr_top2_of4(v[0], v[1], v[2], v[3], top[l], second[l]);
     }
     for (int o = 1; o <= 2; o <<= 1) {
         uint32_t t[4], s[4];
@@ -109,11 +106,7 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
     }
     std::sort(halves.begin(), halves.end(), std::greater<uint32_t>());
     uint32_t lo16 = 0xffffu, hi16 = 0u;
-    for (uint32_t w : sums) {
-        const uint32_t t16 = w >> 16, s16 = w & 0xffffu;
-        lo16 = std::min(lo16, s16 ? s16 : t16 ? t16 : 0xffffu);
-        hi16 = std::max(hi16, t16);
-    }
+    for (uint32_t w : sums) bsr_summary_range(w, lo16, hi16);
     auto count_ge = [&](uint32_t c) {
         int cnt = 0;
         for (uint32_t w : sums) cnt += bsr_summary_count(w, c);
