@@ -16,8 +16,10 @@ namespace mi_cuda {
 
 /* An unsigned key that orders as the float does (negatives flipped, positives above them). */
 __device__ __forceinline__ uint32_t float_order_key(float f) {
+    /* sign set: every bit flipped, else the sign bit set; an arithmetic shift and one
+     * three-input logic op (the select of the two cases compiled to three instructions) */
     const uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
 }
 
 /* The float whose key is k: scores at or above it (or NaN) are the ones whose key can reach k. */

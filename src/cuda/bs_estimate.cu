@@ -114,6 +114,7 @@
 #include "bs_scores.cuh"
 #include "bs_slots.cuh"
 #include "cuda_common.cuh"
+#include "sm90_common.cuh"
 
 #include <algorithm>
 #include <stdlib.h>
@@ -1231,6 +1232,67 @@ __device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, u
         k, lo, hi);
 }
 
+constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligned, few conflicts */
+/* What both score kernels do with a warp's 16 x 64 scores of key tile `it`, s[4 nt + i] in the
+ * mma / wgmma accumulator layout (lane g, t: rows mr[0] and mr[1] in i = 0, 1 and 2, 3, keys
+ * 8 nt + 2 t + (i & 1)): the order keys (bs_rank_key, zeros past the diagonal) staged in shared
+ * memory and written a row's 256 bytes at a time for the rows in sel_rows (the warp's rows
+ * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: four
+ * lanes' two largest, merged) handed to put_sum(rr, group, summary) by the lane that has it. */
+template <typename PutSum>
+__device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
+                                               int t, int lane, uint32_t *stage,
+                                               unsigned sel_rows, uint32_t *out, int row_len,
+                                               PutSum put_sum) {
+    /* a tile past block 0 and before every row's diagonal (most of them): each key is its
+     * score's order key, no block is forced and none lies past its row (mr[0] of lane 0 is the
+     * warp's first row) */
+    const int first_row = __shfl_sync(0xffffffffu, mr[0], 0);
+    if (it > 0 && (it + 1) * BSS_KEYS <= first_row) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const uint2 v = make_uint2(float_order_key(s[4 * nt + 2 * r]),
+                                           float_order_key(s[4 * nt + 2 * r + 1]));
+                *reinterpret_cast<uint2 *>(stage + (g + 8 * r) * BSR_STAGE_ROW + 8 * nt + 2 * t) =
+                    v;
+            }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int m = mr[r];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const int j = it * BSS_KEYS + 8 * nt + 2 * t;
+                uint2 v;
+                v.x = j <= m ? bs_rank_key(s[4 * nt + 2 * r], j, m) : 0u;
+                v.y = j + 1 <= m ? bs_rank_key(s[4 * nt + 2 * r + 1], j + 1, m) : 0u;
+                *reinterpret_cast<uint2 *>(stage + (g + 8 * r) * BSR_STAGE_ROW + 8 * nt + 2 * t) =
+                    v;
+            }
+        }
+    }
+    __syncwarp();
+    /* two rows a store: lanes 0-15 one, 16-31 the next */
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int rr = 2 * i + (lane >> 4), c = 4 * (lane & 15);
+        const bool sel = (sel_rows >> rr) & 1u;
+        const uint4 v = *reinterpret_cast<const uint4 *>(stage + rr * BSR_STAGE_ROW + c);
+        /* __stwb: a plain assignment of v (also read below) compiled to four 4-byte stores */
+        if (sel) __stwb(reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c), v);
+        uint32_t top, second;
+        bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1)
+            bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
+                           __shfl_xor_sync(0xffffffffu, second, o));
+        if ((lane & 3) == 0) put_sum(rr, (lane & 15) >> 2, bsr_group_summary(top, second));
+    }
+    __syncwarp(); /* the stage is written again by the next tile */
+}
+
 /* The key tiles one CTA of bs_score_kernel scores, by default. */
 constexpr int BSR_CHUNK_TILES = 8;
 
@@ -1241,7 +1303,6 @@ constexpr int BSR_CHUNK_TILES = 8;
  * the mma fragments each store covered 32 bytes of eight rows. It also writes each group of
  * BSR_GROUP_KEYS keys' summary (bsr_group_summary: four lanes' two largest, merged). Rows that
  * take none or every block are not written (the select does not read them). */
-constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligned, few conflicts */
 /* the group summaries of a chunk's tiles, a row's BSR_GROUPS x BSR_MAX_CHUNK_TILES */
 constexpr int BSR_MAX_CHUNK_TILES = 8;
 constexpr int BSR_SUM_ROW = BSR_GROUPS * BSR_MAX_CHUNK_TILES + 4;
@@ -1282,40 +1343,10 @@ __global__ void __launch_bounds__(BSS_NT, 3)
         if (!th.warp_sel) return;
         float acc[8][4];
         th.score(tile, g, t, acc);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int m = th.mr[r];
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const int j = it * BSS_KEYS + 8 * nt + 2 * t;
-                uint2 v;
-                v.x = j <= m ? bs_rank_key(acc[nt][2 * r], j, m) : 0u;
-                v.y = j + 1 <= m ? bs_rank_key(acc[nt][2 * r + 1], j + 1, m) : 0u;
-                *reinterpret_cast<uint2 *>(stage + (g + 8 * r) * BSR_STAGE_ROW + 8 * nt + 2 * t) =
-                    v;
-            }
-        }
-        __syncwarp();
-        /* two rows a store: lanes 0-15 one, 16-31 the next */
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int rr = 2 * i + (lane >> 4), c = 4 * (lane & 15);
-            const bool sel = (sel_rows >> rr) & 1u;
-            const uint4 v = *reinterpret_cast<const uint4 *>(stage + rr * BSR_STAGE_ROW + c);
-            /* __stwb: a plain assignment of v (also read below) compiled to four 4-byte stores */
-            if (sel) __stwb(reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c), v);
-            /* the summary of 16 keys: four lanes' two largest */
-            uint32_t top, second;
-            bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
-#pragma unroll
-            for (int o = 1; o <= 2; o <<= 1)
-                bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
-                               __shfl_xor_sync(0xffffffffu, second, o));
-            if ((lane & 3) == 0)
-                stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + ((lane & 15) >> 2)] =
-                    bsr_group_summary(top, second);
-        }
-        __syncwarp(); /* the stage is written again by the next tile */
+        bsr_store_tile(&acc[0][0], it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
+                       [&](int rr, int grp, uint32_t sum) {
+                           stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + grp] = sum;
+                       });
     });
     if (!th.warp_sel) return;
     /* the chunk's summaries, BSR_GROUPS x its tiles a row (16-byte pieces: a quarter of the warp a
@@ -1327,6 +1358,121 @@ __global__ void __launch_bounds__(BSS_NT, 3)
         *reinterpret_cast<uint4 *>(sums_out + rr * p.score_sum_stride + BSR_GROUPS * range.lo + c) =
             *reinterpret_cast<const uint4 *>(stage_sum + rr * BSR_SUM_ROW + c);
     }
+}
+
+/* The same scores by wgmma on Hopper (bs_score_wg_kernel): the row group's pooled queries and
+ * two key tiles in shared memory, 128-byte swizzled (sw_off), the keys of tile it - 1 multiplied
+ * asynchronously while the warps write those of tile it, the summaries written a word at a time
+ * (no chunk staging). The sums are wgmma's, in the order of d: they may differ from
+ * bs_stream_kernel's in the last bits, so near-ties can fall the other way (MI_CUDA_BS_WGMMA=0
+ * takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
+template <int D> constexpr size_t bsr_wg_tile_bytes() { return (size_t)BSS_KEYS * D * 2; }
+template <int D> constexpr size_t bsr_wg_smem() {
+    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * BSR_STAGE_ROW * 4;
+}
+template <typename T, int D>
+__global__ void __launch_bounds__(BSS_NT, 3)
+    bs_score_wg_kernel(const __grid_constant__ bs_select_params p) {
+#ifdef MI_SM90_DEVICE
+    constexpr int HALF = BSS_KEYS * 128; /* bytes of 64 rows of 64 two-byte values */
+    constexpr int TILE = (int)bsr_wg_tile_bytes<D>();
+    static_assert(BSS_ROWS == 64 && BSS_KEYS == 64 && BSS_NT == 128, "one m64n64 warpgroup");
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *qs = smem_base_1024(smem_raw);
+    unsigned char *ks = qs + TILE; /* [2][TILE] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 16 * warp * BSR_STAGE_ROW;
+    const int z = blockIdx.z, bh = p.score_bh0 + z;
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int group = (int)(gridDim.y - 1 - blockIdx.y), m0 = group * BSS_ROWS;
+    const int lo = (int)blockIdx.x * p.score_chunk_tiles;
+    if (!p.active[h] || m0 >= p.idx_row_blocks || lo > group) return;
+    const int len = bs_seq_len(p, b), nb = (len + 63) / 64;
+    if (m0 >= nb) return;
+    const int wm0 = m0 + 16 * warp;
+    bss_thread<T, D> th; /* rows, top k and selects (its query fragments go unused) */
+    th.init(p, bh, h, m0, wm0, g, t, len);
+    if (th.n_tiles == 0) return;
+    const int hi = min(lo + p.score_chunk_tiles, th.n_tiles);
+    unsigned sel_rows = 0;
+    for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
+    const int row_len = BSS_KEYS * (group + 1);
+    uint32_t *out = p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
+                    (int64_t)(16 * warp) * row_len;
+    uint32_t *sums_out = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
+                         (int64_t)wm0 * p.score_sum_stride;
+    /* 64 rows of D values from src (rows from row0 on, zeros from nb on) into dst, swizzled */
+    auto load_rows = [&](uint32_t dst, const T *src, int row0) {
+#pragma unroll
+        for (int i = 0; i < BSS_KEYS * D / 8 / BSS_NT; ++i) {
+            const int c = (int)threadIdx.x + i * BSS_NT;
+            const int r = c / (D / 8), piece = c % (D / 8), j = row0 + r;
+            const bool ok = j < nb;
+            cp_async_16(dst + sw_off(r, piece, HALF), src + (int64_t)(ok ? j : 0) * D + 8 * piece,
+                        ok ? 16 : 0);
+        }
+    };
+    const T *kg = bss_keys_of<T, D>(p, b, h);
+    const uint32_t qs_a = smem_addr(qs), ks_a = smem_addr(ks);
+    load_rows(qs_a, static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D, m0);
+    load_rows(ks_a, kg, (hi - 1) * BSS_KEYS);
+    cp_async_commit();
+    if (hi - 2 >= lo) load_rows(ks_a + TILE, kg, (hi - 2) * BSS_KEYS);
+    cp_async_commit();
+    const sw128_desc qd(qs_a, 16, 1024);
+    auto issue = [&](float *s, int buf) {
+        const sw128_desc kd(ks_a + buf * TILE, 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg<T>::ss(s, qd.at((kk >> 2) * HALF + (kk & 3) * 32),
+                      kd.at((kk >> 2) * HALF + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+    };
+    float sa[32], sb[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sa[i] = sb[i] = 0.f;
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    issue(sa, 0);
+    wgmma_wait<0>();
+    fence_operands<32>(sa);
+    /* cur: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Starts
+     * tile it - 1 into nxt and tile it - 2's keys into cb, writes tile it meanwhile. Nothing is
+     * in flight from one step to the next (ptxas serialises wgmma whose accumulators other
+     * instructions might read before the wait). */
+    auto write = [&](const float *cur, int it) {
+        if (th.warp_sel)
+            bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
+                           [&](int rr, int grp, uint32_t sum) {
+                               if ((sel_rows >> rr) & 1u)
+                                   sums_out[rr * p.score_sum_stride + BSR_GROUPS * it + grp] = sum;
+                           });
+    };
+    /* the issue, the writes and the wait in one branch: split over two branches on the same
+     * condition, ptxas serialised the wgmma */
+    auto step = [&](int it, float *cur, float *nxt, int cb) {
+        if (it - 1 >= lo) {
+            cp_async_wait<0>();
+            fence_proxy_async();
+            __syncthreads(); /* tile it - 1's keys in view; every warp is done with buffer cb */
+            if (it - 2 >= lo) load_rows(ks_a + cb * TILE, kg, (it - 2) * BSS_KEYS);
+            cp_async_commit();
+            issue(nxt, cb ^ 1);
+            write(cur, it);
+            wgmma_wait<0>();
+            fence_operands<32>(nxt);
+        } else {
+            write(cur, it);
+        }
+    };
+    for (int it = hi - 1; it >= lo; it -= 2) {
+        step(it, sa, sb, 0);
+        if (it - 1 < lo) break;
+        step(it - 1, sb, sa, 1);
+    }
+#endif
 }
 
 /* Writes the top k of n candidate blocks as ascending offsets, by one warp: key(i) ranks
@@ -1438,16 +1584,29 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
                 range_of(sr[r].w);
             }
         }
-        x16 = bsr_summary_bound(
-            [&](uint32_t c) {
-                int cnt = 0;
+        /* the counts read only the registers that hold summaries (NR of them a lane, a
+         * compile-time count: all eight were counted, zeros too, so at 128K eight times the
+         * work) */
+        const uint32_t lo_w = __reduce_min_sync(0xffffffffu, lo16),
+                       hi_w = __reduce_max_sync(0xffffffffu, hi16);
+        auto bound_of = [&](auto nr) {
+            return bsr_summary_bound(
+                [&](uint32_t c) {
+                    int cnt = 0;
 #pragma unroll
-                for (int r = 0; r < BSR_REG_GROUPS / 128; ++r)
-                    cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
-                           bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
-                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
-            },
-            k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
+                    for (int r = 0; r < decltype(nr)::value; ++r)
+                        cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
+                               bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                    return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+                },
+                k, lo_w, hi_w);
+        };
+        static_assert(BSR_REG_GROUPS / 128 == 8, "the register counts below");
+        const int nr = (ng4 + 31) / 32;
+        x16 = nr <= 1   ? bound_of(std::integral_constant<int, 1>())
+              : nr <= 2 ? bound_of(std::integral_constant<int, 2>())
+              : nr <= 4 ? bound_of(std::integral_constant<int, 4>())
+                        : bound_of(std::integral_constant<int, 8>());
     } else {
         for (int i = lane; i < ng; i += 32) range_of(__ldg(sums + i));
         x16 = bsr_summary_bound(
@@ -1536,8 +1695,12 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
 template <typename T, int D>
 static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chunk_pairs,
                                     cudaStream_t st) {
-    auto score = bs_score_kernel<T, D>;
-    const size_t smem = bsr_score_smem<D>();
+    /* wgmma where the Hopper kernels run, unless MI_CUDA_BS_WGMMA=0 */
+    const char *wg_env = getenv("MI_CUDA_BS_WGMMA");
+    const bool wg = mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0');
+    auto score = wg ? bs_score_wg_kernel<T, D> : bs_score_kernel<T, D>;
+    const size_t smem = wg ? bsr_wg_smem<D>() : bsr_score_smem<D>();
+    if (!wg) sp.score_chunk_tiles = std::min(sp.score_chunk_tiles, BSR_MAX_CHUNK_TILES);
     cudaError_t e =
         cudaFuncSetAttribute(score, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -1837,10 +2000,11 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.score_pair_keys = bsr_pair_keys(R);
     sp.score_sums = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_sums);
     sp.score_sum_stride = (int32_t)bsr_summary_stride(R);
-    /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of bs_score_kernel (A/B runs) */
+    /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of the score kernels (A/B runs; at most
+     * BSR_MAX_CHUNK_TILES for bs_score_kernel) */
     sp.score_chunk_tiles = BSR_CHUNK_TILES;
     if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
-        if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), BSR_MAX_CHUNK_TILES);
+        if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), 256);
     /* MI_CUDA_BS_RAISE=0: rows past BSR_WCAND select from the whole row at once (A/B runs) */
     sp.score_raise = 1;
     if (const char *e = getenv("MI_CUDA_BS_RAISE"))

@@ -778,7 +778,8 @@ typedef enum {
     BS_STREAM_SPLIT_4_NO_BOUND,
     BS_STREAM_NTILE_APPEND,
     BS_STREAM_NO_SCORES,
-    BS_SCORES
+    BS_SCORES,
+    BS_SCORES_MMA
 } bs_kernel;
 
 /* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
@@ -804,6 +805,8 @@ static const struct {
                                 "streaming, plain tiles appended an n-tile at a time"},
     [BS_STREAM_NO_SCORES] = {"MI_CUDA_BS_SCORES", "0", "no scores in memory"},
     [BS_SCORES] = {"MI_CUDA_BS_SCORES", "1", "scores in memory"},
+    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync",
+                       "MI_CUDA_BS_WGMMA", "0"},
 };
 
 /* The variables the block-sparse tests set, cleared after each estimate. */
@@ -811,14 +814,15 @@ static void bs_env_clear(void) {
     static const char *const vars[] = {
         "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
         "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
-        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES"};
+        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
+        "MI_CUDA_BS_WGMMA"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
 /* The estimate through scores in memory is the default from 128K on;
  * a test of another path turns it off, so that it runs the path it names. */
 static void bs_env_path(bs_kernel kern) {
-    if (kern == BS_SCORES)
+    if (kern == BS_SCORES || kern == BS_SCORES_MMA)
         unsetenv("MI_CUDA_BS_SCORES");
     else
         setenv("MI_CUDA_BS_SCORES", "0", 1);
@@ -884,7 +888,8 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
              (long long)L, (long long)D, topk,
-             topk > 192 && kern != BS_SCORES ? "rows" : bs_kernel_env[kern].label,
+             topk > 192 && kern != BS_SCORES && kern != BS_SCORES_MMA ? "rows"
+                                                                      : bs_kernel_env[kern].label,
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
@@ -920,6 +925,7 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     unsetenv(bs_kernel_env[ref].var);
     bs_env_path(kern);
     if (bs_kernel_env[kern].var) setenv(bs_kernel_env[kern].var, bs_kernel_env[kern].value, 1);
+    if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     bs_env_clear();
@@ -929,7 +935,14 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
              bs_kernel_env[kern].label, bs_kernel_env[ref].label, (long long)L, (long long)D, topk,
              ramp ? " ramp" : "", var ? var : "defaults", var ? value : "", (long long)idiff,
              (long long)B * H * R);
-    check(idiff == 0, "index differs", name);
+    /* wgmma sums d in another order than mma.sync: near-ties may fall the other way, as
+     * against the CPU; otherwise the same sums give the same index */
+    if (kern == BS_SCORES) {
+        check(idiff * 100 <= (int64_t)B * H * R, "index differs", name);
+        printf("  %s\n", name);
+    } else {
+        check(idiff == 0, "index differs", name);
+    }
     sp_free(&si);
     pair_free(&q);
     pair_free(&k);
@@ -1198,10 +1211,13 @@ int main(int argc, char **argv) {
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1"},
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1"},
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0"},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 192, 1, "MI_CUDA_BS_SPLIT", "1"},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
-        {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 192, 1, "MI_CUDA_BS_SPLIT", "1"},
     };
     for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++)
         test_block_sparse_paths_agree(agree[i].kern, agree[i].ref, agree[i].L, agree[i].D,
@@ -1211,6 +1227,8 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_SCORES, 1);
     test_block_sparse_long(Lr, 128, 300, 0, -1, BS_SCORES, 1);
     test_block_sparse_long(Lb, 128, 2040, 0, -1, BS_SCORES, 0);
+    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES_MMA, 0);
+    test_block_sparse_long(Lr, 128, 300, 0, -1, BS_SCORES_MMA, 1);
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
