@@ -1542,6 +1542,9 @@ constexpr int BSR_WARPS = 8;
 constexpr int BSR_WCAND = 512;
 constexpr int BSR_BATCH = 4;
 constexpr int BSR_REG_GROUPS = 1024;
+/* the bound's list of the values near the k-th (bsr_summary_bound_listed), 16 bits each */
+constexpr int BSR_BOUND_LIST = 256;
+static_assert(BSR_BOUND_LIST % 64 == 0 && BSR_BOUND_LIST * 2 <= BSR_WCAND * 4, "the list's room");
 /* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
  * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
 constexpr int BSR_CTAS_PER_SM = 3;
@@ -1589,17 +1592,68 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
          * work) */
         const uint32_t lo_w = __reduce_min_sync(0xffffffffu, lo16),
                        hi_w = __reduce_max_sync(0xffffffffu, hi16);
+        /* Past the first counts only the values near the k-th matter: once at most
+         * BSR_BOUND_LIST of them lie in the range still open, the warp lists them (16 bits each,
+         * in the candidate keys' shared memory, free until the collect) and counts over those,
+         * BSR_BOUND_LIST / 64 words a lane (bsr_summary_bound_listed). */
+        uint16_t *blist = reinterpret_cast<uint16_t *>(cand_key[warp]);
+        uint32_t lw[BSR_BOUND_LIST / 64];
         auto bound_of = [&](auto nr) {
-            return bsr_summary_bound(
-                [&](uint32_t c) {
+            constexpr int NR = decltype(nr)::value;
+            auto count_ge = [&](uint32_t c) {
+                int cnt = 0;
+#pragma unroll
+                for (int r = 0; r < NR; ++r)
+                    cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
+                           bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+            };
+            if constexpr (NR == 1) {
+                return bsr_summary_bound(count_ge, k, lo_w, hi_w);
+            } else {
+                auto list = [&](uint32_t x, uint32_t x_end) {
+                    auto in = [&](uint32_t v) { return v != 0u && v >= x && v < x_end; };
+                    int mine = 0;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const uint32_t w = bsr_lane_of(sr[r], e);
+                            mine += in(w >> 16) + in(w & 0xffffu);
+                        }
+                    int at = mine; /* inclusive prefix over the lanes, then exclusive */
+#pragma unroll
+                    for (int o = 1; o < 32; o <<= 1) {
+                        const int y = __shfl_up_sync(0xffffffffu, at, o);
+                        if (lane >= o) at += y;
+                    }
+                    const int total = __shfl_sync(0xffffffffu, at, 31);
+                    at -= mine;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const uint32_t w = bsr_lane_of(sr[r], e);
+                            if (in(w >> 16)) blist[at++] = (uint16_t)(w >> 16);
+                            if (in(w & 0xffffu)) blist[at++] = (uint16_t)(w & 0xffffu);
+                        }
+                    for (int i = total + lane; i < BSR_BOUND_LIST; i += 32) blist[i] = 0;
+                    __syncwarp();
+                    const uint32_t *bw = reinterpret_cast<const uint32_t *>(blist);
+#pragma unroll
+                    for (int i = 0; i < BSR_BOUND_LIST / 64; ++i) lw[i] = bw[lane + 32 * i];
+                    __syncwarp(); /* the list's memory is the collect's next */
+                };
+                auto list_ge = [&](uint32_t c) {
                     int cnt = 0;
 #pragma unroll
-                    for (int r = 0; r < decltype(nr)::value; ++r)
-                        cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
-                               bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                    for (int i = 0; i < BSR_BOUND_LIST / 64; ++i)
+                        cnt += bsr_summary_count(lw[i], c);
                     return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
-                },
-                k, lo_w, hi_w);
+                };
+                return bsr_summary_bound_listed(count_ge, list, list_ge, k, lo_w, hi_w,
+                                                BSR_BOUND_LIST);
+            }
         };
         static_assert(BSR_REG_GROUPS / 128 == 8, "the register counts below");
         const int nr = (ng4 + 31) / 32;
@@ -1796,6 +1850,18 @@ static bool bsr_scores_on(int64_t len) {
 static int64_t bsr_chunk_pairs(int64_t BH, int64_t len) {
     const size_t pair = bsr_pair_bytes((len + 63) / 64);
     return std::max<int64_t>(1, std::min<int64_t>(BH, (int64_t)(BSR_SCORE_BYTES / pair)));
+}
+
+/* The key tiles a CTA of the score kernels takes for `groups` row groups of `pairs` (b, h) pairs
+ * a launch: BSR_CHUNK_TILES, or half that where the CTAs would not fill the SMs' slots (three
+ * CTAs an SM) twice over. At 128K x 1 (80 CTAs of 8 tiles) the wgmma scores took 0.016 ms
+ * against 0.011 with 4; at 512K x 1 (1088 CTAs) 0.069 against 0.070, at 1M x 1 0.239 against
+ * 0.251 (bench/results/2026-12-01-gpu-bs-estimate-wgmma.json). */
+static int bsr_chunk_tiles(int64_t groups, int64_t pairs) {
+    int64_t ctas = 0;
+    for (int64_t g = 0; g < groups; ++g) ctas += (g + BSR_CHUNK_TILES) / BSR_CHUNK_TILES;
+    return ctas * pairs >= 2 * 3 * (int64_t)mi_cuda_sm_count() ? BSR_CHUNK_TILES
+                                                                : BSR_CHUNK_TILES / 2;
 }
 
 /* The scores path's scratch where it is on; else enough for any number of streaming heads (the
@@ -2002,7 +2068,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.score_sum_stride = (int32_t)bsr_summary_stride(R);
     /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of the score kernels (A/B runs; at most
      * BSR_MAX_CHUNK_TILES for bs_score_kernel) */
-    sp.score_chunk_tiles = BSR_CHUNK_TILES;
+    sp.score_chunk_tiles = scores_on ? bsr_chunk_tiles(groups_r, score_pairs) : BSR_CHUNK_TILES;
     if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
         if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), 256);
     /* MI_CUDA_BS_RAISE=0: rows past BSR_WCAND select from the whole row at once (A/B runs) */
