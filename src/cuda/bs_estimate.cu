@@ -1216,20 +1216,41 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
 static_assert(BSR_ROWS == BSS_ROWS && BSR_TILE_KEYS == BSS_KEYS, "the streaming kernel's tiles");
 
 /* The k-th largest of the n keys key(0 .. n - 1) (0 < k <= n), every key of the top k in
- * [lo, hi], by one warp: bsr_kth_largest with one ballot per 32 keys a count, no barrier. */
+ * [lo, hi], by one warp, with no barrier: bsr_kth_largest_listed with one ballot per 32 keys a
+ * count until at most 32 keys at or above lo are left in the range still open; those then sit
+ * one a lane (listed through the warp's 32 words at `list`) and each count is one ballot. In the
+ * select at 1M the counts over every key had been 40 % of its instructions. n_ge_lo: the keys at
+ * or above lo, or -1 (counted here). */
 template <typename KeyFn>
-__device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, uint32_t hi) {
+__device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, uint32_t hi,
+                                         int n_ge_lo, uint32_t *list) {
     const int lane = threadIdx.x & 31;
-    return bsr_kth_largest(
-        [&](uint32_t c) {
-            int cnt = 0;
-            for (int i0 = 0; i0 < n; i0 += 32) {
-                const int i = i0 + lane;
-                cnt += __popc(__ballot_sync(0xffffffffu, i < n && key(i) >= c));
-            }
-            return cnt;
-        },
-        k, lo, hi);
+    auto count_ge = [&](uint32_t c) {
+        int cnt = 0;
+        for (int i0 = 0; i0 < n; i0 += 32) {
+            const int i = i0 + lane;
+            cnt += __popc(__ballot_sync(0xffffffffu, i < n && key(i) >= c));
+        }
+        return cnt;
+    };
+    uint32_t mine = 0u; /* this lane's listed key; 0 (below every count's threshold): none */
+    auto list_keys = [&](uint32_t x, int bit) {
+        int at = 0;
+        for (int i0 = 0; i0 < n; i0 += 32) {
+            const int i = i0 + lane;
+            const uint32_t v = i < n ? key(i) : 0u;
+            const bool in = i < n && v >= lo && ((v - x) >> bit) <= 1u;
+            const unsigned bal = __ballot_sync(0xffffffffu, in);
+            if (in) list[at + lanes_below(bal)] = v;
+            at += __popc(bal);
+        }
+        __syncwarp();
+        mine = lane < at ? list[lane] : 0u;
+        __syncwarp(); /* the list is written again by the warp's next call */
+    };
+    auto list_ge = [&](uint32_t c) { return __popc(__ballot_sync(0xffffffffu, mine >= c)); };
+    return bsr_kth_largest_listed(count_ge, list_keys, list_ge, k, lo, hi, 32,
+                                  n_ge_lo >= 0 ? n_ge_lo : count_ge(lo));
 }
 
 constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligned, few conflicts */
@@ -1478,12 +1499,13 @@ __global__ void __launch_bounds__(BSS_NT, 3)
 /* Writes the top k of n candidate blocks as ascending offsets, by one warp: key(i) ranks
  * candidate i, block(i) is its block, ascending in i; every key of the top k lies in [lo, hi].
  * The k-th largest key, then every key above it and the first of those equal to it (lower
- * block first, the CPU reference's order), with ballots only. */
+ * block first, the CPU reference's order), with ballots only. n_ge_lo and list: as
+ * bsr_warp_kth_largest's. */
 template <typename KeyFn, typename BlockFn>
 __device__ void bsr_warp_emit(KeyFn key, BlockFn block, int n, int k, uint32_t lo, uint32_t hi,
-                              int32_t *off) {
+                              int n_ge_lo, uint32_t *list, int32_t *off) {
     const bool all = k >= n;
-    const uint32_t thr = all ? 0u : bsr_warp_kth_largest(key, n, k, lo, hi);
+    const uint32_t thr = all ? 0u : bsr_warp_kth_largest(key, n, k, lo, hi, n_ge_lo, list);
     int above = 0;
     for (int i0 = 0; i0 < n && !all; i0 += 32) {
         const int i = i0 + (threadIdx.x & 31);
@@ -1542,9 +1564,6 @@ constexpr int BSR_WARPS = 8;
 constexpr int BSR_WCAND = 512;
 constexpr int BSR_BATCH = 4;
 constexpr int BSR_REG_GROUPS = 1024;
-/* the bound's list of the values near the k-th (bsr_summary_bound_listed), 16 bits each */
-constexpr int BSR_BOUND_LIST = 256;
-static_assert(BSR_BOUND_LIST % 64 == 0 && BSR_BOUND_LIST * 2 <= BSR_WCAND * 4, "the list's room");
 /* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
  * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
 constexpr int BSR_CTAS_PER_SM = 3;
@@ -1553,6 +1572,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     __shared__ int cand[BSR_WARPS][BSR_WCAND];
     __shared__ uint32_t cand_key[BSR_WARPS][BSR_WCAND];
     __shared__ int cand_group[BSR_WARPS][BSR_WCAND];
+    __shared__ uint32_t kth_list[BSR_WARPS][32]; /* bsr_warp_kth_largest's list */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int z = blockIdx.y, bh = p.score_bh0 + z;
     const int b = bh / p.heads, h = bh % p.heads;
@@ -1592,68 +1612,17 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
          * work) */
         const uint32_t lo_w = __reduce_min_sync(0xffffffffu, lo16),
                        hi_w = __reduce_max_sync(0xffffffffu, hi16);
-        /* Past the first counts only the values near the k-th matter: once at most
-         * BSR_BOUND_LIST of them lie in the range still open, the warp lists them (16 bits each,
-         * in the candidate keys' shared memory, free until the collect) and counts over those,
-         * BSR_BOUND_LIST / 64 words a lane (bsr_summary_bound_listed). */
-        uint16_t *blist = reinterpret_cast<uint16_t *>(cand_key[warp]);
-        uint32_t lw[BSR_BOUND_LIST / 64];
         auto bound_of = [&](auto nr) {
-            constexpr int NR = decltype(nr)::value;
-            auto count_ge = [&](uint32_t c) {
-                int cnt = 0;
-#pragma unroll
-                for (int r = 0; r < NR; ++r)
-                    cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
-                           bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
-                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
-            };
-            if constexpr (NR == 1) {
-                return bsr_summary_bound(count_ge, k, lo_w, hi_w);
-            } else {
-                auto list = [&](uint32_t x, uint32_t x_end) {
-                    auto in = [&](uint32_t v) { return v != 0u && v >= x && v < x_end; };
-                    int mine = 0;
-#pragma unroll
-                    for (int r = 0; r < NR; ++r)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const uint32_t w = bsr_lane_of(sr[r], e);
-                            mine += in(w >> 16) + in(w & 0xffffu);
-                        }
-                    int at = mine; /* inclusive prefix over the lanes, then exclusive */
-#pragma unroll
-                    for (int o = 1; o < 32; o <<= 1) {
-                        const int y = __shfl_up_sync(0xffffffffu, at, o);
-                        if (lane >= o) at += y;
-                    }
-                    const int total = __shfl_sync(0xffffffffu, at, 31);
-                    at -= mine;
-#pragma unroll
-                    for (int r = 0; r < NR; ++r)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const uint32_t w = bsr_lane_of(sr[r], e);
-                            if (in(w >> 16)) blist[at++] = (uint16_t)(w >> 16);
-                            if (in(w & 0xffffu)) blist[at++] = (uint16_t)(w & 0xffffu);
-                        }
-                    for (int i = total + lane; i < BSR_BOUND_LIST; i += 32) blist[i] = 0;
-                    __syncwarp();
-                    const uint32_t *bw = reinterpret_cast<const uint32_t *>(blist);
-#pragma unroll
-                    for (int i = 0; i < BSR_BOUND_LIST / 64; ++i) lw[i] = bw[lane + 32 * i];
-                    __syncwarp(); /* the list's memory is the collect's next */
-                };
-                auto list_ge = [&](uint32_t c) {
+            return bsr_summary_bound(
+                [&](uint32_t c) {
                     int cnt = 0;
 #pragma unroll
-                    for (int i = 0; i < BSR_BOUND_LIST / 64; ++i)
-                        cnt += bsr_summary_count(lw[i], c);
+                    for (int r = 0; r < decltype(nr)::value; ++r)
+                        cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
+                               bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
                     return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
-                };
-                return bsr_summary_bound_listed(count_ge, list, list_ge, k, lo_w, hi_w,
-                                                BSR_BOUND_LIST);
-            }
+                },
+                k, lo_w, hi_w);
         };
         static_assert(BSR_REG_GROUPS / 128 == 8, "the register counts below");
         const int nr = (ng4 + 31) / 32;
@@ -1731,7 +1700,8 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
      * ones): the k-th largest of those listed is reached by k distinct keys, a higher bound. */
     if (over && n_cand >= k && p.score_raise) {
         const uint32_t raised =
-            bsr_warp_kth_largest([&](int i) { return wk[i]; }, n_cand, k, bound, hi);
+            bsr_warp_kth_largest([&](int i) { return wk[i]; }, n_cand, k, bound, hi, n_cand,
+                                 kth_list[warp]);
         __syncwarp();
         if (raised > bound) {
             bound = raised;
@@ -1740,10 +1710,10 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     }
     if (!over)
         bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
-                      hi, off);
+                      hi, n_cand, kth_list[warp], off);
     else
         bsr_warp_emit([&](int j) { return keys[j]; }, [&](int j) { return j; }, n, k, bound, hi,
-                      off);
+                      -1, kth_list[warp], off);
 }
 
 template <typename T, int D>

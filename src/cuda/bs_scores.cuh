@@ -113,28 +113,25 @@ __host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, u
     return bsr_kth_largest(count_ge, k, lo16, hi16);
 }
 
-/* bsr_summary_bound in two phases, the same result: count_ge over every summary while more than
- * cap nonzero 16-bit values lie in the range still open, then list(x, x_end) gathers the nonzero
- * values in [x, x_end) (at most cap of them) and list_ge(c) counts over those alone, the values
- * above the range added. Once the sign and exponent bits are fixed only the values near the k-th
- * are left, so the later counts read a few values a lane instead of all of the row's. */
+/* bsr_kth_largest in two phases, the same result: count_ge over every key while more than cap
+ * of those at or above lo lie in the range still open, [x, x + 2^(bit + 1)); then list(x, bit)
+ * gathers those (the keys v >= lo with (v - x) >> bit <= 1, at most cap of them) and list_ge(c)
+ * counts over them alone, the keys above the range added. cnt_lo: the keys at or above lo. Once
+ * the upper bits are fixed only the keys near the k-th are left, so the later counts read a
+ * register instead of every key. */
 #pragma nv_exec_check_disable /* the callbacks run where the caller does */
 template <typename CountFn, typename ListFn, typename ListCountFn>
-__host__ __device__ inline uint32_t bsr_summary_bound_listed(CountFn count_ge, ListFn list,
-                                                             ListCountFn list_ge, int k,
-                                                             uint32_t lo16, uint32_t hi16,
-                                                             int cap) {
-    if (hi16 == 0) return 0u;
-    int cnt_lo = count_ge(lo16); /* the values at or above x (every nonzero one: x <= lo16) */
-    if (cnt_lo < k) return 0u;
-    const uint32_t diff = lo16 ^ hi16;
-    if (diff == 0) return lo16;
-    int top = 15;
+__host__ __device__ inline uint32_t bsr_kth_largest_listed(CountFn count_ge, ListFn list,
+                                                           ListCountFn list_ge, int k, uint32_t lo,
+                                                           uint32_t hi, int cap, int cnt_lo) {
+    const uint32_t diff = lo ^ hi;
+    if (diff == 0) return lo;
+    int top = 31;
     while (!((diff >> top) & 1u)) --top;
-    uint32_t x = lo16 & ~((2u << top) - 1u);
-    int cnt_hi = 0; /* the values at or above x + 2^(bit + 1), the open range's end */
+    uint32_t x = top == 31 ? 0u : lo & ~((2u << top) - 1u);
+    int cnt_hi = 0; /* the keys at or above the open range's end */
     int bit = top;
-    /* two loops, not one with a flag: count_ge's values are dead in the second */
+    /* two loops, not one with a flag: the first one's state is dead in the second */
     for (; bit >= 0 && cnt_lo - cnt_hi > cap; --bit) {
         const uint32_t c = x | (1u << bit);
         const int n = count_ge(c);
@@ -146,8 +143,8 @@ __host__ __device__ inline uint32_t bsr_summary_bound_listed(CountFn count_ge, L
         }
     }
     if (bit < 0) return x;
-    list(x, x + (2u << bit));
-    const int above = cnt_hi; /* the values above the listed range */
+    list(x, bit);
+    const int above = cnt_hi;
     for (; bit >= 0; --bit) {
         const uint32_t c = x | (1u << bit);
         if (above + list_ge(c) >= k) x = c;

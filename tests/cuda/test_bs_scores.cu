@@ -8,9 +8,9 @@
  * anywhere at or below it. The group summaries: four partial top-two pairs merged as the score
  * kernel's lanes merge them give a group's two largest keys; the summaries' bound equals the
  * k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least k keys of
- * the row reach it, on rows of every length and spread with zeros past their end; the bound in
- * two phases (bsr_summary_bound_listed) is the same for every size of its list, which never
- * overflows.
+ * the row reach it, on rows of every length and spread with zeros past their end. The k-th
+ * largest in two phases (bsr_kth_largest_listed) is the same for every size of its list, which
+ * never overflows.
  */
 #include "bs_scores.cuh"
 
@@ -61,6 +61,28 @@ static void test_kth(std::mt19937 &rng, int n, uint32_t spread) {
             const uint32_t got = bsr_kth_largest(count_ge, k, lo, hi);
             EXPECT(got == want, "n %d spread %u k %d lo %08x: %08x, want %08x", n, spread, k, lo,
                    got, want);
+            for (int cap : {0, 1, 8, 32, 4096}) {
+                std::vector<uint32_t> list;
+                int lists = 0;
+                const uint32_t listed = bsr_kth_largest_listed(
+                    count_ge,
+                    [&](uint32_t x, int bit) {
+                        ++lists;
+                        for (uint32_t y : v)
+                            if (y >= lo && ((y - x) >> bit) <= 1) list.push_back(y);
+                        EXPECT((int)list.size() <= cap, "n %d k %d cap %d: %zu listed", n, k, cap,
+                               list.size());
+                    },
+                    [&](uint32_t c) {
+                        int cnt = 0;
+                        for (uint32_t y : list) cnt += y >= c;
+                        return cnt;
+                    },
+                    k, lo, hi, cap, count_ge(lo));
+                EXPECT(listed == want, "n %d spread %u k %d lo %08x cap %d: %08x, want %08x", n,
+                       spread, k, lo, cap, listed, want);
+                EXPECT(lists <= 1, "n %d k %d cap %d: listed %d times", n, k, cap, lists);
+            }
         }
     }
 }
@@ -120,30 +142,6 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
         const uint32_t x16 = bsr_summary_bound(count_ge, k, lo16, hi16);
         const uint32_t want = k <= (int)halves.size() ? halves[k - 1] : 0u;
         EXPECT(x16 == want, "n %d spread %u k %d: %04x, want %04x", n, spread, k, x16, want);
-        /* the two-phase bound: the same value for every cap; the list never holds more than
-         * cap values, and holds every value of its range */
-        for (int cap : {0, 1, 8, 64, 256, 4096}) {
-            std::vector<uint32_t> list;
-            int lists = 0;
-            const uint32_t got = bsr_summary_bound_listed(
-                count_ge,
-                [&](uint32_t x, uint32_t x_end) {
-                    ++lists;
-                    for (uint32_t v : halves)
-                        if (v >= x && v < x_end) list.push_back(v);
-                    EXPECT((int)list.size() <= cap, "n %d k %d cap %d: %zu listed", n, k, cap,
-                           list.size());
-                },
-                [&](uint32_t c) {
-                    int cnt = 0;
-                    for (uint32_t v : list) cnt += v >= c;
-                    return cnt;
-                },
-                k, lo16, hi16, cap);
-            EXPECT(got == want, "n %d spread %u k %d cap %d: %04x, want %04x", n, spread, k, cap,
-                   got, want);
-            EXPECT(lists <= 1, "n %d k %d cap %d: listed %d times", n, k, cap, lists);
-        }
         EXPECT((x16 << 16) <= sorted[k - 1], "n %d spread %u k %d: %04x bounds %08x", n, spread, k,
                x16, sorted[k - 1]);
     }
