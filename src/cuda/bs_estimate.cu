@@ -6,7 +6,7 @@
  *
  * Three ways to select, chosen per call and head:
  * - sequences of 128K and longer (up to the 1 GiB of keys a pair, 1M): through scores in memory
- *   (bs_score_kernel, bs_row_select_kernel; bsr_scores_on);
+ *   (bs_score_wg_kernel on Hopper, else bs_score_kernel; bs_row_select_kernel; bsr_scores_on);
  * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
  *   tiles streamed from the diagonal down, a running top k per row block in shared memory; long
  *   rows start from a lower bound of their k-th score that bs_bound_kernel computes first. With
@@ -103,11 +103,28 @@
  *      four 4-byte stores): scores at 1M x 1 0.360 -> 0.328 / 0.330 ms, 1M x 32 heads 11.55 ->
  *      10.41 ms; estimate at 1M x 1 0.651 / 0.667 ms, 1M x 32 18.9 / 19.4 ms for all heads
  *      against 19.2 / 23.9 streaming.
+ *  16. the scores by wgmma on Hopper (bs_score_wg_kernel: the row group's pooled queries and two
+ *      key tiles swizzled in shared memory, one m64n64 chain a tile, the next tile's chain running
+ *      while the warps write this one's keys; ptxas serialised the chains while the issue and the
+ *      wait sat in two branches on one condition), tiles before every row's diagonal without the
+ *      forced-block checks, the select's bound counting only the registers that hold summaries:
+ *      scores at 1M x 1 0.329 -> 0.263 (wgmma) -> 0.239 ms, 1M x 32 heads 10.4 -> 7.75; select at
+ *      1M 0.187 -> 0.170, 512K 0.103 -> 0.082, 128K x 32 heads 0.589 -> 0.463 ms. Four key tiles a
+ *      CTA where eight would not fill the SMs twice: 128K x 1 scores 0.016 -> 0.011. Not kept: 16
+ *      or 32 tiles a CTA (0.246, 0.250 at 1M), the bound's counts over a short list of the
+ *      values near the k-th (128K 0.035 -> 0.038, 1M 0.170 -> 0.169).
+ *  17. the select's k-th largest of its candidates (42 % of its instructions at 1M, Nsight
+ *      Compute) finished on a list of at most 32 keys, one a lane, a ballot a step: select at 1M
+ *      0.170 / 0.179 -> 0.148 / 0.150 ms, 512K 0.082 / 0.089 -> 0.064 / 0.067, 128K 0.035 /
+ *      0.037 -> 0.024 / 0.025, 128K x 32 heads 0.465 / 0.537 -> 0.341 / 0.371. Estimate at 1M x 1
+ *      0.522 / 0.525 ms of kernels (0.544 / 0.550 per call in bench/torch_ref.py, 5.3 / 6.2 % of
+ *      the block-sparse total), 1M x 32 heads 14.95 / 14.95 for all heads.
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
  *   2026-11-30-gpu-bs-estimate-bound-rows.json, 2026-11-30-gpu-bs-estimate-cand-rows.json,
- *   2026-11-30-gpu-bs-estimate-scores.json, 2026-12-01-gpu-bs-estimate-summaries.json)
+ *   2026-11-30-gpu-bs-estimate-scores.json, 2026-12-01-gpu-bs-estimate-summaries.json,
+ *   2026-12-01-gpu-bs-estimate-wgmma.json, 2026-12-01-ncu-bs-row-select-1m.txt)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
@@ -1319,11 +1336,10 @@ constexpr int BSR_CHUNK_TILES = 8;
 
 /* Grid (chunks of score_chunk_tiles key tiles, row groups longest first, pairs): the scores of a
  * row group's 64 row blocks against one chunk of key tiles, computed as bs_stream_kernel computes
- * them (bss_thread::score, the same sums in the same order), written as bs_rank_key. A warp puts
- * its 16 rows x 64 keys in shared memory first and writes them a row's 256 bytes at a time: from
- * the mma fragments each store covered 32 bytes of eight rows. It also writes each group of
- * BSR_GROUP_KEYS keys' summary (bsr_group_summary: four lanes' two largest, merged). Rows that
- * take none or every block are not written (the select does not read them). */
+ * them (bss_thread::score, the same sums in the same order), written as bs_rank_key with each
+ * group of BSR_GROUP_KEYS keys' summary (bsr_store_tile; the chunk's summaries staged and written
+ * 16 bytes at a time). Rows that take none or every block are not written (the select does not
+ * read them). */
 /* the group summaries of a chunk's tiles, a row's BSR_GROUPS x BSR_MAX_CHUNK_TILES */
 constexpr int BSR_MAX_CHUNK_TILES = 8;
 constexpr int BSR_SUM_ROW = BSR_GROUPS * BSR_MAX_CHUNK_TILES + 4;
