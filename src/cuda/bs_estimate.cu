@@ -1334,6 +1334,28 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
 /* The key tiles one CTA of bs_score_kernel scores, by default. */
 constexpr int BSR_CHUNK_TILES = 8;
 
+/* Where a CTA of either score kernel works: the pair (z among the launch's, bh, b, h), the row
+ * group from m0 and the warp's rows from wm0, key tiles from lo on; false where it has nothing
+ * to score. */
+struct bsr_score_place {
+    int z, bh, b, h, group, m0, lo, len, nb, wm0;
+};
+__device__ __forceinline__ bool bsr_score_place_of(const bs_select_params &p, int warp,
+                                                   bsr_score_place &w) {
+    w.z = blockIdx.z;
+    w.bh = p.score_bh0 + w.z;
+    w.b = w.bh / p.heads;
+    w.h = w.bh % p.heads;
+    w.group = (int)(gridDim.y - 1 - blockIdx.y);
+    w.m0 = w.group * BSS_ROWS;
+    w.lo = (int)blockIdx.x * p.score_chunk_tiles;
+    if (!p.active[w.h] || w.m0 >= p.idx_row_blocks || w.lo > w.group) return false;
+    w.len = bs_seq_len(p, w.b);
+    w.nb = (w.len + 63) / 64;
+    w.wm0 = w.m0 + 16 * warp;
+    return w.m0 < w.nb;
+}
+
 /* Grid (chunks of score_chunk_tiles key tiles, row groups longest first, pairs): the scores of a
  * row group's 64 row blocks against one chunk of key tiles, computed as bs_stream_kernel computes
  * them (bss_thread::score, the same sums in the same order), written as bs_rank_key with each
@@ -1356,14 +1378,10 @@ __global__ void __launch_bounds__(BSS_NT, 3)
                       16 * warp * BSR_STAGE_ROW; /* [16][BSR_STAGE_ROW] */
     uint32_t *stage_sum = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
                           BSS_ROWS * BSR_STAGE_ROW + 16 * warp * BSR_SUM_ROW; /* [16][..] */
-    const int z = blockIdx.z, bh = p.score_bh0 + z;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int group = (int)(gridDim.y - 1 - blockIdx.y), m0 = group * BSS_ROWS;
-    const int lo = (int)blockIdx.x * p.score_chunk_tiles;
-    if (!p.active[h] || m0 >= p.idx_row_blocks || lo > group) return;
-    const int len = bs_seq_len(p, b), nb = (len + 63) / 64;
-    if (m0 >= nb) return;
-    const int wm0 = m0 + 16 * warp;
+    bsr_score_place w;
+    if (!bsr_score_place_of(p, warp, w)) return;
+    const int z = w.z, bh = w.bh, b = w.b, h = w.h, group = w.group, m0 = w.m0, lo = w.lo;
+    const int len = w.len, nb = w.nb, wm0 = w.wm0;
     bss_thread<T, D> th;
     th.init(p, bh, h, m0, wm0, g, t, len);
     if (th.n_tiles == 0) return;
@@ -1419,14 +1437,10 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     unsigned char *ks = qs + TILE; /* [2][TILE] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 16 * warp * BSR_STAGE_ROW;
-    const int z = blockIdx.z, bh = p.score_bh0 + z;
-    const int b = bh / p.heads, h = bh % p.heads;
-    const int group = (int)(gridDim.y - 1 - blockIdx.y), m0 = group * BSS_ROWS;
-    const int lo = (int)blockIdx.x * p.score_chunk_tiles;
-    if (!p.active[h] || m0 >= p.idx_row_blocks || lo > group) return;
-    const int len = bs_seq_len(p, b), nb = (len + 63) / 64;
-    if (m0 >= nb) return;
-    const int wm0 = m0 + 16 * warp;
+    bsr_score_place w;
+    if (!bsr_score_place_of(p, warp, w)) return;
+    const int z = w.z, bh = w.bh, b = w.b, h = w.h, group = w.group, m0 = w.m0, lo = w.lo;
+    const int len = w.len, nb = w.nb, wm0 = w.wm0;
     bss_thread<T, D> th; /* rows, top k and selects (its query fragments go unused) */
     th.init(p, bh, h, m0, wm0, g, t, len);
     if (th.n_tiles == 0) return;
