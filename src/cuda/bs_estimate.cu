@@ -1489,10 +1489,6 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     issue(sa, 0);
     wgmma_wait<0>();
     fence_operands<32>(sa);
-    /* cur: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Starts
-     * tile it - 1 into nxt and tile it - 2's keys into cb, writes tile it meanwhile. Nothing is
-     * in flight from one step to the next (ptxas serialises wgmma whose accumulators other
-     * instructions might read before the wait). */
     auto write = [&](const float *cur, int it) {
         if (th.warp_sel)
             bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
@@ -1501,8 +1497,11 @@ __global__ void __launch_bounds__(BSS_NT, 3)
                                    sums_out[rr * p.score_sum_stride + BSR_GROUPS * it + grp] = sum;
                            });
     };
-    /* the issue, the writes and the wait in one branch: split over two branches on the same
-     * condition, ptxas serialised the wgmma */
+    /* cur: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Starts
+     * tile it - 1 into nxt and tile it - 2's keys into cb, writes tile it meanwhile. Nothing is
+     * in flight from one step to the next, and the issue, the writes and the wait sit in one
+     * branch: ptxas serialises wgmma whose accumulators other instructions might read before
+     * the wait, as it did with them split over two branches on the same condition. */
     auto step = [&](int it, float *cur, float *nxt, int cb) {
         if (it - 1 >= lo) {
             cp_async_wait<0>();
