@@ -1601,7 +1601,6 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     __shared__ int cand[BSR_WARPS][BSR_WCAND];
     __shared__ uint32_t cand_key[BSR_WARPS][BSR_WCAND];
     __shared__ int cand_group[BSR_WARPS][BSR_WCAND];
-    __shared__ uint32_t kth_list[BSR_WARPS][32]; /* bsr_warp_kth_largest's list */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int z = blockIdx.y, bh = p.score_bh0 + z;
     const int b = bh / p.heads, h = bh % p.heads;
@@ -1673,6 +1672,9 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     const uint32_t hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
     int *wc = cand[warp], *wg = cand_group[warp];
     uint32_t *wk = cand_key[warp];
+    /* bsr_warp_kth_largest's list of 32 keys: the group list's first words, free once a collect
+     * has read it (a separate array took the static shared memory past sm_80's 48 KB) */
+    uint32_t *kth_list = reinterpret_cast<uint32_t *>(wg);
     const uint4 *kv = reinterpret_cast<const uint4 *>(keys);
     /* Lists the keys at or above bnd, in ascending order, from the groups whose largest key
      * can reach it: up to BSR_WCAND of them in wc / wk, the count listed returned; over: more
@@ -1730,7 +1732,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     if (over && n_cand >= k && p.score_raise) {
         const uint32_t raised =
             bsr_warp_kth_largest([&](int i) { return wk[i]; }, n_cand, k, bound, hi, n_cand,
-                                 kth_list[warp]);
+                                 kth_list);
         __syncwarp();
         if (raised > bound) {
             bound = raised;
@@ -1739,10 +1741,10 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     }
     if (!over)
         bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
-                      hi, n_cand, kth_list[warp], off);
+                      hi, n_cand, kth_list, off);
     else
         bsr_warp_emit([&](int j) { return keys[j]; }, [&](int j) { return j; }, n, k, bound, hi,
-                      -1, kth_list[warp], off);
+                      -1, kth_list, off);
 }
 
 template <typename T, int D>
