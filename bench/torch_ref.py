@@ -544,7 +544,7 @@ def main():
     if "patterns" in sections:
         res["patterns"] = []
         for L, H, Hk, reps in shapes:
-            if L < 131072 or L == 524288:
+            if L < 131072:
                 continue
             H1 = max(H // 4, 1) if L >= 524288 else H
             for r in (bench_block_sparse(lib, L, H1, Hk, "random", max(reps, 3)),

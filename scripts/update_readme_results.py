@@ -40,6 +40,16 @@ def fmt(x, spec):
     return format(x, spec) if isinstance(x, (int, float)) else "-"
 
 
+def pct(x):
+    """A fraction as a percentage with one decimal; - where there is none."""
+    return f"{100 * x:.1f} %" if isinstance(x, (int, float)) else "-"
+
+
+def times(x):
+    """A speed-up factor as 1.23x; - where there is none."""
+    return f"{x:.2f}x" if isinstance(x, (int, float)) else "-"
+
+
 def cpu_table(runs):
     cpu = [r for r in runs if "sgemm_gflops" in r and "results" in r]
     if not cpu:
@@ -120,8 +130,8 @@ def gpu_tables(runs):
                 "(near-diagonal blocks); A-shape keeps 128 sink keys and a 4096-key window, its "
                 "effective TFLOP/s counting exactly those keys.", "",
                 "| L | pattern | inputs | keys/row | ms/head | effective TFLOP/s | estimation ms/head "
-                "| original ms/head | speed-up |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| estimation share | original ms/head | speed-up |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         names = {"block_sparse": "block-sparse top-100", "a_shape": "A-shape 128 + 4096"}
         for e in pt["patterns"]:
             out.append(f"| {length(e['L'])} | {names.get(e['pattern'], e['pattern'])} "
@@ -129,8 +139,9 @@ def gpu_tables(runs):
                        f"| {fmt(e.get('kernel_ms_per_head'), '.2f')} "
                        f"| {fmt(e.get('effective_tflops'), '.0f')} "
                        f"| {fmt(e.get('estimate_ms_per_head'), '.3f')} "
+                       f"| {pct(e.get('estimate_share'))} "
                        f"| {fmt(e.get('original_kernel_ms_per_head'), '.2f')} "
-                       f"| {fmt(e.get('speedup_vs_original'), '.2f')}x |")
+                       f"| {times(e.get('speedup_vs_original'))} |")
         out.append("")
     # untimed runs: the fastest prefill
     es = best("estimation", lambda entries: -sum(e.get("prefill_ms_per_head", 0) for e in entries))
