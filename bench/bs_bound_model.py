@@ -11,20 +11,21 @@ so that near-diagonal blocks score highest), and for each sampled row block the 
   - the streaming walk itself: tiles from the diagonal down, n-tiles of 8 keys, a compaction to
     the top k before an n-tile whenever more than CAP - 8 candidates are held, the threshold
     raised to the k-th kept; appends and compactions counted.
-The variants: the kernels' bound (512 slots), 256, 1024 or 2048 slots (finer groups, had the
-maxima room), 1024 slots of 8-bit codes (the 64 KB of 512 16-bit ones) over a window of
-16-bit keys placed from the tiles nearest the diagonal, 512 slots with 32
-groups in the 4 or 8 tiles nearest the diagonal and the rest shared by the others, and bounds taken from every s-th tile only (what a cheaper first pass of a
-one-pass design would see). Counts only, no times.
+The variants: the kernels' bound (512 slots), 256, 1024 or 2048 slots (finer groups, had the maxima
+room), 1024 slots of 8-bit codes (the 64 KB of 512 16-bit ones) over a window of 16-bit keys placed
+from the tiles nearest the diagonal, 512 slots with 32 groups in the 4 or 8 tiles nearest the
+diagonal and the rest shared by the others, and bounds taken from every s-th tile only (what a
+cheaper first pass of a one-pass design would see). Counts only, no times.
 
 With --scores, the bound of the estimate through scores in memory instead (bs_row_select_kernel,
 over every key of the row, the forced ones included) and how many keys reach it: a row with more
-than `--cap` of them (512 there) cannot select from its listed keys alone. Variants: its 16 adjacent keys a group, 8 adjacent keys, 16 keys four apart
-within a tile, 16 keys 32 apart over a score CTA's 512 keys, the top 2 of each 16-key group, and
-what the kernel now does: the top 2 as their upper 16 bits (the group summaries), alone and with
-the second bound of rows past the cap (the k-th largest of the first cap keys reaching the first
-bound); and, for keys kept as their top 16 bits only, how many keys share the k-th key's 16 bits
-(those whose exact scores a select would need again). --all-rows samples the short rows too.
+than `--cap` of them (512 there) cannot select from its listed keys alone. Variants: its 16
+adjacent keys a group, 8 adjacent keys, 16 keys four apart within a tile, 16 keys 32 apart over a
+score CTA's 512 keys, the top 2 of each 16-key group, and what the kernel now does: the top 2 as
+their upper 16 bits (the group summaries), alone and with the second bound of rows past the cap
+(the k-th largest of the first cap keys reaching the first bound); and, for keys kept as their top
+16 bits only, how many keys share the k-th key's 16 bits (those whose exact scores a select would
+need again). --all-rows samples the short rows too.
 
   bs_bound_model.py [--lengths 128K,1M] [--rows 48] [--top-k 100] [--cap 128] [--scores]
                     [--all-rows] [--out model.json]

@@ -1339,6 +1339,17 @@ constexpr int BSR_CHUNK_TILES = 8;
  * to score. */
 struct bsr_score_place {
     int z, bh, b, h, group, m0, lo, len, nb, wm0;
+    /* the keys a row of the group takes (its rows lie that far apart) */
+    __device__ __forceinline__ int row_len() const { return BSS_KEYS * (group + 1); }
+    /* where the keys and the group summaries of the warp's first row go */
+    __device__ __forceinline__ uint32_t *keys_out(const bs_select_params &p, int warp) const {
+        return p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
+               (int64_t)(16 * warp) * row_len();
+    }
+    __device__ __forceinline__ uint32_t *sums_out(const bs_select_params &p) const {
+        return p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
+               (int64_t)wm0 * p.score_sum_stride;
+    }
 };
 __device__ __forceinline__ bool bsr_score_place_of(const bs_select_params &p, int warp,
                                                    bsr_score_place &w) {
@@ -1380,7 +1391,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
                           BSS_ROWS * BSR_STAGE_ROW + 16 * warp * BSR_SUM_ROW; /* [16][..] */
     bsr_score_place w;
     if (!bsr_score_place_of(p, warp, w)) return;
-    const int z = w.z, bh = w.bh, b = w.b, h = w.h, group = w.group, m0 = w.m0, lo = w.lo;
+    const int bh = w.bh, b = w.b, h = w.h, m0 = w.m0, lo = w.lo;
     const int len = w.len, nb = w.nb, wm0 = w.wm0;
     bss_thread<T, D> th;
     th.init(p, bh, h, m0, wm0, g, t, len);
@@ -1388,12 +1399,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     const bss_range range = {lo, min(lo + p.score_chunk_tiles, th.n_tiles), 0};
     unsigned sel_rows = 0; /* bit rr: the warp's row rr selects (its keys are written) */
     for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
-    /* the warp's first row; its rows are row_len keys apart */
-    const int row_len = BSS_KEYS * (group + 1);
-    uint32_t *out = p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
-                    (int64_t)(16 * warp) * row_len;
-    uint32_t *sums_out = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
-                         (int64_t)wm0 * p.score_sum_stride;
+    const int row_len = w.row_len();
+    uint32_t *out = w.keys_out(p, warp), *sums_out = w.sums_out(p);
     bss_walk_tiles<T, D>(kbuf, bss_keys_of<T, D>(p, b, h), range, nb, [&](int it, const T *tile) {
         if (!th.warp_sel) return;
         float acc[8][4];
@@ -1439,7 +1446,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 16 * warp * BSR_STAGE_ROW;
     bsr_score_place w;
     if (!bsr_score_place_of(p, warp, w)) return;
-    const int z = w.z, bh = w.bh, b = w.b, h = w.h, group = w.group, m0 = w.m0, lo = w.lo;
+    const int bh = w.bh, b = w.b, h = w.h, m0 = w.m0, lo = w.lo;
     const int len = w.len, nb = w.nb, wm0 = w.wm0;
     bss_thread<T, D> th; /* rows, top k and selects (its query fragments go unused) */
     th.init(p, bh, h, m0, wm0, g, t, len);
@@ -1447,11 +1454,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     const int hi = min(lo + p.score_chunk_tiles, th.n_tiles);
     unsigned sel_rows = 0;
     for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
-    const int row_len = BSS_KEYS * (group + 1);
-    uint32_t *out = p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
-                    (int64_t)(16 * warp) * row_len;
-    uint32_t *sums_out = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
-                         (int64_t)wm0 * p.score_sum_stride;
+    const int row_len = w.row_len();
+    uint32_t *out = w.keys_out(p, warp), *sums_out = w.sums_out(p);
     /* 64 rows of D values from src (rows from row0 on, zeros from nb on) into dst, swizzled */
     auto load_rows = [&](uint32_t dst, const T *src, int row0) {
 #pragma unroll

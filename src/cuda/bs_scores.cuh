@@ -41,6 +41,15 @@ __host__ __device__ constexpr int64_t bsr_pair_summaries(int64_t R) {
     return ((R + BSR_ROWS - 1) / BSR_ROWS) * BSR_ROWS * bsr_summary_stride(R);
 }
 
+/* Where both searches start, given diff = lo ^ hi (not 0): the highest bit in which lo and hi
+ * differ, and x, their shared bits above it with zeros below. */
+__host__ __device__ inline int bsr_search_start(uint32_t lo, uint32_t diff, uint32_t &x) {
+    int top = 31;
+    while (!((diff >> top) & 1u)) --top;
+    x = top == 31 ? 0u : lo & ~((2u << top) - 1u);
+    return top;
+}
+
 /* The k-th largest of a set of keys, given count_ge(x) = how many are at or above x, every key
  * of the top k lying in [lo, hi] (k > 0, at least k keys): the largest x with count_ge(x) >= k,
  * fixed a bit at a time below the top bits that lo and hi share (about 20 counts for scores of
@@ -51,9 +60,8 @@ __host__ __device__ inline uint32_t bsr_kth_largest(CountFn count_ge, int k, uin
                                                     uint32_t hi) {
     const uint32_t diff = lo ^ hi;
     if (diff == 0) return lo;
-    int top = 31;
-    while (!((diff >> top) & 1u)) --top;
-    uint32_t x = top == 31 ? 0u : lo & ~((2u << top) - 1u);
+    uint32_t x;
+    const int top = bsr_search_start(lo, diff, x);
     for (int bit = top; bit >= 0; --bit) {
         const uint32_t c = x | (1u << bit);
         if (count_ge(c) >= k) x = c;
@@ -126,11 +134,9 @@ __host__ __device__ inline uint32_t bsr_kth_largest_listed(CountFn count_ge, Lis
                                                            uint32_t hi, int cap, int cnt_lo) {
     const uint32_t diff = lo ^ hi;
     if (diff == 0) return lo;
-    int top = 31;
-    while (!((diff >> top) & 1u)) --top;
-    uint32_t x = top == 31 ? 0u : lo & ~((2u << top) - 1u);
+    uint32_t x;
+    int bit = bsr_search_start(lo, diff, x);
     int cnt_hi = 0; /* the keys at or above the open range's end */
-    int bit = top;
     /* two loops, not one with a flag: the first one's state is dead in the second */
     for (; bit >= 0 && cnt_lo - cnt_hi > cap; --bit) {
         const uint32_t c = x | (1u << bit);
