@@ -212,12 +212,7 @@ __global__ void __launch_bounds__(128, 3)
         float s[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            wg<T>::ss(s, qd.at((kk >> 2) * QHALF + (kk & 3) * 32),
-                      kd.at((kk >> 2) * KHALF + (kk & 3) * 32), kk > 0);
-        wgmma_commit();
+        wgmma_issue_qk<T, D>(s, qd, QHALF, kd, KHALF);
         /* the next tile's copies are issued while the tensor cores run S(t) (slot sn is not
          * one S(t) reads) */
         if (t + 1 < n_tiles) load(t + 1, sn, false);

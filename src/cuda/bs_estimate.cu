@@ -1476,13 +1476,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     cp_async_commit();
     const sw128_desc qd(qs_a, 16, 1024);
     auto issue = [&](float *s, int buf) {
-        const sw128_desc kd(ks_a + buf * TILE, 16, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            wg<T>::ss(s, qd.at((kk >> 2) * HALF + (kk & 3) * 32),
-                      kd.at((kk >> 2) * HALF + (kk & 3) * 32), kk > 0);
-        wgmma_commit();
+        wgmma_issue_qk<T, D>(s, qd, HALF, sw128_desc(ks_a + buf * TILE, 16, 1024), HALF);
     };
     float sa[32], sb[32];
 #pragma unroll

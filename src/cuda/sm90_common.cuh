@@ -216,6 +216,22 @@ struct sw128_desc {
     }
 };
 
+#ifdef MI_SM90_DEVICE
+/* Issues S = Q K^T for a 64-row Q tile and a 64-key K tile, D values each, both swizzled in
+ * halves of 64 columns (q_half and k_half bytes apart), as one committed wgmma group: D / 16
+ * k-steps, the first overwriting s. */
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_issue_qk(float *s, const sw128_desc &qd, int q_half,
+                                               const sw128_desc &kd, int k_half) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        wg<T>::ss(s, qd.at((kk >> 2) * q_half + (kk & 3) * 32),
+                  kd.at((kk >> 2) * k_half + (kk & 3) * 32), kk > 0);
+    wgmma_commit();
+}
+#endif
+
 /* The per-tile steps the kernels share. A thread holds rows qrow0 = 16 warp + lane / 4 and
  * qrow1 = qrow0 + 8 of its warpgroup's 64, and in S (64 or 128 keys) the columns 8 j + 2
  * (lane % 4) (+1) at s[4 j + (0, 1)] for qrow0 and s[4 j + (2, 3)] for qrow1 (the wgmma
