@@ -1276,7 +1276,8 @@ constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligne
  * 8 nt + 2 t + (i & 1)): the order keys (bs_rank_key, zeros past the diagonal) staged in shared
  * memory and written a row's 256 bytes at a time for the rows in sel_rows (the warp's rows
  * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: four
- * lanes' two largest, merged) handed to put_sum(rr, group, summary) by the lane that has it. */
+ * lanes' two largest, merged) handed to put_sum(lead, i, rr, group, summary), where lead marks
+ * the lane that has it; step i covers the warp's rows 2 i and 2 i + 1, one a half warp. */
 template <typename PutSum>
 __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
                                                int t, int lane, uint32_t *stage,
@@ -1312,21 +1313,25 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
         }
     }
     __syncwarp();
-    /* two rows a store: lanes 0-15 one, 16-31 the next */
+    /* two rows a store: lanes 0-15 one, 16-31 the next; the lane's address and row bits worked
+     * out once (per store they had been a 64-bit product and sum, and a branch) */
+    const int half = lane >> 4, c = 4 * (lane & 15);
+    const unsigned sel_half = sel_rows >> half; /* bit 2 i: row 2 i + half */
+    const uint32_t *stage_half = stage + half * BSR_STAGE_ROW + c;
+    uint32_t *out_half = out + (int64_t)half * row_len + it * BSS_KEYS + c;
+    const int64_t out_step = 2 * (int64_t)row_len;
+    const bool lead = (lane & 3) == 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int rr = 2 * i + (lane >> 4), c = 4 * (lane & 15);
-        const bool sel = (sel_rows >> rr) & 1u;
-        const uint4 v = *reinterpret_cast<const uint4 *>(stage + rr * BSR_STAGE_ROW + c);
-        /* __stwb: a plain assignment of v (also read below) compiled to four 4-byte stores */
-        if (sel) __stwb(reinterpret_cast<uint4 *>(out + rr * row_len + it * BSS_KEYS + c), v);
+        const uint4 v = *reinterpret_cast<const uint4 *>(stage_half + 2 * i * BSR_STAGE_ROW);
+        st_global_v4_if((sel_half >> (2 * i)) & 1u, out_half + i * out_step, v);
         uint32_t top, second;
         bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
 #pragma unroll
         for (int o = 1; o <= 2; o <<= 1)
             bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
                            __shfl_xor_sync(0xffffffffu, second, o));
-        if ((lane & 3) == 0) put_sum(rr, (lane & 15) >> 2, bsr_group_summary(top, second));
+        put_sum(lead, i, 2 * i + half, (lane & 15) >> 2, bsr_group_summary(top, second));
     }
     __syncwarp(); /* the stage is written again by the next tile */
 }
@@ -1406,8 +1411,10 @@ __global__ void __launch_bounds__(BSS_NT, 3)
         float acc[8][4];
         th.score(tile, g, t, acc);
         bsr_store_tile(&acc[0][0], it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
-                       [&](int rr, int grp, uint32_t sum) {
-                           stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + grp] = sum;
+                       [&](bool lead, int, int rr, int grp, uint32_t sum) {
+                           if (lead)
+                               stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + grp] =
+                                   sum;
                        });
     });
     if (!th.warp_sel) return;
@@ -1487,12 +1494,15 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     issue(sa, 0);
     wgmma_wait<0>();
     fence_operands<32>(sa);
+    /* where the lane's summaries go: row (lane >> 4) + 2 i, group (lane & 15) >> 2 of a tile */
+    uint32_t *sums_lane = sums_out + (int64_t)(lane >> 4) * p.score_sum_stride + ((lane & 15) >> 2);
+    const int64_t sums_step = 2 * (int64_t)p.score_sum_stride;
     auto write = [&](const float *cur, int it) {
         if (th.warp_sel)
             bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
-                           [&](int rr, int grp, uint32_t sum) {
-                               if ((sel_rows >> rr) & 1u)
-                                   sums_out[rr * p.score_sum_stride + BSR_GROUPS * it + grp] = sum;
+                           [&](bool lead, int i, int rr, int, uint32_t sum) {
+                               st_global_if(lead && ((sel_rows >> rr) & 1u),
+                                            sums_lane + BSR_GROUPS * it + i * sums_step, sum);
                            });
     };
     /* cur: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Starts

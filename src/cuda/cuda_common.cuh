@@ -90,6 +90,21 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* Stores v (16 bytes; 4 bytes) at p where pred holds, as one predicated instruction: a store
+ * under a C branch compiles to a branch and a convergence barrier around it. */
+__device__ __forceinline__ void st_global_v4_if(bool pred, void *p, uint4 v) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %0, 0;\n\t"
+                 "@q st.global.v4.b32 [%1], {%2, %3, %4, %5};\n\t}\n" ::"r"((int)pred),
+                 "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ void st_global_if(bool pred, void *p, uint32_t v) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %0, 0;\n\t"
+                 "@q st.global.b32 [%1], %2;\n\t}\n" ::"r"((int)pred),
+                 "l"(p), "r"(v)
+                 : "memory");
+}
+
 /* The sum of v over the four lanes that hold one accumulator row (lanes 4g .. 4g+3). */
 __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
