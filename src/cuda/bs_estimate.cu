@@ -119,12 +119,22 @@
  *      0.037 -> 0.024 / 0.025, 128K x 32 heads 0.465 / 0.537 -> 0.341 / 0.371. Estimate at 1M x 1
  *      0.522 / 0.525 ms of kernels (0.544 / 0.550 per call in bench/torch_ref.py, 5.3 / 6.2 % of
  *      the block-sparse total), 1M x 32 heads 14.95 / 14.95 for all heads.
+ *  18. bsr_store_tile's key and summary stores addressed once a tile and predicated (Nsight
+ *      Compute put a 64-bit product and sum, a branch and a convergence barrier around every
+ *      store): scores at 1M x 1 0.240 -> 0.214 ms, 512K 0.069 -> 0.061; estimate per call at 1M
+ *      x 1 0.50-0.52 / 0.50-0.52 ms (5.0 / 6.0 % of the block-sparse total in
+ *      bench/torch_ref.py), 1M x 32 heads 0.442-0.445 / 0.444-0.447 a head. Not kept:
+ *      programmatic dependent launch between pooling, scores and select (no change: the kernels'
+ *      sum was already within 0.01 ms of a call); each lane's keys stored straight from the
+ *      accumulators, 8 bytes a store, without the shared-memory stage (0.219 at 1M; at four CTAs
+ *      an SM, which the freed shared memory allowed, 0.261 with 132 bytes spilled).
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
  *   2026-11-30-gpu-bs-estimate-bound-rows.json, 2026-11-30-gpu-bs-estimate-cand-rows.json,
  *   2026-11-30-gpu-bs-estimate-scores.json, 2026-12-01-gpu-bs-estimate-summaries.json,
- *   2026-12-01-gpu-bs-estimate-wgmma.json, 2026-12-01-ncu-bs-row-select-1m.txt)
+ *   2026-12-01-gpu-bs-estimate-wgmma.json, 2026-12-01-ncu-bs-row-select-1m.txt,
+ *   2026-12-01-gpu-bs-estimate-stores.json, 2026-12-01-gpu-bs-estimate-direct-stores.json)
  */
 #include "block_select.cuh"
 #include "bs_chunks.cuh"
