@@ -93,7 +93,8 @@ def main():
             torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

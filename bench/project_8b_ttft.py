@@ -73,7 +73,7 @@ def main():
             "attention_share_minference": att_sparse / (gemm + att_sparse),
         })
     res = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "gpu": torch.cuda.get_device_name(), "commit": source_commit(),
+           "gpu": torch.cuda.get_device_name(), "commit": source_commit(lib),
            "model_shape": "LLaMA-3-8B (random weights)",
            "shape": {"layers": LAYERS, "hidden": HIDDEN, "ffn": FFN, "heads": HQ, "kv_heads": HKV,
                      "head_dim": D, "dtype": "bf16", "batch": 1},

@@ -91,7 +91,7 @@ def main():
                   " ".join(f"{n}={r[n]['tflops']:.0f}" for n, _ in variants), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(),
+            json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(lib),
                        "variants": specs, "rows": rows}, f, indent=1)
 
 

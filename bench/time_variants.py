@@ -91,7 +91,7 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(),
+            json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(lib),
                        "rows": rows}, f, indent=1)
     print(f"\n{'variant':>8} {'what':>14} {'ms/head':>9} {'TF/s':>6} {'cuDNN ms/h':>10} {'ratio':>6}")
     for r in rows:

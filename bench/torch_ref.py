@@ -128,11 +128,21 @@ def variant_env(sets):
             os.environ.pop(var, None)
 
 
-def source_commit():
-    """The commit the measured library was built from: MI_COMMIT first (a copied tree may carry a
-    stale .git), else git."""
+def source_commit(lib=None):
+    """The commit the measured library was built from: MI_COMMIT first, else what the library
+    says (mi_build_commit, written at build time), else git (a copied tree may carry a stale
+    .git, so git comes last)."""
     if os.environ.get("MI_COMMIT"):
         return os.environ["MI_COMMIT"]
+    if lib is not None:
+        try:
+            fn = lib.l.mi_build_commit
+            fn.restype = C.c_char_p
+            commit = fn().decode()
+            if commit != "unknown":
+                return commit
+        except AttributeError:  # a library older than mi_build_commit
+            pass
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
@@ -513,7 +523,7 @@ def main():
     sections = args.sections.split(",")
     now = datetime.datetime.now(datetime.timezone.utc)
     date = now.strftime("%Y-%m-%d")
-    commit = source_commit()
+    commit = source_commit(lib)
     res = {"date": date, "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
            "gpu": torch.cuda.get_device_name(0), "commit": commit,
            "torch": torch.__version__, "features": lib.l.mi_build_features().decode(),

@@ -105,6 +105,10 @@ mi_device_type mi_context_device(const mi_context *ctx);
 
 /* Build features, for `minference info`: a static string such as "cpu openblas cuda(sm_90a,sm_80)". */
 const char *mi_build_features(void);
+/* The source commit the library was built from: git's short hash, "-dirty" appended where tracked
+ * files differed from it, or "unknown" where it was built outside a git checkout. Benchmarks
+ * record it with their results. */
+const char *mi_build_commit(void);
 /* Number of usable CUDA devices (0 in a CPU-only build or without a GPU). */
 int mi_cuda_device_count(void);
 

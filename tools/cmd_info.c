@@ -29,6 +29,7 @@ int mi_cmd_info(int argc, char **argv) {
     printf("  header version   %s%s\n", MI_VERSION_STRING,
            strcmp(lib, MI_VERSION_STRING) ? "  (MISMATCH with the loaded library)" : "");
     printf("  build features   %s\n", mi_build_features());
+    printf("  source commit    %s\n", mi_build_commit());
     printf("  CUDA devices     %d\n", mi_cuda_device_count());
     printf("  CPU threads      %d\n", threads);
     return 0;

@@ -207,6 +207,7 @@ PROTOTYPES = {
     "mi_context_n_threads": (c_int, [CTX]),
     "mi_context_device": (c_int, [CTX]),
     "mi_build_features": (c_char_p, []),
+    "mi_build_commit": (c_char_p, []),
     "mi_cuda_device_count": (c_int, []),
     "mi_dtype_size": (c_size_t, [c_int]),
     "mi_dtype_name": (c_char_p, [c_int]),

@@ -82,6 +82,12 @@ def build_features():
     return _decode(_lib().mi_build_features())
 
 
+def build_commit():
+    """The source commit the loaded library was built from (short hash, "-dirty" where tracked
+    files differed from it, "unknown" outside a git checkout)."""
+    return _decode(_lib().mi_build_commit())
+
+
 def cuda_device_count():
     return int(_lib().mi_cuda_device_count())
 

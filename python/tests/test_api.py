@@ -1,6 +1,8 @@
 """Configs, errors, the original's public names, synthetic data and metrics."""
 
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +24,23 @@ def test_version_and_features():
     assert mi.f16_to_f32(mi.f32_to_f16(1.5)) == 1.5
     assert mi.bf16_to_f32(mi.f32_to_bf16(-2.0)) == -2.0
     assert mi.dtype_name(1) == "f16" or "16" in mi.dtype_name(1)
+
+
+def test_build_commit_names_the_checkout():
+    """The library built from this checkout names its commit (the hash HEAD starts with)."""
+    commit = mi.build_commit()
+    assert commit
+    root = Path(__file__).resolve().parents[2]
+    if not Path(mi.library_path()).resolve().is_relative_to(root):
+        pytest.skip("the loaded library was built elsewhere")
+    try:
+        head = subprocess.check_output(["git", "-C", str(root), "rev-parse", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        assert commit == "unknown"
+        return
+    short = commit.removesuffix("-dirty")
+    assert len(short) >= 7 and head.startswith(short), (commit, head)
 
 
 def test_context_threads():

@@ -1,5 +1,6 @@
 /* context.c: context lifetime, device selection and build features. */
 #include "backend.h"
+#include "mi_build_commit.h"
 #include "minference_cuda.h"
 
 #include <stdlib.h>
@@ -70,6 +71,8 @@ const char *mi_build_features(void) {
     }
     return features;
 }
+
+const char *mi_build_commit(void) { return MI_BUILD_COMMIT; }
 
 mi_status mi_context_set_stream(mi_context *ctx, struct CUstream_st *stream) {
     if (!ctx) return MI_STATUS_INVALID_ARGUMENT;

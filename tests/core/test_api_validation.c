@@ -46,6 +46,7 @@ static void test_status_and_version(void) {
     CHECK(strcmp(mi_status_name(MI_STATUS_UNSUPPORTED), "MI_STATUS_UNSUPPORTED") == 0);
     CHECK(strcmp(mi_status_string((mi_status)9999), "unknown status") == 0);
     CHECK(mi_build_features()[0] != '\0');
+    CHECK(mi_build_commit() != NULL && mi_build_commit()[0] != '\0');
     CHECK(mi_dtype_size(MI_DTYPE_BF16) == 2 && mi_dtype_size((mi_dtype)77) == 0);
 }
 
