@@ -18,6 +18,7 @@ import ctypes as C
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
@@ -28,13 +29,19 @@ import torch_ref as tr  # noqa: E402
 LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
 
 
-def kernel_times(lib, dq, dk, top_k, spi, repeat):
-    """ms per call of each CUDA kernel the estimate launches (templates and namespaces cut)."""
+def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
+    """ms per call of each CUDA kernel the estimate launches (templates and namespaces cut), after
+    at least warm_s seconds of calls, as torch_ref.time_cuda warms up: a GPU left idle while the
+    inputs were made runs its first milliseconds at a lower clock."""
     def estimate():
         lib.check(lib.l.mi_block_sparse_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, top_k,
                                                  C.byref(spi)), "mi_block_sparse_estimate")
+    t0 = time.perf_counter()
     estimate()
     torch.cuda.synchronize()
+    while time.perf_counter() - t0 < warm_s:
+        estimate()
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(repeat):
             estimate()
