@@ -63,6 +63,10 @@ def main():
     ap.add_argument("--heads", type=int, default=1, help="query heads (KV heads: heads / 4 or 1)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="also write the times as JSON here")
+    ap.add_argument("--save-index", metavar="DIR",
+                    help="also save the first variant's index of each shape and input in DIR "
+                         "(index-<L>-<inputs>.pt: block counts and offsets as one int32 tensor), "
+                         "to compare builds")
     args = ap.parse_args()
     variants = tr.parse_variants(args.variant or ["default="])
     try:
@@ -91,6 +95,10 @@ def main():
                 differ = 0 if first is None else int((index != first).sum().item())
                 if first is None:
                     first = index
+                    if args.save_index:
+                        os.makedirs(args.save_index, exist_ok=True)
+                        torch.save(index.cpu(), os.path.join(args.save_index,
+                                                             f"index-{L}-{inputs}.pt"))
                 rows.append({"L": L, "heads": H, "inputs": inputs, "variant": name,
                              "ms_all_heads": times, "index_words_differing_from_first": differ})
                 print(f"{L // 1024}K x{H} {inputs:14s} {name:10s} "
