@@ -277,12 +277,17 @@ __device__ __forceinline__ int bs_row_k(const bs_select_params &p, int h, int m,
     return min(k, p.max_blocks);
 }
 
+/* The order key that ranks a pooled score: its order key cut to the upper 16 bits (bf16
+ * precision), blocks with equal keys ranking by position, lower block first (the CPU reference's
+ * bf16_score_rank). Every path ranks by it; the scores in memory keep just those 16 bits. */
+__device__ __forceinline__ uint32_t bs_score_key(float score) {
+    return float_order_key(score) & 0xffff0000u;
+}
+
 /* The order key that ranks block j for row block m: the diagonal first, then block 0, then the
  * score (higher first; the CPU reference's order). */
 __device__ __forceinline__ uint32_t bs_rank_key(float score, int j, int m) {
-    return j == m   ? 0xffffffffu
-           : j == 0 ? float_order_key(3.402823466e38f)
-                    : float_order_key(score);
+    return j == m ? 0xffffffffu : j == 0 ? bs_score_key(3.402823466e38f) : bs_score_key(score);
 }
 
 /* The start of a row block's select (each of the NT threads that select the row calls it, tid
@@ -761,7 +766,7 @@ __device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool p
             for (int nt = 0; nt < 8; ++nt) f[nt] = fmaxf(acc[nt][2 * r], acc[nt][2 * r + 1]);
             bsb_group_max<G>(f, [](float a, float c) { return fmaxf(a, c); });
 #pragma unroll
-            for (int nt = 0; nt < 8; nt += span) key[nt] = float_order_key(f[nt]);
+            for (int nt = 0; nt < 8; nt += span) key[nt] = bs_score_key(f[nt]);
         } else {
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
@@ -1077,7 +1082,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                             if (!((may[r][nt >> 2] >> bss_own_bit(nt, e)) & 1u)) continue;
                             const int j = j0 + 8 * nt + 2 * t + e;
                             const uint64_t c =
-                                (uint64_t)float_order_key(acc[nt][2 * r + e]) << 32 | (uint32_t)~j;
+                                (uint64_t)bs_score_key(acc[nt][2 * r + e]) << 32 | (uint32_t)~j;
                             exact &= c > thr[r];
                             const int pos = cnt[r] + bss_keys_above(above[r], nt, e);
                             cand[(16 * warp + g + 8 * r) * CROW + pos] = c;
@@ -1115,7 +1120,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                         for (int e = 0; e < 2; ++e) {
                             const float sc = acc[nt][2 * r + 1 - e];
                             const int j = jl + 1 - e;
-                            c[r][e] = PLAIN ? (uint64_t)float_order_key(sc) << 32 | (uint32_t)~j
+                            c[r][e] = PLAIN ? (uint64_t)bs_score_key(sc) << 32 | (uint32_t)~j
                                             : bs_candidate(sc, j, th.mr[r]);
                             f[r][e] = c[r][e] > thr[r];
                         }
@@ -1295,7 +1300,7 @@ __device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, u
 /* staged words a row, two 16-bit keys each: 16-byte aligned, no bank conflicts either way */
 constexpr int BSR_STAGE_ROW = BSS_KEYS / 2 + 4;
 
-/* The 16-bit order keys (float_order_key's upper halves) of scores a and b, a in the low half: the
+/* The 16-bit order keys (bs_score_key's upper halves) of scores a and b, a in the low half: the
  * upper halves of their bits gathered, then each half with its sign set flipped whole, else its
  * sign bit set (one byte permutation replicates each half's sign over it). */
 __device__ __forceinline__ uint32_t bsr_key16x2(float a, float b) {
@@ -1621,62 +1626,6 @@ __device__ __forceinline__ uint32_t bsr_key_of(const uint4 &u, int e) {
     return e & 1 ? w & 0xffff0000u : w << 16;
 }
 
-/* Keys in memory hold 16 bits; where the row's k-th key shares them with keys it must be told
- * apart from, their exact scores decide. Overwrites each key[i] equal to `tie` (upper bits only)
- * with its exact order key (bs_rank_key of row block m's score against block idx[i], summed as
- * bss_thread::score sums it: the streaming kernel's bit for bit), kept within tie's 16 bits (the
- * wgmma scores can round a last bit the other way). By one warp, an mma.sync pass per eight keys,
- * the tied keys listed 32 at a time in `list`. */
-template <typename T, int D>
-__device__ __noinline__ void bsr_exact_ties(const bs_select_params &p, int bh, int b, int h, int m,
-                                            const int *idx, uint32_t *key, int n, uint32_t tie,
-                                            int *list) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const T *qrow = static_cast<const T *>(p.qp) + ((int64_t)bh * p.row_blocks + m) * D;
-    const T *kp = bss_keys_of<T, D>(p, b, h);
-    for (int i0 = 0; i0 < n; i0 += 32) {
-        const int i = i0 + lane;
-        const bool tied = i < n && key[i] == tie;
-        const unsigned bal = __ballot_sync(0xffffffffu, tied);
-        if (tied) list[lanes_below(bal)] = i;
-        __syncwarp();
-        const int cnt = __popc(bal);
-        for (int c0 = 0; c0 < cnt; c0 += 8) {
-            const int e = c0 + g < cnt ? list[c0 + g] : -1; /* column g's entry */
-            const int64_t j = e >= 0 ? idx[e] : 0;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int s = 0; s < D / 32; ++s) {
-                /* the A operand: row 0 (lanes g = 0) the row block's pooled query, zeros below */
-                const uint4 q = g == 0
-                                    ? __ldg(reinterpret_cast<const uint4 *>(qrow + 32 * s + 8 * t))
-                                    : make_uint4(0u, 0u, 0u, 0u);
-                const uint4 kv =
-                    e >= 0 ? __ldg(reinterpret_cast<const uint4 *>(kp + j * D + 32 * s + 8 * t))
-                           : make_uint4(0u, 0u, 0u, 0u);
-                const uint32_t a0[4] = {q.x, 0u, q.y, 0u}, a1[4] = {q.z, 0u, q.w, 0u};
-                const uint32_t b0[2] = {kv.x, kv.y}, b1[2] = {kv.z, kv.w};
-                mma_16816<T>(acc, a0, b0);
-                mma_16816<T>(acc, a1, b1);
-            }
-            /* row 0, columns 2 t and 2 t + 1: lanes 0 .. 3 */
-            if (g == 0) {
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    const int c = c0 + 2 * t + x;
-                    if (c >= cnt) continue;
-                    const int ent = list[c];
-                    const uint32_t exact = bs_rank_key(acc[x], idx[ent], m);
-                    key[ent] = (exact >> 16) > (tie >> 16)   ? tie | 0xffffu
-                               : (exact >> 16) < (tie >> 16) ? tie
-                                                             : exact;
-                }
-            }
-        }
-        __syncwarp(); /* the list is written again by the next 32 */
-    }
-}
-
 /* Grid (groups of BSR_WARPS row blocks longest first, pairs): a warp per row block, its top k
  * from its keys in memory, with no barrier. The k-th largest 16-bit value of the row's group
  * summaries (from bs_score_kernel) bounds the row's k-th key from below (bsr_summary_count).
@@ -1694,7 +1643,6 @@ constexpr int BSR_REG_GROUPS = 1024;
 /* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
  * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
 constexpr int BSR_CTAS_PER_SM = 3;
-template <typename T, int D>
 __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     bs_row_select_kernel(const __grid_constant__ bs_select_params p) {
     __shared__ int cand[BSR_WARPS][BSR_WCAND];
@@ -1838,39 +1786,12 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
             n_cand = collect(bound, over);
         }
     }
-    auto key16 = [&](int j) { return (uint32_t)keys[j] << 16; };
-    if (over) {
-        /* the k-th 16-bit key of the whole row is the tightest bound: list what reaches it */
-        bound = bsr_warp_kth_largest(key16, n, k, bound, hi, -1, kth_list);
-        __syncwarp();
-        n_cand = collect(bound, over);
-    }
-    if (over) {
-        /* more than BSR_WCAND keys reach the row's k-th 16-bit key: the keys that share it rank
-         * by position (their exact scores are not compared) */
-        bsr_warp_emit(
-            key16, [&](int j) { return j; }, n, k, bound, hi, -1, kth_list, off);
-        return;
-    }
-    /* the listed keys' k-th; where it shares its 16 bits with keys left out, the exact scores of
-     * the keys that share them decide */
-    auto listed = [&](int i) { return wk[i]; };
-    if (n_cand > k) {
-        const uint32_t thr = bsr_warp_kth_largest(listed, n_cand, k, bound, hi, n_cand, kth_list);
-        __syncwarp();
-        int at_or_above = 0;
-        for (int i0 = 0; i0 < n_cand; i0 += 32) {
-            const int i = i0 + lane;
-            at_or_above += __popc(__ballot_sync(0xffffffffu, i < n_cand && wk[i] >= thr));
-        }
-        if (at_or_above > k) {
-            bsr_exact_ties<T, D>(p, bh, b, h, m, wc, wk, n_cand, thr,
-                                 reinterpret_cast<int *>(kth_list));
-            bound = thr;
-        }
-    }
-    bsr_warp_emit(
-        listed, [&](int i) { return wc[i]; }, n_cand, k, bound, hi, -1, kth_list, off);
+    if (!over)
+        bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
+                      hi, n_cand, kth_list, off);
+    else
+        bsr_warp_emit([&](int j) { return (uint32_t)keys[j] << 16; }, [&](int j) { return j; }, n,
+                      k, bound, hi, -1, kth_list, off);
 }
 
 template <typename T, int D>
@@ -1895,7 +1816,7 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
         sp.score_bh0 = (int32_t)z0;
         score<<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
         const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
-        bs_row_select_kernel<T, D><<<dim3(rows, nz), 32 * BSR_WARPS, 0, st>>>(sp);
+        bs_row_select_kernel<<<dim3(rows, nz), 32 * BSR_WARPS, 0, st>>>(sp);
     }
     return cudaGetLastError();
 }

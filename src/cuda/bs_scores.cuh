@@ -5,8 +5,8 @@
  * the code the kernels run.
  *
  * A (b, h) pair's scores are the 16-bit order keys of the pooled scores of the causal triangle
- * (the upper half of each score's 32-bit order key; the select recomputes the exact scores of
- * the keys that share the k-th key's 16 bits), by row groups of 64 row blocks: group g holds [64][64 (g + 1)] keys, so row block
+ * (the upper half of each score's 32-bit order key: the estimate ranks scores at bf16
+ * precision), by row groups of 64 row blocks: group g holds [64][64 (g + 1)] keys, so row block
  * m's keys for blocks 0 .. m start 16-byte aligned, the rows of a group follow each other, and
  * the keys of the diagonal tile past m are zeros (below every real key). Each row also has a
  * summary of each of its groups of BSR_GROUP_KEYS adjacent keys, BSR_GROUPS a tile,
