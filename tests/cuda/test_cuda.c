@@ -949,32 +949,12 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     pair_free(&v);
 }
 
-/* Rounds q and k to whole numbers past their planted dimensions 0 and 1 (whose values are
- * whole or halves already). The block-sparse estimate ranks pooled scores at bf16 precision; a
- * CPU and a GPU sum of one score that straddle a 16-bit boundary pick different blocks. With
- * whole numbers a full block's pooled values are multiples of 1/64 that bf16 holds exactly, and
- * their scores are exact fp32 sums on both sides. */
-static void round_qk(inputs *in) {
-    pair *t[2] = {&in->q, &in->k};
-    for (int i = 0; i < 2; i++) {
-        const mi_tensor *x = &t[i]->h;
-        for (int64_t b = 0; b < x->shape[0]; b++)
-            for (int64_t h = 0; h < x->shape[1]; h++)
-                for (int64_t l = 0; l < x->shape[2]; l++)
-                    for (int64_t d = 2; d < x->shape[3]; d++)
-                        set_f(&t[i]->h, b, h, l, d, rintf(get_f(x, b, h, l, d)));
-        upload(t[i]);
-    }
-}
-
 /* A whole layer with one pattern per head. `wide` budgets cover every key (estimation cannot
- * differ), otherwise structured inputs with whole-number q and k (round_qk) keep the estimate
- * away from near-ties. */
+ * differ), otherwise structured inputs keep the estimate away from near-ties. */
 static void test_prefill(const shape *s, int wide, int use_workspace) {
     char name[200], sh[128];
     inputs in;
     inputs_make(&in, s, !wide);
-    if (!wide) round_qk(&in);
     const int64_t H = s->H;
     mi_head_pattern *pat = malloc(H * sizeof(mi_head_pattern));
     for (int64_t h = 0; h < H; h++) {
