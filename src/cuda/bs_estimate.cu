@@ -128,6 +128,23 @@
  *      sum was already within 0.01 ms of a call); each lane's keys stored straight from the
  *      accumulators, 8 bytes a store, without the shared-memory stage (0.219 at 1M; at four CTAs
  *      an SM, which the freed shared memory allowed, 0.261 with 132 bytes spilled).
+ *  19. q and k pooled in one launch (pool_params of two tensors, blockIdx.z): pooling at 1M x 1
+ *      0.134 -> 0.128 ms, 512K 0.075 -> 0.073, 128K 0.029 -> 0.021; estimate per call at 1M x 1
+ *      0.51 / 0.51 ms (4.6 / 5.8 % of the block-sparse total), 512K 4.6 / 5.1 %, 128K 2.7 /
+ *      2.8 %. Not kept, 16-bit keys in memory (the upper half of each order key): the wgmma
+ *      scores at 1M x 1 0.212 -> 0.139 ms (mma.sync 0.266 -> 0.184), half the bytes written.
+ *      (a) Every path (CPU reference included) ranking scores at that precision, ties to the
+ *      lower block: estimate 0.44 ms a call at 1M x 1 (4.1-4.3 / 4.9-5.2 %), 0.3-0.7 % of the
+ *      chosen blocks other than the fp32 rank's; but a CPU and a GPU sum that straddle a 16-bit
+ *      boundary choose different blocks far more often than fp32 near-ties, and two structured
+ *      prefill GPU tests (L4099, varlen) kept failing even on whole-number q and k, whose
+ *      full-block scores should be exact on both sides: not understood. (b) The fp32 rank kept,
+ *      the select recomputing with mma.sync the scores of the keys that share the k-th key's
+ *      16 bits: the index stayed the streaming kernel's bit for bit, but the select took 0.210 /
+ *      0.225 ms at 1M against 0.147 / 0.149, and rows with more than 512 keys at the k-th
+ *      16-bit key (top 2040) still needed another answer.
+ *      (bench/results/2026-12-01-gpu-bs-estimate-pool-launch.json,
+ *      2026-12-01-gpu-bs-estimate-16bit-keys.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
