@@ -1315,8 +1315,9 @@ constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligne
  * 8 nt + 2 t + (i & 1)): the order keys (bs_rank_key, zeros past the diagonal) staged in shared
  * memory and written a row's 256 bytes at a time for the rows in sel_rows (the warp's rows
  * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: four
- * lanes' two largest, merged) handed to put_sum(lead, i, rr, group, summary), where lead marks
- * the lane that has it; step i covers the warp's rows 2 i and 2 i + 1, one a half warp. */
+ * lanes' two largest, merged) handed to put_sum(on, i, rr, group, summary), on for the lane
+ * that has it where row rr is in sel_rows; step i covers the warp's rows 2 i and 2 i + 1, one a
+ * half warp. */
 template <typename PutSum>
 __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
                                                int t, int lane, uint32_t *stage, unsigned sel_rows,
@@ -1362,14 +1363,15 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const uint4 v = *reinterpret_cast<const uint4 *>(stage_half + 2 * i * BSR_STAGE_ROW);
-        st_global_v4_if((sel_half >> (2 * i)) & 1u, out_half + i * out_step, v);
+        const bool sel = (sel_half >> (2 * i)) & 1u;
+        st_global_v4_if(sel, out_half + i * out_step, v);
         uint32_t top, second;
         bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
 #pragma unroll
         for (int o = 1; o <= 2; o <<= 1)
             bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
                            __shfl_xor_sync(0xffffffffu, second, o));
-        put_sum(lead, i, 2 * i + half, (lane & 15) >> 2, bsr_group_summary(top, second));
+        put_sum(lead && sel, i, 2 * i + half, (lane & 15) >> 2, bsr_group_summary(top, second));
     }
     __syncwarp(); /* the stage is written again by the next tile */
 }
@@ -1449,8 +1451,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
         float acc[8][4];
         th.score(tile, g, t, acc);
         bsr_store_tile(&acc[0][0], it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
-                       [&](bool lead, int, int rr, int grp, uint32_t sum) {
-                           if (lead)
+                       [&](bool on, int, int rr, int grp, uint32_t sum) {
+                           if (on)
                                stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + grp] =
                                    sum;
                        });
@@ -1538,9 +1540,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     auto write = [&](const float *cur, int it) {
         if (th.warp_sel)
             bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
-                           [&](bool lead, int i, int rr, int, uint32_t sum) {
-                               st_global_if(lead && ((sel_rows >> rr) & 1u),
-                                            sums_lane + BSR_GROUPS * it + i * sums_step, sum);
+                           [&](bool on, int i, int, int, uint32_t sum) {
+                               st_global_if(on, sums_lane + BSR_GROUPS * it + i * sums_step, sum);
                            });
     };
     /* cur: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Starts
@@ -2045,7 +2046,6 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
      * at 128K 0.021 against 0.029 (bench/results/2026-12-01-gpu-bs-estimate-pool-launch.json) */
     pool_params by_kernel[2]; /* [0] 16-byte loads, [1] one value a thread */
     int n_of[2] = {0, 0};
-    unsigned most_bh[2] = {0, 0};
     for (int pass = 0; pass < 2; ++pass) {
         const mi_tensor *t = pass ? k : q;
         const bool vec = ((uintptr_t)t->data & 15) == 0 && t->stride[0] % 8 == 0 &&
@@ -2058,11 +2058,12 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         pt.heads = (int32_t)(pass ? s->heads_kv : s->heads_q);
         pt.bh_count = (int32_t)(pass ? BHK : BH);
         pt.out = pass ? kp : qp;
-        most_bh[kind] = std::max(most_bh[kind], (unsigned)pt.bh_count);
     }
+    /* grids as wide as q's (b, h) pairs, the most (k's heads divide q's); k's CTAs past its own
+     * pairs return at once */
     if (n_of[0] > 0) {
         const int blocks = BS_POOL_NT / ((int)s->head_dim / 8);
-        const dim3 grid((unsigned)((R + blocks - 1) / blocks), most_bh[0], (unsigned)n_of[0]);
+        const dim3 grid((unsigned)((R + blocks - 1) / blocks), (unsigned)BH, (unsigned)n_of[0]);
         if (bf)
             (d64 ? bs_pool_vec_kernel<__nv_bfloat16, 64>
                  : bs_pool_vec_kernel<__nv_bfloat16, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
@@ -2072,7 +2073,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
                  : bs_pool_vec_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(by_kernel[0]);
     }
     if (n_of[1] > 0) {
-        const dim3 grid((unsigned)R, most_bh[1], (unsigned)n_of[1]);
+        const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[1]);
         if (bf)
             bs_pool_kernel<__nv_bfloat16><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[1]);
         else
