@@ -274,9 +274,6 @@ struct bs_select_params {
     /* and the summaries of each row's groups of BSR_GROUP_KEYS keys, score_sum_stride a row */
     uint32_t *score_sums;
     int32_t score_sum_stride;
-    /* [B*H, row_blocks] each row's floor (bs_floor_kernel, a 16-bit key): the score kernels
-     * write only the groups whose largest key reaches it; null: every group */
-    uint32_t *score_floor;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t top_k[MI_CUDA_MAX_HEADS];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -1320,13 +1317,11 @@ constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligne
  * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: four
  * lanes' two largest, merged) handed to put_sum(on, i, rr, group, summary), on for the lane
  * that has it where row rr is in sel_rows; step i covers the warp's rows 2 i and 2 i + 1, one a
- * half warp. A group's keys are written only where its largest key's upper half reaches the
- * row's floor, floors[rr] (bs_floor_kernel; 0: every group). */
+ * half warp. */
 template <typename PutSum>
 __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
                                                int t, int lane, uint32_t *stage, unsigned sel_rows,
-                                               const uint32_t *floors, uint32_t *out, int row_len,
-                                               PutSum put_sum) {
+                                               uint32_t *out, int row_len, PutSum put_sum) {
     /* a tile past block 0 and before every row's diagonal (most of them): each key is its
      * score's order key, no block is forced and none lies past its row (mr[0] of lane 0 is the
      * warp's first row) */
@@ -1369,27 +1364,16 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
     for (int i = 0; i < 8; ++i) {
         const uint4 v = *reinterpret_cast<const uint4 *>(stage_half + 2 * i * BSR_STAGE_ROW);
         const bool sel = (sel_half >> (2 * i)) & 1u;
+        st_global_v4_if(sel, out_half + i * out_step, v);
         uint32_t top, second;
         bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
 #pragma unroll
         for (int o = 1; o <= 2; o <<= 1)
             bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
                            __shfl_xor_sync(0xffffffffu, second, o));
-        st_global_v4_if(sel && (top >> 16) >= floors[2 * i + half], out_half + i * out_step, v);
         put_sum(lead && sel, i, 2 * i + half, (lane & 15) >> 2, bsr_group_summary(top, second));
     }
     __syncwarp(); /* the stage is written again by the next tile */
-}
-
-/* The floors (bs_floor_kernel) of a warp's 16 rows from wm0 on, into its 16 words of shared
- * memory (zeros where there are none). */
-__device__ __forceinline__ void bsr_load_floors(const bs_select_params &p, int bh, int wm0,
-                                                int lane, uint32_t *floors) {
-    if (lane < 16)
-        floors[lane] = p.score_floor != nullptr && wm0 + lane < p.row_blocks
-                           ? p.score_floor[(int64_t)bh * p.row_blocks + wm0 + lane]
-                           : 0u;
-    __syncwarp();
 }
 
 /* The key tiles one CTA of bs_score_kernel scores, by default. */
@@ -1438,7 +1422,7 @@ __device__ __forceinline__ bool bsr_score_place_of(const bs_select_params &p, in
 constexpr int BSR_MAX_CHUNK_TILES = 8;
 constexpr int BSR_SUM_ROW = BSR_GROUPS * BSR_MAX_CHUNK_TILES + 4;
 template <int D> constexpr size_t bsr_score_smem() {
-    return bss_key_bytes<D>() + (size_t)BSS_ROWS * (BSR_STAGE_ROW + BSR_SUM_ROW + 1) * 4;
+    return bss_key_bytes<D>() + (size_t)BSS_ROWS * (BSR_STAGE_ROW + BSR_SUM_ROW) * 4;
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BSS_NT, 3)
@@ -1450,8 +1434,6 @@ __global__ void __launch_bounds__(BSS_NT, 3)
                       16 * warp * BSR_STAGE_ROW; /* [16][BSR_STAGE_ROW] */
     uint32_t *stage_sum = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
                           BSS_ROWS * BSR_STAGE_ROW + 16 * warp * BSR_SUM_ROW; /* [16][..] */
-    uint32_t *floors = reinterpret_cast<uint32_t *>(smem + bss_key_bytes<D>()) +
-                       BSS_ROWS * (BSR_STAGE_ROW + BSR_SUM_ROW) + 16 * warp; /* [16] */
     bsr_score_place w;
     if (!bsr_score_place_of(p, warp, w)) return;
     const int bh = w.bh, b = w.b, h = w.h, m0 = w.m0, lo = w.lo;
@@ -1459,7 +1441,6 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     bss_thread<T, D> th;
     th.init(p, bh, h, m0, wm0, g, t, len);
     if (th.n_tiles == 0) return;
-    bsr_load_floors(p, bh, wm0, lane, floors);
     const bss_range range = {lo, min(lo + p.score_chunk_tiles, th.n_tiles), 0};
     unsigned sel_rows = 0; /* bit rr: the warp's row rr selects (its keys are written) */
     for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
@@ -1469,7 +1450,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
         if (!th.warp_sel) return;
         float acc[8][4];
         th.score(tile, g, t, acc);
-        bsr_store_tile(&acc[0][0], it, th.mr, g, t, lane, stage, sel_rows, floors, out, row_len,
+        bsr_store_tile(&acc[0][0], it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
                        [&](bool on, int, int rr, int grp, uint32_t sum) {
                            if (on)
                                stage_sum[rr * BSR_SUM_ROW + BSR_GROUPS * (it - range.lo) + grp] =
@@ -1488,123 +1469,6 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     }
 }
 
-/* Grid (1, row groups longest first, pairs): each selecting row's floor (bsr_floor_score) for
- * the score kernels and the select. The row group's 64 rows are scored by mma.sync against the
- * BSF_TILES key tiles that end at its diagonal tile; each score, lowered by the margin, becomes
- * a 16-bit key (bs_rank_key's upper half: blocks 0 and m forced first, keys past m zero) in
- * shared memory; a warp a row then takes the k-th largest nonzero one, as the select bounds its
- * rows by their summaries (bsr_summary_bound: 0 where fewer than k keys lie in the window). k
- * keys of the row reach floor << 16, so its k-th key does: every group that holds a key of its
- * top k has its largest key's upper half at or above the floor. Near-diagonal scores, as real
- * heads have them, put the floor close to the k-th key and most groups below it; on scattered
- * scores it lies low and nearly every group is written. */
-constexpr int BSF_TILES = 5;                          /* 320 keys: the diagonal's and 4 more */
-constexpr int BSF_ROW = BSF_TILES * BSS_KEYS / 2 + 1; /* a row's 16-bit keys, in words */
-template <int D> constexpr size_t bsf_smem_bytes() {
-    return bss_key_bytes<D>() + (size_t)BSS_KEYS * 4 + (size_t)BSS_ROWS * BSF_ROW * 4;
-}
-template <typename T, int D>
-__global__ void __launch_bounds__(BSS_NT)
-    bs_floor_kernel(const __grid_constant__ bs_select_params p) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    T *kbuf = reinterpret_cast<T *>(smem);                               /* [2][64][KS] */
-    float *knorm = reinterpret_cast<float *>(smem + bss_key_bytes<D>()); /* a tile's |k| */
-    uint16_t *keys16 = reinterpret_cast<uint16_t *>(knorm + BSS_KEYS);   /* [64][2 BSF_ROW] */
-    constexpr int KS = bss_key_stride<D>();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    bsr_score_place w;
-    if (!bsr_score_place_of(p, warp, w)) return;
-    bss_thread<T, D> th;
-    th.init(p, w.bh, w.h, w.m0, w.wm0, g, t, w.len);
-    if (th.n_tiles == 0) return;
-    const bss_range range = {max(0, th.n_tiles - BSF_TILES), th.n_tiles, 0};
-    /* |q| of the thread's two rows: its quad holds a row's D values, D / 4 a lane */
-    float qn[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float ss = 0.f;
-#pragma unroll
-        for (int s = 0; s < D / 32; ++s) {
-            float f[8];
-            unpack8<T>(th.qf[r][s], f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
-        }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        qn[r] = sqrtf(ss);
-    }
-    bss_walk_tiles<T, D>(
-        kbuf, bss_keys_of<T, D>(p, w.b, w.h), range, w.nb, [&](int it, const T *tile) {
-            { /* |k| of the tile's keys, two threads a key */
-                const int key = threadIdx.x >> 1, half = threadIdx.x & 1;
-                float ss = 0.f;
-#pragma unroll
-                for (int c = 0; c < D / 16; ++c) {
-                    float f[8];
-                    unpack8<T>(
-                        *reinterpret_cast<const uint4 *>(tile + key * KS + half * (D / 2) + 8 * c),
-                        f);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
-                }
-                ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-                if (half == 0) knorm[key] = sqrtf(ss);
-            }
-            __syncthreads();
-            if (!th.warp_sel) return;
-            float acc[8][4];
-            th.score(tile, g, t, acc);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int m = th.mr[r];
-                uint16_t *row =
-                    keys16 + (16 * warp + g + 8 * r) * (2 * BSF_ROW) + (it - range.lo) * BSS_KEYS;
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    const int c = 8 * nt + 2 * t, j = it * BSS_KEYS + c;
-                    uint32_t two = 0u;
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float lower =
-                            bsr_floor_score(acc[nt][2 * r + e], qn[r], knorm[c + e]);
-                        const uint32_t k16 = j + e <= m ? bs_rank_key(lower, j + e, m) >> 16 : 0u;
-                        two |= k16 << (16 * e);
-                    }
-                    *reinterpret_cast<uint32_t *>(row + c) = two;
-                }
-            }
-        });
-    if (!th.warp_sel) return;
-    __syncwarp();
-    /* a warp a row: the k-th largest nonzero 16-bit key (ten a lane) */
-    constexpr int PER = (2 * BSF_ROW + 31) / 32;
-    const int cols = (range.hi - range.lo) * BSS_KEYS;
-    for (int rr = 0; rr < 16; ++rr) {
-        if (!th.row_sel(rr)) continue;
-        const uint16_t *row = keys16 + (16 * warp + rr) * (2 * BSF_ROW);
-        uint32_t v[PER];
-        uint32_t lo16 = 0xffffu, hi16 = 0u;
-#pragma unroll
-        for (int e = 0; e < PER; ++e) {
-            const int c = lane + 32 * e;
-            v[e] = c < cols ? row[c] : 0u;
-            if (v[e]) lo16 = min(lo16, v[e]);
-            hi16 = max(hi16, v[e]);
-        }
-        const uint32_t f16 = bsr_summary_bound(
-            [&](uint32_t c) {
-                int cnt = 0;
-#pragma unroll
-                for (int e = 0; e < PER; ++e) cnt += v[e] >= c;
-                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
-            },
-            th.row_k(rr), __reduce_min_sync(0xffffffffu, lo16),
-            __reduce_max_sync(0xffffffffu, hi16));
-        if (lane == 0) p.score_floor[(int64_t)w.bh * p.row_blocks + w.wm0 + rr] = f16;
-    }
-}
-
 /* The same scores by wgmma on Hopper (bs_score_wg_kernel): the row group's pooled queries and
  * two key tiles in shared memory, 128-byte swizzled (sw_off), the keys of tile it - 1 multiplied
  * asynchronously while the warps write those of tile it, the summaries written a word at a time
@@ -1613,7 +1477,7 @@ __global__ void __launch_bounds__(BSS_NT)
  * takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
 template <int D> constexpr size_t bsr_wg_tile_bytes() { return (size_t)BSS_KEYS * D * 2; }
 template <int D> constexpr size_t bsr_wg_smem() {
-    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * (BSR_STAGE_ROW + 1) * 4;
+    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * BSR_STAGE_ROW * 4;
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BSS_NT, 3)
@@ -1627,8 +1491,6 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     unsigned char *ks = qs + TILE; /* [2][TILE] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 16 * warp * BSR_STAGE_ROW;
-    uint32_t *floors =
-        reinterpret_cast<uint32_t *>(ks + 2 * TILE) + BSS_ROWS * BSR_STAGE_ROW + 16 * warp;
     bsr_score_place w;
     if (!bsr_score_place_of(p, warp, w)) return;
     const int bh = w.bh, b = w.b, h = w.h, m0 = w.m0, lo = w.lo;
@@ -1636,7 +1498,6 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     bss_thread<T, D> th; /* rows, top k and selects (its query fragments go unused) */
     th.init(p, bh, h, m0, wm0, g, t, len);
     if (th.n_tiles == 0) return;
-    bsr_load_floors(p, bh, wm0, lane, floors);
     const int hi = min(lo + p.score_chunk_tiles, th.n_tiles);
     unsigned sel_rows = 0;
     for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
@@ -1678,7 +1539,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     const int64_t sums_step = 2 * (int64_t)p.score_sum_stride;
     auto write = [&](const float *cur, int it) {
         if (th.warp_sel)
-            bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, floors, out, row_len,
+            bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
                            [&](bool on, int i, int, int, uint32_t sum) {
                                st_global_if(on, sums_lane + BSR_GROUPS * it + i * sums_step, sum);
                            });
@@ -1854,10 +1715,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
             },
             k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
     }
-    /* the row's floor bounds its k-th key too, and only the groups that reach it were written */
-    const uint32_t f16 =
-        p.score_floor != nullptr ? p.score_floor[(int64_t)bh * p.row_blocks + m] : 0u;
-    uint32_t bound = max(x16, f16) << 16;
+    uint32_t bound = x16 << 16;
     const uint32_t hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
     int *wc = cand[warp], *wg = cand_group[warp];
     uint32_t *wk = cand_key[warp];
@@ -1931,11 +1789,9 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     if (!over)
         bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
                       hi, n_cand, kth_list, off);
-    else /* groups below the floor were not written; those below the bound (at or above the
-          * floor) hold no key it counts: their keys are read as zeros */
-        bsr_warp_emit(
-            [&](int j) { return sums[j / BSR_GROUP_KEYS] >= (bound & 0xffff0000u) ? keys[j] : 0u; },
-            [&](int j) { return j; }, n, k, bound, hi, -1, kth_list, off);
+    else
+        bsr_warp_emit([&](int j) { return keys[j]; }, [&](int j) { return j; }, n, k, bound, hi, -1,
+                      kth_list, off);
 }
 
 template <typename T, int D>
@@ -1950,16 +1806,6 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
     cudaError_t e =
         cudaFuncSetAttribute(score, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    auto floor = bs_floor_kernel<T, D>;
-    if (sp.score_floor != nullptr) {
-        e = cudaFuncSetAttribute(floor, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)bsf_smem_bytes<D>());
-        if (e != cudaSuccess) return e;
-    }
-    /* MI_CUDA_BS_POISON=1 (tests): the keys in memory set to ~0 before each score launch, so
-     * that a key the select read where no score kernel wrote would rank first */
-    const char *poison_env = getenv("MI_CUDA_BS_POISON");
-    const bool poison = poison_env && poison_env[0] == '1';
     const unsigned groups = (unsigned)sp.groups_r;
     const unsigned chunks = (groups + sp.score_chunk_tiles - 1) / sp.score_chunk_tiles;
     for (int64_t z0 = 0; z0 < BH; z0 += chunk_pairs) {
@@ -1968,12 +1814,6 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
         for (int64_t bh = z0; bh < z0 + nz; ++bh) any |= sp.active[bh % sp.heads] != 0;
         if (!any) continue;
         sp.score_bh0 = (int32_t)z0;
-        if (sp.score_floor != nullptr)
-            floor<<<dim3(1, groups, nz), BSS_NT, bsf_smem_bytes<D>(), st>>>(sp);
-        if (poison) {
-            e = cudaMemsetAsync(sp.scores, 0xff, (size_t)nz * sp.score_pair_keys * 4, st);
-            if (e != cudaSuccess) return e;
-        }
         score<<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
         const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
         bs_row_select_kernel<<<dim3(rows, nz), 32 * BSR_WARPS, 0, st>>>(sp);
@@ -2290,12 +2130,6 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.score_chunk_tiles = scores_on ? bsr_chunk_tiles(groups_r, score_pairs) : BSR_CHUNK_TILES;
     if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
         if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), 256);
-    /* Each row's floor (bs_floor_kernel) in the streaming kernel's bounds, which a call through
-     * scores in memory does not use. MI_CUDA_BS_FLOOR=0: no floors, every group's keys written
-     * (A/B runs, tests). */
-    sp.score_floor = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.bound);
-    if (const char *e = getenv("MI_CUDA_BS_FLOOR"))
-        if (e[0] == '0') sp.score_floor = nullptr;
     /* MI_CUDA_BS_RAISE=0: rows past BSR_WCAND select from the whole row at once (A/B runs) */
     sp.score_raise = 1;
     if (const char *e = getenv("MI_CUDA_BS_RAISE"))

@@ -41,18 +41,6 @@ __host__ __device__ constexpr int64_t bsr_pair_summaries(int64_t R) {
     return ((R + BSR_ROWS - 1) / BSR_ROWS) * BSR_ROWS * bsr_summary_stride(R);
 }
 
-/* The floor of a row (bs_floor_kernel): a lower bound of its k-th key from the keys nearest its
- * diagonal, so that the score kernels write only the groups whose largest key reaches it (those
- * the select can read). The floor kernel sums q.k in its own order; each of its scores is lowered
- * by BSR_FLOOR_MARGIN |q| |k| first, far more than two fp32 sums of the same D products can differ
- * by in any order, rounded or truncated at each step (each is within about D 2^-23 sum |q_d k_d|
- * of the exact one, 2^-16 |q| |k| at D = 128), so that k keys reach the floor in every score
- * kernel's sums too (tests/cuda/test_bs_scores.cu checks it against sums in other orders). */
-constexpr float BSR_FLOOR_MARGIN = 1.0f / 4096;
-__host__ __device__ inline float bsr_floor_score(float score, float q_norm, float k_norm) {
-    return score - BSR_FLOOR_MARGIN * q_norm * k_norm;
-}
-
 /* Where both searches start, given diff = lo ^ hi (not 0): the highest bit in which lo and hi
  * differ, and x, their shared bits above it with zeros below. */
 __host__ __device__ inline int bsr_search_start(uint32_t lo, uint32_t diff, uint32_t &x) {

@@ -779,8 +779,7 @@ typedef enum {
     BS_STREAM_NTILE_APPEND,
     BS_STREAM_NO_SCORES,
     BS_SCORES,
-    BS_SCORES_MMA,
-    BS_SCORES_NO_FLOOR
+    BS_SCORES_MMA
 } bs_kernel;
 
 /* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
@@ -806,48 +805,34 @@ static const struct {
                                 "streaming, plain tiles appended an n-tile at a time"},
     [BS_STREAM_NO_SCORES] = {"MI_CUDA_BS_SCORES", "0", "no scores in memory"},
     [BS_SCORES] = {"MI_CUDA_BS_SCORES", "1", "scores in memory"},
-    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync", "MI_CUDA_BS_WGMMA",
-                       "0"},
-    [BS_SCORES_NO_FLOOR] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, every group written",
-                            "MI_CUDA_BS_FLOOR", "0"},
+    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync",
+                       "MI_CUDA_BS_WGMMA", "0"},
 };
 
 /* The variables the block-sparse tests set, cleared after each estimate. */
 static void bs_env_clear(void) {
     static const char *const vars[] = {
-        "MI_CUDA_BS_ROWS",     "MI_CUDA_BS_WIDE",  "MI_CUDA_BS_STREAM", "MI_CUDA_BS_BOUND",
-        "MI_CUDA_BS_POOL_VEC", "MI_CUDA_BS_CAP",   "MI_CUDA_BS_SPLIT",  "MI_CUDA_BS_MASK_APPEND",
-        "MI_CUDA_BS_SCORES",   "MI_CUDA_BS_WGMMA", "MI_CUDA_BS_FLOOR",  "MI_CUDA_BS_POISON"};
+        "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
+        "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
+        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
+        "MI_CUDA_BS_WGMMA"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
 /* The estimate through scores in memory is the default from 128K on;
- * a test of another path turns it off, so that it runs the path it names. Tests of that path
- * set its keys in memory to ~0 first (MI_CUDA_BS_POISON): a key read where the score kernels
- * wrote none (below a row's floor) would rank first and change the index. */
+ * a test of another path turns it off, so that it runs the path it names. */
 static void bs_env_path(bs_kernel kern) {
-    if (kern == BS_SCORES || kern == BS_SCORES_MMA || kern == BS_SCORES_NO_FLOOR) {
+    if (kern == BS_SCORES || kern == BS_SCORES_MMA)
         unsetenv("MI_CUDA_BS_SCORES");
-        setenv("MI_CUDA_BS_POISON", "1", 1);
-    } else {
+    else
         setenv("MI_CUDA_BS_SCORES", "0", 1);
-    }
 }
 
-/* The inputs of the long block-sparse tests (the `ramp` argument of the tests below):
- * - BS_IN_RANDOM: N(0, 1) values;
- * - BS_IN_RAMP: every key a multiple of one positive vector, growing towards block 0, and
- *   positive queries, so that each block scores above every later one: walking down from the
- *   diagonal, the streaming kernel keeps every candidate and compacts at every few tiles; rounded
- *   to bf16, neighbouring blocks also pool to equal vectors (exact ties, lower block first);
- * - BS_IN_NEAR: the same keys growing towards the sequence's end: each row's top k are the blocks
- *   nearest its diagonal, exact ties among them;
- * - BS_IN_CODED: random values whose first 32 dimensions carry a rotary-style position code (as
- *   bench/torch_ref.py's position-coded inputs): near-diagonal blocks score highest, with some
- *   scattered ones. The last two put each row's floor (bs_floor_kernel) near its k-th key, so the
- *   score kernels leave most groups of keys unwritten. */
-enum { BS_IN_RANDOM, BS_IN_RAMP, BS_IN_NEAR, BS_IN_CODED };
-static const char *const bs_in_label[] = {"", " ramp", " near", " coded"};
+/* The inputs of the long block-sparse tests: batch 2 (lengths L and 3 L / 5 + 1), 2 query heads
+ * on one KV head. ramp: every key a multiple of one positive vector, growing towards block 0,
+ * and positive queries, so that each block scores above every later one: walking down from the
+ * diagonal, the streaming kernel keeps every candidate and compacts at every few tiles; rounded
+ * to bf16, neighbouring blocks also pool to equal vectors (exact ties, lower block first). */
 static void bs_long_inputs(int64_t L, int64_t D, int ramp, pair *q, pair *k, pair *v,
                            int32_t lens[2]) {
     const int32_t B = 2, H = 2, Hk = 1;
@@ -857,33 +842,15 @@ static void bs_long_inputs(int64_t L, int64_t D, int ramp, pair *q, pair *k, pai
     *k = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
     *v = pair_alloc(MI_DTYPE_BF16, B, Hk, L, D, 0);
     fill_inputs(q, k, v, 0);
-    if (ramp == BS_IN_RANDOM) return;
+    if (!ramp) return;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t l = 0; l < L; l++) {
-            if (ramp == BS_IN_CODED) {
-                /* 16 frequencies, periods 16 .. 64K positions, on dimensions 0 .. 31 */
-                for (int64_t f = 0; f < 16; f++) {
-                    const double w =
-                        2.0 * 3.14159265358979323846 / (16.0 * pow(4096.0, (double)f / 15.0));
-                    const float c = 2.6f * (float)cos(w * (double)l),
-                                sn = 2.6f * (float)sin(w * (double)l);
-                    set_f(&k->h, b, 0, l, 2 * f, c);
-                    set_f(&k->h, b, 0, l, 2 * f + 1, sn);
-                    for (int64_t h = 0; h < H; h++) {
-                        set_f(&q->h, b, h, l, 2 * f, c);
-                        set_f(&q->h, b, h, l, 2 * f + 1, sn);
-                    }
-                }
-                continue;
-            }
-            const float grow = ramp == BS_IN_RAMP ? (float)(L - l) / (float)L : (float)l / (float)L;
+        for (int64_t l = 0; l < L; l++)
             for (int64_t d = 0; d < D; d++) {
                 const float base = 0.5f + 0.25f * (float)(d % 3);
-                set_f(&k->h, b, 0, l, d, base * (1.0f + grow));
+                set_f(&k->h, b, 0, l, d, base * (1.0f + (float)(L - l) / (float)L));
                 for (int64_t h = 0; h < H; h++)
                     set_f(&q->h, b, h, l, d, 0.3f + 0.1f * fabsf(rndn()));
             }
-        }
     upload(q);
     upload(k);
 }
@@ -923,7 +890,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              (long long)L, (long long)D, topk,
              topk > 192 && kern != BS_SCORES && kern != BS_SCORES_MMA ? "rows"
                                                                       : bs_kernel_env[kern].label,
-             bs_in_label[ramp], rows, wide, (long long)idiff, (long long)nrows);
+             ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
     pair_free(&q);
@@ -950,14 +917,12 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     if (var) setenv(var, value, 1);
     bs_env_path(ref);
     setenv(bs_kernel_env[ref].var, bs_kernel_env[ref].value, 1);
-    if (bs_kernel_env[ref].var2) setenv(bs_kernel_env[ref].var2, bs_kernel_env[ref].value2, 1);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     /* that index is the reference (the host side of the pair has the same layout) */
     CUDA_OK(cudaMemcpy(si.hb, si.db, si.bytes, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemset(si.db, 0xff, si.bytes));
     unsetenv(bs_kernel_env[ref].var);
-    if (bs_kernel_env[ref].var2) unsetenv(bs_kernel_env[ref].var2);
     bs_env_path(kern);
     if (bs_kernel_env[kern].var) setenv(bs_kernel_env[kern].var, bs_kernel_env[kern].value, 1);
     if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
@@ -968,11 +933,11 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     snprintf(name, sizeof name,
              "block_sparse_estimate %s = %s: L%lld D%lld top %d%s %s=%s, differing %lld / %lld",
              bs_kernel_env[kern].label, bs_kernel_env[ref].label, (long long)L, (long long)D, topk,
-             bs_in_label[ramp], var ? var : "defaults", var ? value : "", (long long)idiff,
+             ramp ? " ramp" : "", var ? var : "defaults", var ? value : "", (long long)idiff,
              (long long)B * H * R);
     /* wgmma sums d in another order than mma.sync: near-ties may fall the other way, as
      * against the CPU; otherwise the same sums give the same index */
-    if (kern == BS_SCORES && ref != BS_SCORES_NO_FLOOR) {
+    if (kern == BS_SCORES) {
         check(idiff * 100 <= (int64_t)B * H * R, "index differs", name);
         printf("  %s\n", name);
     } else {
@@ -1253,18 +1218,6 @@ int main(int argc, char **argv) {
         {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
-        /* the floors leave the index as it is: the mma.sync scores against the streaming
-         * kernel's, the wgmma ones with and without floors, where floors leave most groups
-         * unwritten (near-diagonal scores) and where they leave few */
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, BS_IN_NEAR, NULL, NULL},
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, BS_IN_CODED, NULL, NULL},
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 64, 192, BS_IN_CODED, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_FLOOR, Lb, 128, 100, BS_IN_NEAR, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_FLOOR, Lb, 128, 100, BS_IN_CODED, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_FLOOR, Lb, 64, 192, BS_IN_CODED, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_FLOOR, Lb, 128, 2040, BS_IN_CODED, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_FLOOR, Lb, 128, 100, BS_IN_RANDOM, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_FLOOR, Lr, 128, 300, BS_IN_RAMP, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++)
         test_block_sparse_paths_agree(agree[i].kern, agree[i].ref, agree[i].L, agree[i].D,
@@ -1276,9 +1229,6 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lb, 128, 2040, 0, -1, BS_SCORES, 0);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES_MMA, 0);
     test_block_sparse_long(Lr, 128, 300, 0, -1, BS_SCORES_MMA, 1);
-    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES, BS_IN_NEAR);
-    test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES, BS_IN_CODED);
-    test_block_sparse_long(Lr, 64, 300, 0, -1, BS_SCORES, BS_IN_CODED);
     if (!quick) test_block_sparse_long(70000, 128, 100, 0, -1, BS_STREAM_NO_BOUND, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_ROWS, 0);
     test_block_sparse_long(Lb, 128, 100, 0, 1, BS_ROWS, 0);
