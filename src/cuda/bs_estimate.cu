@@ -1314,9 +1314,8 @@ constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligne
  * mma / wgmma accumulator layout (lane g, t: rows mr[0] and mr[1] in i = 0, 1 and 2, 3, keys
  * 8 nt + 2 t + (i & 1)): the order keys (bs_rank_key, zeros past the diagonal) staged in shared
  * memory and written a row's 256 bytes at a time for the rows in sel_rows (the warp's rows
- * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: the
- * largest keys of its two halves, two lanes each) handed to put_sum(on, i, rr, group, summary),
- * on for the lane
+ * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: four
+ * lanes' two largest, merged) handed to put_sum(on, i, rr, group, summary), on for the lane
  * that has it where row rr is in sel_rows; step i covers the warp's rows 2 i and 2 i + 1, one a
  * half warp. */
 template <typename PutSum>
@@ -1366,13 +1365,13 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
         const uint4 v = *reinterpret_cast<const uint4 *>(stage_half + 2 * i * BSR_STAGE_ROW);
         const bool sel = (sel_half >> (2 * i)) & 1u;
         st_global_v4_if(sel, out_half + i * out_step, v);
-        /* the largest of the lane's half group (its four keys and the next lane's), then the
-         * other half's: the lead lane holds the first half */
-        uint32_t half_max = max(max(v.x, v.y), max(v.z, v.w));
-        half_max = max(half_max, __shfl_xor_sync(0xffffffffu, half_max, 1));
-        const uint32_t other_max = __shfl_xor_sync(0xffffffffu, half_max, 2);
-        put_sum(lead && sel, i, 2 * i + half, (lane & 15) >> 2,
-                bsr_group_summary(half_max, other_max));
+        uint32_t top, second;
+        bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1)
+            bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
+                           __shfl_xor_sync(0xffffffffu, second, o));
+        put_sum(lead && sel, i, 2 * i + half, (lane & 15) >> 2, bsr_group_summary(top, second));
     }
     __syncwarp(); /* the stage is written again by the next tile */
 }
@@ -1630,8 +1629,7 @@ __device__ __forceinline__ uint32_t bsr_lane_of(const uint4 &u, int e) {
 /* Grid (groups of BSR_WARPS row blocks longest first, pairs): a warp per row block, its top k
  * from its keys in memory, with no barrier. The k-th largest 16-bit value of the row's group
  * summaries (from bs_score_kernel) bounds the row's k-th key from below (bsr_summary_count).
- * Only the groups with a half whose largest key reaches the bound (bsr_summary_reaches) can hold a
- * key of the top k: the warp
+ * Only the groups whose largest key reaches the bound can hold a key of the top k: the warp
  * lists them in order, reads them eight groups (a 16-byte read a lane) at a time, BSR_BATCH
  * reads in flight, and lists their keys at or above the bound, in ascending order;
  * bsr_warp_emit selects from those. Where more than BSR_WCAND groups or keys reach the bound
@@ -1665,8 +1663,11 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     const uint4 *sv = reinterpret_cast<const uint4 *>(sums);
     const int ng = BSR_GROUPS * (m / BSS_ROWS + 1), ng4 = ng / 4; /* BSR_GROUPS is 4 */
     /* the range of the nonzero 16-bit values, and the largest summary */
-    uint32_t lo16 = 0xffffu, hi16 = 0u;
-    auto range_of = [&](uint32_t w) { bsr_summary_range(w, lo16, hi16); };
+    uint32_t lo16 = 0xffffu, hi16 = 0u, top = 0u;
+    auto range_of = [&](uint32_t w) {
+        bsr_summary_range(w, lo16, hi16);
+        top = max(top, w);
+    };
     uint32_t x16 = 0u;
     if (ng <= BSR_REG_GROUPS) {
         uint4 sr[BSR_REG_GROUPS / 128];
@@ -1715,7 +1716,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
             k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
     }
     uint32_t bound = x16 << 16;
-    const uint32_t hi = __reduce_max_sync(0xffffffffu, hi16) << 16 | 0xffffu;
+    const uint32_t hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
     int *wc = cand[warp], *wg = cand_group[warp];
     uint32_t *wk = cand_key[warp];
     /* bsr_warp_kth_largest's list of 32 keys: the group list's first words, free once a collect
@@ -1726,15 +1727,14 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
      * can reach it: up to BSR_WCAND of them in wc / wk, the count listed returned; over: more
      * reach bnd than were listed. */
     auto collect = [&](uint32_t bnd, bool &over) {
-        const uint32_t bnd16 = bnd >> 16; /* what the summaries resolve */
+        const uint32_t group_bnd = bnd & 0xffff0000u; /* what the summaries resolve */
         int n_groups = 0;
         for (int i0 = 0; i0 < ng4 && n_groups <= BSR_WCAND; i0 += 32) {
             const int i = i0 + lane;
             const uint4 u = i < ng4 ? __ldg(sv + i) : make_uint4(0u, 0u, 0u, 0u);
             bool keep[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                keep[e] = i < ng4 && bsr_summary_reaches(bsr_lane_of(u, e), bnd16);
+            for (int e = 0; e < 4; ++e) keep[e] = i < ng4 && bsr_lane_of(u, e) >= group_bnd;
             n_groups = bsr_warp_append4(keep, n_groups, [&](int at, int e) {
                 if (at < BSR_WCAND) wg[at] = 4 * i + e;
             });

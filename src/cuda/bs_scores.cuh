@@ -9,7 +9,7 @@
  * 0 .. m start 16-byte aligned, the rows of a group follow each other, and the keys of the
  * diagonal tile past m are zeros (below every real key). Each row also has a summary of each
  * of its groups of BSR_GROUP_KEYS adjacent keys, BSR_GROUPS a tile, score_sum_stride apart: the
- * upper 16 bits of the largest key of each half of the group (bsr_group_summary).
+ * upper 16 bits of the group's largest and second largest keys (bsr_group_summary).
  */
 #ifndef MI_BS_SCORES_CUH
 #define MI_BS_SCORES_CUH
@@ -69,36 +69,45 @@ __host__ __device__ inline uint32_t bsr_kth_largest(CountFn count_ge, int k, uin
     return x;
 }
 
-/* A group's summary: the upper 16 bits of the largest key of its first half (keys 0 .. 7), then
- * those of its second half's. Each half's largest key is the group's largest somewhere, so the
- * group holds a key at or above x16 << 16 exactly where one of the two halves reaches x16
- * (bsr_summary_reaches). The score kernels take a half's largest of four keys a lane and one
- * shuffle, and the other half's from one more: the two largest of the 16 keys, as the summary
- * had been, took six shuffles and a chain of compares three times as long. */
-__host__ __device__ constexpr uint32_t bsr_group_summary(uint32_t first_max, uint32_t second_max) {
-    return (first_max & 0xffff0000u) | (second_max >> 16);
+/* The two largest (top >= second) of keys seen so far, of four keys, and of two such pairs. */
+__host__ __device__ inline void bsr_top2_add(uint32_t &top, uint32_t &second, uint32_t x) {
+    second = x > top ? top : (x > second ? x : second);
+    top = x > top ? x : top;
+}
+__host__ __device__ inline void bsr_top2_of4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                             uint32_t &top, uint32_t &second) {
+    top = a > b ? a : b;
+    second = a > b ? b : a;
+    bsr_top2_add(top, second, c);
+    bsr_top2_add(top, second, d);
+}
+__host__ __device__ inline void bsr_top2_merge(uint32_t &top, uint32_t &second, uint32_t top2,
+                                               uint32_t second2) {
+    const uint32_t lo_top = top < top2 ? top : top2,
+                   hi_second = second > second2 ? second : second2;
+    second = lo_top > hi_second ? lo_top : hi_second;
+    top = top > top2 ? top : top2;
+}
+
+/* A group's summary: the upper 16 bits of its largest key, then those of its second largest.
+ * Its largest key reaches x16 << 16 exactly where the summary does. */
+__host__ __device__ constexpr uint32_t bsr_group_summary(uint32_t top, uint32_t second) {
+    return (top & 0xffff0000u) | (second >> 16);
 }
 /* How many of a summary's two keys reach x16 << 16 (0 < x16 < 2^16). The k-th largest x16 over
  * a row's summaries is reached by k distinct keys, so x16 << 16 bounds the row's k-th key from
- * below (two keys a group make it far tighter than the group maxima alone: at 128K, 116 keys
- * reach it on average for top 100 where 812 reach the k-th largest maximum,
- * bench/bs_bound_model.py; the maxima of the two halves give about the bound of the two largest
- * keys: at 1M, 107 keys against 102 on random scores, 194 against 149 on position-coded ones). */
+ * below (two keys a group make it far tighter than the maxima alone: at 128K, 116 keys reach
+ * it on average for top 100 where 812 reach the k-th largest maximum, bench/bs_bound_model.py). */
 __host__ __device__ constexpr int bsr_summary_count(uint32_t w, uint32_t x16) {
     return (w >= (x16 << 16)) + ((w & 0xffffu) >= x16);
-}
-/* Whether a summary's group holds a key at or above x16 << 16. */
-__host__ __device__ constexpr bool bsr_summary_reaches(uint32_t w, uint32_t x16) {
-    return (w >> 16) >= x16 || (w & 0xffffu) >= x16;
 }
 
 /* Widens [lo16, hi16] (start: 0xffff, 0) to the nonzero 16-bit values of summary w (zeros: the
  * keys past the row's end). */
 __host__ __device__ inline void bsr_summary_range(uint32_t w, uint32_t &lo16, uint32_t &hi16) {
-    const uint32_t a = w >> 16, b = w & 0xffffu;
-    const uint32_t lo = a && b ? (a < b ? a : b) : a ? a : b ? b : 0xffffu, hi = a > b ? a : b;
-    lo16 = lo16 < lo ? lo16 : lo;
-    hi16 = hi16 > hi ? hi16 : hi;
+    const uint32_t t16 = w >> 16, s16 = w & 0xffffu, v = s16 ? s16 : t16 ? t16 : 0xffffu;
+    lo16 = lo16 < v ? lo16 : v;
+    hi16 = hi16 > t16 ? hi16 : t16;
 }
 
 /* The k-th largest nonzero 16-bit value of a row's summaries, given count_ge(x16) over them

@@ -5,9 +5,8 @@
  * holds its m + 1 keys rounded up to 16 bytes, inside its group's tile width; a row's group
  * summaries fit its stride and the pair's; the k-th largest equals the one a sort gives, on random
  * keys of every spread (many equal ones, the extremes 0 and ~0), for every k and for bounds lo
- * anywhere at or below it. The group summaries: four lanes' maxima merged as the score kernel's
- * lanes merge them give the largest key of each half of the group, which reaches a bound exactly
- * where the group's largest key does; the summaries' bound equals the
+ * anywhere at or below it. The group summaries: four partial top-two pairs merged as the score
+ * kernel's lanes merge them give a group's two largest keys; the summaries' bound equals the
  * k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least k keys of
  * the row reach it, on rows of every length and spread with zeros past their end. The k-th
  * largest in two phases (bsr_kth_largest_listed) is the same for every size of its list, which
@@ -88,19 +87,28 @@ static void test_kth(std::mt19937 &rng, int n, uint32_t spread) {
     }
 }
 
-/* The score kernel's summary of 16 keys: the largest of each lane's four, merged with the next
- * lane's (a half group), the lead lane taking the other half's from two lanes on (every lane of
- * a half ends with the same maximum). */
+/* The score kernel's summary of 16 keys: four lanes' two largest of four, merged with the lanes
+ * one and then two apart (every lane ends with the same pair). */
 static uint32_t summary_of(const uint32_t *g) {
-    uint32_t m[4];
+    uint32_t top[4], second[4];
     for (int l = 0; l < 4; ++l) {
         const uint32_t *v = g + 4 * l;
-        m[l] = std::max(std::max(v[0], v[1]), std::max(v[2], v[3]));
+        bsr_top2_of4(v[0], v[1], v[2], v[3], top[l], second[l]);
     }
-    uint32_t half[4];
-    for (int l = 0; l < 4; ++l) half[l] = std::max(m[l], m[l ^ 1]);
-    EXPECT(half[0] == half[1] && half[2] == half[3], "the lanes of a half agree");
-    return bsr_group_summary(half[0], half[2]);
+    for (int o = 1; o <= 2; o <<= 1) {
+        uint32_t t[4], s[4];
+        for (int l = 0; l < 4; ++l) {
+            t[l] = top[l];
+            s[l] = second[l];
+            bsr_top2_merge(t[l], s[l], top[l ^ o], second[l ^ o]);
+        }
+        for (int l = 0; l < 4; ++l) {
+            top[l] = t[l];
+            second[l] = s[l];
+        }
+    }
+    for (int l = 1; l < 4; ++l) EXPECT(top[l] == top[0] && second[l] == second[0], "lanes agree");
+    return bsr_group_summary(top[0], second[0]);
 }
 
 static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
@@ -115,17 +123,10 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
         std::vector<uint32_t> g(keys.begin() + gi * BSR_GROUP_KEYS,
                                 keys.begin() + (gi + 1) * BSR_GROUP_KEYS);
         sums[gi] = summary_of(g.data());
-        const uint32_t first = *std::max_element(g.begin(), g.begin() + 8),
-                       second = *std::max_element(g.begin() + 8, g.end()),
-                       top = std::max(first, second);
-        EXPECT(sums[gi] == ((first >> 16) << 16 | second >> 16),
-               "n %d group %d: the halves' maxima", n, gi);
-        for (uint32_t x16 : {1u, top >> 16, (top >> 16) + 1, (first >> 16) + 1, 0xffffu})
-            if (x16 > 0 && x16 <= 0xffffu)
-                EXPECT(bsr_summary_reaches(sums[gi], x16) == (top >= (x16 << 16)),
-                       "n %d group %d x16 %04x: reaches where its largest key does", n, gi, x16);
-        for (uint32_t h : {first, second})
-            if (h >> 16) halves.push_back(h >> 16);
+        std::sort(g.begin(), g.end(), std::greater<uint32_t>());
+        EXPECT(sums[gi] == bsr_group_summary(g[0], g[1]), "n %d group %d: the two largest", n, gi);
+        for (int i = 0; i < 2; ++i)
+            if (g[i] >> 16) halves.push_back(g[i] >> 16);
     }
     std::sort(halves.begin(), halves.end(), std::greater<uint32_t>());
     uint32_t lo16 = 0xffffu, hi16 = 0u;
