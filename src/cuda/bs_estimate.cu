@@ -145,6 +145,18 @@
  *      16-bit key (top 2040) still needed another answer.
  *      (bench/results/2026-12-01-gpu-bs-estimate-pool-launch.json,
  *      2026-12-01-gpu-bs-estimate-16bit-keys.json)
+ *      Also measured at this version and not kept (1M x 1, random / position-coded, ms): row
+ *      floors, a kernel bounding each row's k-th key by the k-th largest of its 320 nearest keys
+ *      (scores lowered by 2^-12 |q| |k| against other orders of the sum) so that the score kernels
+ *      skip the groups below it: index unchanged, but on these inputs 72 % of the groups still
+ *      reach it (the top 100 of a 1M row span some 8400 blocks), the score kernel went 0.205 ->
+ *      0.202 and the floor kernel itself took 0.08. Summaries from the maxima of each half group
+ *      (one shuffle a half instead of the two largest keys' six): the wgmma scores unchanged
+ *      (0.199 / 0.200 -> 0.202 / 0.200), the select slower (0.147 / 0.150 -> 0.155 / 0.160, a
+ *      looser bound on near-diagonal scores). Neither the score kernel's stores nor its summary
+ *      arithmetic bound it. Two calls on two streams at once took 6 % less than in turn at 1M,
+ *      so the scores and select of one call were not split over streams either.
+ *      (2026-12-01-gpu-bs-estimate-floors.json, -half-maxima.json, -two-streams.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
