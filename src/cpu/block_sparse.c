@@ -8,7 +8,11 @@
  * last block is averaged over its len % 64 rows, not diluted by padding), rounded to the input
  * dtype (as the original, whose pooled means are bf16 or fp16 tensors). Block scores
  * qp[m] . kp[n] for n <= m (no scale: it does not change the ranking), computed 64 x 64 blocks at
- * a time with the attention micro-kernel. Row block m keeps its diagonal block m and block 0
+ * a time with the attention micro-kernel. For 16-bit inputs the scores rank at bf16 precision:
+ * each is cut to its upper 16 bits (bf16_score_rank), and blocks whose cut scores are equal rank
+ * by position, lower block first (the original ranks the bf16 or fp16 product of its pooled
+ * tensors, ties in no set order). The CUDA estimate keeps 16 bits a score in memory on this
+ * account (docs/architecture.md). Row block m keeps its diagonal block m and block 0
  * always (the original forces neither and gives NaN rows when L < 64), plus the best other blocks
  * up to min(top_k, m + 1) in total. top_k <= 0 keeps only the forced blocks. With
  * max_blocks < 2 only the diagonal block is kept, so no row is ever left without its own block.
@@ -44,6 +48,17 @@ static void pool(const mi_tensor *t, int64_t b, int64_t h, int64_t len, int64_t 
     }
 }
 
+/* A score as a 16-bit input's estimate ranks it: its upper 16 bits (bf16 precision, toward zero),
+ * NaN left as it is (the ranking puts it last). */
+static float bf16_score_rank(float x) {
+    if (x != x) return x;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
                              const mi_tensor *k, int64_t b, int64_t h, int64_t len,
                              int64_t row_blocks, int32_t top_k, float *ws, int32_t *block_count,
@@ -55,6 +70,7 @@ void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor
     float *qp = ws, *kp = qp + nb * D, *rows = kp + nb * D, *sc = rows + MI_BS * nb;
     float *row = sc + MI_BS * MI_BS;
     int32_t *tmp = (int32_t *)(row + D), *sel = tmp + nb;
+    const bool cut = q->dtype != MI_DTYPE_F32;
     pool(q, b, h, len, D, qp, row);
     pool(k, b, h / s->group, len, D, kp, row);
     for (int64_t m0 = 0; m0 < nb; m0 += MI_BS) {
@@ -71,6 +87,8 @@ void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor
             const int64_t m = m0 + i;
             if (m >= row_blocks) break;
             float *val = rows + i * nb;
+            if (cut)
+                for (int64_t n = 0; n < m; n++) val[n] = bf16_score_rank(val[n]);
             int64_t want = mi_cpu_min64(mi_cpu_max64(top_k, 0), m + 1);
             want = mi_cpu_max64(want, m > 0 ? 2 : 1);
             want = mi_cpu_min64(want, max_blocks);

@@ -278,7 +278,7 @@ struct bs_select_params {
     uint64_t *split_cand;   /* [split_heads, split rows, BSS_SPLIT_MAX, BSS_MAX_K] */
     /* The estimate through scores in memory (bs_score_kernel, bs_row_select_kernel): the keys of
      * the pairs score_bh0 .. score_bh0 + gridDim.z - 1, score_pair_keys apart (bsr_row_base). */
-    uint32_t *scores;
+    uint16_t *scores;
     int64_t score_pair_keys;
     int32_t score_bh0;
     int32_t score_chunk_tiles; /* the key tiles a CTA of bs_score_kernel scores */
@@ -306,12 +306,17 @@ __device__ __forceinline__ int bs_row_k(const bs_select_params &p, int h, int m,
     return min(k, p.max_blocks);
 }
 
+/* The order key that ranks a pooled score: its order key cut to the upper 16 bits (bf16
+ * precision), blocks with equal keys ranking by position, lower block first (the CPU reference's
+ * bf16_score_rank). Every path ranks by it; the scores in memory keep just those 16 bits. */
+__device__ __forceinline__ uint32_t bs_score_key(float score) {
+    return float_order_key(score) & 0xffff0000u;
+}
+
 /* The order key that ranks block j for row block m: the diagonal first, then block 0, then the
  * score (higher first; the CPU reference's order). */
 __device__ __forceinline__ uint32_t bs_rank_key(float score, int j, int m) {
-    return j == m   ? 0xffffffffu
-           : j == 0 ? float_order_key(3.402823466e38f)
-                    : float_order_key(score);
+    return j == m ? 0xffffffffu : j == 0 ? bs_score_key(3.402823466e38f) : bs_score_key(score);
 }
 
 /* The start of a row block's select (each of the NT threads that select the row calls it, tid
@@ -790,7 +795,7 @@ __device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool p
             for (int nt = 0; nt < 8; ++nt) f[nt] = fmaxf(acc[nt][2 * r], acc[nt][2 * r + 1]);
             bsb_group_max<G>(f, [](float a, float c) { return fmaxf(a, c); });
 #pragma unroll
-            for (int nt = 0; nt < 8; nt += span) key[nt] = float_order_key(f[nt]);
+            for (int nt = 0; nt < 8; nt += span) key[nt] = bs_score_key(f[nt]);
         } else {
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
@@ -1106,7 +1111,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                             if (!((may[r][nt >> 2] >> bss_own_bit(nt, e)) & 1u)) continue;
                             const int j = j0 + 8 * nt + 2 * t + e;
                             const uint64_t c =
-                                (uint64_t)float_order_key(acc[nt][2 * r + e]) << 32 | (uint32_t)~j;
+                                (uint64_t)bs_score_key(acc[nt][2 * r + e]) << 32 | (uint32_t)~j;
                             exact &= c > thr[r];
                             const int pos = cnt[r] + bss_keys_above(above[r], nt, e);
                             cand[(16 * warp + g + 8 * r) * CROW + pos] = c;
@@ -1144,7 +1149,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                         for (int e = 0; e < 2; ++e) {
                             const float sc = acc[nt][2 * r + 1 - e];
                             const int j = jl + 1 - e;
-                            c[r][e] = PLAIN ? (uint64_t)float_order_key(sc) << 32 | (uint32_t)~j
+                            c[r][e] = PLAIN ? (uint64_t)bs_score_key(sc) << 32 | (uint32_t)~j
                                             : bs_candidate(sc, j, th.mr[r]);
                             f[r][e] = c[r][e] > thr[r];
                         }
@@ -1321,19 +1326,31 @@ __device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, u
                                   n_ge_lo >= 0 ? n_ge_lo : count_ge(lo));
 }
 
-constexpr int BSR_STAGE_ROW = BSS_KEYS + 4; /* staged keys a row: 16-byte aligned, few conflicts */
+/* staged words a row, two 16-bit keys each: 16-byte aligned, no bank conflicts either way */
+constexpr int BSR_STAGE_ROW = BSS_KEYS / 2 + 4;
+
+/* The 16-bit order keys (bs_score_key's upper halves) of scores a and b, a in the low half: the
+ * upper halves of their bits gathered, then each half with its sign set flipped whole, else its
+ * sign bit set (one byte permutation replicates each half's sign over it). */
+__device__ __forceinline__ uint32_t bsr_key16x2(float a, float b) {
+    const uint32_t x = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);
+    uint32_t sign;
+    asm("prmt.b32 %0, %1, 0, 0xbb99;" : "=r"(sign) : "r"(x));
+    return x ^ (sign | 0x80008000u);
+}
+
 /* What both score kernels do with a warp's 16 x 64 scores of key tile `it`, s[4 nt + i] in the
  * mma / wgmma accumulator layout (lane g, t: rows mr[0] and mr[1] in i = 0, 1 and 2, 3, keys
- * 8 nt + 2 t + (i & 1)): the order keys (bs_rank_key, zeros past the diagonal) staged in shared
- * memory and written a row's 256 bytes at a time for the rows in sel_rows (the warp's rows
- * start at out, row_len keys apart), and each 16-key group's summary (bsr_group_summary: four
- * lanes' two largest, merged) handed to put_sum(on, i, rr, group, summary), on for the lane
- * that has it where row rr is in sel_rows; step i covers the warp's rows 2 i and 2 i + 1, one a
- * half warp. */
+ * 8 nt + 2 t + (i & 1)): the 16-bit order keys (bs_rank_key's upper halves, zeros past the
+ * diagonal) staged in shared memory and written a row's 128 bytes at a time for the rows in
+ * sel_rows (the warp's rows start at out, row_len keys apart), and each 16-key group's summary
+ * (bsr_summary_16x2: two lanes' halves, merged) handed to put_sum(on, i, rr, group, summary),
+ * on for one lane a group of a selecting row; step i covers the warp's rows 4 i .. 4 i + 3, one
+ * a quarter warp. */
 template <typename PutSum>
 __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
                                                int t, int lane, uint32_t *stage, unsigned sel_rows,
-                                               uint32_t *out, int row_len, PutSum put_sum) {
+                                               uint16_t *out, int row_len, PutSum put_sum) {
     /* a tile past block 0 and before every row's diagonal (most of them): each key is its
      * score's order key, no block is forced and none lies past its row (mr[0] of lane 0 is the
      * warp's first row) */
@@ -1342,12 +1359,9 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const uint2 v = make_uint2(float_order_key(s[4 * nt + 2 * r]),
-                                           float_order_key(s[4 * nt + 2 * r + 1]));
-                *reinterpret_cast<uint2 *>(stage + (g + 8 * r) * BSR_STAGE_ROW + 8 * nt + 2 * t) =
-                    v;
-            }
+            for (int nt = 0; nt < 8; ++nt)
+                stage[(g + 8 * r) * BSR_STAGE_ROW + 4 * nt + t] =
+                    bsr_key16x2(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]);
     } else {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -1355,35 +1369,31 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
                 const int j = it * BSS_KEYS + 8 * nt + 2 * t;
-                uint2 v;
-                v.x = j <= m ? bs_rank_key(s[4 * nt + 2 * r], j, m) : 0u;
-                v.y = j + 1 <= m ? bs_rank_key(s[4 * nt + 2 * r + 1], j + 1, m) : 0u;
-                *reinterpret_cast<uint2 *>(stage + (g + 8 * r) * BSR_STAGE_ROW + 8 * nt + 2 * t) =
-                    v;
+                const uint32_t k0 = j <= m ? bs_rank_key(s[4 * nt + 2 * r], j, m) : 0u;
+                const uint32_t k1 = j + 1 <= m ? bs_rank_key(s[4 * nt + 2 * r + 1], j + 1, m) : 0u;
+                stage[(g + 8 * r) * BSR_STAGE_ROW + 4 * nt + t] = __byte_perm(k0, k1, 0x7632);
             }
         }
     }
     __syncwarp();
-    /* two rows a store: lanes 0-15 one, 16-31 the next; the lane's address and row bits worked
-     * out once (per store they had been a 64-bit product and sum, and a branch) */
-    const int half = lane >> 4, c = 4 * (lane & 15);
-    const unsigned sel_half = sel_rows >> half; /* bit 2 i: row 2 i + half */
-    const uint32_t *stage_half = stage + half * BSR_STAGE_ROW + c;
-    uint32_t *out_half = out + (int64_t)half * row_len + it * BSS_KEYS + c;
-    const int64_t out_step = 2 * (int64_t)row_len;
-    const bool lead = (lane & 3) == 0;
+    /* four rows a store: a quarter warp a row, eight keys a lane; the lane's address and row
+     * bits worked out once (per store they had been a 64-bit product and sum, and a branch) */
+    const int quarter = lane >> 3, c = 4 * (lane & 7);
+    const unsigned sel_quarter = sel_rows >> quarter; /* bit 4 i: row 4 i + quarter */
+    const uint32_t *stage_q = stage + quarter * BSR_STAGE_ROW + c;
+    uint16_t *out_q = out + (int64_t)quarter * row_len + it * BSS_KEYS + 2 * c;
+    const int64_t out_step = 4 * (int64_t)row_len;
+    const bool lead = (lane & 1) == 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint4 v = *reinterpret_cast<const uint4 *>(stage_half + 2 * i * BSR_STAGE_ROW);
-        const bool sel = (sel_half >> (2 * i)) & 1u;
-        st_global_v4_if(sel, out_half + i * out_step, v);
+    for (int i = 0; i < 4; ++i) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(stage_q + 4 * i * BSR_STAGE_ROW);
+        const bool sel = (sel_quarter >> (4 * i)) & 1u;
+        st_global_v4_if(sel, out_q + i * out_step, v);
         uint32_t top, second;
-        bsr_top2_of4(v.x, v.y, v.z, v.w, top, second);
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1)
-            bsr_top2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, o),
-                           __shfl_xor_sync(0xffffffffu, second, o));
-        put_sum(lead && sel, i, 2 * i + half, (lane & 15) >> 2, bsr_group_summary(top, second));
+        bsr_top2_16x2_of4({v.x, v.y, v.z, v.w}, top, second);
+        bsr_top2_16x2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, 1),
+                            __shfl_xor_sync(0xffffffffu, second, 1));
+        put_sum(lead && sel, i, 4 * i + quarter, (lane & 7) >> 1, bsr_summary_16x2(top, second));
     }
     __syncwarp(); /* the stage is written again by the next tile */
 }
@@ -1399,7 +1409,7 @@ struct bsr_score_place {
     /* the keys a row of the group takes (its rows lie that far apart) */
     __device__ __forceinline__ int row_len() const { return BSS_KEYS * (group + 1); }
     /* where the keys and the group summaries of the warp's first row go */
-    __device__ __forceinline__ uint32_t *keys_out(const bs_select_params &p, int warp) const {
+    __device__ __forceinline__ uint16_t *keys_out(const bs_select_params &p, int warp) const {
         return p.scores + (int64_t)z * p.score_pair_keys + bsr_group_base(group) +
                (int64_t)(16 * warp) * row_len();
     }
@@ -1457,7 +1467,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     unsigned sel_rows = 0; /* bit rr: the warp's row rr selects (its keys are written) */
     for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
     const int row_len = w.row_len();
-    uint32_t *out = w.keys_out(p, warp), *sums_out = w.sums_out(p);
+    uint16_t *out = w.keys_out(p, warp);
+    uint32_t *sums_out = w.sums_out(p);
     bss_walk_tiles<T, D>(kbuf, bss_keys_of<T, D>(p, b, h), range, nb, [&](int it, const T *tile) {
         if (!th.warp_sel) return;
         float acc[8][4];
@@ -1514,7 +1525,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     unsigned sel_rows = 0;
     for (int rr = 0; rr < 16; ++rr) sel_rows |= (unsigned)th.row_sel(rr) << rr;
     const int row_len = w.row_len();
-    uint32_t *out = w.keys_out(p, warp), *sums_out = w.sums_out(p);
+    uint16_t *out = w.keys_out(p, warp);
+    uint32_t *sums_out = w.sums_out(p);
     /* 64 rows of D values from src (rows from row0 on, zeros from nb on) into dst, swizzled */
     auto load_rows = [&](uint32_t dst, const T *src, int row0) {
 #pragma unroll
@@ -1546,9 +1558,9 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     issue(sa, 0);
     wgmma_wait<0>();
     fence_operands<32>(sa);
-    /* where the lane's summaries go: row (lane >> 4) + 2 i, group (lane & 15) >> 2 of a tile */
-    uint32_t *sums_lane = sums_out + (int64_t)(lane >> 4) * p.score_sum_stride + ((lane & 15) >> 2);
-    const int64_t sums_step = 2 * (int64_t)p.score_sum_stride;
+    /* where the lane's summaries go: row (lane >> 3) + 4 i, group (lane & 7) >> 1 of a tile */
+    uint32_t *sums_lane = sums_out + (int64_t)(lane >> 3) * p.score_sum_stride + ((lane & 7) >> 1);
+    const int64_t sums_step = 4 * (int64_t)p.score_sum_stride;
     auto write = [&](const float *cur, int it) {
         if (th.warp_sel)
             bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
@@ -1615,21 +1627,21 @@ __device__ void bsr_warp_emit(KeyFn key, BlockFn block, int n, int k, uint32_t l
     }
 }
 
-/* Appends this lane's entries e = 0 .. 3 whose keep[e] is set, in ascending order of
- * 4 * lane + e after the warp's `base` entries so far: put(at, e) for each, at its place.
+/* Appends this lane's entries e = 0 .. N - 1 whose keep[e] is set, in ascending order of
+ * N * lane + e after the warp's `base` entries so far: put(at, e) for each, at its place.
  * Returns base + the warp's count. Ballots only (no scan). */
-template <typename PutFn>
-__device__ __forceinline__ int bsr_warp_append4(const bool (&keep)[4], int base, PutFn put) {
-    unsigned bal[4];
+template <int N, typename PutFn>
+__device__ __forceinline__ int bsr_warp_append(const bool (&keep)[N], int base, PutFn put) {
+    unsigned bal[N];
     int at = base, total = base;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < N; ++e) {
         bal[e] = __ballot_sync(0xffffffffu, keep[e]);
         at += lanes_below(bal[e]);
         total += __popc(bal[e]);
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
+    for (int e = 0; e < N; ++e)
         if (keep[e]) put(at++, e);
     return total;
 }
@@ -1637,12 +1649,17 @@ __device__ __forceinline__ int bsr_warp_append4(const bool (&keep)[4], int base,
 __device__ __forceinline__ uint32_t bsr_lane_of(const uint4 &u, int e) {
     return e == 0 ? u.x : e == 1 ? u.y : e == 2 ? u.z : u.w;
 }
+/* Key e of the eight 16-bit keys in u, as the 32-bit key it ranks as (its upper half). */
+__device__ __forceinline__ uint32_t bsr_key_of(const uint4 &u, int e) {
+    const uint32_t w = bsr_lane_of(u, e >> 1);
+    return e & 1 ? w & 0xffff0000u : w << 16;
+}
 
 /* Grid (groups of BSR_WARPS row blocks longest first, pairs): a warp per row block, its top k
  * from its keys in memory, with no barrier. The k-th largest 16-bit value of the row's group
  * summaries (from bs_score_kernel) bounds the row's k-th key from below (bsr_summary_count).
  * Only the groups whose largest key reaches the bound can hold a key of the top k: the warp
- * lists them in order, reads them eight groups (a 16-byte read a lane) at a time, BSR_BATCH
+ * lists them in order, reads them 16 groups (a 16-byte read a lane) at a time, BSR_BATCH
  * reads in flight, and lists their keys at or above the bound, in ascending order;
  * bsr_warp_emit selects from those. Where more than BSR_WCAND groups or keys reach the bound
  * (short rows, many near scores), the k-th largest key listed is a higher bound and the warp
@@ -1669,7 +1686,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
     if (bs_row_trivial<32>(p, row, k, n, lane)) return;
     int32_t *off = p.block_offset + row * p.max_blocks;
-    const uint32_t *keys = p.scores + (int64_t)z * p.score_pair_keys + bsr_row_base(m);
+    const uint16_t *keys = p.scores + (int64_t)z * p.score_pair_keys + bsr_row_base(m);
     const uint32_t *sums = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
                            (int64_t)m * p.score_sum_stride;
     const uint4 *sv = reinterpret_cast<const uint4 *>(sums);
@@ -1747,35 +1764,35 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
             bool keep[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) keep[e] = i < ng4 && bsr_lane_of(u, e) >= group_bnd;
-            n_groups = bsr_warp_append4(keep, n_groups, [&](int at, int e) {
+            n_groups = bsr_warp_append(keep, n_groups, [&](int at, int e) {
                 if (at < BSR_WCAND) wg[at] = 4 * i + e;
             });
         }
         __syncwarp();
         const int listed = min(n_groups, BSR_WCAND);
         int n_cand = 0;
-        /* their keys, a quarter group (four keys) a lane */
-        for (int c0 = 0; c0 < listed && n_cand <= BSR_WCAND; c0 += 8 * BSR_BATCH) {
+        /* their keys, half a group (eight keys, 16 bytes) a lane */
+        for (int c0 = 0; c0 < listed && n_cand <= BSR_WCAND; c0 += 16 * BSR_BATCH) {
             uint4 u[BSR_BATCH];
             int gi[BSR_BATCH];
 #pragma unroll
             for (int r = 0; r < BSR_BATCH; ++r) {
-                const int c = c0 + 8 * r + (lane >> 2);
+                const int c = c0 + 16 * r + (lane >> 1);
                 gi[r] = c < listed ? wg[c] : -1;
                 u[r] =
-                    gi[r] >= 0 ? __ldcs(kv + 4 * gi[r] + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
+                    gi[r] >= 0 ? __ldcs(kv + 2 * gi[r] + (lane & 1)) : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
             for (int r = 0; r < BSR_BATCH; ++r) {
-                const int j = BSR_GROUP_KEYS * gi[r] + 4 * (lane & 3);
-                bool keep[4];
+                const int j = BSR_GROUP_KEYS * gi[r] + 8 * (lane & 1);
+                bool keep[8];
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    keep[e] = gi[r] >= 0 && j + e < n && bsr_lane_of(u[r], e) >= bnd;
-                n_cand = bsr_warp_append4(keep, n_cand, [&](int at, int e) {
+                for (int e = 0; e < 8; ++e)
+                    keep[e] = gi[r] >= 0 && j + e < n && bsr_key_of(u[r], e) >= bnd;
+                n_cand = bsr_warp_append(keep, n_cand, [&](int at, int e) {
                     if (at < BSR_WCAND) {
                         wc[at] = j + e;
-                        wk[at] = bsr_lane_of(u[r], e);
+                        wk[at] = bsr_key_of(u[r], e);
                     }
                 });
             }
@@ -1802,8 +1819,8 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
         bsr_warp_emit([&](int i) { return wk[i]; }, [&](int i) { return wc[i]; }, n_cand, k, bound,
                       hi, n_cand, kth_list, off);
     else
-        bsr_warp_emit([&](int j) { return keys[j]; }, [&](int j) { return j; }, n, k, bound, hi, -1,
-                      kth_list, off);
+        bsr_warp_emit([&](int j) { return (uint32_t)keys[j] << 16; }, [&](int j) { return j; }, n,
+                      k, bound, hi, -1, kth_list, off);
 }
 
 template <typename T, int D>
@@ -1870,23 +1887,24 @@ static bs_scratch_layout bs_scratch_of(int64_t batch, int64_t heads, int64_t hea
     l.split_count = l.split_maxima + align256b((size_t)split_rows * BSB_SLOTS * 2);
     l.split_cand = l.split_count + align256b((size_t)split_rows * BSS_SPLIT_MAX * 4);
     l.scores = l.split_cand + align256b((size_t)split_rows * BSS_SPLIT_MAX * BSS_MAX_K * 8);
-    l.score_sums = l.scores + align256b((size_t)score_pairs * bsr_pair_keys(R) * 4);
+    l.score_sums = l.scores + align256b((size_t)score_pairs * bsr_pair_keys(R) * 2);
     l.total = l.score_sums + align256b((size_t)score_pairs * bsr_pair_summaries(R) * 4);
     return l;
 }
 
 /* The estimate through scores in memory takes at most this much scratch for its keys, the
- * (b, h) pairs going through it in turn in chunks that fit (one pair at 1M: 539 MB). */
+ * (b, h) pairs going through it in turn in chunks that fit (one pair at 1M: 336 MB, 269 of them
+ * its keys). */
 constexpr size_t BSR_SCORE_BYTES = (size_t)1 << 30;
 
 /* A (b, h) pair's keys and group summaries. */
 static size_t bsr_pair_bytes(int64_t R) {
-    return (size_t)(bsr_pair_keys(R) + bsr_pair_summaries(R)) * 4;
+    return (size_t)bsr_pair_keys(R) * 2 + (size_t)bsr_pair_summaries(R) * 4;
 }
 
 /* Whether the estimate goes through scores in memory at this length (every head, however
- * many): from BSR_AUTO_MIN_ROW_BLOCKS on, where a pair's keys fit BSR_SCORE_BYTES (1M fits;
- * longer sequences take the streaming kernel). H200, top 100, ms for all heads, pooling
+ * many): from BSR_AUTO_MIN_ROW_BLOCKS on, where a pair's keys fit BSR_SCORE_BYTES (up to about
+ * 1.8M; longer sequences take the streaming kernel). H200, top 100, ms for all heads, pooling
  * included, scores in memory against streaming, random / position-coded inputs: one head
  * 0.101 / 0.108 against 0.190 / 0.192 at 128K, 0.285 / 0.294 against 0.470 / 0.434 at 512K,
  * 0.685 / 0.703 against 0.850 / 0.967 at 1M; four heads 0.187 / 0.205 against 0.248 / 0.265
@@ -2053,9 +2071,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     if (const char *e = getenv("MI_CUDA_BS_POOL_VEC"))
         if (e[0] == '0') pool_vec = false;
     /* q and k in one launch of each kernel: the 16-byte one where every row starts 16-byte
-     * aligned (MI_CUDA_BS_POOL_VEC=0: never, for tests), the one-value one for the others.
-     * At 1M x 1 head the 16-byte pooling of both took 0.128 ms against 0.134 in two launches,
-     * at 128K 0.021 against 0.029 (bench/results/2026-12-01-gpu-bs-estimate-pool-launch.json) */
+     * aligned (MI_CUDA_BS_POOL_VEC=0: never, for tests), the one-value one for the others */
     pool_params by_kernel[2]; /* [0] 16-byte loads, [1] one value a thread */
     int n_of[2] = {0, 0};
     for (int pass = 0; pass < 2; ++pass) {
@@ -2133,7 +2149,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.split_maxima = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) + lay.split_maxima);
     sp.split_count = reinterpret_cast<int32_t *>(static_cast<char *>(scratch) + lay.split_count);
     sp.split_cand = reinterpret_cast<uint64_t *>(static_cast<char *>(scratch) + lay.split_cand);
-    sp.scores = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.scores);
+    sp.scores = reinterpret_cast<uint16_t *>(static_cast<char *>(scratch) + lay.scores);
     sp.score_pair_keys = bsr_pair_keys(R);
     sp.score_sums = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_sums);
     sp.score_sum_stride = (int32_t)bsr_summary_stride(R);

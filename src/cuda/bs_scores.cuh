@@ -4,12 +4,13 @@
  * on the host and the device alike, so that the host test (tests/cuda/test_bs_scores.cu) checks
  * the code the kernels run.
  *
- * A (b, h) pair's scores are the order keys of the pooled scores of the causal triangle, by row
- * groups of 64 row blocks: group g holds [64][64 (g + 1)] keys, so row block m's keys for blocks
- * 0 .. m start 16-byte aligned, the rows of a group follow each other, and the keys of the
- * diagonal tile past m are zeros (below every real key). Each row also has a summary of each
- * of its groups of BSR_GROUP_KEYS adjacent keys, BSR_GROUPS a tile, score_sum_stride apart: the
- * upper 16 bits of the group's largest and second largest keys (bsr_group_summary).
+ * A (b, h) pair's scores are the 16-bit order keys of the pooled scores of the causal triangle
+ * (the upper half of each score's 32-bit order key: the estimate ranks scores at bf16
+ * precision), by row groups of 64 row blocks: group g holds [64][64 (g + 1)] keys, so row block
+ * m's keys for blocks 0 .. m start 16-byte aligned, the rows of a group follow each other, and
+ * the keys of the diagonal tile past m are zeros (below every real key). Each row also has a
+ * summary of each of its groups of BSR_GROUP_KEYS adjacent keys, BSR_GROUPS a tile,
+ * score_sum_stride apart: the group's largest and second largest keys (bsr_group_summary).
  */
 #ifndef MI_BS_SCORES_CUH
 #define MI_BS_SCORES_CUH
@@ -69,30 +70,51 @@ __host__ __device__ inline uint32_t bsr_kth_largest(CountFn count_ge, int k, uin
     return x;
 }
 
-/* The two largest (top >= second) of keys seen so far, of four keys, and of two such pairs. */
-__host__ __device__ inline void bsr_top2_add(uint32_t &top, uint32_t &second, uint32_t x) {
-    second = x > top ? top : (x > second ? x : second);
-    top = x > top ? x : top;
-}
-__host__ __device__ inline void bsr_top2_of4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
-                                             uint32_t &top, uint32_t &second) {
-    top = a > b ? a : b;
-    second = a > b ? b : a;
-    bsr_top2_add(top, second, c);
-    bsr_top2_add(top, second, d);
-}
-__host__ __device__ inline void bsr_top2_merge(uint32_t &top, uint32_t &second, uint32_t top2,
-                                               uint32_t second2) {
-    const uint32_t lo_top = top < top2 ? top : top2,
-                   hi_second = second > second2 ? second : second2;
-    second = lo_top > hi_second ? lo_top : hi_second;
-    top = top > top2 ? top : top2;
-}
-
 /* A group's summary: the upper 16 bits of its largest key, then those of its second largest.
  * Its largest key reaches x16 << 16 exactly where the summary does. */
 __host__ __device__ constexpr uint32_t bsr_group_summary(uint32_t top, uint32_t second) {
     return (top & 0xffff0000u) | (second >> 16);
+}
+
+/* Two 16-bit keys a word (the first in the low half), as the score kernels hold them: the
+ * larger and the smaller of each half of a and b (one instruction each on sm_90). */
+__host__ __device__ inline uint32_t bsr_max16x2(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+    return __vmaxu2(a, b);
+#else
+    const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+    return ((a >> 16) > (b >> 16) ? a & 0xffff0000u : b & 0xffff0000u) | lo;
+#endif
+}
+__host__ __device__ inline uint32_t bsr_min16x2(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+    return __vminu2(a, b);
+#else
+    const uint32_t lo = (a & 0xffffu) < (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+    return ((a >> 16) < (b >> 16) ? a & 0xffff0000u : b & 0xffff0000u) | lo;
+#endif
+}
+/* The two largest of each half over the four words w (top >= second in each half), and two such
+ * pairs merged. */
+__host__ __device__ inline void bsr_top2_16x2_of4(const uint32_t (&w)[4], uint32_t &top,
+                                                  uint32_t &second) {
+    top = bsr_max16x2(w[0], w[1]);
+    second = bsr_min16x2(w[0], w[1]);
+    for (int i = 2; i < 4; ++i) {
+        second = bsr_max16x2(second, bsr_min16x2(top, w[i]));
+        top = bsr_max16x2(top, w[i]);
+    }
+}
+__host__ __device__ inline void bsr_top2_16x2_merge(uint32_t &top, uint32_t &second, uint32_t top2,
+                                                    uint32_t second2) {
+    second = bsr_max16x2(bsr_min16x2(top, top2), bsr_max16x2(second, second2));
+    top = bsr_max16x2(top, top2);
+}
+/* The summary (bsr_group_summary) of a group whose halves' two largest are top and second: the
+ * halves merged into each other (swapped by a byte permutation). */
+__host__ __device__ inline uint32_t bsr_summary_16x2(uint32_t top, uint32_t second) {
+    bsr_top2_16x2_merge(top, second, top >> 16 | top << 16, second >> 16 | second << 16);
+    return (top & 0xffff0000u) | (second & 0xffffu);
 }
 /* How many of a summary's two keys reach x16 << 16 (0 < x16 < 2^16). The k-th largest x16 over
  * a row's summaries is reached by k distinct keys, so x16 << 16 bounds the row's k-th key from

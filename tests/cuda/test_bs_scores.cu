@@ -5,8 +5,9 @@
  * holds its m + 1 keys rounded up to 16 bytes, inside its group's tile width; a row's group
  * summaries fit its stride and the pair's; the k-th largest equals the one a sort gives, on random
  * keys of every spread (many equal ones, the extremes 0 and ~0), for every k and for bounds lo
- * anywhere at or below it. The group summaries: four partial top-two pairs merged as the score
- * kernel's lanes merge them give a group's two largest keys; the summaries' bound equals the
+ * anywhere at or below it. The group summaries of 16-bit keys: two lanes' top-two pairs of each
+ * half word merged as the score kernels merge them give a group's two largest keys (16x2 max and
+ * min run on the host as plain code); the summaries' bound equals the
  * k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least k keys of
  * the row reach it, on rows of every length and spread with zeros past their end. The k-th
  * largest in two phases (bsr_kth_largest_listed) is the same for every size of its list, which
@@ -30,8 +31,8 @@ static void test_layout(int64_t R) {
     for (int64_t m = 0; m < rows; ++m) {
         const int64_t width = BSR_TILE_KEYS * (m / BSR_ROWS + 1), base = bsr_row_base(m);
         const long long mm = m;
-        EXPECT(base % 4 == 0, "R %lld m %lld: 16-byte aligned", r, mm);
-        EXPECT((m + 1 + 3) / 4 * 4 <= width, "R %lld m %lld: the keys fit", r, mm);
+        EXPECT(base % 8 == 0, "R %lld m %lld: 16-byte aligned", r, mm);
+        EXPECT((m + 1 + 7) / 8 * 8 <= width, "R %lld m %lld: the keys fit", r, mm);
         const int64_t next = m + 1 < rows ? bsr_row_base(m + 1) : bsr_pair_keys(R);
         EXPECT(next == base + width, "R %lld m %lld: rows follow each other", r, mm);
         EXPECT(BSR_GROUPS * (m / BSR_ROWS + 1) <= bsr_summary_stride(R), "R %lld m %lld", r, mm);
@@ -87,36 +88,35 @@ static void test_kth(std::mt19937 &rng, int n, uint32_t spread) {
     }
 }
 
-/* The score kernel's summary of 16 keys: four lanes' two largest of four, merged with the lanes
- * one and then two apart (every lane ends with the same pair). */
+/* The score kernels' summary of 16 16-bit keys: two lanes' two largest of each half of four
+ * words (two keys a word, the first in the low half), merged with the other lane's, then the
+ * halves merged (both lanes end with the same summary). */
 static uint32_t summary_of(const uint32_t *g) {
-    uint32_t top[4], second[4];
-    for (int l = 0; l < 4; ++l) {
-        const uint32_t *v = g + 4 * l;
-        bsr_top2_of4(v[0], v[1], v[2], v[3], top[l], second[l]);
+    uint32_t top[2], second[2];
+    for (int l = 0; l < 2; ++l) {
+        uint32_t w[4];
+        for (int i = 0; i < 4; ++i) w[i] = g[8 * l + 2 * i] | g[8 * l + 2 * i + 1] << 16;
+        bsr_top2_16x2_of4(w, top[l], second[l]);
     }
-    for (int o = 1; o <= 2; o <<= 1) {
-        uint32_t t[4], s[4];
-        for (int l = 0; l < 4; ++l) {
-            t[l] = top[l];
-            s[l] = second[l];
-            bsr_top2_merge(t[l], s[l], top[l ^ o], second[l ^ o]);
-        }
-        for (int l = 0; l < 4; ++l) {
-            top[l] = t[l];
-            second[l] = s[l];
-        }
+    uint32_t sum[2];
+    for (int l = 0; l < 2; ++l) {
+        uint32_t t = top[l], s = second[l];
+        bsr_top2_16x2_merge(t, s, top[l ^ 1], second[l ^ 1]);
+        sum[l] = bsr_summary_16x2(t, s);
     }
-    for (int l = 1; l < 4; ++l) EXPECT(top[l] == top[0] && second[l] == second[0], "lanes agree");
-    return bsr_group_summary(top[0], second[0]);
+    EXPECT(sum[1] == sum[0], "lanes agree");
+    return sum[0];
 }
 
+/* A row of n 16-bit keys (zeros past its end) in groups: each group's summary is its two
+ * largest; the summaries' bound is the k-th largest nonzero value of those, and reached by at
+ * least k keys. */
 static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
     const int groups = (n + BSR_GROUP_KEYS - 1) / BSR_GROUP_KEYS + (int)(rng() % 2);
     std::vector<uint32_t> keys(groups * BSR_GROUP_KEYS, 0u); /* zeros past the row's end */
     for (int j = 0; j < n; ++j) {
         const uint32_t pick = rng() % 16;
-        keys[j] = pick == 0 ? ~0u : 0x80000000u + (uint32_t)(rng() % spread);
+        keys[j] = pick == 0 ? 0xffffu : pick == 1 ? 1u : 0x8000u + (uint32_t)(rng() % spread);
     }
     std::vector<uint32_t> sums(groups), halves;
     for (int gi = 0; gi < groups; ++gi) {
@@ -124,9 +124,10 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
                                 keys.begin() + (gi + 1) * BSR_GROUP_KEYS);
         sums[gi] = summary_of(g.data());
         std::sort(g.begin(), g.end(), std::greater<uint32_t>());
-        EXPECT(sums[gi] == bsr_group_summary(g[0], g[1]), "n %d group %d: the two largest", n, gi);
+        EXPECT(sums[gi] == bsr_group_summary(g[0] << 16, g[1] << 16),
+               "n %d group %d: the two largest", n, gi);
         for (int i = 0; i < 2; ++i)
-            if (g[i] >> 16) halves.push_back(g[i] >> 16);
+            if (g[i]) halves.push_back(g[i]);
     }
     std::sort(halves.begin(), halves.end(), std::greater<uint32_t>());
     uint32_t lo16 = 0xffffu, hi16 = 0u;
@@ -142,15 +143,15 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
         const uint32_t x16 = bsr_summary_bound(count_ge, k, lo16, hi16);
         const uint32_t want = k <= (int)halves.size() ? halves[k - 1] : 0u;
         EXPECT(x16 == want, "n %d spread %u k %d: %04x, want %04x", n, spread, k, x16, want);
-        EXPECT((x16 << 16) <= sorted[k - 1], "n %d spread %u k %d: %04x bounds %08x", n, spread, k,
-               x16, sorted[k - 1]);
+        EXPECT(x16 <= sorted[k - 1], "n %d spread %u k %d: %04x bounds %04x", n, spread, k, x16,
+               sorted[k - 1]);
     }
 }
 
 int main() {
     const int64_t lengths[] = {1, 2, 63, 64, 65, 127, 128, 129, 1000, 2048, 4097, 16384};
     for (int64_t R : lengths) test_layout(R);
-    EXPECT(bsr_pair_keys(16384) * 4 == 538968064, "1M: 539 MB of keys");
+    EXPECT(bsr_pair_keys(16384) * 2 == 269484032, "1M: 269 MB of keys");
     std::mt19937 rng(20261130);
     const int sizes[] = {1, 2, 3, 31, 32, 33, 100, 257, 1024, 2000};
     const uint32_t spreads[] = {1, 2, 7, 1000, 1u << 20, 0x7fffffffu};
@@ -158,7 +159,7 @@ int main() {
         for (uint32_t s : spreads)
             for (int rep = 0; rep < 3; ++rep) test_kth(rng, n, s);
     const int rows[] = {1, 2, 15, 16, 17, 100, 257, 1000, 2048, 4000};
-    const uint32_t key_spreads[] = {1, 3, 1u << 16, 1u << 17, 1u << 24, 0x7fffffffu};
+    const uint32_t key_spreads[] = {1, 3, 100, 0x1000, 0x7fffu};
     for (int n : rows)
         for (uint32_t s : key_spreads)
             for (int rep = 0; rep < 3; ++rep) test_summaries(rng, n, s);

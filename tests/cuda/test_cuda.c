@@ -949,12 +949,81 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     pair_free(&v);
 }
 
+/* Rounds q and k to whole numbers past their planted dimensions 0 and 1 (whose values are
+ * whole or halves already). The block-sparse estimate ranks pooled scores at bf16 precision; a
+ * CPU and a GPU sum of one score that straddle a 16-bit boundary pick different blocks. With
+ * whole numbers a full block's pooled values are multiples of 1/64 that bf16 holds exactly, and
+ * their scores are exact fp32 sums on both sides. */
+static void round_qk(inputs *in) {
+    pair *t[2] = {&in->q, &in->k};
+    for (int i = 0; i < 2; i++) {
+        const mi_tensor *x = &t[i]->h;
+        for (int64_t b = 0; b < x->shape[0]; b++)
+            for (int64_t h = 0; h < x->shape[1]; h++)
+                for (int64_t l = 0; l < x->shape[2]; l++)
+                    for (int64_t d = 2; d < x->shape[3]; d++)
+                        set_f(&t[i]->h, b, h, l, d, rintf(get_f(x, b, h, l, d)));
+        upload(t[i]);
+    }
+}
+
+/* The block-sparse estimate on structured whole-number inputs (round_qk), whose full blocks'
+ * pooled scores are exact fp32 sums on the CPU and the GPU alike: the same index, bit for bit,
+ * exact ties included (lower block first). The first rows that differ are printed. */
+static void test_block_sparse_exact(const shape *s, int32_t topk) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in);
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
+    int32_t *tk = malloc(H * sizeof(int32_t));
+    for (int32_t h = 0; h < H; h++) tk[h] = topk + h % 3;
+    const int32_t mb = topk + 2 < R ? topk + 2 : R;
+    sp_pair si;
+    sp_alloc(&si, B, H, R, mb, 1);
+    MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &in.q.h, &in.k.h, in.lens, tk, &si.h));
+    MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &in.q.d, &in.k.d, in.lens, tk, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    const int64_t idiff = sp_diff(&si);
+    snprintf(name, sizeof name, "block_sparse_estimate exact (top %d) [%s] differing %lld / %lld",
+             topk, shape_str(s, sh, sizeof sh), (long long)idiff, (long long)B * H * R);
+    check(idiff == 0, "index differs", name);
+    if (idiff) {
+        int32_t *g = malloc(si.bytes);
+        CUDA_OK(cudaMemcpy(g, si.db, si.bytes, cudaMemcpyDeviceToHost));
+        mi_sparse_index gi;
+        MI_OK(g_cpu, mi_sparse_index_init(&gi, B, H, R, mb, 1, g, si.bytes));
+        int shown = 0;
+        for (int64_t i = 0; i < (int64_t)B * H * R && shown < 6; i++) {
+            const int32_t n = si.h.block_count[i];
+            int d = gi.block_count[i] != n;
+            for (int32_t j = 0; !d && j < n; j++)
+                d = gi.block_offset[i * mb + j] != si.h.block_offset[i * mb + j];
+            if (!d) continue;
+            printf("    b %lld h %lld m %lld: cpu", (long long)(i / R / H), (long long)(i / R % H),
+                   (long long)(i % R));
+            for (int32_t j = 0; j < n; j++) printf(" %d", si.h.block_offset[i * mb + j] / 64);
+            printf(" | gpu");
+            for (int32_t j = 0; j < gi.block_count[i]; j++)
+                printf(" %d", gi.block_offset[i * mb + j] / 64);
+            printf("\n");
+            shown++;
+        }
+        free(g);
+    }
+    sp_free(&si);
+    free(tk);
+    inputs_free(&in);
+}
+
 /* A whole layer with one pattern per head. `wide` budgets cover every key (estimation cannot
- * differ), otherwise structured inputs keep the estimate away from near-ties. */
+ * differ), otherwise structured inputs with whole-number q and k (round_qk) keep the estimate
+ * away from near-ties. */
 static void test_prefill(const shape *s, int wide, int use_workspace) {
     char name[200], sh[128];
     inputs in;
     inputs_make(&in, s, !wide);
+    if (!wide) round_qk(&in);
     const int64_t H = s->H;
     mi_head_pattern *pat = malloc(H * sizeof(mi_head_pattern));
     for (int64_t h = 0; h < H; h++) {
@@ -1101,6 +1170,8 @@ int main(int argc, char **argv) {
             shape sp = {2, 10, 2, L, 128, dts[di], di, {(int32_t)L, l2}};
             test_prefill(&sp, 1, 0);
             test_prefill(&sp, 0, 1);
+            test_block_sparse_exact(&sp, 4);
+            test_block_sparse_exact(&s1, 20);
             /* full lengths: the sparse heads of the mixed launch may take the warp-specialised
              * sparse kernel, the others the ring kernel */
             shape sf = {1, 10, 2, L, 128, dts[di], di, {0, 0}};
