@@ -10,7 +10,9 @@
  *    precision (a pick and a block left out may share their cut score);
  *  - a planted key block is found by every later row block;
  *  - attention on the index equals the float64 reference under the expanded mask; top_k >= R
- *    is dense.
+ *    is dense;
+ *  - for 16-bit inputs, two blocks whose scores are equal once cut to bf16 precision rank by
+ *    position, lower block first, even where the uncut scores say otherwise (run_cut_ties).
  */
 #include "test_qkvo.h"
 
@@ -145,6 +147,43 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
     qkvo_free(&t);
 }
 
+/* The bf16-precision rank of 16-bit inputs, decided: q = (1, 1, 0 ..), and key blocks whose
+ * pooled scores k0 + k1 differ below bf16 precision. Block 5 scores 0.96975 (0.96875 cut), blocks
+ * 7 and 9 0.96313 and 0.96460 (both 0.9609375 cut), every other block 0.1. Row block 10 keeps
+ * blocks 0 and 10 (forced) and 5 with top 3; with top 4 also 7, the lower of the two that tie once
+ * cut, where the fp32 rank would keep 9. */
+static void run_cut_ties(mi_context *ctx, mi_dtype dt) {
+    const int64_t L = 11 * 64, D = 64, R = 11;
+    tbuf q = tb_new(dt, false, 1, 1, L, D), k = tb_new(dt, false, 1, 1, L, D);
+    for (int64_t l = 0; l < L; l++) {
+        tb_set(&q, 0, 0, l, 0, 1.0);
+        tb_set(&q, 0, 0, l, 1, 1.0);
+        const int64_t n = l / 64;
+        const double k0 = n == 7 || n == 9 ? 0.9609375 : n == 5 ? 0.96875 : 0.1;
+        const double k1 = n == 7 ? 0.002197265625 : n == 9 ? 0.003662109375 : n == 5 ? 0.001 : 0.0;
+        tb_set(&k, 0, 0, l, 0, k0);
+        tb_set(&k, 0, 0, l, 1, k1);
+    }
+    for (int32_t top = 3; top <= 4; top++) {
+        const size_t bytes = mi_sparse_index_bytes(1, 1, (int32_t)R, 4, 1);
+        void *buf = calloc(1, bytes);
+        mi_sparse_index si;
+        CHECK_OK(mi_sparse_index_init(&si, 1, 1, (int32_t)R, 4, 1, buf, bytes));
+        CHECK_OK(mi_block_sparse_estimate(ctx, &q.t, &k.t, NULL, &top, &si));
+        const int32_t want3[3] = {0, 5, 10}, want4[4] = {0, 5, 7, 10};
+        const int32_t *want = top == 3 ? want3 : want4;
+        CHECK(si.block_count[10] == top, "%s top %d: row 10 keeps %d blocks", mi_dtype_name(dt),
+              top, si.block_count[10]);
+        for (int32_t j = 0; j < top && j < si.block_count[10]; j++)
+            CHECK(si.block_offset[10 * 4 + j] == 64 * want[j],
+                  "%s top %d: pick %d is block %d, not %d", mi_dtype_name(dt), top, j,
+                  si.block_offset[10 * 4 + j] / 64, want[j]);
+        free(buf);
+    }
+    tb_free(&q);
+    tb_free(&k);
+}
+
 int main(int argc, char **argv) {
     g_seed = test_seed(argc, argv, 2024);
     rng r = {g_seed};
@@ -166,6 +205,8 @@ int main(int argc, char **argv) {
     run_case(ctx, MI_DTYPE_F32, false, 1, 4, 1, 300, 64, NULL, full, -1, &r);
     const int32_t tk1[1] = {20};
     run_case(ctx, MI_DTYPE_F32, false, 1, 1, 1, 4099, 128, NULL, tk1, 17, &r);
+    run_cut_ties(ctx, MI_DTYPE_BF16);
+    run_cut_ties(ctx, MI_DTYPE_F16);
     mi_context_destroy(ctx);
     return test_finish("test_cpu_block_sparse");
 }

@@ -967,6 +967,18 @@ static void round_qk(inputs *in) {
     }
 }
 
+/* A pooled 64-row block of (b, h) at d, as the estimate pools it: summed in row order, times the
+ * reciprocal of its rows, rounded to the dtype. */
+static float pooled_at(const mi_tensor *t, int64_t b, int64_t h, int64_t blk, int64_t len,
+                       int64_t d) {
+    const int64_t r0 = blk * 64, r1 = r0 + 64 < len ? r0 + 64 : len;
+    float sum = 0.f;
+    for (int64_t r = r0; r < r1; r++) sum += get_f(t, b, h, r, d);
+    const float mean = sum * (1.0f / (float)(r1 - r0));
+    return t->dtype == MI_DTYPE_BF16 ? mi_bf16_to_f32(mi_f32_to_bf16(mean))
+                                     : mi_f16_to_f32(mi_f32_to_f16(mean));
+}
+
 /* The block-sparse estimate on structured whole-number inputs (round_qk), whose full blocks'
  * pooled scores are exact fp32 sums on the CPU and the GPU alike: the same index, bit for bit,
  * exact ties included (lower block first). The first rows that differ are printed. */
@@ -994,7 +1006,7 @@ static void test_block_sparse_exact(const shape *s, int32_t topk) {
         mi_sparse_index gi;
         MI_OK(g_cpu, mi_sparse_index_init(&gi, B, H, R, mb, 1, g, si.bytes));
         int shown = 0;
-        for (int64_t i = 0; i < (int64_t)B * H * R && shown < 6; i++) {
+        for (int64_t i = 0; i < (int64_t)B * H * R && shown < 3; i++) {
             const int32_t n = si.h.block_count[i];
             int d = gi.block_count[i] != n;
             for (int32_t j = 0; !d && j < n; j++)
@@ -1007,6 +1019,23 @@ static void test_block_sparse_exact(const shape *s, int32_t topk) {
             for (int32_t j = 0; j < gi.block_count[i]; j++)
                 printf(" %d", gi.block_offset[i * mb + j] / 64);
             printf("\n");
+            /* the pooled scores of both sets' blocks, in double, and their 16-bit cut */
+            const int64_t b = i / R / H, h = i / R % H, m = i % R;
+            const int64_t len = in.lens ? in.lens[b] : s->L;
+            for (int side = 0; side < 2; side++)
+                for (int32_t j = 0; j < (side ? gi.block_count[i] : n); j++) {
+                    const int64_t blk =
+                        (side ? gi.block_offset : si.h.block_offset)[i * mb + j] / 64;
+                    double sc = 0.0;
+                    for (int64_t d = 0; d < s->D; d++)
+                        sc += (double)pooled_at(&in.q.h, b, h, m, len, d) *
+                              (double)pooled_at(&in.k.h, b, h / (s->H / s->Hk), blk, len, d);
+                    const float f = (float)sc;
+                    uint32_t u;
+                    memcpy(&u, &f, 4);
+                    printf("      %s block %lld score %.10g bits %08x\n", side ? "gpu" : "cpu",
+                           (long long)blk, sc, u);
+                }
             shown++;
         }
         free(g);
