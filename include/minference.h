@@ -296,9 +296,12 @@ mi_status mi_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
                             const mi_vs_index *vs, mi_sparse_index *index);
 
 /* Block-sparse estimation (spec §3.4): 64-row mean pooling of q and k (partial blocks pooled over
- * their real rows), block-causal top-k per row block; the diagonal block and block 0 are always
- * kept. top_k: [H_q] blocks per row block (clamped to the causal blocks). Writes offsets
- * ascending, column_count = 0. index->max_blocks >= max top_k. */
+ * their real rows, rounded to the input dtype), block-causal top-k per row block; the diagonal
+ * block and block 0 are always kept. For bf16 / fp16 inputs the pooled scores rank at bf16
+ * precision (the upper 16 bits of each fp32 score), blocks whose scores are equal there by
+ * position, lower block first; fp32 inputs rank at fp32. top_k: [H_q] blocks per row block
+ * (clamped to the causal blocks). Writes offsets ascending, column_count = 0.
+ * index->max_blocks >= max top_k. */
 mi_status mi_block_sparse_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
                                    const int32_t *seq_lens, const int32_t *top_k,
                                    mi_sparse_index *index);

@@ -1,11 +1,14 @@
 /*
  * bs_estimate.cu: block-sparse estimation (spec §3.4 with the library's fixes): 64-row mean
  * pooling of q and k over the real rows only, rounded to the input dtype; pooled scores
- * qp[m].kp[n] for n <= m, the diagonal block and block 0 forced, per-row-block top-k written as
- * ascending offsets 64*n into the common mi_sparse_index form (column_count = 0).
+ * qp[m].kp[n] for n <= m, ranked at bf16 precision (bs_score_key: the upper 16 bits of each
+ * score's order key, equal ones by position, lower block first, as the CPU reference), the
+ * diagonal block and block 0 forced, per-row-block top-k written as ascending offsets 64*n into
+ * the common mi_sparse_index form (column_count = 0).
  *
  * Three ways to select, chosen per call and head:
- * - sequences of 128K and longer (up to the 1 GiB of keys a pair, 1M): through scores in memory
+ * - sequences of 128K and longer (up to 1 GiB of keys and summaries a pair, 1M): through scores in
+ *   memory, 16 bits a key
  *   (bs_score_wg_kernel on Hopper, else bs_score_kernel; bs_row_select_kernel; bsr_scores_on);
  * - bs_stream_kernel (top k <= 192): 64 row blocks per CTA, tensor-core scores against pooled key
  *   tiles streamed from the diagonal down, a running top k per row block in shared memory; long
@@ -157,6 +160,17 @@
  *      arithmetic bound it. Two calls on two streams at once took 6 % less than in turn at 1M,
  *      so the scores and select of one call were not split over streams either.
  *      (2026-12-01-gpu-bs-estimate-floors.json, -half-maxima.json, -two-streams.json)
+ *  20. (a) of version 19 kept: every path ranks a pooled score by the upper 16 bits of its order
+ *      key, equal ones by position (lower block first), as the original ranks its bf16 or fp16
+ *      product; the scores in memory keep those 16 bits (a quarter warp a row, eight keys a
+ *      lane). The failures that had stopped it were the CPU reference's: its cut, guarded by
+ *      `x != x`, was compiled by gcc 12 -O2 into a loop that left some scores whole, so the CPU
+ *      ranked those at fp32 while every GPU path cut them. With the cut done on the bits, a GPU
+ *      test of the estimate on exact whole-number inputs gives the CPU's index bit for bit, and
+ *      the structured prefill tests pass. Kernels at 1M x 1: pooling 0.130, wgmma scores 0.212
+ *      -> 0.140, select 0.150 / 0.155; estimate per call 0.441 / 0.445 ms, 4.2 / 4.9 % of the
+ *      block-sparse total (512K 4.4 / 4.6 %, 128K x 32 heads 2.5 / 2.6 %).
+ *      (2026-12-01-gpu-bs-estimate-bf16-rank.json, 2026-12-01-gpu-attention-v35-patterns.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
  *   2026-11-30-gpu-bs-estimate-split.json, 2026-11-30-gpu-bs-estimate-mask-append.json,
