@@ -188,7 +188,8 @@ def vs_build_index(length, index, seq_lens=None, ctx=None):
 
 def block_sparse_estimate(q, k, top_k, seq_lens=None, ctx=None):
     """Block-sparse estimation (spec §3.4): 64-row mean pooling, block-causal top-k per row block
-    (the diagonal block and block 0 always kept). top_k: one value or one per query head."""
+    (the diagonal block and block 0 always kept). bf16 / fp16 inputs rank the pooled scores at bf16
+    precision, equal ones lower block first. top_k: one value or one per query head."""
     (dq, dk), c = _operands(q, k, None, ctx, ("q", "k"))
     B, H, Lq = (int(dq.desc.shape[i]) for i in range(3))
     R = (Lq + L.MI_BLOCK_SIZE - 1) // L.MI_BLOCK_SIZE
