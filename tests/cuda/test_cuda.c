@@ -724,10 +724,90 @@ static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) 
     sp_free(&si);
 }
 
-static void test_block_sparse(const shape *s, int32_t topk) {
+/* Rounds q and k to whole numbers past their planted dimensions 0 and 1 (whose values are
+ * whole or halves already). The block-sparse estimate ranks pooled scores at bf16 precision; a
+ * CPU and a GPU sum of one score that straddle a 16-bit boundary pick different blocks. With
+ * whole numbers a full block's pooled values are multiples of 1/64 that bf16 holds exactly, and
+ * their scores are exact fp32 sums on both sides. */
+static void round_qk(inputs *in) {
+    pair *t[2] = {&in->q, &in->k};
+    for (int i = 0; i < 2; i++) {
+        const mi_tensor *x = &t[i]->h;
+        for (int64_t b = 0; b < x->shape[0]; b++)
+            for (int64_t h = 0; h < x->shape[1]; h++)
+                for (int64_t l = 0; l < x->shape[2]; l++)
+                    for (int64_t d = 2; d < x->shape[3]; d++)
+                        set_f(&t[i]->h, b, h, l, d, rintf(get_f(x, b, h, l, d)));
+        upload(t[i]);
+    }
+}
+
+/* A pooled 64-row block of (b, h) at d, as the estimate pools it: summed in row order, times the
+ * reciprocal of its rows, rounded to the dtype. */
+static float pooled_at(const mi_tensor *t, int64_t b, int64_t h, int64_t blk, int64_t len,
+                       int64_t d) {
+    const int64_t r0 = blk * 64, r1 = r0 + 64 < len ? r0 + 64 : len;
+    float sum = 0.f;
+    for (int64_t r = r0; r < r1; r++) sum += get_f(t, b, h, r, d);
+    const float mean = sum * (1.0f / (float)(r1 - r0));
+    return t->dtype == MI_DTYPE_BF16 ? mi_bf16_to_f32(mi_f32_to_bf16(mean))
+                                     : mi_f16_to_f32(mi_f32_to_f16(mean));
+}
+
+/* Prints the first rows where the device index differs from the host one, with both sets'
+ * pooled scores recomputed in double (and their bits as floats). */
+static void bs_show_diff(const inputs *in, const shape *s, const sp_pair *sp, int32_t R,
+                         int32_t mb) {
+    const int32_t B = (int32_t)s->B, H = (int32_t)s->H;
+    int32_t *g = malloc(sp->bytes);
+    CUDA_OK(cudaMemcpy(g, sp->db, sp->bytes, cudaMemcpyDeviceToHost));
+    mi_sparse_index gi;
+    MI_OK(g_cpu, mi_sparse_index_init(&gi, B, H, R, mb, 1, g, sp->bytes));
+    int shown = 0;
+    for (int64_t i = 0; i < (int64_t)B * H * R && shown < 3; i++) {
+        const int32_t n = sp->h.block_count[i];
+        int differs = gi.block_count[i] != n;
+        for (int32_t j = 0; !differs && j < n; j++)
+            differs = gi.block_offset[i * mb + j] != sp->h.block_offset[i * mb + j];
+        if (!differs) continue;
+        printf("    b %lld h %lld m %lld: cpu", (long long)(i / R / H), (long long)(i / R % H),
+               (long long)(i % R));
+        for (int32_t j = 0; j < n; j++) printf(" %d", sp->h.block_offset[i * mb + j] / 64);
+        printf(" | gpu");
+        for (int32_t j = 0; j < gi.block_count[i]; j++)
+            printf(" %d", gi.block_offset[i * mb + j] / 64);
+        printf("\n");
+        /* the pooled scores of both sets' blocks, in double, and their bits as floats */
+        const int64_t b = i / R / H, h = i / R % H, m = i % R;
+        const int64_t len = in->lens ? in->lens[b] : s->L;
+        for (int side = 0; side < 2; side++)
+            for (int32_t j = 0; j < (side ? gi.block_count[i] : n); j++) {
+                const int64_t blk = (side ? gi.block_offset : sp->h.block_offset)[i * mb + j] / 64;
+                double sc = 0.0;
+                for (int64_t d = 0; d < s->D; d++)
+                    sc += (double)pooled_at(&in->q.h, b, h, m, len, d) *
+                          (double)pooled_at(&in->k.h, b, h / (s->H / s->Hk), blk, len, d);
+                const float f = (float)sc;
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                printf("      %s block %lld score %.10g bits %08x\n", side ? "gpu" : "cpu",
+                       (long long)blk, sc, u);
+            }
+        shown++;
+    }
+    free(g);
+}
+
+/* The block-sparse estimate on the CPU and the GPU, then sparse attention on the CPU's index.
+ * Random inputs may differ in a few rows (a near-tie summed in another order); with `exact`, the
+ * structured inputs rounded to whole numbers (round_qk), whose full blocks' pooled scores are
+ * exact fp32 sums on both sides, must give the same index bit for bit, exact ties included (lower
+ * block first), and the first rows that differ are printed. */
+static void test_block_sparse(const shape *s, int32_t topk, int exact) {
     char name[200], sh[128];
     inputs in;
-    inputs_make(&in, s, 0);
+    inputs_make(&in, s, exact);
+    if (exact) round_qk(&in);
     const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
     int32_t *tk = malloc(H * sizeof(int32_t));
     for (int32_t h = 0; h < H; h++) tk[h] = topk + h % 3;
@@ -740,13 +820,15 @@ static void test_block_sparse(const shape *s, int32_t topk) {
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
-    snprintf(name, sizeof name, "block_sparse_estimate(top %d) [%s] differing %lld / %lld", topk,
-             shape_str(s, sh, sizeof sh), (long long)idiff, (long long)nrows);
-    /* pooled fp32 dot products in another order: a near-tie may swap a block in a few rows */
-    check(idiff * 100 <= nrows, "index differs", name);
+    snprintf(name, sizeof name, "block_sparse_estimate%s(top %d) [%s] differing %lld / %lld",
+             exact ? " exact " : "", topk, shape_str(s, sh, sizeof sh), (long long)idiff,
+             (long long)nrows);
+    check(exact ? idiff == 0 : idiff * 100 <= nrows, "index differs", name);
+    if (exact && idiff) bs_show_diff(&in, s, &si, R, mb);
 
     sparse_both(&in, &si);
-    snprintf(name, sizeof name, "sparse block(top %d) [%s]", topk, shape_str(s, sh, sizeof sh));
+    snprintf(name, sizeof name, "sparse block%s(top %d) [%s]", exact ? " exact " : "", topk,
+             shape_str(s, sh, sizeof sh));
     compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
     sp_free(&si);
     free(tk);
@@ -949,102 +1031,6 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     pair_free(&v);
 }
 
-/* Rounds q and k to whole numbers past their planted dimensions 0 and 1 (whose values are
- * whole or halves already). The block-sparse estimate ranks pooled scores at bf16 precision; a
- * CPU and a GPU sum of one score that straddle a 16-bit boundary pick different blocks. With
- * whole numbers a full block's pooled values are multiples of 1/64 that bf16 holds exactly, and
- * their scores are exact fp32 sums on both sides. */
-static void round_qk(inputs *in) {
-    pair *t[2] = {&in->q, &in->k};
-    for (int i = 0; i < 2; i++) {
-        const mi_tensor *x = &t[i]->h;
-        for (int64_t b = 0; b < x->shape[0]; b++)
-            for (int64_t h = 0; h < x->shape[1]; h++)
-                for (int64_t l = 0; l < x->shape[2]; l++)
-                    for (int64_t d = 2; d < x->shape[3]; d++)
-                        set_f(&t[i]->h, b, h, l, d, rintf(get_f(x, b, h, l, d)));
-        upload(t[i]);
-    }
-}
-
-/* A pooled 64-row block of (b, h) at d, as the estimate pools it: summed in row order, times the
- * reciprocal of its rows, rounded to the dtype. */
-static float pooled_at(const mi_tensor *t, int64_t b, int64_t h, int64_t blk, int64_t len,
-                       int64_t d) {
-    const int64_t r0 = blk * 64, r1 = r0 + 64 < len ? r0 + 64 : len;
-    float sum = 0.f;
-    for (int64_t r = r0; r < r1; r++) sum += get_f(t, b, h, r, d);
-    const float mean = sum * (1.0f / (float)(r1 - r0));
-    return t->dtype == MI_DTYPE_BF16 ? mi_bf16_to_f32(mi_f32_to_bf16(mean))
-                                     : mi_f16_to_f32(mi_f32_to_f16(mean));
-}
-
-/* The block-sparse estimate on structured whole-number inputs (round_qk), whose full blocks'
- * pooled scores are exact fp32 sums on the CPU and the GPU alike: the same index, bit for bit,
- * exact ties included (lower block first). The first rows that differ are printed. */
-static void test_block_sparse_exact(const shape *s, int32_t topk) {
-    char name[200], sh[128];
-    inputs in;
-    inputs_make(&in, s, 1);
-    round_qk(&in);
-    const int32_t B = (int32_t)s->B, H = (int32_t)s->H, R = (int32_t)((s->L + 63) / 64);
-    int32_t *tk = malloc(H * sizeof(int32_t));
-    for (int32_t h = 0; h < H; h++) tk[h] = topk + h % 3;
-    const int32_t mb = topk + 2 < R ? topk + 2 : R;
-    sp_pair si;
-    sp_alloc(&si, B, H, R, mb, 1);
-    MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &in.q.h, &in.k.h, in.lens, tk, &si.h));
-    MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &in.q.d, &in.k.d, in.lens, tk, &si.d));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    const int64_t idiff = sp_diff(&si);
-    snprintf(name, sizeof name, "block_sparse_estimate exact (top %d) [%s] differing %lld / %lld",
-             topk, shape_str(s, sh, sizeof sh), (long long)idiff, (long long)B * H * R);
-    check(idiff == 0, "index differs", name);
-    if (idiff) {
-        int32_t *g = malloc(si.bytes);
-        CUDA_OK(cudaMemcpy(g, si.db, si.bytes, cudaMemcpyDeviceToHost));
-        mi_sparse_index gi;
-        MI_OK(g_cpu, mi_sparse_index_init(&gi, B, H, R, mb, 1, g, si.bytes));
-        int shown = 0;
-        for (int64_t i = 0; i < (int64_t)B * H * R && shown < 3; i++) {
-            const int32_t n = si.h.block_count[i];
-            int d = gi.block_count[i] != n;
-            for (int32_t j = 0; !d && j < n; j++)
-                d = gi.block_offset[i * mb + j] != si.h.block_offset[i * mb + j];
-            if (!d) continue;
-            printf("    b %lld h %lld m %lld: cpu", (long long)(i / R / H), (long long)(i / R % H),
-                   (long long)(i % R));
-            for (int32_t j = 0; j < n; j++) printf(" %d", si.h.block_offset[i * mb + j] / 64);
-            printf(" | gpu");
-            for (int32_t j = 0; j < gi.block_count[i]; j++)
-                printf(" %d", gi.block_offset[i * mb + j] / 64);
-            printf("\n");
-            /* the pooled scores of both sets' blocks, in double, and their 16-bit cut */
-            const int64_t b = i / R / H, h = i / R % H, m = i % R;
-            const int64_t len = in.lens ? in.lens[b] : s->L;
-            for (int side = 0; side < 2; side++)
-                for (int32_t j = 0; j < (side ? gi.block_count[i] : n); j++) {
-                    const int64_t blk =
-                        (side ? gi.block_offset : si.h.block_offset)[i * mb + j] / 64;
-                    double sc = 0.0;
-                    for (int64_t d = 0; d < s->D; d++)
-                        sc += (double)pooled_at(&in.q.h, b, h, m, len, d) *
-                              (double)pooled_at(&in.k.h, b, h / (s->H / s->Hk), blk, len, d);
-                    const float f = (float)sc;
-                    uint32_t u;
-                    memcpy(&u, &f, 4);
-                    printf("      %s block %lld score %.10g bits %08x\n", side ? "gpu" : "cpu",
-                           (long long)blk, sc, u);
-                }
-            shown++;
-        }
-        free(g);
-    }
-    sp_free(&si);
-    free(tk);
-    inputs_free(&in);
-}
-
 /* A whole layer with one pattern per head. `wide` budgets cover every key (estimation cannot
  * differ), otherwise structured inputs with whole-number q and k (round_qk) keep the estimate
  * away from near-ties. */
@@ -1190,17 +1176,17 @@ int main(int argc, char **argv) {
             /* batch 2 of full length: the warp-specialised sparse kernel's batch coordinate */
             shape s3 = {2, 4, 2, L, 128, dts[di], di, {(int32_t)L, (int32_t)L}};
             test_vs(&s3, 100, 500, 0);
-            test_block_sparse(&s3, 3);
+            test_block_sparse(&s3, 3, 0);
             if (!quick) test_vs(&s1, 100000, 100000, 0); /* budgets > L: every key */
-            test_block_sparse(&s1, 0);
-            test_block_sparse(&s2, 5);
-            if (!quick) test_block_sparse(&s1, 100000);
+            test_block_sparse(&s1, 0, 0);
+            test_block_sparse(&s2, 5, 0);
+            if (!quick) test_block_sparse(&s1, 100000, 0);
             const int32_t l2 = (int32_t)(L / 2 + 3 < L ? L / 2 + 3 : L);
             shape sp = {2, 10, 2, L, 128, dts[di], di, {(int32_t)L, l2}};
             test_prefill(&sp, 1, 0);
             test_prefill(&sp, 0, 1);
-            test_block_sparse_exact(&sp, 4);
-            test_block_sparse_exact(&s1, 20);
+            test_block_sparse(&sp, 4, 1);
+            test_block_sparse(&s1, 20, 1);
             /* full lengths: the sparse heads of the mixed launch may take the warp-specialised
              * sparse kernel, the others the ring kernel */
             shape sf = {1, 10, 2, L, 128, dts[di], di, {0, 0}};
