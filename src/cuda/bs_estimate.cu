@@ -169,7 +169,8 @@
  *      test of the estimate on exact whole-number inputs gives the CPU's index bit for bit, and
  *      the structured prefill tests pass. Kernels at 1M x 1: pooling 0.130, wgmma scores 0.212
  *      -> 0.140, select 0.150 / 0.155; estimate per call 0.441 / 0.445 ms, 4.2 / 4.9 % of the
- *      block-sparse total (512K 4.4 / 4.6 %, 128K x 32 heads 2.5 / 2.6 %).
+ *      block-sparse total (512K 4.4 / 4.6 %, 128K x 32 heads 2.5 / 2.6 %); 1M x 32 heads 14.9 /
+ *      14.9 -> 11.2 / 11.6 ms for all heads.
  *      (2026-12-01-gpu-bs-estimate-bf16-rank.json, 2026-12-01-gpu-attention-v35-patterns.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
