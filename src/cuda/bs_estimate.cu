@@ -267,46 +267,6 @@ __global__ void __launch_bounds__(BS_POOL_NT)
                                ((int64_t)bh * p.row_blocks + m) * D + 8 * piece) = out;
 }
 
-/* A CTA per 64-row block, where a (b, h)'s rows lie back to back (row stride D, 16-byte aligned):
- * the block is one run of 64 D values, which the CTA reads whole into shared memory, a warp's
- * load taking 512 contiguous bytes; then D / 8 threads sum each 8-value piece down the rows in
- * order, the same sums as the other pooling kernels and the CPU reference. */
-template <typename T, int D>
-__global__ void __launch_bounds__(BS_POOL_NT)
-    bs_pool_block_kernel(const __grid_constant__ pool_params p) {
-    constexpr int PIECES = D / 8, N = 64 * PIECES;
-    static_assert(N % BS_POOL_NT == 0, "16-byte pieces a thread");
-    __shared__ uint4 rows[N];
-    const pool_tensor &pt = p.t[blockIdx.z];
-    const int m = blockIdx.x, bh = blockIdx.y;
-    if (bh >= pt.bh_count) return;
-    const int b = bh / pt.heads, h = bh % pt.heads;
-    const int r0 = m * 64, nr = max(0, min(64, p.seq_lens[b] - r0)), n = nr * PIECES;
-    const uint4 *x = reinterpret_cast<const uint4 *>(
-        reinterpret_cast<const T *>(pt.x) + b * pt.stride[0] + h * pt.stride[1] + (int64_t)r0 * D);
-#pragma unroll
-    for (int i0 = 0; i0 < N; i0 += BS_POOL_NT) {
-        const int i = i0 + (int)threadIdx.x;
-        if (i < n) rows[i] = __ldg(x + i);
-    }
-    __syncthreads();
-    const int piece = threadIdx.x;
-    if (piece >= PIECES) return;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int r = 0; r < nr; ++r) {
-        const uint4 u = rows[r * PIECES + piece];
-        const T *e = reinterpret_cast<const T *>(&u);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += dtype_traits<T>::to_float(e[i]);
-    }
-    uint4 out;
-    T *o = reinterpret_cast<T *>(&out);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = bs_mean_of<T>(acc[i], nr);
-    *reinterpret_cast<uint4 *>(reinterpret_cast<T *>(pt.out) +
-                               ((int64_t)bh * p.row_blocks + m) * D + 8 * piece) = out;
-}
-
 /* Eight values of a 16-byte load in the input dtype, as floats. */
 template <typename T> __device__ __forceinline__ void unpack8(const uint4 &u, float *f) {
     const T *e = reinterpret_cast<const T *>(&u);
@@ -2122,22 +2082,18 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     pp.row_blocks = (int32_t)R;
     pp.head_dim = (int32_t)s->head_dim;
     const bool bf = s->dtype == MI_DTYPE_BF16, d64 = s->head_dim == 64;
-    bool pool_vec = true, pool_block = true;
+    bool pool_vec = true;
     if (const char *e = getenv("MI_CUDA_BS_POOL_VEC"))
         if (e[0] == '0') pool_vec = false;
-    if (const char *e = getenv("MI_CUDA_BS_POOL_BLOCK"))
-        if (e[0] == '0') pool_block = false;
-    /* q and k in one launch of each kernel: a CTA per block where rows lie back to back, else
-     * 16-byte loads where every row starts 16-byte aligned, else a value a thread
-     * (MI_CUDA_BS_POOL_BLOCK=0 and MI_CUDA_BS_POOL_VEC=0 turn the first two off: A/B runs, tests) */
-    pool_params by_kernel[3]; /* [0] 16-byte loads, [1] one value a thread, [2] a CTA a block */
-    int n_of[3] = {0, 0, 0};
+    /* q and k in one launch of each kernel: the 16-byte one where every row starts 16-byte
+     * aligned (MI_CUDA_BS_POOL_VEC=0: never, for tests), the one-value one for the others */
+    pool_params by_kernel[2]; /* [0] 16-byte loads, [1] one value a thread */
+    int n_of[2] = {0, 0};
     for (int pass = 0; pass < 2; ++pass) {
         const mi_tensor *t = pass ? k : q;
         const bool vec = ((uintptr_t)t->data & 15) == 0 && t->stride[0] % 8 == 0 &&
                          t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0 && pool_vec;
-        const bool block = vec && pool_block && t->stride[2] == s->head_dim;
-        const int kind = block ? 2 : vec ? 0 : 1;
+        const int kind = vec ? 0 : 1;
         if (n_of[kind] == 0) by_kernel[kind] = pp;
         pool_tensor &pt = by_kernel[kind].t[n_of[kind]++];
         pt.x = t->data;
@@ -2158,17 +2114,6 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         else
             (d64 ? bs_pool_vec_kernel<__half, 64>
                  : bs_pool_vec_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(by_kernel[0]);
-    }
-    if (n_of[2] > 0) {
-        const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[2]);
-        if (bf)
-            (d64 ? bs_pool_block_kernel<__nv_bfloat16, 64>
-                 : bs_pool_block_kernel<__nv_bfloat16, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
-                by_kernel[2]);
-        else
-            (d64 ? bs_pool_block_kernel<__half, 64>
-                 : bs_pool_block_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
-                by_kernel[2]);
     }
     if (n_of[1] > 0) {
         const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[1]);
