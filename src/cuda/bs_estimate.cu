@@ -170,7 +170,10 @@
  *      the structured prefill tests pass. Kernels at 1M x 1: pooling 0.130, wgmma scores 0.212
  *      -> 0.140, select 0.150 / 0.155; estimate per call 0.441 / 0.445 ms, 4.2 / 4.9 % of the
  *      block-sparse total (512K 4.4 / 4.6 %, 128K x 32 heads 2.5 / 2.6 %); 1M x 32 heads 14.9 /
- *      14.9 -> 11.2 / 11.6 ms for all heads.
+ *      14.9 -> 11.2 / 11.6 ms for all heads. Not kept: pooling with a CTA per 64-row block, the
+ *      block read whole into shared memory (512 contiguous bytes a warp load), then summed down
+ *      the rows by D / 8 threads: 0.147 against 0.130 ms at 1M x 1, 0.081 against 0.073 at 512K
+ *      (2026-12-01-gpu-bs-estimate-pool-block.json).
  *      (2026-12-01-gpu-bs-estimate-bf16-rank.json, 2026-12-01-gpu-attention-v35-patterns.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,
