@@ -52,13 +52,8 @@ static void pool(const mi_tensor *t, int64_t b, int64_t h, int64_t len, int64_t 
  * NaN left as it is (the ranking puts it last). NaN is told from the bits: with `x != x` first,
  * gcc 12 -O2 compiled the loop below to leave some scores uncut. */
 static float bf16_score_rank(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-    u &= 0xffff0000u;
-    float cut;
-    memcpy(&cut, &u, 4);
-    return cut;
+    const uint32_t u = mi_cpu_f32_bits(x);
+    return (u & 0x7fffffffu) > 0x7f800000u ? x : mi_cpu_bits_f32(u & 0xffff0000u);
 }
 
 void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,

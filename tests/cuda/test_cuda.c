@@ -780,12 +780,14 @@ static void bs_show_diff(const inputs *in, const shape *s, const sp_pair *sp, in
         /* the pooled scores of both sets' blocks, in double, and their bits as floats */
         const int64_t b = i / R / H, h = i / R % H, m = i % R;
         const int64_t len = in->lens ? in->lens[b] : s->L;
+        float qm[128]; /* D is 64 or 128 on the GPU */
+        for (int64_t d = 0; d < s->D; d++) qm[d] = pooled_at(&in->q.h, b, h, m, len, d);
         for (int side = 0; side < 2; side++)
             for (int32_t j = 0; j < (side ? gi.block_count[i] : n); j++) {
                 const int64_t blk = (side ? gi.block_offset : sp->h.block_offset)[i * mb + j] / 64;
                 double sc = 0.0;
                 for (int64_t d = 0; d < s->D; d++)
-                    sc += (double)pooled_at(&in->q.h, b, h, m, len, d) *
+                    sc += (double)qm[d] *
                           (double)pooled_at(&in->k.h, b, h / (s->H / s->Hk), blk, len, d);
                 const float f = (float)sc;
                 uint32_t u;
