@@ -362,27 +362,35 @@ static void sp_free(sp_pair *p) {
     cudaFree(p->db);
 }
 
+/* The device side of a sparse index pair, copied to the host into *buf (to be freed). */
+static mi_sparse_index sp_device_copy(const sp_pair *p, void **buf) {
+    *buf = malloc(p->bytes);
+    CUDA_OK(cudaMemcpy(*buf, p->db, p->bytes, cudaMemcpyDeviceToHost));
+    mi_sparse_index g;
+    MI_OK(g_cpu, mi_sparse_index_init(&g, p->h.batch, p->h.heads, p->h.row_blocks, p->h.max_blocks,
+                                      p->h.max_columns, *buf, p->bytes));
+    return g;
+}
+
+/* Whether row block i of index g differs from the host one of p: counts or used entries. */
+static int sp_row_differs(const sp_pair *p, const mi_sparse_index *g, int64_t i) {
+    int d = g->block_count[i] != p->h.block_count[i] || g->column_count[i] != p->h.column_count[i];
+    for (int32_t j = 0; !d && j < p->h.block_count[i]; j++)
+        d = g->block_offset[i * p->h.max_blocks + j] != p->h.block_offset[i * p->h.max_blocks + j];
+    for (int32_t j = 0; !d && j < p->h.column_count[i]; j++)
+        d = g->column_index[i * p->h.max_columns + j] !=
+            p->h.column_index[i * p->h.max_columns + j];
+    return d;
+}
+
 /* Compares a device sparse index with the host one: counts and the used entries. Returns the
  * number of differing row blocks. */
 static int64_t sp_diff(const sp_pair *p) {
-    void *tmp = malloc(p->bytes);
-    CUDA_OK(cudaMemcpy(tmp, p->db, p->bytes, cudaMemcpyDeviceToHost));
-    mi_sparse_index g;
-    MI_OK(g_cpu, mi_sparse_index_init(&g, p->h.batch, p->h.heads, p->h.row_blocks, p->h.max_blocks,
-                                      p->h.max_columns, tmp, p->bytes));
+    void *tmp;
+    const mi_sparse_index g = sp_device_copy(p, &tmp);
     int64_t diff = 0;
     const int64_t n = (int64_t)p->h.batch * p->h.heads * p->h.row_blocks;
-    for (int64_t i = 0; i < n; i++) {
-        int d =
-            g.block_count[i] != p->h.block_count[i] || g.column_count[i] != p->h.column_count[i];
-        for (int32_t j = 0; !d && j < p->h.block_count[i]; j++)
-            d = g.block_offset[i * p->h.max_blocks + j] !=
-                p->h.block_offset[i * p->h.max_blocks + j];
-        for (int32_t j = 0; !d && j < p->h.column_count[i]; j++)
-            d = g.column_index[i * p->h.max_columns + j] !=
-                p->h.column_index[i * p->h.max_columns + j];
-        diff += d;
-    }
+    for (int64_t i = 0; i < n; i++) diff += sp_row_differs(p, &g, i);
     free(tmp);
     return diff;
 }
@@ -756,29 +764,22 @@ static float pooled_at(const mi_tensor *t, int64_t b, int64_t h, int64_t blk, in
 
 /* Prints the first rows where the device index differs from the host one, with both sets'
  * pooled scores recomputed in double (and their bits as floats). */
-static void bs_show_diff(const inputs *in, const shape *s, const sp_pair *sp, int32_t R,
-                         int32_t mb) {
-    const int32_t B = (int32_t)s->B, H = (int32_t)s->H;
-    int32_t *g = malloc(sp->bytes);
-    CUDA_OK(cudaMemcpy(g, sp->db, sp->bytes, cudaMemcpyDeviceToHost));
-    mi_sparse_index gi;
-    MI_OK(g_cpu, mi_sparse_index_init(&gi, B, H, R, mb, 1, g, sp->bytes));
+static void bs_show_diff(const inputs *in, const shape *s, const sp_pair *sp) {
+    const int32_t B = sp->h.batch, H = sp->h.heads, R = sp->h.row_blocks, mb = sp->h.max_blocks;
+    void *g;
+    const mi_sparse_index gi = sp_device_copy(sp, &g);
     int shown = 0;
     for (int64_t i = 0; i < (int64_t)B * H * R && shown < 3; i++) {
         const int32_t n = sp->h.block_count[i];
-        int differs = gi.block_count[i] != n;
-        for (int32_t j = 0; !differs && j < n; j++)
-            differs = gi.block_offset[i * mb + j] != sp->h.block_offset[i * mb + j];
-        if (!differs) continue;
-        printf("    b %lld h %lld m %lld: cpu", (long long)(i / R / H), (long long)(i / R % H),
-               (long long)(i % R));
+        if (!sp_row_differs(sp, &gi, i)) continue;
+        const int64_t b = i / R / H, h = i / R % H, m = i % R;
+        printf("    b %lld h %lld m %lld: cpu", (long long)b, (long long)h, (long long)m);
         for (int32_t j = 0; j < n; j++) printf(" %d", sp->h.block_offset[i * mb + j] / 64);
         printf(" | gpu");
         for (int32_t j = 0; j < gi.block_count[i]; j++)
             printf(" %d", gi.block_offset[i * mb + j] / 64);
         printf("\n");
         /* the pooled scores of both sets' blocks, in double, and their bits as floats */
-        const int64_t b = i / R / H, h = i / R % H, m = i % R;
         const int64_t len = in->lens ? in->lens[b] : s->L;
         float qm[128]; /* D is 64 or 128 on the GPU */
         for (int64_t d = 0; d < s->D; d++) qm[d] = pooled_at(&in->q.h, b, h, m, len, d);
@@ -826,7 +827,7 @@ static void test_block_sparse(const shape *s, int32_t topk, int exact) {
              exact ? " exact " : "", topk, shape_str(s, sh, sizeof sh), (long long)idiff,
              (long long)nrows);
     check(exact ? idiff == 0 : idiff * 100 <= nrows, "index differs", name);
-    if (exact && idiff) bs_show_diff(&in, s, &si, R, mb);
+    if (exact && idiff) bs_show_diff(&in, s, &si);
 
     sparse_both(&in, &si);
     snprintf(name, sizeof name, "sparse block%s(top %d) [%s]", exact ? " exact " : "", topk,
