@@ -270,100 +270,6 @@ __global__ void __launch_bounds__(BS_POOL_NT)
                                ((int64_t)bh * p.row_blocks + m) * D + 8 * piece) = out;
 }
 
-/* The same sums fed by the TMA engine (sm_90), for tensors whose rows are contiguous (every
- * (b, h)'s rows one run of bytes): a persistent CTA per SM, one thread of warp BS_POOL_BULK_NT / 32
- * copying stages of 32 KB (2 blocks at D = 128, 4 at D = 64, one (b, h) each) with
- * cp.async.bulk into a ring of BS_POOL_STAGES, the other warps summing each block's rows a
- * thread a value of d, in row order, as the kernels above. Where the loads are a thread's own
- * (bs_pool_vec_kernel) the pooling streamed 4.1 TB/s at 1M x 1 against the 4.5-4.6 TB/s a
- * stream of bulk copies reaches (bench/l2_bandwidth.cu). A stage u of tensor z is its
- * (b, h) = u / per_bh and blocks BPS (u % per_bh) on; the first tensor's stages come first. */
-constexpr int BS_POOL_BULK_NT = 256, BS_POOL_STAGE_BYTES = 32768, BS_POOL_STAGES = 5;
-constexpr size_t BS_POOL_BULK_SMEM = (size_t)BS_POOL_STAGES * BS_POOL_STAGE_BYTES + 128;
-template <typename T, int D>
-__global__ void __launch_bounds__(BS_POOL_BULK_NT + 32, 1)
-    bs_pool_bulk_kernel(const __grid_constant__ pool_params p, int n_tensors) {
-#ifdef MI_SM90_DEVICE
-    constexpr int ROW_BYTES = D * (int)sizeof(T), BPS = BS_POOL_STAGE_BYTES / (64 * ROW_BYTES);
-    static_assert(BPS * D == BS_POOL_BULK_NT, "a consumer thread per (block, d) of a stage");
-    extern __shared__ __align__(128) unsigned char pool_smem[];
-    uint64_t *full = reinterpret_cast<uint64_t *>(pool_smem);
-    uint64_t *empty = full + BS_POOL_STAGES;
-    unsigned char *ring = pool_smem + 128;
-    const int tid = threadIdx.x;
-    const int per_bh = (p.row_blocks + BPS - 1) / BPS;
-    const int64_t first_stages = (int64_t)p.t[0].bh_count * per_bh;
-    const int64_t stages = first_stages + (n_tensors > 1 ? (int64_t)p.t[1].bh_count * per_bh : 0);
-    if (tid == 0) {
-        for (int s = 0; s < BS_POOL_STAGES; ++s) {
-            mbar_init(full + s, 1);
-            mbar_init(empty + s, BS_POOL_BULK_NT / 32);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();
-    /* stage u's tensor, (b, h), first block and real rows (0 past the sequence) */
-    struct stage_of {
-        const pool_tensor *t;
-        int bh, m0, rows;
-    };
-    auto decode = [&](int64_t u) {
-        stage_of s;
-        const int z = u >= first_stages;
-        const int64_t v = z ? u - first_stages : u;
-        s.t = &p.t[z];
-        s.bh = (int)(v / per_bh);
-        s.m0 = (int)(v % per_bh) * BPS;
-        const int len = p.seq_lens[s.bh / s.t->heads];
-        s.rows = max(0, min(BPS * 64, len - s.m0 * 64));
-        return s;
-    };
-    if (tid >= BS_POOL_BULK_NT) {
-        if (tid != BS_POOL_BULK_NT) return;
-        int i = 0;
-        for (int64_t u = blockIdx.x; u < stages; u += gridDim.x, ++i) {
-            const int slot = i % BS_POOL_STAGES;
-            if (i >= BS_POOL_STAGES)
-                while (!mbar_try_wait(empty + slot, ((i / BS_POOL_STAGES) - 1) & 1)) {
-                }
-            const stage_of s = decode(u);
-            const uint32_t bytes = (uint32_t)s.rows * ROW_BYTES;
-            mbar_expect_tx(full + slot, bytes);
-            if (bytes == 0) continue;
-            const int b = s.bh / s.t->heads, h = s.bh % s.t->heads;
-            const T *src = reinterpret_cast<const T *>(s.t->x) + b * s.t->stride[0] +
-                           h * s.t->stride[1] + (int64_t)s.m0 * 64 * D;
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                " [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(ring + slot * BS_POOL_STAGE_BYTES)),
-                "l"(src), "r"(bytes), "r"(smem_addr(full + slot))
-                : "memory");
-        }
-        return;
-    }
-    const int j = tid / D, d = tid % D;
-    int i = 0;
-    for (int64_t u = blockIdx.x; u < stages; u += gridDim.x, ++i) {
-        const int slot = i % BS_POOL_STAGES;
-        const stage_of s = decode(u);
-        while (!mbar_try_wait(full + slot, (i / BS_POOL_STAGES) & 1)) {
-        }
-        const int rows = max(0, min(64, s.rows - j * 64));
-        const T *x =
-            reinterpret_cast<const T *>(ring + slot * BS_POOL_STAGE_BYTES) + j * 64 * D + d;
-        float acc = 0.f;
-#pragma unroll 16
-        for (int r = 0; r < rows; ++r) acc += dtype_traits<T>::to_float(x[r * D]);
-        __syncwarp();
-        if (tid % 32 == 0) mbar_arrive(empty + slot);
-        const int m = s.m0 + j;
-        if (m < p.row_blocks)
-            reinterpret_cast<T *>(s.t->out)[((int64_t)s.bh * p.row_blocks + m) * D + d] =
-                bs_mean_of<T>(acc, rows);
-    }
-#endif
-}
-
 /* Eight values of a 16-byte load in the input dtype, as floats. */
 template <typename T> __device__ __forceinline__ void unpack8(const uint4 &u, float *f) {
     const T *e = reinterpret_cast<const T *>(&u);
@@ -2179,25 +2085,18 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     pp.row_blocks = (int32_t)R;
     pp.head_dim = (int32_t)s->head_dim;
     const bool bf = s->dtype == MI_DTYPE_BF16, d64 = s->head_dim == 64;
-    bool pool_vec = true, pool_bulk = mi_cuda_sm90_usable() != 0;
+    bool pool_vec = true;
     if (const char *e = getenv("MI_CUDA_BS_POOL_VEC"))
-        if (e[0] == '0') pool_vec = pool_bulk = false;
-    if (const char *e = getenv("MI_CUDA_BS_POOL_BULK"))
-        if (e[0] == '0') pool_bulk = false;
-    /* q and k in one launch of each kernel: the bulk-copy one on Hopper where each (b, h)'s rows
-     * are contiguous (MI_CUDA_BS_POOL_BULK=0: never), the 16-byte one where every row starts
-     * 16-byte aligned (MI_CUDA_BS_POOL_VEC=0: neither, for tests), the one-value one for the
-     * others */
-    enum { POOL_BULK, POOL_VEC, POOL_ONE };
-    pool_params by_kernel[3];
-    int n_of[3] = {0, 0, 0};
+        if (e[0] == '0') pool_vec = false;
+    /* q and k in one launch of each kernel: the 16-byte one where every row starts 16-byte
+     * aligned (MI_CUDA_BS_POOL_VEC=0: never, for tests), the one-value one for the others */
+    pool_params by_kernel[2]; /* [0] 16-byte loads, [1] one value a thread */
+    int n_of[2] = {0, 0};
     for (int pass = 0; pass < 2; ++pass) {
         const mi_tensor *t = pass ? k : q;
         const bool vec = ((uintptr_t)t->data & 15) == 0 && t->stride[0] % 8 == 0 &&
                          t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0 && pool_vec;
-        const int kind = !vec                                       ? POOL_ONE
-                         : pool_bulk && t->stride[2] == s->head_dim ? POOL_BULK
-                                                                    : POOL_VEC;
+        const int kind = vec ? 0 : 1;
         if (n_of[kind] == 0) by_kernel[kind] = pp;
         pool_tensor &pt = by_kernel[kind].t[n_of[kind]++];
         pt.x = t->data;
@@ -2206,43 +2105,26 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         pt.bh_count = (int32_t)(pass ? BHK : BH);
         pt.out = pass ? kp : qp;
     }
-    cudaError_t pool_err = cudaSuccess;
-    if (n_of[POOL_BULK] > 0) {
-        auto kern = bf ? (d64 ? bs_pool_bulk_kernel<__nv_bfloat16, 64>
-                              : bs_pool_bulk_kernel<__nv_bfloat16, 128>)
-                       : (d64 ? bs_pool_bulk_kernel<__half, 64> : bs_pool_bulk_kernel<__half, 128>);
-        pool_err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)BS_POOL_BULK_SMEM);
-        if (pool_err == cudaSuccess)
-            kern<<<mi_cuda_sm_count(), BS_POOL_BULK_NT + 32, BS_POOL_BULK_SMEM, stream>>>(
-                by_kernel[POOL_BULK], n_of[POOL_BULK]);
-    }
     /* grids as wide as q's (b, h) pairs, the most (k's heads divide q's); k's CTAs past its own
      * pairs return at once */
-    if (n_of[POOL_VEC] > 0) {
+    if (n_of[0] > 0) {
         const int blocks = BS_POOL_NT / ((int)s->head_dim / 8);
-        const dim3 grid((unsigned)((R + blocks - 1) / blocks), (unsigned)BH,
-                        (unsigned)n_of[POOL_VEC]);
+        const dim3 grid((unsigned)((R + blocks - 1) / blocks), (unsigned)BH, (unsigned)n_of[0]);
         if (bf)
             (d64 ? bs_pool_vec_kernel<__nv_bfloat16, 64>
                  : bs_pool_vec_kernel<__nv_bfloat16, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
-                by_kernel[POOL_VEC]);
+                by_kernel[0]);
         else
             (d64 ? bs_pool_vec_kernel<__half, 64>
-                 : bs_pool_vec_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
-                by_kernel[POOL_VEC]);
+                 : bs_pool_vec_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(by_kernel[0]);
     }
-    if (n_of[POOL_ONE] > 0) {
-        const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[POOL_ONE]);
+    if (n_of[1] > 0) {
+        const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[1]);
         if (bf)
-            bs_pool_kernel<__nv_bfloat16>
-                <<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[POOL_ONE]);
+            bs_pool_kernel<__nv_bfloat16><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[1]);
         else
-            bs_pool_kernel<__half><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[POOL_ONE]);
+            bs_pool_kernel<__half><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[1]);
     }
-    if (pool_err != cudaSuccess)
-        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA block-sparse pooling: %s",
-                       cudaGetErrorString(pool_err));
 
     bs_select_params sp;
     memset(&sp, 0, sizeof(sp));

@@ -842,8 +842,7 @@ static void test_block_sparse(const shape *s, int32_t topk, int exact) {
  * streaming kernel unless BS_ROWS: long rows with bounds (the default), without them, or with
  * bounds from a fixed number of groups per tile: 1 and 2 (maxima across the lanes of a quad), 32
  * (the groups of many tiles share the bound kernel's slots). BS_STREAM_POOL_1 pools with a thread
- * per value, as for rows that 16-byte loads cannot read, BS_STREAM_POOL_16B with 16-byte loads
- * where Hopper's default copies contiguous rows in bulk. Top k up to 104 takes 128 candidate
+ * per value, as for rows that 16-byte loads cannot read. Top k up to 104 takes 128 candidate
  * slots a row where the CTAs outnumber the SMs, else 256 as larger top k: BS_STREAM_WIDE and
  * BS_STREAM_NARROW fix them. Few heads split their long row groups into chunks of key tiles;
  * BS_STREAM_NO_SPLIT never does, BS_STREAM_SPLIT_4 takes the shortest chunks (4 a group at the
@@ -857,7 +856,6 @@ typedef enum {
     BS_STREAM_BOUND_2,
     BS_STREAM_BOUND_32,
     BS_STREAM_POOL_1,
-    BS_STREAM_POOL_16B,
     BS_STREAM_WIDE,
     BS_STREAM_NARROW,
     BS_STREAM_NO_SPLIT,
@@ -881,8 +879,6 @@ static const struct {
     [BS_STREAM_BOUND_2] = {"MI_CUDA_BS_BOUND", "2", "streaming, bounds of 2 groups a tile"},
     [BS_STREAM_BOUND_32] = {"MI_CUDA_BS_BOUND", "32", "streaming, bounds of 32 groups a tile"},
     [BS_STREAM_POOL_1] = {"MI_CUDA_BS_POOL_VEC", "0", "streaming, pooled a value a thread"},
-    [BS_STREAM_POOL_16B] = {"MI_CUDA_BS_POOL_BULK", "0",
-                            "streaming, pooled by 16-byte loads (no bulk copies)"},
     [BS_STREAM_WIDE] = {"MI_CUDA_BS_CAP", "256", "streaming, 256 slots a row"},
     [BS_STREAM_NARROW] = {"MI_CUDA_BS_CAP", "128", "streaming, 128 slots a row"},
     [BS_STREAM_NO_SPLIT] = {"MI_CUDA_BS_SPLIT", "0", "streaming, groups not split"},
@@ -894,16 +890,17 @@ static const struct {
                                 "streaming, plain tiles appended an n-tile at a time"},
     [BS_STREAM_NO_SCORES] = {"MI_CUDA_BS_SCORES", "0", "no scores in memory"},
     [BS_SCORES] = {"MI_CUDA_BS_SCORES", "1", "scores in memory"},
-    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync", "MI_CUDA_BS_WGMMA",
-                       "0"},
+    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync",
+                       "MI_CUDA_BS_WGMMA", "0"},
 };
 
 /* The variables the block-sparse tests set, cleared after each estimate. */
 static void bs_env_clear(void) {
     static const char *const vars[] = {
-        "MI_CUDA_BS_ROWS",     "MI_CUDA_BS_WIDE",  "MI_CUDA_BS_STREAM",   "MI_CUDA_BS_BOUND",
-        "MI_CUDA_BS_POOL_VEC", "MI_CUDA_BS_CAP",   "MI_CUDA_BS_SPLIT",    "MI_CUDA_BS_MASK_APPEND",
-        "MI_CUDA_BS_SCORES",   "MI_CUDA_BS_WGMMA", "MI_CUDA_BS_POOL_BULK"};
+        "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
+        "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
+        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
+        "MI_CUDA_BS_WGMMA"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -990,8 +987,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
  * bit for bit: `kern` against `ref` on the inputs of bs_long_inputs, both with `var` set to
  * `value` where var is not NULL (the chunks, the slots). The streaming kernel's two ways of
  * appending a plain tile's candidates (at once where every row has room, else an n-tile at a
- * time), the pooling kernels (bulk copies, 16-byte loads, a value a thread: the same sums in
- * row order), and the estimate through scores in memory against the streaming kernel. */
+ * time), and the estimate through scores in memory against the streaming kernel. */
 static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t L, int64_t D,
                                           int32_t topk, int ramp, const char *var,
                                           const char *value) {
@@ -1269,7 +1265,6 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lr, 128, 192, 0, -1, BS_STREAM_BOUND_32, 1);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_BOUND_2, 1);
     test_block_sparse_long(Lr, 64, 100, 0, -1, BS_STREAM_POOL_1, 0);
-    test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_POOL_16B, 0);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_WIDE, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_WIDE, 1);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NARROW, 0);
@@ -1287,8 +1282,7 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 1);
     /* paths that score with the same sums give the same index, bit for bit: the streaming
-     * kernel's two ways of appending, the pooling kernels, and the scores in memory against the
-     * streaming kernel */
+     * kernel's two ways of appending, and the scores in memory against the streaming kernel */
     const struct {
         bs_kernel kern, ref;
         int64_t L, D;
@@ -1306,9 +1300,6 @@ int main(int argc, char **argv) {
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1"},
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1"},
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0"},
-        {BS_STREAM, BS_STREAM_POOL_16B, Lb, 128, 100, 0, NULL, NULL},
-        {BS_STREAM, BS_STREAM_POOL_16B, Lr, 64, 100, 0, NULL, NULL},
-        {BS_STREAM, BS_STREAM_POOL_1, Lb, 128, 100, 1, NULL, NULL},
         {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
         {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
         {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
