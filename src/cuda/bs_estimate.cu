@@ -173,7 +173,12 @@
  *      14.9 -> 11.2 / 11.6 ms for all heads. Not kept: pooling with a CTA per 64-row block, the
  *      block read whole into shared memory (512 contiguous bytes a warp load), then summed down
  *      the rows by D / 8 threads: 0.147 against 0.130 ms at 1M x 1, 0.081 against 0.073 at 512K
- *      (2026-12-01-gpu-bs-estimate-pool-block.json).
+ *      (2026-12-01-gpu-bs-estimate-pool-block.json). Nor pooling fed by the TMA engine: a
+ *      persistent CTA an SM, one thread copying 32 KB stages of contiguous rows with
+ *      cp.async.bulk into a ring of five, eight warps summing each block's rows in row order
+ *      (the same index bit for bit): 0.133 against 0.129-0.130 ms at 1M x 1, equal at 512K and
+ *      128K (2026-12-01-gpu-bs-estimate-pool-bulk.json). Pooling reads 537 MB of q and k at 1M
+ *      x 1 at 4.1 TB/s by either kernel.
  *      (2026-12-01-gpu-bs-estimate-bf16-rank.json, 2026-12-01-gpu-attention-v35-patterns.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
  *   2026-11-30-gpu-bs-estimate-bound-ab.json, 2026-11-30-gpu-bs-estimate-bound-kernel.json,

@@ -987,7 +987,8 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
  * bit for bit: `kern` against `ref` on the inputs of bs_long_inputs, both with `var` set to
  * `value` where var is not NULL (the chunks, the slots). The streaming kernel's two ways of
  * appending a plain tile's candidates (at once where every row has room, else an n-tile at a
- * time), and the estimate through scores in memory against the streaming kernel. */
+ * time), the two pooling kernels (16-byte loads, a value a thread: the same sums in row order),
+ * and the estimate through scores in memory against the streaming kernel. */
 static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t L, int64_t D,
                                           int32_t topk, int ramp, const char *var,
                                           const char *value) {
@@ -1282,7 +1283,8 @@ int main(int argc, char **argv) {
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_STREAM_NTILE_APPEND, 1);
     /* paths that score with the same sums give the same index, bit for bit: the streaming
-     * kernel's two ways of appending, and the scores in memory against the streaming kernel */
+     * kernel's two ways of appending, the two pooling kernels, and the scores in memory against
+     * the streaming kernel */
     const struct {
         bs_kernel kern, ref;
         int64_t L, D;
@@ -1300,6 +1302,7 @@ int main(int argc, char **argv) {
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1"},
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1"},
         {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0"},
+        {BS_STREAM, BS_STREAM_POOL_1, Lb, 128, 100, 1, NULL, NULL},
         {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
         {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
         {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
