@@ -47,10 +47,14 @@ constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(ui
 /* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
  * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
  * 690 / 618 / 616 / 613 TFLOP/s at 32K / 128K / 512K / 1M = 1.02 / 1.08 / 1.21 / 1.24x cuDNN
- * (674 / 573 / 508 / 492). Against the ring kernel in one process (bench/results/2026-11-30-gpu-
- * dense-ws-ab.json): 634 / 619 / 610 against 480 / 469 / 479 at 32K / 128K / 512K. The 8B-shape
- * model at 128K: dense TTFT 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x
- * 32 heads: SM throughput 74 %, issue slots 33 % busy (one CTA of 12 warps per SM).
+ * (674 / 573 / 508 / 492), each timing after one warm-up call. Since the benchmark warms up for
+ * at least 0.2 s a timing (ff1f5f2) the same kernel measures 602-625 at 32K in every run and
+ * 617-623 from 128K on, while cuDNN at 32K measures 588-675 by process: 0.92-1.04x across the
+ * runs v11-v36 (617 against 670 in bench/results/2026-12-01-gpu-attention-v36.json). Against
+ * the ring kernel in one process (bench/results/2026-11-30-gpu-dense-ws-ab.json): 634 / 619 /
+ * 610 against 480 / 469 / 479 at 32K / 128K / 512K. The 8B-shape model at 128K: dense TTFT
+ * 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x 32 heads: SM throughput
+ * 74 %, issue slots 33 % busy (one CTA of 12 warps per SM).
  * Tried and dropped: a persistent version (one CTA per SM walking the row blocks, Q
  * double-buffered, commit 91ddb39) was slower at every length, 128K 584 and 1M 535 TFLOP/s
  * against 618 and 613 (bench/results/2026-11-30-gpu-dense-persistent-experiment.json): with
