@@ -73,7 +73,8 @@ def main():
         for _ in range(3):
             estimate()
             torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name.split("<")[0].split("::")[-1])
+    kernels = sorted((e.time_range.start, e.time_range.end,
+                      e.name.split("<")[0].split("(")[0].split("::")[-1])
                      for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     print(f"{torch.cuda.get_device_name()}  commit {tr.source_commit(lib)}  "
           f"{args.length} x 1 {args.inputs}, top {tr.BS_TOP_K}")
