@@ -29,6 +29,11 @@ import torch_ref as tr  # noqa: E402
 LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
 
 
+def kernel_name(event):
+    """A profiler event's kernel name without its namespaces, template arguments and parameters."""
+    return event.name.split("<")[0].split("(")[0].split("::")[-1]
+
+
 def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
     """ms per call of each CUDA kernel the estimate launches (templates and namespaces cut), after
     at least warm_s seconds of calls, as torch_ref.time_cuda warms up: a GPU left idle while the
@@ -49,8 +54,7 @@ def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
     total = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name.split("<")[0].split("(")[0].split("::")[-1]
-            total[name] += e.device_time_total / repeat / 1000
+            total[kernel_name(e)] += e.device_time_total / repeat / 1000
     return dict(total)
 
 

@@ -20,8 +20,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
-
-LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
+from bs_estimate_kernels import LENGTHS, kernel_name  # noqa: E402
 
 
 def main():
@@ -73,8 +72,7 @@ def main():
         for _ in range(3):
             estimate()
             torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end,
-                      e.name.split("<")[0].split("(")[0].split("::")[-1])
+    kernels = sorted((e.time_range.start, e.time_range.end, kernel_name(e))
                      for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     print(f"{torch.cuda.get_device_name()}  commit {tr.source_commit(lib)}  "
           f"{args.length} x 1 {args.inputs}, top {tr.BS_TOP_K}")

@@ -223,22 +223,36 @@ template <typename T> __device__ __forceinline__ T bs_mean_of(float sum, int row
     return dtype_traits<T>::from_float(rows > 0 ? __fmul_rn(sum, __frcp_rn((float)rows)) : 0.f);
 }
 
+/* Where row block m of pair bh of tensor pt lies: its first element (x, plus the caller's offset
+ * within a row) and its real rows [r0, r1) (none past the sequence); false past pt's pairs. */
+template <typename T> struct pool_block {
+    const T *x;
+    int r0, r1;
+};
+template <typename T>
+__device__ __forceinline__ bool pool_block_of(const pool_params &p, const pool_tensor &pt, int bh,
+                                              int m, pool_block<T> &blk) {
+    if (bh >= pt.bh_count) return false;
+    const int b = bh / pt.heads, h = bh % pt.heads;
+    blk.x = reinterpret_cast<const T *>(pt.x) + b * pt.stride[0] + h * pt.stride[1];
+    blk.r0 = m * 64;
+    blk.r1 = min(blk.r0 + 64, p.seq_lens[b]);
+    return true;
+}
+
 /* A thread per (block, d). */
 template <typename T>
 __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const pool_tensor &pt = p.t[blockIdx.z];
     const int m = blockIdx.x, bh = blockIdx.y;
     const int d = threadIdx.x;
-    if (d >= p.head_dim || bh >= pt.bh_count) return;
-    const int b = bh / pt.heads, h = bh % pt.heads;
-    const int len = p.seq_lens[b];
-    const T *x = reinterpret_cast<const T *>(pt.x) + b * pt.stride[0] + h * pt.stride[1];
-    const int r0 = m * 64, r1 = min(r0 + 64, len);
+    pool_block<T> blk;
+    if (d >= p.head_dim || !pool_block_of(p, pt, bh, m, blk)) return;
     float acc = 0.f;
-    for (int r = r0; r < r1; ++r)
-        acc += dtype_traits<T>::to_float(x[(int64_t)r * pt.stride[2] + d]);
+    for (int r = blk.r0; r < blk.r1; ++r)
+        acc += dtype_traits<T>::to_float(blk.x[(int64_t)r * pt.stride[2] + d]);
     reinterpret_cast<T *>(pt.out)[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] =
-        bs_mean_of<T>(acc, r1 - r0);
+        bs_mean_of<T>(acc, blk.r1 - blk.r0);
 }
 
 /* The same sums with a thread per (block, 8 values of d), for rows that 16-byte loads can read
@@ -253,15 +267,12 @@ __global__ void __launch_bounds__(BS_POOL_NT)
     const pool_tensor &pt = p.t[blockIdx.z];
     const int m = blockIdx.x * BLOCKS + threadIdx.x / PIECES, piece = threadIdx.x % PIECES;
     const int bh = blockIdx.y;
-    if (m >= p.row_blocks || bh >= pt.bh_count) return;
-    const int b = bh / pt.heads, h = bh % pt.heads;
-    const int len = p.seq_lens[b];
-    const T *x =
-        reinterpret_cast<const T *>(pt.x) + b * pt.stride[0] + h * pt.stride[1] + 8 * piece;
-    const int r0 = m * 64, r1 = min(r0 + 64, len);
+    pool_block<T> blk;
+    if (m >= p.row_blocks || !pool_block_of(p, pt, bh, m, blk)) return;
+    const T *x = blk.x + 8 * piece;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
-    for (int r = r0; r < r1; ++r) {
+    for (int r = blk.r0; r < blk.r1; ++r) {
         const uint4 u = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * pt.stride[2]));
         const T *e = reinterpret_cast<const T *>(&u);
 #pragma unroll
@@ -270,7 +281,7 @@ __global__ void __launch_bounds__(BS_POOL_NT)
     uint4 out;
     T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = bs_mean_of<T>(acc[i], r1 - r0);
+    for (int i = 0; i < 8; ++i) o[i] = bs_mean_of<T>(acc[i], blk.r1 - blk.r0);
     *reinterpret_cast<uint4 *>(reinterpret_cast<T *>(pt.out) +
                                ((int64_t)bh * p.row_blocks + m) * D + 8 * piece) = out;
 }
@@ -2095,13 +2106,14 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         if (e[0] == '0') pool_vec = false;
     /* q and k in one launch of each kernel: the 16-byte one where every row starts 16-byte
      * aligned (MI_CUDA_BS_POOL_VEC=0: never, for tests), the one-value one for the others */
-    pool_params by_kernel[2]; /* [0] 16-byte loads, [1] one value a thread */
-    int n_of[2] = {0, 0};
+    enum { POOL_VEC, POOL_ONE, POOL_KINDS };
+    pool_params by_kernel[POOL_KINDS];
+    int n_of[POOL_KINDS] = {0, 0};
     for (int pass = 0; pass < 2; ++pass) {
         const mi_tensor *t = pass ? k : q;
         const bool vec = ((uintptr_t)t->data & 15) == 0 && t->stride[0] % 8 == 0 &&
                          t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0 && pool_vec;
-        const int kind = vec ? 0 : 1;
+        const int kind = vec ? POOL_VEC : POOL_ONE;
         if (n_of[kind] == 0) by_kernel[kind] = pp;
         pool_tensor &pt = by_kernel[kind].t[n_of[kind]++];
         pt.x = t->data;
@@ -2112,23 +2124,26 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     }
     /* grids as wide as q's (b, h) pairs, the most (k's heads divide q's); k's CTAs past its own
      * pairs return at once */
-    if (n_of[0] > 0) {
+    if (n_of[POOL_VEC] > 0) {
         const int blocks = BS_POOL_NT / ((int)s->head_dim / 8);
-        const dim3 grid((unsigned)((R + blocks - 1) / blocks), (unsigned)BH, (unsigned)n_of[0]);
+        const dim3 grid((unsigned)((R + blocks - 1) / blocks), (unsigned)BH,
+                        (unsigned)n_of[POOL_VEC]);
         if (bf)
             (d64 ? bs_pool_vec_kernel<__nv_bfloat16, 64>
                  : bs_pool_vec_kernel<__nv_bfloat16, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
-                by_kernel[0]);
+                by_kernel[POOL_VEC]);
         else
             (d64 ? bs_pool_vec_kernel<__half, 64>
-                 : bs_pool_vec_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(by_kernel[0]);
+                 : bs_pool_vec_kernel<__half, 128>)<<<grid, BS_POOL_NT, 0, stream>>>(
+                by_kernel[POOL_VEC]);
     }
-    if (n_of[1] > 0) {
-        const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[1]);
+    if (n_of[POOL_ONE] > 0) {
+        const dim3 grid((unsigned)R, (unsigned)BH, (unsigned)n_of[POOL_ONE]);
         if (bf)
-            bs_pool_kernel<__nv_bfloat16><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[1]);
+            bs_pool_kernel<__nv_bfloat16>
+                <<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[POOL_ONE]);
         else
-            bs_pool_kernel<__half><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[1]);
+            bs_pool_kernel<__half><<<grid, (unsigned)s->head_dim, 0, stream>>>(by_kernel[POOL_ONE]);
     }
 
     bs_select_params sp;

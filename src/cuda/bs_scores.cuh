@@ -77,21 +77,25 @@ __host__ __device__ constexpr uint32_t bsr_group_summary(uint32_t top, uint32_t 
 }
 
 /* Two 16-bit keys a word (the first in the low half), as the score kernels hold them: the
- * larger and the smaller of each half of a and b (one instruction each on sm_90). */
+ * larger and the smaller of each half of a and b (one instruction each on sm_90; on the host
+ * each half picked by `first(x, y)`, whether x wins). */
+template <typename First>
+__host__ __device__ inline uint32_t bsr_pick16x2(uint32_t a, uint32_t b, First first) {
+    const uint32_t lo = first(a & 0xffffu, b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+    return (first(a >> 16, b >> 16) ? a & 0xffff0000u : b & 0xffff0000u) | lo;
+}
 __host__ __device__ inline uint32_t bsr_max16x2(uint32_t a, uint32_t b) {
 #ifdef __CUDA_ARCH__
     return __vmaxu2(a, b);
 #else
-    const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
-    return ((a >> 16) > (b >> 16) ? a & 0xffff0000u : b & 0xffff0000u) | lo;
+    return bsr_pick16x2(a, b, [](uint32_t x, uint32_t y) { return x > y; });
 #endif
 }
 __host__ __device__ inline uint32_t bsr_min16x2(uint32_t a, uint32_t b) {
 #ifdef __CUDA_ARCH__
     return __vminu2(a, b);
 #else
-    const uint32_t lo = (a & 0xffffu) < (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
-    return ((a >> 16) < (b >> 16) ? a & 0xffff0000u : b & 0xffff0000u) | lo;
+    return bsr_pick16x2(a, b, [](uint32_t x, uint32_t y) { return x < y; });
 #endif
 }
 /* The two largest of each half over the four words w (top >= second in each half), and two such
