@@ -317,6 +317,7 @@ struct bs_select_params {
     int32_t score_bh0;
     int32_t score_chunk_tiles; /* the key tiles a CTA of bs_score_kernel scores */
     int32_t score_raise;       /* bs_row_select_kernel raises the bound of rows past BSR_WCAND */
+    int32_t score_slack;       /* its bound search stops within this many values of k */
     /* and the summaries of each row's groups of BSR_GROUP_KEYS keys, score_sum_stride a row */
     uint32_t *score_sums;
     int32_t score_sum_stride;
@@ -1534,11 +1535,22 @@ __global__ void __launch_bounds__(BSS_NT, 3)
  * takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
 template <int D> constexpr size_t bsr_wg_tile_bytes() { return (size_t)BSS_KEYS * D * 2; }
 template <int D> constexpr size_t bsr_wg_smem() {
-    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * BSR_STAGE_ROW * 4;
+    /* Q, two key tiles, the stage, and the mbarriers of the tiles' TMA loads */
+    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * BSR_STAGE_ROW * 4 +
+           4 * sizeof(uint64_t);
 }
+/* Tensor maps of the pooled queries and keys (d, row block, head, batch) in 64-row boxes, where
+ * the tiles come by TMA (D = 128; on: both encoded): one thread issues a tile's two boxes, where
+ * every thread had computed and issued eight 16-byte copies (with their addresses, 15 % of the
+ * kernel's instructions at 1M). */
+struct bsr_score_maps {
+    CUtensorMap q, k;
+    int32_t on;
+};
 template <typename T, int D>
 __global__ void __launch_bounds__(BSS_NT, 3)
-    bs_score_wg_kernel(const __grid_constant__ bs_select_params p) {
+    bs_score_wg_kernel(const __grid_constant__ bs_select_params p,
+                       const __grid_constant__ bsr_score_maps mp) {
 #ifdef MI_SM90_DEVICE
     constexpr int HALF = BSS_KEYS * 128; /* bytes of 64 rows of 64 two-byte values */
     constexpr int TILE = (int)bsr_wg_tile_bytes<D>();
@@ -1574,11 +1586,33 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     };
     const T *kg = bss_keys_of<T, D>(p, b, h);
     const uint32_t qs_a = smem_addr(qs), ks_a = smem_addr(ks);
-    load_rows(qs_a, static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D, m0);
-    load_rows(ks_a, kg, (hi - 1) * BSS_KEYS);
-    cp_async_commit();
-    if (hi - 2 >= lo) load_rows(ks_a + TILE, kg, (hi - 2) * BSS_KEYS);
-    cp_async_commit();
+    /* the TMA path: q_full, then k_full of the two key buffers; buffer (hi - 1 - t) & 1 takes
+     * tile t, as its ((hi - 1 - t) >> 1)-th load */
+    const bool tma = D == 128 && mp.on;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE + BSS_ROWS * BSR_STAGE_ROW * 4);
+    const int hk = h / p.group;
+    auto tma_rows = [&](uint32_t dst, const CUtensorMap *map, int row, int head, uint64_t *bar) {
+        mbar_expect_tx(bar, 2 * HALF);
+        tma_load_4d(dst, map, 0, row, head, b, bar);
+        tma_load_4d(dst + HALF, map, 64, row, head, b, bar);
+    };
+    auto key_parity = [&](int t) { return ((hi - 1 - t) >> 1) & 1; };
+    if (tma) {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < 3; ++i) mbar_init(bars + i, 1);
+            fence_mbarrier_init();
+            tma_rows(qs_a, &mp.q, m0, h, bars);
+            tma_rows(ks_a, &mp.k, (hi - 1) * BSS_KEYS, hk, bars + 1);
+            if (hi - 2 >= lo) tma_rows(ks_a + TILE, &mp.k, (hi - 2) * BSS_KEYS, hk, bars + 2);
+        }
+        __syncthreads(); /* the barriers initialised */
+    } else {
+        load_rows(qs_a, static_cast<const T *>(p.qp) + (int64_t)bh * p.row_blocks * D, m0);
+        load_rows(ks_a, kg, (hi - 1) * BSS_KEYS);
+        cp_async_commit();
+        if (hi - 2 >= lo) load_rows(ks_a + TILE, kg, (hi - 2) * BSS_KEYS);
+        cp_async_commit();
+    }
     const sw128_desc qd(qs_a, 16, 1024);
     auto issue = [&](float *s, int buf) {
         wgmma_issue_qk<T, D>(s, qd, HALF, sw128_desc(ks_a + buf * TILE, 16, 1024), HALF);
@@ -1586,9 +1620,14 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     float sa[32], sb[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sa[i] = sb[i] = 0.f;
-    cp_async_wait<1>();
-    fence_proxy_async();
-    __syncthreads();
+    if (tma) {
+        mbar_wait(bars, 0);
+        mbar_wait(bars + 1, 0);
+    } else {
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+    }
     issue(sa, 0);
     wgmma_wait<0>();
     fence_operands<32>(sa);
@@ -1609,11 +1648,18 @@ __global__ void __launch_bounds__(BSS_NT, 3)
      * the wait, as it did with them split over two branches on the same condition. */
     auto step = [&](int it, float *cur, float *nxt, int cb) {
         if (it - 1 >= lo) {
-            cp_async_wait<0>();
-            fence_proxy_async();
-            __syncthreads(); /* tile it - 1's keys in view; every warp is done with buffer cb */
-            if (it - 2 >= lo) load_rows(ks_a + cb * TILE, kg, (it - 2) * BSS_KEYS);
-            cp_async_commit();
+            if (tma) {
+                mbar_wait(bars + 1 + (cb ^ 1), key_parity(it - 1)); /* tile it - 1's keys */
+                __syncthreads(); /* every warp is done with buffer cb */
+                if (threadIdx.x == 0 && it - 2 >= lo)
+                    tma_rows(ks_a + cb * TILE, &mp.k, (it - 2) * BSS_KEYS, hk, bars + 1 + cb);
+            } else {
+                cp_async_wait<0>();
+                fence_proxy_async();
+                __syncthreads(); /* tile it - 1's keys in view; every warp is done with buffer cb */
+                if (it - 2 >= lo) load_rows(ks_a + cb * TILE, kg, (it - 2) * BSS_KEYS);
+                cp_async_commit();
+            }
             issue(nxt, cb ^ 1);
             write(cur, it);
             wgmma_wait<0>();
@@ -1703,6 +1749,8 @@ constexpr int BSR_WARPS = 8;
 constexpr int BSR_WCAND = 512;
 constexpr int BSR_BATCH = 4;
 constexpr int BSR_REG_GROUPS = 1024;
+/* the bound search's stop (bsr_summary_bound_near) */
+constexpr int BSR_BOUND_SLACK = 32;
 /* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
  * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
 constexpr int BSR_CTAS_PER_SM = 3;
@@ -1751,16 +1799,36 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
         const uint32_t lo_w = __reduce_min_sync(0xffffffffu, lo16),
                        hi_w = __reduce_max_sync(0xffffffffu, hi16);
         auto bound_of = [&](auto nr) {
-            return bsr_summary_bound(
-                [&](uint32_t c) {
-                    int cnt = 0;
+            constexpr int NR = decltype(nr)::value;
+            if (p.score_slack < 0)
+                return bsr_summary_bound(
+                    [&](uint32_t c) {
+                        int cnt = 0;
 #pragma unroll
-                    for (int r = 0; r < decltype(nr)::value; ++r)
-                        cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
-                               bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                        for (int r = 0; r < NR; ++r)
+                            cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
+                                   bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                        return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+                    },
+                    k, lo_w, hi_w);
+            return bsr_summary_bound_near(
+                [&](uint32_t c) {
+                    /* eight countdowns from the lane's NR x 8 values (zeros included) */
+                    int n[8];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) n[i] = NR;
+                    const uint32_t x = c << 16;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        bsr_summary_count_down(sr[r].x, x, n[0], n[1]);
+                        bsr_summary_count_down(sr[r].y, x, n[2], n[3]);
+                        bsr_summary_count_down(sr[r].z, x, n[4], n[5]);
+                        bsr_summary_count_down(sr[r].w, x, n[6], n[7]);
+                    }
+                    const int cnt = (n[0] + n[1]) + (n[2] + n[3]) + (n[4] + n[5]) + (n[6] + n[7]);
                     return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
                 },
-                k, lo_w, hi_w);
+                k, p.score_slack, lo_w, hi_w);
         };
         static_assert(BSR_REG_GROUPS / 128 == 8, "the register counts below");
         const int nr = (ng4 + 31) / 32;
@@ -1770,13 +1838,16 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
                         : bound_of(std::integral_constant<int, 8>());
     } else {
         for (int i = lane; i < ng; i += 32) range_of(__ldg(sums + i));
-        x16 = bsr_summary_bound(
+        x16 = bsr_summary_bound_near(
             [&](uint32_t c) {
-                int cnt = 0;
-                for (int i = lane; i < ng; i += 32) cnt += bsr_summary_count(__ldg(sums + i), c);
-                return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+                int n_top = 0, n_second = 0, words = 0;
+                for (int i = lane; i < ng; i += 32, ++words)
+                    bsr_summary_count_down(__ldg(sums + i), c << 16, n_top, n_second);
+                return (int)__reduce_add_sync(0xffffffffu,
+                                              (unsigned)(2 * words + n_top + n_second));
             },
-            k, __reduce_min_sync(0xffffffffu, lo16), __reduce_max_sync(0xffffffffu, hi16));
+            k, max(p.score_slack, 0), __reduce_min_sync(0xffffffffu, lo16),
+            __reduce_max_sync(0xffffffffu, hi16));
     }
     uint32_t bound = x16 << 16;
     const uint32_t hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
@@ -1863,12 +1934,29 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
     /* wgmma where the Hopper kernels run, unless MI_CUDA_BS_WGMMA=0 */
     const char *wg_env = getenv("MI_CUDA_BS_WGMMA");
     const bool wg = mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0');
-    auto score = wg ? bs_score_wg_kernel<T, D> : bs_score_kernel<T, D>;
     const size_t smem = wg ? bsr_wg_smem<D>() : bsr_score_smem<D>();
     if (!wg) sp.score_chunk_tiles = std::min(sp.score_chunk_tiles, BSR_MAX_CHUNK_TILES);
     cudaError_t e =
-        cudaFuncSetAttribute(score, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        wg ? cudaFuncSetAttribute(bs_score_wg_kernel<T, D>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+           : cudaFuncSetAttribute(bs_score_kernel<T, D>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
+    /* the wgmma kernel's tiles by TMA where D is 128, unless MI_CUDA_BS_SCORE_TMA=0 (then, or
+     * where a map cannot be made, by 16-byte copies) */
+    bsr_score_maps maps;
+    memset(&maps, 0, sizeof maps);
+    const char *tma_env = getenv("MI_CUDA_BS_SCORE_TMA");
+    if (wg && D == 128 && !(tma_env && tma_env[0] == '0')) {
+        const int heads_kv = sp.heads / sp.group, batch = sp.bh / sp.heads;
+        const int64_t rows = sp.row_blocks;
+        const int64_t q_stride[3] = {sp.heads * rows * D, rows * D, D};
+        const int64_t k_stride[3] = {heads_kv * rows * D, rows * D, D};
+        const bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+        maps.on =
+            encode_tma_map(&maps.q, sp.qp, q_stride, batch, sp.heads, sp.row_blocks, 64, bf16) &&
+            encode_tma_map(&maps.k, sp.kp, k_stride, batch, heads_kv, sp.row_blocks, 64, bf16);
+    }
     const unsigned groups = (unsigned)sp.groups_r;
     const unsigned chunks = (groups + sp.score_chunk_tiles - 1) / sp.score_chunk_tiles;
     for (int64_t z0 = 0; z0 < BH; z0 += chunk_pairs) {
@@ -1877,7 +1965,10 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
         for (int64_t bh = z0; bh < z0 + nz; ++bh) any |= sp.active[bh % sp.heads] != 0;
         if (!any) continue;
         sp.score_bh0 = (int32_t)z0;
-        score<<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
+        if (wg)
+            bs_score_wg_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
+        else
+            bs_score_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
         const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
         bs_row_select_kernel<<<dim3(rows, nz), 32 * BSR_WARPS, 0, st>>>(sp);
     }
@@ -2200,6 +2291,10 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.score_raise = 1;
     if (const char *e = getenv("MI_CUDA_BS_RAISE"))
         if (e[0] == '0') sp.score_raise = 0;
+    /* MI_CUDA_BS_BOUND_SLACK=N: the select's bound search stops within N values of k; -1: the
+     * exact bound counted as before (A/B runs) */
+    sp.score_slack = BSR_BOUND_SLACK;
+    if (const char *e = getenv("MI_CUDA_BS_BOUND_SLACK")) sp.score_slack = std::max(-1, atoi(e));
     cudaError_t e = cudaSuccess;
     if (scores_on) {
         for (int64_t h = 0; h < s->heads_q; ++h) sp.active[h] = active ? active[h] != 0 : 1;

@@ -127,6 +127,24 @@ __host__ __device__ inline uint32_t bsr_summary_16x2(uint32_t top, uint32_t seco
 __host__ __device__ constexpr int bsr_summary_count(uint32_t w, uint32_t x16) {
     return (w >= (x16 << 16)) + ((w & 0xffffu) >= x16);
 }
+/* The same count kept as a countdown: n_top -= whether w's upper key falls below x16, n_second
+ * -= whether its lower one does (x = x16 << 16). On the device each is a subtraction whose
+ * borrow is taken off the count, two instructions on two separate chains; written as a sum of
+ * comparisons, ptxas had made each value an increment and a predicated move, one long chain. */
+__host__ __device__ inline void bsr_summary_count_down(uint32_t w, uint32_t x, int &n_top,
+                                                       int &n_second) {
+#ifdef __CUDA_ARCH__
+    asm("{\n\t.reg .u32 t;\n\tsub.cc.u32 t, %1, %2;\n\tsubc.u32 %0, %0, 0;\n\t}"
+        : "+r"(n_top)
+        : "r"(w), "r"(x));
+    asm("{\n\t.reg .u32 t;\n\tsub.cc.u32 t, %1, %2;\n\tsubc.u32 %0, %0, 0;\n\t}"
+        : "+r"(n_second)
+        : "r"(w << 16), "r"(x));
+#else
+    n_top -= w < x;
+    n_second -= (w << 16) < x;
+#endif
+}
 
 /* Widens [lo16, hi16] (start: 0xffff, 0) to the nonzero 16-bit values of summary w (zeros: the
  * keys past the row's end). */
@@ -145,6 +163,33 @@ __host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, u
                                                       uint32_t hi16) {
     if (hi16 == 0 || count_ge(lo16) < k) return 0u;
     return bsr_kth_largest(count_ge, k, lo16, hi16);
+}
+
+/* A bound as bsr_summary_bound's, found with fewer counts: the search stops as soon as at most
+ * k + slack values reach the value it has fixed so far (at least k always do), else ends at the
+ * k-th largest. Every value it passes over costs the select one more key to list; every count
+ * it saves, a pass over all of the row's summaries. 0 where fewer than k are nonzero. */
+#pragma nv_exec_check_disable /* count_ge runs where the caller does */
+template <typename CountFn>
+__host__ __device__ inline uint32_t bsr_summary_bound_near(CountFn count_ge, int k, int slack,
+                                                           uint32_t lo16, uint32_t hi16) {
+    if (hi16 == 0) return 0u;
+    int cnt_x = count_ge(lo16); /* the values at or above x */
+    if (cnt_x < k) return 0u;
+    const uint32_t diff = lo16 ^ hi16;
+    if (diff == 0) return lo16;
+    uint32_t x;
+    const int top = bsr_search_start(lo16, diff, x);
+    /* x (the shared bits of lo16 and hi16) lies at or below lo16: every value reaches it */
+    for (int bit = top; bit >= 0 && cnt_x > k + slack; --bit) {
+        const uint32_t c = x | (1u << bit);
+        const int n = count_ge(c);
+        if (n >= k) {
+            x = c;
+            cnt_x = n;
+        }
+    }
+    return x < lo16 ? lo16 : x; /* as many values reach either */
 }
 
 /* bsr_kth_largest in two phases, the same result: count_ge over every key while more than cap

@@ -9,7 +9,9 @@
  * half word merged as the score kernels merge them give a group's two largest keys (16x2 max and
  * min run on the host as plain code); the summaries' bound equals the
  * k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least k keys of
- * the row reach it, on rows of every length and spread with zeros past their end. The k-th
+ * the row reach it, on rows of every length and spread with zeros past their end; the search
+ * that stops early gives a bound too, within k + slack values of k or the exact one, and the
+ * countdown form of the count agrees with the count. The k-th
  * largest in two phases (bsr_kth_largest_listed) is the same for every size of its list, which
  * never overflows.
  */
@@ -145,6 +147,33 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
         EXPECT(x16 == want, "n %d spread %u k %d: %04x, want %04x", n, spread, k, x16, want);
         EXPECT(x16 <= sorted[k - 1], "n %d spread %u k %d: %04x bounds %04x", n, spread, k, x16,
                sorted[k - 1]);
+        /* the search that stops early: a bound still (at or below the k-th largest value, so at
+         * least k values reach it), never below the smallest value, and within k + slack values
+         * unless it is the k-th largest itself */
+        for (int slack : {1, 7, 32, 200}) {
+            const uint32_t near = bsr_summary_bound_near(count_ge, k, slack, lo16, hi16);
+            if (want == 0) {
+                EXPECT(near == 0, "n %d spread %u k %d slack %d: %04x", n, spread, k, slack, near);
+                continue;
+            }
+            const int reach = count_ge(near);
+            EXPECT(near <= want && near >= lo16, "n %d spread %u k %d slack %d: %04x, at most %04x",
+                   n, spread, k, slack, near, want);
+            EXPECT(near == want || reach <= k + slack,
+                   "n %d spread %u k %d slack %d: %d values reach %04x", n, spread, k, slack, reach,
+                   near);
+        }
+    }
+    /* the countdown form of the count */
+    for (uint32_t c : {1u, lo16, hi16, (lo16 + hi16) / 2, 0xffffu}) {
+        if (c == 0) continue;
+        int n_top = 0, n_second = 0, want = 0;
+        for (uint32_t w : sums) {
+            bsr_summary_count_down(w, c << 16, n_top, n_second);
+            want += bsr_summary_count(w, c);
+        }
+        EXPECT(2 * (int)sums.size() + n_top + n_second == want, "n %d spread %u x16 %04x", n,
+               spread, c);
     }
 }
 

@@ -864,7 +864,10 @@ typedef enum {
     BS_STREAM_NTILE_APPEND,
     BS_STREAM_NO_SCORES,
     BS_SCORES,
-    BS_SCORES_MMA
+    BS_SCORES_MMA,
+    BS_SCORES_NO_TMA,
+    BS_SCORES_EXACT_BOUND,
+    BS_SCORES_LOOSE_BOUND
 } bs_kernel;
 
 /* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
@@ -890,8 +893,14 @@ static const struct {
                                 "streaming, plain tiles appended an n-tile at a time"},
     [BS_STREAM_NO_SCORES] = {"MI_CUDA_BS_SCORES", "0", "no scores in memory"},
     [BS_SCORES] = {"MI_CUDA_BS_SCORES", "1", "scores in memory"},
-    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync",
-                       "MI_CUDA_BS_WGMMA", "0"},
+    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync", "MI_CUDA_BS_WGMMA",
+                       "0"},
+    [BS_SCORES_NO_TMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, tiles by 16-byte copies",
+                          "MI_CUDA_BS_SCORE_TMA", "0"},
+    [BS_SCORES_EXACT_BOUND] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, the exact bound",
+                               "MI_CUDA_BS_BOUND_SLACK", "-1"},
+    [BS_SCORES_LOOSE_BOUND] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, a loose bound",
+                               "MI_CUDA_BS_BOUND_SLACK", "400"},
 };
 
 /* The variables the block-sparse tests set, cleared after each estimate. */
@@ -900,14 +909,18 @@ static void bs_env_clear(void) {
         "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
         "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
         "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
-        "MI_CUDA_BS_WGMMA"};
+        "MI_CUDA_BS_WGMMA", "MI_CUDA_BS_SCORE_TMA",   "MI_CUDA_BS_BOUND_SLACK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
 /* The estimate through scores in memory is the default from 128K on;
  * a test of another path turns it off, so that it runs the path it names. */
+static int bs_scores_path(bs_kernel kern) {
+    return kern == BS_SCORES || kern == BS_SCORES_MMA || kern == BS_SCORES_NO_TMA ||
+           kern == BS_SCORES_EXACT_BOUND || kern == BS_SCORES_LOOSE_BOUND;
+}
 static void bs_env_path(bs_kernel kern) {
-    if (kern == BS_SCORES || kern == BS_SCORES_MMA)
+    if (bs_scores_path(kern))
         unsetenv("MI_CUDA_BS_SCORES");
     else
         setenv("MI_CUDA_BS_SCORES", "0", 1);
@@ -973,8 +986,7 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
              (long long)L, (long long)D, topk,
-             topk > 192 && kern != BS_SCORES && kern != BS_SCORES_MMA ? "rows"
-                                                                      : bs_kernel_env[kern].label,
+             topk > 192 && !bs_scores_path(kern) ? "rows" : bs_kernel_env[kern].label,
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
@@ -1003,12 +1015,14 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     if (var) setenv(var, value, 1);
     bs_env_path(ref);
     setenv(bs_kernel_env[ref].var, bs_kernel_env[ref].value, 1);
+    if (bs_kernel_env[ref].var2) setenv(bs_kernel_env[ref].var2, bs_kernel_env[ref].value2, 1);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     /* that index is the reference (the host side of the pair has the same layout) */
     CUDA_OK(cudaMemcpy(si.hb, si.db, si.bytes, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemset(si.db, 0xff, si.bytes));
     unsetenv(bs_kernel_env[ref].var);
+    if (bs_kernel_env[ref].var2) unsetenv(bs_kernel_env[ref].var2);
     bs_env_path(kern);
     if (bs_kernel_env[kern].var) setenv(bs_kernel_env[kern].var, bs_kernel_env[kern].value, 1);
     if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
@@ -1023,7 +1037,7 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
              (long long)B * H * R);
     /* wgmma sums d in another order than mma.sync: near-ties may fall the other way, as
      * against the CPU; otherwise the same sums give the same index */
-    if (kern == BS_SCORES) {
+    if (kern == BS_SCORES && ref == BS_STREAM_NO_SCORES) {
         check(idiff * 100 <= (int64_t)B * H * R, "index differs", name);
         printf("  %s\n", name);
     } else {
@@ -1310,6 +1324,13 @@ int main(int argc, char **argv) {
         {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
         {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
+        {BS_SCORES, BS_SCORES_NO_TMA, Lb, 128, 100, 0, NULL, NULL},
+        {BS_SCORES, BS_SCORES_NO_TMA, Lr, 128, 300, 1, NULL, NULL},
+        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lb, 128, 100, 0, NULL, NULL},
+        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lb, 64, 192, 0, NULL, NULL},
+        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
+        {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
+        {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lb, 128, 300, 0, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++)
         test_block_sparse_paths_agree(agree[i].kern, agree[i].ref, agree[i].L, agree[i].D,
