@@ -867,8 +867,7 @@ typedef enum {
     BS_SCORES_MMA,
     BS_SCORES_NO_TMA,
     BS_SCORES_EXACT_BOUND,
-    BS_SCORES_LOOSE_BOUND,
-    BS_SCORES_ROWS_4
+    BS_SCORES_LOOSE_BOUND
 } bs_kernel;
 
 /* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
@@ -902,18 +901,15 @@ static const struct {
                                "MI_CUDA_BS_BOUND_SLACK", "-1"},
     [BS_SCORES_LOOSE_BOUND] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, a loose bound",
                                "MI_CUDA_BS_BOUND_SLACK", "400"},
-    [BS_SCORES_ROWS_4] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, 4 rows a select warp",
-                          "MI_CUDA_BS_SELECT_ROWS", "4"},
 };
 
 /* The variables the block-sparse tests set, cleared after each estimate. */
 static void bs_env_clear(void) {
     static const char *const vars[] = {
-        "MI_CUDA_BS_ROWS",       "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
-        "MI_CUDA_BS_BOUND",      "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
-        "MI_CUDA_BS_SPLIT",      "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
-        "MI_CUDA_BS_WGMMA",      "MI_CUDA_BS_SCORE_TMA",   "MI_CUDA_BS_BOUND_SLACK",
-        "MI_CUDA_BS_SELECT_ROWS"};
+        "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
+        "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
+        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
+        "MI_CUDA_BS_WGMMA", "MI_CUDA_BS_SCORE_TMA",   "MI_CUDA_BS_BOUND_SLACK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -921,8 +917,7 @@ static void bs_env_clear(void) {
  * a test of another path turns it off, so that it runs the path it names. */
 static int bs_scores_path(bs_kernel kern) {
     return kern == BS_SCORES || kern == BS_SCORES_MMA || kern == BS_SCORES_NO_TMA ||
-           kern == BS_SCORES_EXACT_BOUND || kern == BS_SCORES_LOOSE_BOUND ||
-           kern == BS_SCORES_ROWS_4;
+           kern == BS_SCORES_EXACT_BOUND || kern == BS_SCORES_LOOSE_BOUND;
 }
 static void bs_env_path(bs_kernel kern) {
     if (bs_scores_path(kern))
@@ -1336,9 +1331,6 @@ int main(int argc, char **argv) {
         {BS_SCORES, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
         {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
         {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lb, 128, 300, 0, NULL, NULL},
-        {BS_SCORES_ROWS_4, BS_SCORES_EXACT_BOUND, Lb, 128, 100, 0, NULL, NULL},
-        {BS_SCORES_ROWS_4, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
-        {BS_SCORES_ROWS_4, BS_SCORES_EXACT_BOUND, Lb, 64, 192, 0, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++)
         test_block_sparse_paths_agree(agree[i].kern, agree[i].ref, agree[i].L, agree[i].D,
