@@ -318,7 +318,6 @@ struct bs_select_params {
     int32_t score_chunk_tiles; /* the key tiles a CTA of bs_score_kernel scores */
     int32_t score_raise;       /* bs_row_select_kernel raises the bound of rows past BSR_WCAND */
     int32_t score_slack;       /* its bound search stops within this many values of k */
-    int32_t score_rows_per_warp; /* the row blocks a warp of bs_row_select_kernel selects */
     /* and the summaries of each row's groups of BSR_GROUP_KEYS keys, score_sum_stride a row */
     uint32_t *score_sums;
     int32_t score_sum_stride;
@@ -1755,40 +1754,19 @@ constexpr int BSR_BOUND_SLACK = 32;
 /* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
  * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
 constexpr int BSR_CTAS_PER_SM = 3;
-__device__ __forceinline__ uint32_t bsr_select_row(const bs_select_params &p, int z, int bh, int h,
-                                                   int m, int len, uint32_t guess, int *wc,
-                                                   uint32_t *wk, int *wg);
 __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     bs_row_select_kernel(const __grid_constant__ bs_select_params p) {
     __shared__ int cand[BSR_WARPS][BSR_WCAND];
     __shared__ uint32_t cand_key[BSR_WARPS][BSR_WCAND];
     __shared__ int cand_group[BSR_WARPS][BSR_WCAND];
-    const int warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int z = blockIdx.y, bh = p.score_bh0 + z;
     const int b = bh / p.heads, h = bh % p.heads;
-    if (!p.active[h]) return;
-    const int len = bs_seq_len(p, b);
-    const int first = (int)(blockIdx.x * BSR_WARPS + warp) * p.score_rows_per_warp;
-    /* the warp's rows, longest first, each bound searched from the one before it */
-    uint32_t guess = 0u;
-    for (int i = 0; i < p.score_rows_per_warp; ++i) {
-        const int m = p.idx_row_blocks - 1 - (first + i);
-        if (m < 0) break;
-        guess = bsr_select_row(p, z, bh, h, m, len, guess, cand[warp], cand_key[warp],
-                               cand_group[warp]);
-    }
-}
-
-/* bs_row_select_kernel's work on row block m, by one warp, with the scratch lists of its shared
- * memory; guess: the bound (16 bits) of a nearby row, where the bound's search starts (0: none).
- * Returns this row's (0 where it had none). */
-__device__ __forceinline__ uint32_t bsr_select_row(const bs_select_params &p, int z, int bh, int h,
-                                                   int m, int len, uint32_t guess, int *wc,
-                                                   uint32_t *wk, int *wg) {
-    const int lane = threadIdx.x & 31;
-    const int n = m + 1, k = bs_row_k(p, h, m, len);
+    const int m = p.idx_row_blocks - 1 - (int)(blockIdx.x * BSR_WARPS + warp);
+    if (!p.active[h] || m < 0) return;
+    const int len = bs_seq_len(p, b), n = m + 1, k = bs_row_k(p, h, m, len);
     const int64_t row = (int64_t)bh * p.idx_row_blocks + m;
-    if (bs_row_trivial<32>(p, row, k, n, lane)) return guess;
+    if (bs_row_trivial<32>(p, row, k, n, lane)) return;
     int32_t *off = p.block_offset + row * p.max_blocks;
     const uint16_t *keys = p.scores + (int64_t)z * p.score_pair_keys + bsr_row_base(m);
     const uint32_t *sums = p.score_sums + (int64_t)z * bsr_pair_summaries(p.row_blocks) +
@@ -1822,6 +1800,17 @@ __device__ __forceinline__ uint32_t bsr_select_row(const bs_select_params &p, in
                        hi_w = __reduce_max_sync(0xffffffffu, hi16);
         auto bound_of = [&](auto nr) {
             constexpr int NR = decltype(nr)::value;
+            if (p.score_slack < 0)
+                return bsr_summary_bound(
+                    [&](uint32_t c) {
+                        int cnt = 0;
+#pragma unroll
+                        for (int r = 0; r < NR; ++r)
+                            cnt += bsr_summary_count(sr[r].x, c) + bsr_summary_count(sr[r].y, c) +
+                                   bsr_summary_count(sr[r].z, c) + bsr_summary_count(sr[r].w, c);
+                        return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+                    },
+                    k, lo_w, hi_w);
             return bsr_summary_bound_near(
                 [&](uint32_t c) {
                     /* eight countdowns from the lane's NR x 8 values (zeros included) */
@@ -1839,7 +1828,7 @@ __device__ __forceinline__ uint32_t bsr_select_row(const bs_select_params &p, in
                     const int cnt = (n[0] + n[1]) + (n[2] + n[3]) + (n[4] + n[5]) + (n[6] + n[7]);
                     return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
                 },
-                k, p.score_slack < 0 ? -1 : p.score_slack * NR / 8, lo_w, hi_w, guess);
+                k, p.score_slack, lo_w, hi_w);
         };
         static_assert(BSR_REG_GROUPS / 128 == 8, "the register counts below");
         const int nr = (ng4 + 31) / 32;
@@ -1857,11 +1846,13 @@ __device__ __forceinline__ uint32_t bsr_select_row(const bs_select_params &p, in
                 return (int)__reduce_add_sync(0xffffffffu,
                                               (unsigned)(2 * words + n_top + n_second));
             },
-            k, p.score_slack, __reduce_min_sync(0xffffffffu, lo16),
-            __reduce_max_sync(0xffffffffu, hi16), guess);
+            k, max(p.score_slack, 0), __reduce_min_sync(0xffffffffu, lo16),
+            __reduce_max_sync(0xffffffffu, hi16));
     }
     uint32_t bound = x16 << 16;
     const uint32_t hi = __reduce_max_sync(0xffffffffu, top) | 0xffffu;
+    int *wc = cand[warp], *wg = cand_group[warp];
+    uint32_t *wk = cand_key[warp];
     /* bsr_warp_kth_largest's list of 32 keys: the group list's first words, free once a collect
      * has read it (a separate array took the static shared memory past sm_80's 48 KB) */
     uint32_t *kth_list = reinterpret_cast<uint32_t *>(wg);
@@ -1935,18 +1926,6 @@ __device__ __forceinline__ uint32_t bsr_select_row(const bs_select_params &p, in
     else
         bsr_warp_emit([&](int j) { return (uint32_t)keys[j] << 16; }, [&](int j) { return j; }, n,
                       k, bound, hi, -1, kth_list, off);
-    return x16;
-}
-
-/* The row blocks a warp of bs_row_select_kernel takes, one after the other, so that each bound's
- * search starts from the last one's (adjacent rows' bounds lie close): as many as keep about two
- * waves of warps on the GPU, at most 4. MI_CUDA_BS_SELECT_ROWS=N fixes them (A/B runs, tests). */
-static int bsr_rows_per_warp(int64_t rows) {
-    if (const char *e = getenv("MI_CUDA_BS_SELECT_ROWS"))
-        if (atoi(e) >= 1) return std::min(atoi(e), 4);
-    const int64_t slots = (int64_t)mi_cuda_sm_count() * BSR_CTAS_PER_SM * BSR_WARPS;
-    return (int)std::max<int64_t>(1,
-                                  std::min<int64_t>(4, rows / (2 * std::max<int64_t>(slots, 1))));
 }
 
 template <typename T, int D>
@@ -1990,9 +1969,7 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
             bs_score_wg_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
         else
             bs_score_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
-        sp.score_rows_per_warp = bsr_rows_per_warp((int64_t)nz * sp.idx_row_blocks);
-        const int per_cta = BSR_WARPS * sp.score_rows_per_warp;
-        const unsigned rows = (unsigned)((sp.idx_row_blocks + per_cta - 1) / per_cta);
+        const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
         bs_row_select_kernel<<<dim3(rows, nz), 32 * BSR_WARPS, 0, st>>>(sp);
     }
     return cudaGetLastError();

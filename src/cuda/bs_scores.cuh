@@ -166,62 +166,30 @@ __host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, u
 }
 
 /* A bound as bsr_summary_bound's, found with fewer counts: the search stops as soon as at most
- * k + slack values reach the value it has fixed so far (at least k always do; slack < 0: it
- * ends at the k-th largest), and starts from guess where that lies in (lo16, hi16] (the bound of
- * an adjacent row: at 1M a row's k-th largest summary lies within a few dozen values of its
- * neighbour's, within one on position-coded inputs), stepping away from it by doubling steps
- * until it has a value reached by at least k and one reached by fewer, then halving that range.
- * Every value it passes over costs the select one more key to list; every count it saves, a pass
- * over all of the row's summaries. 0 where fewer than k are nonzero. */
+ * k + slack values reach the value it has fixed so far (at least k always do), else ends at the
+ * k-th largest. Every value it passes over costs the select one more key to list; every count
+ * it saves, a pass over all of the row's summaries. 0 where fewer than k are nonzero. */
 #pragma nv_exec_check_disable /* count_ge runs where the caller does */
 template <typename CountFn>
 __host__ __device__ inline uint32_t bsr_summary_bound_near(CountFn count_ge, int k, int slack,
-                                                           uint32_t lo16, uint32_t hi16,
-                                                           uint32_t guess = 0u) {
+                                                           uint32_t lo16, uint32_t hi16) {
     if (hi16 == 0) return 0u;
-    int cnt_a = count_ge(lo16); /* the values at or above a */
-    if (cnt_a < k) return 0u;
-    auto done = [&] { return slack >= 0 && cnt_a <= k + slack; };
-    /* a: reached by at least k values; b: by fewer (nothing lies above hi16) */
-    uint32_t a = lo16, b = hi16 + 1u;
-    if (!done() && guess > lo16 && guess <= hi16) {
-        const int c = count_ge(guess);
-        if (c >= k) {
-            a = guess;
-            cnt_a = c;
-            for (uint32_t step = 1u; !done() && step < b - a; step *= 2u) {
-                const int cx = count_ge(a + step);
-                if (cx < k) {
-                    b = a + step;
-                    break;
-                }
-                a += step;
-                cnt_a = cx;
-            }
-        } else {
-            b = guess;
-            for (uint32_t step = 1u; step < b - a; step *= 2u) {
-                const int cx = count_ge(b - step);
-                if (cx >= k) {
-                    a = b - step;
-                    cnt_a = cx;
-                    break;
-                }
-                b -= step;
-            }
+    int cnt_x = count_ge(lo16); /* the values at or above x */
+    if (cnt_x < k) return 0u;
+    const uint32_t diff = lo16 ^ hi16;
+    if (diff == 0) return lo16;
+    uint32_t x;
+    const int top = bsr_search_start(lo16, diff, x);
+    /* x (the shared bits of lo16 and hi16) lies at or below lo16: every value reaches it */
+    for (int bit = top; bit >= 0 && cnt_x > k + slack; --bit) {
+        const uint32_t c = x | (1u << bit);
+        const int n = count_ge(c);
+        if (n >= k) {
+            x = c;
+            cnt_x = n;
         }
     }
-    while (b - a > 1u && !done()) {
-        const uint32_t x = a + (b - a) / 2u;
-        const int cx = count_ge(x);
-        if (cx >= k) {
-            a = x;
-            cnt_a = cx;
-        } else {
-            b = x;
-        }
-    }
-    return a;
+    return x < lo16 ? lo16 : x; /* as many values reach either */
 }
 
 /* bsr_kth_largest in two phases, the same result: count_ge over every key while more than cap
