@@ -167,7 +167,7 @@ __host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, u
 
 /* A bound as bsr_summary_bound's, found with fewer counts: the search stops as soon as at most
  * k + slack values reach the value it has fixed so far (at least k always do), else ends at the
- * k-th largest. Every value it passes over costs the select one more key to list; every count
+ * k-th largest (always where slack < 0). Every value it passes over costs the select one more key to list; every count
  * it saves, a pass over all of the row's summaries. 0 where fewer than k are nonzero. */
 #pragma nv_exec_check_disable /* count_ge runs where the caller does */
 template <typename CountFn>
@@ -181,7 +181,7 @@ __host__ __device__ inline uint32_t bsr_summary_bound_near(CountFn count_ge, int
     uint32_t x;
     const int top = bsr_search_start(lo16, diff, x);
     /* x (the shared bits of lo16 and hi16) lies at or below lo16: every value reaches it */
-    for (int bit = top; bit >= 0 && cnt_x > k + slack; --bit) {
+    for (int bit = top; bit >= 0 && (slack < 0 || cnt_x > k + slack); --bit) {
         const uint32_t c = x | (1u << bit);
         const int n = count_ge(c);
         if (n >= k) {
