@@ -1376,16 +1376,17 @@ __device__ __forceinline__ uint32_t bsr_key16x2(float a, float b) {
 
 /* What both score kernels do with a warp's 16 x 64 scores of key tile `it`, s[4 nt + i] in the
  * mma / wgmma accumulator layout (lane g, t: rows mr[0] and mr[1] in i = 0, 1 and 2, 3, keys
- * 8 nt + 2 t + (i & 1)): the 16-bit order keys (bs_rank_key's upper halves, zeros past the
- * diagonal) staged in shared memory and written a row's 128 bytes at a time for the rows in
- * sel_rows (the warp's rows start at out, row_len keys apart), and each 16-key group's summary
- * (bsr_summary_16x2: two lanes' halves, merged) handed to put_sum(on, i, rr, group, summary),
- * on for one lane a group of a selecting row; step i covers the warp's rows 4 i .. 4 i + 3, one
- * a quarter warp. */
-template <typename PutSum>
-__device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
-                                               int t, int lane, uint32_t *stage, unsigned sel_rows,
-                                               uint16_t *out, int row_len, PutSum put_sum) {
+ * 8 nt + 2 t + (i & 1)), in two steps. bsr_pack_tile: the 16-bit order keys (bs_rank_key's
+ * upper halves, zeros past the diagonal), two a word, key[8 r + nt] for row mr[r]. Then
+ * bsr_store_keys: the keys staged in shared memory and written a row's 128 bytes at a time for
+ * the rows in sel_rows (the warp's rows start at out, row_len keys apart), and each 16-key
+ * group's summary (bsr_summary_16x2: two lanes' halves, merged) handed to put_sum(on, i, rr,
+ * group, summary), on for one lane a group of a selecting row; step i covers the warp's rows
+ * 4 i .. 4 i + 3, one a quarter warp. The wgmma kernel packs a tile before the next tile's
+ * product overwrites its accumulators, so that one set of 32 serves both (with two, ptxas had
+ * copied the finished one out after every product: 6 % of the kernel's instructions). */
+__device__ __forceinline__ void bsr_pack_tile(const float *s, int it, const int (&mr)[2], int t,
+                                              uint32_t (&key)[16]) {
     /* a tile past block 0 and before every row's diagonal (most of them): each key is its
      * score's order key, no block is forced and none lies past its row (mr[0] of lane 0 is the
      * warp's first row) */
@@ -1395,8 +1396,7 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
-                stage[(g + 8 * r) * BSR_STAGE_ROW + 4 * nt + t] =
-                    bsr_key16x2(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]);
+                key[8 * r + nt] = bsr_key16x2(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]);
     } else {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -1406,11 +1406,19 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
                 const int j = it * BSS_KEYS + 8 * nt + 2 * t;
                 const uint32_t k0 = j <= m ? bs_rank_key(s[4 * nt + 2 * r], j, m) : 0u;
                 const uint32_t k1 = j + 1 <= m ? bs_rank_key(s[4 * nt + 2 * r + 1], j + 1, m) : 0u;
-                stage[(g + 8 * r) * BSR_STAGE_ROW + 4 * nt + t] = __byte_perm(k0, k1, 0x7632);
+                key[8 * r + nt] = __byte_perm(k0, k1, 0x7632);
             }
         }
     }
-    __syncwarp();
+}
+/* PASSES: the warp's 16 rows staged all at once (1; stage of 16 rows) or 8 at a time (2; stage
+ * of 8 rows, so that the wgmma kernel fits four CTAs an SM) */
+template <int PASSES, typename PutSum>
+__device__ __forceinline__ void bsr_store_keys(const uint32_t (&key)[16], int it, int g, int t,
+                                               int lane, uint32_t *stage, unsigned sel_rows,
+                                               uint16_t *out, int row_len, PutSum put_sum) {
+    static_assert(PASSES == 1 || PASSES == 2, "16 or 8 rows staged at once");
+    constexpr int ROWS = 16 / PASSES, STEPS = 4 / PASSES;
     /* four rows a store: a quarter warp a row, eight keys a lane; the lane's address and row
      * bits worked out once (per store they had been a 64-bit product and sum, and a branch) */
     const int quarter = lane >> 3, c = 4 * (lane & 7);
@@ -1420,17 +1428,37 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
     const int64_t out_step = 4 * (int64_t)row_len;
     const bool lead = (lane & 1) == 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint4 v = *reinterpret_cast<const uint4 *>(stage_q + 4 * i * BSR_STAGE_ROW);
-        const bool sel = (sel_quarter >> (4 * i)) & 1u;
-        st_global_v4_if(sel, out_q + i * out_step, v);
-        uint32_t top, second;
-        bsr_top2_16x2_of4({v.x, v.y, v.z, v.w}, top, second);
-        bsr_top2_16x2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, 1),
-                            __shfl_xor_sync(0xffffffffu, second, 1));
-        put_sum(lead && sel, i, 4 * i + quarter, (lane & 7) >> 1, bsr_summary_16x2(top, second));
+    for (int pass = 0; pass < PASSES; ++pass) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (PASSES == 1 || r == pass)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    stage[((g + 8 * r) % ROWS) * BSR_STAGE_ROW + 4 * nt + t] = key[8 * r + nt];
+        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s) {
+            const int i = pass * STEPS + s; /* the warp's rows 4 i .. 4 i + 3 */
+            const uint4 v = *reinterpret_cast<const uint4 *>(stage_q + 4 * s * BSR_STAGE_ROW);
+            const bool sel = (sel_quarter >> (4 * i)) & 1u;
+            st_global_v4_if(sel, out_q + i * out_step, v);
+            uint32_t top, second;
+            bsr_top2_16x2_of4({v.x, v.y, v.z, v.w}, top, second);
+            bsr_top2_16x2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, 1),
+                                __shfl_xor_sync(0xffffffffu, second, 1));
+            put_sum(lead && sel, i, 4 * i + quarter, (lane & 7) >> 1,
+                    bsr_summary_16x2(top, second));
+        }
+        __syncwarp(); /* the stage is written again by the next pass or tile */
     }
-    __syncwarp(); /* the stage is written again by the next tile */
+}
+template <typename PutSum>
+__device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
+                                               int t, int lane, uint32_t *stage, unsigned sel_rows,
+                                               uint16_t *out, int row_len, PutSum put_sum) {
+    uint32_t key[16];
+    bsr_pack_tile(s, it, mr, t, key);
+    bsr_store_keys<1>(key, it, g, t, lane, stage, sel_rows, out, row_len, put_sum);
 }
 
 /* The key tiles one CTA of bs_score_kernel scores, by default. */
@@ -1535,8 +1563,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
  * takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
 template <int D> constexpr size_t bsr_wg_tile_bytes() { return (size_t)BSS_KEYS * D * 2; }
 template <int D> constexpr size_t bsr_wg_smem() {
-    /* Q, two key tiles, the stage, and the mbarriers of the tiles' TMA loads */
-    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * BSR_STAGE_ROW * 4 +
+    /* Q, two key tiles, the stage (8 rows a warp), and the mbarriers of the tiles' TMA loads */
+    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS / 2 * BSR_STAGE_ROW * 4 +
            4 * sizeof(uint64_t);
 }
 /* Tensor maps of the pooled queries and keys (d, row block, head, batch) in 64-row boxes, where
@@ -1547,8 +1575,8 @@ struct bsr_score_maps {
     CUtensorMap q, k;
     int32_t on;
 };
-template <typename T, int D>
-__global__ void __launch_bounds__(BSS_NT, 3)
+template <typename T, int D, int CTAS>
+__global__ void __launch_bounds__(BSS_NT, CTAS)
     bs_score_wg_kernel(const __grid_constant__ bs_select_params p,
                        const __grid_constant__ bsr_score_maps mp) {
 #ifdef MI_SM90_DEVICE
@@ -1559,7 +1587,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     unsigned char *qs = smem_base_1024(smem_raw);
     unsigned char *ks = qs + TILE; /* [2][TILE] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 16 * warp * BSR_STAGE_ROW;
+    uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 8 * warp * BSR_STAGE_ROW;
     bsr_score_place w;
     if (!bsr_score_place_of(p, warp, w)) return;
     const int bh = w.bh, b = w.b, h = w.h, m0 = w.m0, lo = w.lo;
@@ -1589,7 +1617,7 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     /* the TMA path: q_full, then k_full of the two key buffers; buffer (hi - 1 - t) & 1 takes
      * tile t, as its ((hi - 1 - t) >> 1)-th load */
     const bool tma = D == 128 && mp.on;
-    uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE + BSS_ROWS * BSR_STAGE_ROW * 4);
+    uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE + BSS_ROWS / 2 * BSR_STAGE_ROW * 4);
     const int hk = h / p.group;
     auto tma_rows = [&](uint32_t dst, const CUtensorMap *map, int row, int head, uint64_t *bar) {
         mbar_expect_tx(bar, 2 * HALF);
@@ -1617,9 +1645,9 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     auto issue = [&](float *s, int buf) {
         wgmma_issue_qk<T, D>(s, qd, HALF, sw128_desc(ks_a + buf * TILE, 16, 1024), HALF);
     };
-    float sa[32], sb[32];
+    float acc[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sa[i] = sb[i] = 0.f;
+    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
     if (tma) {
         mbar_wait(bars, 0);
         mbar_wait(bars + 1, 0);
@@ -1628,25 +1656,29 @@ __global__ void __launch_bounds__(BSS_NT, 3)
         fence_proxy_async();
         __syncthreads();
     }
-    issue(sa, 0);
+    issue(acc, 0);
     wgmma_wait<0>();
-    fence_operands<32>(sa);
+    fence_operands<32>(acc);
     /* where the lane's summaries go: row (lane >> 3) + 4 i, group (lane & 7) >> 1 of a tile */
     uint32_t *sums_lane = sums_out + (int64_t)(lane >> 3) * p.score_sum_stride + ((lane & 7) >> 1);
     const int64_t sums_step = 4 * (int64_t)p.score_sum_stride;
-    auto write = [&](const float *cur, int it) {
+    auto write = [&](const uint32_t(&key)[16], int it) {
         if (th.warp_sel)
-            bsr_store_tile(cur, it, th.mr, g, t, lane, stage, sel_rows, out, row_len,
-                           [&](bool on, int i, int, int, uint32_t sum) {
-                               st_global_if(on, sums_lane + BSR_GROUPS * it + i * sums_step, sum);
-                           });
+            bsr_store_keys<2>(key, it, g, t, lane, stage, sel_rows, out, row_len,
+                              [&](bool on, int i, int, int, uint32_t sum) {
+                                  st_global_if(on, sums_lane + BSR_GROUPS * it + i * sums_step,
+                                               sum);
+                              });
     };
-    /* cur: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Starts
-     * tile it - 1 into nxt and tile it - 2's keys into cb, writes tile it meanwhile. Nothing is
-     * in flight from one step to the next, and the issue, the writes and the wait sit in one
-     * branch: ptxas serialises wgmma whose accumulators other instructions might read before
-     * the wait, as it did with them split over two branches on the same condition. */
-    auto step = [&](int it, float *cur, float *nxt, int cb) {
+    /* acc: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Packs
+     * tile it's keys, starts tile it - 1's product into acc and tile it - 2's keys into cb, and
+     * writes tile it meanwhile. Nothing is in flight from one tile to the next, and the issue,
+     * the writes and the wait sit in one branch: ptxas serialises wgmma whose accumulators
+     * other instructions might read before the wait, as it did with them split over two
+     * branches on the same condition. */
+    for (int it = hi - 1, cb = 0; it >= lo; --it, cb ^= 1) {
+        uint32_t key[16];
+        bsr_pack_tile(acc, it, th.mr, t, key);
         if (it - 1 >= lo) {
             if (tma) {
                 mbar_wait(bars + 1 + (cb ^ 1), key_parity(it - 1)); /* tile it - 1's keys */
@@ -1660,18 +1692,13 @@ __global__ void __launch_bounds__(BSS_NT, 3)
                 if (it - 2 >= lo) load_rows(ks_a + cb * TILE, kg, (it - 2) * BSS_KEYS);
                 cp_async_commit();
             }
-            issue(nxt, cb ^ 1);
-            write(cur, it);
+            issue(acc, cb ^ 1);
+            write(key, it);
             wgmma_wait<0>();
-            fence_operands<32>(nxt);
+            fence_operands<32>(acc);
         } else {
-            write(cur, it);
+            write(key, it);
         }
-    };
-    for (int it = hi - 1; it >= lo; it -= 2) {
-        step(it, sa, sb, 0);
-        if (it - 1 < lo) break;
-        step(it - 1, sb, sa, 1);
     }
 #endif
 }
@@ -1929,8 +1956,10 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
     const bool wg = mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0');
     const size_t smem = wg ? bsr_wg_smem<D>() : bsr_score_smem<D>();
     if (!wg) sp.score_chunk_tiles = std::min(sp.score_chunk_tiles, BSR_MAX_CHUNK_TILES);
+    const char *ctas_env = getenv("MI_CUDA_BS_SCORE_CTAS");
+    const bool wg3 = ctas_env && ctas_env[0] == '3';
     cudaError_t e =
-        wg ? cudaFuncSetAttribute(bs_score_wg_kernel<T, D>,
+        wg ? cudaFuncSetAttribute(wg3 ? bs_score_wg_kernel<T, D, 3> : bs_score_wg_kernel<T, D, 4>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
            : cudaFuncSetAttribute(bs_score_kernel<T, D>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1958,8 +1987,10 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
         for (int64_t bh = z0; bh < z0 + nz; ++bh) any |= sp.active[bh % sp.heads] != 0;
         if (!any) continue;
         sp.score_bh0 = (int32_t)z0;
-        if (wg)
-            bs_score_wg_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
+        if (wg && wg3)
+            bs_score_wg_kernel<T, D, 3><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
+        else if (wg)
+            bs_score_wg_kernel<T, D, 4><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
         else
             bs_score_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
         const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
