@@ -1411,14 +1411,16 @@ __device__ __forceinline__ void bsr_pack_tile(const float *s, int it, const int 
         }
     }
 }
-/* PASSES: the warp's 16 rows staged all at once (1; stage of 16 rows) or 8 at a time (2; stage
- * of 8 rows, so that the wgmma kernel fits four CTAs an SM) */
-template <int PASSES, typename PutSum>
+template <typename PutSum>
 __device__ __forceinline__ void bsr_store_keys(const uint32_t (&key)[16], int it, int g, int t,
                                                int lane, uint32_t *stage, unsigned sel_rows,
                                                uint16_t *out, int row_len, PutSum put_sum) {
-    static_assert(PASSES == 1 || PASSES == 2, "16 or 8 rows staged at once");
-    constexpr int ROWS = 16 / PASSES, STEPS = 4 / PASSES;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+            stage[(g + 8 * r) * BSR_STAGE_ROW + 4 * nt + t] = key[8 * r + nt];
+    __syncwarp();
     /* four rows a store: a quarter warp a row, eight keys a lane; the lane's address and row
      * bits worked out once (per store they had been a 64-bit product and sum, and a branch) */
     const int quarter = lane >> 3, c = 4 * (lane & 7);
@@ -1428,29 +1430,17 @@ __device__ __forceinline__ void bsr_store_keys(const uint32_t (&key)[16], int it
     const int64_t out_step = 4 * (int64_t)row_len;
     const bool lead = (lane & 1) == 0;
 #pragma unroll
-    for (int pass = 0; pass < PASSES; ++pass) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-            if (PASSES == 1 || r == pass)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    stage[((g + 8 * r) % ROWS) * BSR_STAGE_ROW + 4 * nt + t] = key[8 * r + nt];
-        __syncwarp();
-#pragma unroll
-        for (int s = 0; s < STEPS; ++s) {
-            const int i = pass * STEPS + s; /* the warp's rows 4 i .. 4 i + 3 */
-            const uint4 v = *reinterpret_cast<const uint4 *>(stage_q + 4 * s * BSR_STAGE_ROW);
-            const bool sel = (sel_quarter >> (4 * i)) & 1u;
-            st_global_v4_if(sel, out_q + i * out_step, v);
-            uint32_t top, second;
-            bsr_top2_16x2_of4({v.x, v.y, v.z, v.w}, top, second);
-            bsr_top2_16x2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, 1),
-                                __shfl_xor_sync(0xffffffffu, second, 1));
-            put_sum(lead && sel, i, 4 * i + quarter, (lane & 7) >> 1,
-                    bsr_summary_16x2(top, second));
-        }
-        __syncwarp(); /* the stage is written again by the next pass or tile */
+    for (int i = 0; i < 4; ++i) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(stage_q + 4 * i * BSR_STAGE_ROW);
+        const bool sel = (sel_quarter >> (4 * i)) & 1u;
+        st_global_v4_if(sel, out_q + i * out_step, v);
+        uint32_t top, second;
+        bsr_top2_16x2_of4({v.x, v.y, v.z, v.w}, top, second);
+        bsr_top2_16x2_merge(top, second, __shfl_xor_sync(0xffffffffu, top, 1),
+                            __shfl_xor_sync(0xffffffffu, second, 1));
+        put_sum(lead && sel, i, 4 * i + quarter, (lane & 7) >> 1, bsr_summary_16x2(top, second));
     }
+    __syncwarp(); /* the stage is written again by the next tile */
 }
 template <typename PutSum>
 __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int (&mr)[2], int g,
@@ -1458,7 +1448,7 @@ __device__ __forceinline__ void bsr_store_tile(const float *s, int it, const int
                                                uint16_t *out, int row_len, PutSum put_sum) {
     uint32_t key[16];
     bsr_pack_tile(s, it, mr, t, key);
-    bsr_store_keys<1>(key, it, g, t, lane, stage, sel_rows, out, row_len, put_sum);
+    bsr_store_keys(key, it, g, t, lane, stage, sel_rows, out, row_len, put_sum);
 }
 
 /* The key tiles one CTA of bs_score_kernel scores, by default. */
@@ -1563,8 +1553,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
  * takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
 template <int D> constexpr size_t bsr_wg_tile_bytes() { return (size_t)BSS_KEYS * D * 2; }
 template <int D> constexpr size_t bsr_wg_smem() {
-    /* Q, two key tiles, the stage (8 rows a warp), and the mbarriers of the tiles' TMA loads */
-    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS / 2 * BSR_STAGE_ROW * 4 +
+    /* Q, two key tiles, the stage, and the mbarriers of the tiles' TMA loads */
+    return 1024 + 3 * bsr_wg_tile_bytes<D>() + (size_t)BSS_ROWS * BSR_STAGE_ROW * 4 +
            4 * sizeof(uint64_t);
 }
 /* Tensor maps of the pooled queries and keys (d, row block, head, batch) in 64-row boxes, where
@@ -1575,8 +1565,8 @@ struct bsr_score_maps {
     CUtensorMap q, k;
     int32_t on;
 };
-template <typename T, int D, int CTAS>
-__global__ void __launch_bounds__(BSS_NT, CTAS)
+template <typename T, int D>
+__global__ void __launch_bounds__(BSS_NT, 3)
     bs_score_wg_kernel(const __grid_constant__ bs_select_params p,
                        const __grid_constant__ bsr_score_maps mp) {
 #ifdef MI_SM90_DEVICE
@@ -1587,7 +1577,7 @@ __global__ void __launch_bounds__(BSS_NT, CTAS)
     unsigned char *qs = smem_base_1024(smem_raw);
     unsigned char *ks = qs + TILE; /* [2][TILE] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 8 * warp * BSR_STAGE_ROW;
+    uint32_t *stage = reinterpret_cast<uint32_t *>(ks + 2 * TILE) + 16 * warp * BSR_STAGE_ROW;
     bsr_score_place w;
     if (!bsr_score_place_of(p, warp, w)) return;
     const int bh = w.bh, b = w.b, h = w.h, m0 = w.m0, lo = w.lo;
@@ -1617,7 +1607,7 @@ __global__ void __launch_bounds__(BSS_NT, CTAS)
     /* the TMA path: q_full, then k_full of the two key buffers; buffer (hi - 1 - t) & 1 takes
      * tile t, as its ((hi - 1 - t) >> 1)-th load */
     const bool tma = D == 128 && mp.on;
-    uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE + BSS_ROWS / 2 * BSR_STAGE_ROW * 4);
+    uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE + BSS_ROWS * BSR_STAGE_ROW * 4);
     const int hk = h / p.group;
     auto tma_rows = [&](uint32_t dst, const CUtensorMap *map, int row, int head, uint64_t *bar) {
         mbar_expect_tx(bar, 2 * HALF);
@@ -1664,11 +1654,10 @@ __global__ void __launch_bounds__(BSS_NT, CTAS)
     const int64_t sums_step = 4 * (int64_t)p.score_sum_stride;
     auto write = [&](const uint32_t(&key)[16], int it) {
         if (th.warp_sel)
-            bsr_store_keys<2>(key, it, g, t, lane, stage, sel_rows, out, row_len,
-                              [&](bool on, int i, int, int, uint32_t sum) {
-                                  st_global_if(on, sums_lane + BSR_GROUPS * it + i * sums_step,
-                                               sum);
-                              });
+            bsr_store_keys(key, it, g, t, lane, stage, sel_rows, out, row_len,
+                           [&](bool on, int i, int, int, uint32_t sum) {
+                               st_global_if(on, sums_lane + BSR_GROUPS * it + i * sums_step, sum);
+                           });
     };
     /* acc: tile it's scores, from buffer cb; tile it - 1's keys loading into the other. Packs
      * tile it's keys, starts tile it - 1's product into acc and tile it - 2's keys into cb, and
@@ -1956,10 +1945,8 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
     const bool wg = mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0');
     const size_t smem = wg ? bsr_wg_smem<D>() : bsr_score_smem<D>();
     if (!wg) sp.score_chunk_tiles = std::min(sp.score_chunk_tiles, BSR_MAX_CHUNK_TILES);
-    const char *ctas_env = getenv("MI_CUDA_BS_SCORE_CTAS");
-    const bool wg3 = ctas_env && ctas_env[0] == '3';
     cudaError_t e =
-        wg ? cudaFuncSetAttribute(wg3 ? bs_score_wg_kernel<T, D, 3> : bs_score_wg_kernel<T, D, 4>,
+        wg ? cudaFuncSetAttribute(bs_score_wg_kernel<T, D>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
            : cudaFuncSetAttribute(bs_score_kernel<T, D>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1987,10 +1974,8 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
         for (int64_t bh = z0; bh < z0 + nz; ++bh) any |= sp.active[bh % sp.heads] != 0;
         if (!any) continue;
         sp.score_bh0 = (int32_t)z0;
-        if (wg && wg3)
-            bs_score_wg_kernel<T, D, 3><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
-        else if (wg)
-            bs_score_wg_kernel<T, D, 4><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
+        if (wg)
+            bs_score_wg_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp, maps);
         else
             bs_score_kernel<T, D><<<dim3(chunks, groups, nz), BSS_NT, smem, st>>>(sp);
         const unsigned rows = (unsigned)((sp.idx_row_blocks + BSR_WARPS - 1) / BSR_WARPS);
