@@ -188,7 +188,7 @@
  *      -> 0.131 (four CTAs an SM with 8 rows staged at a time: no faster, not kept). The select's
  *      bound counted down by borrows (bsr_summary_count_down: two instructions a value where the sum
  *      of comparisons made three on one chain) and searched only until at most k + 32 values reach
- *      it on rows of 1024 summaries, proportionally fewer on shorter rows (bsr_summary_bound_near):
+ *      it on rows of 1024 summaries, proportionally fewer on shorter rows (bsr_summary_bound):
  *      select at 1M x 1 0.147 / 0.152 -> 0.141 / 0.145 ms; 32 on every row had made 128K x 32 heads
  *      8-15 % slower. Estimate at 1M x 1: kernels 0.425 -> 0.41 ms; a call 0.438-0.446 timed alone,
  *      0.415 back to back; 4.1 / 5.0 % of the block-sparse total (v37). Not kept: a warp taking
@@ -1781,7 +1781,7 @@ constexpr int BSR_WARPS = 8;
 constexpr int BSR_WCAND = 512;
 constexpr int BSR_BATCH = 4;
 constexpr int BSR_REG_GROUPS = 1024;
-/* the bound search's stop (bsr_summary_bound_near) on rows of BSR_REG_GROUPS summaries, and
+/* the bound search's stop (bsr_summary_bound) on rows of BSR_REG_GROUPS summaries, and
  * proportionally less on shorter ones: at 1M x 1 the select took 0.145 / 0.152 ms with the
  * search run to its end, 0.140 / 0.148 stopping within 32 (random / position-coded); 32 on every
  * row had made it 8-15 % slower at 128K x 32 heads (rows of at most 128 summaries, k = 100),
@@ -1836,7 +1836,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
                        hi_w = __reduce_max_sync(0xffffffffu, hi16);
         auto bound_of = [&](auto nr) {
             constexpr int NR = decltype(nr)::value;
-            return bsr_summary_bound_near(
+            return bsr_summary_bound(
                 [&](uint32_t c) {
                     /* eight countdowns from the lane's NR x 8 values (zeros included) */
                     int n[8];
@@ -1863,7 +1863,7 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
                         : bound_of(std::integral_constant<int, 8>());
     } else {
         for (int i = lane; i < ng; i += 32) range_of(__ldg(sums + i));
-        x16 = bsr_summary_bound_near(
+        x16 = bsr_summary_bound(
             [&](uint32_t c) {
                 int n_top = 0, n_second = 0, words = 0;
                 for (int i = lane; i < ng; i += 32, ++words)

@@ -154,25 +154,17 @@ __host__ __device__ inline void bsr_summary_range(uint32_t w, uint32_t &lo16, ui
     hi16 = hi16 > t16 ? hi16 : t16;
 }
 
-/* The k-th largest nonzero 16-bit value of a row's summaries, given count_ge(x16) over them
- * (0 < x16 < 2^16) and the range [lo16, hi16] of the nonzero values (hi16 = 0: none); 0 where
- * fewer than k are nonzero (no bound). */
+/* A lower bound of a row's k-th largest key from its summaries, given count_ge(x16) over them
+ * (0 < x16 < 2^16) and the range [lo16, hi16] of the nonzero values (hi16 = 0: none): a value
+ * that at least k of them reach, found bit by bit from the top as their k-th largest, the search
+ * stopping as soon as at most k + slack values reach the value it has fixed so far (slack < 0:
+ * never; then it is the k-th largest). Every value it passes over costs the select one more key
+ * to list; every count it saves, a pass over all of the row's summaries. 0 where fewer than k
+ * are nonzero (no bound). */
 #pragma nv_exec_check_disable /* count_ge runs where the caller does */
 template <typename CountFn>
-__host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, uint32_t lo16,
-                                                      uint32_t hi16) {
-    if (hi16 == 0 || count_ge(lo16) < k) return 0u;
-    return bsr_kth_largest(count_ge, k, lo16, hi16);
-}
-
-/* A bound as bsr_summary_bound's, found with fewer counts: the search stops as soon as at most
- * k + slack values reach the value it has fixed so far (at least k always do), else ends at the
- * k-th largest (always where slack < 0). Every value it passes over costs the select one more key to list; every count
- * it saves, a pass over all of the row's summaries. 0 where fewer than k are nonzero. */
-#pragma nv_exec_check_disable /* count_ge runs where the caller does */
-template <typename CountFn>
-__host__ __device__ inline uint32_t bsr_summary_bound_near(CountFn count_ge, int k, int slack,
-                                                           uint32_t lo16, uint32_t hi16) {
+__host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, int slack,
+                                                      uint32_t lo16, uint32_t hi16) {
     if (hi16 == 0) return 0u;
     int cnt_x = count_ge(lo16); /* the values at or above x */
     if (cnt_x < k) return 0u;

@@ -7,11 +7,11 @@
  * keys of every spread (many equal ones, the extremes 0 and ~0), for every k and for bounds lo
  * anywhere at or below it. The group summaries of 16-bit keys: two lanes' top-two pairs of each
  * half word merged as the score kernels merge them give a group's two largest keys (16x2 max and
- * min run on the host as plain code); the summaries' bound equals the
- * k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least k keys of
- * the row reach it, on rows of every length and spread with zeros past their end; the search
- * that stops early gives a bound too, within k + slack values of k or the exact one, and the
- * countdown form of the count agrees with the count. The k-th
+ * min run on the host as plain code); the summaries' bound searched to its end (slack -1)
+ * equals the k-th largest nonzero 16-bit value a sort gives (0 where fewer than k), and at least
+ * k keys of the row reach it, on rows of every length and spread with zeros past their end; the
+ * search that stops early gives a bound too, within k + slack values of k or the exact one, and
+ * the countdown form of the count agrees with the count. The k-th
  * largest in two phases (bsr_kth_largest_listed) is the same for every size of its list, which
  * never overflows.
  */
@@ -142,17 +142,17 @@ static void test_summaries(std::mt19937 &rng, int n, uint32_t spread) {
     std::vector<uint32_t> sorted = keys;
     std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
     for (int k = 1; k <= n; k += 1 + n / 30) {
-        const uint32_t x16 = bsr_summary_bound(count_ge, k, lo16, hi16);
+        const uint32_t x16 = bsr_summary_bound(count_ge, k, -1, lo16, hi16);
         const uint32_t want = k <= (int)halves.size() ? halves[k - 1] : 0u;
         EXPECT(x16 == want, "n %d spread %u k %d: %04x, want %04x", n, spread, k, x16, want);
         EXPECT(x16 <= sorted[k - 1], "n %d spread %u k %d: %04x bounds %04x", n, spread, k, x16,
                sorted[k - 1]);
         /* the search that stops early: a bound still (at or below the k-th largest value, so at
          * least k values reach it), never below the smallest value, and within k + slack values
-         * unless it is the k-th largest itself; the k-th largest where it may not stop early */
-        for (int slack : {-1, 0, 1, 7, 32, 200}) {
-            const uint32_t near = bsr_summary_bound_near(count_ge, k, slack, lo16, hi16);
-            if (want == 0 || slack < 0) {
+         * unless it is the k-th largest itself */
+        for (int slack : {0, 1, 7, 32, 200}) {
+            const uint32_t near = bsr_summary_bound(count_ge, k, slack, lo16, hi16);
+            if (want == 0) {
                 EXPECT(near == want, "n %d spread %u k %d slack %d: %04x, want %04x", n, spread, k,
                        slack, near, want);
                 continue;

@@ -913,12 +913,13 @@ static void bs_env_clear(void) {
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
-/* The estimate through scores in memory is the default from 128K on;
- * a test of another path turns it off, so that it runs the path it names. */
+/* The kernels of the estimate through scores in memory. */
 static int bs_scores_path(bs_kernel kern) {
     return kern == BS_SCORES || kern == BS_SCORES_MMA || kern == BS_SCORES_NO_TMA ||
            kern == BS_SCORES_EXACT_BOUND || kern == BS_SCORES_LOOSE_BOUND;
 }
+/* The estimate through scores in memory is the default from 128K on;
+ * a test of another path turns it off, so that it runs the path it names. */
 static void bs_env_path(bs_kernel kern) {
     if (bs_scores_path(kern))
         unsetenv("MI_CUDA_BS_SCORES");
@@ -1000,7 +1001,9 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
  * `value` where var is not NULL (the chunks, the slots). The streaming kernel's two ways of
  * appending a plain tile's candidates (at once where every row has room, else an n-tile at a
  * time), the two pooling kernels (16-byte loads, a value a thread: the same sums in row order),
- * and the estimate through scores in memory against the streaming kernel. */
+ * the estimate through scores in memory against the streaming kernel, the wgmma score kernel's
+ * tiles by TMA against 16-byte copies, and the select's bound search stopped early (the default,
+ * and a slack of 400) against the search run to its end: a lower bound only filters. */
 static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t L, int64_t D,
                                           int32_t topk, int ramp, const char *var,
                                           const char *value) {
