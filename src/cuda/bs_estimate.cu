@@ -186,14 +186,14 @@
  *      0.077. Its tile's keys packed before the next product reuses one set of accumulators (166 ->
  *      116 registers; with two sets ptxas copied the finished one out after every product): 0.133
  *      -> 0.131 (four CTAs an SM with 8 rows staged at a time: no faster, not kept). The select's
- *      bound counted down by borrows (bsr_summary_count_down: two instructions a value where the sum
- *      of comparisons made three on one chain) and searched only until at most k + 32 values reach
- *      it on rows of 1024 summaries, proportionally fewer on shorter rows (bsr_summary_bound):
- *      select at 1M x 1 0.147 / 0.152 -> 0.141 / 0.145 ms; 32 on every row had made 128K x 32 heads
- *      8-15 % slower. Estimate at 1M x 1: kernels 0.425 -> 0.41 ms; a call 0.438-0.446 timed alone,
- *      0.415 back to back; 4.1 / 5.0 % of the block-sparse total (v37). Not kept: a warp taking
- *      two or four adjacent rows, each bound's search starting from the last one's (select at 1M x 1
- *      0.151 / 0.186 against 0.140 ms).
+ *      bound counted down by borrows (bsr_summary_count_down: two instructions a value where the
+ *      sum of comparisons made three on one chain) and searched only until at most k + 32 values
+ *      reach it on rows of 1024 summaries, proportionally fewer on shorter rows
+ *      (bsr_summary_bound): select at 1M x 1 0.147 / 0.152 -> 0.141 / 0.145 ms; 32 on every row had
+ *      made 128K x 32 heads 8-15 % slower. Estimate at 1M x 1: kernels 0.425 -> 0.41 ms; a call
+ *      0.438-0.446 timed alone, 0.415 back to back; 4.1 / 5.0 % of the block-sparse total (v37).
+ *      Not kept: a warp taking two or four adjacent rows, each bound's search starting from the
+ *      last one's (select at 1M x 1 0.151 / 0.186 against 0.140 ms).
  *      (2026-12-01-gpu-bs-estimate-tma-slack.json, -one-accumulator.json, -select-rows.json,
  *      2026-12-01-ncu-bs-estimate-1m-tma.txt, 2026-12-01-gpu-attention-v37.json)
  *   (bench/results/2026-11-30-gpu-patterns-ab.json, 2026-11-30-gpu-bs-estimate-stream-ab.json,
