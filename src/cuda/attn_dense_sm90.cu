@@ -91,18 +91,18 @@ __global__ void __launch_bounds__(384, 1)
     if (wgi == 0) {
         setmaxnreg_dec<24>();
         if (tid != 0) return;
-        tma_load_tile128(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
+        tma_load_tile<128>(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
         for (int t = 0; t < n_tiles; ++t) {
             const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * DS_TILE, vd = smem_addr(vs) + slot * DS_TILE;
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(k_empty + slot, par)) {
                 }
-            tma_load_tile128(kd, &a.tm_k, t * DS_BN, hk, b, k_full + slot);
+            tma_load_tile<128>(kd, &a.tm_k, t * DS_BN, hk, b, k_full + slot);
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(v_empty + slot, par)) {
                 }
-            tma_load_tile128(vd, &a.tm_v, t * DS_BN, hk, b, v_full + slot);
+            tma_load_tile<128>(vd, &a.tm_v, t * DS_BN, hk, b, v_full + slot);
         }
         return;
     }

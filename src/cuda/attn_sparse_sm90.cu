@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(384, 1)
             if (k >= 2)
                 while (!mbar_try_wait(q_empty + qb, ((k >> 1) - 1) & 1)) {
                 }
-            tma_load_tile128(smem_addr(qs) + qb * SP_TILE, &a.tm_q, it.rs, h, b, q_full + qb);
+            tma_load_tile<128>(smem_addr(qs) + qb * SP_TILE, &a.tm_q, it.rs, h, b, q_full + qb);
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
          * planners read them, then its column lists), by warps 1-3: not on warp 0's path */
@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(384, 1)
                 auto load = [&](uint32_t dst, const CUtensorMap *run_map, const CUtensorMap *map,
                                 uint64_t *bar) {
                     if (run) {
-                        tma_load_tile128(dst, run_map, ro[0], hk, b, bar);
+                        tma_load_tile<128>(dst, run_map, ro[0], hk, b, bar);
                         return;
                     }
                     mbar_expect_tx(bar, SP_TILE);
@@ -707,9 +707,9 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 named_barrier_sync(3, 128); /* the header is written before the K barrier's arrive */
-                if (tid == 0) tma_load_tile128(kd, &a.tm_kc, p0, it.bh, 0, k_full + slot);
+                if (tid == 0) tma_load_tile<128>(kd, &a.tm_kc, p0, it.bh, 0, k_full + slot);
                 if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
-                if (tid == 0) tma_load_tile128(vd, &a.tm_vc, p0, it.bh, 0, v_full + slot);
+                if (tid == 0) tma_load_tile<128>(vd, &a.tm_vc, p0, it.bh, 0, v_full + slot);
                 if (last) {
                     ++t;
                     break;

@@ -1625,19 +1625,15 @@ __global__ void __launch_bounds__(BSS_NT, 3)
     const bool tma = D == 128 && mp.on;
     uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE + BSS_ROWS * BSR_STAGE_ROW * 4);
     const int hk = h / p.group;
-    auto tma_rows = [&](uint32_t dst, const CUtensorMap *map, int row, int head, uint64_t *bar) {
-        mbar_expect_tx(bar, 2 * HALF);
-        tma_load_4d(dst, map, 0, row, head, b, bar);
-        tma_load_4d(dst + HALF, map, 64, row, head, b, bar);
-    };
     auto key_parity = [&](int t) { return ((hi - 1 - t) >> 1) & 1; };
     if (tma) {
         if (threadIdx.x == 0) {
             for (int i = 0; i < 3; ++i) mbar_init(bars + i, 1);
             fence_mbarrier_init();
-            tma_rows(qs_a, &mp.q, m0, h, bars);
-            tma_rows(ks_a, &mp.k, (hi - 1) * BSS_KEYS, hk, bars + 1);
-            if (hi - 2 >= lo) tma_rows(ks_a + TILE, &mp.k, (hi - 2) * BSS_KEYS, hk, bars + 2);
+            tma_load_tile<BSS_KEYS>(qs_a, &mp.q, m0, h, b, bars);
+            tma_load_tile<BSS_KEYS>(ks_a, &mp.k, (hi - 1) * BSS_KEYS, hk, b, bars + 1);
+            if (hi - 2 >= lo)
+                tma_load_tile<BSS_KEYS>(ks_a + TILE, &mp.k, (hi - 2) * BSS_KEYS, hk, b, bars + 2);
         }
         __syncthreads(); /* the barriers initialised */
     } else {
@@ -1689,7 +1685,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
                 mbar_wait(bars + 1 + (cb ^ 1), key_parity(it - 1)); /* tile it - 1's keys */
                 __syncthreads(); /* every warp is done with buffer cb */
                 if (threadIdx.x == 0 && it - 2 >= lo)
-                    tma_rows(ks_a + cb * TILE, &mp.k, (it - 2) * BSS_KEYS, hk, bars + 1 + cb);
+                    tma_load_tile<BSS_KEYS>(ks_a + cb * TILE, &mp.k, (it - 2) * BSS_KEYS, hk, b,
+                                            bars + 1 + cb);
             } else {
                 cp_async_wait<0>();
                 fence_proxy_async();
@@ -1838,20 +1835,17 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
             constexpr int NR = decltype(nr)::value;
             return bsr_summary_bound(
                 [&](uint32_t c) {
-                    /* eight countdowns from the lane's NR x 8 values (zeros included) */
-                    int n[8];
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) n[i] = NR;
+                    /* counted down from the lane's NR x 8 values (zeros included) */
+                    int n_top = 4 * NR, n_second = 4 * NR;
                     const uint32_t x = c << 16;
 #pragma unroll
                     for (int r = 0; r < NR; ++r) {
-                        bsr_summary_count_down(sr[r].x, x, n[0], n[1]);
-                        bsr_summary_count_down(sr[r].y, x, n[2], n[3]);
-                        bsr_summary_count_down(sr[r].z, x, n[4], n[5]);
-                        bsr_summary_count_down(sr[r].w, x, n[6], n[7]);
+                        bsr_summary_count_down(sr[r].x, x, n_top, n_second);
+                        bsr_summary_count_down(sr[r].y, x, n_top, n_second);
+                        bsr_summary_count_down(sr[r].z, x, n_top, n_second);
+                        bsr_summary_count_down(sr[r].w, x, n_top, n_second);
                     }
-                    const int cnt = (n[0] + n[1]) + (n[2] + n[3]) + (n[4] + n[5]) + (n[6] + n[7]);
-                    return (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+                    return (int)__reduce_add_sync(0xffffffffu, (unsigned)(n_top + n_second));
                 },
                 k, p.score_slack < 0 ? -1 : p.score_slack * NR / 8, lo_w, hi_w);
         };

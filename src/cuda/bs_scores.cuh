@@ -54,18 +54,24 @@ __host__ __device__ inline int bsr_search_start(uint32_t lo, uint32_t diff, uint
 /* The k-th largest of a set of keys, given count_ge(x) = how many are at or above x, every key
  * of the top k lying in [lo, hi] (k > 0, at least k keys): the largest x with count_ge(x) >= k,
  * fixed a bit at a time below the top bits that lo and hi share (about 20 counts for scores of
- * one row, not 32). */
+ * one row, not 32). With slack >= 0 the search stops as soon as at most k + slack keys reach
+ * the value fixed so far (cnt_lo: how many reach lo), which is then a lower bound of the k-th
+ * largest that at least k keys reach. */
 #pragma nv_exec_check_disable /* count_ge runs where the caller does */
 template <typename CountFn>
 __host__ __device__ inline uint32_t bsr_kth_largest(CountFn count_ge, int k, uint32_t lo,
-                                                    uint32_t hi) {
+                                                    uint32_t hi, int slack = -1, int cnt_lo = 0) {
     const uint32_t diff = lo ^ hi;
     if (diff == 0) return lo;
     uint32_t x;
     const int top = bsr_search_start(lo, diff, x);
-    for (int bit = top; bit >= 0; --bit) {
+    for (int bit = top; bit >= 0 && (slack < 0 || cnt_lo > k + slack); --bit) {
         const uint32_t c = x | (1u << bit);
-        if (count_ge(c) >= k) x = c;
+        const int n = count_ge(c);
+        if (n >= k) {
+            x = c;
+            cnt_lo = n;
+        }
     }
     return x;
 }
@@ -166,21 +172,11 @@ template <typename CountFn>
 __host__ __device__ inline uint32_t bsr_summary_bound(CountFn count_ge, int k, int slack,
                                                       uint32_t lo16, uint32_t hi16) {
     if (hi16 == 0) return 0u;
-    int cnt_x = count_ge(lo16); /* the values at or above x */
-    if (cnt_x < k) return 0u;
-    const uint32_t diff = lo16 ^ hi16;
-    if (diff == 0) return lo16;
-    uint32_t x;
-    const int top = bsr_search_start(lo16, diff, x);
-    /* x (the shared bits of lo16 and hi16) lies at or below lo16: every value reaches it */
-    for (int bit = top; bit >= 0 && (slack < 0 || cnt_x > k + slack); --bit) {
-        const uint32_t c = x | (1u << bit);
-        const int n = count_ge(c);
-        if (n >= k) {
-            x = c;
-            cnt_x = n;
-        }
-    }
+    const int cnt_lo = count_ge(lo16);
+    if (cnt_lo < k) return 0u;
+    /* the search starts from the shared bits of lo16 and hi16, at or below lo16, which every
+     * value reaches as it reaches lo16; stopped early, it may end there */
+    const uint32_t x = bsr_kth_largest(count_ge, k, lo16, hi16, slack, cnt_lo);
     return x < lo16 ? lo16 : x; /* as many values reach either */
 }
 

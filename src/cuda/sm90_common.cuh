@@ -104,12 +104,13 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
                  "r"(smem_addr(bar))
                  : "memory");
 }
-/* A 128 x 128 tile of two-byte elements: the bytes it brings on bar, then one 128-row box per
- * 64-column half (the halves 16 KB apart, as the tiles are laid out); row is the map's second
- * coordinate, c2 and c3 its last two. */
-__device__ __forceinline__ void tma_load_tile128(uint32_t dst, const void *map, int row, int c2,
-                                                 int c3, uint64_t *bar) {
-    constexpr uint32_t half = 128 * 64 * 2; /* 128 rows of 64 two-byte columns */
+/* A ROWS x 128 tile of two-byte elements: the bytes it brings on bar, then one ROWS-row box per
+ * 64-column half (the halves ROWS x 128 bytes apart, as the tiles are laid out); row is the
+ * map's second coordinate, c2 and c3 its last two. */
+template <int ROWS>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, int row, int c2,
+                                              int c3, uint64_t *bar) {
+    constexpr uint32_t half = ROWS * 64 * 2; /* ROWS rows of 64 two-byte columns */
     mbar_expect_tx(bar, 2 * half);
     tma_load_4d(dst, map, 0, row, c2, c3, bar);
     tma_load_4d(dst + half, map, 64, row, c2, c3, bar);
