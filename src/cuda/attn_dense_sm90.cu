@@ -37,16 +37,12 @@ struct dense_sm90_args {
     float scale_log2;
 };
 
-constexpr int DS_BM = 128, DS_BN = 128;
+constexpr int DS_BM = 128, DS_BN = 128, DS_STAGES = 2;
 constexpr int DS_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
 constexpr int DS_TILE = 2 * DS_HALF; /* a 128 x 128 tile of Q, K or V */
-/* Q, STAGES K and STAGES V tiles, the mbarriers; plus 1 KB to align the tiles to 1024 bytes
- * (the 128-byte swizzle repeats every 8 rows of 128 bytes). Three stages take 225 KB of the
- * 227 KB a CTA may have. */
-template <int STAGES> constexpr size_t ds_smem() {
-    return 1024 + (1 + 2 * STAGES) * DS_TILE + 16 * sizeof(uint64_t);
-}
-static_assert(ds_smem<3>() <= 227 * 1024, "three stages fit a CTA's shared memory");
+/* Q, two K and two V stages, the mbarriers; plus 1 KB to align the tiles to 1024 bytes (the
+ * 128-byte swizzle repeats every 8 rows of 128 bytes) */
+constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(uint64_t);
 
 /* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
  * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
@@ -64,17 +60,17 @@ static_assert(ds_smem<3>() <= 227 * 1024, "three stages fit a CTA's shared memor
  * against 618 and 613 (bench/results/2026-11-30-gpu-dense-persistent-experiment.json): with
  * one CTA per row block, the CTAs that run together are adjacent row blocks of one head, which
  * stream the same K/V through L2 at the same pace. */
-template <typename T, int STAGES>
+template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
     constexpr int D = 128;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);
-    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + STAGES * DS_TILE;
-    uint64_t *bars = reinterpret_cast<uint64_t *>(vs + STAGES * DS_TILE);
-    uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + STAGES,
-             *k_empty = v_full + STAGES, *v_empty = k_empty + STAGES;
+    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * DS_TILE;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * DS_TILE);
+    uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + DS_STAGES,
+             *k_empty = v_full + DS_STAGES, *v_empty = k_empty + DS_STAGES;
 
     const int tid = threadIdx.x;
     /* values that steer wgmma come from lane 0: ptxas serialises wgmma under branches on values
@@ -87,7 +83,7 @@ __global__ void __launch_bounds__(384, 1)
 
     if (tid == 0) {
         mbar_init(q_full, 1);
-        init_stage_barriers(k_full, v_full, k_empty, v_empty, STAGES);
+        init_stage_barriers(k_full, v_full, k_empty, v_empty, DS_STAGES);
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -97,13 +93,13 @@ __global__ void __launch_bounds__(384, 1)
         if (tid != 0) return;
         tma_load_tile<128>(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
         for (int t = 0; t < n_tiles; ++t) {
-            const int slot = t % STAGES, par = ((t / STAGES) - 1) & 1;
+            const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * DS_TILE, vd = smem_addr(vs) + slot * DS_TILE;
-            if (t >= STAGES)
+            if (t >= DS_STAGES)
                 while (!mbar_try_wait(k_empty + slot, par)) {
                 }
             tma_load_tile<128>(kd, &a.tm_k, t * DS_BN, hk, b, k_full + slot);
-            if (t >= STAGES)
+            if (t >= DS_STAGES)
                 while (!mbar_try_wait(v_empty + slot, par)) {
                 }
             tma_load_tile<128>(vd, &a.tm_v, t * DS_BN, hk, b, v_full + slot);
@@ -129,14 +125,14 @@ __global__ void __launch_bounds__(384, 1)
     const float sc = a.scale_log2;
 
     auto issue_s = [&](int t) {
-        const sw128_desc kd(smem_addr(ks) + (t % STAGES) * DS_TILE, 16, 1024);
+        const sw128_desc kd(smem_addr(ks) + (t % DS_STAGES) * DS_TILE, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             wg<T>::ss128(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
                          kd.at((kk >> 2) * DS_HALF + (kk & 3) * 32), kk > 0);
     };
     auto issue_pv = [&](int t) {
-        const sw128_desc vd(smem_addr(vs) + (t % STAGES) * DS_TILE, DS_HALF, 1024);
+        const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * DS_TILE, DS_HALF, 1024);
 #pragma unroll
         for (int kk = 0; kk < DS_BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
     };
@@ -166,11 +162,11 @@ __global__ void __launch_bounds__(384, 1)
     pack_p<T, 8>(pa, s);
 
     for (int t = 1; t < n_tiles; ++t) {
-        const int ks_slot = t % STAGES, vs_slot = (t - 1) % STAGES;
+        const int ks_slot = t % DS_STAGES, vs_slot = (t - 1) % DS_STAGES;
         /* both waits before the fence: a wait loop between two wgmma makes ptxas insert a
          * warpgroup.arrive of its own (C7519) */
-        mbar_wait(k_full + ks_slot, (t / STAGES) & 1);
-        mbar_wait(v_full + vs_slot, ((t - 1) / STAGES) & 1);
+        mbar_wait(k_full + ks_slot, (t / DS_STAGES) & 1);
+        mbar_wait(v_full + vs_slot, ((t - 1) / DS_STAGES) & 1);
         named_barrier_sync(my_bar, 256);
         wgmma_fence();
         issue_s(t);
@@ -191,7 +187,7 @@ __global__ void __launch_bounds__(384, 1)
         pack_p<T, 8>(pa, s);
     }
     const int last = n_tiles - 1;
-    mbar_wait(v_full + last % STAGES, (last / STAGES) & 1);
+    mbar_wait(v_full + last % DS_STAGES, (last / DS_STAGES) & 1);
     wgmma_fence();
     issue_pv(last);
     wgmma_commit();
@@ -204,15 +200,14 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <typename T, int STAGES>
+template <typename T>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
-    auto kern = attn_dense_sm90_kernel<T, STAGES>;
-    constexpr size_t smem = ds_smem<STAGES>();
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    auto kern = attn_dense_sm90_kernel<T>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)DS_SMEM);
     if (e != cudaSuccess) return e;
     dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * a.heads);
-    kern<<<grid, 384, smem, st>>>(a);
+    kern<<<grid, 384, DS_SMEM, st>>>(a);
     return cudaGetLastError();
 }
 
@@ -239,14 +234,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.group = p->group;
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
-    /* MI_CUDA_DENSE_STAGES=2|3: the K/V stages (A/B runs) */
-    int stages = 2;
-    if (const char *e = getenv("MI_CUDA_DENSE_STAGES"))
-        if (atoi(e) == 3) stages = 3;
     *used = 1;
-    if (stages == 3)
-        return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 3>(a, p->batch, st)
-                    : mi_cuda::launch_dense<__half, 3>(a, p->batch, st);
-    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 2>(a, p->batch, st)
-                : mi_cuda::launch_dense<__half, 2>(a, p->batch, st);
+    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16>(a, p->batch, st)
+                : mi_cuda::launch_dense<__half>(a, p->batch, st);
 }
