@@ -60,7 +60,7 @@ constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(ui
  * against 618 and 613 (bench/results/2026-11-30-gpu-dense-persistent-experiment.json): with
  * one CTA per row block, the CTAs that run together are adjacent row blocks of one head, which
  * stream the same K/V through L2 at the same pace. */
-template <typename T, int POLY>
+template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(384, 1)
     fence_operands<64>(s);
     warp_arrive(k_empty);
     if (n_tiles == 1) mask_diag(0);
-    sm.update<16, POLY>(s, sc); /* O is still 0: nothing to rescale */
+    sm.update<16>(s, sc); /* O is still 0: nothing to rescale */
     pack_p<T, 8>(pa, s);
 
     for (int t = 1; t < n_tiles; ++t) {
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(384, 1)
         fence_operands<64>(s);
         warp_arrive(k_empty + ks_slot);
         if (t == n_tiles - 1) mask_diag(t);
-        const float2 al = sm.update<16, POLY>(s, sc);
+        const float2 al = sm.update<16>(s, sc);
         wgmma_wait<0>();
         fence_operands<64>(o);
         warp_arrive(v_empty + vs_slot);
@@ -200,9 +200,9 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <typename T, int POLY>
+template <typename T>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
-    auto kern = attn_dense_sm90_kernel<T, POLY>;
+    auto kern = attn_dense_sm90_kernel<T>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DS_SMEM);
     if (e != cudaSuccess) return e;
@@ -234,16 +234,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.group = p->group;
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
-    /* MI_CUDA_DENSE_EXP_POLY=0|1|2: quarters of the exponentials on the FMA pipes (A/B runs) */
-    int poly = 0;
-    if (const char *e = getenv("MI_CUDA_DENSE_EXP_POLY")) poly = atoi(e);
     *used = 1;
-    if (poly == 1)
-        return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 1>(a, p->batch, st)
-                    : mi_cuda::launch_dense<__half, 1>(a, p->batch, st);
-    if (poly == 2)
-        return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 2>(a, p->batch, st)
-                    : mi_cuda::launch_dense<__half, 2>(a, p->batch, st);
-    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 0>(a, p->batch, st)
-                : mi_cuda::launch_dense<__half, 0>(a, p->batch, st);
+    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16>(a, p->batch, st)
+                : mi_cuda::launch_dense<__half>(a, p->batch, st);
 }

@@ -251,30 +251,13 @@ template <int W, typename F> __device__ __forceinline__ void tree_fold(float *a0
 
 /* Online softmax state of the thread's two rows (log2 domain; m = -inf while a row has seen
  * nothing), over tiles of 8 NJ keys (s[4 j + e] as above, j < NJ). */
-/* 2^x for x <= 0 on the FMA and ALU pipes instead of the MUFU unit (which does 16 a cycle an SM
- * and is busy half the time in the dense kernel): x rounded to an integer j by adding 1.5 * 2^23
- * (j lands in the low mantissa bits), 2^(x - j) by a cubic on [-0.5, 0.5] (relative error
- * 8e-5, far under bf16's 4e-3 and fp16's 5e-4 rounding of P), and j added to its exponent.
- * Below -126 (masked: -inf) the result is 2^-126 or less, a weight of nothing. */
-__device__ __forceinline__ float exp2_poly(float x) {
-    x = fmaxf(x, -126.f);
-    const float t = __fadd_rn(x, 12582912.f); /* 1.5 * 2^23: t's low bits hold round(x) */
-    const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-    float p = fmaf(0.05508909f, f, 0.24260439f);
-    p = fmaf(p, f, 0.69327617f);
-    p = fmaf(p, f, 0.99992889f);
-    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
-}
-
 struct row_softmax {
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     /* Turns the scores of one tile into unnormalised probabilities in place and returns the
-     * factors by which O must be rescaled. POLY: of each four groups of four scores, how many
-     * take exp2_poly instead of the MUFU unit (0, 1 or 2). */
+     * factors by which O must be rescaled. */
     /* Maxima and sums are trees, not chains: a 16-long chain of dependent instructions per row
      * was the largest stall ("wait") of the kernel with three warps per scheduler. */
-    template <int NJ = 8, int POLY = 0>
-    __device__ __forceinline__ float2 update(float *s, float sc) {
+    template <int NJ = 8> __device__ __forceinline__ float2 update(float *s, float sc) {
         float a0[NJ], a1[NJ];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
@@ -291,12 +274,10 @@ struct row_softmax {
         m1 = mx1;
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            const bool poly = (j & 3) >= 4 - POLY;
-            const auto ex = [poly](float x) { return poly ? exp2_poly(x) : exp2f(x); };
-            s[4 * j] = ex(fmaf(s[4 * j], sc, -mu0));
-            s[4 * j + 1] = ex(fmaf(s[4 * j + 1], sc, -mu0));
-            s[4 * j + 2] = ex(fmaf(s[4 * j + 2], sc, -mu1));
-            s[4 * j + 3] = ex(fmaf(s[4 * j + 3], sc, -mu1));
+            s[4 * j] = exp2f(fmaf(s[4 * j], sc, -mu0));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -mu1));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -mu1));
             a0[j] = s[4 * j] + s[4 * j + 1];
             a1[j] = s[4 * j + 2] + s[4 * j + 3];
         }
