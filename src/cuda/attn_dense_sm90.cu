@@ -53,13 +53,23 @@ constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(ui
  * runs v11-v36 (617 against 670 in bench/results/2026-12-01-gpu-attention-v36.json). Against
  * the ring kernel in one process (bench/results/2026-11-30-gpu-dense-ws-ab.json): 634 / 619 /
  * 610 against 480 / 469 / 479 at 32K / 128K / 512K. The 8B-shape model at 128K: dense TTFT
- * 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x 32 heads: SM throughput
- * 74 %, issue slots 33 % busy (one CTA of 12 warps per SM).
+ * 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x 32 heads
+ * (bench/results/2026-12-01-ncu-dense-32k.txt): the tensor pipe active 74 % of the cycles,
+ * issue slots 33 % busy (one CTA of 12 warps per SM), 423 instructions a consumer warp issues
+ * per 128-key step (64 each of FFMA, MUFU, FADD and FMNMX for the softmax, 32 F2FP, the rest
+ * wgmma descriptors, waits and barriers), 6.8 cycles between them: waiting on its S behind the
+ * other consumer's GEMMs, on the turn-taking barrier and on its own dependency chains.
  * Tried and dropped: a persistent version (one CTA per SM walking the row blocks, Q
  * double-buffered, commit 91ddb39) was slower at every length, 128K 584 and 1M 535 TFLOP/s
  * against 618 and 613 (bench/results/2026-11-30-gpu-dense-persistent-experiment.json): with
  * one CTA per row block, the CTAs that run together are adjacent row blocks of one head, which
- * stream the same K/V through L2 at the same pace. */
+ * stream the same K/V through L2 at the same pace. A third K/V stage (225 KB of shared memory)
+ * changed nothing (32K 620-621 against 614-620; bench/results/2026-12-01-gpu-dense-stages-ab.json),
+ * so the loads arrive in time. Computing a quarter or a half of the exponentials by a cubic on
+ * the FMA pipes instead of the MUFU unit (busy 38 % of the cycles) made it 4 % and 10 % slower
+ * (32K 604 -> 581 / 548; bench/results/2026-12-01-gpu-dense-exp-poly-ab.json): each added
+ * instruction cost a step about 0.8 cycles, so what would speed this loop up is fewer
+ * instructions per step, not fewer of one kind. */
 template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
