@@ -70,7 +70,7 @@ constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(ui
  * (32K 604 -> 581 / 548; bench/results/2026-12-01-gpu-dense-exp-poly-ab.json): each added
  * instruction cost a step about 0.8 cycles, so what would speed this loop up is fewer
  * instructions per step, not fewer of one kind. */
-template <typename T, bool TURNS>
+template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(384, 1)
     const int qrow0 = rs + cw * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
     /* turn-taking: consumer cw issues after a sync on barrier 1 + cw, then lets the other go */
     const int my_bar = 1 + cw, other_bar = 2 - cw;
-    if (TURNS && cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
+    if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
 
     const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
     float o[64], s[64];
@@ -159,11 +159,11 @@ __global__ void __launch_bounds__(384, 1)
 
     mbar_wait(q_full, 0);
     mbar_wait(k_full, 0);
-    if (TURNS) named_barrier_sync(my_bar, 256);
+    named_barrier_sync(my_bar, 256);
     wgmma_fence();
     issue_s(0);
     wgmma_commit();
-    if (TURNS && (cw == 0 || n_tiles > 1)) named_barrier_arrive(other_bar, 256);
+    if (cw == 0 || n_tiles > 1) named_barrier_arrive(other_bar, 256);
     wgmma_wait<0>();
     fence_operands<64>(s);
     warp_arrive(k_empty);
@@ -177,13 +177,13 @@ __global__ void __launch_bounds__(384, 1)
          * warpgroup.arrive of its own (C7519) */
         mbar_wait(k_full + ks_slot, (t / DS_STAGES) & 1);
         mbar_wait(v_full + vs_slot, ((t - 1) / DS_STAGES) & 1);
-        if (TURNS) named_barrier_sync(my_bar, 256);
+        named_barrier_sync(my_bar, 256);
         wgmma_fence();
         issue_s(t);
         wgmma_commit();
         issue_pv(t - 1);
         wgmma_commit();
-        if (TURNS && (cw == 0 || t < n_tiles - 1)) named_barrier_arrive(other_bar, 256);
+        if (cw == 0 || t < n_tiles - 1) named_barrier_arrive(other_bar, 256);
         wgmma_wait<1>(); /* S(t) done; P V(t-1) may still run */
         fence_operands<64>(s);
         warp_arrive(k_empty + ks_slot);
@@ -210,9 +210,9 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <typename T, bool TURNS>
+template <typename T>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
-    auto kern = attn_dense_sm90_kernel<T, TURNS>;
+    auto kern = attn_dense_sm90_kernel<T>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DS_SMEM);
     if (e != cudaSuccess) return e;
@@ -245,11 +245,6 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
     *used = 1;
-    /* MI_CUDA_DENSE_TURNS=0: the consumers issue without taking turns (A/B runs) */
-    const char *turns = getenv("MI_CUDA_DENSE_TURNS");
-    if (turns && turns[0] == '0')
-        return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, false>(a, p->batch, st)
-                    : mi_cuda::launch_dense<__half, false>(a, p->batch, st);
-    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, true>(a, p->batch, st)
-                : mi_cuda::launch_dense<__half, true>(a, p->batch, st);
+    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16>(a, p->batch, st)
+                : mi_cuda::launch_dense<__half>(a, p->batch, st);
 }
