@@ -37,12 +37,18 @@ struct dense_sm90_args {
     float scale_log2;
 };
 
-constexpr int DS_BM = 128, DS_BN = 128, DS_STAGES = 2;
+constexpr int DS_BM = 128, DS_STAGES = 2;
 constexpr int DS_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
-constexpr int DS_TILE = 2 * DS_HALF; /* a 128 x 128 tile of Q, K or V */
+constexpr int DS_TILE = 2 * DS_HALF; /* the 128 x 128 tile of Q */
+/* K and V come in tiles of BN keys (128 or 176), each two 64-column halves of BN rows */
+template <int BN> constexpr int ds_kv_half() { return BN * 128; }
+template <int BN> constexpr int ds_kv_tile() { return 2 * ds_kv_half<BN>(); }
 /* Q, two K and two V stages, the mbarriers; plus 1 KB to align the tiles to 1024 bytes (the
  * 128-byte swizzle repeats every 8 rows of 128 bytes) */
-constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(uint64_t);
+template <int BN> constexpr size_t ds_smem() {
+    return 1024 + DS_TILE + 2 * DS_STAGES * ds_kv_tile<BN>() + 16 * sizeof(uint64_t);
+}
+static_assert(ds_smem<176>() <= 227 * 1024, "176-key tiles fit a CTA's shared memory");
 
 /* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
  * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
@@ -70,15 +76,15 @@ constexpr size_t DS_SMEM = 1024 + (1 + 2 * DS_STAGES) * DS_TILE + 16 * sizeof(ui
  * (32K 604 -> 581 / 548; bench/results/2026-12-01-gpu-dense-exp-poly-ab.json): each added
  * instruction cost a step about 0.8 cycles, so what would speed this loop up is fewer
  * instructions per step, not fewer of one kind. */
-template <typename T>
+template <typename T, int BN>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
-    constexpr int D = 128;
+    constexpr int D = 128, KH = ds_kv_half<BN>(), KT = ds_kv_tile<BN>(), NS = BN / 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);
-    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * DS_TILE;
-    uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * DS_TILE);
+    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * KT;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * KT);
     uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + DS_STAGES,
              *k_empty = v_full + DS_STAGES, *v_empty = k_empty + DS_STAGES;
 
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(384, 1)
     const int m_blk = gridDim.x - 1 - blockIdx.x; /* the longest row blocks first */
     const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, hk = h / a.group;
     const int rs = m_blk * DS_BM;
-    const int n_tiles = (min(rs + DS_BM, a.len) - 1) / DS_BN + 1;
+    const int n_tiles = (min(rs + DS_BM, a.len) - 1) / BN + 1;
 
     if (tid == 0) {
         mbar_init(q_full, 1);
@@ -104,15 +110,15 @@ __global__ void __launch_bounds__(384, 1)
         tma_load_tile<128>(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
         for (int t = 0; t < n_tiles; ++t) {
             const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
-            const uint32_t kd = smem_addr(ks) + slot * DS_TILE, vd = smem_addr(vs) + slot * DS_TILE;
+            const uint32_t kd = smem_addr(ks) + slot * KT, vd = smem_addr(vs) + slot * KT;
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(k_empty + slot, par)) {
                 }
-            tma_load_tile<128>(kd, &a.tm_k, t * DS_BN, hk, b, k_full + slot);
+            tma_load_tile<BN>(kd, &a.tm_k, t * BN, hk, b, k_full + slot);
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(v_empty + slot, par)) {
                 }
-            tma_load_tile<128>(vd, &a.tm_v, t * DS_BN, hk, b, v_full + slot);
+            tma_load_tile<BN>(vd, &a.tm_v, t * BN, hk, b, v_full + slot);
         }
         return;
     }
@@ -121,38 +127,45 @@ __global__ void __launch_bounds__(384, 1)
     const int cw = wgi - 1; /* consumer 0 or 1: rows rs + 64 cw .. + 63 */
     const int ct = tid - 128 * wgi;
     const int warp = ct / 32, lane = ct % 32, g = lane / 4, cq = lane % 4;
-    const int qrow0 = rs + cw * 64 + warp * 16 + g, qrow1 = qrow0 + 8;
+    const int first_row = rs + cw * 64, qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     /* turn-taking: consumer cw issues after a sync on barrier 1 + cw, then lets the other go */
     const int my_bar = 1 + cw, other_bar = 2 - cw;
     if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
 
     const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
-    float o[64], s[64];
-    uint32_t pa[8][4];
+    float o[64], s[NS];
+    uint32_t pa[BN / 16][4];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     row_softmax sm;
     const float sc = a.scale_log2;
 
     auto issue_s = [&](int t) {
-        const sw128_desc kd(smem_addr(ks) + (t % DS_STAGES) * DS_TILE, 16, 1024);
+        const sw128_desc kd(smem_addr(ks) + (t % DS_STAGES) * KT, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            wg<T>::ss128(s, qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32),
-                         kd.at((kk >> 2) * DS_HALF + (kk & 3) * 32), kk > 0);
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint64_t qa = qd.at((kk >> 2) * DS_HALF + (kk & 3) * 32);
+            const uint64_t kb = kd.at((kk >> 2) * KH + (kk & 3) * 32);
+            if constexpr (BN == 176)
+                wg<T>::ss176(s, qa, kb, kk > 0);
+            else
+                wg<T>::ss128(s, qa, kb, kk > 0);
+        }
     };
     auto issue_pv = [&](int t) {
-        const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * DS_TILE, DS_HALF, 1024);
+        const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * KT, KH, 1024);
 #pragma unroll
-        for (int kk = 0; kk < DS_BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
+        for (int kk = 0; kk < BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
     };
-    /* the diagonal tile: keys after the row (and so every key past the sequence) get -inf */
+    /* a tile on the diagonal: keys after the row (and so every key past the sequence) get
+     * -inf. Tiles of 128 keys: the last; of 176: the last one or two (mask_needed). */
+    auto mask_needed = [&](int t) { return t * BN + BN - 1 > first_row; };
     auto mask_diag = [&](int t) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = t * DS_BN + 8 * j + 2 * cq + (e & 1);
+                const int key = t * BN + 8 * j + 2 * cq + (e & 1);
                 s[4 * j + e] = key > (e < 2 ? qrow0 : qrow1) ? -INFINITY : s[4 * j + e];
             }
     };
@@ -165,11 +178,11 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_commit();
     if (cw == 0 || n_tiles > 1) named_barrier_arrive(other_bar, 256);
     wgmma_wait<0>();
-    fence_operands<64>(s);
+    fence_operands<NS>(s);
     warp_arrive(k_empty);
-    if (n_tiles == 1) mask_diag(0);
-    sm.update<16>(s, sc); /* O is still 0: nothing to rescale */
-    pack_p<T, 8>(pa, s);
+    if (mask_needed(0)) mask_diag(0);
+    sm.update<BN / 8>(s, sc); /* O is still 0: nothing to rescale */
+    pack_p<T, BN / 16>(pa, s);
 
     for (int t = 1; t < n_tiles; ++t) {
         const int ks_slot = t % DS_STAGES, vs_slot = (t - 1) % DS_STAGES;
@@ -185,16 +198,16 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_commit();
         if (cw == 0 || t < n_tiles - 1) named_barrier_arrive(other_bar, 256);
         wgmma_wait<1>(); /* S(t) done; P V(t-1) may still run */
-        fence_operands<64>(s);
+        fence_operands<NS>(s);
         warp_arrive(k_empty + ks_slot);
-        if (t == n_tiles - 1) mask_diag(t);
-        const float2 al = sm.update<16>(s, sc);
+        if (mask_needed(t)) mask_diag(t);
+        const float2 al = sm.update<BN / 8>(s, sc);
         wgmma_wait<0>();
         fence_operands<64>(o);
         warp_arrive(v_empty + vs_slot);
         /* past the first tiles a row's max rarely moves (al = exp2(0) = 1 exactly) */
         if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
-        pack_p<T, 8>(pa, s);
+        pack_p<T, BN / 16>(pa, s);
     }
     const int last = n_tiles - 1;
     mbar_wait(v_full + last % DS_STAGES, (last / DS_STAGES) & 1);
@@ -210,14 +223,15 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <typename T>
+template <typename T, int BN>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
-    auto kern = attn_dense_sm90_kernel<T>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)DS_SMEM);
+    auto kern = attn_dense_sm90_kernel<T, BN>;
+    constexpr size_t smem = ds_smem<BN>();
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * a.heads);
-    kern<<<grid, 384, DS_SMEM, st>>>(a);
+    kern<<<grid, 384, smem, st>>>(a);
     return cudaGetLastError();
 }
 
@@ -235,7 +249,10 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
         return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BN))
+    /* MI_CUDA_DENSE_BN=176: K/V tiles of 176 keys instead of 128 (A/B runs) */
+    const char *bn_env = getenv("MI_CUDA_DENSE_BN");
+    const int bn = bn_env && atoi(bn_env) == 176 ? 176 : 128;
+    if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BM, bn))
         return cudaSuccess;
     a.o = p->o;
     a.lse = p->lse;
@@ -245,6 +262,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
     *used = 1;
-    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16>(a, p->batch, st)
-                : mi_cuda::launch_dense<__half>(a, p->batch, st);
+    if (bn == 176)
+        return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 176>(a, p->batch, st)
+                    : mi_cuda::launch_dense<__half, 176>(a, p->batch, st);
+    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 128>(a, p->batch, st)
+                : mi_cuda::launch_dense<__half, 128>(a, p->batch, st);
 }

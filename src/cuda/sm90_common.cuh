@@ -29,6 +29,9 @@ template <> struct wg<__nv_bfloat16> {
     __device__ static void ss128(float *d, uint64_t a, uint64_t b, int sc) {
         wgmma_ss_m64n128_bf16(d, a, b, sc);
     }
+    __device__ static void ss176(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n176_bf16(d, a, b, sc);
+    }
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
     }
@@ -39,6 +42,9 @@ template <> struct wg<__half> {
     }
     __device__ static void ss128(float *d, uint64_t a, uint64_t b, int sc) {
         wgmma_ss_m64n128_f16(d, a, b, sc);
+    }
+    __device__ static void ss176(float *d, uint64_t a, uint64_t b, int sc) {
+        wgmma_ss_m64n176_f16(d, a, b, sc);
     }
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_f16(d, a, b, sc);
@@ -238,15 +244,19 @@ __device__ __forceinline__ void wgmma_issue_qk(float *s, const sw128_desc &qd, i
  * (lane % 4) (+1) at s[4 j + (0, 1)] for qrow0 and s[4 j + (2, 3)] for qrow1 (the wgmma
  * accumulator layout). */
 
-/* Folds a0[0, 2W) and a1[0, 2W) into a0[0] and a1[0] as trees, one level per instantiation (a
- * loop over the levels is not unrolled for 16 entries, and the arrays then go to local memory). */
-template <int W, typename F> __device__ __forceinline__ void tree_fold(float *a0, float *a1, F f) {
+/* Folds a0[0, N) and a1[0, N) into a0[0] and a1[0] as trees, one level per instantiation (a
+ * loop over the levels is not unrolled for 16 entries, and the arrays then go to local memory);
+ * each level folds the upper half onto the lower, whose middle entry stays where N is odd. */
+template <int N, typename F> __device__ __forceinline__ void tree_fold(float *a0, float *a1, F f) {
+    if constexpr (N > 1) {
+        constexpr int H = (N + 1) / 2;
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-        a0[j] = f(a0[j], a0[j + W]);
-        a1[j] = f(a1[j], a1[j + W]);
+        for (int j = 0; j < N - H; ++j) {
+            a0[j] = f(a0[j], a0[j + H]);
+            a1[j] = f(a1[j], a1[j + H]);
+        }
+        tree_fold<H>(a0, a1, f);
     }
-    if constexpr (W > 1) tree_fold<W / 2>(a0, a1, f);
 }
 
 /* Online softmax state of the thread's two rows (log2 domain; m = -inf while a row has seen
@@ -264,7 +274,7 @@ struct row_softmax {
             a0[j] = fmaxf(s[4 * j], s[4 * j + 1]);
             a1[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
         }
-        tree_fold<NJ / 2>(a0, a1, [](float x, float y) { return fmaxf(x, y); });
+        tree_fold<NJ>(a0, a1, [](float x, float y) { return fmaxf(x, y); });
         float mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(a0[0], 1), 2) * sc);
         float mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(a1[0], 1), 2) * sc);
         const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
@@ -281,7 +291,7 @@ struct row_softmax {
             a0[j] = s[4 * j] + s[4 * j + 1];
             a1[j] = s[4 * j + 2] + s[4 * j + 3];
         }
-        tree_fold<NJ / 2>(a0, a1, [](float x, float y) { return x + y; });
+        tree_fold<NJ>(a0, a1, [](float x, float y) { return x + y; });
         l0 = l0 * al0 + a0[0];
         l1 = l1 * al1 + a1[0];
         return make_float2(al0, al1);
@@ -379,18 +389,21 @@ static inline bool encode_tma_map(CUtensorMap *map, const void *base, const int6
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* Tensor maps of a launch's Q, K and V for boxes of box_rows rows; false where the launch cannot
+/* Tensor maps of a launch's Q, K and V for boxes of box_rows rows (K and V: kv_box_rows where
+ * given); false where the launch cannot
  * be read through them (the caller then runs the ring kernel): a sequence shorter than the
  * tensors (TMA would read its padding, where only rows past the tensor read as zeros), or a
  * tensor TMA cannot address. */
 static inline bool encode_qkv_maps(CUtensorMap *q, CUtensorMap *k, CUtensorMap *v,
-                                   const mi_cuda_attn_params *p, int box_rows) {
+                                   const mi_cuda_attn_params *p, int box_rows,
+                                   int kv_box_rows = 0) {
     for (int b = 0; b < p->batch; ++b)
         if (p->seq_lens[b] != p->len) return false;
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
+    const int kv_rows = kv_box_rows > 0 ? kv_box_rows : box_rows;
     return encode_tma_map(q, p->q, p->q_stride, p->batch, p->heads, p->len, box_rows, bf16) &&
-           encode_tma_map(k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, box_rows, bf16) &&
-           encode_tma_map(v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, box_rows, bf16);
+           encode_tma_map(k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, kv_rows, bf16) &&
+           encode_tma_map(v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, kv_rows, bf16);
 }
 
 } // namespace mi_cuda
