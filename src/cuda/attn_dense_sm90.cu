@@ -249,9 +249,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
         return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    /* MI_CUDA_DENSE_BN=176: K/V tiles of 176 keys instead of 128 (A/B runs) */
+    /* K/V tiles of 176 keys; MI_CUDA_DENSE_BN=128: of 128 (A/B runs) */
     const char *bn_env = getenv("MI_CUDA_DENSE_BN");
-    const int bn = bn_env && atoi(bn_env) == 176 ? 176 : 128;
+    const int bn = bn_env && atoi(bn_env) == 128 ? 128 : 176;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BM, bn))
         return cudaSuccess;
     a.o = p->o;
