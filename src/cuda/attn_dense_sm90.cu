@@ -4,18 +4,21 @@
  * and mi_cuda_attention_dense); everything else runs the ring kernel of attn_fwd_sm90.cu.
  *
  * Warp-specialised, one CTA of three warpgroups per SM over 128 query rows:
- *   - warpgroup 0 is the producer: one thread loads Q once and K and V 128 keys at a time with
- *     TMA (4-D tensor maps d, row, head, batch; 64 x 128 boxes in the 128-byte swizzle, which is
- *     the tile layout wgmma reads), into two stages each, with full / empty mbarriers;
+ *   - warpgroup 0 is the producer: one thread loads Q once (64 x 128 boxes) and K and V BN = 176
+ *     keys at a time (64 x 176 boxes) with TMA (4-D tensor maps d, row, head, batch, in the
+ *     128-byte swizzle, which is the tile layout wgmma reads), into two stages each, with full /
+ *     empty mbarriers;
  *   - warpgroups 1 and 2 are consumers of 64 rows each that share every K and V tile (half the
  *     shared-memory fill per FLOP of a 64-row CTA). Each step issues S(t) = Q K(t)^T (8 x
- *     m64n128k16, both operands in shared memory) and O += P(t-1) V(t-1) (8 x m64n128k16, P in
+ *     m64n176k16, both operands in shared memory) and O += P(t-1) V(t-1) (11 x m64n128k16, P in
  *     registers) together, runs the softmax of S(t) while P V(t-1) is in flight, then rescales O;
  *   - the two consumers take turns issuing their GEMMs (two named barriers), so that one's
  *     softmax runs under the other's tensor work;
- *   - setmaxnreg gives the producer 24 registers and the consumers 240 (64 for O, 64 for S, 32
+ *   - setmaxnreg gives the producer 24 registers and the consumers 240 (64 for O, 88 for S, 44
  *     for P, the rest for the softmax and addresses).
- * Only the last (diagonal) tile of a row block needs the causal mask; keys past the sequence
+ * MI_CUDA_DENSE_BN=128 runs tiles of 128 keys instead (the kernel before 176, for A/B runs).
+ * Only the tiles that reach past a consumer's first row (the last one or two) need the causal
+ * mask; keys past the sequence
  * arrive as zeros (TMA fills what lies outside the tensor, which is why the sequences must have
  * the full length: a shorter one would read its padding). Numbers: the kernel's comment.
  * MI_CUDA_SM90_DENSE=0 sends these launches to the ring kernel (for A/B runs).
@@ -75,7 +78,15 @@ static_assert(ds_smem<176>() <= 227 * 1024, "176-key tiles fit a CTA's shared me
  * the FMA pipes instead of the MUFU unit (busy 38 % of the cycles) made it 4 % and 10 % slower
  * (32K 604 -> 581 / 548; bench/results/2026-12-01-gpu-dense-exp-poly-ab.json): each added
  * instruction cost a step about 0.8 cycles, so what would speed this loop up is fewer
- * instructions per step, not fewer of one kind. */
+ * instructions per step, not fewer of one kind. Letting the consumers issue without taking turns
+ * measured the same (128K 2 % slower; bench/results/2026-12-01-gpu-dense-turns-ab.json).
+ * Then K/V tiles of 176 keys instead of 128 (S by m64n176k16, FlashAttention-3's tile for
+ * D = 128): a step's fixed instructions (the reductions' shuffles, the rescale test, barriers,
+ * waits, descriptors) spread over more keys, 543 instructions a step, 6.5 % fewer per key; in one
+ * process, two rounds (bench/results/2026-12-01-gpu-dense-176-keys-ab.json): 32K 602-603 ->
+ * 625-627, 128K 613-616 -> 619-630, 512K 602-614 -> 628-638. Full benchmark's dense section
+ * (bench/results/2026-12-01-gpu-attention-v38-dense.json, ce4c557): 628 / 645 / 643 / 633 at 32K
+ * / 128K / 512K / 1M = 1.03 / 1.14 / 1.29 / 1.33x cuDNN (608 / 565 / 498 / 476). */
 template <typename T, int BN>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
