@@ -23,7 +23,9 @@
  * warp-specialised dense kernel (commit 624ac90, bench/results/2026-11-30-gpu-attention-v9.json):
  * 0.68 at 16K, 0.94 at 24K, 1.03 at 32K, 1.21 at 48K, so 32K still holds. With band-like sparse
  * heads routed to the warp-specialised sparse kernel (bench/results/2026-11-30-gpu-crossover-
- * routed.json): 0.72 at 16K, 0.93 at 24K, 1.06 at 32K, 1.26 at 48K; 32K again. */
+ * routed.json): 0.72 at 16K, 0.93 at 24K, 1.06 at 32K, 1.26 at 48K; 32K again. With the dense
+ * kernel's 176-key tiles (commit ce4c557, bench/results/2026-12-01-gpu-crossover-176-keys.json):
+ * 0.74 at 16K, 0.90 at 24K, 1.03 at 32K, 1.21 at 48K; 32K holds, with a thinner margin. */
 #define MI_CUDA_DENSE_BELOW_DEFAULT 32768
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
