@@ -18,9 +18,9 @@
  *     for P, the rest for the softmax and addresses).
  * MI_CUDA_DENSE_BN=128 runs tiles of 128 keys instead (the kernel before 176, for A/B runs).
  * Only the tiles that reach past a consumer's first row (the last one or two) need the causal
- * mask; keys past the sequence
- * arrive as zeros (TMA fills what lies outside the tensor, which is why the sequences must have
- * the full length: a shorter one would read its padding). Numbers: the kernel's comment.
+ * mask; keys past the sequence arrive as zeros (TMA fills what lies outside the tensor, which is
+ * why the sequences must have the full length: a shorter one would read its padding). Numbers:
+ * the kernel's comment.
  * MI_CUDA_SM90_DENSE=0 sends these launches to the ring kernel (for A/B runs).
  */
 #include "sm90_common.cuh"
