@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """Writes src/cuda/wgmma_ops.cuh: inline-asm wrappers of the wgmma shapes the sm_90a attention
 kernels use, for bf16 and fp16: m64n64k16, m64n128k16 and m64n176k16 with both operands in
-shared memory (S = Q K^T over 64-, 128- or 176-key tiles) and m64n128k16 with A in registers and B transposed
-(O += P V). --with-rs64 also writes m64n64k16
-with A in registers (S with Q in registers), which the dev/cuda v5 and v6 snapshots use. Run
-from the repository root."""
+shared memory (S = Q K^T over 64-, 128- or 176-key tiles) and m64n128k16 with A in registers
+and B transposed (O += P V). --with-rs64 also writes m64n64k16 with A in registers (S with Q in
+registers), which the dev/cuda v5 and v6 snapshots use. Run from the repository root."""
 import sys
 
 def ss(n, ty, name):

@@ -91,6 +91,7 @@ template <typename T, int BN>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
+    static_assert(BN == 128 || BN == 176, "the S wgmma shapes wg<T> wraps");
     constexpr int D = 128, KH = ds_kv_half<BN>(), KT = ds_kv_tile<BN>(), NS = BN / 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);

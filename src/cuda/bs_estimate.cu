@@ -1766,7 +1766,8 @@ __device__ __forceinline__ uint32_t bsr_key_of(const uint4 &u, int e) {
 
 /* Grid (groups of BSR_WARPS row blocks longest first, pairs): a warp per row block, its top k
  * from its keys in memory, with no barrier. The k-th largest 16-bit value of the row's group
- * summaries (from bs_score_kernel) bounds the row's k-th key from below (bsr_summary_count).
+ * summaries (from bs_score_kernel) bounds the row's k-th key from below (bsr_summary_count,
+ * counted down by bsr_summary_count_down).
  * Only the groups whose largest key reaches the bound can hold a key of the top k: the warp
  * lists them in order, reads them 16 groups (a 16-byte read a lane) at a time, BSR_BATCH
  * reads in flight, and lists their keys at or above the bound, in ascending order;

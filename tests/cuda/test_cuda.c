@@ -913,10 +913,11 @@ static void bs_env_clear(void) {
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
-/* The kernels of the estimate through scores in memory. */
+/* The kernels of the estimate through scores in memory: those whose first variable turns the
+ * scores on (read from the table, so that a new row needs no second list). */
 static int bs_scores_path(bs_kernel kern) {
-    return kern == BS_SCORES || kern == BS_SCORES_MMA || kern == BS_SCORES_NO_TMA ||
-           kern == BS_SCORES_EXACT_BOUND || kern == BS_SCORES_LOOSE_BOUND;
+    return bs_kernel_env[kern].var && strcmp(bs_kernel_env[kern].var, "MI_CUDA_BS_SCORES") == 0 &&
+           strcmp(bs_kernel_env[kern].value, "1") == 0;
 }
 /* The estimate through scores in memory is the default from 128K on;
  * a test of another path turns it off, so that it runs the path it names. */
