@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Per-kernel GPU times of the vertical-slash estimate and index build (mi_vs_estimate with
+budgets 1000 / 6096, then mi_vs_build_index), from torch.profiler, per shape and variant, on the
+inputs of bench/torch_ref.py's estimation section (q and k random plus a rotary-style position
+code, GQA 4:1). For work on those kernels, where bench/torch_ref.py gives only each call's total:
+
+  vs_estimate_kernels.py --lib build/libminference.so --variant new= \\
+      --variant old=MI_CUDA_SOMETHING=0 [--shapes 128K:32,1M:8] [--out times.json]
+
+Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
+after; the library reads them at every call. Prints one line per shape and variant: each
+kernel's time in ms for all heads, averaged over --repeat calls after a warm-up, and whether the
+variant's vertical-slash lists and block index equal the first variant's, bit for bit."""
+import argparse
+import collections
+import ctypes as C
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import torch_ref as tr  # noqa: E402
+from bs_estimate_kernels import LENGTHS, kernel_name  # noqa: E402
+
+V_BUDGET, S_BUDGET = 1000, 6096
+
+
+def profile_calls(fn, repeat, warm_s=0.2):
+    """ms per call of each CUDA kernel fn launches, after warm_s seconds of calls (a GPU left
+    idle while the inputs were made runs its first milliseconds at a lower clock)."""
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    while time.perf_counter() - t0 < warm_s:
+        fn()
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+    total = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[kernel_name(e)] += e.device_time_total / repeat / 1000
+    return dict(total)
+
+
+def parse_shapes(text):
+    shapes = []
+    for item in text.split(","):
+        name, _, heads = item.strip().partition(":")
+        if name not in LENGTHS:
+            raise ValueError(f"unknown length {name!r}; one of {', '.join(LENGTHS)}")
+        h = int(heads) if heads else 8
+        if h < 1:
+            raise ValueError(f"heads must be at least 1 in {item!r}")
+        shapes.append((LENGTHS[name], h))
+    return shapes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", default="build/libminference.so")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=VAR=VALUE[,VAR=VALUE...]; NAME= for the defaults (repeatable)")
+    ap.add_argument("--shapes", default="128K:32,1M:8",
+                    help="LENGTH:HEADS items, comma-separated (lengths 128K, 512K, 1M)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", help="also write the times as JSON here")
+    args = ap.parse_args()
+    variants = tr.parse_variants(args.variant or ["default="])
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    lib = tr.Lib(os.path.abspath(args.lib))
+    rows = []
+    for L, H in shapes:
+        Hk = max(1, H // 4)
+        q, k, _ = tr.qkv(H, Hk, L, seed=3, local=True)
+        vsz = (C.c_int32 * H)(*([V_BUDGET] * H))
+        ssz = (C.c_int32 * H)(*([S_BUDGET] * H))
+        mv, ms = min(V_BUDGET, L), min(S_BUDGET, L)
+        n = lib.l.mi_vs_index_bytes(1, H, mv, ms)
+        vbuf = torch.empty(n // 4 + 64, dtype=torch.int32, device="cuda")
+        vsi = tr.VsIndex()
+        lib.check(lib.l.mi_vs_index_init(C.byref(vsi), 1, H, mv, ms,
+                                         C.c_void_p(vbuf.data_ptr()), C.c_size_t(n)), "vsi")
+        spi, sbuf = tr.make_sparse_index(lib, H, L, ms + 1, mv)
+        dq, dk = tr.tdesc(q), tr.tdesc(k)
+        vp = lib.l.mi_vs_default_params()
+
+        def call():
+            lib.check(lib.l.mi_vs_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, vsz, ssz,
+                                           C.byref(vp), C.c_float(0), C.byref(vsi)), "estimate")
+            lib.check(lib.l.mi_vs_build_index(lib.ctx, C.c_int64(L), None, C.byref(vsi),
+                                              C.byref(spi)), "index")
+
+        first = None
+        for name, sets in variants:
+            vbuf.fill_(-7)
+            sbuf.fill_(-7)
+            with tr.variant_env(sets):
+                times = profile_calls(call, args.repeat)
+            torch.cuda.synchronize()
+            result = torch.cat([vbuf[: n // 4], sbuf])
+            differ = 0 if first is None else int((result != first).sum().item())
+            if first is None:
+                first = result
+            rows.append({"L": L, "heads": H, "heads_kv": Hk, "variant": name,
+                         "ms_all_heads": times, "total_ms": sum(times.values()),
+                         "words_differing_from_first": differ})
+            print(f"{L // 1024}K x{H} {name:10s} {'same' if differ == 0 else f'DIFF {differ}':>10s}"
+                  f" total={sum(times.values()):.3f} "
+                  + "  ".join(f"{kn}={t:.3f}" for kn, t in times.items()), flush=True)
+        del q, k, first, result, vbuf, sbuf
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+                       "budgets": [V_BUDGET, S_BUDGET],
+                       "inputs": "q/k random plus a rotary-style position code (torch_ref.qkv "
+                                 "seed 3, local=True)", "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
