@@ -26,6 +26,9 @@ namespace mi_cuda {
 
 constexpr int VS_CHUNK = 2048;
 constexpr int VS_ROWS = 64;
+/* row pitch (floats) of the P tile of pass 2: 72 = 8 mod 32 puts the 16 float2 stores of a
+ * half warp (rows g, columns 2 cq) in distinct banks */
+constexpr int VS_P_PITCH = 72;
 
 struct vs_params {
     const void *q, *k;
@@ -47,10 +50,9 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *qs = reinterpret_cast<T *>(smem_raw);
     T *ks = qs + VS_ROWS * PITCH; /* [2][64][PITCH] */
-    float *vsum = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [VS_CHUNK] */
-    float *ssum = vsum + VS_CHUNK;                                  /* [VS_CHUNK + 64] */
-    float *row_m = ssum + VS_CHUNK + 64;                            /* [64] */
-    float *row_il = row_m + 64;                                     /* [64] 1/sum */
+    float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
+    float *row_m = pt + 64 * VS_P_PITCH;                          /* [64] */
+    float *row_il = row_m + 64;                                   /* [64] 1/sum */
 
     const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
     const int len = p.seq_lens[b];
@@ -86,7 +88,6 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     cp_async_commit();
 
     if (PASS == 2) {
-        for (int i = tid; i < 2 * VS_CHUNK + 64; i += NT) vsum[i] = 0.f;
         if (tid < VS_ROWS) {
             float m = -INFINITY, l = 0.f;
             const float2 *st = p.stats + (int64_t)bh * p.nchunks * VS_ROWS + tid;
@@ -109,6 +110,17 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     float rm0 = 0.f, rm1 = 0.f, il0 = 0.f, il1 = 0.f;
     uint32_t qf[D / 16][4];
+    /* pass 2: the running sum of the diagonal this thread finishes in the next tile (threads
+     * 0..63; see below) */
+    float carry = 0.f;
+    float *vg = p.vert + (int64_t)bh * p.len;
+    float *sg = p.slash + (int64_t)bh * p.len;
+    /* diagonal sums at chunk-local index i = 64 t + n - 1 + (key - row) go to global memory;
+     * the 63 indices a chunk shares with the next are summed there by both */
+    const int ns = min(c1 - c0 + n - 1, len - c0);
+    auto add_slash = [&](int i, float v) {
+        if (v != 0.f && i >= 0 && i < ns) atomicAdd(sg + c0 + i, v);
+    };
 
     for (int t = 0; t < n_tiles; ++t) {
         const int buf = t & 1;
@@ -181,32 +193,39 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
             m0 = mx0;
             m1 = mx1;
         } else {
-            /* P in fp32; column sums over the warp's 16 rows, then shared atomics */
+            /* P in fp32 to shared memory, then each of its 64 columns and 127 diagonals summed
+             * by one thread, without atomics: shared-memory float atomics are compare-and-swap
+             * loops on this GPU, and the lanes of a warp hit the same diagonals */
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                float p_[4];
-                p_[0] = exp2f(s[j][0] - rm0) * il0;
-                p_[1] = exp2f(s[j][1] - rm0) * il0;
-                p_[2] = exp2f(s[j][2] - rm1) * il1;
-                p_[3] = exp2f(s[j][3] - rm1) * il1;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (p_[e] != 0.f) {
-                        const int col = t * 64 + 8 * j + 2 * cq + (e & 1); /* chunk-local */
-                        const int r = e < 2 ? qr0 : qr1;
-                        atomicAdd(&ssum[col + (n - 1 - r)], p_[e]);
-                    }
+                const int c = 8 * j + 2 * cq;
+                *reinterpret_cast<float2 *>(pt + qr0 * VS_P_PITCH + c) = make_float2(
+                    exp2f(s[j][0] - rm0) * il0, exp2f(s[j][1] - rm0) * il0);
+                *reinterpret_cast<float2 *>(pt + qr1 * VS_P_PITCH + c) = make_float2(
+                    exp2f(s[j][2] - rm1) * il1, exp2f(s[j][3] - rm1) * il1);
+            }
+            __syncthreads();
+            if (tid < 64) {
+                /* thread k: diagonals key - row = k (rows 0..63-k) and k - 64 (rows 64-k..63),
+                 * 64 entries in all; the second is the one left open by the previous tile as
+                 * its diagonal k, so it completes there */
+                float a = 0.f, b = 0.f;
+#pragma unroll 16
+                for (int r = 0; r < 64; ++r) {
+                    const float v = pt[r * VS_P_PITCH + ((r + tid) & 63)];
+                    if (r + tid < 64)
+                        a += v;
+                    else
+                        b += v;
                 }
-                float c0s = p_[0] + p_[2], c1s = p_[1] + p_[3];
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) {
-                    c0s += __shfl_xor_sync(0xffffffffu, c0s, o);
-                    c1s += __shfl_xor_sync(0xffffffffu, c1s, o);
-                }
-                if (g == 0) {
-                    atomicAdd(&vsum[t * 64 + 8 * j + 2 * cq], c0s);
-                    atomicAdd(&vsum[t * 64 + 8 * j + 2 * cq + 1], c1s);
-                }
+                add_slash(t * 64 + n - 1 + tid - 64, carry + b);
+                carry = a;
+            } else {
+                const int c = tid - 64;
+                float a = 0.f;
+#pragma unroll 16
+                for (int r = 0; r < 64; ++r) a += pt[r * VS_P_PITCH + c];
+                if (kbase + c < c1) vg[kbase + c] = a;
             }
         }
         __syncthreads();
@@ -222,16 +241,8 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
             st[qr0] = make_float2(m0, l0);
             st[qr1] = make_float2(m1, l1);
         }
-    } else {
-        float *vg = p.vert + (int64_t)bh * p.len;
-        float *sg = p.slash + (int64_t)bh * p.len;
-        for (int i = tid; i < c1 - c0; i += NT) vg[c0 + i] = vsum[i];
-        /* diagonal index c0 + i for i in [0, c1-c0+n-1), capped at len */
-        const int ns = min(c1 - c0 + n - 1, len - c0);
-        for (int i = tid; i < ns; i += NT) {
-            const float v = ssum[i];
-            if (v != 0.f) atomicAdd(sg + c0 + i, v);
-        }
+    } else if (tid < 64) {
+        add_slash((n_tiles - 1) * 64 + n - 1 + tid, carry);
     }
 }
 
@@ -300,7 +311,7 @@ __global__ void __launch_bounds__(SEL_NT)
 template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
                                                               cudaStream_t st) {
     const size_t smem = (size_t)3 * 64 * (D + 8) * sizeof(T) +
-                        (size_t)(2 * VS_CHUNK + 64 + 128) * sizeof(float);
+                        (size_t)(64 * VS_P_PITCH + 128) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
     auto k2 = vs_scores_kernel<T, D, 2>;
     cudaError_t e =
