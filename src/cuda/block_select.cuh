@@ -33,23 +33,11 @@ __device__ __forceinline__ float float_of_order_key(uint32_t k) {
  * one address. */
 template <int NT, typename BinFn>
 __device__ __forceinline__ void block_histogram(BinFn bin_of, int n, int *hist) {
-    /* UNROLL keys a thread in flight: the keys are loads from global memory, and one at a time
-     * a long vector's passes waited on them (one CTA per vector, few CTAs) */
-    constexpr int UNROLL = 4;
-    const int n_round = (n + NT * UNROLL - 1) / (NT * UNROLL) * (NT * UNROLL);
-    for (int i0 = threadIdx.x; i0 < n_round; i0 += NT * UNROLL) {
-        int bin[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int i = i0 + u * NT;
-            bin[u] = i < n ? bin_of(i) : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) { /* every lane of a warp reaches match_any */
-            const unsigned same = __match_any_sync(0xffffffffu, bin[u]);
-            if (bin[u] >= 0 && (threadIdx.x & 31) == __ffs(same) - 1)
-                atomicAdd(&hist[bin[u]], __popc(same));
-        }
+    const int n_round = (n + NT - 1) / NT * NT; /* every lane of a warp reaches match_any */
+    for (int i = threadIdx.x; i < n_round; i += NT) {
+        const int bin = i < n ? bin_of(i) : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
     }
 }
 
