@@ -4,9 +4,10 @@
  *   1. stats:   the last n = min(64, len) queries against key chunks of 2048 keys, tensor cores;
  *               per chunk and row the running max and sum of exp (base 2).
  *   2. sums:    merge the chunk statistics into each row's log-sum-exp, recompute the scores,
- *               P = exp(s - lse) in fp32, add column sums (each chunk owns its columns) and
- *               diagonal sums (shared-memory accumulation, then global atomics for the 63-wide
- *               overlap with the next chunk).
+ *               P = exp(s - lse) in fp32, staged a 64 x 64 tile at a time in shared memory,
+ *               where one thread sums each column (each chunk owns its columns) and one each
+ *               pair of diagonals (global atomics add the diagonals to the ones the previous
+ *               and next chunks share).
  *   3. select:  per (b, h) and per vector, force the sinks / the local diagonals to +inf, radix
  *               select the per-head budget, compact in index order: verticals come out ascending,
  *               slash distances descending (index i = len-1-d ascending), with no sort.
@@ -15,6 +16,26 @@
  * is the attention kernel's.
  * Scores are q.k accumulated in fp32 (the original rounds the product to the input dtype before
  * scaling; keeping fp32 changes nothing but near-ties).
+ *
+ * Versions (H200, bf16, budgets 1000 / 6096, bench/vs_estimate_kernels.py; ms for all heads at
+ * 128K x 32 heads / 512K x 8 / 1M x 8, GQA 4:1):
+ *   1. pass 2 added every P to its diagonal with a shared-memory atomicAdd and its column sums
+ *      (after a butterfly over the warp's rows) the same way. On this GPU a shared-memory float
+ *      atomicAdd is a compare-and-swap loop (ATOMS.CAST.SPIN in the SASS), and lanes of one
+ *      warp land on the same diagonal, so each retried: scores (both passes) 2.49 / 2.51 / 4.72,
+ *      select 0.23 / 0.88 / 2.39, index build (vs_index.cu) 1.46 / 2.36 / 3.97.
+ *   2. P staged in shared memory (rows 72 floats apart, so that a half warp's float2 stores
+ *      fall in distinct banks); thread k < 64 walks the tile once, summing diagonal k (rows
+ *      0..63-k) and diagonal k-64 (the other rows), which completes the diagonal it left open
+ *      in the previous tile (carried in a register), threads 64..127 sum a column each; no
+ *      shared-memory atomics left: scores 0.81 / 0.84 / 1.72
+ *      (bench/results/2026-12-01-gpu-vs-estimate-diagonals.json). In bench/torch_ref.py's
+ *      estimation section the estimate went 2.78 -> 1.06 ms at 128K x 32 (estimate and index
+ *      4.5 -> 2.7 % of the whole-layer prefill), 3.42 -> 1.79 at 512K x 8 (4.0 -> 3.0 %),
+ *      7.11 -> 4.16 at 1M x 8 (3.0 -> 2.2 %) (2026-12-01-gpu-attention-v39-estimation.json).
+ *      Not kept: four keys a thread in flight in the select's histogram passes (no change).
+ *   What is left: the select is one CTA per (head, vector), five passes over the vector (0.1 ms
+ *   per pass at 1M), and the index build walks each row block's lists in one thread.
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
