@@ -196,7 +196,8 @@ def runner_tables(runs):
         rows = r.get("rows")
         if not isinstance(rows, list) or not rows or "ttft_s" not in rows[0]:
             continue
-        key = (r.get("model", "?"), r.get("device", "?"), r.get("gpu", ""))
+        # one model whatever path it was read from: the name before the parenthesised details
+        key = (r.get("model", "?").split(" (")[0], r.get("device", "?"), r.get("gpu", ""))
         g = groups.setdefault(key, {"files": [], "rows": {}, "run": r, "commits": []})
         g["files"].append(r["_file"])
         if r.get("commit") and r["commit"] not in g["commits"]:

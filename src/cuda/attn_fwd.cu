@@ -20,9 +20,9 @@ template <int D> struct attn_smem {
     static constexpr int PITCH = D + 8; /* +16 bytes a row: ldmatrix rows land on distinct banks */
 };
 
+/* The kernel's body, shared by the two entry points below. */
 template <typename T, int D, int BM>
-__global__ void __launch_bounds__(BM * 2)
-    attn_fwd_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+__device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p) {
     constexpr int NW = BM / 16;
     constexpr int NT = NW * 32;
     constexpr int PITCH = attn_smem<D>::PITCH;
@@ -244,10 +244,30 @@ __global__ void __launch_bounds__(BM * 2)
 }
 
 template <typename T, int D, int BM>
+__global__ void __launch_bounds__(BM * 2)
+    attn_fwd_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+    attn_fwd_rows<T, D, BM>(p);
+}
+
+/* D = 64 must keep two CTAs of 256 threads (or four of 128) an SM, i.e. at most 128 registers a
+ * thread: left to itself ptxas gave it 146 once the tile plan grew (the A-/Tri-shape window
+ * struct), one CTA of 256 threads an SM, and dense D = 64 on an H200 fell from 255 to 186
+ * TFLOP/s (bench/results/2026-12-01-gpu-dense-d64-occupancy.json). D = 128 keeps ptxas's choice. */
+template <typename T, int BM>
+__global__ void __launch_bounds__(BM * 2, 256 / BM)
+    attn_fwd_d64_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+    attn_fwd_rows<T, 64, BM>(p);
+}
+
+template <typename T, int D, int BM>
 static cudaError_t launch_attn(const mi_cuda_attn_params &p, cudaStream_t st) {
     constexpr int PITCH = attn_smem<D>::PITCH;
     const size_t smem = (size_t)(BM + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
-    auto kern = attn_fwd_kernel<T, D, BM>;
+    void (*kern)(mi_cuda_attn_params);
+    if constexpr (D == 64)
+        kern = attn_fwd_d64_kernel<T, BM>;
+    else
+        kern = attn_fwd_kernel<T, D, BM>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
