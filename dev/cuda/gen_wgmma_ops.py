@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Writes src/cuda/wgmma_ops.cuh: inline-asm wrappers of the wgmma shapes the sm_90a attention
 kernels use, for bf16 and fp16: m64n64k16, m64n128k16 and m64n176k16 with both operands in
-shared memory (S = Q K^T over 64-, 128- or 176-key tiles) and m64n128k16 with A in registers
-and B transposed (O += P V). --with-rs64 also writes m64n64k16 with A in registers (S with Q in
-registers), which the dev/cuda v5 and v6 snapshots use. Run from the repository root."""
+shared memory (S = Q K^T over 64-, 128- or 176-key tiles) and m64n128k16 and m64n64k16 with A
+in registers and B transposed (O += P V at D = 128 and D = 64). --with-rs64 also writes m64n64k16
+with A in registers and B not transposed (S with Q in registers), which the dev/cuda v5 and v6
+snapshots use. Run from the repository root."""
 import sys
 
 def ss(n, ty, name):
@@ -38,4 +39,5 @@ for ty, tag in (("bf16", "bf16"), ("f16", "f16")):
     if "--with-rs64" in sys.argv:
         out += rs(64, ty, f"wgmma_rs_m64n64_{tag}", 0)
     out += rs(128, ty, f"wgmma_rs_m64n128_tb_{tag}", 1)
+    out += rs(64, ty, f"wgmma_rs_m64n64_tb_{tag}", 1)
 open("src/cuda/wgmma_ops.cuh", "w").write(out)

@@ -41,17 +41,18 @@ struct dense_sm90_args {
 };
 
 constexpr int DS_BM = 128, DS_STAGES = 2;
-constexpr int DS_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
-constexpr int DS_TILE = 2 * DS_HALF; /* the 128 x 128 tile of Q */
-/* K and V come in tiles of BN keys (128 or 176), each two 64-column halves of BN rows */
+constexpr int DS_HALF = 128 * 128; /* one 64-column half of a 128-row tile, bytes */
+/* the 128 x D tile of Q: D / 64 halves */
+template <int D> constexpr int ds_q_tile() { return D / 64 * DS_HALF; }
+/* K and V come in tiles of BN keys (128 or 176), each D / 64 halves of BN rows of 64 columns */
 template <int BN> constexpr int ds_kv_half() { return BN * 128; }
-template <int BN> constexpr int ds_kv_tile() { return 2 * ds_kv_half<BN>(); }
+template <int BN, int D> constexpr int ds_kv_tile() { return D / 64 * ds_kv_half<BN>(); }
 /* Q, two K and two V stages, the mbarriers; plus 1 KB to align the tiles to 1024 bytes (the
  * 128-byte swizzle repeats every 8 rows of 128 bytes) */
-template <int BN> constexpr size_t ds_smem() {
-    return 1024 + DS_TILE + 2 * DS_STAGES * ds_kv_tile<BN>() + 16 * sizeof(uint64_t);
+template <int BN, int D> constexpr size_t ds_smem() {
+    return 1024 + ds_q_tile<D>() + 2 * DS_STAGES * ds_kv_tile<BN, D>() + 16 * sizeof(uint64_t);
 }
-static_assert(ds_smem<176>() <= 227 * 1024, "176-key tiles fit a CTA's shared memory");
+static_assert(ds_smem<176, 128>() <= 227 * 1024, "176-key tiles fit a CTA's shared memory");
 
 /* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
  * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
@@ -87,15 +88,16 @@ static_assert(ds_smem<176>() <= 227 * 1024, "176-key tiles fit a CTA's shared me
  * 625-627, 128K 613-616 -> 619-630, 512K 602-614 -> 628-638. Full benchmark's dense section
  * (bench/results/2026-12-01-gpu-attention-v38-dense.json, ce4c557): 628 / 645 / 643 / 633 at 32K
  * / 128K / 512K / 1M = 1.03 / 1.14 / 1.29 / 1.33x cuDNN (608 / 565 / 498 / 476). */
-template <typename T, int BN>
+template <typename T, int BN, int D>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
     static_assert(BN == 128 || BN == 176, "the S wgmma shapes wg<T> wraps");
-    constexpr int D = 128, KH = ds_kv_half<BN>(), KT = ds_kv_tile<BN>(), NS = BN / 2;
+    static_assert(D == 128 || D == 64, "P V by m64n128k16 or m64n64k16");
+    constexpr int KH = ds_kv_half<BN>(), KT = ds_kv_tile<BN, D>(), NS = BN / 2, NO = D / 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);
-    unsigned char *qs = base, *ks = qs + DS_TILE, *vs = ks + DS_STAGES * KT;
+    unsigned char *qs = base, *ks = qs + ds_q_tile<D>(), *vs = ks + DS_STAGES * KT;
     uint64_t *bars = reinterpret_cast<uint64_t *>(vs + DS_STAGES * KT);
     uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + DS_STAGES,
              *k_empty = v_full + DS_STAGES, *v_empty = k_empty + DS_STAGES;
@@ -119,18 +121,18 @@ __global__ void __launch_bounds__(384, 1)
     if (wgi == 0) {
         setmaxnreg_dec<24>();
         if (tid != 0) return;
-        tma_load_tile<128>(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
+        tma_load_tile<128, D>(smem_addr(qs), &a.tm_q, rs, h, b, q_full);
         for (int t = 0; t < n_tiles; ++t) {
             const int slot = t % DS_STAGES, par = ((t / DS_STAGES) - 1) & 1;
             const uint32_t kd = smem_addr(ks) + slot * KT, vd = smem_addr(vs) + slot * KT;
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(k_empty + slot, par)) {
                 }
-            tma_load_tile<BN>(kd, &a.tm_k, t * BN, hk, b, k_full + slot);
+            tma_load_tile<BN, D>(kd, &a.tm_k, t * BN, hk, b, k_full + slot);
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(v_empty + slot, par)) {
                 }
-            tma_load_tile<BN>(vd, &a.tm_v, t * BN, hk, b, v_full + slot);
+            tma_load_tile<BN, D>(vd, &a.tm_v, t * BN, hk, b, v_full + slot);
         }
         return;
     }
@@ -145,10 +147,10 @@ __global__ void __launch_bounds__(384, 1)
     if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
 
     const sw128_desc qd(smem_addr(qs) + cw * 64 * 128, 16, 1024);
-    float o[64], s[NS];
+    float o[NO], s[NS];
     uint32_t pa[BN / 16][4];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    for (int i = 0; i < NO; ++i) o[i] = 0.f;
     row_softmax sm;
     const float sc = a.scale_log2;
 
@@ -167,7 +169,12 @@ __global__ void __launch_bounds__(384, 1)
     auto issue_pv = [&](int t) {
         const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * KT, KH, 1024);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            if constexpr (D == 128)
+                wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
+            else
+                wg<T>::rs64(o, pa[kk], vd.at(kk * 16 * 128), 1);
+        }
     };
     /* a tile on the diagonal: keys after the row (and so every key past the sequence) get
      * -inf. Tiles of 128 keys: the last; of 176: the last one or two (mask_needed). */
@@ -215,10 +222,10 @@ __global__ void __launch_bounds__(384, 1)
         if (mask_needed(t)) mask_diag(t);
         const float2 al = sm.update<BN / 8>(s, sc);
         wgmma_wait<0>();
-        fence_operands<64>(o);
+        fence_operands<NO>(o);
         warp_arrive(v_empty + vs_slot);
         /* past the first tiles a row's max rarely moves (al = exp2(0) = 1 exactly) */
-        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
+        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o<D>(o, al);
         pack_p<T, BN / 16>(pa, s);
     }
     const int last = n_tiles - 1;
@@ -227,18 +234,18 @@ __global__ void __launch_bounds__(384, 1)
     issue_pv(last);
     wgmma_commit();
     wgmma_wait<0>();
-    fence_operands<64>(o);
+    fence_operands<NO>(o);
 
     T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
     float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
-    store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    store_rows<T, D>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
 #endif
 }
 
-template <typename T, int BN>
+template <typename T, int BN, int D>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
-    auto kern = attn_dense_sm90_kernel<T, BN>;
-    constexpr size_t smem = ds_smem<BN>();
+    auto kern = attn_dense_sm90_kernel<T, BN, D>;
+    constexpr size_t smem = ds_smem<BN, D>();
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -250,14 +257,14 @@ static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_
 } // namespace mi_cuda
 
 /* Runs the launch with the dense kernel when it applies: every head dense (uniform mode), every
- * sequence of the full length, D = 128, tensors TMA can address, and not switched off with
+ * sequence of the full length, D = 128 or 64, tensors TMA can address, and not switched off with
  * MI_CUDA_SM90_DENSE=0. *used = 0 (and cudaSuccess) when it does not apply. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
                                                        cudaStream_t st, int *used) {
     *used = 0;
     const char *off = getenv("MI_CUDA_SM90_DENSE");
     if ((off && off[0] == '0') || p->use_head_modes || p->mode.mode != MI_CUDA_MODE_DENSE ||
-        p->head_dim != 128)
+        (p->head_dim != 128 && p->head_dim != 64))
         return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
@@ -274,9 +281,14 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
     *used = 1;
-    if (bn == 176)
-        return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 176>(a, p->batch, st)
-                    : mi_cuda::launch_dense<__half, 176>(a, p->batch, st);
-    return bf16 ? mi_cuda::launch_dense<__nv_bfloat16, 128>(a, p->batch, st)
-                : mi_cuda::launch_dense<__half, 128>(a, p->batch, st);
+    using bf = __nv_bfloat16;
+    if (p->head_dim == 64)
+        return bn == 176 ? (bf16 ? mi_cuda::launch_dense<bf, 176, 64>(a, p->batch, st)
+                                 : mi_cuda::launch_dense<__half, 176, 64>(a, p->batch, st))
+                         : (bf16 ? mi_cuda::launch_dense<bf, 128, 64>(a, p->batch, st)
+                                 : mi_cuda::launch_dense<__half, 128, 64>(a, p->batch, st));
+    return bn == 176 ? (bf16 ? mi_cuda::launch_dense<bf, 176, 128>(a, p->batch, st)
+                             : mi_cuda::launch_dense<__half, 176, 128>(a, p->batch, st))
+                     : (bf16 ? mi_cuda::launch_dense<bf, 128, 128>(a, p->batch, st)
+                             : mi_cuda::launch_dense<__half, 128, 128>(a, p->batch, st));
 }

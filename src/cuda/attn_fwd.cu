@@ -289,8 +289,13 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     cudaStream_t st = mi_stream(ctx);
     cudaError_t e = cudaErrorInvalidValue;
     const bool bf = p->dtype == MI_DTYPE_BF16;
+    int used = 0;
     if (p->head_dim == 128 && mi_cuda_sm90_usable()) {
         e = mi_cuda_attn_sm90_launch(p, st);
+    } else if (p->head_dim == 64 && mi_cuda_sm90_usable() &&
+               ((e = mi_cuda_attn_sm90_dense_launch(p, st, &used)) != cudaSuccess || used)) {
+        /* D = 64 on Hopper: the warp-specialised dense kernel where it applies (a uniform dense
+         * launch of full-length sequences), the kernels below otherwise */
     } else if (block_m == 128) {
         if (p->head_dim == 64)
             e = bf ? launch_attn<__nv_bfloat16, 64, 128>(*p, st)

@@ -1204,10 +1204,10 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k2, &a.tm_v2, p, 128) ||
-        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 64,
-                                 bf16) ||
-        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 64,
-                                 bf16))
+        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 128,
+                                 64, bf16) ||
+        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 128,
+                                 64, bf16))
         return cudaSuccess;
     a.k = p->k;
     a.v = p->v;
@@ -1263,8 +1263,8 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
         cc.k = reinterpret_cast<char *>(buf) + ints;
         cc.v = reinterpret_cast<char *>(cc.k) + copy;
         const int64_t cstride[3] = {0, (int64_t)cc.rows * 128, 128};
-        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, 128, bf16) &&
-            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, 128, bf16))
+        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, 128, 128, bf16) &&
+            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, 128, 128, bf16))
             a.crows = cc.rows;
         else
             cc.rows = 0;

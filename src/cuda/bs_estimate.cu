@@ -1974,8 +1974,8 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
         const int64_t k_stride[3] = {heads_kv * rows * D, rows * D, D};
         const bool bf16 = std::is_same<T, __nv_bfloat16>::value;
         maps.on =
-            encode_tma_map(&maps.q, sp.qp, q_stride, batch, sp.heads, sp.row_blocks, 64, bf16) &&
-            encode_tma_map(&maps.k, sp.kp, k_stride, batch, heads_kv, sp.row_blocks, 64, bf16);
+            encode_tma_map(&maps.q, sp.qp, q_stride, batch, sp.heads, sp.row_blocks, D, 64, bf16) &&
+            encode_tma_map(&maps.k, sp.kp, k_stride, batch, heads_kv, sp.row_blocks, D, 64, bf16);
     }
     const unsigned groups = (unsigned)sp.groups_r;
     const unsigned chunks = (groups + sp.score_chunk_tiles - 1) / sp.score_chunk_tiles;

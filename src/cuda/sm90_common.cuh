@@ -35,6 +35,9 @@ template <> struct wg<__nv_bfloat16> {
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_bf16(d, a, b, sc);
     }
+    __device__ static void rs64(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n64_tb_bf16(d, a, b, sc);
+    }
 };
 template <> struct wg<__half> {
     __device__ static void ss(float *d, uint64_t a, uint64_t b, int sc) {
@@ -48,6 +51,9 @@ template <> struct wg<__half> {
     }
     __device__ static void rs(float *d, const uint32_t *a, uint64_t b, int sc) {
         wgmma_rs_m64n128_tb_f16(d, a, b, sc);
+    }
+    __device__ static void rs64(float *d, const uint32_t *a, uint64_t b, int sc) {
+        wgmma_rs_m64n64_tb_f16(d, a, b, sc);
     }
 };
 
@@ -110,16 +116,17 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
                  "r"(smem_addr(bar))
                  : "memory");
 }
-/* A ROWS x 128 tile of two-byte elements: the bytes it brings on bar, then one ROWS-row box per
- * 64-column half (the halves ROWS x 128 bytes apart, as the tiles are laid out); row is the
- * map's second coordinate, c2 and c3 its last two. */
-template <int ROWS>
+/* A ROWS x D tile of two-byte elements (D = 128 or 64): the bytes it brings on bar, then one
+ * ROWS-row box per 64-column half (the halves ROWS x 128 bytes apart, as the tiles are laid out);
+ * row is the map's second coordinate, c2 and c3 its last two. */
+template <int ROWS, int D = 128>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, int row, int c2,
                                               int c3, uint64_t *bar) {
+    static_assert(D == 128 || D == 64, "tiles of one or two 64-column halves");
     constexpr uint32_t half = ROWS * 64 * 2; /* ROWS rows of 64 two-byte columns */
-    mbar_expect_tx(bar, 2 * half);
+    mbar_expect_tx(bar, D / 64 * half);
     tma_load_4d(dst, map, 0, row, c2, c3, bar);
-    tma_load_4d(dst + half, map, 64, row, c2, c3, bar);
+    if constexpr (D == 128) tma_load_4d(dst + half, map, 64, row, c2, c3, bar);
 }
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -298,9 +305,10 @@ struct row_softmax {
     }
 };
 
-__device__ __forceinline__ void rescale_o(float *o, float2 al) {
+/* O of D columns (D / 2 accumulators a thread) times each row's factor. */
+template <int D = 128> __device__ __forceinline__ void rescale_o(float *o, float2 al) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < D / 8; ++i) {
         o[4 * i] *= al.x;
         o[4 * i + 1] *= al.x;
         o[4 * i + 2] *= al.y;
@@ -323,21 +331,21 @@ __device__ __forceinline__ void pack_p(uint32_t (*a)[4], const float *s) {
 
 /* O / l and the log-sum-exp of the thread's two rows; rows that saw no key get 0 and -inf. Rows
  * past this sequence (batch: len < p.len) are written as such; rows past p.len not at all. */
-template <typename T>
+template <typename T, int D = 128>
 __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
                                            const float *o, int qrow0, int qrow1, int len,
                                            int plen, int cq) {
     const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
     const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
     const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
-    /* each row's address once, then sixteen predicated stores at constant offsets from it: an
+    /* each row's address once, then D / 8 predicated stores at constant offsets from it: an
      * address and a branch per store made this a tenth of the sparse kernel's instructions on
      * items of ten tiles */
     const bool in0 = qrow0 < plen, in1 = qrow1 < plen;
     uint32_t *r0 = reinterpret_cast<uint32_t *>(og + (int64_t)(in0 ? qrow0 : 0) * ostride + 2 * cq);
     uint32_t *r1 = reinterpret_cast<uint32_t *>(og + (int64_t)(in1 ? qrow1 : 0) * ostride + 2 * cq);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < D / 8; ++i) {
         const uint32_t v0 = dtype_traits<T>::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
         const uint32_t v1 = dtype_traits<T>::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
         if (in0) r0[4 * i] = v0;
@@ -366,15 +374,18 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     return fn;
 }
 
-/* Tensor map of Q, K or V as (d, row, head, batch) for boxes of 64 columns (128 bytes, the
- * 128-byte swizzle of the tile layout) by box_rows rows; false where TMA cannot address the
- * tensor (strides or base not 16-byte aligned, no encoder). Rows outside [0, len) read as zeros. */
+/* Tensor map of Q, K or V as (d, row, head, batch), d < head_dim, for boxes of 64 columns (128
+ * bytes, the 128-byte swizzle of the tile layout) by box_rows rows; false where TMA cannot address
+ * the tensor (strides or base not 16-byte aligned, no encoder). Rows outside [0, len) read as
+ * zeros. */
 static inline bool encode_tma_map(CUtensorMap *map, const void *base, const int64_t *stride,
-                                  int batch, int heads, int len, int box_rows, bool bf16) {
+                                  int batch, int heads, int len, int head_dim, int box_rows,
+                                  bool bf16) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
     if (!enc || (reinterpret_cast<uintptr_t>(base) & 15)) return false;
     const int64_t es = 2; /* bytes per element */
-    cuuint64_t dims[4] = {128, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)len, (cuuint64_t)heads,
+                          (cuuint64_t)batch};
     /* a dimension of size 1 is never stepped: any valid stride will do */
     cuuint64_t strides[3] = {(cuuint64_t)(stride[2] * es),
                              (cuuint64_t)(heads > 1 ? stride[1] * es : 16),
@@ -401,9 +412,10 @@ static inline bool encode_qkv_maps(CUtensorMap *q, CUtensorMap *k, CUtensorMap *
         if (p->seq_lens[b] != p->len) return false;
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     const int kv_rows = kv_box_rows > 0 ? kv_box_rows : box_rows;
-    return encode_tma_map(q, p->q, p->q_stride, p->batch, p->heads, p->len, box_rows, bf16) &&
-           encode_tma_map(k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, kv_rows, bf16) &&
-           encode_tma_map(v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, kv_rows, bf16);
+    const int d = p->head_dim;
+    return encode_tma_map(q, p->q, p->q_stride, p->batch, p->heads, p->len, d, box_rows, bf16) &&
+           encode_tma_map(k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, d, kv_rows, bf16) &&
+           encode_tma_map(v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, d, kv_rows, bf16);
 }
 
 } // namespace mi_cuda
