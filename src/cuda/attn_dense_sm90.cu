@@ -1,7 +1,10 @@
 /*
- * attn_dense_sm90.cu: the Hopper (sm_90a) dense causal attention kernel, D = 128, for launches
- * whose every head is dense and whose sequences all have the full length (the dense fallback
- * and mi_cuda_attention_dense); everything else runs the ring kernel of attn_fwd_sm90.cu.
+ * attn_dense_sm90.cu: the Hopper (sm_90a) dense causal attention kernel, D = 128 or 64, for
+ * launches whose every head is dense and whose sequences all have the full length (the dense
+ * fallback and mi_cuda_attention_dense); everything else runs the ring kernel of attn_fwd_sm90.cu
+ * (D = 128) or the mma.sync kernels of attn_fwd.cu (D = 64). Described below for D = 128; at
+ * D = 64 the Q, K and V tiles are one 64-column half, S takes 4 k-steps and P V is m64n64k16
+ * with O in 32 registers.
  *
  * Warp-specialised, one CTA of three warpgroups per SM over 128 query rows:
  *   - warpgroup 0 is the producer: one thread loads Q once (64 x 128 boxes) and K and V BN = 176
@@ -87,7 +90,11 @@ static_assert(ds_smem<176, 128>() <= 227 * 1024, "176-key tiles fit a CTA's shar
  * process, two rounds (bench/results/2026-12-01-gpu-dense-176-keys-ab.json): 32K 602-603 ->
  * 625-627, 128K 613-616 -> 619-630, 512K 602-614 -> 628-638. Full benchmark's dense section
  * (bench/results/2026-12-01-gpu-attention-v38-dense.json, ce4c557): 628 / 645 / 643 / 633 at 32K
- * / 128K / 512K / 1M = 1.03 / 1.14 / 1.29 / 1.33x cuDNN (608 / 565 / 498 / 476). */
+ * / 128K / 512K / 1M = 1.03 / 1.14 / 1.29 / 1.33x cuDNN (608 / 565 / 498 / 476).
+ * D = 64 (the same code, templated on D; commit 64defaf), 9 query / 3 KV heads as SmolLM2, in one
+ * process against the mma.sync kernel that ran D = 64 before (bench/results/2026-12-01-gpu-dense-
+ * d64-ws.json): 457-460 against 255-257 TFLOP/s at 128K and 512K, cuDNN 467 and 415. With half
+ * the tensor work of D = 128 per key and the same softmax, the softmax bounds it. */
 template <typename T, int BN, int D>
 __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
