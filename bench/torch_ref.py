@@ -12,6 +12,7 @@ Measures (bf16, D = 128, causal; BENCHMARKS.md):
   estimation      VS estimation + index build at default budgets (1000 / 6096), share of total
   prefill         whole layer, every head VS 1000/6096, estimation included (random inputs)
   crossover       prefill vs dense per length: where sparse starts to pay
+  crossover-d64   the same for heads of 64 dimensions (9 / 3 heads); not in the default set
 
 Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick]
                     [--sections dense,sparse,patterns,estimation,crossover]
@@ -488,10 +489,10 @@ def bench_estimation(lib, L, H, Hk, reps):
                     "the index the prefill computes on"}
 
 
-def bench_crossover(lib, H, Hk, lengths, reps):
+def bench_crossover(lib, H, Hk, lengths, reps, D=128):
     rows = []
     for L in lengths:
-        q, k, v = qkv(H, Hk, L, seed=4, local=True)
+        q, k, v = qkv(H, Hk, L, D=D, seed=4, local=True)
         o = torch.empty_like(q)
         run, ws = prefill_call(lib, q, k, v, o, H, 0)
         t_sparse = time_cuda(run, reps)
@@ -501,7 +502,8 @@ def bench_crossover(lib, H, Hk, lengths, reps):
             lib.check(lib.l.mi_attention_dense(lib.ctx, C.byref(dq), C.byref(dk), C.byref(dv),
                                                None, C.c_float(0), C.byref(do_), None), "dense")
         t_dense = time_cuda(dense, reps)
-        rows.append({"L": L, "heads": H, "sparse_prefill_ms": t_sparse, "dense_ms": t_dense,
+        rows.append({"L": L, "heads": H, "heads_kv": Hk, "head_dim": D,
+                     "sparse_prefill_ms": t_sparse, "dense_ms": t_dense,
                      "speedup": t_dense / t_sparse})
         del ws
     cross = None
@@ -582,6 +584,16 @@ def main():
                                        "estimated)"}
         for r in rows:
             print("crossover", json.dumps(r), flush=True)
+    if "crossover-d64" in sections:
+        # heads of 64 dimensions (SmolLM2's 9 / 3), whose dense and sparse kernels differ from
+        # D = 128's
+        lengths = [16384, 32768, 49152, 65536, 98304, 131072]
+        rows, cross = bench_crossover(lib, 9, 3, lengths, 5, D=64)
+        res["crossover_d64"] = {"rows": rows, "first_length_sparse_wins": cross,
+                                "pattern": "every head VS 1000/6096, estimation + index "
+                                           "included, position-coded q/k, D = 64, dense_below 0"}
+        for r in rows:
+            print("crossover-d64", json.dumps(r), flush=True)
     os.makedirs(args.out, exist_ok=True)
     tag = "-sm80path" if os.environ.get("MI_CUDA_DISABLE_SM90") == "1" else ""
     res["kernel_path"] = "sm80 mma.sync" if tag else "default (sm90a wgmma on Hopper, D=128)"

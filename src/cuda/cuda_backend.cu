@@ -27,6 +27,12 @@
  * kernel's 176-key tiles (commit ce4c557, bench/results/2026-12-01-gpu-crossover-176-keys.json):
  * 0.74 at 16K, 0.90 at 24K, 1.03 at 32K, 1.21 at 48K; 32K holds, with a thinner margin. */
 #define MI_CUDA_DENSE_BELOW_DEFAULT 32768
+/* The same for heads of 64 dimensions where the warp-specialised dense kernel runs them (Hopper),
+ * about 1.8x faster than the mma.sync kernel they share with the sparse path there. Measured on an
+ * H200 (bf16, D = 64, 9 query / 3 KV heads as SmolLM2, the same prefill; commit 64defaf,
+ * bench/results/2026-12-01-gpu-crossover-d64.json): 0.41 at 16K, 0.63 at 32K, 0.79 at 48K, 0.96
+ * at 64K, 1.20 at 96K, 1.57 at 128K; 96K is the first measured length where sparse wins. */
+#define MI_CUDA_DENSE_BELOW_D64_SM90 98304
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
@@ -168,8 +174,10 @@ void plan_prefill(const mi_attn_shape *s, const mi_head_pattern *pat, const mi_p
     lo->total = off + al(sc) + 256;
 }
 
-int32_t resolve_dense_below(const mi_prefill_params *pp) {
-    return pp->dense_below < 0 ? MI_CUDA_DENSE_BELOW_DEFAULT : pp->dense_below;
+int32_t resolve_dense_below(const mi_prefill_params *pp, int64_t head_dim) {
+    if (pp->dense_below >= 0) return pp->dense_below;
+    return head_dim == 64 && mi_cuda_sm90_usable() ? MI_CUDA_DENSE_BELOW_D64_SM90
+                                                   : MI_CUDA_DENSE_BELOW_DEFAULT;
 }
 
 } // namespace
@@ -198,7 +206,7 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     if (st != MI_STATUS_SUCCESS) return st;
     prefill_layout lo;
     plan_prefill(s, patterns, params, &lo);
-    const int32_t dense_below = resolve_dense_below(params);
+    const int32_t dense_below = resolve_dense_below(params, s->head_dim);
     cudaStream_t stream = mi_stream(ctx);
 
     /* every sequence shorter than the crossover: one dense launch, no workspace */
