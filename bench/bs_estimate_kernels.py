@@ -34,22 +34,19 @@ def kernel_name(event):
     return event.name.split("<")[0].split("(")[0].split("::")[-1]
 
 
-def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
-    """ms per call of each CUDA kernel the estimate launches (templates and namespaces cut), after
-    at least warm_s seconds of calls, as torch_ref.time_cuda warms up: a GPU left idle while the
-    inputs were made runs its first milliseconds at a lower clock."""
-    def estimate():
-        lib.check(lib.l.mi_block_sparse_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, top_k,
-                                                 C.byref(spi)), "mi_block_sparse_estimate")
+def profile_kernels(fn, repeat, warm_s=0.2):
+    """ms per call of each CUDA kernel fn launches (templates and namespaces cut), after at least
+    warm_s seconds of calls, as torch_ref.time_cuda warms up: a GPU left idle while the inputs
+    were made runs its first milliseconds at a lower clock."""
     t0 = time.perf_counter()
-    estimate()
+    fn()
     torch.cuda.synchronize()
     while time.perf_counter() - t0 < warm_s:
-        estimate()
+        fn()
         torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(repeat):
-            estimate()
+            fn()
         torch.cuda.synchronize()
     total = collections.defaultdict(float)
     for e in prof.events():
@@ -57,6 +54,13 @@ def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
             total[kernel_name(e)] += e.device_time_total / repeat / 1000
     return dict(total)
 
+
+def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
+    """ms per call of each CUDA kernel the estimate launches."""
+    def estimate():
+        lib.check(lib.l.mi_block_sparse_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, top_k,
+                                                 C.byref(spi)), "mi_block_sparse_estimate")
+    return profile_kernels(estimate, repeat, warm_s)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

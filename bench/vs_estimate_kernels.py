@@ -12,41 +12,18 @@ after; the library reads them at every call. Prints one line per shape and varia
 kernel's time in ms for all heads, averaged over --repeat calls after a warm-up, and whether the
 variant's vertical-slash lists and block index equal the first variant's, bit for bit."""
 import argparse
-import collections
 import ctypes as C
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
-from bs_estimate_kernels import LENGTHS, kernel_name  # noqa: E402
+from bs_estimate_kernels import LENGTHS, profile_kernels  # noqa: E402
 
 V_BUDGET, S_BUDGET = 1000, 6096
-
-
-def profile_calls(fn, repeat, warm_s=0.2):
-    """ms per call of each CUDA kernel fn launches, after warm_s seconds of calls (a GPU left
-    idle while the inputs were made runs its first milliseconds at a lower clock)."""
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    while time.perf_counter() - t0 < warm_s:
-        fn()
-        torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeat):
-            fn()
-        torch.cuda.synchronize()
-    total = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[kernel_name(e)] += e.device_time_total / repeat / 1000
-    return dict(total)
 
 
 def parse_shapes(text):
@@ -107,7 +84,7 @@ def main():
             vbuf.fill_(-7)
             sbuf.fill_(-7)
             with tr.variant_env(sets):
-                times = profile_calls(call, args.repeat)
+                times = profile_kernels(call, args.repeat)
             torch.cuda.synchronize()
             result = torch.cat([vbuf[: n // 4], sbuf])
             differ = 0 if first is None else int((result != first).sum().item())
