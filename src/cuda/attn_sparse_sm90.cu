@@ -1204,10 +1204,10 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k2, &a.tm_v2, p, 128) ||
-        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 128,
-                                 64, bf16) ||
-        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 128,
-                                 64, bf16))
+        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 128, 64,
+                                 bf16) ||
+        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 128, 64,
+                                 bf16))
         return cudaSuccess;
     a.k = p->k;
     a.v = p->v;

@@ -333,8 +333,8 @@ __device__ __forceinline__ void pack_p(uint32_t (*a)[4], const float *s) {
  * past this sequence (batch: len < p.len) are written as such; rows past p.len not at all. */
 template <typename T, int D = 128>
 __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
-                                           const float *o, int qrow0, int qrow1, int len,
-                                           int plen, int cq) {
+                                           const float *o, int qrow0, int qrow1, int len, int plen,
+                                           int cq) {
     const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
     const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
     const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;

@@ -34,8 +34,9 @@
  *      4.5 -> 2.7 % of the whole-layer prefill), 3.42 -> 1.79 at 512K x 8 (4.0 -> 3.0 %),
  *      7.11 -> 4.16 at 1M x 8 (3.0 -> 2.2 %) (2026-12-01-gpu-attention-v39-estimation.json).
  *      Not kept: four keys a thread in flight in the select's histogram passes (no change).
- *   What is left: the select is one CTA per (head, vector), five passes over the vector (0.1 ms
- *   per pass at 1M), and the index build walks each row block's lists in one thread.
+ *   What is left: the select is one CTA per (head, vector) making five passes over the vector
+ *   (at 1M x 8 heads, sixteen CTAs on 132 SMs, about 0.5 ms a pass), and the index build walks
+ *   each row block's lists in one thread (65K threads at 128K x 32 heads, latency-bound).
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
@@ -72,8 +73,8 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     T *qs = reinterpret_cast<T *>(smem_raw);
     T *ks = qs + VS_ROWS * PITCH; /* [2][64][PITCH] */
     float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
-    float *row_m = pt + 64 * VS_P_PITCH;                          /* [64] */
-    float *row_il = row_m + 64;                                   /* [64] 1/sum */
+    float *row_m = pt + 64 * VS_P_PITCH;                        /* [64] */
+    float *row_il = row_m + 64;                                 /* [64] 1/sum */
 
     const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
     const int len = p.seq_lens[b];
@@ -220,10 +221,10 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int c = 8 * j + 2 * cq;
-                *reinterpret_cast<float2 *>(pt + qr0 * VS_P_PITCH + c) = make_float2(
-                    exp2f(s[j][0] - rm0) * il0, exp2f(s[j][1] - rm0) * il0);
-                *reinterpret_cast<float2 *>(pt + qr1 * VS_P_PITCH + c) = make_float2(
-                    exp2f(s[j][2] - rm1) * il1, exp2f(s[j][3] - rm1) * il1);
+                *reinterpret_cast<float2 *>(pt + qr0 * VS_P_PITCH + c) =
+                    make_float2(exp2f(s[j][0] - rm0) * il0, exp2f(s[j][1] - rm0) * il0);
+                *reinterpret_cast<float2 *>(pt + qr1 * VS_P_PITCH + c) =
+                    make_float2(exp2f(s[j][2] - rm1) * il1, exp2f(s[j][3] - rm1) * il1);
             }
             __syncthreads();
             if (tid < 64) {
@@ -331,8 +332,8 @@ __global__ void __launch_bounds__(SEL_NT)
 
 template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
                                                               cudaStream_t st) {
-    const size_t smem = (size_t)3 * 64 * (D + 8) * sizeof(T) +
-                        (size_t)(64 * VS_P_PITCH + 128) * sizeof(float);
+    const size_t smem =
+        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 128) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
     auto k2 = vs_scores_kernel<T, D, 2>;
     cudaError_t e =
