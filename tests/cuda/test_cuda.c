@@ -1176,10 +1176,13 @@ int main(int argc, char **argv) {
                         128, dts[di], di == 1, {(int32_t)Ls[li], (int32_t)(Ls[li] / 2 + 1)}};
             test_dense(&sb);
             test_ashape(&sb, 16, 100, 20);
-            /* batch 2 of full length: the warp-specialised dense kernel's batch coordinate */
-            shape se = {2,   8,       2,       Ls[li],
-                        128, dts[di], di == 0, {(int32_t)Ls[li], (int32_t)Ls[li]}};
-            test_dense(&se);
+            /* batch 2 of full length: the warp-specialised dense kernel's batch coordinate, at
+             * both head sizes */
+            for (int64_t d = 64; d <= 128; d += 64) {
+                shape se = {2, 8,       2,       Ls[li],
+                            d, dts[di], di == 0, {(int32_t)Ls[li], (int32_t)Ls[li]}};
+                test_dense(&se);
+            }
         }
     }
     /* estimation, index, sparse and prefill */
