@@ -249,12 +249,19 @@ __global__ void __launch_bounds__(BM * 2)
     attn_fwd_rows<T, D, BM>(p);
 }
 
-/* D = 64 must keep two CTAs of 256 threads (or four of 128) an SM, i.e. at most 128 registers a
- * thread: left to itself ptxas gave it 146 once the tile plan grew (the A-/Tri-shape window
- * struct), one CTA of 256 threads an SM, and dense D = 64 on an H200 fell from 255 to 186
- * TFLOP/s (bench/results/2026-12-01-gpu-dense-d64-occupancy.json). D = 128 keeps ptxas's choice. */
+/* On Hopper, D = 64 must keep two CTAs of 256 threads (or four of 128) an SM, i.e. at most 128
+ * registers a thread: left to itself ptxas gave it 146 once the tile plan grew (the A-/Tri-shape
+ * window struct), one CTA of 256 threads an SM, and dense D = 64 on an H200 fell from 255 to 186
+ * TFLOP/s (bench/results/2026-12-01-gpu-dense-d64-occupancy.json). The sm_80 build keeps ptxas's
+ * choice: held to 128 registers it spills 44 bytes, and no A100 was at hand to weigh that against
+ * the occupancy. D = 128 keeps ptxas's choice everywhere. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM)*2, 256 / (BM))
+#else
+#define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM)*2)
+#endif
 template <typename T, int BM>
-__global__ void __launch_bounds__(BM * 2, 256 / BM)
+__global__ void MI_ATTN_D64_BOUNDS(BM)
     attn_fwd_d64_kernel(const __grid_constant__ mi_cuda_attn_params p) {
     attn_fwd_rows<T, 64, BM>(p);
 }
