@@ -2,7 +2,8 @@
  * bench_cpu.c: CPU kernel benchmark (not a test): dense attention GFLOP/s against OpenBLAS sgemm
  * in the same run, and the speed-up of vertical-slash / A-shape prefill over dense.
  *
- * usage: bench_cpu [max_len] [repeats] [threads]   (threads: 0 = all cores, for both libraries)
+ * usage: bench_cpu [max_len] [repeats] [threads] [head_dim]
+ *   threads: 0 = all cores, for both libraries; head_dim 1..256, default 128
  * FLOPs: causal dense 2 L^2 D per head; sgemm 2 n^3 (BENCHMARKS.md).
  * Inputs come from mi_synth_generate (sinks, verticals, slashes, a local band) so that the
  * vertical-slash estimate finds structure as on a real head; random q/k would make it pick
@@ -75,13 +76,19 @@ int main(int argc, char **argv) {
     const int64_t max_len = argc > 1 ? atoll(argv[1]) : 32768;
     const int reps = argc > 2 ? atoi(argv[2]) : 5;
     const int threads = argc > 3 ? atoi(argv[3]) : 0;
+    const int64_t D = argc > 4 ? atoll(argv[4]) : 128;
+    if (max_len < 1 || reps < 1 || reps > 15 || threads < 0 || D < 1 || D > 256) {
+        fprintf(stderr, "usage: bench_cpu [max_len >= 1] [repeats 1..15] [threads >= 0] "
+                        "[head_dim 1..256]\n");
+        return 2;
+    }
     mi_context *ctx = NULL;
     mi_context_params cp = mi_context_default_params();
     cp.n_threads = threads;
     if (threads > 0) openblas_set_num_threads(threads);
     if (mi_context_create(&cp, &ctx) != MI_STATUS_SUCCESS) return 1;
-    printf("threads %d, features %s, %s time\n", mi_context_n_threads(ctx), mi_build_features(),
-           getenv("MI_BENCH_WALL") ? "wall" : "process CPU");
+    printf("threads %d, head dim %lld, features %s, %s time\n", mi_context_n_threads(ctx),
+           (long long)D, mi_build_features(), getenv("MI_BENCH_WALL") ? "wall" : "process CPU");
     const int nthreads = mi_context_n_threads(ctx);
 
     /* sgemm reference: square n = 2048, all threads */
@@ -103,7 +110,6 @@ int main(int argc, char **argv) {
     free(B);
     free(C);
 
-    const int64_t D = 128;
     printf("%8s %10s %9s %7s %10s %8s %8s %6s %10s %9s\n", "L", "dense ms", "GFLOP/s", "/sgemm",
            "VS ms", "est ms", "VS keys", "VS x", "Ashape ms", "Ashape x");
     const int64_t lens[] = {1024,  2048,  4096,  6144,  8192,  12288,
