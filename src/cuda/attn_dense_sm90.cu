@@ -249,9 +249,10 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <typename T, int BN, int D>
-static cudaError_t launch_dense(const dense_sm90_args &a, int batch, cudaStream_t st) {
-    auto kern = attn_dense_sm90_kernel<T, BN, D>;
+template <int BN, int D>
+static cudaError_t launch_dense(const dense_sm90_args &a, int batch, bool bf16, cudaStream_t st) {
+    auto kern =
+        bf16 ? attn_dense_sm90_kernel<__nv_bfloat16, BN, D> : attn_dense_sm90_kernel<__half, BN, D>;
     constexpr size_t smem = ds_smem<BN, D>();
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -288,14 +289,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
     *used = 1;
-    using bf = __nv_bfloat16;
     if (p->head_dim == 64)
-        return bn == 176 ? (bf16 ? mi_cuda::launch_dense<bf, 176, 64>(a, p->batch, st)
-                                 : mi_cuda::launch_dense<__half, 176, 64>(a, p->batch, st))
-                         : (bf16 ? mi_cuda::launch_dense<bf, 128, 64>(a, p->batch, st)
-                                 : mi_cuda::launch_dense<__half, 128, 64>(a, p->batch, st));
-    return bn == 176 ? (bf16 ? mi_cuda::launch_dense<bf, 176, 128>(a, p->batch, st)
-                             : mi_cuda::launch_dense<__half, 176, 128>(a, p->batch, st))
-                     : (bf16 ? mi_cuda::launch_dense<bf, 128, 128>(a, p->batch, st)
-                             : mi_cuda::launch_dense<__half, 128, 128>(a, p->batch, st));
+        return bn == 176 ? mi_cuda::launch_dense<176, 64>(a, p->batch, bf16, st)
+                         : mi_cuda::launch_dense<128, 64>(a, p->batch, bf16, st);
+    return bn == 176 ? mi_cuda::launch_dense<176, 128>(a, p->batch, bf16, st)
+                     : mi_cuda::launch_dense<128, 128>(a, p->batch, bf16, st);
 }

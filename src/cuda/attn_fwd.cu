@@ -266,15 +266,20 @@ __global__ void MI_ATTN_D64_BOUNDS(BM)
     attn_fwd_rows<T, 64, BM>(p);
 }
 
-template <typename T, int D, int BM>
-static cudaError_t launch_attn(const mi_cuda_attn_params &p, cudaStream_t st) {
-    constexpr int PITCH = attn_smem<D>::PITCH;
-    const size_t smem = (size_t)(BM + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
-    void (*kern)(mi_cuda_attn_params);
+/* The kernel of D and BM for T; D = 64 has its own entry point (its launch bounds). */
+template <typename T, int D, int BM> constexpr auto attn_kernel() {
     if constexpr (D == 64)
-        kern = attn_fwd_d64_kernel<T, BM>;
+        return attn_fwd_d64_kernel<T, BM>;
     else
-        kern = attn_fwd_kernel<T, D, BM>;
+        return attn_fwd_kernel<T, D, BM>;
+}
+
+template <int D, int BM>
+static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStream_t st) {
+    constexpr int PITCH = attn_smem<D>::PITCH;
+    static_assert(sizeof(__half) == sizeof(__nv_bfloat16), "one shared-memory size for both");
+    const size_t smem = (size_t)(BM + 4 * BN) * PITCH * sizeof(__half) + 2 * BN * sizeof(int);
+    auto kern = bf16 ? attn_kernel<__nv_bfloat16, D, BM>() : attn_kernel<__half, D, BM>();
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
@@ -294,29 +299,26 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA attention: B*H = %lld exceeds 65535",
                        (long long)p->batch * p->heads);
     cudaStream_t st = mi_stream(ctx);
-    cudaError_t e = cudaErrorInvalidValue;
+    cudaError_t e = cudaSuccess;
     const bool bf = p->dtype == MI_DTYPE_BF16;
-    int used = 0;
-    if (p->head_dim == 128 && mi_cuda_sm90_usable()) {
-        e = mi_cuda_attn_sm90_launch(p, st);
-    } else if (p->head_dim == 64 && mi_cuda_sm90_usable() &&
-               ((e = mi_cuda_attn_sm90_dense_launch(p, st, &used)) != cudaSuccess || used)) {
-        /* D = 64 on Hopper: the warp-specialised dense kernel where it applies (a uniform dense
-         * launch of full-length sequences), the kernels below otherwise */
-    } else if (block_m == 128) {
-        if (p->head_dim == 64)
-            e = bf ? launch_attn<__nv_bfloat16, 64, 128>(*p, st)
-                   : launch_attn<__half, 64, 128>(*p, st);
+    /* Hopper: every D = 128 launch on its kernels; D = 64 on the warp-specialised dense kernel
+     * where it applies (a uniform dense launch of full-length sequences), on the kernels below
+     * otherwise */
+    int done = 0;
+    if (mi_cuda_sm90_usable()) {
+        if (p->head_dim == 128) {
+            e = mi_cuda_attn_sm90_launch(p, st);
+            done = 1;
+        } else if (p->head_dim == 64) {
+            e = mi_cuda_attn_sm90_dense_launch(p, st, &done);
+        }
+    }
+    if (e == cudaSuccess && !done) {
+        const bool d64 = p->head_dim == 64;
+        if (block_m == 128)
+            e = d64 ? launch_attn<64, 128>(*p, bf, st) : launch_attn<128, 128>(*p, bf, st);
         else
-            e = bf ? launch_attn<__nv_bfloat16, 128, 128>(*p, st)
-                   : launch_attn<__half, 128, 128>(*p, st);
-    } else {
-        if (p->head_dim == 64)
-            e = bf ? launch_attn<__nv_bfloat16, 64, 64>(*p, st)
-                   : launch_attn<__half, 64, 64>(*p, st);
-        else
-            e = bf ? launch_attn<__nv_bfloat16, 128, 64>(*p, st)
-                   : launch_attn<__half, 128, 64>(*p, st);
+            e = d64 ? launch_attn<64, 64>(*p, bf, st) : launch_attn<128, 64>(*p, bf, st);
     }
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA attention launch: %s",
