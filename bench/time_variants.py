@@ -4,7 +4,8 @@ bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quic
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
   time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=MI_CUDA_DISABLE_SM90=1
-      [--shapes small|sparse|dense|block-sparse] [--prefill L] [--out results.json]
+      [--shapes small|sparse|dense|block-sparse] [--head-dim 128|64] [--prefill L]
+      [--out results.json]
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every launch. cuDNN SDPA is timed once per dense shape."""
@@ -43,6 +44,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--shapes", default="all",
                     choices=["all", "small", "sparse", "dense", "block-sparse"])
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128],
+                    help="head size of the dense and sparse shapes (the GQA ratios kept)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="also time the whole-layer VS prefill (estimation included) at this L, "
                          "8 heads (torch_ref.py's estimation section)")
@@ -68,7 +71,8 @@ def main():
     # alike instead of the last one
     for L, H, Hk, reps in dense:
         for i, (name, sets) in enumerate(variants):
-            r = timed(sets, lambda: tr.bench_dense(lib, L, H, Hk, reps, do_torch=(i == 0)))
+            r = timed(sets, lambda: tr.bench_dense(lib, L, H, Hk, reps, do_torch=(i == 0),
+                                                   D=args.head_dim))
             if i == 0:
                 cudnn[L] = r.get("cudnn_ms_per_head")
             r["cudnn_ms_per_head"] = cudnn.get(L)
@@ -76,7 +80,7 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     for L, H, Hk, sname, reps in sparse:
         for name, sets in variants:
-            r = timed(sets, lambda: tr.bench_sparse(lib, L, H, Hk, sname, reps))
+            r = timed(sets, lambda: tr.bench_sparse(lib, L, H, Hk, sname, reps, D=args.head_dim))
             rows.append({"variant": name, "kind": "sparse", **r})
             print(json.dumps(rows[-1]), flush=True)
     for L, H, Hk, inputs in block_sparse:
@@ -92,7 +96,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(lib),
-                       "rows": rows}, f, indent=1)
+                       "head_dim": args.head_dim, "rows": rows}, f, indent=1)
     print(f"\n{'variant':>8} {'what':>14} {'ms/head':>9} {'TF/s':>6} {'cuDNN ms/h':>10} {'ratio':>6}")
     for r in rows:
         if r["kind"] == "dense":

@@ -244,9 +244,9 @@ def make_sparse_index(lib, H, L, mb, mc):
     return idx, buf
 
 
-def effective_tflops(pairs, t_ms):
-    """TFLOP/s of the (row, key) pairs a kernel computed in t_ms (QK^T and PV, D = 128)."""
-    return 4.0 * 128 * pairs / t_ms / 1e9
+def effective_tflops(pairs, t_ms, D=128):
+    """TFLOP/s of the (row, key) pairs a kernel computed in t_ms (QK^T and PV, D each)."""
+    return 4.0 * D * pairs / t_ms / 1e9
 
 
 def keys_visited(buf, H, L, mb, mc):
@@ -280,8 +280,8 @@ def qkv(H, Hk, L, D=128, seed=0, local=False):
     return q, k, v
 
 
-def bench_dense(lib, L, H, Hk, reps, do_torch=True):
-    q, k, v = qkv(H, Hk, L)
+def bench_dense(lib, L, H, Hk, reps, do_torch=True, D=128):
+    q, k, v = qkv(H, Hk, L, D=D)
     o = torch.empty_like(q)
     dq, dk, dv, do_ = tdesc(q), tdesc(k), tdesc(v), tdesc(o)
 
@@ -291,7 +291,9 @@ def bench_dense(lib, L, H, Hk, reps, do_torch=True):
 
     t_ours = time_cuda(ours, reps)
     res = {"L": L, "heads": H, "heads_kv": Hk, "ours_ms": t_ours}
-    flops = 2.0 * L * L * 128 * H
+    if D != 128:
+        res["head_dim"] = D
+    flops = 2.0 * L * L * D * H
     res["ours_tflops"] = flops / t_ours / 1e9
     if do_torch:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -323,11 +325,11 @@ def bench_dense(lib, L, H, Hk, reps, do_torch=True):
     return res
 
 
-def sparse_case(lib, L, H, Hk, vs, ss):
+def sparse_case(lib, L, H, Hk, vs, ss, D=128):
     """Random inputs and the block index of per-head columns vs and distances ss: build() builds
     the index on the GPU, run() the sparse kernel on it; keys() the (row, key) pairs computed,
     once the index is built."""
-    q, k, v = qkv(H, Hk, L, seed=2)
+    q, k, v = qkv(H, Hk, L, D=D, seed=2)
     o = torch.empty_like(q)
     vsi, vbuf, mv, ms = make_vs_index(lib, vs, ss)
     mb, mc = ms + 1, mv
@@ -349,16 +351,19 @@ def sparse_case(lib, L, H, Hk, vs, ss):
     return build, run, lambda: keys_visited(sbuf, H, L, mb, mc)
 
 
-def bench_sparse(lib, L, H, Hk, name, reps):
+def bench_sparse(lib, L, H, Hk, name, reps, D=128):
     gen = torch.Generator().manual_seed(1)
     vs, ss = index_set(name, L, H, gen)
-    build, run, keys = sparse_case(lib, L, H, Hk, vs, ss)
+    build, run, keys = sparse_case(lib, L, H, Hk, vs, ss, D=D)
     t_idx = time_cuda(build, reps)
     t = time_cuda(run, reps)
     pairs = keys()
-    return {"L": L, "heads": H, "set": name, "kernel_ms": t, "kernel_ms_per_head": t / H,
-            "index_ms": t_idx, "effective_tflops": effective_tflops(pairs, t),
-            "keys_per_row": pairs / (H * L)}
+    res = {"L": L, "heads": H, "set": name, "kernel_ms": t, "kernel_ms_per_head": t / H,
+           "index_ms": t_idx, "effective_tflops": effective_tflops(pairs, t, D),
+           "keys_per_row": pairs / (H * L)}
+    if D != 128:
+        res["head_dim"] = D
+    return res
 
 
 # The original's Triton kernels on the same GPU, ms per head, kernel only (BENCHMARKS.md):

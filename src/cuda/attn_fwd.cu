@@ -249,12 +249,13 @@ __global__ void __launch_bounds__(BM * 2)
     attn_fwd_rows<T, D, BM>(p);
 }
 
-/* On Hopper, D = 64 must keep two CTAs of 256 threads (or four of 128) an SM, i.e. at most 128
- * registers a thread: left to itself ptxas gave it 146 once the tile plan grew (the A-/Tri-shape
- * window struct), one CTA of 256 threads an SM, and dense D = 64 on an H200 fell from 255 to 186
- * TFLOP/s (bench/results/2026-12-01-gpu-dense-d64-occupancy.json). The sm_80 build keeps ptxas's
- * choice: held to 128 registers it spills 44 bytes, and no A100 was at hand to weigh that against
- * the occupancy. D = 128 keeps ptxas's choice everywhere. */
+/* On Hopper (where this kernel runs only with MI_CUDA_DISABLE_SM90=1: the wgmma kernels take
+ * every launch otherwise), D = 64 must keep two CTAs of 256 threads (or four of 128) an SM, i.e.
+ * at most 128 registers a thread: left to itself ptxas gave it 146 once the tile plan grew (the
+ * A-/Tri-shape window struct), one CTA of 256 threads an SM, and dense D = 64 on an H200 fell
+ * from 255 to 186 TFLOP/s (bench/results/2026-12-01-gpu-dense-d64-occupancy.json). The sm_80
+ * build keeps ptxas's choice: held to 128 registers it spills 44 bytes, and no A100 was at hand
+ * to weigh that against the occupancy. D = 128 keeps ptxas's choice everywhere. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM)*2, 256 / (BM))
 #else
@@ -301,19 +302,10 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     cudaStream_t st = mi_stream(ctx);
     cudaError_t e = cudaSuccess;
     const bool bf = p->dtype == MI_DTYPE_BF16;
-    /* Hopper: every D = 128 launch on its kernels; D = 64 on the warp-specialised dense kernel
-     * where it applies (a uniform dense launch of full-length sequences), on the kernels below
-     * otherwise */
-    int done = 0;
+    /* Hopper: every launch on its wgmma kernels (attn_fwd_sm90.cu); elsewhere the kernel above */
     if (mi_cuda_sm90_usable()) {
-        if (p->head_dim == 128) {
-            e = mi_cuda_attn_sm90_launch(p, st);
-            done = 1;
-        } else if (p->head_dim == 64) {
-            e = mi_cuda_attn_sm90_dense_launch(p, st, &done);
-        }
-    }
-    if (e == cudaSuccess && !done) {
+        e = mi_cuda_attn_sm90_launch(p, st);
+    } else {
         const bool d64 = p->head_dim == 64;
         if (block_m == 128)
             e = d64 ? launch_attn<64, 128>(*p, bf, st) : launch_attn<128, 128>(*p, bf, st);

@@ -1,7 +1,8 @@
 /*
- * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128: warpgroup MMA
- * (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and numerics as
- * attn_fwd.cu.
+ * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128 and 64:
+ * warpgroup MMA (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and
+ * numerics as attn_fwd.cu. (What follows describes D = 128; D = 64 is the same kernel with one
+ * 64-column half per row, P V as 4 x m64n64k16, and four CTAs per SM: see its entry point.)
  *
  * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the
  * 128-byte-swizzled K-major layout wgmma reads directly: each 128-column row is split in two
@@ -96,16 +97,16 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
  * a step to arrive instead of a whole one. A persistent version (CTAs walking the row blocks,
  * the ring running on from one to the next) was slower or no faster:
  * dev/cuda/attn_ring_persistent_v9.cu. */
-template <typename T>
-__global__ void __launch_bounds__(128, 3)
-    attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+template <typename T, int D>
+__device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p) {
 #ifdef MI_SM90_DEVICE
-    constexpr int D = 128, BM = 64, NT = 128, CPR = 16;
-    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = 2 * KHALF;
+    static_assert(D == 128 || D == 64, "P V by m64n128k16 or m64n64k16");
+    constexpr int BM = 64, NT = 128, CPR = D / 8; /* CPR: 16-byte chunks per row */
+    constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = D / 64 * KHALF;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *qs = smem_base_1024(smem_raw);
-    unsigned char *ring = qs + 2 * QHALF;                   /* [3 slots] of one K or V tile */
+    unsigned char *ring = qs + D / 64 * QHALF;             /* [3 slots] of one K or V tile */
     int *kpos = reinterpret_cast<int *>(ring + 3 * KTILE); /* [2][BN]: key positions of K(t) */
 
     const int tid = threadIdx.x;
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(128, 3)
             if (gc == 0) kp[gr] = pos;
             late |= pos == MI_NO_KEY || pos > rs;
         }
-        gather_rows<16, 2, 8>(d, KHALF, 16 * warp, g, sl, pos);
+        gather_rows<16, 2, D / 16, T, D>(d, KHALF, 16 * warp, g, sl, pos);
     };
     load(0, 0, false);
     cp_async_commit(); /* group: Q, K0 */
@@ -188,9 +189,9 @@ __global__ void __launch_bounds__(128, 3)
 
     const int g = lane / 4, cq = lane % 4;
     const int qrow0 = rs + warp * 16 + g, qrow1 = qrow0 + 8;
-    float o[64];
+    float o[D / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     row_softmax sm;
     const sw128_desc qd(smem_addr(qs), 16, 1024);
 
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(128, 3)
         const float2 al = sm.update(s, p.scale_log2);
         /* past the first tiles a row's max rarely moves: skip the 64 multiplies when it moved
          * in none of the warp's rows (al = exp2(0) = 1 exactly) */
-        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
+        if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o<D>(o, al);
         uint32_t a[4][4];
         pack_p<T>(a, s);
 
@@ -234,7 +235,12 @@ __global__ void __launch_bounds__(128, 3)
         const sw128_desc vd(smem_addr(ring + sv * KTILE), KHALF, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
+        for (int kk = 0; kk < 4; ++kk) {
+            if constexpr (D == 128)
+                wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
+            else
+                wg<T>::rs64(o, a[kk], vd.at(kk * 16 * 128), 1);
+        }
         wgmma_commit();
         if (t + 1 < n_tiles) load(t + 1, sk, true); /* slot sk: P V(t) does not read it */
         cp_async_commit();
@@ -242,31 +248,52 @@ __global__ void __launch_bounds__(128, 3)
         sk = sn;
     }
 
-    store_rows<T>(og, p.o_stride[2], lseg, sm, o, qrow0, qrow1, len, p.len, cq);
+    store_rows<T, D>(og, p.o_stride[2], lseg, sm, o, qrow0, qrow1, len, p.len, cq);
 #endif
 }
 
-template <typename T> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
-    /* 67,072 B: three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM; ask for the
-     * largest shared-memory carveout so that the driver does not pick a smaller one */
-    const size_t smem = 1024 + 64 * 256 + 3 * 64 * 256 + 2 * BN * sizeof(int);
-    auto kern = attn_fwd_sm90_ring_kernel<T>;
+/* The entry points: three CTAs per SM at D = 128 (168 registers at most), four at D = 64, whose
+ * O accumulator and tiles are half as large (128 registers, 34 KB of shared memory each). */
+template <typename T>
+__global__ void __launch_bounds__(128, 3)
+    attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+    attn_fwd_sm90_ring<T, 128>(p);
+}
+template <typename T>
+__global__ void __launch_bounds__(128, 4)
+    attn_fwd_sm90_ring_d64_kernel(const __grid_constant__ mi_cuda_attn_params p) {
+    attn_fwd_sm90_ring<T, 64>(p);
+}
+
+template <typename T, int D>
+static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    /* D = 128: 67,072 B, so that three CTAs (plus 1 KB reserved each) fit in the 228 KB of an SM
+     * (D = 64: 34,304 B); ask for the largest shared-memory carveout so that the driver does not
+     * pick a smaller one */
+    const size_t smem = 1024 + 4 * (D / 64) * 64 * 128 + 2 * BN * sizeof(int);
+    auto kern = D == 128 ? attn_fwd_sm90_ring_kernel<T> : attn_fwd_sm90_ring_d64_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
-    /* MI_CUDA_SM90_OCC=1: say once how many CTAs the driver fits per SM (3 expected) */
-    static int reported = 0;
-    if (!reported && getenv("MI_CUDA_SM90_OCC")) {
+    /* MI_CUDA_SM90_OCC=1: say once per head size how many CTAs the driver fits per SM (3
+     * expected at D = 128, 4 at D = 64) */
+    static int reported[2] = {0, 0};
+    if (!reported[D == 64] && getenv("MI_CUDA_SM90_OCC")) {
         int n = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 128, smem);
-        fprintf(stderr, "sm90 ring kernel: %d CTAs per SM (%zu B shared)\n", n, smem);
-        reported = 1;
+        fprintf(stderr, "sm90 ring kernel, D = %d: %d CTAs per SM (%zu B shared)\n", D, n, smem);
+        reported[D == 64] = 1;
     }
     dim3 grid((p.len + 63) / 64, p.batch * p.heads);
     kern<<<grid, 128, smem, st>>>(p);
     return cudaGetLastError();
+}
+
+template <int D> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
+    return p.dtype == MI_DTYPE_BF16 ? launch_sm90<__nv_bfloat16, D>(p, st)
+                                    : launch_sm90<__half, D>(p, st);
 }
 
 } // namespace mi_cuda
@@ -305,8 +332,8 @@ extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cu
         q.sm90_taken = taken;
         ring = &q;
     }
-    e = p->dtype == MI_DTYPE_BF16 ? mi_cuda::launch_sm90<__nv_bfloat16>(*ring, st)
-                                  : mi_cuda::launch_sm90<__half>(*ring, st);
+    e = p->head_dim == 64 ? mi_cuda::launch_sm90<64>(*ring, st)
+                          : mi_cuda::launch_sm90<128>(*ring, st);
     if (!taken) return e;
     const cudaError_t f = cudaFreeAsync(taken, st);
     return e != cudaSuccess ? e : f;

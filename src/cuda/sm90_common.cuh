@@ -194,21 +194,25 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c, int half_bytes) {
     return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/* One warp's ROWS gathered rows of 128 two-byte elements into rows row0.. of a swizzled tile at
- * dst, with cp.async: sixteen lanes to a row, so that each instruction moves two whole rows (a
- * lane per row made each instruction touch 32 rows, a memory transaction each). Row r's key is
- * in lane KEY_SPREAD * r; a row whose key is MI_NO_KEY is filled with zeros. src is row 0 of the
- * (b, head) slice, stride its elements per row. */
-template <int ROWS, int KEY_SPREAD, int UNROLL, typename T>
+/* One warp's ROWS gathered rows of D two-byte elements (D = 64 or 128) into rows row0.. of a
+ * swizzled tile at dst, with cp.async: D / 8 lanes to a row, so that each instruction moves whole
+ * rows (a lane per row made each instruction touch 32 rows, a memory transaction each). Row r's
+ * key is in lane KEY_SPREAD * r; a row whose key is MI_NO_KEY is filled with zeros. src is row 0
+ * of the (b, head) slice, stride its elements per row. */
+template <int ROWS, int KEY_SPREAD, int UNROLL, typename T, int D = 128>
 __device__ __forceinline__ void gather_rows(uint32_t dst, int half_bytes, int row0, const T *src,
                                             int64_t stride, int key) {
+    static_assert(D == 64 || D == 128, "rows of 64 or 128 elements");
+    /* lanes per row (and its log2: lane is signed, and / or % would add sign fixes), rows per
+     * instruction */
+    constexpr int LPR = D / 8, LPR_LOG2 = D == 128 ? 4 : 3, RPI = 32 / LPR;
     /* the lane as the kernels compute it, so that it is the same value to the compiler
      * (threadIdx.x & 31 cost the ring kernel two registers and 32 instructions) */
-    const int lane = (int)threadIdx.x % 32, c = lane & 15;
+    const int lane = (int)threadIdx.x % 32, c = lane & (LPR - 1);
     src += 8 * c;
 #pragma unroll UNROLL
-    for (int i = 0; i < ROWS / 2; ++i) {
-        const int r = 2 * i + (lane >> 4);
+    for (int i = 0; i < ROWS / RPI; ++i) {
+        const int r = RPI * i + (lane >> LPR_LOG2);
         const int kr = __shfl_sync(0xffffffffu, key, KEY_SPREAD * r);
         const bool ok = kr != MI_NO_KEY;
         cp_async_16(dst + sw_off(row0 + r, c, half_bytes), src + (int64_t)(ok ? kr : 0) * stride,
