@@ -253,7 +253,12 @@ __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p)
 }
 
 /* The entry points: three CTAs per SM at D = 128 (168 registers at most), four at D = 64, whose
- * O accumulator and tiles are half as large (128 registers, 34 KB of shared memory each). */
+ * O accumulator and tiles are half as large (128 registers, no spills, 34 KB of shared memory
+ * each; five CTAs would hold it to 96 registers, and ptxas then spills 42 bytes). D = 64 ran the
+ * sm_80 mma.sync kernel before; H200, bf16, effective TFLOP/s at 128K x 8 / 2 heads and at 1M
+ * x 1 (bench/results/2026-12-01-gpu-sparse-d64-ring-ab.json, two processes per build): local
+ * 347-349 (mma.sync 208-212), mixed 366-378 (216-221), small 288-292 (191-193); the whole
+ * SmolLM2 prefill at 512K 2.30 -> 1.57 s. */
 template <typename T>
 __global__ void __launch_bounds__(128, 3)
     attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {

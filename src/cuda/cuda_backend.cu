@@ -27,12 +27,14 @@
  * kernel's 176-key tiles (commit ce4c557, bench/results/2026-12-01-gpu-crossover-176-keys.json):
  * 0.74 at 16K, 0.90 at 24K, 1.03 at 32K, 1.21 at 48K; 32K holds, with a thinner margin. */
 #define MI_CUDA_DENSE_BELOW_DEFAULT 32768
-/* The same for heads of 64 dimensions where the warp-specialised dense kernel runs them (Hopper),
- * about 1.8x faster than the mma.sync kernel they share with the sparse path there. Measured on an
- * H200 (bf16, D = 64, 9 query / 3 KV heads as SmolLM2, the same prefill; commit 64defaf,
- * bench/results/2026-12-01-gpu-crossover-d64.json): 0.41 at 16K, 0.63 at 32K, 0.79 at 48K, 0.96
- * at 64K, 1.20 at 96K, 1.57 at 128K; 96K is the first measured length where sparse wins. */
-#define MI_CUDA_DENSE_BELOW_D64_SM90 98304
+/* The same for heads of 64 dimensions on Hopper. Measured on an H200 (bf16, D = 64, 9 query / 3
+ * KV heads as SmolLM2, the same prefill): while the sparse heads ran on the mma.sync kernel and
+ * dense ones on the warp-specialised kernel (commit 64defaf, bench/results/2026-12-01-gpu-
+ * crossover-d64.json), 0.41 at 16K, 0.63 at 32K, 0.79 at 48K, 0.96 at 64K, 1.20 at 96K, 1.57 at
+ * 128K, so 96K; with the sparse heads on the wgmma ring kernel (commit 614bf77, bench/results/
+ * 2026-12-01-gpu-crossover-d64-ring.json), 0.59 at 16K, 0.99 at 32K, 1.27 at 48K, 1.57 at 64K,
+ * 1.96 at 96K, 2.55 at 128K: 32K is a tie, 48K the first measured length where sparse wins. */
+#define MI_CUDA_DENSE_BELOW_D64_SM90 49152
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
