@@ -128,6 +128,12 @@
  *   whose block's list ends in its first half is computed as that half alone (S over 64 keys):
  *   small 128K 429-432 -> 440-441, local unchanged
  *   (bench/results/2026-11-30-gpu-a-shape-ws-ab.json).
+ * Tried and not kept: this kernel templated on D for heads of 64 dimensions (one 64-column half
+ * per tile, P V as m64n64k16), against the ring kernel at D = 64 in one process: local +5-6 %
+ * (350 -> 368 TFLOP/s at 128K and 1M), small and mixed unchanged, and in SmolLM2's prefill the
+ * attention 5 % slower at 128K and equal at 1M
+ * (bench/results/2026-12-01-gpu-sparse-d64-ws-tried.json). Halving D halves each tile's GEMMs
+ * but not its softmax, its producer work or its barriers, which this kernel has more of.
  */
 #include "sm90_common.cuh"
 
@@ -167,9 +173,8 @@ struct sparse_sm90_args {
 };
 
 constexpr int SP_STAGES = 2;
-constexpr int SP_HALF = 128 * 128; /* one 64-column half of a 128-row tile, bytes */
-/* a tile of 128 rows and D columns: D / 64 halves */
-template <int D> constexpr int sp_tile() { return D / 64 * SP_HALF; }
+constexpr int SP_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
+constexpr int SP_TILE = 2 * SP_HALF; /* 128 x 128 */
 
 /* What the producer says about the tile in a slot (written before the slot's K barrier
  * completes; read by the consumers until they free the K slot). */
@@ -204,12 +209,11 @@ struct range_plan {
     uint8_t users[SP_PLAN]; /* users of half 0 | users of half 1 << 2 */
 };
 
-template <int D> constexpr size_t sp_smem() {
-    return 1024 + (2 + 2 * SP_STAGES) * sp_tile<D>() + SP_STAGES * sizeof(tile_header) +
-           16 * sizeof(uint64_t) + (2 * SP_STAGED + 2 * SP_CSTAGED + 8) * sizeof(int32_t) +
-           2 * sizeof(range_plan);
-}
-static_assert(sp_smem<128>() <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
+constexpr size_t SP_SMEM = 1024 + (2 + 2 * SP_STAGES) * SP_TILE +
+                           SP_STAGES * sizeof(tile_header) + 16 * sizeof(uint64_t) +
+                           (2 * SP_STAGED + 2 * SP_CSTAGED + 8) * sizeof(int32_t) +
+                           2 * sizeof(range_plan);
+static_assert(SP_SMEM <= 227 * 1024, "more shared memory than an H100/H200 CTA may have");
 
 #ifdef MI_SM90_DEVICE
 /* Range starts of row blocks A and B: staged in shared memory (up to SP_STAGED each), the rest
@@ -318,12 +322,11 @@ struct range_packer {
 };
 #endif
 
-template <typename T, int D>
+template <typename T>
 __global__ void __launch_bounds__(384, 1)
     attn_sparse_sm90_kernel(const __grid_constant__ sparse_sm90_args a) {
 #ifdef MI_SM90_DEVICE
-    static_assert(D == 128 || D == 64, "P V by m64n128k16 or m64n64k16");
-    constexpr int SP_TILE = sp_tile<D>();
+    constexpr int D = 128;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);
     /* Q of two work items (the next one's loads while the consumers finish this one) */
@@ -468,7 +471,7 @@ __global__ void __launch_bounds__(384, 1)
             if (k >= 2)
                 while (!mbar_try_wait(q_empty + qb, ((k >> 1) - 1) & 1)) {
                 }
-            tma_load_tile<128, D>(smem_addr(qs) + qb * SP_TILE, &a.tm_q, it.rs, h, b, q_full + qb);
+            tma_load_tile<128>(smem_addr(qs) + qb * SP_TILE, &a.tm_q, it.rs, h, b, q_full + qb);
         }
         /* the next item's counts and the heads of its lists into L2 while this one runs (its
          * planners read them, then its column lists), by warps 1-3: not on warp 0's path */
@@ -619,15 +622,13 @@ __global__ void __launch_bounds__(384, 1)
                 auto load = [&](uint32_t dst, const CUtensorMap *run_map, const CUtensorMap *map,
                                 uint64_t *bar) {
                     if (run) {
-                        tma_load_tile<128, D>(dst, run_map, ro[0], hk, b, bar);
+                        tma_load_tile<128>(dst, run_map, ro[0], hk, b, bar);
                         return;
                     }
                     mbar_expect_tx(bar, SP_TILE);
-                    /* box i: half i % H (its 64 columns) of range i / H */
-                    constexpr int H = D / 64;
-                    for (int i = 0; i < 2 * H; ++i)
-                        tma_load_4d(dst + (i % H) * SP_HALF + (i / H) * 64 * 128, map, (i % H) * 64,
-                                    ro[i / H], hk, b, bar);
+                    for (int i = 0; i < 4; ++i)
+                        tma_load_4d(dst + (i & 1) * SP_HALF + (i >> 1) * 64 * 128, map,
+                                    (i & 1) * 64, ro[i >> 1], hk, b, bar);
                 };
                 if (t >= SP_STAGES) mbar_wait(k_empty + slot, par);
                 if (lane == 0) {
@@ -712,9 +713,9 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 named_barrier_sync(3, 128); /* the header is written before the K barrier's arrive */
-                if (tid == 0) tma_load_tile<128, D>(kd, &a.tm_kc, p0, it.bh, 0, k_full + slot);
+                if (tid == 0) tma_load_tile<128>(kd, &a.tm_kc, p0, it.bh, 0, k_full + slot);
                 if (pw == 0 && t >= SP_STAGES) mbar_wait(v_empty + slot, par);
-                if (tid == 0) tma_load_tile<128, D>(vd, &a.tm_vc, p0, it.bh, 0, v_full + slot);
+                if (tid == 0) tma_load_tile<128>(vd, &a.tm_vc, p0, it.bh, 0, v_full + slot);
                 if (last) {
                     ++t;
                     break;
@@ -753,9 +754,9 @@ __global__ void __launch_bounds__(384, 1)
              * on at once; the consumers fence the async proxy before their wgmma read the tile.
              * Each warp copies its 32 rows (gather_rows). */
             auto gather = [&](const void *g, const int64_t *st, uint32_t dst, uint64_t *bar) {
-                gather_rows<32, 1, 4, T, D>(dst, SP_HALF, 32 * pw,
-                                            reinterpret_cast<const T *>(g) + b * st[0] + hk * st[1],
-                                            st[2], key);
+                gather_rows<32, 1, 4>(dst, SP_HALF, 32 * pw,
+                                      reinterpret_cast<const T *>(g) + b * st[0] + hk * st[1],
+                                      st[2], key);
                 cp_async_mbar_arrive(bar);
                 named_barrier_sync(3, 128); /* also orders the header before the arrive */
                 if (tid == 0) mbar_arrive(bar);
@@ -780,7 +781,7 @@ __global__ void __launch_bounds__(384, 1)
     const int warp = ct / 32, lane = ct % 32, g = lane / 4, cq = lane % 4;
     const int my_bar = 1 + cw, other_bar = 2 - cw;
     if (cw == 1) named_barrier_arrive(1, 256); /* consumer 0 goes first */
-    float o[D / 2], s[64], sh[32];
+    float o[64], s[64], sh[32];
     uint32_t pa[8][4];
     const float sc = a.scale_log2;
     int t = 0; /* tiles so far, over all items */
@@ -798,7 +799,7 @@ __global__ void __launch_bounds__(384, 1)
     const int qb = k & 1;
     const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
     row_softmax sm;
 
     /* A tile is computed whole (S over 128 keys, 8 k-steps of P V) or, for a split or padded
@@ -819,12 +820,7 @@ __global__ void __launch_bounds__(384, 1)
         const sw128_desc vd(smem_addr(vs) + slot * SP_TILE + hf * 64 * 128, SP_HALF, 1024);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
-            if (whole || kk < 4) {
-                if constexpr (D == 128)
-                    wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
-                else
-                    wg<T>::rs64(o, pa[kk], vd.at(kk * 16 * 128), 1);
-            }
+            if (whole || kk < 4) wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
     };
 
     /* keys this consumer does not see: after its rows, outside the sequence, in a half of a
@@ -928,18 +924,18 @@ __global__ void __launch_bounds__(384, 1)
                 al = sm.update<8>(sh, sc);
             if constexpr (PK > 0) {
                 wgmma_wait<0>();
-                fence_operands<D / 2>(o);
+                fence_operands<64>(o);
                 warp_arrive(v_empty + pslot);
             }
             /* O holds earlier tiles even without a pending P V when one was flushed */
-            if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o<D>(o, al);
+            if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
             if constexpr (SK == 2)
                 pack_p<T, 8>(pa, s);
             else
                 pack_p<T, 4>(pa, sh);
         } else {
             wgmma_wait<0>();
-            fence_operands<D / 2>(o);
+            fence_operands<64>(o);
             warp_arrive(v_empty + pslot);
         }
     };
@@ -1036,21 +1032,20 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_commit();
             wgmma_wait<0>();
         }
-        fence_operands<D / 2>(o);
+        fence_operands<64>(o);
         warp_arrive(v_empty + pslot); /* the next item's tiles need the slot */
     }
     warp_arrive(q_empty + qb); /* every S of this item is done */
     T *og = reinterpret_cast<T *>(a.o) + it.b * a.o_stride[0] + it.h * a.o_stride[1];
     float *lseg = a.lse ? a.lse + ((int64_t)it.b * a.heads + it.h) * a.len : nullptr;
-    store_rows<T, D>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
     } /* work items */
 #endif
 }
 
-template <typename T, int D>
+template <typename T>
 static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
-    auto kern = attn_sparse_sm90_kernel<T, D>;
-    constexpr size_t SP_SMEM = sp_smem<D>();
+    auto kern = attn_sparse_sm90_kernel<T>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SP_SMEM);
     if (e != cudaSuccess) return e;
@@ -1076,7 +1071,7 @@ static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
  * ascending keys of the sequence) to c.k / c.v in list order, zeros after them for a tile, and
  * writes how many to c.count[bh] (-1: none). */
 struct column_copies {
-    void *k, *v;    /* [B * H][rows][head_dim] elements of 2 bytes */
+    void *k, *v;    /* [B * H][rows][128] elements of 2 bytes */
     int32_t *count; /* [B * H] */
     int rows;       /* 0: no copies */
 };
@@ -1141,24 +1136,21 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
         if (threadIdx.x == 0) c.count[bh] = -1;
         return;
     }
-    /* head_dim / 8 lanes to a row (of 256 or 128 bytes); the rows of one tile past the copies
-     * are zeros, so that a tile reaching there reads no stale data (its keys there are masked,
-     * but a NaN times a zero weight would still spoil the output) */
+    /* sixteen lanes to a row of 256 bytes; the rows of one tile past the copies are zeros, so
+     * that a tile reaching there reads no stale data (its keys there are masked, but a NaN
+     * times a zero weight would still spoil the output) */
     const int b = bh / p.heads, hk = bh % p.heads / p.group;
     const int fill = min(n + 128, c.rows);
-    const int cpr_log2 = p.head_dim == 64 ? 3 : 4, cpr = 1 << cpr_log2; /* 16 B chunks a row */
     for (int pass = 0; pass < 2; ++pass) {
         const char *src = reinterpret_cast<const char *>(pass ? p.v : p.k) +
                           2 * (b * (pass ? p.v_stride : p.k_stride)[0] +
                                hk * (pass ? p.v_stride : p.k_stride)[1]);
         const int64_t rs = 2 * (pass ? p.v_stride : p.k_stride)[2];
-        uint4 *dst = reinterpret_cast<uint4 *>(pass ? c.v : c.k) + (int64_t)bh * c.rows * cpr;
-        for (int i = threadIdx.x; i < fill * cpr; i += blockDim.x) {
-            const int r = i >> cpr_log2;
+        uint4 *dst = reinterpret_cast<uint4 *>(pass ? c.v : c.k) + (int64_t)bh * c.rows * 16;
+        for (int i = threadIdx.x; i < fill * 16; i += blockDim.x) {
+            const int r = i / 16;
             uint4 x = make_uint4(0, 0, 0, 0);
-            if (r < n)
-                x = __ldg(reinterpret_cast<const uint4 *>(src + __ldg(cols + r) * rs) +
-                          (i & (cpr - 1)));
+            if (r < n) x = __ldg(reinterpret_cast<const uint4 *>(src + __ldg(cols + r) * rs) + i % 16);
             dst[i] = x;
         }
     }
@@ -1185,7 +1177,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     const char *env = getenv("MI_CUDA_SM90_SPARSE");
     const int every = env && env[0] == '1';
     const char *a_env = getenv("MI_CUDA_SM90_A_SHAPE"); /* =0: A-shape to the ring kernel */
-    if ((env && env[0] == '0') || (p->head_dim != 128 && p->head_dim != 64) ||
+    if ((env && env[0] == '0') || p->head_dim != 128 ||
         (p->dense_below > 0 && p->len < p->dense_below))
         return cudaSuccess;
     /* the sparse heads (with an index that covers the sequence), and the A-/Tri-shape heads with
@@ -1217,11 +1209,10 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     if (!any_sparse && !a_on) return cudaSuccess;
     static thread_local mi_cuda::sparse_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    const int D = p->head_dim;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k2, &a.tm_v2, p, 128) ||
-        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, D, 64,
+        !mi_cuda::encode_tma_map(&a.tm_k, p->k, p->k_stride, p->batch, p->heads_kv, p->len, 128, 64,
                                  bf16) ||
-        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, D, 64,
+        !mi_cuda::encode_tma_map(&a.tm_v, p->v, p->v_stride, p->batch, p->heads_kv, p->len, 128, 64,
                                  bf16))
         return cudaSuccess;
     a.k = p->k;
@@ -1257,7 +1248,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     mi_cuda::column_copies cc = {nullptr, nullptr, nullptr,
                                  min(a.max_columns, mi_cuda::SP_CSTAGED)};
     const size_t ints = ((2 + 3 * (size_t)n_bh) * sizeof(int32_t) + 255) / 256 * 256;
-    size_t copy = (size_t)n_bh * cc.rows * D * 2;
+    size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
     const char *copies_env = getenv("MI_CUDA_SM90_COLUMN_COPIES"); /* =0: gather (A/B runs) */
     /* =N: plan at most N range tiles of an item ahead, merging longer items inline (to test
      * that path, which only items of more than SP_PLAN tiles take otherwise) */
@@ -1277,9 +1268,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     if (cc.rows > 0) {
         cc.k = reinterpret_cast<char *>(buf) + ints;
         cc.v = reinterpret_cast<char *>(cc.k) + copy;
-        const int64_t cstride[3] = {0, (int64_t)cc.rows * D, D};
-        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, D, 128, bf16) &&
-            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, D, 128, bf16))
+        const int64_t cstride[3] = {0, (int64_t)cc.rows * 128, 128};
+        if (mi_cuda::encode_tma_map(&a.tm_kc, cc.k, cstride, 1, n_bh, cc.rows, 128, 128, bf16) &&
+            mi_cuda::encode_tma_map(&a.tm_vc, cc.v, cstride, 1, n_bh, cc.rows, 128, 128, bf16))
             a.crows = cc.rows;
         else
             cc.rows = 0;
@@ -1290,14 +1281,9 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
             *p, buf, buf + n_bh, any_sparse, every, cc, a_on, a_win);
         e = cudaGetLastError();
     }
-    if (e == cudaSuccess) {
-        if (D == 64)
-            e = bf16 ? mi_cuda::launch_sparse<__nv_bfloat16, 64>(a, st)
-                     : mi_cuda::launch_sparse<__half, 64>(a, st);
-        else
-            e = bf16 ? mi_cuda::launch_sparse<__nv_bfloat16, 128>(a, st)
-                     : mi_cuda::launch_sparse<__half, 128>(a, st);
-    }
+    if (e == cudaSuccess)
+        e = bf16 ? mi_cuda::launch_sparse<__nv_bfloat16>(a, st)
+                 : mi_cuda::launch_sparse<__half>(a, st);
     if (e != cudaSuccess) {
         cudaFreeAsync(buf, st);
         return e;
