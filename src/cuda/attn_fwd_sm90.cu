@@ -254,7 +254,8 @@ __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p)
 
 /* The entry points: three CTAs per SM at D = 128 (168 registers at most), four at D = 64, whose
  * O accumulator and tiles are half as large (128 registers, no spills, 34 KB of shared memory
- * each; five CTAs would hold it to 96 registers, and ptxas then spills 42 bytes). D = 64 ran the
+ * each; five CTAs hold it to 96 registers, where ptxas spills 42 bytes, and ran local and small
+ * 1-3 % slower: bench/results/2026-12-01-gpu-ring-d64-occupancy.json). D = 64 ran the
  * sm_80 mma.sync kernel before; H200, bf16, effective TFLOP/s at 128K x 8 / 2 heads and at 1M
  * x 1 (bench/results/2026-12-01-gpu-sparse-d64-ring-ab.json, two processes per build): local
  * 347-349 (mma.sync 208-212), mixed 366-378 (216-221), small 288-292 (191-193); the whole
