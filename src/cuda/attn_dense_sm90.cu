@@ -2,7 +2,7 @@
  * attn_dense_sm90.cu: the Hopper (sm_90a) dense causal attention kernel, D = 128 or 64, for
  * launches whose every head is dense and whose sequences all have the full length (the dense
  * fallback and mi_cuda_attention_dense); everything else runs the ring kernel of attn_fwd_sm90.cu
- * (D = 128) or the mma.sync kernels of attn_fwd.cu (D = 64). Described below for D = 128; at
+ * (at D = 128 also the sparse kernel of attn_sparse_sm90.cu). Described below for D = 128; at
  * D = 64 the Q, K and V tiles are one 64-column half, S takes 4 k-steps and P V is m64n64k16
  * with O in 32 registers.
  *

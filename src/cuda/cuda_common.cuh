@@ -128,9 +128,10 @@ extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what);
 extern "C" int mi_cuda_sm_count(void);
 /* The most shared memory one CTA of the current device may have (its opt-in limit), 0 if unknown. */
 extern "C" int mi_cuda_smem_per_block(void);
-/* Hopper path (attn_fwd_sm90.cu): usable on this device, and its launcher (D = 128). */
+/* Hopper path (attn_fwd_sm90.cu): usable on this device, and its launcher (D = 128 and 64). */
 extern "C" int mi_cuda_sm90_usable(void);
-/* The sm_90a kernel for D = 128, every mode in 64-row blocks (attn_fwd_sm90.cu). */
+/* The sm_90a kernels for a launch: the dense or the sparse warp-specialised kernel where they
+ * apply, the ring kernel (every mode in 64-row blocks) for the rest (attn_fwd_sm90.cu). */
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st);
 /* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies; *used = 0 otherwise. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
