@@ -601,7 +601,7 @@ def main():
             print("crossover-d64", json.dumps(r), flush=True)
     os.makedirs(args.out, exist_ok=True)
     tag = "-sm80path" if os.environ.get("MI_CUDA_DISABLE_SM90") == "1" else ""
-    res["kernel_path"] = "sm80 mma.sync" if tag else "default (sm90a wgmma on Hopper, D=128)"
+    res["kernel_path"] = "sm80 mma.sync" if tag else "default (sm90a wgmma on Hopper)"
     path = os.path.join(args.out, f"{date}-gpu-attention{tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
