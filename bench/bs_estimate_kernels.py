@@ -13,46 +13,15 @@ kernel's time in ms for all heads, averaged over --repeat calls after one warm-u
 whether the variant's whole index equals the first variant's, bit for bit (variants that score
 with the same sums must agree exactly)."""
 import argparse
-import collections
 import ctypes as C
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
-
-LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
-
-
-def kernel_name(event):
-    """A profiler event's kernel name without its namespaces, template arguments and parameters."""
-    return event.name.split("<")[0].split("(")[0].split("::")[-1]
-
-
-def profile_kernels(fn, repeat, warm_s=0.2):
-    """ms per call of each CUDA kernel fn launches (templates and namespaces cut), after at least
-    warm_s seconds of calls, as torch_ref.time_cuda warms up: a GPU left idle while the inputs
-    were made runs its first milliseconds at a lower clock."""
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    while time.perf_counter() - t0 < warm_s:
-        fn()
-        torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeat):
-            fn()
-        torch.cuda.synchronize()
-    total = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[kernel_name(e)] += e.device_time_total / repeat / 1000
-    return dict(total)
 
 
 def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
@@ -60,7 +29,8 @@ def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
     def estimate():
         lib.check(lib.l.mi_block_sparse_estimate(lib.ctx, C.byref(dq), C.byref(dk), None, top_k,
                                                  C.byref(spi)), "mi_block_sparse_estimate")
-    return profile_kernels(estimate, repeat, warm_s)
+    return tr.profile_kernels(estimate, repeat, warm_s)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -78,9 +48,9 @@ def main():
     args = ap.parse_args()
     variants = tr.parse_variants(args.variant or ["default="])
     try:
-        lengths = [LENGTHS[s.strip()] for s in args.shapes.split(",")]
+        lengths = [tr.LENGTHS[s.strip()] for s in args.shapes.split(",")]
     except KeyError as e:
-        ap.error(f"unknown length {e}; one of {', '.join(LENGTHS)}")
+        ap.error(f"unknown length {e}; one of {', '.join(tr.LENGTHS)}")
     if args.heads < 1 or args.repeat < 1:
         ap.error("--heads and --repeat must be at least 1")
     lib = tr.Lib(os.path.abspath(args.lib))

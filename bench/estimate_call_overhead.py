@@ -20,20 +20,19 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
-from bs_estimate_kernels import LENGTHS, kernel_name  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/libminference.so")
-    ap.add_argument("--length", default="1M", choices=sorted(LENGTHS))
+    ap.add_argument("--length", default="1M", choices=sorted(tr.LENGTHS))
     ap.add_argument("--inputs", default="position-coded", choices=["random", "position-coded"])
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
     if args.calls < 1:
         ap.error("--calls must be at least 1")
     lib = tr.Lib(os.path.abspath(args.lib))
-    L = LENGTHS[args.length]
+    L = tr.LENGTHS[args.length]
     q, k, _ = tr.qkv(1, 1, L, seed=5, local=args.inputs == "position-coded")
     spi, _buf = tr.make_sparse_index(lib, 1, L, tr.BS_TOP_K, 1)
     top_k = (C.c_int32 * 1)(tr.BS_TOP_K)
@@ -72,7 +71,7 @@ def main():
         for _ in range(3):
             estimate()
             torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end, kernel_name(e))
+    kernels = sorted((e.time_range.start, e.time_range.end, tr.kernel_name(e))
                      for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     print(f"{torch.cuda.get_device_name()}  commit {tr.source_commit(lib)}  "
           f"{args.length} x 1 {args.inputs}, top {tr.BS_TOP_K}")

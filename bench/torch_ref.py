@@ -19,6 +19,7 @@ Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick]
 Writes DIR/<date>-gpu-attention.json and DIR/<date>-gpu-attention.png; prints a table last.
 """
 import argparse
+import collections
 import contextlib
 import ctypes as C
 import datetime
@@ -185,6 +186,36 @@ def time_cuda(fn, reps, warmup=1, warm_s=0.2):
         ts.append(a.elapsed_time(b))
     ts.sort()
     return ts[len(ts) // 2]
+
+
+def kernel_name(event):
+    """A profiler event's kernel name without its namespaces, template arguments and parameters."""
+    return event.name.split("<")[0].split("(")[0].split("::")[-1]
+
+
+def profile_kernels(fn, repeat, warm_s=0.2):
+    """ms per call of each CUDA kernel fn launches (torch.profiler; templates and namespaces cut),
+    averaged over repeat calls after at least warm_s seconds of calls, as time_cuda warms up."""
+    from torch.profiler import ProfilerActivity, profile
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    while time.perf_counter() - t0 < warm_s:
+        fn()
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+    total = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[kernel_name(e)] += e.device_time_total / repeat / 1000
+    return dict(total)
+
+
+# the lengths the per-kernel tools (bs_estimate_kernels.py, vs_estimate_kernels.py) take by name
+LENGTHS = {"128K": 131072, "512K": 524288, "1M": 1048576}
 
 
 # ---------------------------------------------------------------------------------------------

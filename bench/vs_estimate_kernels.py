@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
-from bs_estimate_kernels import LENGTHS, profile_kernels  # noqa: E402
 
 V_BUDGET, S_BUDGET = 1000, 6096
 
@@ -30,12 +29,12 @@ def parse_shapes(text):
     shapes = []
     for item in text.split(","):
         name, _, heads = item.strip().partition(":")
-        if name not in LENGTHS:
-            raise ValueError(f"unknown length {name!r}; one of {', '.join(LENGTHS)}")
+        if name not in tr.LENGTHS:
+            raise ValueError(f"unknown length {name!r}; one of {', '.join(tr.LENGTHS)}")
         h = int(heads) if heads else 8
         if h < 1:
             raise ValueError(f"heads must be at least 1 in {item!r}")
-        shapes.append((LENGTHS[name], h))
+        shapes.append((tr.LENGTHS[name], h))
     return shapes
 
 
@@ -84,7 +83,7 @@ def main():
             vbuf.fill_(-7)
             sbuf.fill_(-7)
             with tr.variant_env(sets):
-                times = profile_kernels(call, args.repeat)
+                times = tr.profile_kernels(call, args.repeat)
             torch.cuda.synchronize()
             result = torch.cat([vbuf[: n // 4], sbuf])
             differ = 0 if first is None else int((result != first).sum().item())

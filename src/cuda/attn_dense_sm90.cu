@@ -100,7 +100,6 @@ __global__ void __launch_bounds__(384, 1)
     attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
 #ifdef MI_SM90_DEVICE
     static_assert(BN == 128 || BN == 176, "the S wgmma shapes wg<T> wraps");
-    static_assert(D == 128 || D == 64, "P V by m64n128k16 or m64n64k16");
     constexpr int KH = ds_kv_half<BN>(), KT = ds_kv_tile<BN, D>(), NS = BN / 2, NO = D / 2;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *base = smem_base_1024(smem_raw);
@@ -176,12 +175,7 @@ __global__ void __launch_bounds__(384, 1)
     auto issue_pv = [&](int t) {
         const sw128_desc vd(smem_addr(vs) + (t % DS_STAGES) * KT, KH, 1024);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            if constexpr (D == 128)
-                wg<T>::rs(o, pa[kk], vd.at(kk * 16 * 128), 1);
-            else
-                wg<T>::rs64(o, pa[kk], vd.at(kk * 16 * 128), 1);
-        }
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<T, D>(o, pa[kk], vd.at(kk * 16 * 128));
     };
     /* a tile on the diagonal: keys after the row (and so every key past the sequence) get
      * -inf. Tiles of 128 keys: the last; of 176: the last one or two (mask_needed). */

@@ -100,7 +100,6 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
 template <typename T, int D>
 __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p) {
 #ifdef MI_SM90_DEVICE
-    static_assert(D == 128 || D == 64, "P V by m64n128k16 or m64n64k16");
     constexpr int BM = 64, NT = 128, CPR = D / 8; /* CPR: 16-byte chunks per row */
     constexpr int QHALF = BM * 128, KHALF = 64 * 128, KTILE = D / 64 * KHALF;
 
@@ -235,12 +234,7 @@ __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p)
         const sw128_desc vd(smem_addr(ring + sv * KTILE), KHALF, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            if constexpr (D == 128)
-                wg<T>::rs(o, a[kk], vd.at(kk * 16 * 128), 1);
-            else
-                wg<T>::rs64(o, a[kk], vd.at(kk * 16 * 128), 1);
-        }
+        for (int kk = 0; kk < 4; ++kk) wgmma_pv<T, D>(o, a[kk], vd.at(kk * 16 * 128));
         wgmma_commit();
         if (t + 1 < n_tiles) load(t + 1, sk, true); /* slot sk: P V(t) does not read it */
         cp_async_commit();

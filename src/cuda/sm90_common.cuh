@@ -57,6 +57,17 @@ template <> struct wg<__half> {
     }
 };
 
+/* One 16-key k-step of O += P V over D columns (m64n128k16 or m64n64k16): P from registers, V
+ * read transposed (MN-major), O accumulated. */
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_pv(float *o, const uint32_t *a, uint64_t v) {
+    static_assert(D == 128 || D == 64, "P V by m64n128k16 or m64n64k16");
+    if constexpr (D == 128)
+        wg<T>::rs(o, a, v, 1);
+    else
+        wg<T>::rs64(o, a, v, 1);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
