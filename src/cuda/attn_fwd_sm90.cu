@@ -277,14 +277,14 @@ static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
-    /* MI_CUDA_SM90_OCC=1: say once per head size how many CTAs the driver fits per SM (3
-     * expected at D = 128, 4 at D = 64) */
-    static int reported[2] = {0, 0};
-    if (!reported[D == 64] && getenv("MI_CUDA_SM90_OCC")) {
+    /* MI_CUDA_SM90_OCC=1: say once (per dtype and head size: a static of each instantiation)
+     * how many CTAs the driver fits per SM (3 expected at D = 128, 4 at D = 64) */
+    static int reported = 0;
+    if (!reported && getenv("MI_CUDA_SM90_OCC")) {
         int n = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 128, smem);
         fprintf(stderr, "sm90 ring kernel, D = %d: %d CTAs per SM (%zu B shared)\n", D, n, smem);
-        reported[D == 64] = 1;
+        reported = 1;
     }
     dim3 grid((p.len + 63) / 64, p.batch * p.heads);
     kern<<<grid, 128, smem, st>>>(p);
