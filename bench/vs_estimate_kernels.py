@@ -10,7 +10,10 @@ code, GQA 4:1). For work on those kernels, where bench/torch_ref.py gives only e
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every call. Prints one line per shape and variant: each
 kernel's time in ms for all heads, averaged over --repeat calls after a warm-up, and whether the
-variant's vertical-slash lists and block index equal the first variant's, bit for bit."""
+variant's vertical-slash lists and block index equal the first variant's, bit for bit. --save
+writes the first variant's lists and index per shape to a file, --against compares with such a
+file (another build's, say); the diagonal sums add across chunk edges in any order, so near-ties
+may differ between runs of one build, by a few words."""
 import argparse
 import ctypes as C
 import json
@@ -47,6 +50,8 @@ def main():
                     help="LENGTH:HEADS items, comma-separated (lengths 128K, 512K, 1M)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="also write the times as JSON here")
+    ap.add_argument("--save", help="write the first variant's lists and index here (torch.save)")
+    ap.add_argument("--against", help="compare the first variant's with those --save wrote")
     args = ap.parse_args()
     variants = tr.parse_variants(args.variant or ["default="])
     try:
@@ -56,6 +61,8 @@ def main():
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     lib = tr.Lib(os.path.abspath(args.lib))
+    saved = {}
+    against = torch.load(args.against) if args.against else {}
     rows = []
     for L, H in shapes:
         Hk = max(1, H // 4)
@@ -89,6 +96,13 @@ def main():
             differ = 0 if first is None else int((result != first).sum().item())
             if first is None:
                 first = result
+                saved[f"{L}x{H}"] = result.cpu()
+                ref = against.get(f"{L}x{H}")
+                if ref is not None:
+                    other = int((result.cpu() != ref).sum().item()) if ref.shape == \
+                        result.shape else -1
+                    print(f"{L // 1024}K x{H} {name}: {other} words differ from {args.against}"
+                          " (-1: another size)", flush=True)
             rows.append({"L": L, "heads": H, "heads_kv": Hk, "variant": name,
                          "ms_all_heads": times, "total_ms": sum(times.values()),
                          "words_differing_from_first": differ})
@@ -97,6 +111,8 @@ def main():
                   + "  ".join(f"{kn}={t:.3f}" for kn, t in times.items()), flush=True)
         del q, k, first, result, vbuf, sbuf
         torch.cuda.empty_cache()
+    if args.save:
+        torch.save(saved, args.save)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),

@@ -154,15 +154,17 @@ __device__ void block_top_bin(KeyFn key, int n, int k, top_bin_smem &sm, ScanTmp
 
 /* Visits the selected positions in ascending order: emit(position, rank). Selection: every key >
  * thr, plus n_take_eq of the keys == thr (the first ones, or the last ones with prefer_high).
- * k >= n (take_all) selects everything. */
+ * k >= n (take_all) selects everything. A part of a longer list, positions [begin, n), is
+ * compacted given what lies before it: eq_before keys equal to thr and sel_before selected. */
 template <int NT, int ITEMS, typename KeyFn, typename EmitFn>
 __device__ void block_compact(KeyFn key, int n, bool take_all, uint32_t thr, int n_take_eq,
                               int eq_total, bool prefer_high, EmitFn emit,
-                              typename cub::BlockScan<int, NT>::TempStorage &scan_tmp) {
+                              typename cub::BlockScan<int, NT>::TempStorage &scan_tmp,
+                              int begin = 0, int eq_before = 0, int sel_before = 0) {
     using scan_t = cub::BlockScan<int, NT>;
     const int tid = threadIdx.x;
-    int run_eq = 0, run_sel = 0;
-    for (int base = 0; base < n; base += NT * ITEMS) {
+    int run_eq = eq_before, run_sel = sel_before;
+    for (int base = begin; base < n; base += NT * ITEMS) {
         int eq[ITEMS], sel[ITEMS], gt[ITEMS];
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {

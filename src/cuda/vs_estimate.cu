@@ -270,10 +270,13 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
 
 struct vs_select_params {
     const float *vert, *slash;
-    int32_t heads, len;
+    int32_t heads, len, nchunks; /* nchunks: SEL_CHUNK-element chunks of the longest vector */
     int32_t forced_columns, forced_diagonals, min_vertical, min_slash;
     int32_t max_vertical, max_slash;
     int32_t *vertical_count, *vertical_idx, *slash_count, *slash_idx;
+    int *hist;          /* [V][SEL_BINS]: the pass's histogram, zero between passes */
+    uint32_t *state;    /* [V][4]: prefix, mask, rank left (kr), keys in the chosen bin */
+    int2 *chunk_counts; /* [V][nchunks]: keys above thr, keys equal to it */
     int32_t dense_below;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     int32_t vertical_size[MI_CUDA_MAX_HEADS];
@@ -281,53 +284,275 @@ struct vs_select_params {
     uint8_t active[MI_CUDA_MAX_HEADS];
 };
 
-constexpr int SEL_NT = 1024;
-constexpr int SEL_ITEMS = 8;
+/* The select spreads each vector (one per (b, h) and list; V = 2 B H of them) over CTAs of
+ * SEL_CHUNK keys: a radix select in three passes of 12, 10 and 10 bits, each a histogram
+ * kernel over every chunk (the keys of the prefix chosen so far; shared-memory counts added to
+ * the vector's global histogram) and a pick kernel (a CTA per vector finds the bin that holds
+ * the k-th largest key, narrows the prefix and clears the histogram), then a count kernel (keys
+ * above and at the threshold per chunk) and a write kernel (each chunk's place in the output
+ * from the counts of the chunks before it, then the in-order compaction of its keys). */
+constexpr int SEL_CHUNK = 8192;
+constexpr int SEL_NT = 256;
+constexpr int SEL_ITEMS = SEL_CHUNK / SEL_NT;
+constexpr int SEL_BINS = 4096;
+constexpr int SEL_PICK_NT = 1024;
 
-__global__ void __launch_bounds__(SEL_NT)
-    vs_select_kernel(const __grid_constant__ vs_select_params p) {
-    __shared__ select_smem sm;
-    __shared__ typename cub::BlockScan<int, SEL_NT>::TempStorage scan_tmp;
-    const int bh = blockIdx.x, which = blockIdx.y; /* 0: vertical, 1: slash */
-    const int b = bh / p.heads, h = bh % p.heads;
-    if (!p.active[h]) return;
+/* What vector v = 2 (b H + h) + which selects: k keys out of n, from vals. k <= 0: nothing (an
+ * inactive head: not even the count); k >= n: everything. */
+struct sel_task {
+    const float *vals;
+    int n, k, which, bh, forced_lo, forced_hi;
+    bool active;
+};
+
+__device__ __forceinline__ sel_task sel_task_of(const vs_select_params &p, int v) {
+    sel_task t;
+    t.bh = v >> 1;
+    t.which = v & 1; /* 0: vertical, 1: slash */
+    const int b = t.bh / p.heads, h = t.bh % p.heads;
+    t.active = p.active[h] != 0;
     int len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) len = 0;
-    int32_t *count = which ? p.slash_count + bh : p.vertical_count + bh;
-    int32_t *out = which ? p.slash_idx + (int64_t)bh * p.max_slash
-                         : p.vertical_idx + (int64_t)bh * p.max_vertical;
-    int k;
-    if (which == 0)
-        k = min(min(len, max(p.vertical_size[h], p.min_vertical)), p.max_vertical);
+    t.n = len;
+    if (t.which == 0)
+        t.k = min(min(len, max(p.vertical_size[h], p.min_vertical)), p.max_vertical);
     else
-        k = min(min(len, max(p.slash_size[h], p.min_slash)), p.max_slash);
-    if (k <= 0) {
-        if (threadIdx.x == 0) *count = 0;
+        t.k = min(min(len, max(p.slash_size[h], p.min_slash)), p.max_slash);
+    t.vals = (t.which ? p.slash : p.vert) + (int64_t)t.bh * p.len;
+    t.forced_lo = t.which ? len - p.forced_diagonals : 0x7fffffff;
+    t.forced_hi = t.which ? 0 : p.forced_columns;
+    return t;
+}
+
+/* The order key of entry i: the sinks (vertical) and the local diagonals (slash) forced to the
+ * top. */
+__device__ __forceinline__ uint32_t sel_key(const sel_task &t, int i) {
+    if (i >= t.forced_lo || i < t.forced_hi) return 0xffffffffu;
+    return float_order_key(t.vals[i]);
+}
+
+/* Histogram of key bits [SHIFT, SHIFT + BITS) over one chunk, of the keys whose bits above
+ * them equal the prefix chosen by the previous passes. */
+template <int SHIFT, int BITS>
+__global__ void __launch_bounds__(SEL_NT)
+    vs_select_hist_kernel(const __grid_constant__ vs_select_params p) {
+    constexpr int NB = 1 << BITS;
+    __shared__ int hist[NB];
+    const int v = blockIdx.y;
+    const sel_task t = sel_task_of(p, v);
+    const int c0 = blockIdx.x * SEL_CHUNK;
+    if (!t.active || t.k <= 0 || t.k >= t.n || c0 >= t.n) return;
+    uint32_t prefix = 0, mask = 0;
+    if (SHIFT + BITS < 32) {
+        prefix = p.state[4 * v];
+        mask = p.state[4 * v + 1];
+    }
+    for (int i = threadIdx.x; i < NB; i += SEL_NT) hist[i] = 0;
+    __syncthreads();
+    /* every key loaded first (independent loads in flight), then counted */
+    uint32_t u[SEL_ITEMS];
+#pragma unroll
+    for (int j = 0; j < SEL_ITEMS; ++j) {
+        const int i = c0 + j * SEL_NT + threadIdx.x;
+        u[j] = i < t.n ? sel_key(t, i) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < SEL_ITEMS; ++j) {
+        const int i = c0 + j * SEL_NT + threadIdx.x;
+        const int bin = i < t.n && (u[j] & mask) == prefix ? (int)((u[j] >> SHIFT) & (NB - 1)) : -1;
+        /* the keys of a vector share their top bits: lanes of one bin add once */
+        const unsigned same = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+    }
+    __syncthreads();
+    int *gh = p.hist + (int64_t)v * SEL_BINS;
+    for (int i = threadIdx.x; i < NB; i += SEL_NT)
+        if (hist[i]) atomicAdd(&gh[i], hist[i]);
+}
+
+/* A CTA per vector: the bin of the pass's histogram where the count from the top reaches the
+ * rank left, which extends the prefix; the histogram is cleared for the next pass. */
+template <int SHIFT, int BITS>
+__global__ void __launch_bounds__(SEL_PICK_NT)
+    vs_select_pick_kernel(const __grid_constant__ vs_select_params p) {
+    constexpr int NB = 1 << BITS;
+    constexpr int PER = NB >= SEL_PICK_NT ? NB / SEL_PICK_NT : 1;
+    __shared__ typename cub::BlockScan<int, SEL_PICK_NT>::TempStorage scan_tmp;
+    __shared__ uint32_t chosen[3];
+    const int v = blockIdx.x;
+    const sel_task t = sel_task_of(p, v);
+    if (!t.active || t.k <= 0 || t.k >= t.n) return;
+    uint32_t *st = p.state + 4 * v;
+    uint32_t prefix = 0, mask = 0;
+    int kr = t.k;
+    if (SHIFT + BITS < 32) {
+        prefix = st[0];
+        mask = st[1];
+        kr = (int)st[2];
+    }
+    int *gh = p.hist + (int64_t)v * SEL_BINS;
+    /* thread i owns bins NB - 1 - PER i .. NB - PER i, highest first */
+    const int tid = threadIdx.x;
+    int cnt[PER], sum = 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int bin = NB - 1 - (PER * tid + j);
+        cnt[j] = bin >= 0 ? gh[bin] : 0;
+        sum += cnt[j];
+    }
+    int excl;
+    cub::BlockScan<int, SEL_PICK_NT>(scan_tmp).ExclusiveSum(sum, excl);
+    if (excl < kr && kr <= excl + sum) {
+        int acc = excl;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            if (acc < kr && kr <= acc + cnt[j]) {
+                chosen[0] = (uint32_t)(NB - 1 - (PER * tid + j));
+                chosen[1] = (uint32_t)acc;
+                chosen[2] = (uint32_t)cnt[j];
+            }
+            acc += cnt[j];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int bin = NB - 1 - (PER * tid + j);
+        if (bin >= 0 && cnt[j]) gh[bin] = 0;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        st[0] = prefix | (chosen[0] << SHIFT);
+        st[1] = mask | ((uint32_t)(NB - 1) << SHIFT);
+        st[2] = (uint32_t)(kr - (int)chosen[1]);
+        st[3] = chosen[2];
+    }
+}
+
+/* Per chunk: the keys above the threshold and equal to it. */
+__global__ void __launch_bounds__(SEL_NT)
+    vs_select_count_kernel(const __grid_constant__ vs_select_params p) {
+    __shared__ int sums[2][SEL_NT / 32];
+    const int v = blockIdx.y;
+    const sel_task t = sel_task_of(p, v);
+    const int c0 = blockIdx.x * SEL_CHUNK;
+    if (!t.active || t.k <= 0 || t.k >= t.n || c0 >= t.n) return;
+    const uint32_t thr = p.state[4 * v];
+    uint32_t u[SEL_ITEMS];
+#pragma unroll
+    for (int j = 0; j < SEL_ITEMS; ++j) {
+        const int i = c0 + j * SEL_NT + threadIdx.x;
+        u[j] = i < t.n ? sel_key(t, i) : 0u;
+    }
+    int gt = 0, eq = 0;
+#pragma unroll
+    for (int j = 0; j < SEL_ITEMS; ++j) {
+        const bool in = c0 + j * SEL_NT + (int)threadIdx.x < t.n;
+        gt += in && u[j] > thr;
+        eq += in && u[j] == thr;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        gt += __shfl_xor_sync(0xffffffffu, gt, o);
+        eq += __shfl_xor_sync(0xffffffffu, eq, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        sums[0][threadIdx.x / 32] = gt;
+        sums[1][threadIdx.x / 32] = eq;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int2 c = make_int2(0, 0);
+        for (int w = 0; w < SEL_NT / 32; ++w) {
+            c.x += sums[0][w];
+            c.y += sums[1][w];
+        }
+        p.chunk_counts[(int64_t)v * p.nchunks + blockIdx.x] = c;
+    }
+}
+
+/* Each chunk's selected keys, in order, at their place in the vector's output: verticals
+ * ascending, slash distances descending (index i = len - 1 - d ascending). Ties at the
+ * threshold take the first keys (verticals) or the last (slash: with a budget below the forced
+ * window the nearest diagonals survive). */
+__global__ void __launch_bounds__(SEL_NT)
+    vs_select_write_kernel(const __grid_constant__ vs_select_params p) {
+    using scan_t = cub::BlockScan<int, SEL_NT>;
+    __shared__ typename scan_t::TempStorage scan_tmp;
+    __shared__ int before[2][SEL_NT / 32];
+    const int v = blockIdx.y;
+    const sel_task t = sel_task_of(p, v);
+    if (!t.active) return;
+    const int c0 = blockIdx.x * SEL_CHUNK;
+    int32_t *count = t.which ? p.slash_count + t.bh : p.vertical_count + t.bh;
+    if (t.k <= 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) *count = 0;
         return;
     }
-    const float *vals = (which ? p.slash : p.vert) + (int64_t)bh * p.len;
-    const int forced_lo = which ? len - p.forced_diagonals : 0x7fffffff;
-    const int forced_hi = which ? 0 : p.forced_columns;
-    auto key = [&](int i) -> uint32_t {
-        if (i >= forced_lo || i < forced_hi) return 0xffffffffu; /* +inf */
-        return float_order_key(vals[i]);
-    };
+    if (c0 >= t.n) return;
+    const bool all = t.k >= t.n;
     uint32_t thr = 0;
-    int take_eq = 0, eq_total = 0;
-    const bool all = k >= len;
-    if (!all) block_radix_select<SEL_NT>(key, len, k, sm, thr, take_eq, eq_total);
-    const int lm1 = len - 1;
-    if (which == 0) {
-        block_compact<SEL_NT, SEL_ITEMS>(key, len, all, thr, take_eq, eq_total, false,
-                                         [&](int pos, int rank) { out[rank] = pos; }, scan_tmp);
-    } else {
-        /* ties prefer small distances (high index): with a budget below the forced window the
-         * nearest diagonals survive */
-        block_compact<SEL_NT, SEL_ITEMS>(key, len, all, thr, take_eq, eq_total, true,
-                                         [&](int pos, int rank) { out[rank] = lm1 - pos; },
-                                         scan_tmp);
+    int take_eq = 0, eq_total = 0, eq_before = 0, sel_before = c0;
+    if (!all) {
+        const uint32_t *st = p.state + 4 * v;
+        thr = st[0];
+        take_eq = (int)st[2];
+        eq_total = (int)st[3];
+        /* what the chunks before this one hold */
+        int gt = 0, eq = 0;
+        const int2 *cc = p.chunk_counts + (int64_t)v * p.nchunks;
+        for (int c = threadIdx.x; c < (int)blockIdx.x; c += SEL_NT) {
+            const int2 x = cc[c];
+            gt += x.x;
+            eq += x.y;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            gt += __shfl_xor_sync(0xffffffffu, gt, o);
+            eq += __shfl_xor_sync(0xffffffffu, eq, o);
+        }
+        if ((threadIdx.x & 31) == 0) {
+            before[0][threadIdx.x / 32] = gt;
+            before[1][threadIdx.x / 32] = eq;
+        }
+        __syncthreads();
+        gt = eq = 0;
+        for (int w = 0; w < SEL_NT / 32; ++w) {
+            gt += before[0][w];
+            eq += before[1][w];
+        }
+        eq_before = eq;
+        const int eq_taken =
+            t.which ? max(0, eq_before - (eq_total - take_eq)) : min(eq_before, take_eq);
+        sel_before = gt + eq_taken;
     }
-    if (threadIdx.x == 0) *count = k;
+    const int end = min(c0 + SEL_CHUNK, t.n);
+    auto key = [&](int i) { return sel_key(t, i); };
+    if (t.which == 0) {
+        int32_t *out = p.vertical_idx + (int64_t)t.bh * p.max_vertical;
+        block_compact<SEL_NT, 8>(
+            key, end, all, thr, take_eq, eq_total, false,
+            [&](int pos, int rank) { out[rank] = pos; }, scan_tmp, c0, eq_before, sel_before);
+    } else {
+        int32_t *out = p.slash_idx + (int64_t)t.bh * p.max_slash;
+        const int lm1 = t.n - 1;
+        block_compact<SEL_NT, 8>(
+            key, end, all, thr, take_eq, eq_total, true,
+            [&](int pos, int rank) { out[rank] = lm1 - pos; }, scan_tmp, c0, eq_before, sel_before);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *count = t.k;
+}
+
+static cudaError_t launch_select(const vs_select_params &p, int vectors, cudaStream_t st) {
+    cudaError_t e = cudaMemsetAsync(p.hist, 0, (size_t)vectors * SEL_BINS * sizeof(int), st);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)p.nchunks, (unsigned)vectors);
+    vs_select_hist_kernel<20, 12><<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_pick_kernel<20, 12><<<vectors, SEL_PICK_NT, 0, st>>>(p);
+    vs_select_hist_kernel<10, 10><<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_pick_kernel<10, 10><<<vectors, SEL_PICK_NT, 0, st>>>(p);
+    vs_select_hist_kernel<0, 10><<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_pick_kernel<0, 10><<<vectors, SEL_PICK_NT, 0, st>>>(p);
+    vs_select_count_kernel<<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_write_kernel<<<grid, SEL_NT, 0, st>>>(p);
+    return cudaGetLastError();
 }
 
 template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
@@ -353,10 +578,16 @@ using namespace mi_cuda;
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* Scratch: the column and diagonal sums [B H, len] each, the score pass's chunk statistics, and
+ * the select's histograms, states and chunk counts (two vectors per (b, h)). */
 extern "C" size_t mi_cuda_vs_scratch_bytes(int64_t batch, int64_t heads, int64_t len) {
     const int64_t nch = (len + VS_CHUNK - 1) / VS_CHUNK;
+    const int64_t vectors = 2 * batch * heads, sel_chunks = (len + SEL_CHUNK - 1) / SEL_CHUNK;
     return 2 * align256((size_t)batch * heads * len * sizeof(float)) +
-           align256((size_t)batch * heads * nch * VS_ROWS * sizeof(float2));
+           align256((size_t)batch * heads * nch * VS_ROWS * sizeof(float2)) +
+           align256((size_t)vectors * SEL_BINS * sizeof(int)) +
+           align256((size_t)vectors * 4 * sizeof(uint32_t)) +
+           align256((size_t)vectors * sel_chunks * sizeof(int2));
 }
 
 extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
@@ -399,6 +630,7 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     p.slash = reinterpret_cast<float *>(w);
     w += align256((size_t)BH * L * sizeof(float));
     p.stats = reinterpret_cast<float2 *>(w);
+    w += align256((size_t)BH * p.nchunks * VS_ROWS * sizeof(float2));
     p.dense_below = dense_below;
     memcpy(p.seq_lens, ap.seq_lens, sizeof(p.seq_lens));
     for (int64_t h = 0; h < s->heads_q; ++h) p.active[h] = active ? active[h] : 1;
@@ -423,6 +655,12 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.slash = p.slash;
     sp.heads = p.heads;
     sp.len = p.len;
+    sp.nchunks = (int32_t)((L + SEL_CHUNK - 1) / SEL_CHUNK);
+    sp.hist = reinterpret_cast<int *>(w);
+    w += align256((size_t)2 * BH * SEL_BINS * sizeof(int));
+    sp.state = reinterpret_cast<uint32_t *>(w);
+    w += align256((size_t)2 * BH * 4 * sizeof(uint32_t));
+    sp.chunk_counts = reinterpret_cast<int2 *>(w);
     sp.forced_columns = vp->forced_columns;
     sp.forced_diagonals = vp->forced_diagonals;
     sp.min_vertical = vp->min_vertical;
@@ -440,8 +678,7 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
         sp.vertical_size[h] = vertical_size[h];
         sp.slash_size[h] = slash_size[h];
     }
-    vs_select_kernel<<<dim3((unsigned)BH, 2), SEL_NT, 0, stream>>>(sp);
-    e = cudaGetLastError();
+    e = launch_select(sp, (int)(2 * BH), stream);
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs selection: %s",
                        cudaGetErrorString(e));
