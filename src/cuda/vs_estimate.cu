@@ -34,9 +34,19 @@
  *      4.5 -> 2.7 % of the whole-layer prefill), 3.42 -> 1.79 at 512K x 8 (4.0 -> 3.0 %),
  *      7.11 -> 4.16 at 1M x 8 (3.0 -> 2.2 %) (2026-12-01-gpu-attention-v39-estimation.json).
  *      Not kept: four keys a thread in flight in the select's histogram passes (no change).
- *   What is left: the select is one CTA per (head, vector) making five passes over the vector
- *   (at 1M x 8 heads, sixteen CTAs on 132 SMs, about 0.5 ms a pass), and the index build walks
- *   each row block's lists in one thread (65K threads at 128K x 32 heads, latency-bound).
+ *   3. the select spread over CTAs of 4096 keys (it was one CTA per (head, list), five passes
+ *      over the vector: at 1M x 8 heads sixteen CTAs on 132 SMs, about 0.5 ms a pass): three
+ *      histogram passes of 11, 11 and 10 bits with a pick kernel per vector after each, then
+ *      per-chunk counts and an in-order write at each chunk's place. Select 0.232 -> 0.127 /
+ *      0.886 -> 0.126 / 2.390 -> 0.291, lists bit for bit the same at all three shapes
+ *      (bench/results/2026-12-01-gpu-vs-select-ab.json). On the way: chunks of 8192 keys with
+ *      __match_any_sync on every pass and a branch around each load (the forced entries) took
+ *      0.21 / 0.21 / 0.50 (0.37 of it the histograms); a plain shared-memory atomic add per key
+ *      on the first pass, the match only where a warp holds keys of the chosen bin on the
+ *      others, unconditional loads, and 4096-key chunks (the count kernel 76 -> 40 registers, and
+ *      twice the CTAs) made it the numbers above.
+ *   What is left: the index build (vs_index.cu) is now the largest part at every shape, then
+ *   the score passes.
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
@@ -285,16 +295,16 @@ struct vs_select_params {
 };
 
 /* The select spreads each vector (one per (b, h) and list; V = 2 B H of them) over CTAs of
- * SEL_CHUNK keys: a radix select in three passes of 12, 10 and 10 bits, each a histogram
+ * SEL_CHUNK keys: a radix select in three passes of 11, 11 and 10 bits, each a histogram
  * kernel over every chunk (the keys of the prefix chosen so far; shared-memory counts added to
  * the vector's global histogram) and a pick kernel (a CTA per vector finds the bin that holds
  * the k-th largest key, narrows the prefix and clears the histogram), then a count kernel (keys
  * above and at the threshold per chunk) and a write kernel (each chunk's place in the output
  * from the counts of the chunks before it, then the in-order compaction of its keys). */
-constexpr int SEL_CHUNK = 8192;
+constexpr int SEL_CHUNK = 4096;
 constexpr int SEL_NT = 256;
 constexpr int SEL_ITEMS = SEL_CHUNK / SEL_NT;
-constexpr int SEL_BINS = 4096;
+constexpr int SEL_BINS = 2048;
 constexpr int SEL_PICK_NT = 1024;
 
 /* What vector v = 2 (b H + h) + which selects: k keys out of n, from vals. k <= 0: nothing (an
@@ -327,16 +337,17 @@ __device__ __forceinline__ sel_task sel_task_of(const vs_select_params &p, int v
 /* The order key of entry i: the sinks (vertical) and the local diagonals (slash) forced to the
  * top. */
 __device__ __forceinline__ uint32_t sel_key(const sel_task &t, int i) {
-    if (i >= t.forced_lo || i < t.forced_hi) return 0xffffffffu;
-    return float_order_key(t.vals[i]);
+    const uint32_t u = float_order_key(t.vals[i]); /* loaded either way: no branch per load */
+    return i >= t.forced_lo || i < t.forced_hi ? 0xffffffffu : u;
 }
 
 /* Histogram of key bits [SHIFT, SHIFT + BITS) over one chunk, of the keys whose bits above
  * them equal the prefix chosen by the previous passes. */
-template <int SHIFT, int BITS>
+template <int SHIFT, int BITS, bool MATCH>
 __global__ void __launch_bounds__(SEL_NT)
     vs_select_hist_kernel(const __grid_constant__ vs_select_params p) {
     constexpr int NB = 1 << BITS;
+    static_assert(NB <= SEL_BINS, "the global histogram holds every bin");
     __shared__ int hist[NB];
     const int v = blockIdx.y;
     const sel_task t = sel_task_of(p, v);
@@ -360,9 +371,17 @@ __global__ void __launch_bounds__(SEL_NT)
     for (int j = 0; j < SEL_ITEMS; ++j) {
         const int i = c0 + j * SEL_NT + threadIdx.x;
         const int bin = i < t.n && (u[j] & mask) == prefix ? (int)((u[j] >> SHIFT) & (NB - 1)) : -1;
-        /* the keys of a vector share their top bits: lanes of one bin add once */
-        const unsigned same = __match_any_sync(0xffffffffu, bin);
-        if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+        if (MATCH) {
+            /* the later passes count only the keys of one bin, which few warps hold, and
+             * those share most bits: lanes of one bin add once (a plain atomic add per key
+             * measured faster on the first pass, where the keys spread over more bins) */
+            if (SHIFT + BITS < 32 && !__any_sync(0xffffffffu, bin >= 0)) continue;
+            const unsigned same = __match_any_sync(0xffffffffu, bin);
+            if (bin >= 0 && (threadIdx.x & 31) == __ffs(same) - 1)
+                atomicAdd(&hist[bin], __popc(same));
+        } else if (bin >= 0) {
+            atomicAdd(&hist[bin], 1);
+        }
     }
     __syncthreads();
     int *gh = p.hist + (int64_t)v * SEL_BINS;
@@ -376,6 +395,7 @@ template <int SHIFT, int BITS>
 __global__ void __launch_bounds__(SEL_PICK_NT)
     vs_select_pick_kernel(const __grid_constant__ vs_select_params p) {
     constexpr int NB = 1 << BITS;
+    static_assert(NB <= SEL_BINS, "the global histogram holds every bin");
     constexpr int PER = NB >= SEL_PICK_NT ? NB / SEL_PICK_NT : 1;
     __shared__ typename cub::BlockScan<int, SEL_PICK_NT>::TempStorage scan_tmp;
     __shared__ uint32_t chosen[3];
@@ -544,11 +564,11 @@ static cudaError_t launch_select(const vs_select_params &p, int vectors, cudaStr
     cudaError_t e = cudaMemsetAsync(p.hist, 0, (size_t)vectors * SEL_BINS * sizeof(int), st);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)p.nchunks, (unsigned)vectors);
-    vs_select_hist_kernel<20, 12><<<grid, SEL_NT, 0, st>>>(p);
-    vs_select_pick_kernel<20, 12><<<vectors, SEL_PICK_NT, 0, st>>>(p);
-    vs_select_hist_kernel<10, 10><<<grid, SEL_NT, 0, st>>>(p);
-    vs_select_pick_kernel<10, 10><<<vectors, SEL_PICK_NT, 0, st>>>(p);
-    vs_select_hist_kernel<0, 10><<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_hist_kernel<21, 11, false><<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_pick_kernel<21, 11><<<vectors, SEL_PICK_NT, 0, st>>>(p);
+    vs_select_hist_kernel<10, 11, true><<<grid, SEL_NT, 0, st>>>(p);
+    vs_select_pick_kernel<10, 11><<<vectors, SEL_PICK_NT, 0, st>>>(p);
+    vs_select_hist_kernel<0, 10, true><<<grid, SEL_NT, 0, st>>>(p);
     vs_select_pick_kernel<0, 10><<<vectors, SEL_PICK_NT, 0, st>>>(p);
     vs_select_count_kernel<<<grid, SEL_NT, 0, st>>>(p);
     vs_select_write_kernel<<<grid, SEL_NT, 0, st>>>(p);

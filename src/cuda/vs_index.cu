@@ -16,6 +16,17 @@
  * the entries four at a time (one 16-byte store per four, since each thread writes its own
  * scattered row) measured slower, 2.88 / 4.26 / 4.6-4.9 ms: the scattered stores are not what
  * limits the walk, its length is.
+ * Tried and not kept (bench/results/2026-12-01-gpu-vs-select-ab.json, same lists): a warp per
+ * row block, 32 diagonals a step (a max-scan for each one's predecessor, ballots for the gaps
+ * that surely break (> 127) or surely join (<= 64) a run, the few between decided in order),
+ * runs written as tiles and kept columns as 32-wide compactions with coalesced stores: the
+ * index bit for bit the same, a fifth of the L2 write sectors at 1M x 8 (43 M against 208 M)
+ * but 7.5x the instructions (3.9 G against 0.52 G: about 150 a step of 32 diagonals, where a
+ * thread spends under one per diagonal, its warp's 32 row blocks walking the same list in
+ * step), so slower: 2.79 / 3.20 / 5.67 ms. Nsight Compute puts this kernel at 25 % occupancy
+ * (a thread per row block: 4096 warps at 1M x 8) and 37 % of memory throughput, waiting on its
+ * own shared-memory loads; CTAs of 64, 256 or 32 threads instead of 128: 1.81 / 1.49 / 2.54 ms at
+ * 128K x 32, 3.76 / 4.23 / 4.28 at 1M x 8 (128: 1.46, 4.01).
  */
 #include "cuda_common.cuh"
 

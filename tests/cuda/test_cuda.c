@@ -785,6 +785,52 @@ static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) 
     sp_free(&si);
 }
 
+/* Index from ordered lists without duplicates, as the estimator writes them, which the GPU walk
+ * reads as such: bands of adjacent diagonals (which it skips over in one search) at the start,
+ * in the middle and reaching the end of the sequence, between scattered ones whose gaps take
+ * every size around the 64 and 128 where windows stop merging, and verticals inside and
+ * outside the bands. */
+static void test_index_bands(int64_t L) {
+    char name[160];
+    const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
+    const int32_t lens[2] = {(int32_t)L, (int32_t)(L / 2 + 7)};
+    uint8_t *mark = calloc((size_t)L, 1), *vmark = calloc((size_t)L, 1);
+    int32_t ns = 0, nv = 0;
+    for (int64_t d = 0; d < L; d++) {
+        const int band =
+            d < 300 || (d >= 1000 && d < 1100) || (d >= 5000 && d < 5040) || d >= L - 200;
+        mark[d] = band || rnd32() % 97 == 0 || (d % 700 > 600 && rnd32() % 3 == 0);
+        ns += mark[d];
+        vmark[d] = d < 30 || rnd32() % 53 == 0;
+        nv += vmark[d];
+    }
+    vs_pair vi;
+    vs_alloc(&vi, B, H, nv, ns);
+    for (int32_t i = 0; i < B * H; i++) {
+        vi.h.vertical_count[i] = nv;
+        vi.h.slash_count[i] = ns;
+        int32_t a = 0, c = 0;
+        for (int64_t x = 0; x < L; x++)
+            if (vmark[x]) vi.h.vertical_idx[i * nv + a++] = (int32_t)x;
+        for (int64_t x = L - 1; x >= 0; x--)
+            if (mark[x]) vi.h.slash_idx[i * ns + c++] = (int32_t)x;
+    }
+    CUDA_OK(cudaMemcpy(vi.db, vi.hb, vi.bytes, cudaMemcpyHostToDevice));
+    sp_pair si;
+    sp_alloc(&si, B, H, R, ns + 1, nv);
+    MI_OK(g_cpu, mi_vs_build_index(g_cpu, L, lens, &vi.h, &si.h));
+    MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi.d, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    const int64_t idiff = sp_diff(&si);
+    snprintf(name, sizeof name, "vs_build_index bands L%lld nv%d ns%d differing %lld", (long long)L,
+             nv, ns, (long long)idiff);
+    check(idiff == 0, "index differs", name);
+    vs_free(&vi);
+    sp_free(&si);
+    free(mark);
+    free(vmark);
+}
+
 /* Rounds q and k to whole numbers past their planted dimensions 0 and 1 (whose values are
  * whole or halves already). The block-sparse estimate ranks pooled scores at bf16 precision; a
  * CPU and a GPU sum of one score that straddle a 16-bit boundary pick different blocks. With
@@ -1317,6 +1363,7 @@ int main(int argc, char **argv) {
     test_index_messy(1000, 40, 60, 1);
     test_index_messy(4099, 300, 700, 1);
     test_index_messy(70, 5, 8, 0);
+    test_index_bands(quick ? 9000 : 30000);
 
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
      * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
