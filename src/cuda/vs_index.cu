@@ -27,6 +27,18 @@
  * (a thread per row block: 4096 warps at 1M x 8) and 37 % of memory throughput, waiting on its
  * own shared-memory loads; CTAs of 64, 256 or 32 threads instead of 128: 1.81 / 1.49 / 2.54 ms at
  * 128K x 32, 3.76 / 4.23 / 4.28 at 1M x 8 (128: 1.46, 4.01).
+ * Kept columns as bits (the L1TEX stalls above were the scattered stores: a thread's row is its
+ * own, so each store touched 32 rows): the walk sets a bit of the vertical list in shared memory
+ * instead, and after the walk each warp writes its 32 rows' columns with one coalesced store per
+ * 32 list entries (a scan of the words' counts places them). H200, ms, the same index, mask
+ * against direct stores in one process (MI_CUDA_VS_INDEX_MASK=0; bench/results/
+ * 2026-12-01-gpu-vs-index-mask-ab.json): estimated lists 1.11 -> 1.02 at 128K x 32, 1.79 ->
+ * 1.45 at 512K x 8, 3.22 -> 2.34 at 1M x 8; the prescribed sets at 128K x 32: local 0.89 ->
+ * 0.48, small 0.106 -> 0.072, mixed 2.12 -> 2.23 (its walk, over scattered diagonals, is most of
+ * the time); at 1M x 1 (128 CTAs, one an SM, nothing to hide the warp's writing behind): local
+ * 0.31 -> 0.37, mixed 1.23 -> 1.38, small 0.048 -> 0.059. Layers have 8 to 32 heads, so the
+ * bits are the default where they fit (the list's bits for 128 threads in 64 KB, beside the
+ * lists: up to 4096 verticals).
  */
 #include "cuda_common.cuh"
 
@@ -35,6 +47,7 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 namespace mi_cuda {
@@ -78,7 +91,8 @@ __device__ void bitonic_sort(int32_t *a, int n, bool ascending) {
 
 /* Every thread of a CTA walks the same two lists at its own pace: staged in shared memory when
  * they fit (use_smem), so the walk does not wait on scattered global loads. */
-__global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_smem) {
+__global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_smem,
+                                int mask_words) {
     extern __shared__ int32_t lists[];
     const int m = blockIdx.x * blockDim.x + threadIdx.x;
     const int bh = blockIdx.y;
@@ -111,13 +125,21 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
         Vl = Vs;
         Sl = Ss;
     }
-    if (m >= p.row_blocks) return;
+    /* kept columns as bits of the vertical list (word k of thread t at k * blockDim.x + t, so that
+     * lanes setting the same word index hit distinct banks), written out by the warp after the
+     * walk: each thread's columns are a row of their own, which a store per column would write
+     * 32 rows at a time */
+    uint32_t *masks = reinterpret_cast<uint32_t *>(
+        lists + (use_smem ? pow2_at_least(p.max_v) + pow2_at_least(p.max_s) : 0));
+    for (int k = 0; k < mask_words; ++k) masks[k * blockDim.x + threadIdx.x] = 0;
+    const bool in_grid = m < p.row_blocks;
+    if (!in_grid && !mask_words) return;
     const int64_t row = (int64_t)bh * p.row_blocks + m;
     int len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) len = 0;
     const int start = m * 64, end = start + 64;
     int nb = 0, nc = 0;
-    if (start < len) {
+    if (in_grid && start < len) {
         const int32_t *V = Vl, *S = Sl;
         const int nv = nv_, ns = ns_;
         int32_t *off = p.block_offset + row * p.max_blocks;
@@ -172,11 +194,19 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
         auto emit = [&](int rs, int re) {
             for (int x = rs; x < re && nb < p.max_blocks; x += 64) off[nb++] = x;
         };
+        /* keeps V[vi] = c as a column */
+        auto keep = [&](int c) {
+            if (mask_words)
+                atomicOr(&masks[(vi >> 5) * blockDim.x + threadIdx.x], 1u << (vi & 31));
+            else
+                col[nc] = c;
+            ++nc;
+        };
         const int d = next_s_below(end); /* diagonals d >= end miss this row block */
         if (d < 0) {
             /* no diagonal reaches the block: verticals left of it are all gathered */
             for (int c = peek_v(); c < start && nc < p.max_columns; c = peek_v()) {
-                col[nc++] = c;
+                keep(c);
                 v_prev = c;
                 ++vi;
             }
@@ -186,7 +216,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             for (;;) {
                 const int c = peek_v();
                 if (c < r_end) {
-                    if (c < r_start && nc < p.max_columns) col[nc++] = c;
+                    if (c < r_start && nc < p.max_columns) keep(c);
                     v_prev = c;
                     ++vi;
                 } else {
@@ -197,7 +227,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
                          * (only without small distances): kept, as on the CPU */
                         for (int c2 = peek_v(); c2 < start && nc < p.max_columns;
                              c2 = peek_v()) {
-                            col[nc++] = c2;
+                            keep(c2);
                             v_prev = c2;
                             ++vi;
                         }
@@ -215,8 +245,42 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             }
         }
     }
-    p.block_count[row] = nb;
-    p.column_count[row] = nc;
+    if (in_grid) {
+        p.block_count[row] = nb;
+        p.column_count[row] = nc;
+    }
+    if (!mask_words) return;
+    /* each row of the warp in turn: its kept columns in list order, 32 list entries a store. A
+     * lane reads one word of the row's bits, a scan of their counts places every word, and the
+     * warp stores the words that hold any (the row's bits end at its block start) */
+    __syncwarp();
+    const int lane = threadIdx.x & 31, first = threadIdx.x - lane;
+    const uint32_t below = (1u << lane) - 1u;
+    for (int r = 0; r < 32; ++r) {
+        const int nr = __shfl_sync(0xffffffffu, nc, r);
+        if (nr == 0) continue;
+        int32_t *col = p.column_index + (row - lane + r) * p.max_columns;
+        int done = 0;
+        for (int kb = 0; kb < mask_words && done < nr; kb += 32) {
+            const uint32_t mine =
+                kb + lane < mask_words ? masks[(kb + lane) * blockDim.x + first + r] : 0u;
+            const int cnt = __popc(mine);
+            int incl = cnt;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int x = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += x;
+            }
+            const int excl = done + incl - cnt;
+            for (unsigned nz = __ballot_sync(0xffffffffu, mine != 0u); nz; nz &= nz - 1) {
+                const int k = __ffs(nz) - 1;
+                const uint32_t w = __shfl_sync(0xffffffffu, mine, k);
+                const int at = __shfl_sync(0xffffffffu, excl, k);
+                if ((w >> lane) & 1u) col[at + __popc(w & below)] = Vl[32 * (kb + k) + lane];
+            }
+            done += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
 }
 
 /* Segment bounds of the per-(b, h) lists for the segmented sort. */
@@ -321,12 +385,21 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         p.s_idx = ss;
     }
     if (e == cudaSuccess) {
-        if (use_smem)
+        /* the column bits where they fit beside the lists (16 KB for 1000 verticals) */
+        const int nt = 128;
+        const char *mask_var = getenv("MI_CUDA_VS_INDEX_MASK"); /* =0: direct stores */
+        const int mask_env = !(mask_var && mask_var[0] == '0');
+        int mask_words = (p.max_v + 31) / 32;
+        const size_t mask_bytes = (size_t)mask_words * nt * sizeof(uint32_t);
+        const size_t base = use_smem ? lists : 0;
+        if (!mask_env || mask_bytes > 64 * 1024 || base + mask_bytes > 200 * 1024) mask_words = 0;
+        const size_t smem = base + (mask_words ? mask_bytes : 0);
+        if (smem > 0)
             e = cudaFuncSetAttribute(vs_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)lists);
-        dim3 grid((unsigned)((index->row_blocks + 127) / 128), (unsigned)BH);
+                                     (int)smem);
+        dim3 grid((unsigned)((index->row_blocks + nt - 1) / nt), (unsigned)BH);
         if (e == cudaSuccess) {
-            vs_index_kernel<<<grid, 128, use_smem ? lists : 0, stream>>>(p, use_smem);
+            vs_index_kernel<<<grid, nt, smem, stream>>>(p, use_smem, mask_words);
             e = cudaGetLastError();
         }
     }

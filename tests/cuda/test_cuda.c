@@ -789,8 +789,9 @@ static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) 
  * reads as such: bands of adjacent diagonals (which it skips over in one search) at the start,
  * in the middle and reaching the end of the sequence, between scattered ones whose gaps take
  * every size around the 64 and 128 where windows stop merging, and verticals inside and
- * outside the bands. */
-static void test_index_bands(int64_t L) {
+ * outside the bands, one in every vstep on average (the GPU keeps a row's columns as bits of the
+ * vertical list, written 32 words at a time: more than 1024 verticals take several). */
+static void test_index_bands(int64_t L, uint32_t vstep) {
     char name[160];
     const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
     const int32_t lens[2] = {(int32_t)L, (int32_t)(L / 2 + 7)};
@@ -801,7 +802,7 @@ static void test_index_bands(int64_t L) {
             d < 300 || (d >= 1000 && d < 1100) || (d >= 5000 && d < 5040) || d >= L - 200;
         mark[d] = band || rnd32() % 97 == 0 || (d % 700 > 600 && rnd32() % 3 == 0);
         ns += mark[d];
-        vmark[d] = d < 30 || rnd32() % 53 == 0;
+        vmark[d] = d < 30 || rnd32() % vstep == 0;
         nv += vmark[d];
     }
     vs_pair vi;
@@ -1363,7 +1364,8 @@ int main(int argc, char **argv) {
     test_index_messy(1000, 40, 60, 1);
     test_index_messy(4099, 300, 700, 1);
     test_index_messy(70, 5, 8, 0);
-    test_index_bands(quick ? 9000 : 30000);
+    test_index_bands(quick ? 9000 : 30000, 53);
+    test_index_bands(quick ? 9000 : 30000, 9);
 
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
      * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
