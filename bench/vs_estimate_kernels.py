@@ -13,7 +13,11 @@ kernel's time in ms for all heads, averaged over --repeat calls after a warm-up,
 variant's vertical-slash lists and block index equal the first variant's, bit for bit. --save
 writes the first variant's lists and index per shape to a file, --against compares with such a
 file (another build's, say); the diagonal sums add across chunk edges in any order, so near-ties
-may differ between runs of one build, by a few words."""
+may differ between runs of one build, by a few words.
+
+--sets local,mixed,small times the index build alone on the prescribed index sets of
+BENCHMARKS.md instead (torch_ref.index_set, the sparse benchmark's lists), per shape and variant:
+the median of 10 calls (torch_ref.time_cuda), and whether the index equals the first variant's."""
 import argparse
 import ctypes as C
 import json
@@ -41,6 +45,39 @@ def parse_shapes(text):
     return shapes
 
 
+def index_on_sets(lib, shapes, names, variants):
+    """The index build alone on the prescribed sets: ms for all heads per shape, set and
+    variant, and whether each variant's index equals the first variant's."""
+    rows = []
+    for L, H in shapes:
+        for name in names:
+            gen = torch.Generator().manual_seed(1)
+            vs, ss = tr.index_set(name, L, H, gen)
+            vsi, vbuf, mv, ms = tr.make_vs_index(lib, vs, ss)
+            spi, sbuf = tr.make_sparse_index(lib, H, L, ms + 1, mv)
+
+            def build():
+                lib.check(lib.l.mi_vs_build_index(lib.ctx, C.c_int64(L), None, C.byref(vsi),
+                                                  C.byref(spi)), "index")
+
+            first = None
+            for vname, sets in variants:
+                sbuf.fill_(-7)
+                with tr.variant_env(sets):
+                    t = tr.time_cuda(build, 10)
+                torch.cuda.synchronize()
+                same = True if first is None else bool(torch.equal(first, sbuf))
+                if first is None:
+                    first = sbuf.clone()
+                rows.append({"L": L, "heads": H, "set": name, "variant": vname,
+                             "index_ms_all_heads": t, "same_as_first": same})
+                print(f"{L // 1024}K x{H} {name:5s} {vname:10s} index {t:.3f} ms"
+                      f"{'' if same else '  DIFF'}", flush=True)
+            del vbuf, sbuf, first
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/libminference.so")
@@ -52,6 +89,8 @@ def main():
     ap.add_argument("--out", help="also write the times as JSON here")
     ap.add_argument("--save", help="write the first variant's lists and index here (torch.save)")
     ap.add_argument("--against", help="compare the first variant's with those --save wrote")
+    ap.add_argument("--sets", help="time the index build on these prescribed sets instead "
+                                   "(local, mixed, small; comma-separated)")
     args = ap.parse_args()
     variants = tr.parse_variants(args.variant or ["default="])
     try:
@@ -61,6 +100,18 @@ def main():
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     lib = tr.Lib(os.path.abspath(args.lib))
+    if args.sets:
+        names = args.sets.split(",")
+        bad = [n for n in names if n not in ("local", "mixed", "small")]
+        if bad:
+            ap.error(f"unknown set {bad[0]!r}; one of local, mixed, small")
+        rows = index_on_sets(lib, shapes, names, variants)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+                           "timing": "median of 10 calls (torch_ref.time_cuda)",
+                           "rows": rows}, f, indent=1)
+        return
     saved = {}
     against = torch.load(args.against) if args.against else {}
     rows = []
