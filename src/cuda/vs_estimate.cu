@@ -37,8 +37,8 @@
  *   3. the select spread over CTAs of 4096 keys (it was one CTA per (head, list), five passes
  *      over the vector: at 1M x 8 heads sixteen CTAs on 132 SMs, about 0.5 ms a pass): three
  *      histogram passes of 11, 11 and 10 bits with a pick kernel per vector after each, then
- *      per-chunk counts and an in-order write at each chunk's place. Select 0.232 -> 0.127 /
- *      0.886 -> 0.126 / 2.390 -> 0.291, lists bit for bit the same at all three shapes
+ *      per-chunk counts and an in-order write at each chunk's place. Select 0.233 -> 0.127 /
+ *      0.893 -> 0.126 / 2.389 -> 0.292, lists bit for bit the same at all three shapes
  *      (bench/results/2026-12-01-gpu-vs-select-ab.json). On the way: chunks of 8192 keys with
  *      __match_any_sync on every pass and a branch around each load (the forced entries) took
  *      0.21 / 0.21 / 0.50 (0.37 of it the histograms); a plain shared-memory atomic add per key
@@ -46,7 +46,8 @@
  *      others, unconditional loads, and 4096-key chunks (the count kernel 76 -> 40 registers, and
  *      twice the CTAs) made it the numbers above.
  *   What is left: the index build (vs_index.cu) is now the largest part at every shape, then
- *   the score passes.
+ *   the score passes, where each CTA reads its group's keys for one head (4 reads per group at
+ *   GQA 4:1, mostly from L2).
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
