@@ -449,6 +449,25 @@ __global__ void __launch_bounds__(SEL_PICK_NT)
     }
 }
 
+/* Two counts summed over the CTA, the totals returned to every thread. */
+__device__ __forceinline__ int2 block_sum2(int a, int b, int (&scratch)[2][SEL_NT / 32]) {
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        scratch[0][threadIdx.x / 32] = a;
+        scratch[1][threadIdx.x / 32] = b;
+    }
+    __syncthreads();
+    int2 c = make_int2(0, 0);
+    for (int w = 0; w < SEL_NT / 32; ++w) {
+        c.x += scratch[0][w];
+        c.y += scratch[1][w];
+    }
+    return c;
+}
+
 /* Per chunk: the keys above the threshold and equal to it. */
 __global__ void __launch_bounds__(SEL_NT)
     vs_select_count_kernel(const __grid_constant__ vs_select_params p) {
@@ -471,23 +490,8 @@ __global__ void __launch_bounds__(SEL_NT)
         gt += in && u[j] > thr;
         eq += in && u[j] == thr;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        gt += __shfl_xor_sync(0xffffffffu, gt, o);
-        eq += __shfl_xor_sync(0xffffffffu, eq, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        sums[0][threadIdx.x / 32] = gt;
-        sums[1][threadIdx.x / 32] = eq;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int2 c = make_int2(0, 0);
-        for (int w = 0; w < SEL_NT / 32; ++w) {
-            c.x += sums[0][w];
-            c.y += sums[1][w];
-        }
-        p.chunk_counts[(int64_t)v * p.nchunks + blockIdx.x] = c;
-    }
+    const int2 c = block_sum2(gt, eq, sums);
+    if (threadIdx.x == 0) p.chunk_counts[(int64_t)v * p.nchunks + blockIdx.x] = c;
 }
 
 /* Each chunk's selected keys, in order, at their place in the vector's output: verticals
@@ -525,24 +529,11 @@ __global__ void __launch_bounds__(SEL_NT)
             gt += x.x;
             eq += x.y;
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            gt += __shfl_xor_sync(0xffffffffu, gt, o);
-            eq += __shfl_xor_sync(0xffffffffu, eq, o);
-        }
-        if ((threadIdx.x & 31) == 0) {
-            before[0][threadIdx.x / 32] = gt;
-            before[1][threadIdx.x / 32] = eq;
-        }
-        __syncthreads();
-        gt = eq = 0;
-        for (int w = 0; w < SEL_NT / 32; ++w) {
-            gt += before[0][w];
-            eq += before[1][w];
-        }
-        eq_before = eq;
+        const int2 c = block_sum2(gt, eq, before);
+        eq_before = c.y;
         const int eq_taken =
             t.which ? max(0, eq_before - (eq_total - take_eq)) : min(eq_before, take_eq);
-        sel_before = gt + eq_taken;
+        sel_before = c.x + eq_taken;
     }
     const int end = min(c0 + SEL_CHUNK, t.n);
     auto key = [&](int i) { return sel_key(t, i); };
@@ -599,16 +590,26 @@ using namespace mi_cuda;
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* Scratch: the column and diagonal sums [B H, len] each, the score pass's chunk statistics, and
- * the select's histograms, states and chunk counts (two vectors per (b, h)). */
+/* Scratch, in order: the column and diagonal sums [B H, len] each, the score pass's chunk
+ * statistics, and the select's histograms, states and chunk counts (two vectors per (b, h)).
+ * Each part starts 256-byte aligned; offsets[i] is where part i starts, offsets[6] the end. */
+static void vs_scratch_offsets(int64_t bh, int64_t len, size_t offsets[7]) {
+    const int64_t vectors = 2 * bh;
+    const size_t parts[6] = {(size_t)bh * len * sizeof(float),
+                             (size_t)bh * len * sizeof(float),
+                             (size_t)bh * ((len + VS_CHUNK - 1) / VS_CHUNK) * VS_ROWS *
+                                 sizeof(float2),
+                             (size_t)vectors * SEL_BINS * sizeof(int),
+                             (size_t)vectors * 4 * sizeof(uint32_t),
+                             (size_t)vectors * ((len + SEL_CHUNK - 1) / SEL_CHUNK) * sizeof(int2)};
+    offsets[0] = 0;
+    for (int i = 0; i < 6; ++i) offsets[i + 1] = offsets[i] + align256(parts[i]);
+}
+
 extern "C" size_t mi_cuda_vs_scratch_bytes(int64_t batch, int64_t heads, int64_t len) {
-    const int64_t nch = (len + VS_CHUNK - 1) / VS_CHUNK;
-    const int64_t vectors = 2 * batch * heads, sel_chunks = (len + SEL_CHUNK - 1) / SEL_CHUNK;
-    return 2 * align256((size_t)batch * heads * len * sizeof(float)) +
-           align256((size_t)batch * heads * nch * VS_ROWS * sizeof(float2)) +
-           align256((size_t)vectors * SEL_BINS * sizeof(int)) +
-           align256((size_t)vectors * 4 * sizeof(uint32_t)) +
-           align256((size_t)vectors * sel_chunks * sizeof(int2));
+    size_t off[7];
+    vs_scratch_offsets(batch * heads, len, off);
+    return off[6];
 }
 
 extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
@@ -646,12 +647,11 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     p.nchunks = (int32_t)((L + VS_CHUNK - 1) / VS_CHUNK);
     p.scale_log2 = scale * MI_LOG2E;
     char *w = static_cast<char *>(scratch);
-    p.vert = reinterpret_cast<float *>(w);
-    w += align256((size_t)BH * L * sizeof(float));
-    p.slash = reinterpret_cast<float *>(w);
-    w += align256((size_t)BH * L * sizeof(float));
-    p.stats = reinterpret_cast<float2 *>(w);
-    w += align256((size_t)BH * p.nchunks * VS_ROWS * sizeof(float2));
+    size_t off[7];
+    vs_scratch_offsets(BH, L, off);
+    p.vert = reinterpret_cast<float *>(w + off[0]);
+    p.slash = reinterpret_cast<float *>(w + off[1]);
+    p.stats = reinterpret_cast<float2 *>(w + off[2]);
     p.dense_below = dense_below;
     memcpy(p.seq_lens, ap.seq_lens, sizeof(p.seq_lens));
     for (int64_t h = 0; h < s->heads_q; ++h) p.active[h] = active ? active[h] : 1;
@@ -677,11 +677,9 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.heads = p.heads;
     sp.len = p.len;
     sp.nchunks = (int32_t)((L + SEL_CHUNK - 1) / SEL_CHUNK);
-    sp.hist = reinterpret_cast<int *>(w);
-    w += align256((size_t)2 * BH * SEL_BINS * sizeof(int));
-    sp.state = reinterpret_cast<uint32_t *>(w);
-    w += align256((size_t)2 * BH * 4 * sizeof(uint32_t));
-    sp.chunk_counts = reinterpret_cast<int2 *>(w);
+    sp.hist = reinterpret_cast<int *>(w + off[3]);
+    sp.state = reinterpret_cast<uint32_t *>(w + off[4]);
+    sp.chunk_counts = reinterpret_cast<int2 *>(w + off[5]);
     sp.forced_columns = vp->forced_columns;
     sp.forced_diagonals = vp->forced_diagonals;
     sp.min_vertical = vp->min_vertical;

@@ -751,6 +751,25 @@ static void test_sparse_prefix_columns(const shape *s) {
     sparse_check_and_free(&in, &si, "sparse band with prefix columns", s);
 }
 
+/* Uploads the lists, builds the block index from them on both sides, checks that it is the same
+ * (reported as "what ... differing N") and frees the lists. */
+static void index_both_and_check(vs_pair *vi, int64_t L, const int32_t *lens, int32_t R,
+                                 const char *what) {
+    char name[200];
+    const int32_t B = vi->h.batch, H = vi->h.heads;
+    CUDA_OK(cudaMemcpy(vi->db, vi->hb, vi->bytes, cudaMemcpyHostToDevice));
+    sp_pair si;
+    sp_alloc(&si, B, H, R, vi->h.max_slash + 1, vi->h.max_vertical);
+    MI_OK(g_cpu, mi_vs_build_index(g_cpu, L, lens, &vi->h, &si.h));
+    MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi->d, &si.d));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    const int64_t idiff = sp_diff(&si);
+    snprintf(name, sizeof name, "%s differing %lld", what, (long long)idiff);
+    check(idiff == 0, "index differs", name);
+    vs_free(vi);
+    sp_free(&si);
+}
+
 /* Unsorted sets with duplicates and out-of-range entries, built on both sides. */
 static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) {
     char name[160];
@@ -771,18 +790,9 @@ static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) 
             vi.h.slash_idx[i * ns + 2] = 5; /* duplicate */
         }
     }
-    CUDA_OK(cudaMemcpy(vi.db, vi.hb, vi.bytes, cudaMemcpyHostToDevice));
-    sp_pair si;
-    sp_alloc(&si, B, H, R, ns + 1, nv);
-    MI_OK(g_cpu, mi_vs_build_index(g_cpu, L, lens, &vi.h, &si.h));
-    MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi.d, &si.d));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    const int64_t idiff = sp_diff(&si);
-    snprintf(name, sizeof name, "vs_build_index messy L%lld nv%d ns%d%s differing %lld",
-             (long long)L, nv, ns, with_small ? " +d0" : "", (long long)idiff);
-    check(idiff == 0, "index differs", name);
-    vs_free(&vi);
-    sp_free(&si);
+    snprintf(name, sizeof name, "vs_build_index messy L%lld nv%d ns%d%s", (long long)L, nv, ns,
+             with_small ? " +d0" : "");
+    index_both_and_check(&vi, L, lens, R, name);
 }
 
 /* Index from ordered lists without duplicates, as the estimator writes them, which the GPU walk
@@ -816,18 +826,8 @@ static void test_index_bands(int64_t L, uint32_t vstep) {
         for (int64_t x = L - 1; x >= 0; x--)
             if (mark[x]) vi.h.slash_idx[i * ns + c++] = (int32_t)x;
     }
-    CUDA_OK(cudaMemcpy(vi.db, vi.hb, vi.bytes, cudaMemcpyHostToDevice));
-    sp_pair si;
-    sp_alloc(&si, B, H, R, ns + 1, nv);
-    MI_OK(g_cpu, mi_vs_build_index(g_cpu, L, lens, &vi.h, &si.h));
-    MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi.d, &si.d));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    const int64_t idiff = sp_diff(&si);
-    snprintf(name, sizeof name, "vs_build_index bands L%lld nv%d ns%d differing %lld", (long long)L,
-             nv, ns, (long long)idiff);
-    check(idiff == 0, "index differs", name);
-    vs_free(&vi);
-    sp_free(&si);
+    snprintf(name, sizeof name, "vs_build_index bands L%lld nv%d ns%d", (long long)L, nv, ns);
+    index_both_and_check(&vi, L, lens, R, name);
     free(mark);
     free(vmark);
 }
