@@ -51,8 +51,10 @@
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
+#include "sm90_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace mi_cuda {
@@ -75,126 +77,74 @@ struct vs_params {
     uint8_t active[MI_CUDA_MAX_HEADS];
 };
 
-template <typename T, int D, int PASS>
-__global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ vs_params p) {
-    constexpr int PITCH = D + 8;
-    constexpr int CPR = D / 8;
-    constexpr int NT = 128;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *qs = reinterpret_cast<T *>(smem_raw);
-    T *ks = qs + VS_ROWS * PITCH; /* [2][64][PITCH] */
-    float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
-    float *row_m = pt + 64 * VS_P_PITCH;                        /* [64] */
-    float *row_il = row_m + 64;                                 /* [64] 1/sum */
-
-    const int h = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
-    const int len = p.seq_lens[b];
-    if (!p.active[h] || len <= 0 || (p.dense_below > 0 && len < p.dense_below)) return;
-    const int c0 = chunk * VS_CHUNK;
-    if (c0 >= len) return;
-    const int c1 = min(c0 + VS_CHUNK, len);
-    const int n = min(VS_ROWS, len);
-    const int bh = b * p.heads + h;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, cq = lane % 4;
-    const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
-    const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] +
-                  (h / p.group) * p.k_stride[1];
-
-    for (int i = tid; i < VS_ROWS * CPR; i += NT) {
-        const int r = i / CPR, c = i % CPR;
-        const bool ok = r < n;
-        const int64_t row = ok ? len - n + r : 0;
-        cp_async_16(qs + r * PITCH + c * 8, qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
+/* Pass 2's start: thread r < 64 merges row r's chunk statistics into its max (row_m) and the
+ * inverse of its sum (row_il; 0 for rows past n). */
+__device__ __forceinline__ void vs_merge_row_stats(const vs_params &p, int bh, int len, int n,
+                                                   float *row_m, float *row_il) {
+    const int tid = threadIdx.x;
+    if (tid >= VS_ROWS) return;
+    float m = -INFINITY, l = 0.f;
+    const float2 *st = p.stats + (int64_t)bh * p.nchunks * VS_ROWS + tid;
+    const int nch = (len + VS_CHUNK - 1) / VS_CHUNK;
+    for (int c = 0; c < nch; ++c) {
+        const float2 v = st[(int64_t)c * VS_ROWS];
+        if (v.x == -INFINITY) continue;
+        const float mn = fmaxf(m, v.x);
+        l = l * exp2f(m - mn) + v.y * exp2f(v.x - mn);
+        m = mn;
     }
-    const int n_tiles = (c1 - c0 + 63) / 64;
-    auto load_k = [&](int t, int buf) {
-        for (int i = tid; i < 64 * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const int key = c0 + t * 64 + r;
-            const bool ok = key < c1;
-            cp_async_16(ks + (buf * 64 + r) * PITCH + c * 8,
-                        kg + (int64_t)(ok ? key : 0) * p.k_stride[2] + c * 8, ok ? 16 : 0);
-        }
-    };
-    load_k(0, 0);
-    cp_async_commit();
+    row_m[tid] = m;
+    row_il[tid] = (l > 0.f && tid < n) ? 1.f / l : 0.f;
+}
 
-    if (PASS == 2) {
-        if (tid < VS_ROWS) {
-            float m = -INFINITY, l = 0.f;
-            const float2 *st = p.stats + (int64_t)bh * p.nchunks * VS_ROWS + tid;
-            const int nch = (len + VS_CHUNK - 1) / VS_CHUNK;
-            for (int c = 0; c < nch; ++c) {
-                const float2 v = st[(int64_t)c * VS_ROWS];
-                if (v.x == -INFINITY) continue;
-                const float mn = fmaxf(m, v.x);
-                l = l * exp2f(m - mn) + v.y * exp2f(v.x - mn);
-                m = mn;
-            }
-            row_m[tid] = m;
-            row_il[tid] = (l > 0.f && tid < n) ? 1.f / l : 0.f;
-        }
-    }
-
-    const int qr0 = warp * 16 + g, qr1 = qr0 + 8; /* rows of this thread (0..63) */
-    const int qpos0 = qr0 < n ? len - n + qr0 : -1;
-    const int qpos1 = qr1 < n ? len - n + qr1 : -1;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    float rm0 = 0.f, rm1 = 0.f, il0 = 0.f, il1 = 0.f;
-    uint32_t qf[D / 16][4];
+/* What a thread of a score CTA (128 threads, one chunk of one head) keeps from one 64-key tile
+ * to the next, and the per-tile step both score kernels share. The thread holds rows
+ * qr0 = 16 warp + lane / 4 and qr1 = qr0 + 8 of the 64 queries, and of a tile of q.k the keys
+ * 8 j + 2 cq (+1) at s[4 j + (0, 1)] for qr0 and s[4 j + (2, 3)] for qr1: the mma.sync and the
+ * wgmma accumulator layout alike. */
+template <int PASS> struct vs_chunk_rows {
+    int tid, cq, qr0, qr1, qpos0, qpos1, c0, c1, n, ns;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* pass 1: running max, sum */
+    float rm0 = 0.f, rm1 = 0.f, il0 = 0.f, il1 = 0.f;         /* pass 2: row max, 1 / sum */
     /* pass 2: the running sum of the diagonal this thread finishes in the next tile (threads
-     * 0..63; see below) */
+     * 0..63; see step) */
     float carry = 0.f;
-    float *vg = p.vert + (int64_t)bh * p.len;
-    float *sg = p.slash + (int64_t)bh * p.len;
-    /* diagonal sums at chunk-local index i = 64 t + n - 1 + (key - row) go to global memory;
-     * the 63 indices a chunk shares with the next are summed there by both */
-    const int ns = min(c1 - c0 + n - 1, len - c0);
-    auto add_slash = [&](int i, float v) {
-        if (v != 0.f && i >= 0 && i < ns) atomicAdd(sg + c0 + i, v);
-    };
+    float *vg, *sg;
 
-    for (int t = 0; t < n_tiles; ++t) {
-        const int buf = t & 1;
-        if (t + 1 < n_tiles) {
-            load_k(t + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        if (t == 0) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-                ldmatrix_x4(qf[kk], qs + r * PITCH + kk * 16 + 8 * (lane / 16));
-            }
-            if (PASS == 2) {
-                rm0 = row_m[qr0];
-                rm1 = row_m[qr1];
-                il0 = row_il[qr0];
-                il1 = row_il[qr1];
-                if (rm0 == -INFINITY) rm0 = 0.f;
-                if (rm1 == -INFINITY) rm1 = 0.f;
-            }
-        }
-        const T *kb = ks + buf * 64 * PITCH;
-        float s[8][4];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                uint32_t bfr[4];
-                const int key = 16 * j + (lane % 8) + 8 * (lane / 16);
-                ldmatrix_x4(bfr, kb + key * PITCH + kk * 16 + 8 * ((lane / 8) % 2));
-                mma_16816<T>(s[2 * j], qf[kk], bfr);
-                mma_16816<T>(s[2 * j + 1], qf[kk], bfr + 2);
-            }
-        }
+    __device__ __forceinline__ vs_chunk_rows(const vs_params &p, int bh, int len, int c0_, int c1_,
+                                             int n_) {
+        tid = threadIdx.x;
+        const int warp = tid / 32, lane = tid % 32;
+        cq = lane % 4;
+        qr0 = warp * 16 + lane / 4;
+        qr1 = qr0 + 8;
+        c0 = c0_;
+        c1 = c1_;
+        n = n_;
+        qpos0 = qr0 < n ? len - n + qr0 : -1;
+        qpos1 = qr1 < n ? len - n + qr1 : -1;
+        vg = p.vert + (int64_t)bh * p.len;
+        sg = p.slash + (int64_t)bh * p.len;
+        /* diagonal sums at chunk-local index i = 64 t + n - 1 + (key - row) go to global
+         * memory; the 63 indices a chunk shares with the next are summed there by both */
+        ns = min(c1 - c0 + n - 1, len - c0);
+    }
+    /* pass 2, once vs_merge_row_stats' results are visible */
+    __device__ __forceinline__ void load_row_stats(const float *row_m, const float *row_il) {
+        rm0 = row_m[qr0];
+        rm1 = row_m[qr1];
+        il0 = row_il[qr0];
+        il1 = row_il[qr1];
+        if (rm0 == -INFINITY) rm0 = 0.f;
+        if (rm1 == -INFINITY) rm1 = 0.f;
+    }
+    __device__ __forceinline__ void add_slash(int i, float v) {
+        if (v != 0.f && i >= 0 && i < ns) atomicAdd(sg + c0 + i, v);
+    }
+    /* Tile t of the chunk (keys c0 + 64 t ..) from its raw scores s. Pass 2 stages P in pt and
+     * syncs the CTA once between writing and reading it; the caller syncs before pt is
+     * written again. */
+    __device__ __forceinline__ void step(float *s, int t, float scale_log2, float *pt) {
         const int kbase = c0 + t * 64;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -202,14 +152,14 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
             for (int e = 0; e < 4; ++e) {
                 const int key = kbase + 8 * j + 2 * cq + (e & 1);
                 const int qpos = e < 2 ? qpos0 : qpos1;
-                s[j][e] = (key < c1 && key <= qpos) ? s[j][e] * p.scale_log2 : -INFINITY;
+                s[4 * j + e] = (key < c1 && key <= qpos) ? s[4 * j + e] * scale_log2 : -INFINITY;
             }
         if (PASS == 1) {
             float mx0 = m0, mx1 = m1;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+                mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+                mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
             }
             mx0 = warp_max_xor(warp_max_xor(mx0, 1), 2);
             mx1 = warp_max_xor(warp_max_xor(mx1, 1), 2);
@@ -218,8 +168,8 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
             float a0 = 0.f, a1 = 0.f;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                a0 += exp2f(s[j][0] - mu0) + exp2f(s[j][1] - mu0);
-                a1 += exp2f(s[j][2] - mu1) + exp2f(s[j][3] - mu1);
+                a0 += exp2f(s[4 * j] - mu0) + exp2f(s[4 * j + 1] - mu0);
+                a1 += exp2f(s[4 * j + 2] - mu1) + exp2f(s[4 * j + 3] - mu1);
             }
             l0 = l0 * exp2f(m0 - mu0) + a0;
             l1 = l1 * exp2f(m1 - mu1) + a1;
@@ -233,9 +183,9 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
             for (int j = 0; j < 8; ++j) {
                 const int c = 8 * j + 2 * cq;
                 *reinterpret_cast<float2 *>(pt + qr0 * VS_P_PITCH + c) =
-                    make_float2(exp2f(s[j][0] - rm0) * il0, exp2f(s[j][1] - rm0) * il0);
+                    make_float2(exp2f(s[4 * j] - rm0) * il0, exp2f(s[4 * j + 1] - rm0) * il0);
                 *reinterpret_cast<float2 *>(pt + qr1 * VS_P_PITCH + c) =
-                    make_float2(exp2f(s[j][2] - rm1) * il1, exp2f(s[j][3] - rm1) * il1);
+                    make_float2(exp2f(s[4 * j + 2] - rm1) * il1, exp2f(s[4 * j + 3] - rm1) * il1);
             }
             __syncthreads();
             if (tid < 64) {
@@ -261,22 +211,218 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
                 if (kbase + c < c1) vg[kbase + c] = a;
             }
         }
+    }
+    /* after the chunk's last tile (n_tiles of them) */
+    __device__ __forceinline__ void finish(const vs_params &p, int bh, int chunk, int n_tiles) {
+        if (PASS == 1) {
+            l0 = quad_sum(l0);
+            l1 = quad_sum(l1);
+            if (cq == 0) {
+                float2 *st = p.stats + ((int64_t)bh * p.nchunks + chunk) * VS_ROWS;
+                st[qr0] = make_float2(m0, l0);
+                st[qr1] = make_float2(m1, l1);
+            }
+        } else if (tid < 64) {
+            add_slash((n_tiles - 1) * 64 + n - 1 + tid, carry);
+        }
+    }
+};
+
+/* A score CTA's place: head h, chunk, batch b from the grid; false where it has nothing to do */
+struct vs_chunk_place {
+    int b, h, chunk, bh, len, c0, c1, n, n_tiles;
+    __device__ __forceinline__ bool of(const vs_params &p) {
+        h = blockIdx.x;
+        chunk = blockIdx.y;
+        b = blockIdx.z;
+        len = p.seq_lens[b];
+        if (!p.active[h] || len <= 0 || (p.dense_below > 0 && len < p.dense_below)) return false;
+        c0 = chunk * VS_CHUNK;
+        if (c0 >= len) return false;
+        c1 = min(c0 + VS_CHUNK, len);
+        n = min(VS_ROWS, len);
+        bh = b * p.heads + h;
+        n_tiles = (c1 - c0 + 63) / 64;
+        return true;
+    }
+    template <typename T> __device__ __forceinline__ const T *q_rows(const vs_params &p) const {
+        return reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+    }
+    template <typename T> __device__ __forceinline__ const T *k_rows(const vs_params &p) const {
+        return reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + (h / p.group) * p.k_stride[1];
+    }
+};
+
+/* The portable score kernel (mma.sync): each warp multiplies its 16 query rows by the whole
+ * K tile, read from shared memory with ldmatrix. */
+template <typename T, int D, int PASS>
+__global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ vs_params p) {
+    constexpr int PITCH = D + 8;
+    constexpr int CPR = D / 8;
+    constexpr int NT = 128;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *qs = reinterpret_cast<T *>(smem_raw);
+    T *ks = qs + VS_ROWS * PITCH;                               /* [2][64][PITCH] */
+    float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
+    float *row_m = pt + 64 * VS_P_PITCH;                        /* [64] */
+    float *row_il = row_m + 64;                                 /* [64] 1/sum */
+
+    vs_chunk_place w;
+    if (!w.of(p)) return;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const T *qg = w.q_rows<T>(p), *kg = w.k_rows<T>(p);
+
+    for (int i = tid; i < VS_ROWS * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR;
+        const bool ok = r < w.n;
+        const int64_t row = ok ? w.len - w.n + r : 0;
+        cp_async_16(qs + r * PITCH + c * 8, qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
+    }
+    auto load_k = [&](int t, int buf) {
+        for (int i = tid; i < 64 * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const int key = w.c0 + t * 64 + r;
+            const bool ok = key < w.c1;
+            cp_async_16(ks + (buf * 64 + r) * PITCH + c * 8,
+                        kg + (int64_t)(ok ? key : 0) * p.k_stride[2] + c * 8, ok ? 16 : 0);
+        }
+    };
+    load_k(0, 0);
+    cp_async_commit();
+    if (PASS == 2) vs_merge_row_stats(p, w.bh, w.len, w.n, row_m, row_il);
+
+    vs_chunk_rows<PASS> rows(p, w.bh, w.len, w.c0, w.c1, w.n);
+    uint32_t qf[D / 16][4];
+    for (int t = 0; t < w.n_tiles; ++t) {
+        const int buf = t & 1;
+        if (t + 1 < w.n_tiles) {
+            load_k(t + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+                ldmatrix_x4(qf[kk], qs + r * PITCH + kk * 16 + 8 * (lane / 16));
+            }
+            if (PASS == 2) rows.load_row_stats(row_m, row_il);
+        }
+        const T *kb = ks + buf * 64 * PITCH;
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t bfr[4];
+                const int key = 16 * j + (lane % 8) + 8 * (lane / 16);
+                ldmatrix_x4(bfr, kb + key * PITCH + kk * 16 + 8 * ((lane / 8) % 2));
+                mma_16816<T>(s + 8 * j, qf[kk], bfr);
+                mma_16816<T>(s + 8 * j + 4, qf[kk], bfr + 2);
+            }
+        }
+        rows.step(s, t, p.scale_log2, pt);
         __syncthreads();
     }
+    rows.finish(p, w.bh, w.chunk, w.n_tiles);
+}
 
-    if (PASS == 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        if (cq == 0) {
-            float2 *st = p.stats + ((int64_t)bh * p.nchunks + chunk) * VS_ROWS;
-            st[qr0] = make_float2(m0, l0);
-            st[qr1] = make_float2(m1, l1);
-        }
-    } else if (tid < 64) {
-        add_slash((n_tiles - 1) * 64 + n - 1 + tid, carry);
+/* Bytes of dynamic shared memory of the wgmma score kernel: the 1024-byte alignment, the query
+ * tile and two key tiles (swizzled halves of 64 columns), and for pass 2 the P tile and the row
+ * statistics. */
+template <int D, int PASS> constexpr size_t vs_wg_smem_bytes() {
+    return 1024 + (size_t)3 * (D / 64) * 64 * 128 +
+           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 128) * sizeof(float) : 0);
+}
+
+/* The Hopper score kernel: S = Q K^T by wgmma, the query and key tiles read by the tensor cores
+ * from shared memory (128-byte swizzle) once per warpgroup, where the mma.sync kernel's four
+ * warps read each key tile four times through ldmatrix. Tile t + 1's product runs while the
+ * warps process tile t. */
+template <typename T, int D, int PASS>
+__global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
+    vs_scores_wg_kernel(const __grid_constant__ vs_params p) {
+#ifdef MI_SM90_DEVICE
+    constexpr int HALF = 64 * 128; /* bytes of 64 rows of 64 two-byte values */
+    constexpr int TILE = D / 64 * HALF;
+    constexpr int CPR = D / 8;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *qs = smem_base_1024(smem_raw);
+    unsigned char *ks = qs + TILE;                             /* [2][TILE] */
+    float *pt = reinterpret_cast<float *>(ks + 2 * TILE);      /* pass 2: [64][VS_P_PITCH] */
+    float *row_m = pt + 64 * VS_P_PITCH, *row_il = row_m + 64; /* pass 2: [64] each */
+
+    vs_chunk_place w;
+    if (!w.of(p)) return;
+    const int tid = threadIdx.x;
+    const T *qg = w.q_rows<T>(p), *kg = w.k_rows<T>(p);
+    const uint32_t qs_a = smem_addr(qs), ks_a = smem_addr(ks);
+    for (int i = tid; i < VS_ROWS * CPR; i += 128) {
+        const int r = i / CPR, c = i % CPR;
+        const bool ok = r < w.n;
+        const int64_t row = ok ? w.len - w.n + r : 0;
+        cp_async_16(qs_a + sw_off(r, c, HALF), qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
     }
+    auto load_k = [&](int t, int buf) {
+#pragma unroll
+        for (int i = 0; i < 64 * CPR / 128; ++i) {
+            const int c = tid + i * 128;
+            const int r = c / CPR, piece = c % CPR;
+            const int key = w.c0 + t * 64 + r;
+            const bool ok = key < w.c1;
+            cp_async_16(ks_a + buf * TILE + sw_off(r, piece, HALF),
+                        kg + (int64_t)(ok ? key : 0) * p.k_stride[2] + piece * 8, ok ? 16 : 0);
+        }
+    };
+    load_k(0, 0);
+    cp_async_commit();
+    if (w.n_tiles > 1) load_k(1, 1);
+    cp_async_commit();
+    if (PASS == 2) vs_merge_row_stats(p, w.bh, w.len, w.n, row_m, row_il);
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    vs_chunk_rows<PASS> rows(p, w.bh, w.len, w.c0, w.c1, w.n);
+    if (PASS == 2) rows.load_row_stats(row_m, row_il);
+    const sw128_desc qd(qs_a, 16, 1024);
+    float acc[32], s[32];
+    wgmma_issue_qk<T, D>(acc, qd, HALF, sw128_desc(ks_a, 16, 1024), HALF);
+    wgmma_wait<0>();
+    fence_operands<32>(acc);
+    /* acc: tile t's scores. The next tile's product is issued into acc before tile t is
+     * processed from a copy; the issue, the step and the wait sit in one branch (ptxas
+     * serialises a wgmma whose accumulators might be read before the wait, as it did in the
+     * block-sparse score kernel with them split over two branches on one condition). */
+    for (int t = 0; t < w.n_tiles; ++t) {
+        const int buf = t & 1;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = acc[i];
+        if (t + 1 < w.n_tiles) {
+            cp_async_wait<0>();
+            fence_proxy_async();
+            /* tile t + 1's keys in view; every warp done with buffer buf (tile t's product) and,
+             * in pass 2, with the P tile */
+            __syncthreads();
+            wgmma_issue_qk<T, D>(acc, qd, HALF, sw128_desc(ks_a + (buf ^ 1) * TILE, 16, 1024),
+                                 HALF);
+            if (t + 2 < w.n_tiles) load_k(t + 2, buf);
+            cp_async_commit();
+            rows.step(s, t, p.scale_log2, pt);
+            wgmma_wait<0>();
+            fence_operands<32>(acc);
+        } else {
+            if (PASS == 2) __syncthreads(); /* every warp done with the previous P tile */
+            rows.step(s, t, p.scale_log2, pt);
+        }
+    }
+    rows.finish(p, w.bh, w.chunk, w.n_tiles);
+#endif
 }
 
 struct vs_select_params {
@@ -569,6 +715,22 @@ static cudaError_t launch_select(const vs_select_params &p, int vectors, cudaStr
 
 template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
                                                               cudaStream_t st) {
+    const dim3 grid(p.heads, p.nchunks, batch);
+    /* MI_CUDA_VS_WGMMA=0: the mma.sync score kernel on Hopper too (A/B runs, tests) */
+    const char *wg_env = getenv("MI_CUDA_VS_WGMMA");
+    if (mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0')) {
+        auto k1 = vs_scores_wg_kernel<T, D, 1>;
+        auto k2 = vs_scores_wg_kernel<T, D, 2>;
+        const size_t s1 = vs_wg_smem_bytes<D, 1>(), s2 = vs_wg_smem_bytes<D, 2>();
+        cudaError_t e =
+            cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
+        if (e != cudaSuccess) return e;
+        k1<<<grid, 128, s1, st>>>(p);
+        k2<<<grid, 128, s2, st>>>(p);
+        return cudaGetLastError();
+    }
     const size_t smem =
         (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 128) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
@@ -578,7 +740,6 @@ template <typename T, int D> static cudaError_t launch_scores(const vs_params &p
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    dim3 grid(p.heads, p.nchunks, batch);
     k1<<<grid, 128, smem, st>>>(p);
     k2<<<grid, 128, smem, st>>>(p);
     return cudaGetLastError();
