@@ -57,6 +57,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 namespace mi_cuda {
 
 constexpr int VS_CHUNK = 2048;
@@ -77,10 +79,10 @@ struct vs_params {
     uint8_t active[MI_CUDA_MAX_HEADS];
 };
 
-/* Pass 2's start: thread r < 64 merges row r's chunk statistics into its max (row_m) and the
- * inverse of its sum (row_il; 0 for rows past n). */
+/* Pass 2's start: thread r < 64 merges row r's chunk statistics into its log-sum-exp, base 2
+ * (row_lse; +inf for rows past n and rows with nothing, whose P is then 0). */
 __device__ __forceinline__ void vs_merge_row_stats(const vs_params &p, int bh, int len, int n,
-                                                   float *row_m, float *row_il) {
+                                                   float *row_lse) {
     const int tid = threadIdx.x;
     if (tid >= VS_ROWS) return;
     float m = -INFINITY, l = 0.f;
@@ -93,8 +95,7 @@ __device__ __forceinline__ void vs_merge_row_stats(const vs_params &p, int bh, i
         l = l * exp2f(m - mn) + v.y * exp2f(v.x - mn);
         m = mn;
     }
-    row_m[tid] = m;
-    row_il[tid] = (l > 0.f && tid < n) ? 1.f / l : 0.f;
+    row_lse[tid] = (l > 0.f && tid < n) ? m + log2f(l) : INFINITY;
 }
 
 /* What a thread of a score CTA (128 threads, one chunk of one head) keeps from one 64-key tile
@@ -103,9 +104,11 @@ __device__ __forceinline__ void vs_merge_row_stats(const vs_params &p, int bh, i
  * 8 j + 2 cq (+1) at s[4 j + (0, 1)] for qr0 and s[4 j + (2, 3)] for qr1: the mma.sync and the
  * wgmma accumulator layout alike. */
 template <int PASS> struct vs_chunk_rows {
-    int tid, cq, qr0, qr1, qpos0, qpos1, c0, c1, n, ns;
+    /* edge: a tile whose keys all lie below it needs no mask (every key before c1 and at or
+     * before the first row's position) */
+    int tid, cq, qr0, qr1, qpos0, qpos1, c0, c1, n, ns, edge;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* pass 1: running max, sum */
-    float rm0 = 0.f, rm1 = 0.f, il0 = 0.f, il1 = 0.f;         /* pass 2: row max, 1 / sum */
+    float lse0 = 0.f, lse1 = 0.f;                             /* pass 2: row log-sum-exp */
     /* pass 2: the running sum of the diagonal this thread finishes in the next tile (threads
      * 0..63; see step) */
     float carry = 0.f;
@@ -128,15 +131,12 @@ template <int PASS> struct vs_chunk_rows {
         /* diagonal sums at chunk-local index i = 64 t + n - 1 + (key - row) go to global
          * memory; the 63 indices a chunk shares with the next are summed there by both */
         ns = min(c1 - c0 + n - 1, len - c0);
+        edge = min(c1, len - n + 1);
     }
     /* pass 2, once vs_merge_row_stats' results are visible */
-    __device__ __forceinline__ void load_row_stats(const float *row_m, const float *row_il) {
-        rm0 = row_m[qr0];
-        rm1 = row_m[qr1];
-        il0 = row_il[qr0];
-        il1 = row_il[qr1];
-        if (rm0 == -INFINITY) rm0 = 0.f;
-        if (rm1 == -INFINITY) rm1 = 0.f;
+    __device__ __forceinline__ void load_row_stats(const float *row_lse) {
+        lse0 = row_lse[qr0];
+        lse1 = row_lse[qr1];
     }
     __device__ __forceinline__ void add_slash(int i, float v) {
         if (v != 0.f && i >= 0 && i < ns) atomicAdd(sg + c0 + i, v);
@@ -146,30 +146,38 @@ template <int PASS> struct vs_chunk_rows {
      * written again. */
     __device__ __forceinline__ void step(float *s, int t, float scale_log2, float *pt) {
         const int kbase = c0 + t * 64;
+        /* sc scales s inside the exponent. A tile with keys to mask, or a scale that is not
+         * positive (where the row maximum of s would not give that of s * scale), is masked
+         * and scaled here instead. */
+        float sc = scale_log2;
+        if (kbase + 64 > edge || !(scale_log2 > 0.f)) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = kbase + 8 * j + 2 * cq + (e & 1);
-                const int qpos = e < 2 ? qpos0 : qpos1;
-                s[4 * j + e] = (key < c1 && key <= qpos) ? s[4 * j + e] * scale_log2 : -INFINITY;
-            }
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kbase + 8 * j + 2 * cq + (e & 1);
+                    const int qpos = e < 2 ? qpos0 : qpos1;
+                    s[4 * j + e] =
+                        (key < c1 && key <= qpos) ? s[4 * j + e] * scale_log2 : -INFINITY;
+                }
+            sc = 1.f;
+        }
         if (PASS == 1) {
-            float mx0 = m0, mx1 = m1;
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
                 mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
             }
-            mx0 = warp_max_xor(warp_max_xor(mx0, 1), 2);
-            mx1 = warp_max_xor(warp_max_xor(mx1, 1), 2);
+            mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
+            mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
             const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
             const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
             float a0 = 0.f, a1 = 0.f;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                a0 += exp2f(s[4 * j] - mu0) + exp2f(s[4 * j + 1] - mu0);
-                a1 += exp2f(s[4 * j + 2] - mu1) + exp2f(s[4 * j + 3] - mu1);
+                a0 += exp2f(fmaf(s[4 * j], sc, -mu0)) + exp2f(fmaf(s[4 * j + 1], sc, -mu0));
+                a1 += exp2f(fmaf(s[4 * j + 2], sc, -mu1)) + exp2f(fmaf(s[4 * j + 3], sc, -mu1));
             }
             l0 = l0 * exp2f(m0 - mu0) + a0;
             l1 = l1 * exp2f(m1 - mu1) + a1;
@@ -182,25 +190,25 @@ template <int PASS> struct vs_chunk_rows {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int c = 8 * j + 2 * cq;
-                *reinterpret_cast<float2 *>(pt + qr0 * VS_P_PITCH + c) =
-                    make_float2(exp2f(s[4 * j] - rm0) * il0, exp2f(s[4 * j + 1] - rm0) * il0);
-                *reinterpret_cast<float2 *>(pt + qr1 * VS_P_PITCH + c) =
-                    make_float2(exp2f(s[4 * j + 2] - rm1) * il1, exp2f(s[4 * j + 3] - rm1) * il1);
+                *reinterpret_cast<float2 *>(pt + qr0 * VS_P_PITCH + c) = make_float2(
+                    exp2f(fmaf(s[4 * j], sc, -lse0)), exp2f(fmaf(s[4 * j + 1], sc, -lse0)));
+                *reinterpret_cast<float2 *>(pt + qr1 * VS_P_PITCH + c) = make_float2(
+                    exp2f(fmaf(s[4 * j + 2], sc, -lse1)), exp2f(fmaf(s[4 * j + 3], sc, -lse1)));
             }
             __syncthreads();
             if (tid < 64) {
-                /* thread k: diagonals key - row = k (rows 0..63-k) and k - 64 (rows 64-k..63),
-                 * 64 entries in all; the second is the one left open by the previous tile as
-                 * its diagonal k, so it completes there */
+                /* thread k: diagonal key - row = k (rows 0..63-k, entries (r, r + k)) and
+                 * diagonal k - 64 (rows 64-k..63, entries (r, r + k - 64)), 64 entries in all;
+                 * the second is the one left open by the previous tile as its diagonal k, so
+                 * it completes there. Two loops with the split as their bound: one loop that
+                 * tested the split at every entry took eight instructions an entry. */
                 float a = 0.f, b = 0.f;
-#pragma unroll 16
-                for (int r = 0; r < 64; ++r) {
-                    const float v = pt[r * VS_P_PITCH + ((r + tid) & 63)];
-                    if (r + tid < 64)
-                        a += v;
-                    else
-                        b += v;
-                }
+                const float *d = pt + tid;
+                int r = 0;
+#pragma unroll 8
+                for (; r < 64 - tid; ++r) a += d[r * (VS_P_PITCH + 1)];
+#pragma unroll 8
+                for (; r < 64; ++r) b += d[r * (VS_P_PITCH + 1) - 64];
                 add_slash(t * 64 + n - 1 + tid - 64, carry + b);
                 carry = a;
             } else {
@@ -264,8 +272,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     T *qs = reinterpret_cast<T *>(smem_raw);
     T *ks = qs + VS_ROWS * PITCH;                               /* [2][64][PITCH] */
     float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
-    float *row_m = pt + 64 * VS_P_PITCH;                        /* [64] */
-    float *row_il = row_m + 64;                                 /* [64] 1/sum */
+    float *row_lse = pt + 64 * VS_P_PITCH;                      /* [64] */
 
     vs_chunk_place w;
     if (!w.of(p)) return;
@@ -289,7 +296,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     };
     load_k(0, 0);
     cp_async_commit();
-    if (PASS == 2) vs_merge_row_stats(p, w.bh, w.len, w.n, row_m, row_il);
+    if (PASS == 2) vs_merge_row_stats(p, w.bh, w.len, w.n, row_lse);
 
     vs_chunk_rows<PASS> rows(p, w.bh, w.len, w.c0, w.c1, w.n);
     uint32_t qf[D / 16][4];
@@ -309,7 +316,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
                 const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
                 ldmatrix_x4(qf[kk], qs + r * PITCH + kk * 16 + 8 * (lane / 16));
             }
-            if (PASS == 2) rows.load_row_stats(row_m, row_il);
+            if (PASS == 2) rows.load_row_stats(row_lse);
         }
         const T *kb = ks + buf * 64 * PITCH;
         float s[32];
@@ -332,43 +339,63 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     rows.finish(p, w.bh, w.chunk, w.n_tiles);
 }
 
+/* The keys' tensor map of the wgmma score kernel (on: encoded; the keys come by 16-byte copies
+ * otherwise). */
+struct vs_score_maps {
+    CUtensorMap k;
+    int32_t on;
+};
+
 /* Bytes of dynamic shared memory of the wgmma score kernel: the 1024-byte alignment, the query
- * tile and two key tiles (swizzled halves of 64 columns), and for pass 2 the P tile and the row
- * statistics. */
+ * tile and two key tiles (swizzled halves of 64 columns), the key tiles' two barriers, and for
+ * pass 2 the P tile and the rows' log-sum-exp. */
 template <int D, int PASS> constexpr size_t vs_wg_smem_bytes() {
-    return 1024 + (size_t)3 * (D / 64) * 64 * 128 +
-           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 128) * sizeof(float) : 0);
+    return 1024 + (size_t)3 * (D / 64) * 64 * 128 + 16 +
+           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 64) * sizeof(float) : 0);
 }
 
 /* The Hopper score kernel: S = Q K^T by wgmma, the query and key tiles read by the tensor cores
  * from shared memory (128-byte swizzle) once per warpgroup, where the mma.sync kernel's four
- * warps read each key tile four times through ldmatrix. Tile t + 1's product runs while the
- * warps process tile t. */
+ * warps read each key tile four times through ldmatrix. The key tiles come by TMA (one thread
+ * issues a tile), two buffers: tile t in buffer t & 1, as that buffer's (t >> 1)-th load. Tile
+ * t + 1's product runs while the warps process tile t. */
 template <typename T, int D, int PASS>
 __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
-    vs_scores_wg_kernel(const __grid_constant__ vs_params p) {
+    vs_scores_wg_kernel(const __grid_constant__ vs_params p,
+                        const __grid_constant__ vs_score_maps mp) {
 #ifdef MI_SM90_DEVICE
     constexpr int HALF = 64 * 128; /* bytes of 64 rows of 64 two-byte values */
     constexpr int TILE = D / 64 * HALF;
     constexpr int CPR = D / 8;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *qs = smem_base_1024(smem_raw);
-    unsigned char *ks = qs + TILE;                             /* [2][TILE] */
-    float *pt = reinterpret_cast<float *>(ks + 2 * TILE);      /* pass 2: [64][VS_P_PITCH] */
-    float *row_m = pt + 64 * VS_P_PITCH, *row_il = row_m + 64; /* pass 2: [64] each */
+    unsigned char *ks = qs + TILE;                                /* [2][TILE] */
+    uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE); /* [2] */
+    float *pt = reinterpret_cast<float *>(ks + 2 * TILE + 16);    /* pass 2: [64][VS_P_PITCH] */
+    float *row_lse = pt + 64 * VS_P_PITCH;                        /* pass 2: [64] */
 
     vs_chunk_place w;
     if (!w.of(p)) return;
     const int tid = threadIdx.x;
     const T *qg = w.q_rows<T>(p), *kg = w.k_rows<T>(p);
     const uint32_t qs_a = smem_addr(qs), ks_a = smem_addr(ks);
+    const bool tma = mp.on != 0;
+    const int hk = w.h / p.group;
     for (int i = tid; i < VS_ROWS * CPR; i += 128) {
         const int r = i / CPR, c = i % CPR;
         const bool ok = r < w.n;
         const int64_t row = ok ? w.len - w.n + r : 0;
         cp_async_16(qs_a + sw_off(r, c, HALF), qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
     }
+    cp_async_commit();
+    /* tile t into buffer buf: by TMA from thread 0 (rows past the tensor read as zeros, rows
+     * past the chunk are masked), or by every thread's copies as one commit group */
     auto load_k = [&](int t, int buf) {
+        if (tma) {
+            if (tid == 0)
+                tma_load_tile<64, D>(ks_a + buf * TILE, &mp.k, w.c0 + t * 64, hk, w.b, bars + buf);
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < 64 * CPR / 128; ++i) {
             const int c = tid + i * 128;
@@ -378,18 +405,33 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
             cp_async_16(ks_a + buf * TILE + sw_off(r, piece, HALF),
                         kg + (int64_t)(ok ? key : 0) * p.k_stride[2] + piece * 8, ok ? 16 : 0);
         }
+        cp_async_commit();
     };
+    /* waits for tile t's keys (and with copies, for every group this thread committed) */
+    auto wait_k = [&](int t) {
+        if (tma)
+            mbar_wait(bars + (t & 1), (t >> 1) & 1);
+        else
+            cp_async_wait<0>();
+    };
+    if (tma && tid == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 1, 1);
+        fence_mbarrier_init();
+    }
     load_k(0, 0);
-    cp_async_commit();
     if (w.n_tiles > 1) load_k(1, 1);
-    cp_async_commit();
-    if (PASS == 2) vs_merge_row_stats(p, w.bh, w.len, w.n, row_m, row_il);
-    cp_async_wait<1>();
+    if (PASS == 2) vs_merge_row_stats(p, w.bh, w.len, w.n, row_lse);
+    if (tma || w.n_tiles == 1)
+        cp_async_wait<0>(); /* the queries (and tile 0) */
+    else
+        cp_async_wait<1>(); /* the queries and tile 0, not tile 1 */
     fence_proxy_async();
-    __syncthreads();
+    __syncthreads(); /* the queries, the barriers' initialisation, the row statistics */
+    if (tma) wait_k(0);
 
     vs_chunk_rows<PASS> rows(p, w.bh, w.len, w.c0, w.c1, w.n);
-    if (PASS == 2) rows.load_row_stats(row_m, row_il);
+    if (PASS == 2) rows.load_row_stats(row_lse);
     const sw128_desc qd(qs_a, 16, 1024);
     float acc[32], s[32];
     wgmma_issue_qk<T, D>(acc, qd, HALF, sw128_desc(ks_a, 16, 1024), HALF);
@@ -404,15 +446,14 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = acc[i];
         if (t + 1 < w.n_tiles) {
-            cp_async_wait<0>();
-            fence_proxy_async();
+            wait_k(t + 1);
+            if (!tma) fence_proxy_async();
             /* tile t + 1's keys in view; every warp done with buffer buf (tile t's product) and,
              * in pass 2, with the P tile */
             __syncthreads();
             wgmma_issue_qk<T, D>(acc, qd, HALF, sw128_desc(ks_a + (buf ^ 1) * TILE, 16, 1024),
                                  HALF);
             if (t + 2 < w.n_tiles) load_k(t + 2, buf);
-            cp_async_commit();
             rows.step(s, t, p.scale_log2, pt);
             wgmma_wait<0>();
             fence_operands<32>(acc);
@@ -727,12 +768,20 @@ template <typename T, int D> static cudaError_t launch_scores(const vs_params &p
         if (e == cudaSuccess)
             e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
         if (e != cudaSuccess) return e;
-        k1<<<grid, 128, s1, st>>>(p);
-        k2<<<grid, 128, s2, st>>>(p);
+        /* the key tiles by TMA, unless MI_CUDA_VS_SCORE_TMA=0 (then, or where the keys cannot
+         * be mapped, by 16-byte copies) */
+        vs_score_maps maps;
+        memset(&maps, 0, sizeof maps);
+        const char *tma_env = getenv("MI_CUDA_VS_SCORE_TMA");
+        if (!(tma_env && tma_env[0] == '0'))
+            maps.on = encode_tma_map(&maps.k, p.k, p.k_stride, batch, p.heads / p.group, p.len, D,
+                                     64, std::is_same<T, __nv_bfloat16>::value);
+        k1<<<grid, 128, s1, st>>>(p, maps);
+        k2<<<grid, 128, s2, st>>>(p, maps);
         return cudaGetLastError();
     }
     const size_t smem =
-        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 128) * sizeof(float);
+        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 64) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
     auto k2 = vs_scores_kernel<T, D, 2>;
     cudaError_t e =

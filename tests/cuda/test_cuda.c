@@ -1360,17 +1360,21 @@ int main(int argc, char **argv) {
     test_vs_long(quick ? 40000 : 100000, 0, MI_DTYPE_BF16);
     test_vs_long(40000, 1, MI_DTYPE_BF16);
     if (!quick) test_vs_long(40000, 1, MI_DTYPE_F16);
-    /* the portable (mma.sync) score kernel, which Hopper runs only when told to: both head
-     * sizes and dtypes, a (b, l, h, d) layout, varlen, several chunks */
-    setenv("MI_CUDA_VS_WGMMA", "0", 1);
-    for (int di = 0; di < 2; di++) {
-        shape p1 = {1, 8, 2, 4099, di ? 64 : 128, dts[di], di, {0, 0}};
-        shape p2 = {2, 4, 1, 1000, 128, dts[di], !di, {1000, 601}};
-        test_vs(&p1, 200, 300, 1);
-        test_vs(&p2, 100, 500, 0);
+    /* the score kernels Hopper runs only when told to: the portable (mma.sync) one, and the
+     * wgmma one with its keys by 16-byte copies instead of TMA; both head sizes and dtypes, a
+     * (b, l, h, d) layout, varlen, several chunks */
+    static const char *const vs_score_vars[] = {"MI_CUDA_VS_WGMMA", "MI_CUDA_VS_SCORE_TMA"};
+    for (int vi = 0; vi < 2; vi++) {
+        setenv(vs_score_vars[vi], "0", 1);
+        for (int di = 0; di < 2; di++) {
+            shape p1 = {1, 8, 2, 4099, di ? 64 : 128, dts[di], di, {0, 0}};
+            shape p2 = {2, 4, 1, 1000, 128, dts[di], !di, {1000, 601}};
+            test_vs(&p1, 200, 300, 1);
+            test_vs(&p2, 100, 500, 0);
+        }
+        test_vs_long(40000, 0, MI_DTYPE_BF16);
+        unsetenv(vs_score_vars[vi]);
     }
-    test_vs_long(40000, 0, MI_DTYPE_BF16);
-    unsetenv("MI_CUDA_VS_WGMMA");
     test_index_messy(1000, 40, 60, 0);
     test_index_messy(1000, 40, 60, 1);
     test_index_messy(4099, 300, 700, 1);
