@@ -144,7 +144,7 @@ template <int PASS> struct vs_chunk_rows {
     /* Tile t of the chunk (keys c0 + 64 t ..) from its raw scores s. Pass 2 stages P in pt and
      * syncs the CTA once between writing and reading it; the caller syncs before pt is
      * written again. */
-    __device__ __forceinline__ void step(float *s, int t, float scale_log2, float *pt) {
+    __device__ __forceinline__ void step(float *s, int t, float scale_log2, float *pt, float *xch) {
         const int kbase = c0 + t * 64;
         /* sc scales s inside the exponent. A tile with keys to mask, or a scale that is not
          * positive (where the row maximum of s would not give that of s * scale), is masked
@@ -196,28 +196,66 @@ template <int PASS> struct vs_chunk_rows {
                     exp2f(fmaf(s[4 * j + 2], sc, -lse1)), exp2f(fmaf(s[4 * j + 3], sc, -lse1)));
             }
             __syncthreads();
+#ifndef VS_SUMS_SPLIT
+#define VS_SUMS_SPLIT 1
+#endif
+#if VS_SUMS_SPLIT
+            /* thread (k, h), h = tid / 64, over rows 32 h .. 32 h + 31: diagonal key - row = k
+             * (entries (r, r + k), r + k < 64) and diagonal k - 64 (entries (r, r + k - 64)),
+             * the second the one left open by the previous tile as its diagonal k, so it
+             * completes there; and column k. The h = 1 halves go through xch to the h = 0
+             * threads, which add them (every warp does the same work: with one thread per
+             * diagonal and one per column, the diagonal warps set each tile's time). */
+            const int k = tid & 63, h = tid >> 6;
+            const float *rows_h = pt + 32 * h * VS_P_PITCH;
+            float a = 0.f, b = 0.f, col = 0.f;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const int r = 32 * h + i;
+                const float v = rows_h[i * VS_P_PITCH + ((r + k) & 63)];
+                if (r + k < 64)
+                    a += v;
+                else
+                    b += v;
+                col += rows_h[i * VS_P_PITCH + k];
+            }
+            if (h == 1) {
+                xch[k] = a;
+                xch[64 + k] = b;
+                xch[128 + k] = col;
+            }
+            __syncthreads();
+            if (h == 0) {
+                add_slash(t * 64 + n - 1 + k - 64, carry + (b + xch[64 + k]));
+                carry = a + xch[k];
+                if (kbase + k < c1) vg[kbase + k] = col + xch[128 + k];
+            }
+#else
             if (tid < 64) {
-                /* thread k: diagonal key - row = k (rows 0..63-k, entries (r, r + k)) and
-                 * diagonal k - 64 (rows 64-k..63, entries (r, r + k - 64)), 64 entries in all;
-                 * the second is the one left open by the previous tile as its diagonal k, so
-                 * it completes there. Two loops with the split as their bound: one loop that
-                 * tested the split at every entry took eight instructions an entry. */
                 float a = 0.f, b = 0.f;
-                const float *d = pt + tid;
-                int r = 0;
-#pragma unroll 8
-                for (; r < 64 - tid; ++r) a += d[r * (VS_P_PITCH + 1)];
-#pragma unroll 8
-                for (; r < 64; ++r) b += d[r * (VS_P_PITCH + 1) - 64];
+#pragma unroll 16
+                for (int r = 0; r < 64; ++r) {
+                    const float v = pt[r * VS_P_PITCH + ((r + tid) & 63)];
+                    if (r + tid < 64)
+                        a += v;
+                    else
+                        b += v;
+                }
                 add_slash(t * 64 + n - 1 + tid - 64, carry + b);
                 carry = a;
             } else {
                 const int c = tid - 64;
-                float a = 0.f;
-#pragma unroll 16
-                for (int r = 0; r < 64; ++r) a += pt[r * VS_P_PITCH + c];
-                if (kbase + c < c1) vg[kbase + c] = a;
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll
+                for (int r = 0; r < 64; r += 4) {
+                    a0 += pt[r * VS_P_PITCH + c];
+                    a1 += pt[(r + 1) * VS_P_PITCH + c];
+                    a2 += pt[(r + 2) * VS_P_PITCH + c];
+                    a3 += pt[(r + 3) * VS_P_PITCH + c];
+                }
+                if (kbase + c < c1) vg[kbase + c] = (a0 + a1) + (a2 + a3);
             }
+#endif
         }
     }
     /* after the chunk's last tile (n_tiles of them) */
@@ -273,6 +311,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     T *ks = qs + VS_ROWS * PITCH;                               /* [2][64][PITCH] */
     float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
     float *row_lse = pt + 64 * VS_P_PITCH;                      /* [64] */
+    float *xch = row_lse + 64;                                  /* [3][64] */
 
     vs_chunk_place w;
     if (!w.of(p)) return;
@@ -333,7 +372,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
                 mma_16816<T>(s + 8 * j + 4, qf[kk], bfr + 2);
             }
         }
-        rows.step(s, t, p.scale_log2, pt);
+        rows.step(s, t, p.scale_log2, pt, xch);
         __syncthreads();
     }
     rows.finish(p, w.bh, w.chunk, w.n_tiles);
@@ -348,10 +387,10 @@ struct vs_score_maps {
 
 /* Bytes of dynamic shared memory of the wgmma score kernel: the 1024-byte alignment, the query
  * tile and two key tiles (swizzled halves of 64 columns), the key tiles' two barriers, and for
- * pass 2 the P tile and the rows' log-sum-exp. */
+ * pass 2 the P tile, the rows' log-sum-exp and the halves' exchange. */
 template <int D, int PASS> constexpr size_t vs_wg_smem_bytes() {
     return 1024 + (size_t)3 * (D / 64) * 64 * 128 + 16 +
-           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 64) * sizeof(float) : 0);
+           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 256) * sizeof(float) : 0);
 }
 
 /* The Hopper score kernel: S = Q K^T by wgmma, the query and key tiles read by the tensor cores
@@ -373,6 +412,7 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
     uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE); /* [2] */
     float *pt = reinterpret_cast<float *>(ks + 2 * TILE + 16);    /* pass 2: [64][VS_P_PITCH] */
     float *row_lse = pt + 64 * VS_P_PITCH;                        /* pass 2: [64] */
+    float *xch = row_lse + 64;                                    /* pass 2: [3][64] */
 
     vs_chunk_place w;
     if (!w.of(p)) return;
@@ -454,12 +494,12 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
             wgmma_issue_qk<T, D>(acc, qd, HALF, sw128_desc(ks_a + (buf ^ 1) * TILE, 16, 1024),
                                  HALF);
             if (t + 2 < w.n_tiles) load_k(t + 2, buf);
-            rows.step(s, t, p.scale_log2, pt);
+            rows.step(s, t, p.scale_log2, pt, xch);
             wgmma_wait<0>();
             fence_operands<32>(acc);
         } else {
             if (PASS == 2) __syncthreads(); /* every warp done with the previous P tile */
-            rows.step(s, t, p.scale_log2, pt);
+            rows.step(s, t, p.scale_log2, pt, xch);
         }
     }
     rows.finish(p, w.bh, w.chunk, w.n_tiles);
@@ -781,7 +821,7 @@ template <typename T, int D> static cudaError_t launch_scores(const vs_params &p
         return cudaGetLastError();
     }
     const size_t smem =
-        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 64) * sizeof(float);
+        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 256) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
     auto k2 = vs_scores_kernel<T, D, 2>;
     cudaError_t e =
