@@ -1,8 +1,9 @@
 /*
  * vs_estimate.cu: vertical-slash estimation (spec §3.1) for all heads in three launches.
  *
- *   1. stats:   the last n = min(64, len) queries against key chunks of 2048 keys, tensor cores;
- *               per chunk and row the running max and sum of exp (base 2).
+ *   1. stats:   the last n = min(64, len) queries against key chunks of 2048 keys, tensor cores
+ *               (wgmma on Hopper, mma.sync elsewhere); per chunk and row the running max and sum
+ *               of exp (base 2).
  *   2. sums:    merge the chunk statistics into each row's log-sum-exp, recompute the scores,
  *               P = exp(s - lse) in fp32, staged a 64 x 64 tile at a time in shared memory,
  *               where one thread sums each column (each chunk owns its columns) and one each
@@ -45,9 +46,29 @@
  *      on the first pass, the match only where a warp holds keys of the chosen bin on the
  *      others, unconditional loads, and 4096-key chunks (the count kernel 76 -> 40 registers, and
  *      twice the CTAs) made it the numbers above.
- *   What is left: the index build (vs_index.cu) is now the largest part at every shape, then
- *   the score passes, where each CTA reads its group's keys for one head (4 reads per group at
- *   GQA 4:1, mostly from L2).
+ *   4. the score passes by wgmma on Hopper (vs_scores_wg_kernel; the mma.sync kernel stays for
+ *      other GPUs and MI_CUDA_VS_WGMMA=0). Nsight Compute had shown the mma.sync passes bound by
+ *      shared memory and issue: each of the four warps read the whole key tile through ldmatrix.
+ *      wgmma reads the query and key tiles from shared memory (128-byte swizzle) once per
+ *      warpgroup, and the next tile's product runs while the warps process this one: scores
+ *      0.81 -> 0.61 / 0.85 -> 0.65 / 1.72 -> 1.34. Then, in both kernels: tiles without a
+ *      masked key (all but a chunk's last and the sequence's last) skip the mask and fold the
+ *      scale into the exponent (one FFMA an entry, P = exp2(s scale - lse) with no multiply by
+ *      1 / sum), the column sums in four chains instead of one, and the wgmma kernel's key
+ *      tiles by TMA (MI_CUDA_VS_SCORE_TMA=0: 16-byte copies, 7-12 % slower): scores 0.49 /
+ *      0.53 / 1.09, pass 1 603 -> 387 us and pass 2 1.13 -> 1.01 ms at 1M x 8 under Nsight
+ *      Compute (mma.sync: 0.72 / 0.76 / 1.57). Lists and index word for word those of the
+ *      previous build at all three shapes (bench/results/2026-12-01-gpu-vs-scores-wgmma.json).
+ *      Tried and not kept: the diagonal walk as two loops split where it wraps (2.75
+ *      instructions an entry instead of 8; but the lanes of a warp split at different rows, so
+ *      a warp took 95 steps instead of 64, each waiting on one chain of adds: pass 2 1.13 ->
+ *      1.36 ms, issue slots 59 -> 31 % busy); every thread summing half a diagonal and half a
+ *      column, the halves meeting in shared memory, so that every warp did the same work
+ *      (0.476 / 0.525 / 1.097: no change).
+ *   What is left: the index build (vs_index.cu) is the largest part at every shape; the score
+ *   passes read each group's keys once per head (4 times at GQA 4:1, mostly from L2), and pass
+ *   2's diagonal walk (8 instructions an entry on two of the four warps) is the largest part
+ *   of its instructions.
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"
@@ -144,7 +165,7 @@ template <int PASS> struct vs_chunk_rows {
     /* Tile t of the chunk (keys c0 + 64 t ..) from its raw scores s. Pass 2 stages P in pt and
      * syncs the CTA once between writing and reading it; the caller syncs before pt is
      * written again. */
-    __device__ __forceinline__ void step(float *s, int t, float scale_log2, float *pt, float *xch) {
+    __device__ __forceinline__ void step(float *s, int t, float scale_log2, float *pt) {
         const int kbase = c0 + t * 64;
         /* sc scales s inside the exponent. A tile with keys to mask, or a scale that is not
          * positive (where the row maximum of s would not give that of s * scale), is masked
@@ -196,42 +217,10 @@ template <int PASS> struct vs_chunk_rows {
                     exp2f(fmaf(s[4 * j + 2], sc, -lse1)), exp2f(fmaf(s[4 * j + 3], sc, -lse1)));
             }
             __syncthreads();
-#ifndef VS_SUMS_SPLIT
-#define VS_SUMS_SPLIT 1
-#endif
-#if VS_SUMS_SPLIT
-            /* thread (k, h), h = tid / 64, over rows 32 h .. 32 h + 31: diagonal key - row = k
-             * (entries (r, r + k), r + k < 64) and diagonal k - 64 (entries (r, r + k - 64)),
-             * the second the one left open by the previous tile as its diagonal k, so it
-             * completes there; and column k. The h = 1 halves go through xch to the h = 0
-             * threads, which add them (every warp does the same work: with one thread per
-             * diagonal and one per column, the diagonal warps set each tile's time). */
-            const int k = tid & 63, h = tid >> 6;
-            const float *rows_h = pt + 32 * h * VS_P_PITCH;
-            float a = 0.f, b = 0.f, col = 0.f;
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-                const int r = 32 * h + i;
-                const float v = rows_h[i * VS_P_PITCH + ((r + k) & 63)];
-                if (r + k < 64)
-                    a += v;
-                else
-                    b += v;
-                col += rows_h[i * VS_P_PITCH + k];
-            }
-            if (h == 1) {
-                xch[k] = a;
-                xch[64 + k] = b;
-                xch[128 + k] = col;
-            }
-            __syncthreads();
-            if (h == 0) {
-                add_slash(t * 64 + n - 1 + k - 64, carry + (b + xch[64 + k]));
-                carry = a + xch[k];
-                if (kbase + k < c1) vg[kbase + k] = col + xch[128 + k];
-            }
-#else
             if (tid < 64) {
+                /* thread k: diagonal key - row = k (rows 0..63-k) and k - 64 (rows 64-k..63),
+                 * 64 entries in all; the second is the one left open by the previous tile as
+                 * its diagonal k, so it completes there */
                 float a = 0.f, b = 0.f;
 #pragma unroll 16
                 for (int r = 0; r < 64; ++r) {
@@ -244,6 +233,7 @@ template <int PASS> struct vs_chunk_rows {
                 add_slash(t * 64 + n - 1 + tid - 64, carry + b);
                 carry = a;
             } else {
+                /* thread 64 + c: column c, in four sums (one chain of 64 adds waited on each) */
                 const int c = tid - 64;
                 float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
 #pragma unroll
@@ -255,7 +245,6 @@ template <int PASS> struct vs_chunk_rows {
                 }
                 if (kbase + c < c1) vg[kbase + c] = (a0 + a1) + (a2 + a3);
             }
-#endif
         }
     }
     /* after the chunk's last tile (n_tiles of them) */
@@ -311,7 +300,6 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     T *ks = qs + VS_ROWS * PITCH;                               /* [2][64][PITCH] */
     float *pt = reinterpret_cast<float *>(ks + 2 * 64 * PITCH); /* [64][VS_P_PITCH] P of a tile */
     float *row_lse = pt + 64 * VS_P_PITCH;                      /* [64] */
-    float *xch = row_lse + 64;                                  /* [3][64] */
 
     vs_chunk_place w;
     if (!w.of(p)) return;
@@ -372,7 +360,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
                 mma_16816<T>(s + 8 * j + 4, qf[kk], bfr + 2);
             }
         }
-        rows.step(s, t, p.scale_log2, pt, xch);
+        rows.step(s, t, p.scale_log2, pt);
         __syncthreads();
     }
     rows.finish(p, w.bh, w.chunk, w.n_tiles);
@@ -387,10 +375,10 @@ struct vs_score_maps {
 
 /* Bytes of dynamic shared memory of the wgmma score kernel: the 1024-byte alignment, the query
  * tile and two key tiles (swizzled halves of 64 columns), the key tiles' two barriers, and for
- * pass 2 the P tile, the rows' log-sum-exp and the halves' exchange. */
+ * pass 2 the P tile and the rows' log-sum-exp. */
 template <int D, int PASS> constexpr size_t vs_wg_smem_bytes() {
     return 1024 + (size_t)3 * (D / 64) * 64 * 128 + 16 +
-           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 256) * sizeof(float) : 0);
+           (PASS == 2 ? (size_t)(64 * VS_P_PITCH + 64) * sizeof(float) : 0);
 }
 
 /* The Hopper score kernel: S = Q K^T by wgmma, the query and key tiles read by the tensor cores
@@ -412,7 +400,6 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
     uint64_t *bars = reinterpret_cast<uint64_t *>(ks + 2 * TILE); /* [2] */
     float *pt = reinterpret_cast<float *>(ks + 2 * TILE + 16);    /* pass 2: [64][VS_P_PITCH] */
     float *row_lse = pt + 64 * VS_P_PITCH;                        /* pass 2: [64] */
-    float *xch = row_lse + 64;                                    /* pass 2: [3][64] */
 
     vs_chunk_place w;
     if (!w.of(p)) return;
@@ -494,12 +481,12 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
             wgmma_issue_qk<T, D>(acc, qd, HALF, sw128_desc(ks_a + (buf ^ 1) * TILE, 16, 1024),
                                  HALF);
             if (t + 2 < w.n_tiles) load_k(t + 2, buf);
-            rows.step(s, t, p.scale_log2, pt, xch);
+            rows.step(s, t, p.scale_log2, pt);
             wgmma_wait<0>();
             fence_operands<32>(acc);
         } else {
             if (PASS == 2) __syncthreads(); /* every warp done with the previous P tile */
-            rows.step(s, t, p.scale_log2, pt, xch);
+            rows.step(s, t, p.scale_log2, pt);
         }
     }
     rows.finish(p, w.bh, w.chunk, w.n_tiles);
@@ -821,7 +808,7 @@ template <typename T, int D> static cudaError_t launch_scores(const vs_params &p
         return cudaGetLastError();
     }
     const size_t smem =
-        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 256) * sizeof(float);
+        (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 64) * sizeof(float);
     auto k1 = vs_scores_kernel<T, D, 1>;
     auto k2 = vs_scores_kernel<T, D, 2>;
     cudaError_t e =
