@@ -47,18 +47,20 @@
  *      others, unconditional loads, and 4096-key chunks (the count kernel 76 -> 40 registers, and
  *      twice the CTAs) made it the numbers above.
  *   4. the score passes by wgmma on Hopper (vs_scores_wg_kernel; the mma.sync kernel stays for
- *      other GPUs and MI_CUDA_VS_WGMMA=0). Nsight Compute had shown the mma.sync passes bound by
- *      shared memory and issue: each of the four warps read the whole key tile through ldmatrix.
- *      wgmma reads the query and key tiles from shared memory (128-byte swizzle) once per
+ *      other GPUs and MI_CUDA_VS_WGMMA=0). In the mma.sync passes each of the four warps reads
+ *      the whole key tile through ldmatrix (64 KB of shared-memory reads a 16 KB tile); wgmma
+ *      reads the query and key tiles from shared memory (128-byte swizzle) once per
  *      warpgroup, and the next tile's product runs while the warps process this one: scores
- *      0.81 -> 0.61 / 0.85 -> 0.65 / 1.72 -> 1.34. Then, in both kernels: tiles without a
- *      masked key (all but a chunk's last and the sequence's last) skip the mask and fold the
- *      scale into the exponent (one FFMA an entry, P = exp2(s scale - lse) with no multiply by
- *      1 / sum), the column sums in four chains instead of one, and the wgmma kernel's key
- *      tiles by TMA (MI_CUDA_VS_SCORE_TMA=0: 16-byte copies, 7-12 % slower): scores 0.49 /
- *      0.53 / 1.09, pass 1 603 -> 387 us and pass 2 1.13 -> 1.01 ms at 1M x 8 under Nsight
- *      Compute (mma.sync: 0.72 / 0.76 / 1.57). Lists and index word for word those of the
- *      previous build at all three shapes (bench/results/2026-12-01-gpu-vs-scores-wgmma.json).
+ *      0.81 -> 0.61 / 0.85 -> 0.65 / 1.72 -> 1.34. Nsight Compute then showed both passes
+ *      issue-bound (59-61 % of issue slots busy at 1M x 8, 2000 / 3700 warp instructions a
+ *      tile). So, in both kernels: tiles without a masked key (all but a chunk's last and the
+ *      sequence's last) skip the mask and fold the scale into the exponent (one FFMA an entry,
+ *      P = exp2(s scale - lse) with no multiply by 1 / sum), the column sums in four chains
+ *      instead of one, and the wgmma kernel's key tiles by TMA (MI_CUDA_VS_SCORE_TMA=0: 16-byte
+ *      copies, 0.57 / 0.61 / 1.27): scores 0.49 / 0.53 / 1.10, and at 1M x 8 under Nsight
+ *      Compute pass 1 603 -> 386 us (1100 warp instructions a tile) and pass 2 1.13 -> 0.99 ms
+ *      (2570); mma.sync 0.74 / 0.77 / 1.59. Lists and index word for word those of the previous
+ *      build at all three shapes (bench/results/2026-12-01-gpu-vs-scores-wgmma.json).
  *      Tried and not kept: the diagonal walk as two loops split where it wraps (2.75
  *      instructions an entry instead of 8; but the lanes of a warp split at different rows, so
  *      a warp took 95 steps instead of 64, each waiting on one chain of adds: pass 2 1.13 ->
