@@ -130,7 +130,7 @@ template <int PASS> struct vs_chunk_rows {
     /* edge: a tile whose keys all lie below it needs no mask (every key before c1 and at or
      * before the first row's position) */
     int tid, cq, qr0, qr1, qpos0, qpos1, c0, c1, n, ns, edge;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* pass 1: running max, sum */
+    row_softmax sm;                                           /* pass 1: running max, sum */
     float lse0 = 0.f, lse1 = 0.f;                             /* pass 2: row log-sum-exp */
     /* pass 2: the running sum of the diagonal this thread finishes in the next tile (threads
      * 0..63; see step) */
@@ -186,26 +186,7 @@ template <int PASS> struct vs_chunk_rows {
             sc = 1.f;
         }
         if (PASS == 1) {
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-                mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-            }
-            mx0 = fmaxf(m0, warp_max_xor(warp_max_xor(mx0, 1), 2) * sc);
-            mx1 = fmaxf(m1, warp_max_xor(warp_max_xor(mx1, 1), 2) * sc);
-            const float mu0 = mx0 == -INFINITY ? 0.f : mx0;
-            const float mu1 = mx1 == -INFINITY ? 0.f : mx1;
-            float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                a0 += exp2f(fmaf(s[4 * j], sc, -mu0)) + exp2f(fmaf(s[4 * j + 1], sc, -mu0));
-                a1 += exp2f(fmaf(s[4 * j + 2], sc, -mu1)) + exp2f(fmaf(s[4 * j + 3], sc, -mu1));
-            }
-            l0 = l0 * exp2f(m0 - mu0) + a0;
-            l1 = l1 * exp2f(m1 - mu1) + a1;
-            m0 = mx0;
-            m1 = mx1;
+            sm.update(s, sc); /* the probabilities it leaves in s are not needed */
         } else {
             /* P in fp32 to shared memory, then each of its 64 columns and 127 diagonals summed
              * by one thread, without atomics: shared-memory float atomics are compare-and-swap
@@ -252,12 +233,11 @@ template <int PASS> struct vs_chunk_rows {
     /* after the chunk's last tile (n_tiles of them) */
     __device__ __forceinline__ void finish(const vs_params &p, int bh, int chunk, int n_tiles) {
         if (PASS == 1) {
-            l0 = quad_sum(l0);
-            l1 = quad_sum(l1);
+            const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
             if (cq == 0) {
                 float2 *st = p.stats + ((int64_t)bh * p.nchunks + chunk) * VS_ROWS;
-                st[qr0] = make_float2(m0, l0);
-                st[qr1] = make_float2(m1, l1);
+                st[qr0] = make_float2(sm.m0, l0);
+                st[qr1] = make_float2(sm.m1, l1);
             }
         } else if (tid < 64) {
             add_slash((n_tiles - 1) * 64 + n - 1 + tid, carry);
