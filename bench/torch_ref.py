@@ -193,9 +193,10 @@ def kernel_name(event):
     return event.name.split("<")[0].split("(")[0].split("::")[-1]
 
 
-def profile_kernels(fn, repeat, warm_s=0.2):
-    """ms per call of each CUDA kernel fn launches (torch.profiler; templates and namespaces cut),
-    averaged over repeat calls after at least warm_s seconds of calls, as time_cuda warms up."""
+def profile_kernels(fn, repeat, warm_s=0.2, name=kernel_name):
+    """ms per call of each CUDA kernel fn launches (torch.profiler; named by name(event): by
+    default templates and namespaces cut), averaged over repeat calls after at least warm_s
+    seconds of calls, as time_cuda warms up."""
     from torch.profiler import ProfilerActivity, profile
     t0 = time.perf_counter()
     fn()
@@ -210,7 +211,7 @@ def profile_kernels(fn, repeat, warm_s=0.2):
     total = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[kernel_name(e)] += e.device_time_total / repeat / 1000
+            total[name(e)] += e.device_time_total / repeat / 1000
     return dict(total)
 
 

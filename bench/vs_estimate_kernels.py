@@ -9,11 +9,11 @@ code, GQA 4:1). For work on those kernels, where bench/torch_ref.py gives only e
 
 Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
 after; the library reads them at every call. Prints one line per shape and variant: each
-kernel's time in ms for all heads, averaged over --repeat calls after a warm-up, and whether the
-variant's vertical-slash lists and block index equal the first variant's, bit for bit. --save
-writes the first variant's lists and index per shape to a file, --against compares with such a
-file (another build's, say); the diagonal sums add across chunk edges in any order, so near-ties
-may differ between runs of one build, by a few words.
+kernel's time in ms for all heads (the two score passes apart), averaged over --repeat calls
+after a warm-up, and whether the variant's vertical-slash lists and block index equal the first
+variant's, bit for bit. --save writes the first variant's lists and index per shape to a file,
+--against compares with such a file (another build's, say); the diagonal sums add across chunk
+edges in any order, so near-ties may differ between runs of one build, by a few words.
 
 --sets local,mixed,small times the index build alone on the prescribed index sets of
 BENCHMARKS.md instead (torch_ref.index_set, the sparse benchmark's lists), per shape and variant:
@@ -30,6 +30,16 @@ import torch  # noqa: E402
 import torch_ref as tr  # noqa: E402
 
 V_BUDGET, S_BUDGET = 1000, 6096
+
+
+def kernel_pass_name(event):
+    """torch_ref.kernel_name, with the score kernels' pass (their last template argument)
+    appended: both passes are one kernel template."""
+    base = tr.kernel_name(event)
+    if base.startswith("vs_scores") and "<" in event.name:
+        last = event.name.split("<", 1)[1].split(">", 1)[0].split(",")[-1].strip()
+        return f"{base}.pass{last}"
+    return base
 
 
 def parse_shapes(text):
@@ -141,7 +151,7 @@ def main():
             vbuf.fill_(-7)
             sbuf.fill_(-7)
             with tr.variant_env(sets):
-                times = tr.profile_kernels(call, args.repeat)
+                times = tr.profile_kernels(call, args.repeat, name=kernel_pass_name)
             torch.cuda.synchronize()
             result = torch.cat([vbuf[: n // 4], sbuf])
             differ = 0 if first is None else int((result != first).sum().item())
