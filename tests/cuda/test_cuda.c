@@ -540,7 +540,7 @@ static void test_vs(const shape *s, int32_t vsz, int32_t ssz, int structured) {
     inputs_free(&in);
 }
 
-/* The vertical-slash select on vectors of several of its chunks (8192 keys each): the sets of
+/* The vertical-slash select on vectors of several of its chunks (4096 keys each): the sets of
  * random inputs against the CPU's, as in test_vs; with q = 0 (zero_q), every query attends
  * uniformly, so every column left of the last 64 has the same sum on each side, and the
  * tie rule (lowest positions first) must keep columns 0 .. k - 1 exactly, across chunks. */
