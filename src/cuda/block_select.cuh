@@ -103,6 +103,27 @@ __device__ void block_radix_select(KeyFn key, int n, int k, select_smem &sm, uin
     eq_total = sm.eq_total;
 }
 
+/* The bin where the count from the top reaches k (0 < k <= the total), over bins that each
+ * thread of NT holds as cnt[0 .. PER), highest first across the threads in order: the one thread
+ * whose cnt[i] holds that bin calls found(i, keys in the bins above it, cnt[i]). */
+template <int NT, int PER, typename ScanTmp, typename FoundFn>
+__device__ __forceinline__ void bin_reaching_k(const int (&cnt)[PER], int k, ScanTmp &scan_tmp,
+                                               FoundFn found) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) sum += cnt[i];
+    int excl;
+    cub::BlockScan<int, NT>(scan_tmp).ExclusiveSum(sum, excl);
+    if (excl < k && k <= excl + sum) {
+        int acc = excl;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (acc < k && k <= acc + cnt[i]) found(i, acc, cnt[i]);
+            acc += cnt[i];
+        }
+    }
+}
+
 /* The first of a two-pass select for k out of n keys, when few keys lie near the k-th largest:
  * a histogram of the top 12 bits (sign, exponent, 3 mantissa bits of a float) finds the bin that
  * holds the k-th largest key. Every key of the top k then lies in that bin or above, so the
@@ -127,25 +148,13 @@ __device__ void block_top_bin(KeyFn key, int n, int k, top_bin_smem &sm, ScanTmp
     __syncthreads();
     /* thread t owns bins TOP_BINS - 1 - PER t .. - PER + 1; a scan of their sums in that order
      * finds the bin where the count from the top reaches k */
-    int cnt[PER], sum = 0;
+    int cnt[PER];
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        cnt[i] = sm.hist[TOP_BINS - 1 - (PER * tid + i)];
-        sum += cnt[i];
-    }
-    int excl;
-    cub::BlockScan<int, NT>(scan_tmp).ExclusiveSum(sum, excl);
-    if (excl < k && k <= excl + sum) {
-        int acc = excl;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            if (acc < k && k <= acc + cnt[i]) {
-                sm.bin = TOP_BINS - 1 - (PER * tid + i);
-                sm.n_cand = acc + cnt[i];
-            }
-            acc += cnt[i];
-        }
-    }
+    for (int i = 0; i < PER; ++i) cnt[i] = sm.hist[TOP_BINS - 1 - (PER * tid + i)];
+    bin_reaching_k<NT>(cnt, k, scan_tmp, [&](int i, int above, int c) {
+        sm.bin = TOP_BINS - 1 - (PER * tid + i);
+        sm.n_cand = above + c;
+    });
     __syncthreads();
     bin = sm.bin;
     n_cand = sm.n_cand;

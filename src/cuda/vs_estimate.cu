@@ -610,27 +610,17 @@ __global__ void __launch_bounds__(SEL_PICK_NT)
     int *gh = p.hist + (int64_t)v * SEL_BINS;
     /* thread i owns bins NB - 1 - PER i .. NB - PER i, highest first */
     const int tid = threadIdx.x;
-    int cnt[PER], sum = 0;
+    int cnt[PER];
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         const int bin = NB - 1 - (PER * tid + j);
         cnt[j] = bin >= 0 ? gh[bin] : 0;
-        sum += cnt[j];
     }
-    int excl;
-    cub::BlockScan<int, SEL_PICK_NT>(scan_tmp).ExclusiveSum(sum, excl);
-    if (excl < kr && kr <= excl + sum) {
-        int acc = excl;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            if (acc < kr && kr <= acc + cnt[j]) {
-                chosen[0] = (uint32_t)(NB - 1 - (PER * tid + j));
-                chosen[1] = (uint32_t)acc;
-                chosen[2] = (uint32_t)cnt[j];
-            }
-            acc += cnt[j];
-        }
-    }
+    bin_reaching_k<SEL_PICK_NT>(cnt, kr, scan_tmp, [&](int j, int above, int c) {
+        chosen[0] = (uint32_t)(NB - 1 - (PER * tid + j));
+        chosen[1] = (uint32_t)above;
+        chosen[2] = (uint32_t)c;
+    });
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         const int bin = NB - 1 - (PER * tid + j);
@@ -763,20 +753,26 @@ static cudaError_t launch_select(const vs_select_params &p, int vectors, cudaStr
     return cudaGetLastError();
 }
 
+/* The two score passes in order, each kernel allowed its shared memory first. */
+template <typename K1, typename K2, typename... Args>
+static cudaError_t launch_passes(K1 pass1, size_t smem1, K2 pass2, size_t smem2, dim3 grid,
+                                 cudaStream_t st, const Args &...args) {
+    cudaError_t e =
+        cudaFuncSetAttribute(pass1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem1);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(pass2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2);
+    if (e != cudaSuccess) return e;
+    pass1<<<grid, 128, smem1, st>>>(args...);
+    pass2<<<grid, 128, smem2, st>>>(args...);
+    return cudaGetLastError();
+}
+
 template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
                                                               cudaStream_t st) {
     const dim3 grid(p.heads, p.nchunks, batch);
     /* MI_CUDA_VS_WGMMA=0: the mma.sync score kernel on Hopper too (A/B runs, tests) */
     const char *wg_env = getenv("MI_CUDA_VS_WGMMA");
     if (mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0')) {
-        auto k1 = vs_scores_wg_kernel<T, D, 1>;
-        auto k2 = vs_scores_wg_kernel<T, D, 2>;
-        const size_t s1 = vs_wg_smem_bytes<D, 1>(), s2 = vs_wg_smem_bytes<D, 2>();
-        cudaError_t e =
-            cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-        if (e != cudaSuccess) return e;
         /* the key tiles by TMA, unless MI_CUDA_VS_SCORE_TMA=0 (then, or where the keys cannot
          * be mapped, by 16-byte copies) */
         vs_score_maps maps;
@@ -785,22 +781,14 @@ template <typename T, int D> static cudaError_t launch_scores(const vs_params &p
         if (!(tma_env && tma_env[0] == '0'))
             maps.on = encode_tma_map(&maps.k, p.k, p.k_stride, batch, p.heads / p.group, p.len, D,
                                      64, std::is_same<T, __nv_bfloat16>::value);
-        k1<<<grid, 128, s1, st>>>(p, maps);
-        k2<<<grid, 128, s2, st>>>(p, maps);
-        return cudaGetLastError();
+        return launch_passes(vs_scores_wg_kernel<T, D, 1>, vs_wg_smem_bytes<D, 1>(),
+                             vs_scores_wg_kernel<T, D, 2>, vs_wg_smem_bytes<D, 2>(), grid, st, p,
+                             maps);
     }
     const size_t smem =
         (size_t)3 * 64 * (D + 8) * sizeof(T) + (size_t)(64 * VS_P_PITCH + 64) * sizeof(float);
-    auto k1 = vs_scores_kernel<T, D, 1>;
-    auto k2 = vs_scores_kernel<T, D, 2>;
-    cudaError_t e =
-        cudaFuncSetAttribute(k1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    k1<<<grid, 128, smem, st>>>(p);
-    k2<<<grid, 128, smem, st>>>(p);
-    return cudaGetLastError();
+    return launch_passes(vs_scores_kernel<T, D, 1>, smem, vs_scores_kernel<T, D, 2>, smem, grid, st,
+                         p);
 }
 
 } // namespace mi_cuda

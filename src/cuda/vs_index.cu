@@ -92,7 +92,7 @@ __device__ void bitonic_sort(int32_t *a, int n, bool ascending) {
 /* Every thread of a CTA walks the same two lists at its own pace: staged in shared memory when
  * they fit (use_smem), so the walk does not wait on scattered global loads. */
 __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_smem,
-                                int mask_words) {
+                                int mask_words, int shortcuts) {
     extern __shared__ int32_t lists[];
     const int m = blockIdx.x * blockDim.x + threadIdx.x;
     const int bh = blockIdx.y;
@@ -103,6 +103,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
     const int nv_ = min(max(p.v_count[bh], 0), p.max_v);
     const int ns_ = min(max(p.s_count[bh], 0), p.max_s);
     const int32_t *Vl = Vg, *Sl = Sg;
+    bool v_prefix = false, s_runs = false;
     if (use_smem) {
         /* lists padded to powers of two with sentinels that sort last */
         const int vp = pow2_at_least(nv_), sp = pow2_at_least(ns_);
@@ -124,6 +125,17 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
         __syncthreads();
         Vl = Vs;
         Sl = Ss;
+        /* the shortcuts below need lists without duplicates or negative entries, as the
+         * estimator writes them; anything else takes the walk's checks one entry at a time */
+        if (shortcuts) {
+            int strict_v = 1, strict_s = 1;
+            for (int i = threadIdx.x; i < nv_; i += blockDim.x)
+                if (i == 0 ? Vs[0] < 0 : Vs[i] <= Vs[i - 1]) strict_v = 0;
+            for (int i = threadIdx.x; i < ns_; i += blockDim.x)
+                if ((i > 0 && Ss[i] >= Ss[i - 1]) || (i == ns_ - 1 && Ss[i] < 0)) strict_s = 0;
+            v_prefix = __syncthreads_and(strict_v);
+            s_runs = __syncthreads_and(strict_s);
+        }
     }
     /* kept columns as bits of the vertical list (word k of thread t at k * blockDim.x + t, so that
      * lanes setting the same word index hit distinct banks), written out by the warp after the
@@ -138,7 +150,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
     int len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) len = 0;
     const int start = m * 64, end = start + 64;
-    int nb = 0, nc = 0;
+    int nb = 0, nc = 0, n_prefix = 0;
     if (in_grid && start < len) {
         const int32_t *V = Vl, *S = Sl;
         const int nv = nv_, ns = ns_;
@@ -180,6 +192,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             return next_s();
         };
         int vi = 0, v_prev = -1;
+        int r_start = 0, r_end = 0; /* the range being grown */
         auto peek_v = [&]() -> int {
             while (vi < nv) {
                 const int c = V[vi];
@@ -191,13 +204,63 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             }
             return 0x7fffffff;
         };
+        /* Every vertical left of the first range is kept (or all left of the block when no
+         * diagonal reaches it): with a strictly ascending list they are its first entries, so a
+         * binary search counts them and the warp copies them after the walk, instead of a step
+         * and a bit each (about half the list, on average, for a band of diagonals). */
+        auto keep_prefix = [&](int bound) {
+            if (!v_prefix) return;
+            int lo = 0, hi = nv; /* first entry >= bound */
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (V[mid] < bound)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            vi = lo;
+            v_prev = lo > 0 ? V[lo - 1] : -1;
+            n_prefix = nc = min(lo, p.max_columns);
+            if (!mask_words)
+                for (int i = 0; i < n_prefix; ++i) col[i] = V[i];
+        };
+        /* After diagonal dn extended or opened the range ending at r_end: the diagonals that
+         * follow it one by one (dn - 1, dn - 2, ...) each end their window at most one key
+         * further, so they extend the range 64 keys at a time until the last of them is
+         * covered. With a strictly descending list a galloping search finds where that run of
+         * consecutive diagonals ends, and the range takes its final end at once: a band of
+         * diagonals costs one search, not one per 64-key tile. The verticals it passes over are
+         * inside the range and would have been dropped one by one; the loop drops them still. */
+        auto run_ahead = [&](int dn) {
+            if (!s_runs || si >= ns || S[si] != dn - 1) return;
+            int lo = 0, hi = 1, step = 1; /* S[si + k] == dn - 1 - k holds at lo, not at hi */
+            const int left = ns - si;
+            while (hi < left && S[si + hi] == dn - 1 - hi) {
+                lo = hi;
+                step <<= 1;
+                hi = lo + step;
+            }
+            if (hi > left) hi = left;
+            while (hi - lo > 1) {
+                const int mid = (lo + hi) >> 1;
+                if (S[si + mid] == dn - 1 - mid)
+                    lo = mid;
+                else
+                    hi = mid;
+            }
+            const int d_last = dn - 1 - lo;
+            si += lo + 1;
+            s_prev = d_last;
+            const int e_last = max(end - d_last, 64);
+            if (e_last > r_end) r_end += (e_last - r_end + 63) & ~63;
+        };
         auto emit = [&](int rs, int re) {
             for (int x = rs; x < re && nb < p.max_blocks; x += 64) off[nb++] = x;
         };
         /* keeps V[vi] = c as a column */
         auto keep = [&](int c) {
-            if (mask_words)
-                atomicOr(&masks[(vi >> 5) * blockDim.x + threadIdx.x], 1u << (vi & 31));
+            if (mask_words) /* the word is this thread's own */
+                masks[(vi >> 5) * blockDim.x + threadIdx.x] |= 1u << (vi & 31);
             else
                 col[nc] = c;
             ++nc;
@@ -205,6 +268,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
         const int d = next_s_below(end); /* diagonals d >= end miss this row block */
         if (d < 0) {
             /* no diagonal reaches the block: verticals left of it are all gathered */
+            keep_prefix(start);
             for (int c = peek_v(); c < start && nc < p.max_columns; c = peek_v()) {
                 keep(c);
                 v_prev = c;
@@ -212,7 +276,10 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             }
         } else {
             int e = max(end - d, 64);
-            int r_start = e - 64, r_end = e;
+            r_start = e - 64;
+            r_end = e;
+            keep_prefix(r_start);
+            run_ahead(d);
             for (;;) {
                 const int c = peek_v();
                 if (c < r_end) {
@@ -238,8 +305,10 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
                         emit(r_start, r_end);
                         r_start = e - 64;
                         r_end = e;
+                        run_ahead(dn);
                     } else if (e > r_end) {
                         r_end += 64;
+                        run_ahead(dn);
                     }
                 }
             }
@@ -260,7 +329,10 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
         const int nr = __shfl_sync(0xffffffffu, nc, r);
         if (nr == 0) continue;
         int32_t *col = p.column_index + (row - lane + r) * p.max_columns;
-        int done = 0;
+        /* the prefix first (its entries have no bits), then the bits of the rest */
+        const int np = __shfl_sync(0xffffffffu, n_prefix, r);
+        for (int i = lane; i < np; i += 32) col[i] = Vl[i];
+        int done = np;
         for (int kb = 0; kb < mask_words && done < nr; kb += 32) {
             const uint32_t mine =
                 kb + lane < mask_words ? masks[(kb + lane) * blockDim.x + first + r] : 0u;
@@ -389,6 +461,9 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         const int nt = 128;
         const char *mask_var = getenv("MI_CUDA_VS_INDEX_MASK"); /* =0: direct stores */
         const int mask_env = !(mask_var && mask_var[0] == '0');
+        /* =0: the walk takes every vertical and diagonal one step at a time */
+        const char *cut_var = getenv("MI_CUDA_VS_INDEX_SHORTCUTS");
+        const int shortcuts = !(cut_var && cut_var[0] == '0');
         int mask_words = (p.max_v + 31) / 32;
         const size_t mask_bytes = (size_t)mask_words * nt * sizeof(uint32_t);
         const size_t base = use_smem ? lists : 0;
@@ -399,7 +474,7 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
                                      (int)smem);
         dim3 grid((unsigned)((index->row_blocks + nt - 1) / nt), (unsigned)BH);
         if (e == cudaSuccess) {
-            vs_index_kernel<<<grid, nt, smem, stream>>>(p, use_smem, mask_words);
+            vs_index_kernel<<<grid, nt, smem, stream>>>(p, use_smem, mask_words, shortcuts);
             e = cudaGetLastError();
         }
     }

@@ -752,10 +752,11 @@ static void test_sparse_prefix_columns(const shape *s) {
 }
 
 /* Uploads the lists, builds the block index from them on both sides, checks that it is the same
- * (reported as "what ... differing N") and frees the lists. */
+ * (reported as "what ... differing N", with the index build's switches that are set) and frees
+ * the lists. */
 static void index_both_and_check(vs_pair *vi, int64_t L, const int32_t *lens, int32_t R,
                                  const char *what) {
-    char name[200];
+    char name[260];
     const int32_t B = vi->h.batch, H = vi->h.heads;
     CUDA_OK(cudaMemcpy(vi->db, vi->hb, vi->bytes, cudaMemcpyHostToDevice));
     sp_pair si;
@@ -764,7 +765,15 @@ static void index_both_and_check(vs_pair *vi, int64_t L, const int32_t *lens, in
     MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi->d, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     const int64_t idiff = sp_diff(&si);
-    snprintf(name, sizeof name, "%s differing %lld", what, (long long)idiff);
+    static const char *const vars[] = {"MI_CUDA_VS_INDEX_SHORTCUTS", "MI_CUDA_VS_INDEX_MASK"};
+    int n = snprintf(name, sizeof name, "%s", what);
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && n < (int)sizeof name)
+            n += snprintf(name + n, sizeof name - n, " %s=%s", vars[i], v);
+    }
+    if (n < (int)sizeof name)
+        snprintf(name + n, sizeof name - n, " differing %lld", (long long)idiff);
     check(idiff == 0, "index differs", name);
     vs_free(vi);
     sp_free(&si);
@@ -1375,12 +1384,21 @@ int main(int argc, char **argv) {
         test_vs_long(40000, 0, MI_DTYPE_BF16);
         unsetenv(vs_score_vars[vi]);
     }
-    test_index_messy(1000, 40, 60, 0);
-    test_index_messy(1000, 40, 60, 1);
-    test_index_messy(4099, 300, 700, 1);
-    test_index_messy(70, 5, 8, 0);
-    test_index_bands(quick ? 9000 : 30000, 53);
-    test_index_bands(quick ? 9000 : 30000, 9);
+    /* the index build's walk: with its shortcuts (strictly ordered lists: the vertical prefix
+     * counted by a search, runs of consecutive diagonals taken at once), without them, and with
+     * each kept column stored by its thread instead of as bits */
+    static const char *const index_vars[] = {NULL, "MI_CUDA_VS_INDEX_SHORTCUTS",
+                                             "MI_CUDA_VS_INDEX_MASK"};
+    for (int vi = 0; vi < 3; vi++) {
+        if (index_vars[vi]) setenv(index_vars[vi], "0", 1);
+        test_index_messy(1000, 40, 60, 0);
+        test_index_messy(1000, 40, 60, 1);
+        test_index_messy(4099, 300, 700, 1);
+        test_index_messy(70, 5, 8, 0);
+        test_index_bands(quick ? 9000 : 30000, 53);
+        test_index_bands(quick ? 9000 : 30000, 9);
+        if (index_vars[vi]) unsetenv(index_vars[vi]);
+    }
 
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
      * the largest top k it takes (192), D = 64, ramp inputs (compaction at every few tiles,
