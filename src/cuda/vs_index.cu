@@ -104,10 +104,12 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
     const int ns_ = min(max(p.s_count[bh], 0), p.max_s);
     const int32_t *Vl = Vg, *Sl = Sg;
     bool v_prefix = false, s_runs = false;
+    uint32_t *breaks = nullptr, *break_words = nullptr;
     if (use_smem) {
         /* lists padded to powers of two with sentinels that sort last */
         const int vp = pow2_at_least(nv_), sp = pow2_at_least(ns_);
-        int32_t *Vs = lists, *Ss = lists + pow2_at_least(p.max_v);
+        const int vp_all = pow2_at_least(p.max_v), sp_all = pow2_at_least(p.max_s);
+        int32_t *Vs = lists, *Ss = lists + vp_all;
         int ordered = 1;
         for (int i = threadIdx.x; i < vp; i += blockDim.x) {
             Vs[i] = i < nv_ ? Vg[i] : 0x7fffffff;
@@ -134,7 +136,26 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             for (int i = threadIdx.x; i < ns_; i += blockDim.x)
                 if ((i > 0 && Ss[i] >= Ss[i - 1]) || (i == ns_ - 1 && Ss[i] < 0)) strict_s = 0;
             v_prefix = __syncthreads_and(strict_v);
-            s_runs = __syncthreads_and(strict_s);
+            s_runs = __syncthreads_and(strict_s) && ns_ > 0;
+            /* bit i of breaks: entry i ends a run (the last entry, or the next is more than 64
+             * below it); bit w of the summary: word w of breaks has a bit */
+            const int bw = (sp + 31) / 32;
+            breaks =
+                reinterpret_cast<uint32_t *>(lists + vp_all + sp_all) + mask_words * blockDim.x;
+            break_words = breaks + bw;
+            if (s_runs) { /* a ballot a word (the bounds are multiples of 32: whole warps) */
+                for (int i = threadIdx.x; i < 32 * bw; i += blockDim.x) {
+                    const bool end_here = i < ns_ && (i == ns_ - 1 || Ss[i] - Ss[i + 1] > 64);
+                    const uint32_t bits = __ballot_sync(0xffffffffu, end_here);
+                    if ((threadIdx.x & 31) == 0) breaks[i >> 5] = bits;
+                }
+                __syncthreads();
+                for (int w = threadIdx.x; w < (bw + 31) / 32 * 32; w += blockDim.x) {
+                    const uint32_t bits = __ballot_sync(0xffffffffu, w < bw && breaks[w] != 0);
+                    if ((threadIdx.x & 31) == 0) break_words[w >> 5] = bits;
+                }
+                __syncthreads();
+            }
         }
     }
     /* kept columns as bits of the vertical list (word k of thread t at k * blockDim.x + t, so that
@@ -224,32 +245,34 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             if (!mask_words)
                 for (int i = 0; i < n_prefix; ++i) col[i] = V[i];
         };
-        /* After diagonal dn extended or opened the range ending at r_end: the diagonals that
-         * follow it one by one (dn - 1, dn - 2, ...) each end their window at most one key
-         * further, so they extend the range 64 keys at a time until the last of them is
-         * covered. With a strictly descending list a galloping search finds where that run of
-         * consecutive diagonals ends, and the range takes its final end at once: a band of
-         * diagonals costs one search, not one per 64-key tile. The verticals it passes over are
-         * inside the range and would have been dropped one by one; the loop drops them still. */
-        auto run_ahead = [&](int dn) {
-            if (!s_runs || si >= ns || S[si] != dn - 1) return;
-            int lo = 0, hi = 1, step = 1; /* S[si + k] == dn - 1 - k holds at lo, not at hi */
-            const int left = ns - si;
-            while (hi < left && S[si + hi] == dn - 1 - hi) {
-                lo = hi;
-                step <<= 1;
-                hi = lo + step;
+        /* The first entry at or after i that ends a run (bit i of breaks onwards; the list's
+         * last entry always does). */
+        auto run_end = [&](int i) -> int {
+            int w = i >> 5;
+            uint32_t m = breaks[w] & (~0u << (i & 31));
+            if (!m) {
+                int sw = (w + 1) >> 5;
+                uint32_t sm = break_words[sw] & (~0u << ((w + 1) & 31));
+                while (!sm) sm = break_words[++sw];
+                w = 32 * sw + __ffs(sm) - 1;
+                m = breaks[w];
             }
-            if (hi > left) hi = left;
-            while (hi - lo > 1) {
-                const int mid = (lo + hi) >> 1;
-                if (S[si + mid] == dn - 1 - mid)
-                    lo = mid;
-                else
-                    hi = mid;
-            }
-            const int d_last = dn - 1 - lo;
-            si += lo + 1;
+            return 32 * w + __ffs(m) - 1;
+        };
+        /* After diagonal dn (entry si - 1) extended or opened the range ending at r_end: each
+         * diagonal that follows within 64 of the one before it ends its window at most 64 keys
+         * past the range, so it is covered or extends the range by 64 keys, never opens
+         * another: the range grows 64 keys at a time until the last diagonal of that run is
+         * covered. With a strictly descending list the runs' ends are marked as bits, and the
+         * range takes its final end at once: a run costs a few word reads, not a step per
+         * 64-key tile. The verticals it passes over are inside the range and would have been
+         * dropped one by one; the loop drops them still. */
+        auto run_ahead = [&]() {
+            if (!s_runs) return;
+            const int j = run_end(si - 1);
+            if (j < si) return;
+            const int d_last = S[j];
+            si = j + 1;
             s_prev = d_last;
             const int e_last = max(end - d_last, 64);
             if (e_last > r_end) r_end += (e_last - r_end + 63) & ~63;
@@ -259,8 +282,11 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
         };
         /* keeps V[vi] = c as a column */
         auto keep = [&](int c) {
-            if (mask_words) /* the word is this thread's own */
-                masks[(vi >> 5) * blockDim.x + threadIdx.x] |= 1u << (vi & 31);
+            /* the word is this thread's own, but an atomic whose result goes unused issues
+             * without waiting, where a load, an or and a store would put a shared-memory round
+             * trip on the walk's path (twice the time on the estimator's lists) */
+            if (mask_words)
+                atomicOr(&masks[(vi >> 5) * blockDim.x + threadIdx.x], 1u << (vi & 31));
             else
                 col[nc] = c;
             ++nc;
@@ -279,7 +305,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             r_start = e - 64;
             r_end = e;
             keep_prefix(r_start);
-            run_ahead(d);
+            run_ahead();
             for (;;) {
                 const int c = peek_v();
                 if (c < r_end) {
@@ -305,10 +331,10 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
                         emit(r_start, r_end);
                         r_start = e - 64;
                         r_end = e;
-                        run_ahead(dn);
+                        run_ahead();
                     } else if (e > r_end) {
                         r_end += 64;
-                        run_ahead(dn);
+                        run_ahead();
                     }
                 }
             }
@@ -466,7 +492,11 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         const int shortcuts = !(cut_var && cut_var[0] == '0');
         int mask_words = (p.max_v + 31) / 32;
         const size_t mask_bytes = (size_t)mask_words * nt * sizeof(uint32_t);
-        const size_t base = use_smem ? lists : 0;
+        /* the slash list's run ends as bits, and a summary word per 32 of them */
+        const size_t break_words = (ps + 31) / 32;
+        const size_t breaks =
+            use_smem && shortcuts ? (break_words + (break_words + 31) / 32) * 4 : 0;
+        const size_t base = use_smem ? lists + breaks : 0;
         if (!mask_env || mask_bytes > 64 * 1024 || base + mask_bytes > 200 * 1024) mask_words = 0;
         const size_t smem = base + (mask_words ? mask_bytes : 0);
         if (smem > 0)
