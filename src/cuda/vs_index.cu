@@ -246,25 +246,16 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
                 for (int i = 0; i < n_prefix; ++i) col[i] = V[i];
         };
         /* The first entry at or after i that ends a run (bit i of breaks onwards; the list's
-         * last entry always does). The word last read stays in a register: on scattered
-         * diagonals every entry ends its own run, and a load per diagonal on the walk's path
-         * cost 10 % (the mixed set at 1M x 1). */
-        int word_at = -1;
-        uint32_t word = 0;
+         * last entry always does). */
         auto run_end = [&](int i) -> int {
             int w = i >> 5;
-            if (w != word_at) {
-                word_at = w;
-                word = breaks[w];
-            }
-            uint32_t m = word & (~0u << (i & 31));
+            uint32_t m = breaks[w] & (~0u << (i & 31));
             if (!m) {
                 int sw = (w + 1) >> 5;
                 uint32_t sm = break_words[sw] & (~0u << ((w + 1) & 31));
                 while (!sm) sm = break_words[++sw];
                 w = 32 * sw + __ffs(sm) - 1;
-                word_at = w;
-                word = m = breaks[w];
+                m = breaks[w];
             }
             return 32 * w + __ffs(m) - 1;
         };
