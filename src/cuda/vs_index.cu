@@ -39,6 +39,17 @@
  * 0.31 -> 0.37, mixed 1.23 -> 1.38, small 0.048 -> 0.059. Layers have 8 to 32 heads, so the
  * bits are the default where they fit (the list's bits for 128 threads in 64 KB, beside the
  * lists: up to 4096 verticals).
+ * Shortcuts (strictly ordered lists, checked once per CTA; MI_CUDA_VS_INDEX_SHORTCUTS=0 walks
+ * step by step): the verticals left of the first range counted by a binary search and copied by
+ * the warp, and each run of diagonals within 64 of the one before taken at once (its end found
+ * from bits of the slash list). H200, ms, the same index word for word (bench/results/
+ * 2026-12-02-gpu-vs-index-shortcuts-ab.json): estimated lists 1.02 -> 0.64 at 128K x 32, 1.46 ->
+ * 1.05 at 512K x 8, 2.36 -> 1.90 at 1M x 8; local 0.49 -> 0.21 and small 0.071 -> 0.044 at 128K
+ * x 32, 0.37 -> 0.09 and 0.060 -> 0.028 at 1M x 1; mixed 2.23 -> 1.78 at 128K x 32 but 1.38 ->
+ * 1.56 at 1M x 1 (every scattered diagonal ends a run; keeping the last bits word in a register
+ * did not change that). A first form that took only consecutive diagonals missed the
+ * estimator's runs (gaps mostly 1 but not throughout) and, with the column bits set by a plain
+ * load-or-store, was twice as slow on its lists.
  */
 #include "cuda_common.cuh"
 

@@ -805,7 +805,7 @@ static void test_index_messy(int64_t L, int32_t nv, int32_t ns, int with_small) 
 }
 
 /* Index from ordered lists without duplicates, as the estimator writes them, which the GPU walk
- * reads as such: bands of adjacent diagonals (which it skips over in one search) at the start,
+ * reads as such: bands of adjacent diagonals (runs it takes at once) at the start,
  * in the middle and reaching the end of the sequence, between scattered ones whose gaps take
  * every size around the 64 and 128 where windows stop merging, and verticals inside and
  * outside the bands, one in every vstep on average (the GPU keeps a row's columns as bits of the
@@ -1385,8 +1385,8 @@ int main(int argc, char **argv) {
         unsetenv(vs_score_vars[vi]);
     }
     /* the index build's walk: with its shortcuts (strictly ordered lists: the vertical prefix
-     * counted by a search, runs of consecutive diagonals taken at once), without them, and with
-     * each kept column stored by its thread instead of as bits */
+     * counted by a search, runs of diagonals within 64 of each other taken at once), without
+     * them, and with each kept column stored by its thread instead of as bits */
     static const char *const index_vars[] = {NULL, "MI_CUDA_VS_INDEX_SHORTCUTS",
                                              "MI_CUDA_VS_INDEX_MASK"};
     for (int vi = 0; vi < 3; vi++) {
@@ -1411,9 +1411,9 @@ int main(int argc, char **argv) {
      * top 300 (every key a candidate) and 2040 (more candidates than a warp's slots: the
      * select over the whole row), and its index against the streaming kernel's, bit for bit
      * (the same sums), also against split groups.
-     * The row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its fallback, with 4 (the
-     * default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256 threads (the default here)
-     * and in the wide ones of 512 */
+     * The row-holding kernel: its narrowing pass and (top 2040 of more than 2048) its
+     * fallback, with 4 (the default here), 3, 2 and 1 row blocks per CTA, in CTAs of 256
+     * threads (the default here) and in the wide ones of 512 */
     const int64_t Lb = quick ? 40000 : 140000, Lr = quick ? 20000 : 70000;
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_STREAM, 0);
     test_block_sparse_long(Lb, 128, 192, 0, -1, BS_STREAM, 0);
