@@ -494,8 +494,13 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         p.s_idx = ss;
     }
     if (e == cudaSuccess) {
-        /* the column bits where they fit beside the lists (16 KB for 1000 verticals) */
-        const int nt = 128;
+        /* the column bits where they fit beside the lists (16 KB for 1000 verticals);
+         * MI_CUDA_VS_INDEX_THREADS=64|256|512: CTAs of that many row blocks (A/B runs) */
+        int nt = 128;
+        if (const char *t = getenv("MI_CUDA_VS_INDEX_THREADS")) {
+            const int v = atoi(t);
+            if (v == 64 || v == 256 || v == 512) nt = v;
+        }
         const char *mask_var = getenv("MI_CUDA_VS_INDEX_MASK"); /* =0: direct stores */
         const int mask_env = !(mask_var && mask_var[0] == '0');
         /* =0: the walk takes every vertical and diagonal one step at a time */
