@@ -260,15 +260,15 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
          * last entry always does). */
         auto run_end = [&](int i) -> int {
             int w = i >> 5;
-            uint32_t m = breaks[w] & (~0u << (i & 31));
-            if (!m) {
+            uint32_t bits = breaks[w] & (~0u << (i & 31));
+            if (!bits) {
                 int sw = (w + 1) >> 5;
-                uint32_t sm = break_words[sw] & (~0u << ((w + 1) & 31));
-                while (!sm) sm = break_words[++sw];
-                w = 32 * sw + __ffs(sm) - 1;
-                m = breaks[w];
+                uint32_t words = break_words[sw] & (~0u << ((w + 1) & 31));
+                while (!words) words = break_words[++sw];
+                w = 32 * sw + __ffs(words) - 1;
+                bits = breaks[w];
             }
-            return 32 * w + __ffs(m) - 1;
+            return 32 * w + __ffs(bits) - 1;
         };
         /* After diagonal dn (entry si - 1) extended or opened the range ending at r_end: each
          * diagonal that follows within 64 of the one before it ends its window at most 64 keys
