@@ -455,7 +455,14 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
     while (pv < (size_t)p.max_v) pv <<= 1;
     while (ps < (size_t)p.max_s) ps <<= 1;
     const size_t lists = (pv + ps) * sizeof(int32_t);
-    const int use_smem = lists <= 160 * 1024;
+    /* the slash list's run ends as bits beside the lists, and a summary word per 32 of them */
+    const size_t break_words = (ps + 31) / 32;
+    const size_t break_bytes = (break_words + (break_words + 31) / 32) * 4;
+    /* what a CTA may have: 160 KB of lists and 200 KB in all where the GPU allows more (227 KB
+     * on the H200), less where it does not (163 KB on the A100) */
+    const size_t optin = (size_t)mi_cuda_smem_per_block();
+    const size_t smem_cap = optin > 0 && optin < 200 * 1024 ? optin : 200 * 1024;
+    const int use_smem = lists <= 160 * 1024 && lists + break_bytes <= smem_cap;
     if (!sorted && !use_smem && (p.max_v > 0 || p.max_s > 0)) {
         /* sort copies of both lists (the caller's index is const) */
         const size_t nv = (size_t)BH * p.max_v, ns = (size_t)BH * p.max_s;
@@ -508,12 +515,9 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         const int shortcuts = !(cut_var && cut_var[0] == '0');
         int mask_words = (p.max_v + 31) / 32;
         const size_t mask_bytes = (size_t)mask_words * nt * sizeof(uint32_t);
-        /* the slash list's run ends as bits, and a summary word per 32 of them */
-        const size_t break_words = (ps + 31) / 32;
-        const size_t breaks =
-            use_smem && shortcuts ? (break_words + (break_words + 31) / 32) * 4 : 0;
+        const size_t breaks = use_smem && shortcuts ? break_bytes : 0;
         const size_t base = use_smem ? lists + breaks : 0;
-        if (!mask_env || mask_bytes > 64 * 1024 || base + mask_bytes > 200 * 1024) mask_words = 0;
+        if (!mask_env || mask_bytes > 64 * 1024 || base + mask_bytes > smem_cap) mask_words = 0;
         const size_t smem = base + (mask_words ? mask_bytes : 0);
         if (smem > 0)
             e = cudaFuncSetAttribute(vs_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
