@@ -1,12 +1,7 @@
 /*
- * vs_index.cu: vertical/slash sets -> block index (spec §3.2), one thread per (b, h, row block).
- *
- * The walk merges the 64-wide footprints of the diagonals left to right and keeps a vertical as
- * a gathered column only if it lies left of the current range. Every range starts at or before
- * the row block start (e = max(end - d, 64) <= end), so every gathered column is < start:
- * causal-safe by construction. Verticals right of the last range but left of the block start
- * (possible only without small distances) are kept as columns, like the CPU reference.
- * Each CTA stages both lists of its (b, h) in shared memory; unordered input (the public
+ * vs_index.cu: vertical/slash sets -> block index (spec §3.2), one thread per (b, h, row block),
+ * each walking its row block with vs_walk_row (vs_walk.cuh: what the walk does, and its host
+ * test). Each CTA stages both lists of its (b, h) in shared memory; unordered input (the public
  * mi_vs_build_index accepts any order) is bitonic-sorted there, and only lists too large for
  * shared memory go through cub's segmented sort into a stream-ordered scratch buffer. Duplicates
  * and out-of-range entries are skipped during the walk.
@@ -52,6 +47,7 @@
  * load-or-store, was twice as slow on its lists.
  */
 #include "cuda_common.cuh"
+#include "vs_walk.cuh"
 
 #include <cub/device/device_segmented_sort.cuh>
 #include <cuda/std/iterator>
@@ -156,7 +152,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             break_words = breaks + bw;
             if (s_runs) { /* a ballot a word (the bounds are multiples of 32: whole warps) */
                 for (int i = threadIdx.x; i < 32 * bw; i += blockDim.x) {
-                    const bool end_here = i < ns_ && (i == ns_ - 1 || Ss[i] - Ss[i + 1] > 64);
+                    const bool end_here = vs_walk_ends_run(Ss, ns_, i);
                     const uint32_t bits = __ballot_sync(0xffffffffu, end_here);
                     if ((threadIdx.x & 31) == 0) breaks[i >> 5] = bits;
                 }
@@ -181,175 +177,31 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
     const int64_t row = (int64_t)bh * p.row_blocks + m;
     int len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) len = 0;
-    const int start = m * 64, end = start + 64;
+    const int start = m * 64;
     int nb = 0, nc = 0, n_prefix = 0;
     if (in_grid && start < len) {
-        const int32_t *V = Vl, *S = Sl;
-        const int nv = nv_, ns = ns_;
         int32_t *off = p.block_offset + row * p.max_blocks;
         int32_t *col = p.column_index + row * p.max_columns;
-        /* next valid diagonal (descending, unique, 0 <= d < len) */
-        int si = 0, s_prev = 0x7fffffff;
-        auto next_s = [&]() -> int {
-            while (si < ns) {
-                const int d = S[si++];
-                if (d < 0 || d >= len || d >= s_prev) continue;
-                s_prev = d;
-                return d;
-            }
-            return -1;
-        };
-        /* The diagonals are sorted descending (so their windows' ends ascend); a diagonal whose
-         * window ends inside the current range (d >= thr = end - r_end) changes nothing, so runs
-         * of them are skipped with a galloping search instead of one step each: a band of
-         * consecutive diagonals then costs a few loads per 64-key tile, not 64 iterations. */
-        auto next_s_below = [&](int thr) -> int {
-            if (si < ns && S[si] >= thr) {
-                int lo = si, hi = si + 1, step = 1; /* S[lo] >= thr; S[hi] < thr or hi = ns */
-                while (hi < ns && S[hi] >= thr) {
-                    lo = hi;
-                    step <<= 1;
-                    hi = lo + step;
-                }
-                if (hi > ns) hi = ns;
-                while (hi - lo > 1) {
-                    const int mid = (lo + hi) >> 1;
-                    if (S[mid] >= thr)
-                        lo = mid;
-                    else
-                        hi = mid;
-                }
-                si = hi;
-            }
-            return next_s();
-        };
-        int vi = 0, v_prev = -1;
-        int r_start = 0, r_end = 0; /* the range being grown */
-        auto peek_v = [&]() -> int {
-            while (vi < nv) {
-                const int c = V[vi];
-                if (c < 0 || c >= len || c <= v_prev) {
-                    ++vi;
-                    continue;
-                }
-                return c;
-            }
-            return 0x7fffffff;
-        };
-        /* Every vertical left of the first range is kept (or all left of the block when no
-         * diagonal reaches it): with a strictly ascending list they are its first entries, so a
-         * binary search counts them and the warp copies them after the walk, instead of a step
-         * and a bit each (about half the list, on average, for a band of diagonals). */
-        auto keep_prefix = [&](int bound) {
-            if (!v_prefix) return;
-            int lo = 0, hi = nv; /* first entry >= bound */
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if (V[mid] < bound)
-                    lo = mid + 1;
+        const vs_walk_lists lists_walked{Vl, Sl, nv_, ns_, v_prefix, s_runs, breaks, break_words};
+        const vs_walk_counts n = vs_walk_row(
+            lists_walked, start, len, p.max_blocks, p.max_columns,
+            [&](int k, int x) { off[k] = x; },
+            [&](int i, int k, int c) {
+                /* the word is this thread's own, but an atomic whose result goes unused issues
+                 * without waiting, where a load, an or and a store would put a shared-memory
+                 * round trip on the walk's path (twice the time on the estimator's lists) */
+                if (mask_words)
+                    atomicOr(&masks[(i >> 5) * blockDim.x + threadIdx.x], 1u << (i & 31));
                 else
-                    hi = mid;
-            }
-            vi = lo;
-            v_prev = lo > 0 ? V[lo - 1] : -1;
-            n_prefix = nc = min(lo, p.max_columns);
-            if (!mask_words)
-                for (int i = 0; i < n_prefix; ++i) col[i] = V[i];
-        };
-        /* The first entry at or after i that ends a run (bit i of breaks onwards; the list's
-         * last entry always does). */
-        auto run_end = [&](int i) -> int {
-            int w = i >> 5;
-            uint32_t bits = breaks[w] & (~0u << (i & 31));
-            if (!bits) {
-                int sw = (w + 1) >> 5;
-                uint32_t words = break_words[sw] & (~0u << ((w + 1) & 31));
-                while (!words) words = break_words[++sw];
-                w = 32 * sw + __ffs(words) - 1;
-                bits = breaks[w];
-            }
-            return 32 * w + __ffs(bits) - 1;
-        };
-        /* After diagonal dn (entry si - 1) extended or opened the range ending at r_end: each
-         * diagonal that follows within 64 of the one before it ends its window at most 64 keys
-         * past the range, so it is covered or extends the range by 64 keys, never opens
-         * another: the range grows 64 keys at a time until the last diagonal of that run is
-         * covered. With a strictly descending list the runs' ends are marked as bits, and the
-         * range takes its final end at once: a run costs a few word reads, not a step per
-         * 64-key tile. The verticals it passes over are inside the range and would have been
-         * dropped one by one; the loop drops them still. */
-        auto run_ahead = [&]() {
-            if (!s_runs) return;
-            const int j = run_end(si - 1);
-            if (j < si) return;
-            const int d_last = S[j];
-            si = j + 1;
-            s_prev = d_last;
-            const int e_last = max(end - d_last, 64);
-            if (e_last > r_end) r_end += (e_last - r_end + 63) & ~63;
-        };
-        auto emit = [&](int rs, int re) {
-            for (int x = rs; x < re && nb < p.max_blocks; x += 64) off[nb++] = x;
-        };
-        /* keeps V[vi] = c as a column */
-        auto keep = [&](int c) {
-            /* the word is this thread's own, but an atomic whose result goes unused issues
-             * without waiting, where a load, an or and a store would put a shared-memory round
-             * trip on the walk's path (twice the time on the estimator's lists) */
-            if (mask_words)
-                atomicOr(&masks[(vi >> 5) * blockDim.x + threadIdx.x], 1u << (vi & 31));
-            else
-                col[nc] = c;
-            ++nc;
-        };
-        const int d = next_s_below(end); /* diagonals d >= end miss this row block */
-        if (d < 0) {
-            /* no diagonal reaches the block: verticals left of it are all gathered */
-            keep_prefix(start);
-            for (int c = peek_v(); c < start && nc < p.max_columns; c = peek_v()) {
-                keep(c);
-                v_prev = c;
-                ++vi;
-            }
-        } else {
-            int e = max(end - d, 64);
-            r_start = e - 64;
-            r_end = e;
-            keep_prefix(r_start);
-            run_ahead();
-            for (;;) {
-                const int c = peek_v();
-                if (c < r_end) {
-                    if (c < r_start && nc < p.max_columns) keep(c);
-                    v_prev = c;
-                    ++vi;
-                } else {
-                    const int dn = next_s_below(end - r_end);
-                    if (dn < 0) {
-                        emit(r_start, r_end);
-                        /* verticals right of the last range that the whole block still sees
-                         * (only without small distances): kept, as on the CPU */
-                        for (int c2 = peek_v(); c2 < start && nc < p.max_columns;
-                             c2 = peek_v()) {
-                            keep(c2);
-                            v_prev = c2;
-                            ++vi;
-                        }
-                        break;
-                    }
-                    e = max(end - dn, 64);
-                    if (e > r_end + 64) {
-                        emit(r_start, r_end);
-                        r_start = e - 64;
-                        r_end = e;
-                        run_ahead();
-                    } else if (e > r_end) {
-                        r_end += 64;
-                        run_ahead();
-                    }
-                }
-            }
-        }
+                    col[k] = c;
+            },
+            [&](int k) {
+                if (!mask_words)
+                    for (int i = 0; i < k; ++i) col[i] = Vl[i];
+            });
+        nb = n.blocks;
+        nc = n.columns;
+        n_prefix = n.prefix;
     }
     if (in_grid) {
         p.block_count[row] = nb;
