@@ -110,12 +110,16 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
     const int nv_ = min(max(p.v_count[bh], 0), p.max_v);
     const int ns_ = min(max(p.s_count[bh], 0), p.max_s);
     const int32_t *Vl = Vg, *Sl = Sg;
+    /* shared memory: both lists (when staged), the column bits (mask_words a thread), then the
+     * slash list's run ends (with the shortcuts) */
+    const int vp_all = use_smem ? pow2_at_least(p.max_v) : 0;
+    const int sp_all = use_smem ? pow2_at_least(p.max_s) : 0;
+    uint32_t *masks = reinterpret_cast<uint32_t *>(lists + vp_all + sp_all);
     bool v_prefix = false, s_runs = false;
     uint32_t *breaks = nullptr, *break_words = nullptr;
     if (use_smem) {
         /* lists padded to powers of two with sentinels that sort last */
         const int vp = pow2_at_least(nv_), sp = pow2_at_least(ns_);
-        const int vp_all = pow2_at_least(p.max_v), sp_all = pow2_at_least(p.max_s);
         int32_t *Vs = lists, *Ss = lists + vp_all;
         int ordered = 1;
         for (int i = threadIdx.x; i < vp; i += blockDim.x) {
@@ -147,8 +151,7 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
             /* bit i of breaks: entry i ends a run (the last entry, or the next is more than 64
              * below it); bit w of the summary: word w of breaks has a bit */
             const int bw = (sp + 31) / 32;
-            breaks =
-                reinterpret_cast<uint32_t *>(lists + vp_all + sp_all) + mask_words * blockDim.x;
+            breaks = masks + mask_words * blockDim.x;
             break_words = breaks + bw;
             if (s_runs) { /* a ballot a word (the bounds are multiples of 32: whole warps) */
                 for (int i = threadIdx.x; i < 32 * bw; i += blockDim.x) {
@@ -169,8 +172,6 @@ __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_
      * lanes setting the same word index hit distinct banks), written out by the warp after the
      * walk: each thread's columns are a row of their own, which a store per column would write
      * 32 rows at a time */
-    uint32_t *masks = reinterpret_cast<uint32_t *>(
-        lists + (use_smem ? pow2_at_least(p.max_v) + pow2_at_least(p.max_s) : 0));
     for (int k = 0; k < mask_words; ++k) masks[k * blockDim.x + threadIdx.x] = 0;
     const bool in_grid = m < p.row_blocks;
     if (!in_grid && !mask_words) return;
