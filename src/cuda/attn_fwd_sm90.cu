@@ -94,8 +94,12 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
  * bench/time_variants.py, two runs each).
  * Tried and dropped: waiting for K(t) and V(t) together at the step start (one cp.async wait and
  * proxy fence per step instead of two) was 2-6 % slower, 13 % on the 1M prefill: V then has half
- * a step to arrive instead of a whole one. A persistent version (CTAs walking the row blocks,
- * the ring running on from one to the next) was slower or no faster:
+ * a step to arrive instead of a whole one. Nor did the opposite, V(t+1) issued as soon as every
+ * warp is done with S(t) (one more barrier a step) so that K(t+1) and V(t+1) load together
+ * during the softmax: mixed 128K 485-489 against 486-487 TFLOP/s, the 1M prefill 44.7-45.2
+ * against 44.6 ms per head, mixed 1M within its spread; the loads wait on L2's throughput, not on
+ * their issue (bench/results/2026-12-02-gpu-ring-v-early-ab.json). A persistent version (CTAs
+ * walking the row blocks, the ring running on from one to the next) was slower or no faster:
  * dev/cuda/attn_ring_persistent_v9.cu. */
 template <typename T, int D>
 __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p) {
