@@ -33,6 +33,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_plot import plot  # noqa: E402
+
 # ---------------------------------------------------------------------------------------------
 # ctypes mirror of the public API (include/minference.h)
 
@@ -639,41 +642,6 @@ def main():
         json.dump(res, f, indent=1)
     plot(res, os.path.join(args.out, f"{date}-gpu-attention{tag}.png"))
     table(res)
-
-
-def plot(res, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001
-        return
-    fig, ax = plt.subplots(figsize=(7, 5))
-    d = res.get("dense", [])
-    for key, lab in (("ours_ms_per_head", "minference dense"),
-                     ("cudnn_ms_per_head", "SDPA cuDNN"), ("flash_ms_per_head", "SDPA flash")):
-        pts = [(r["L"], r[key]) for r in d if key in r]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=lab)
-    for name in ("local", "mixed", "small"):
-        pts = [(r["L"], r["kernel_ms_per_head"]) for r in res.get("sparse", []) if r["set"] == name]
-        if pts:
-            ax.plot(*zip(*pts), marker="s", linestyle="--", label=f"minference VS {name}")
-    for pat, inputs, lab in (("block_sparse", "random", "block-sparse top-100"),
-                             ("a_shape", "random", "A-shape 128+4096")):
-        pts = [(r["L"], r["kernel_ms_per_head"]) for r in res.get("patterns", [])
-               if r["pattern"] == pat and r["inputs"] == inputs]
-        if pts:
-            ax.plot(*zip(*pts), marker="^", linestyle=":", label=f"minference {lab}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("ms per head")
-    ax.set_title(f"{res['gpu']}, bf16, D=128, causal")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def print_rows(rows, cols):

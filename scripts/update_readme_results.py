@@ -156,16 +156,19 @@ def gpu_tables(runs):
                        f"| {fmt(e.get('keys_per_row'), '.0f')} "
                        f"| {fmt(e.get('kernel_effective_tflops'), '.0f')} |")
         out.append("")
-    if any(r["_file"].endswith(".json") for r in gpu):
-        # the plot of the run the dense table comes from (it has dense and sparse lines), else
-        # the newest plot of a run that has both
-        own = os.path.join(ROOT, d["_file"][:-5] + ".png") if d else ""
-        pngs = sorted(p for p in glob.glob(os.path.join(ROOT, "bench", "results", "*gpu-attention*.png"))
-                      if "-v5" not in p and "-ring" not in p)
-        pick = own if own and os.path.exists(own) else (pngs[-1] if pngs else None)
-        if pick:
-            rel = os.path.relpath(pick, ROOT)
-            out += [f"![time per head against length]({rel})", ""]
+    if d or sp:
+        # the plot of the runs the tables come from: dense from the dense table's run, the sparse
+        # patterns from the sparse table's (drawn again here; kept as it is without matplotlib)
+        png = os.path.join(ROOT, "bench", "results", "gpu-attention-readme.png")
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        import attention_plot
+        base = d or sp
+        if not attention_plot.plot(attention_plot.merged(base, sp), png):
+            print("matplotlib missing: the README's plot was not redrawn", file=sys.stderr)
+        if os.path.exists(png):
+            src = ", ".join(sorted({f"`{r['_file']}`" for r in (d, sp) if r}))
+            out += [f"Time per head against length, from {src}:", "",
+                    f"![time per head against length]({os.path.relpath(png, ROOT)})", ""]
     return out
 
 
