@@ -13,12 +13,7 @@
 using namespace mi_cuda;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t next_random() {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t next_random() { return xorshift64(&rng_state); }
 
 /* One row of a tile: own[t][w] is lane t's mask (only the bits of its keys may be set). */
 static void test_quad(const uint32_t (&own)[4][2], int case_no) {

@@ -23,12 +23,7 @@
 using namespace mi_cuda;
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint32_t rnd() {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+static uint32_t rnd() { return (uint32_t)(xorshift64(&rng_state) >> 16); }
 
 /* One (b, h)'s lists staged as vs_index_kernel stages them in shared memory. */
 struct staged {
