@@ -98,7 +98,10 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
  * warp is done with S(t) (one more barrier a step) so that K(t+1) and V(t+1) load together
  * during the softmax: mixed 128K 485-489 against 486-487 TFLOP/s, the 1M prefill 44.7-45.2
  * against 44.6 ms per head, mixed 1M within its spread; the loads wait on L2's throughput, not on
- * their issue (bench/results/2026-12-02-gpu-ring-v-early-ab.json). A persistent version (CTAs
+ * their issue (bench/results/2026-12-02-gpu-ring-v-early-ab.json). Nor did launching the CTAs
+ * so that the query heads that share K and V run side by side (row block by row block, the heads
+ * of a group together): the whole-layer prefill on estimated indexes within 1 % at 128K-1M
+ * (bench/results/2026-12-02-gpu-ring-gqa-order-ab.json). A persistent version (CTAs
  * walking the row blocks, the ring running on from one to the next) was slower or no faster:
  * dev/cuda/attn_ring_persistent_v9.cu. */
 template <typename T, int D>
