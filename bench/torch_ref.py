@@ -3,7 +3,7 @@
 backends) in one run, on the same inputs. The library is loaded with ctypes and fed
 tensor.data_ptr(), on torch's current stream.
 
-Measures (bf16, D = 128, causal; BENCHMARKS.md):
+Measures (bf16, D = 128, causal; BENCHMARKS.md; every section at 32K, 128K, 512K and 1M):
   dense           ours vs cuDNN vs flash, per-head ms and TFLOP/s (2 L^2 D per head)
   sparse          VS kernel on the prescribed index sets local / mixed / small (index built on
                   the GPU and timed apart), effective TFLOP/s = 4 D (keys visited) / time
@@ -585,8 +585,6 @@ def main():
     if "sparse" in sections:
         res["sparse"] = []
         for L, H, Hk, reps in shapes:
-            if L < 131072 and not args.quick:
-                continue
             for name in ("local", "mixed", "small"):
                 r = bench_sparse(lib, L, max(H // 4, 1) if L >= 524288 else H, Hk, name,
                                  max(reps, 3))
@@ -596,8 +594,6 @@ def main():
     if "patterns" in sections:
         res["patterns"] = []
         for L, H, Hk, reps in shapes:
-            if L < 131072:
-                continue
             H1 = max(H // 4, 1) if L >= 524288 else H
             for r in (bench_block_sparse(lib, L, H1, Hk, "random", max(reps, 3)),
                       bench_block_sparse(lib, L, H1, Hk, "position-coded", max(reps, 3)),
@@ -608,8 +604,6 @@ def main():
     if "estimation" in sections:
         res["estimation"] = []
         for L, H, Hk, reps in shapes:
-            if L < 131072:
-                continue
             # at least 8 heads, so the per-call fixed costs are shared as in a real layer
             r = bench_estimation(lib, L, max(H, 8), max(Hk, 2), max(reps, 3))
             print("estimation", json.dumps(r), flush=True)
