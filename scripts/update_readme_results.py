@@ -2,7 +2,9 @@
 """Regenerates the Performance section of README.md from bench/results/*.json.
 
 Each results file is one benchmark run; the newest run of each kind (CPU attention, GPU attention,
-model TTFT, accuracy) fills its table. Run after adding results: scripts/update_readme_results.py
+model TTFT, accuracy) fills its table, and the GPU plot is redrawn from the runs behind the GPU
+tables (bench/attention_plot.py; with matplotlib installed, else the plot is left as it is).
+Run after adding results: scripts/update_readme_results.py
 """
 import glob
 import json
