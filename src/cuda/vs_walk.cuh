@@ -30,7 +30,7 @@ __host__ __device__ __forceinline__ int vs_walk_ffs(uint32_t x) {
  * entries). v_prefix: V is strictly ascending without negative entries; s_runs: S is strictly
  * descending without negative entries, and bit i of breaks is set where entry i ends a run (the
  * last entry, or the next is more than 64 below it), bit w of break_words where word w of breaks
- * has a bit (vs_walk_mark_runs). */
+ * has a bit (vs_walk_ends_run gives each bit). */
 struct vs_walk_lists {
     const int32_t *V, *S;
     int nv, ns;
@@ -170,15 +170,19 @@ __host__ __device__ __forceinline__ vs_walk_counts vs_walk_row(const vs_walk_lis
         keep_column(vi, nc, c);
         ++nc;
     };
-    const int d = next_s_below(end); /* diagonals d >= end miss this row block */
-    if (d < 0) {
-        /* no diagonal reaches the block: verticals left of it are all gathered */
-        keep_prefix(start);
+    /* keeps every vertical from V[vi] on that lies left of the row block */
+    auto keep_left_of_block = [&]() {
         for (int c = peek_v(); c < start && nc < max_columns; c = peek_v()) {
             keep(c);
             v_prev = c;
             ++vi;
         }
+    };
+    const int d = next_s_below(end); /* diagonals d >= end miss this row block */
+    if (d < 0) {
+        /* no diagonal reaches the block: verticals left of it are all gathered */
+        keep_prefix(start);
+        keep_left_of_block();
     } else {
         int e = max(end - d, 64);
         r_start = e - 64;
@@ -197,11 +201,7 @@ __host__ __device__ __forceinline__ vs_walk_counts vs_walk_row(const vs_walk_lis
                     emit(r_start, r_end);
                     /* verticals right of the last range that the whole block still sees (only
                      * without small distances): kept, as on the CPU */
-                    for (int c2 = peek_v(); c2 < start && nc < max_columns; c2 = peek_v()) {
-                        keep(c2);
-                        v_prev = c2;
-                        ++vi;
-                    }
+                    keep_left_of_block();
                     break;
                 }
                 e = max(end - dn, 64);
