@@ -128,6 +128,11 @@
  *   whose block's list ends in its first half is computed as that half alone (S over 64 keys):
  *   small 128K 429-432 -> 440-441, local unchanged
  *   (bench/results/2026-11-30-gpu-a-shape-ws-ab.json).
+ * Tried and not kept: the two consumers issuing their wgmma without taking turns (no named
+ * barriers between them): local 557 -> 541 TFLOP/s at 128K and 568 -> 552 at 1M, small within
+ * the run's spread (438 -> 435 at 128K, 435 -> 441 at 1M;
+ * bench/results/2026-12-02-gpu-sparse-turns-ab.json). Taking turns lets one consumer's softmax
+ * run under the other's GEMMs; it is not where an item's own cost comes from.
  * Tried and not kept: this kernel templated on D for heads of 64 dimensions (one 64-column half
  * per tile, P V as m64n64k16), against the ring kernel at D = 64 in one process: local +5-6 %
  * (350 -> 368 TFLOP/s at 128K and 1M), small and mixed unchanged, and in SmolLM2's prefill the
