@@ -1,11 +1,15 @@
 /*
- * cmd_bench.c: `minference bench`: dense causal attention against every sparse pattern on the
- * CPU, on synthetic data with real-head structure (mi_synth_generate), one pattern for all heads.
+ * cmd_bench.c: `minference bench`: dense causal attention against every sparse pattern, on the
+ * CPU or (--device cuda) on a GPU, on synthetic data with real-head structure
+ * (mi_synth_generate), one pattern for all heads.
  *
- * Per method: median wall time of mi_prefill_attention (estimation and index building included),
- * speed-up over dense, density / recall / FLOPs from mi_metrics_evaluate, and the relative L2
- * error of the output against the dense output. An OpenBLAS sgemm of the attention's shape
- * (min(L, 4096)^2 x D) gives the machine's practical GEMM rate to read the dense kernel against.
+ * Per method: median wall time of mi_prefill_attention (estimation and index building included;
+ * on the GPU up to the stream's end, after one untimed call), speed-up over dense, density /
+ * recall / FLOPs from mi_metrics_evaluate, and the relative L2 error of the output against the
+ * dense output. The metrics are exact, so they cost about a dense attention pass on the CPU: on
+ * the GPU they are computed only with --metrics (the error against dense always is). On the CPU,
+ * an OpenBLAS sgemm of the attention's shape (min(L, 4096)^2 x D) gives the machine's practical
+ * GEMM rate to read the dense kernel against.
  *
  * The default length, 32768, keeps the whole run (five methods, three repeats, exact metrics)
  * well under a minute on a 2-core machine (about 12 s when it is otherwise idle); the sparse
@@ -14,9 +18,13 @@
 #include "args.h"
 #include "cli.h"
 #include "minference.h"
+#include "minference_cuda.h"
 #include "tool_util.h"
 
 #include <cblas.h>
+#ifdef MI_TOOLS_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,23 +34,28 @@
 #include <unistd.h>
 
 static const char usage[] =
-    "usage: minference bench [--len L] [--heads H] [--kv-heads H_KV] [--dim D] [--dtype T]\n"
-    "                        [--threads N] [--seed S] [--repeats R] [--methods M] [--json FILE]\n"
+    "usage: minference bench [--device cpu|cuda] [--len L] [--heads H] [--kv-heads H_KV]\n"
+    "                        [--dim D] [--dtype T] [--threads N] [--seed S] [--repeats R]\n"
+    "                        [--methods M] [--metrics] [--json FILE]\n"
     "\n"
     "Dense causal attention against every sparse pattern (library defaults: a_shape 128/3968,\n"
     "tri_shape 128/3968 + last 100 rows, vertical_and_slash 1000/6096, block_sparse top-100) on\n"
     "synthetic data with sinks, a local band, slash lines, vertical columns and needles.\n"
     "\n"
-    "  --len L        sequence length (default 32768)\n"
-    "  --heads H      query heads (default 1)\n"
-    "  --kv-heads H   key/value heads, dividing --heads (default: --heads)\n"
+    "  --device D     cpu, or cuda: the attention on GPU 0 (a build with CUDA; default cpu)\n"
+    "  --len L        sequence length (default 32768; 131072 on cuda)\n"
+    "  --heads H      query heads (default 1; 32 on cuda)\n"
+    "  --kv-heads H   key/value heads, dividing --heads (default: --heads; 8 on cuda with the\n"
+    "                 default heads)\n"
     "  --dim D        head dimension (default 128)\n"
-    "  --dtype T      f32, f16 or bf16 (default bf16)\n"
+    "  --dtype T      f32, f16 or bf16 (default bf16; cuda: f16 or bf16)\n"
     "  --threads N    CPU threads (default 0: all online cores)\n"
     "  --seed S       data seed (default 1234)\n"
-    "  --repeats R    timed runs per method; the median is reported (default 3)\n"
+    "  --repeats R    timed runs per method; the median is reported (default 3; 5 on cuda)\n"
     "  --methods M    comma-separated subset of a_shape, tri_shape, vertical_slash, block_sparse\n"
     "                 (default: all; dense always runs, as the reference)\n"
+    "  --metrics      on cuda, also the density, recall and FLOPs of each pattern, computed\n"
+    "                 exactly on the CPU (about a dense attention pass there; always on the CPU)\n"
     "  --json FILE    also write the results as one JSON object\n";
 
 typedef struct method {
@@ -220,9 +233,64 @@ static int fail_status(mi_context *ctx, const char *what, mi_status st) {
     return 1;
 }
 
-static int write_json(const char *path, const char *machine, int threads, int len, int heads,
-                      int kv_heads, int dim, mi_dtype dtype, int seed, int repeats, double sgemm,
-                      const result *res) {
+/* The attention's buffers: host memory on the CPU, device memory on the GPU. Without CUDA in the
+ * build, gpu is never true here (the command stops before, at the context). */
+static void *mem_alloc(bool gpu, size_t bytes) {
+#ifdef MI_TOOLS_CUDA
+    if (gpu) {
+        void *p = NULL;
+        return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+    }
+#endif
+    (void)gpu;
+    return malloc(bytes);
+}
+
+static void mem_free(bool gpu, void *p) {
+#ifdef MI_TOOLS_CUDA
+    if (gpu) {
+        if (p) cudaFree(p);
+        return;
+    }
+#endif
+    (void)gpu;
+    free(p);
+}
+
+/* Host to device (to_device) or back; false with a message on failure. */
+static bool mem_copy(void *dst, const void *src, size_t bytes, bool to_device) {
+#ifdef MI_TOOLS_CUDA
+    cudaError_t e = cudaMemcpy(dst, src, bytes,
+                               to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) return true;
+    fprintf(stderr, "\nminference bench: copy of %zu bytes %s the GPU failed: %s\n", bytes,
+            to_device ? "to" : "from", cudaGetErrorString(e));
+#else
+    (void)dst, (void)src, (void)bytes, (void)to_device;
+#endif
+    return false;
+}
+
+/* "NVIDIA H200, 132 SMs" for GPU 0. */
+static void gpu_name(char *buf, size_t size) {
+    snprintf(buf, size, "unknown GPU");
+#ifdef MI_TOOLS_CUDA
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        snprintf(buf, size, "%s, %d SMs", prop.name, prop.multiProcessorCount);
+#endif
+}
+
+/* What a run was: its shape and where it ran, as printed and written to JSON. */
+typedef struct bench_setup {
+    const char *machine, *gpu; /* gpu: NULL on the CPU */
+    int threads, len, heads, kv_heads, dim, seed, repeats;
+    mi_dtype dtype;
+    bool metrics;
+    double sgemm; /* GFLOP/s; NAN on the GPU */
+} bench_setup;
+
+static int write_json(const char *path, const bench_setup *b, const result *res) {
     FILE *f = fopen(path, "w");
     if (!f) {
         perror(path);
@@ -234,15 +302,22 @@ static int write_json(const char *path, const char *machine, int threads, int le
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
     fprintf(f, "{\n  \"date\": \"%s\",\n  \"machine\": ", date);
-    json_string(f, machine);
+    json_string(f, b->machine);
+    fprintf(f, ",\n  \"device\": \"%s\",\n  \"gpu\": ", b->gpu ? "cuda" : "cpu");
+    if (b->gpu)
+        json_string(f, b->gpu);
+    else
+        fputs("null", f);
     fprintf(f,
-            ",\n  \"library_version\": \"%s\",\n  \"threads\": %d,\n  \"len\": %d,\n"
-            "  \"heads\": %d,\n  \"kv_heads\": %d,\n  \"dim\": %d,\n  \"dtype\": \"%s\",\n"
-            "  \"seed\": %d,\n  \"repeats\": %d,\n  \"blas\": ",
-            mi_version(), threads, len, heads, kv_heads, dim, mi_dtype_name(dtype), seed, repeats);
+            ",\n  \"library_version\": \"%s\",\n  \"commit\": \"%s\",\n  \"threads\": %d,\n"
+            "  \"len\": %d,\n  \"heads\": %d,\n  \"kv_heads\": %d,\n  \"dim\": %d,\n"
+            "  \"dtype\": \"%s\",\n  \"seed\": %d,\n  \"repeats\": %d,\n  \"metrics\": %s,\n"
+            "  \"blas\": ",
+            mi_version(), mi_build_commit(), b->threads, b->len, b->heads, b->kv_heads, b->dim,
+            mi_dtype_name(b->dtype), b->seed, b->repeats, b->metrics ? "true" : "false");
     json_string(f, openblas_get_config());
     fprintf(f, ",\n  \"sgemm_gflops\": ");
-    json_number(f, sgemm);
+    json_number(f, b->sgemm);
     fprintf(f, ",\n  \"results\": [\n");
     int last = 0;
     for (int m = 0; m < N_METHODS; m++)
@@ -280,53 +355,110 @@ static int write_json(const char *path, const char *machine, int threads, int le
     return 0;
 }
 
+/* A number in a table column, or "-" where it was not measured (NAN). */
+static void print_cell(int width, const char *fmt, double v) {
+    char cell[32];
+    if (isfinite(v))
+        snprintf(cell, sizeof cell, fmt, v);
+    else
+        snprintf(cell, sizeof cell, "-");
+    printf(" %*s", width, cell);
+}
+
+static void print_table(const bench_setup *b, const result *res) {
+    const double scale = b->gpu ? 1e-3 : 1.0; /* GFLOP/s on the CPU, TFLOP/s on the GPU */
+    printf("\nminference bench  %s  L=%d  heads=%d (kv %d)  D=%d  %s  threads=%d  seed=%d\n",
+           b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim,
+           mi_dtype_name(b->dtype), b->threads, b->seed);
+    printf("machine: %s\n", b->machine);
+    if (b->gpu) {
+        printf("GPU: %s; dense attention reaches %.1f TFLOP/s\n", b->gpu, res[0].gflops * scale);
+        if (!b->metrics)
+            printf("density, recall and sparse FLOP/s: with --metrics (computed on the CPU)\n");
+        printf("\n");
+    } else {
+        const int64_t gemm_n = b->len < 4096 ? b->len : 4096;
+        printf("OpenBLAS sgemm (%lldx%lldx%d): %.1f GFLOP/s; dense attention reaches %.1f "
+               "GFLOP/s (%.0f%% of sgemm)\n\n",
+               (long long)gemm_n, (long long)gemm_n, b->dim, b->sgemm, res[0].gflops,
+               100.0 * res[0].gflops / b->sgemm);
+    }
+    printf("%-15s %10s %8s %8s %8s %10s %9s\n", "method", "ms", "speedup", "density", "recall",
+           "rel_err", b->gpu ? "TFLOP/s" : "GFLOP/s");
+    for (int m = 0; m < N_METHODS; m++) {
+        const result *r = &res[m];
+        if (!r->run) continue;
+        printf("%-15s", methods[m].name);
+        print_cell(10, "%.2f", r->ms);
+        print_cell(8, "%.2fx", r->speedup);
+        print_cell(8, "%.4f", r->density);
+        print_cell(8, "%.4f", r->recall);
+        print_cell(10, "%.2e", r->rel_err);
+        print_cell(9, "%.1f", r->gflops * scale);
+        printf("\n");
+    }
+}
+
 int mi_cmd_bench(int argc, char **argv) {
     int len = 32768, heads = 1, kv_heads = 0, dim = 128, threads = 0, seed = 1234, repeats = 3;
-    const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL;
+    const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL, *device_name = "cpu";
+    bool len_seen = false, heads_seen = false, kv_seen = false, repeats_seen = false;
+    bool metrics_flag = false;
     const arg_spec specs[] = {
-        {"len", ARG_INT, &len, 1, 1 << 24, NULL},
-        {"heads", ARG_INT, &heads, 1, 1024, NULL},
-        {"kv-heads", ARG_INT, &kv_heads, 0, 1024, NULL},
+        {"device", ARG_STR, &device_name, 0, 0, NULL},
+        {"len", ARG_INT, &len, 1, 1 << 24, &len_seen},
+        {"heads", ARG_INT, &heads, 1, 1024, &heads_seen},
+        {"kv-heads", ARG_INT, &kv_heads, 0, 1024, &kv_seen},
         {"dim", ARG_INT, &dim, 1, 256, NULL},
         {"dtype", ARG_STR, &dtype_name, 0, 0, NULL},
         {"threads", ARG_INT, &threads, 0, 4096, NULL},
         {"seed", ARG_INT, &seed, 0, INT32_MAX, NULL},
-        {"repeats", ARG_INT, &repeats, 1, 1000, NULL},
+        {"repeats", ARG_INT, &repeats, 1, 1000, &repeats_seen},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
         {"methods", ARG_STR, &method_list, 0, 0, NULL},
+        {"metrics", ARG_BOOL, &metrics_flag, 0, 0, NULL},
     };
     const char *pos[1];
     int np = 0;
     args_result ar = args_parse("bench", usage, specs, (int)(sizeof specs / sizeof specs[0]), argc,
                                 argv, pos, 0, &np);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
+    const bool gpu = strcmp(device_name, "cuda") == 0;
+    if (!gpu && strcmp(device_name, "cpu") != 0)
+        return args_error("bench", usage, "bad value '%s' for '--device' (cpu or cuda)",
+                          device_name);
     mi_dtype dtype;
-    if (!parse_dtype(dtype_name, &dtype)) {
-        fprintf(stderr, "minference bench: bad value '%s' for '--dtype' (f32, f16 or bf16)\n\n%s",
-                dtype_name, usage);
-        return 2;
+    if (!parse_dtype(dtype_name, &dtype))
+        return args_error("bench", usage, "bad value '%s' for '--dtype' (f32, f16 or bf16)",
+                          dtype_name);
+    if (gpu && dtype == MI_DTYPE_F32)
+        return args_error("bench", usage, "the CUDA kernels take f16 or bf16, not f32");
+    if (gpu) { /* a layer of LLaMA-3-8B at 128K: long enough for the sparse kernels to pay */
+        if (!len_seen) len = 131072;
+        if (!heads_seen) {
+            heads = 32;
+            if (!kv_seen) kv_heads = 8;
+        }
+        if (!repeats_seen) repeats = 5;
     }
     result res[N_METHODS];
     memset(res, 0, sizeof res);
     if (method_list) {
-        if (!select_methods(method_list, res)) {
-            fprintf(stderr, "minference bench: bad value '%s' for '--methods'\n\n%s", method_list,
-                    usage);
-            return 2;
-        }
+        if (!select_methods(method_list, res))
+            return args_error("bench", usage, "bad value '%s' for '--methods'", method_list);
     } else {
         for (int m = 0; m < N_METHODS; m++) res[m].run = true;
     }
     int n_run = 0;
     for (int m = 0; m < N_METHODS; m++) n_run += res[m].run;
     if (kv_heads == 0) kv_heads = heads;
-    if (heads % kv_heads != 0) {
-        fprintf(stderr, "minference bench: --heads %d is not a multiple of --kv-heads %d\n\n%s",
-                heads, kv_heads, usage);
-        return 2;
-    }
+    if (heads % kv_heads != 0)
+        return args_error("bench", usage, "--heads %d is not a multiple of --kv-heads %d", heads,
+                          kv_heads);
+    const bool metrics = !gpu || metrics_flag;
 
-    mi_context *ctx = NULL;
+    /* The CPU context makes the data and the metrics; the attention runs on run_ctx. */
+    mi_context *ctx = NULL, *gpu_ctx = NULL;
     mi_context_params cp = mi_context_default_params();
     cp.n_threads = threads;
     mi_status st = mi_context_create(&cp, &ctx);
@@ -336,136 +468,197 @@ int mi_cmd_bench(int argc, char **argv) {
         return 1;
     }
     threads = mi_context_n_threads(ctx);
+    if (gpu) {
+        mi_context_params gp = mi_context_default_params();
+        gp.device = MI_DEVICE_CUDA;
+        if (mi_cuda_device_count() < 1)
+            st = MI_STATUS_NOT_BUILT;
+        else
+            st = mi_context_create(&gp, &gpu_ctx);
+#ifndef MI_TOOLS_CUDA
+        if (st == MI_STATUS_SUCCESS) st = MI_STATUS_NOT_BUILT; /* no cudart here to copy with */
+#endif
+        if (st != MI_STATUS_SUCCESS) {
+            if (!strstr(mi_build_features(), "cuda"))
+                fprintf(stderr, "minference bench: --device cuda: this build has no CUDA backend\n");
+            else if (mi_cuda_device_count() < 1)
+                fprintf(stderr, "minference bench: --device cuda: no usable CUDA device\n");
+            else
+                fprintf(stderr, "minference bench: --device cuda: no CUDA context: %s\n",
+                        mi_status_string(st));
+            mi_context_destroy(gpu_ctx);
+            mi_context_destroy(ctx);
+            return 1;
+        }
+    }
+    mi_context *run_ctx = gpu ? gpu_ctx : ctx;
+    const mi_device_type dev = gpu ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
 
     const size_t es = mi_dtype_size(dtype);
     const size_t n_q = (size_t)heads * (size_t)len * (size_t)dim;
     const size_t n_kv = (size_t)kv_heads * (size_t)len * (size_t)dim;
-    void *q = malloc(n_q * es), *k = malloc(n_kv * es), *v = malloc(n_kv * es);
-    void *out_dense = malloc(n_q * es), *out = malloc(n_q * es);
+    /* host copies (the data is made there; the metrics read them) */
+    void *hq = malloc(n_q * es), *hk = malloc(n_kv * es), *hv = malloc(n_kv * es);
+    void *href = malloc(n_q * es), *hout = malloc(n_q * es);
     mi_head_pattern *pats = malloc((size_t)heads * sizeof *pats);
     mi_head_metrics *hm = malloc((size_t)heads * sizeof *hm);
     double *times = malloc((size_t)repeats * sizeof(double));
+    /* what the attention reads and writes: the same buffers on the CPU */
+    void *q = NULL, *k = NULL, *v = NULL, *ref = NULL, *out = NULL, *ws = NULL;
     int rc = 1, index = 0;
-    if (!q || !k || !v || !out_dense || !out || !pats || !hm || !times) {
+    if (!hq || !hk || !hv || !href || !hout || !pats || !hm || !times) {
         fprintf(stderr, "minference bench: out of memory for L=%d, H=%d, D=%d\n", len, heads, dim);
         goto done;
     }
-    mi_tensor tq = mi_tensor_bhld(q, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
-    mi_tensor tk = mi_tensor_bhld(k, dtype, MI_DEVICE_CPU, 1, kv_heads, len, dim);
-    mi_tensor tv = mi_tensor_bhld(v, dtype, MI_DEVICE_CPU, 1, kv_heads, len, dim);
-    mi_tensor tref = mi_tensor_bhld(out_dense, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
-    mi_tensor tout = mi_tensor_bhld(out, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
-
-    char machine[384];
-    machine_name(machine, sizeof machine);
-    fprintf(stderr, "minference bench: L=%d heads=%d/%d D=%d %s, %d threads, seed %d\n", len, heads,
-            kv_heads, dim, mi_dtype_name(dtype), threads, seed);
-    double t0 = tool_now_s();
-    mi_synth_params sp = mi_synth_default_params();
-    sp.seed = (uint64_t)seed;
-    if ((st = mi_synth_generate(ctx, &sp, &tq, &tk, &tv, NULL)) != MI_STATUS_SUCCESS) {
-        rc = fail_status(ctx, "synthetic data", st);
-        goto done;
+    if (gpu) {
+        q = mem_alloc(true, n_q * es);
+        k = mem_alloc(true, n_kv * es);
+        v = mem_alloc(true, n_kv * es);
+        ref = mem_alloc(true, n_q * es);
+        out = mem_alloc(true, n_q * es);
+        if (!q || !k || !v || !ref || !out) {
+            fprintf(stderr, "minference bench: out of GPU memory for L=%d, H=%d, D=%d\n", len,
+                    heads, dim);
+            goto done;
+        }
+    } else {
+        q = hq, k = hk, v = hv, ref = href, out = hout;
     }
-    fprintf(stderr, "  synthetic data: %.2f s\n", tool_now_s() - t0);
+    mi_tensor hq_t = mi_tensor_bhld(hq, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
+    mi_tensor hk_t = mi_tensor_bhld(hk, dtype, MI_DEVICE_CPU, 1, kv_heads, len, dim);
+    mi_tensor hv_t = mi_tensor_bhld(hv, dtype, MI_DEVICE_CPU, 1, kv_heads, len, dim);
+    mi_tensor href_t = mi_tensor_bhld(href, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
+    mi_tensor hout_t = mi_tensor_bhld(hout, dtype, MI_DEVICE_CPU, 1, heads, len, dim);
+    mi_tensor tq = mi_tensor_bhld(q, dtype, dev, 1, heads, len, dim);
+    mi_tensor tk = mi_tensor_bhld(k, dtype, dev, 1, kv_heads, len, dim);
+    mi_tensor tv = mi_tensor_bhld(v, dtype, dev, 1, kv_heads, len, dim);
+    mi_tensor tref = mi_tensor_bhld(ref, dtype, dev, 1, heads, len, dim);
+    mi_tensor tout = mi_tensor_bhld(out, dtype, dev, 1, heads, len, dim);
 
     /* Kernels are measured as they are: no fallback to dense below the crossover. */
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
+    /* Every method's workspace size first: it also checks the shape against the device (head
+     * dimension, dtype) before the data is made. */
+    size_t ws_size = 0;
     for (int m = 0; m < N_METHODS; m++) {
-        const mi_head_pattern hp = mi_head_pattern_default(methods[m].type);
+        if (!res[m].run) continue;
+        res[m].pattern = mi_head_pattern_default(methods[m].type);
+        for (int h = 0; h < heads; h++) pats[h] = res[m].pattern;
+        size_t bytes = 0;
+        if ((st = mi_prefill_workspace_size(run_ctx, &tq, &tk, pats, &pp, &bytes))) {
+            rc = fail_status(run_ctx, methods[m].name, st);
+            goto done;
+        }
+        if (bytes > ws_size) ws_size = bytes;
+    }
+    if (ws_size && !(ws = mem_alloc(gpu, ws_size))) {
+        fprintf(stderr, "minference bench: out of %s memory for a %zu-byte workspace\n",
+                gpu ? "GPU" : "host", ws_size);
+        goto done;
+    }
+
+    char machine[384], gpu_buf[320];
+    machine_name(machine, sizeof machine);
+    if (gpu) gpu_name(gpu_buf, sizeof gpu_buf);
+    fprintf(stderr, "minference bench: %s L=%d heads=%d/%d D=%d %s, %d threads, seed %d\n",
+            gpu ? gpu_buf : "cpu", len, heads, kv_heads, dim, mi_dtype_name(dtype), threads, seed);
+    double t0 = tool_now_s();
+    mi_synth_params sp = mi_synth_default_params();
+    sp.seed = (uint64_t)seed;
+    if ((st = mi_synth_generate(ctx, &sp, &hq_t, &hk_t, &hv_t, NULL)) != MI_STATUS_SUCCESS) {
+        rc = fail_status(ctx, "synthetic data", st);
+        goto done;
+    }
+    if (gpu && (!mem_copy(q, hq, n_q * es, true) || !mem_copy(k, hk, n_kv * es, true) ||
+                !mem_copy(v, hv, n_kv * es, true)))
+        goto done;
+    fprintf(stderr, "  synthetic data: %.2f s\n", tool_now_s() - t0);
+
+    for (int m = 0; m < N_METHODS; m++) {
         result *r = &res[m];
         if (!r->run) continue;
-        r->pattern = hp;
-        for (int h = 0; h < heads; h++) pats[h] = hp;
-        size_t ws_size = 0;
-        if ((st = mi_prefill_workspace_size(ctx, &tq, &tk, pats, &pp, &ws_size))) {
-            rc = fail_status(ctx, methods[m].name, st);
-            goto done;
-        }
-        void *ws = ws_size ? malloc(ws_size) : NULL;
-        if (ws_size && !ws) {
-            fprintf(stderr, "minference bench: out of memory for a %zu-byte workspace\n", ws_size);
-            goto done;
-        }
+        for (int h = 0; h < heads; h++) pats[h] = r->pattern;
         mi_tensor *dst = m == 0 ? &tref : &tout;
         double t_start = tool_now_s();
-        for (int rep = 0; rep < repeats; rep++) {
-            progress(index, n_run, methods[m].name, rep, repeats + 1);
+        /* on the GPU one untimed call first: the first launch of a kernel loads its module */
+        for (int rep = gpu ? -1 : 0; rep < repeats; rep++) {
+            progress(index, n_run, methods[m].name, rep + 1, repeats + 2);
             double ts = tool_now_s();
-            st = mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, dst, NULL, ws, ws_size);
-            times[rep] = tool_now_s() - ts;
+            st = mi_prefill_attention(run_ctx, &tq, &tk, &tv, NULL, pats, &pp, dst, NULL, ws,
+                                      ws_size);
+            if (gpu && st == MI_STATUS_SUCCESS) st = mi_context_synchronize(run_ctx);
+            if (rep >= 0) times[rep] = tool_now_s() - ts;
             if (st != MI_STATUS_SUCCESS) break;
         }
-        free(ws);
         if (st != MI_STATUS_SUCCESS) {
-            rc = fail_status(ctx, methods[m].name, st);
+            rc = fail_status(run_ctx, methods[m].name, st);
             goto done;
         }
         r->ms = 1e3 * median(times, repeats);
-        progress(index, n_run, methods[m].name, repeats, repeats + 1);
-        if ((st = mi_metrics_evaluate(ctx, &tq, &tk, NULL, pats, &pp, hm))) {
-            rc = fail_status(ctx, "metrics", st);
-            goto done;
-        }
+        progress(index, n_run, methods[m].name, repeats + 1, repeats + 2);
+        if (gpu && !mem_copy(m == 0 ? href : hout, m == 0 ? ref : out, n_q * es, false)) goto done;
         double dense_flops = 0.0;
-        for (int h = 0; h < heads; h++) {
-            r->density += hm[h].density / heads;
-            r->recall += hm[h].recall / heads;
-            r->flops += hm[h].flops;
-            dense_flops += hm[h].dense_flops;
+        if (metrics) {
+            if ((st = mi_metrics_evaluate(ctx, &hq_t, &hk_t, NULL, pats, &pp, hm))) {
+                rc = fail_status(ctx, "metrics", st);
+                goto done;
+            }
+            for (int h = 0; h < heads; h++) {
+                r->density += hm[h].density / heads;
+                r->recall += hm[h].recall / heads;
+                r->flops += hm[h].flops;
+                dense_flops += hm[h].dense_flops;
+            }
+        } else { /* dense needs no metrics: 4 D per causal (row, key) pair */
+            dense_flops = 4.0 * dim * heads * ((double)len * (len + 1) / 2);
+            r->density = r->recall = r->flops = m == 0 ? 1.0 : NAN;
         }
         if (m == 0) {
             r->rel_err = 0.0;
             r->flops = dense_flops;
-        } else if ((st = mi_metrics_rel_l2(ctx, &tout, &tref, NULL, &r->rel_err))) {
+        } else if ((st = mi_metrics_rel_l2(ctx, &hout_t, &href_t, NULL, &r->rel_err))) {
             rc = fail_status(ctx, "rel_l2", st);
             goto done;
         }
         r->speedup = res[0].ms / r->ms;
         r->gflops = r->flops / (r->ms * 1e6);
         if (isatty(2)) fprintf(stderr, "\r");
-        fprintf(stderr, "[%d/%d] %-15s %10.2f ms  (%.1f s with metrics)\n", ++index, n_run,
+        fprintf(stderr, "[%d/%d] %-15s %10.2f ms  (%.1f s in all)\n", ++index, n_run,
                 methods[m].name, r->ms, tool_now_s() - t_start);
     }
 
-    /* After the attention runs: OpenBLAS's worker threads keep spinning for a while after a
-     * call and would steal cores from the library's threads. */
-    const int64_t gemm_n = len < 4096 ? len : 4096;
-    const double sgemm = sgemm_gflops(gemm_n, dim, threads, repeats);
-    fprintf(stderr, "  OpenBLAS sgemm %lldx%lldx%d: %.1f GFLOP/s\n", (long long)gemm_n,
-            (long long)gemm_n, dim, sgemm);
-
-    printf("\nminference bench  L=%d  heads=%d (kv %d)  D=%d  %s  threads=%d  seed=%d\n", len,
-           heads, kv_heads, dim, mi_dtype_name(dtype), threads, seed);
-    printf("machine: %s\n", machine);
-    printf("OpenBLAS sgemm (%lldx%lldx%d): %.1f GFLOP/s; dense attention reaches %.1f GFLOP/s "
-           "(%.0f%% of sgemm)\n\n",
-           (long long)gemm_n, (long long)gemm_n, dim, sgemm, res[0].gflops,
-           100.0 * res[0].gflops / sgemm);
-    printf("%-15s %10s %8s %8s %8s %10s %9s\n", "method", "ms", "speedup", "density", "recall",
-           "rel_err", "GFLOP/s");
-    for (int m = 0; m < N_METHODS; m++) {
-        const result *r = &res[m];
-        if (!r->run) continue;
-        printf("%-15s %10.2f %7.2fx %8.4f %8.4f %10.2e %9.1f\n", methods[m].name, r->ms, r->speedup,
-               r->density, r->recall, r->rel_err, r->gflops);
+    bench_setup b = {machine, gpu ? gpu_buf : NULL, threads, len, heads, kv_heads, dim,
+                     seed, repeats, dtype, metrics, NAN};
+    if (!gpu) {
+        /* After the attention runs: OpenBLAS's worker threads keep spinning for a while after a
+         * call and would steal cores from the library's threads. */
+        const int64_t gemm_n = len < 4096 ? len : 4096;
+        b.sgemm = sgemm_gflops(gemm_n, dim, threads, repeats);
+        fprintf(stderr, "  OpenBLAS sgemm %lldx%lldx%d: %.1f GFLOP/s\n", (long long)gemm_n,
+                (long long)gemm_n, dim, b.sgemm);
     }
+    print_table(&b, res);
     rc = 0;
     if (json_path) {
-        rc = write_json(json_path, machine, threads, len, heads, kv_heads, dim, dtype, seed,
-                        repeats, sgemm, res);
+        rc = write_json(json_path, &b, res);
         if (rc == 0) fprintf(stderr, "wrote %s\n", json_path);
     }
 done:
-    free(q);
-    free(k);
-    free(v);
-    free(out_dense);
-    free(out);
+    if (gpu) {
+        mem_free(true, q), mem_free(true, k), mem_free(true, v);
+        mem_free(true, ref), mem_free(true, out);
+    }
+    mem_free(gpu, ws);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(href);
+    free(hout);
     free(pats);
     free(hm);
     free(times);
+    mi_context_destroy(gpu_ctx);
     mi_context_destroy(ctx);
     return rc;
 }
