@@ -20,9 +20,37 @@ template <int D> struct attn_smem {
     static constexpr int PITCH = D + 8; /* +16 bytes a row: ldmatrix rows land on distinct banks */
 };
 
-/* The kernel's body, shared by the two entry points below. */
-template <typename T, int D, int BM>
-__device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p) {
+/* The dense last rows of Tri-shape heads, split over their keys (see tri_split_plan): CTA
+ * (c, j, z) computes row block tri_start / 64 + j of (b, h) = (z / n_tri, tri_head[z % n_tri])
+ * over its key tiles [c * chunk_tiles, (c + 1) * chunk_tiles), unnormalised, into item
+ * (z * max_rb + j) * max_chunks + c of o_part and ml_part; tri_merge_kernel then combines the
+ * chunks of each row. */
+struct tri_split_args {
+    float *o_part;   /* [items][64][D] */
+    float2 *ml_part; /* [items][64]: the row's running max (scaled, base 2) and sum */
+    int chunk_tiles, max_rb, max_chunks, n_tri;
+    int16_t tri_head[MI_CUDA_MAX_HEADS]; /* the heads with Tri-shape rows */
+};
+
+/* The first row block of the Tri-shape rows of (b, h) = (z / n_tri, tri_head[z % n_tri]) and the
+ * sequence's length; false where that sequence has no such rows (shorter than the head's last
+ * rows, or run dense by dense_below). */
+__device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const tri_split_args &sa,
+                                            int z, int &b, int &h, int &len, int &rb0) {
+    b = z / sa.n_tri;
+    h = sa.tri_head[z % sa.n_tri];
+    len = p.seq_lens[b];
+    if (p.dense_below > 0 && len < p.dense_below) return false;
+    const int tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
+    rb0 = tri / BN;
+    return tri < len;
+}
+
+/* The kernel's body, shared by the entry points below; SPLIT: a Tri-shape chunk (see
+ * tri_split_args) instead of a whole row block. */
+template <typename T, int D, int BM, bool SPLIT = false>
+__device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
+                                              const tri_split_args *sa = nullptr) {
     constexpr int NW = BM / 16;
     constexpr int NT = NW * 32;
     constexpr int PITCH = attn_smem<D>::PITCH;
@@ -37,11 +65,20 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p) {
 
     const int tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
-    const int m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh % p.heads;
+    int m_blk, bh, b, h, len;
+    if constexpr (SPLIT) {
+        static_assert(BM == BN, "a chunk's row block is one 64-row block");
+        int rb0;
+        if (!tri_rows_of(p, *sa, blockIdx.z, b, h, len, rb0)) return;
+        m_blk = rb0 + blockIdx.y;
+        bh = b * p.heads + h;
+    } else {
+        m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
+        bh = blockIdx.y;
+        b = bh / p.heads, h = bh % p.heads;
+        len = p.seq_lens[b];
+    }
     const int hk = h / p.group;
-    const int len = p.seq_lens[b];
     const int rs = m_blk * BM;
 
     const T *qg = reinterpret_cast<const T *>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
@@ -51,11 +88,25 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p) {
     float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
 
     tile_plan tp;
-    if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) return;
+    if constexpr (SPLIT) { /* every causal key of the block: this chunk's tiles of them */
+        if (rs >= len) return;
+        const int all = (min(rs + BM, len) - 1) / BN + 1, t0 = blockIdx.x * sa->chunk_tiles;
+        if (t0 >= all) return;
+        tp.mode = MI_CUDA_MODE_DENSE;
+        tp.windowed = false;
+        tp.n_a = min(all - t0, sa->chunk_tiles);
+        tp.n_b = tp.n_cols = 0;
+        tp.sink_tiles = 0;
+        tp.win_start = t0;
+        tp.offsets = tp.cols = nullptr;
+        tp.win = {0, 0x7fffffff, 0x7fffffff};
+    } else if (!plan_tiles(p, h, bh, m_blk, rs, BM, len, tp)) {
+        return;
+    }
     const int n_tiles = tp.n_a + tp.n_b;
 
     /* ---- rows without work: zeros, LSE -inf ---- */
-    if (n_tiles == 0) {
+    if (!SPLIT && n_tiles == 0) {
         const int rows = min(BM, p.len - rs);
         for (int i = tid; i < rows * CPR; i += NT) {
             const int r = i / CPR, c = i % CPR;
@@ -215,9 +266,27 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p) {
         __syncthreads();
     }
 
-    /* ---- epilogue: normalise, stage through shared memory, 16-byte stores ---- */
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
+    if constexpr (SPLIT) { /* the chunk's unnormalised rows, its max and sum */
+        const int64_t item =
+            ((int64_t)blockIdx.z * sa->max_rb + blockIdx.y) * sa->max_chunks + blockIdx.x;
+        const int r0 = warp * 16 + g, r1 = r0 + 8;
+        float *op = sa->o_part + item * BM * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            const int c = 8 * i + 2 * cq;
+            *reinterpret_cast<float2 *>(op + r0 * D + c) = make_float2(acc_o[i][0], acc_o[i][1]);
+            *reinterpret_cast<float2 *>(op + r1 * D + c) = make_float2(acc_o[i][2], acc_o[i][3]);
+        }
+        if (cq == 0) {
+            sa->ml_part[item * BM + r0] = make_float2(m0, l0);
+            sa->ml_part[item * BM + r1] = make_float2(m1, l1);
+        }
+        return;
+    }
+
+    /* ---- epilogue: normalise, stage through shared memory, 16-byte stores ---- */
     const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
     const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
     T *stage = qs + warp * 16 * PITCH; /* this warp's own Q rows, no longer read */
@@ -267,6 +336,46 @@ __global__ void MI_ATTN_D64_BOUNDS(BM)
     attn_fwd_rows<T, 64, BM>(p);
 }
 
+/* A chunk of Tri-shape rows (tri_split_args), on every GPU: the sm_80 kernel's tile step. */
+template <typename T, int D>
+__global__ void __launch_bounds__(128)
+    attn_tri_split_kernel(const __grid_constant__ mi_cuda_attn_params p,
+                          const __grid_constant__ tri_split_args sa) {
+    attn_fwd_rows<T, D, 64, true>(p, &sa);
+}
+
+/* Combines the chunks of each Tri-shape row (a thread per dimension): the softmax of the whole
+ * row from the chunks' maxima and sums, written over what the main launch wrote for it. */
+template <typename T, int D>
+__global__ void __launch_bounds__(D)
+    tri_merge_kernel(const __grid_constant__ mi_cuda_attn_params p,
+                     const __grid_constant__ tri_split_args sa) {
+    int b, h, len, rb0;
+    if (!tri_rows_of(p, sa, blockIdx.y, b, h, len, rb0)) return;
+    const int rs = (rb0 + blockIdx.x) * BN;
+    if (rs >= len) return;
+    const int tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
+    const int chunks = ((min(rs + BN, len) - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles;
+    const int64_t item0 = ((int64_t)blockIdx.y * sa.max_rb + blockIdx.x) * sa.max_chunks;
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+    const int d = threadIdx.x;
+    for (int row = max(rs, tri); row < min(rs + BN, len); ++row) {
+        const int r = row - rs;
+        float mx = -INFINITY;
+        for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, sa.ml_part[(item0 + c) * BN + r].x);
+        float sum = 0.f, acc = 0.f;
+        for (int c = 0; c < chunks; ++c) {
+            const float2 ml = sa.ml_part[(item0 + c) * BN + r];
+            const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+            sum += w * ml.y;
+            acc += w * sa.o_part[((item0 + c) * BN + r) * D + d];
+        }
+        og[(int64_t)row * p.o_stride[2] + d] = dtype_traits<T>::from_float(sum > 0.f ? acc / sum : 0.f);
+        if (lseg && d == 0) lseg[row] = sum > 0.f ? mx * MI_LN2 + logf(sum) : -INFINITY;
+    }
+}
+
 /* The kernel of D and BM for T; D = 64 has its own entry point (its launch bounds). */
 template <typename T, int D, int BM> constexpr auto attn_kernel() {
     if constexpr (D == 64)
@@ -289,13 +398,105 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
     return cudaGetLastError();
 }
 
+/* Tri-shape heads' last rows see every key. In one launch such a row block is len / 64 tiles for
+ * one CTA while the heads' other row blocks have n_local / 64 + 2: at 1M on one head (128 + 3968
+ * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5. So from MI_CUDA_TRI_SPLIT keys on
+ * (default 16384; 0: never) the launch runs those heads as A-shape, their last rows with the
+ * window (a few tiles each), and then computes the last rows' blocks again, dense and split over
+ * chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all), merged into the output
+ * (tri_merge_kernel). Returns the chunks to compute (0: no split), and fills sa but for its
+ * pointers and z with the grid's third dimension. */
+static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, int64_t &z) {
+    const char *env = getenv("MI_CUDA_TRI_SPLIT");
+    const int64_t from = env ? atoll(env) : 16384;
+    if (from <= 0 || p.len < from) return 0;
+    sa.n_tri = 0;
+    for (int h = 0; h < p.heads; ++h) {
+        const mi_cuda_head_mode m = head_mode_of(p, h);
+        if (m.mode == MI_CUDA_MODE_A_SHAPE && m.n_last > 0) sa.tri_head[sa.n_tri++] = (int16_t)h;
+    }
+    if (sa.n_tri == 0) return 0;
+    int64_t tiles = 0;
+    sa.max_rb = 0;
+    for (int b = 0; b < p.batch; ++b) {
+        const int len = p.seq_lens[b]; /* every sequence: the launch runs none of them as Tri */
+        if (p.dense_below > 0 && len < p.dense_below) continue; /* dense anyway */
+        for (int i = 0; i < sa.n_tri; ++i) {
+            const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
+            if (tri >= len) continue;
+            const int rb0 = tri / BN, rb1 = (len - 1) / BN;
+            sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
+            for (int rb = rb0; rb <= rb1; ++rb) tiles += rb + 1;
+        }
+    }
+    if (tiles == 0) return 0;
+    const int64_t target = 4 * (int64_t)max(mi_cuda_sm_count(), 1);
+    sa.chunk_tiles = (int)max<int64_t>(16, (tiles + target - 1) / target);
+    sa.max_chunks = (int)(((p.len - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles);
+    z = (int64_t)p.batch * sa.n_tri;
+    return z * sa.max_rb * sa.max_chunks;
+}
+
+/* The split and the merge (see tri_split_plan). */
+template <typename T, int D>
+static cudaError_t launch_tri_split(const mi_cuda_attn_params &p, const tri_split_args &sa,
+                                    int64_t z, cudaStream_t st) {
+    constexpr int PITCH = attn_smem<D>::PITCH;
+    const size_t smem = (size_t)(BN + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
+    auto kern = attn_tri_split_kernel<T, D>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+    kern<<<dim3(sa.max_chunks, sa.max_rb, z), 128, smem, st>>>(p, sa);
+    tri_merge_kernel<T, D><<<dim3(sa.max_rb, z), D, 0, st>>>(p, sa);
+    return cudaGetLastError();
+}
+
 } // namespace mi_cuda
 
 using namespace mi_cuda;
 
+/* The launch as it was asked for (see tri_split_plan for the Tri-shape rows). */
+static mi_status attn_launch(mi_context *ctx, const mi_cuda_attn_params *p, int block_m);
+
 extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p,
                                       int block_m) {
     if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
+    static thread_local tri_split_args sa;
+    int64_t z = 0;
+    const int64_t items = tri_split_plan(*p, sa, z);
+    if (items == 0 || sa.max_rb > 65535 || z > 65535) /* (beyond a grid: in one launch) */
+        return attn_launch(ctx, p, block_m);
+    static thread_local mi_cuda_attn_params a_only; /* 6 KB: off the stack */
+    a_only = *p;
+    a_only.mode.n_last = 0;
+    for (int h = 0; h < p->heads; ++h) a_only.head_modes[h].n_last = 0;
+    mi_status s = attn_launch(ctx, &a_only, block_m);
+    if (s != MI_STATUS_SUCCESS) return s;
+    cudaStream_t st = mi_stream(ctx);
+    const size_t o_bytes = (size_t)items * BN * p->head_dim * sizeof(float);
+    const size_t bytes = o_bytes + (size_t)items * BN * sizeof(float2);
+    void *scratch = nullptr;
+    cudaError_t e = cudaMallocAsync(&scratch, bytes, st);
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA attention: %zu bytes for Tri-shape rows: %s",
+                       bytes, cudaGetErrorString(e));
+    sa.o_part = static_cast<float *>(scratch);
+    sa.ml_part = reinterpret_cast<float2 *>(static_cast<char *>(scratch) + o_bytes);
+    const bool bf = p->dtype == MI_DTYPE_BF16, d64 = p->head_dim == 64;
+    e = bf ? (d64 ? launch_tri_split<__nv_bfloat16, 64>(*p, sa, z, st)
+                  : launch_tri_split<__nv_bfloat16, 128>(*p, sa, z, st))
+           : (d64 ? launch_tri_split<__half, 64>(*p, sa, z, st)
+                  : launch_tri_split<__half, 128>(*p, sa, z, st));
+    const cudaError_t f = cudaFreeAsync(scratch, st);
+    if (e == cudaSuccess) e = f;
+    if (e != cudaSuccess)
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA attention, Tri-shape rows: %s",
+                       cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+static mi_status attn_launch(mi_context *ctx, const mi_cuda_attn_params *p, int block_m) {
     if ((int64_t)p->batch * p->heads > 65535)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA attention: B*H = %lld exceeds 65535",
                        (long long)p->batch * p->heads);
