@@ -11,7 +11,9 @@
  */
 #include "attn_plan.cuh"
 
+#include <algorithm>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace mi_cuda {
@@ -431,7 +433,7 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
     }
     if (tiles == 0) return 0;
     const int64_t target = 4 * (int64_t)max(mi_cuda_sm_count(), 1);
-    sa.chunk_tiles = (int)max<int64_t>(16, (tiles + target - 1) / target);
+    sa.chunk_tiles = (int)std::max<int64_t>(16, (tiles + target - 1) / target);
     sa.max_chunks = (int)(((p.len - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles);
     z = (int64_t)p.batch * sa.n_tri;
     return z * sa.max_rb * sa.max_chunks;

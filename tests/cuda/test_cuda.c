@@ -253,10 +253,12 @@ typedef struct shape {
 } shape;
 
 static const char *shape_str(const shape *s, char *buf, size_t n) {
-    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s", (long long)s->B, (long long)s->H,
-             (long long)s->Hk, (long long)s->L, (long long)s->D, mi_dtype_name(s->dt),
-             s->blhd ? "blhd" : "bhld",
-             s->B > 1 ? (s->lens[0] != s->lens[1] ? " varlen" : " equal lengths") : "");
+    const char *split = getenv("MI_CUDA_TRI_SPLIT"); /* named where a test sets it */
+    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s%s%s", (long long)s->B,
+             (long long)s->H, (long long)s->Hk, (long long)s->L, (long long)s->D,
+             mi_dtype_name(s->dt), s->blhd ? "blhd" : "bhld",
+             s->B > 1 ? (s->lens[0] != s->lens[1] ? " varlen" : " equal lengths") : "",
+             split ? " MI_CUDA_TRI_SPLIT=" : "", split ? split : "");
     return buf;
 }
 
@@ -1365,6 +1367,23 @@ int main(int argc, char **argv) {
         test_ashape(&a2, 64, 512, 100);
         if (!quick) test_ashape(&a2, 1, 1, 0);
     }
+    /* Tri-shape's last rows split over chunks of keys and merged (MI_CUDA_TRI_SPLIT=1: from the
+     * first key on; 16384 keys by default): last rows inside one row block and across two, more
+     * last rows than the sequence has (all but row 0 dense), a varlen batch (each sequence its
+     * own last rows), GQA, both head sizes, and the layer call with mixed heads */
+    setenv("MI_CUDA_TRI_SPLIT", "1", 1);
+    for (int di = 0; di < 2; di++) {
+        const int64_t Lt = quick ? 3000 : 20000;
+        shape t1 = {1, 4, 2, Lt, 128, dts[di], di, {0, 0}};
+        shape t2 = {2, 8, 2, 2000, di ? 64 : 128, dts[di], !di, {2000, 1300}};
+        test_ashape(&t1, 128, 1024, 40);
+        test_ashape(&t1, 16, 256, 100);
+        test_ashape(&t2, 64, 512, 30);
+        test_ashape(&t2, 0, 64, 5000);
+        shape m3 = {1, 10, 2, quick ? 1000 : 4099, 128, dts[di], !di, {0, 0}};
+        test_sparse_mixed_heads(&m3);
+    }
+    unsetenv("MI_CUDA_TRI_SPLIT");
     /* the select over vectors of several chunks */
     test_vs_long(quick ? 40000 : 100000, 0, MI_DTYPE_BF16);
     test_vs_long(40000, 1, MI_DTYPE_BF16);
