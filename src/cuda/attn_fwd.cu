@@ -346,36 +346,37 @@ __global__ void __launch_bounds__(128)
     attn_fwd_rows<T, D, 64, true>(p, &sa);
 }
 
-/* Combines the chunks of each Tri-shape row (a thread per dimension): the softmax of the whole
- * row from the chunks' maxima and sums, written over what the main launch wrote for it. */
+/* Combines the chunks of one Tri-shape row (a CTA per row, a thread per dimension): the softmax
+ * of the whole row from the chunks' maxima and sums, written over what the main launch wrote for
+ * it. Row blockIdx.x % 64 of the row block blockIdx.x / 64 of the rows (see tri_split_args). */
 template <typename T, int D>
 __global__ void __launch_bounds__(D)
     tri_merge_kernel(const __grid_constant__ mi_cuda_attn_params p,
                      const __grid_constant__ tri_split_args sa) {
     int b, h, len, rb0;
     if (!tri_rows_of(p, sa, blockIdx.y, b, h, len, rb0)) return;
-    const int rs = (rb0 + blockIdx.x) * BN;
-    if (rs >= len) return;
-    const int tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
+    const int j = blockIdx.x / BN, r = blockIdx.x % BN, rs = (rb0 + j) * BN, row = rs + r;
+    if (row >= len || row < a_shape_window_of(head_mode_of(p, h), len).tri_start) return;
     const int chunks = ((min(rs + BN, len) - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles;
-    const int64_t item0 = ((int64_t)blockIdx.y * sa.max_rb + blockIdx.x) * sa.max_chunks;
-    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
-    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
-    const int d = threadIdx.x;
-    for (int row = max(rs, tri); row < min(rs + BN, len); ++row) {
-        const int r = row - rs;
-        float mx = -INFINITY;
-        for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, sa.ml_part[(item0 + c) * BN + r].x);
-        float sum = 0.f, acc = 0.f;
-        for (int c = 0; c < chunks; ++c) {
-            const float2 ml = sa.ml_part[(item0 + c) * BN + r];
-            const float w = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
-            sum += w * ml.y;
-            acc += w * sa.o_part[((item0 + c) * BN + r) * D + d];
-        }
-        og[(int64_t)row * p.o_stride[2] + d] = dtype_traits<T>::from_float(sum > 0.f ? acc / sum : 0.f);
-        if (lseg && d == 0) lseg[row] = sum > 0.f ? mx * MI_LN2 + logf(sum) : -INFINITY;
+    const int64_t item0 = ((int64_t)blockIdx.y * sa.max_rb + j) * sa.max_chunks;
+    const float2 *ml = sa.ml_part + item0 * BN + r;
+    const float *op = sa.o_part + (item0 * BN + r) * D + threadIdx.x;
+    float mx = -INFINITY;
+    for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, ml[(int64_t)c * BN].x);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll 4
+    for (int c = 0; c < chunks; ++c) {
+        const float2 mc = ml[(int64_t)c * BN];
+        const float w = mc.x == -INFINITY ? 0.f : exp2f(mc.x - mx);
+        sum += w * mc.y;
+        acc += w * op[(int64_t)c * BN * D];
     }
+    T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+    og[(int64_t)row * p.o_stride[2] + threadIdx.x] =
+        dtype_traits<T>::from_float(sum > 0.f ? acc / sum : 0.f);
+    if (p.lse && threadIdx.x == 0)
+        p.lse[((int64_t)b * p.heads + h) * p.len + row] =
+            sum > 0.f ? mx * MI_LN2 + logf(sum) : -INFINITY;
 }
 
 /* The kernel of D and BM for T; D = 64 has its own entry point (its launch bounds). */
@@ -450,7 +451,7 @@ static cudaError_t launch_tri_split(const mi_cuda_attn_params &p, const tri_spli
                                          (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<dim3(sa.max_chunks, sa.max_rb, z), 128, smem, st>>>(p, sa);
-    tri_merge_kernel<T, D><<<dim3(sa.max_rb, z), D, 0, st>>>(p, sa);
+    tri_merge_kernel<T, D><<<dim3(sa.max_rb * BN, z), D, 0, st>>>(p, sa);
     return cudaGetLastError();
 }
 
