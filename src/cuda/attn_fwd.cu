@@ -8,6 +8,10 @@
  * A-shape window) covers all tile kinds; tiles that are provably fully visible skip the mask.
  * K/V rows that do not exist are zero-filled by cp.async, so a masked probability (0) never
  * multiplies garbage.
+ * Its tile step also computes the dense last rows of Tri-shape heads split over chunks of keys,
+ * on every GPU (attn_tri_split_kernel, merged by tri_merge_kernel; see tri_split_plan). Versions
+ * of that split, on one head at 1M (H200; bench/results/2026-12-02-gpu-tri-split.json): each row
+ * block's merged rows in one CTA, 35.5 -> 5.5 ms; a CTA per merged row, 3.9 ms.
  */
 #include "attn_plan.cuh"
 
