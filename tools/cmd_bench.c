@@ -260,8 +260,8 @@ static void mem_free(bool gpu, void *p) {
 /* Host to device (to_device) or back; false with a message on failure. */
 static bool mem_copy(void *dst, const void *src, size_t bytes, bool to_device) {
 #ifdef MI_TOOLS_CUDA
-    cudaError_t e = cudaMemcpy(dst, src, bytes,
-                               to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    cudaError_t e =
+        cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
     if (e == cudaSuccess) return true;
     fprintf(stderr, "\nminference bench: copy of %zu bytes %s the GPU failed: %s\n", bytes,
             to_device ? "to" : "from", cudaGetErrorString(e));
@@ -368,8 +368,8 @@ static void print_cell(int width, const char *fmt, double v) {
 static void print_table(const bench_setup *b, const result *res) {
     const double scale = b->gpu ? 1e-3 : 1.0; /* GFLOP/s on the CPU, TFLOP/s on the GPU */
     printf("\nminference bench  %s  L=%d  heads=%d (kv %d)  D=%d  %s  threads=%d  seed=%d\n",
-           b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim,
-           mi_dtype_name(b->dtype), b->threads, b->seed);
+           b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim, mi_dtype_name(b->dtype),
+           b->threads, b->seed);
     printf("machine: %s\n", b->machine);
     if (b->gpu) {
         printf("GPU: %s; dense attention reaches %.1f TFLOP/s\n", b->gpu, res[0].gflops * scale);
@@ -480,7 +480,8 @@ int mi_cmd_bench(int argc, char **argv) {
 #endif
         if (st != MI_STATUS_SUCCESS) {
             if (!strstr(mi_build_features(), "cuda"))
-                fprintf(stderr, "minference bench: --device cuda: this build has no CUDA backend\n");
+                fprintf(stderr,
+                        "minference bench: --device cuda: this build has no CUDA backend\n");
             else if (mi_cuda_device_count() < 1)
                 fprintf(stderr, "minference bench: --device cuda: no usable CUDA device\n");
             else
@@ -628,8 +629,12 @@ int mi_cmd_bench(int argc, char **argv) {
                 methods[m].name, r->ms, tool_now_s() - t_start);
     }
 
-    bench_setup b = {machine, gpu ? gpu_buf : NULL, threads, len, heads, kv_heads, dim,
-                     seed, repeats, dtype, metrics, NAN};
+    bench_setup b = {machine, gpu ? gpu_buf : NULL,
+                     threads, len,
+                     heads,   kv_heads,
+                     dim,     seed,
+                     repeats, dtype,
+                     metrics, NAN};
     if (!gpu) {
         /* After the attention runs: OpenBLAS's worker threads keep spinning for a while after a
          * call and would steal cores from the library's threads. */

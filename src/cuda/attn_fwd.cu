@@ -354,9 +354,8 @@ __global__ void __launch_bounds__(128)
  * of the whole row from the chunks' maxima and sums, written over what the main launch wrote for
  * it. Row blockIdx.x % 64 of the row block blockIdx.x / 64 of the rows (see tri_split_args). */
 template <typename T, int D>
-__global__ void __launch_bounds__(D)
-    tri_merge_kernel(const __grid_constant__ mi_cuda_attn_params p,
-                     const __grid_constant__ tri_split_args sa) {
+__global__ void __launch_bounds__(D) tri_merge_kernel(const __grid_constant__ mi_cuda_attn_params p,
+                                                      const __grid_constant__ tri_split_args sa) {
     int b, h, len, rb0;
     if (!tri_rows_of(p, sa, blockIdx.y, b, h, len, rb0)) return;
     const int j = blockIdx.x / BN, r = blockIdx.x % BN, rs = (rb0 + j) * BN, row = rs + r;
@@ -451,8 +450,8 @@ static cudaError_t launch_tri_split(const mi_cuda_attn_params &p, const tri_spli
     constexpr int PITCH = attn_smem<D>::PITCH;
     const size_t smem = (size_t)(BN + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
     auto kern = attn_tri_split_kernel<T, D>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<dim3(sa.max_chunks, sa.max_rb, z), 128, smem, st>>>(p, sa);
     tri_merge_kernel<T, D><<<dim3(sa.max_rb * BN, z), D, 0, st>>>(p, sa);
@@ -486,8 +485,9 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     void *scratch = nullptr;
     cudaError_t e = cudaMallocAsync(&scratch, bytes, st);
     if (e != cudaSuccess)
-        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA attention: %zu bytes for Tri-shape rows: %s",
-                       bytes, cudaGetErrorString(e));
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR,
+                       "CUDA attention: %zu bytes for Tri-shape rows: %s", bytes,
+                       cudaGetErrorString(e));
     sa.o_part = static_cast<float *>(scratch);
     sa.ml_part = reinterpret_cast<float2 *>(static_cast<char *>(scratch) + o_bytes);
     const bool bf = p->dtype == MI_DTYPE_BF16, d64 = p->head_dim == 64;

@@ -254,9 +254,9 @@ typedef struct shape {
 
 static const char *shape_str(const shape *s, char *buf, size_t n) {
     const char *split = getenv("MI_CUDA_TRI_SPLIT"); /* named where a test sets it */
-    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s%s%s", (long long)s->B,
-             (long long)s->H, (long long)s->Hk, (long long)s->L, (long long)s->D,
-             mi_dtype_name(s->dt), s->blhd ? "blhd" : "bhld",
+    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s%s%s", (long long)s->B, (long long)s->H,
+             (long long)s->Hk, (long long)s->L, (long long)s->D, mi_dtype_name(s->dt),
+             s->blhd ? "blhd" : "bhld",
              s->B > 1 ? (s->lens[0] != s->lens[1] ? " varlen" : " equal lengths") : "",
              split ? " MI_CUDA_TRI_SPLIT=" : "", split ? split : "");
     return buf;
