@@ -406,22 +406,31 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
 
 /* Tri-shape heads' last rows see every key. In one launch such a row block is len / 64 tiles for
  * one CTA while the heads' other row blocks have n_local / 64 + 2: at 1M on one head (128 + 3968
- * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5. So from MI_CUDA_TRI_SPLIT keys on
- * (default 16384; 0: never) the launch runs those heads as A-shape, their last rows with the
- * window (a few tiles each), and then computes the last rows' blocks again, dense and split over
- * chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all), merged into the output
- * (tri_merge_kernel). Returns the chunks to compute (0: no split), and fills sa but for its
- * pointers and z with the grid's third dimension. */
+ * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5, and on one head at 16K-64K
+ * Tri-shape ran slower than dense. So the launch runs those heads as A-shape, their last rows with
+ * the window (a few tiles each), and then computes the last rows' blocks again, dense and split
+ * over chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all), merged into the
+ * output (tri_merge_kernel). It does so from MI_CUDA_TRI_SPLIT keys on (default 16384; 0: never),
+ * and from half that where the Tri-shape heads' work is short of two items of the heads' windows
+ * an SM (the rule that keeps such heads off the warp-specialised kernel): on the H200 one head
+ * 0.20 -> 0.14 ms at 8K, 0.49 -> 0.14 at 16K, 1.07 -> 0.22 at 32K; 32 heads (8 KV) 0.84 -> 0.88
+ * at 8K, 1.89 -> 1.88 at 16K, 3.91 -> 3.83 at 32K, 7.96 -> 7.52 at 64K
+ * (bench/results/2026-12-02-gpu-tri-split-crossover.json). Returns the chunks to compute (0: no
+ * split), and fills sa but for its pointers and z with the grid's third dimension. */
 static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, int64_t &z) {
     const char *env = getenv("MI_CUDA_TRI_SPLIT");
     const int64_t from = env ? atoll(env) : 16384;
-    if (from <= 0 || p.len < from) return 0;
+    if (from <= 0 || p.len < from / 2) return 0;
     sa.n_tri = 0;
+    int64_t window_items = 0; /* 128-key tiles of the Tri-shape heads' windows, per row pair */
     for (int h = 0; h < p.heads; ++h) {
         const mi_cuda_head_mode m = head_mode_of(p, h);
-        if (m.mode == MI_CUDA_MODE_A_SHAPE && m.n_last > 0) sa.tri_head[sa.n_tri++] = (int16_t)h;
+        if (m.mode != MI_CUDA_MODE_A_SHAPE || m.n_last <= 0) continue;
+        sa.tri_head[sa.n_tri++] = (int16_t)h;
+        window_items += (int64_t)p.batch * (max(m.n_local, 0) / 128 + 2);
     }
     if (sa.n_tri == 0) return 0;
+    if (p.len < from && window_items >= 2 * (int64_t)mi_cuda_sm_count()) return 0;
     int64_t tiles = 0;
     sa.max_rb = 0;
     for (int b = 0; b < p.batch; ++b) {
