@@ -198,7 +198,7 @@ struct tile_header {
 
 /* A list entry of ws_heads for an A-shape head: its ranges are its sinks and window, generated
  * instead of read from the index (see ashape_starts), and it has no columns */
-constexpr int WS_A_SHAPE = 1 << 30;
+[[maybe_unused]] constexpr int WS_A_SHAPE = 1 << 30; /* (device code only) */
 
 /* range starts of A and B staged in shared memory for the producer's merge, then their columns */
 constexpr int SP_STAGED = 1024, SP_CSTAGED = 2048;
@@ -1080,9 +1080,11 @@ struct column_copies {
     int32_t *count; /* [B * H] */
     int rows;       /* 0: no copies */
 };
-constexpr int ROUTE_SAMPLES = 16;   /* row blocks sampled per (b, h) */
-constexpr int ROUTE_SCAN = 1024;    /* starts read per sampled row block, at most */
-constexpr int ROUTE_MIN_CANDIDATES = 16; /* fewer starts with a successor: the ring kernel */
+/* (ROUTE_SCAN and ROUTE_MIN_CANDIDATES serve device code only, which some passes leave out) */
+constexpr int ROUTE_SAMPLES = 16; /* row blocks sampled per (b, h) */
+[[maybe_unused]] constexpr int ROUTE_SCAN = 1024; /* starts read per sampled row block, at most */
+/* fewer starts with a successor: the ring kernel */
+[[maybe_unused]] constexpr int ROUTE_MIN_CANDIDATES = 16;
 
 /* Whether head mode m is A-shape (or Tri-shape) with window w. */
 __host__ __device__ __forceinline__ bool a_shape_with(const mi_cuda_head_mode &m, int len,
