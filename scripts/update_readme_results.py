@@ -52,8 +52,14 @@ def times(x):
     return f"{x:.2f}x" if isinstance(x, (int, float)) else "-"
 
 
+def bench_runs(runs, device):
+    """`minference bench --json` runs on that device (runs before --device were on the CPU)."""
+    return [r for r in runs if "sgemm_gflops" in r and "results" in r and
+            r.get("device", "cpu") == device]
+
+
 def cpu_table(runs):
-    cpu = [r for r in runs if "sgemm_gflops" in r and "results" in r]
+    cpu = bench_runs(runs, "cpu")
     if not cpu:
         return []
     out = []
@@ -70,6 +76,28 @@ def cpu_table(runs):
                        f"{fmt(e.get('speedup'), '.2f')}x | {fmt(e.get('density'), '.4f')} | "
                        f"{fmt(e.get('recall'), '.4f')} | {fmt(e.get('rel_err'), '.2e')} | "
                        f"{fmt(e.get('gflops'), '.1f')} |")
+        out.append("")
+    return out
+
+
+def cli_gpu_table(runs):
+    """`minference bench --device cuda` runs: times for all heads, error against dense."""
+    out = []
+    for r in sorted(bench_runs(runs, "cuda"), key=lambda r: (r.get("len", 0), r.get("heads", 0))):
+        out.append(f"**GPU, `minference bench --device cuda`, L = {r['len']}**, "
+                   f"{r.get('heads', 1)} query / {r.get('kv_heads', r.get('heads', 1))} KV "
+                   f"head(s), D = {r.get('dim')}, {r.get('dtype')}, {r.get('gpu', '?')} "
+                   f"({r.get('date', '?')[:10]}, commit {r.get('commit', '?')}, "
+                   f"`{r['_file']}`). Times for all heads, estimation and index included.")
+        out.append("")
+        out.append("| method | ms | speed-up | density | recall | rel. error | TFLOP/s |")
+        out.append("|---|---|---|---|---|---|---|")
+        for e in r["results"]:
+            tf = e.get("gflops")
+            out.append(f"| {e['method']} | {fmt(e.get('ms'), '.2f')} | "
+                       f"{fmt(e.get('speedup'), '.2f')}x | {fmt(e.get('density'), '.4f')} | "
+                       f"{fmt(e.get('recall'), '.4f')} | {fmt(e.get('rel_err'), '.2e')} | "
+                       f"{fmt(tf / 1e3 if isinstance(tf, (int, float)) else None, '.1f')} |")
         out.append("")
     return out
 
@@ -257,8 +285,8 @@ def generic_tables(runs):
 
 def main():
     runs = load_runs()
-    lines = (cpu_table(runs) + gpu_tables(runs) + runner_tables(runs) + ttft_tables(runs) +
-             generic_tables(runs))
+    lines = (cpu_table(runs) + gpu_tables(runs) + cli_gpu_table(runs) + runner_tables(runs) +
+             ttft_tables(runs) + generic_tables(runs))
     if not lines:
         lines = ["No benchmark results recorded yet."]
     readme_path = os.path.join(ROOT, "README.md")
