@@ -469,25 +469,20 @@ int mi_cmd_bench(int argc, char **argv) {
     }
     threads = mi_context_n_threads(ctx);
     if (gpu) {
+        /* this tool copies with cudart, so it needs a CUDA build of its own too */
+        bool built = strstr(mi_build_features(), "cuda") != NULL;
+#ifndef MI_TOOLS_CUDA
+        built = false;
+#endif
         mi_context_params gp = mi_context_default_params();
         gp.device = MI_DEVICE_CUDA;
-        if (mi_cuda_device_count() < 1)
-            st = MI_STATUS_NOT_BUILT;
-        else
-            st = mi_context_create(&gp, &gpu_ctx);
-#ifndef MI_TOOLS_CUDA
-        if (st == MI_STATUS_SUCCESS) st = MI_STATUS_NOT_BUILT; /* no cudart here to copy with */
-#endif
-        if (st != MI_STATUS_SUCCESS) {
-            if (!strstr(mi_build_features(), "cuda"))
-                fprintf(stderr,
-                        "minference bench: --device cuda: this build has no CUDA backend\n");
-            else if (mi_cuda_device_count() < 1)
-                fprintf(stderr, "minference bench: --device cuda: no usable CUDA device\n");
-            else
-                fprintf(stderr, "minference bench: --device cuda: no CUDA context: %s\n",
-                        mi_status_string(st));
-            mi_context_destroy(gpu_ctx);
+        const char *why = !built                        ? "this build has no CUDA backend"
+                          : mi_cuda_device_count() < 1 ? "no usable CUDA device"
+                          : (st = mi_context_create(&gp, &gpu_ctx)) != MI_STATUS_SUCCESS
+                              ? mi_status_string(st)
+                              : NULL;
+        if (why) {
+            fprintf(stderr, "minference bench: --device cuda: %s\n", why);
             mi_context_destroy(ctx);
             return 1;
         }
