@@ -95,9 +95,9 @@ static_assert(ds_smem<176, 128>() <= 227 * 1024, "176-key tiles fit a CTA's shar
  * process against the mma.sync kernel that ran D = 64 before (bench/results/2026-12-01-gpu-dense-
  * d64-ws.json): 457-460 against 255-257 TFLOP/s at 128K and 512K, cuDNN 467 and 415. With half
  * the tensor work of D = 128 per key and the same softmax, the softmax bounds it. */
-template <typename T, int BN, int D>
-__global__ void __launch_bounds__(384, 1)
-    attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
+template <typename T, int BN, int D, bool CHUNK>
+__device__ __forceinline__ void dense_rows(const dense_sm90_args &a, const mi_cuda_attn_params *p,
+                                           const tri_split_args *sa) {
 #ifdef MI_SM90_DEVICE
     static_assert(BN == 128 || BN == 176, "the S wgmma shapes wg<T> wraps");
     constexpr int KH = ds_kv_half<BN>(), KT = ds_kv_tile<BN, D>(), NS = BN / 2, NO = D / 2;
@@ -112,10 +112,26 @@ __global__ void __launch_bounds__(384, 1)
     /* values that steer wgmma come from lane 0: ptxas serialises wgmma under branches on values
      * it cannot prove warp-uniform (C7520) */
     const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int m_blk = gridDim.x - 1 - blockIdx.x; /* the longest row blocks first */
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, hk = h / a.group;
-    const int rs = m_blk * DS_BM;
-    const int n_tiles = (min(rs + DS_BM, a.len) - 1) / BN + 1;
+    /* rows rs .. rs + 127 of (b, h), tiles of keys from kbase */
+    int b, h, rs, len, kbase, n_tiles;
+    if constexpr (CHUNK) { /* chunk blockIdx.x of row blocks 2 y and 2 y + 1 (tri_split_args) */
+        int rb0;
+        if (!tri_rows_of(*p, *sa, blockIdx.z, b, h, len, rb0)) return;
+        rs = (rb0 + 2 * blockIdx.y) * 64;
+        kbase = blockIdx.x * sa->chunk_tiles * 64;
+        const int keys = min(rs + DS_BM, len); /* every key up to the last row */
+        if (rs >= len || kbase >= keys) return;
+        n_tiles = (min(kbase + sa->chunk_tiles * 64, keys) - kbase - 1) / BN + 1;
+    } else {
+        const int m_blk = gridDim.x - 1 - blockIdx.x; /* the longest row blocks first */
+        const int bh = blockIdx.y;
+        b = bh / a.heads, h = bh % a.heads;
+        rs = m_blk * DS_BM;
+        len = a.len;
+        kbase = 0;
+        n_tiles = (min(rs + DS_BM, a.len) - 1) / BN + 1;
+    }
+    const int hk = h / a.group;
 
     if (tid == 0) {
         mbar_init(q_full, 1);
@@ -134,11 +150,11 @@ __global__ void __launch_bounds__(384, 1)
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(k_empty + slot, par)) {
                 }
-            tma_load_tile<BN, D>(kd, &a.tm_k, t * BN, hk, b, k_full + slot);
+            tma_load_tile<BN, D>(kd, &a.tm_k, kbase + t * BN, hk, b, k_full + slot);
             if (t >= DS_STAGES)
                 while (!mbar_try_wait(v_empty + slot, par)) {
                 }
-            tma_load_tile<BN, D>(vd, &a.tm_v, t * BN, hk, b, v_full + slot);
+            tma_load_tile<BN, D>(vd, &a.tm_v, kbase + t * BN, hk, b, v_full + slot);
         }
         return;
     }
@@ -179,13 +195,13 @@ __global__ void __launch_bounds__(384, 1)
     };
     /* a tile on the diagonal: keys after the row (and so every key past the sequence) get
      * -inf. Tiles of 128 keys: the last; of 176: the last one or two (mask_needed). */
-    auto mask_needed = [&](int t) { return t * BN + BN - 1 > first_row; };
+    auto mask_needed = [&](int t) { return kbase + t * BN + BN - 1 > first_row; };
     auto mask_diag = [&](int t) {
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = t * BN + 8 * j + 2 * cq + (e & 1);
+                const int key = kbase + t * BN + 8 * j + 2 * cq + (e & 1);
                 s[4 * j + e] = key > (e < 2 ? qrow0 : qrow1) ? -INFINITY : s[4 * j + e];
             }
     };
@@ -237,10 +253,45 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_wait<0>();
     fence_operands<NO>(o);
 
-    T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
-    float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
-    store_rows<T, D>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    if constexpr (CHUNK) { /* this consumer's row block: unnormalised rows, maxima and sums */
+        if (first_row >= len) return;
+        const int64_t item =
+            ((int64_t)blockIdx.z * sa->max_rb + 2 * blockIdx.y + cw) * sa->max_chunks + blockIdx.x;
+        const int r0 = warp * 16 + g, r1 = r0 + 8;
+        float *op = sa->o_part + item * 64 * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            const int c = 8 * i + 2 * cq;
+            *reinterpret_cast<float2 *>(op + r0 * D + c) = make_float2(o[4 * i], o[4 * i + 1]);
+            *reinterpret_cast<float2 *>(op + r1 * D + c) = make_float2(o[4 * i + 2], o[4 * i + 3]);
+        }
+        const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
+        if (cq == 0) {
+            sa->ml_part[item * 64 + r0] = make_float2(sm.m0, l0);
+            sa->ml_part[item * 64 + r1] = make_float2(sm.m1, l1);
+        }
+    } else {
+        T *og = reinterpret_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
+        float *lseg = a.lse ? a.lse + ((int64_t)b * a.heads + h) * a.len : nullptr;
+        store_rows<T, D>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    }
 #endif
+}
+
+template <typename T, int BN, int D>
+__global__ void __launch_bounds__(384, 1)
+    attn_dense_sm90_kernel(const __grid_constant__ dense_sm90_args a) {
+    dense_rows<T, BN, D, false>(a, nullptr, nullptr);
+}
+
+/* The Tri-shape chunks (tri_split_args), two row blocks a CTA: the dense kernel over a chunk's
+ * keys. */
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    tri_chunk_sm90_kernel(const __grid_constant__ dense_sm90_args a,
+                          const __grid_constant__ mi_cuda_attn_params p,
+                          const __grid_constant__ tri_split_args sa) {
+    dense_rows<T, 128, D, true>(a, &p, &sa);
 }
 
 template <int BN, int D>
@@ -253,6 +304,40 @@ static cudaError_t launch_dense(const dense_sm90_args &a, int batch, bool bf16, 
     if (e != cudaSuccess) return e;
     dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * a.heads);
     kern<<<grid, 384, smem, st>>>(a);
+    return cudaGetLastError();
+}
+
+cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa,
+                                  int64_t z, cudaStream_t st, bool *used) {
+    *used = false;
+    const char *off = getenv("MI_CUDA_TRI_SM90");
+    if ((off && off[0] == '0') || !mi_cuda_sm90_usable() || sa.chunk_tiles % 2 != 0)
+        return cudaSuccess;
+    static thread_local dense_sm90_args a; /* tensor maps: off the stack */
+    const bool bf16 = p.dtype == MI_DTYPE_BF16;
+    const int d = p.head_dim;
+    /* maps over the padded length, whatever the sequences' own: a row past its sequence's end is
+     * not written, and the keys past it lie after every row that is */
+    if (!encode_tma_map(&a.tm_q, p.q, p.q_stride, p.batch, p.heads, p.len, d, DS_BM, bf16) ||
+        !encode_tma_map(&a.tm_k, p.k, p.k_stride, p.batch, p.heads_kv, p.len, d, 128, bf16) ||
+        !encode_tma_map(&a.tm_v, p.v, p.v_stride, p.batch, p.heads_kv, p.len, d, 128, bf16))
+        return cudaSuccess;
+    a.o = nullptr;
+    a.lse = nullptr;
+    a.heads = p.heads;
+    a.group = p.group;
+    a.len = p.len;
+    a.scale_log2 = p.scale_log2;
+    *used = true;
+    auto kern = d == 64 ? (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 64>
+                                : tri_chunk_sm90_kernel<__half, 64>)
+                        : (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 128>
+                                : tri_chunk_sm90_kernel<__half, 128>);
+    const size_t smem = d == 64 ? ds_smem<128, 64>() : ds_smem<128, 128>();
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    kern<<<dim3(sa.max_chunks, (sa.max_rb + 1) / 2, z), 384, smem, st>>>(a, p, sa);
     return cudaGetLastError();
 }
 

@@ -26,32 +26,6 @@ template <int D> struct attn_smem {
     static constexpr int PITCH = D + 8; /* +16 bytes a row: ldmatrix rows land on distinct banks */
 };
 
-/* The dense last rows of Tri-shape heads, split over their keys (see tri_split_plan): CTA
- * (c, j, z) computes row block tri_start / 64 + j of (b, h) = (z / n_tri, tri_head[z % n_tri])
- * over its key tiles [c * chunk_tiles, (c + 1) * chunk_tiles), unnormalised, into item
- * (z * max_rb + j) * max_chunks + c of o_part and ml_part; tri_merge_kernel then combines the
- * chunks of each row. */
-struct tri_split_args {
-    float *o_part;   /* [items][64][D] */
-    float2 *ml_part; /* [items][64]: the row's running max (scaled, base 2) and sum */
-    int chunk_tiles, max_rb, max_chunks, n_tri;
-    int16_t tri_head[MI_CUDA_MAX_HEADS]; /* the heads with Tri-shape rows */
-};
-
-/* The first row block of the Tri-shape rows of (b, h) = (z / n_tri, tri_head[z % n_tri]) and the
- * sequence's length; false where that sequence has no such rows (shorter than the head's last
- * rows, or run dense by dense_below). */
-__device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const tri_split_args &sa,
-                                            int z, int &b, int &h, int &len, int &rb0) {
-    b = z / sa.n_tri;
-    h = sa.tri_head[z % sa.n_tri];
-    len = p.seq_lens[b];
-    if (p.dense_below > 0 && len < p.dense_below) return false;
-    const int tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
-    rb0 = tri / BN;
-    return tri < len;
-}
-
 /* The kernel's body, shared by the entry points below; SPLIT: a Tri-shape chunk (see
  * tri_split_args) instead of a whole row block. */
 template <typename T, int D, int BM, bool SPLIT = false>
@@ -417,7 +391,8 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
  * at 8K, 1.89 -> 1.88 at 16K, 3.91 -> 3.83 at 32K, 7.96 -> 7.52 at 64K
  * (bench/results/2026-12-02-gpu-tri-split-crossover.json). Returns the chunks to compute (0: no
  * split), and fills sa but for its pointers and z with the grid's third dimension. */
-static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, int64_t &z) {
+static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, int64_t &z,
+                              bool pairs) {
     const char *env = getenv("MI_CUDA_TRI_SPLIT");
     const int64_t from = env ? atoll(env) : 16384;
     if (from <= 0 || p.len < from / 2) return 0;
@@ -431,7 +406,8 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
     }
     if (sa.n_tri == 0) return 0;
     if (p.len < from && window_items >= 2 * (int64_t)mi_cuda_sm_count()) return 0;
-    int64_t tiles = 0;
+    int64_t tiles = 0; /* 64-key tiles of the CTAs before the split: a row block or a pair */
+    const int step = pairs ? 2 : 1;
     sa.max_rb = 0;
     for (int b = 0; b < p.batch; ++b) {
         const int len = p.seq_lens[b]; /* every sequence: the launch runs none of them as Tri */
@@ -441,12 +417,13 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
             if (tri >= len) continue;
             const int rb0 = tri / BN, rb1 = (len - 1) / BN;
             sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
-            for (int rb = rb0; rb <= rb1; ++rb) tiles += rb + 1;
+            for (int rb = rb0; rb <= rb1; rb += step) tiles += min(rb + step - 1, rb1) + 1;
         }
     }
     if (tiles == 0) return 0;
     const int64_t target = 4 * (int64_t)max(mi_cuda_sm_count(), 1);
-    sa.chunk_tiles = (int)std::max<int64_t>(16, (tiles + target - 1) / target);
+    sa.chunk_tiles = (int)std::max<int64_t>(16 * step, (tiles + target - 1) / target);
+    sa.chunk_tiles += sa.chunk_tiles % step;
     sa.max_chunks = (int)(((p.len - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles);
     z = (int64_t)p.batch * sa.n_tri;
     return z * sa.max_rb * sa.max_chunks;
@@ -459,10 +436,14 @@ static cudaError_t launch_tri_split(const mi_cuda_attn_params &p, const tri_spli
     constexpr int PITCH = attn_smem<D>::PITCH;
     const size_t smem = (size_t)(BN + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
     auto kern = attn_tri_split_kernel<T, D>;
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    bool on_sm90 = false;
+    cudaError_t e = tri_split_sm90_launch(p, sa, z, st, &on_sm90);
     if (e != cudaSuccess) return e;
-    kern<<<dim3(sa.max_chunks, sa.max_rb, z), 128, smem, st>>>(p, sa);
+    if (!on_sm90) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        kern<<<dim3(sa.max_chunks, sa.max_rb, z), 128, smem, st>>>(p, sa);
+    }
     tri_merge_kernel<T, D><<<dim3(sa.max_rb * BN, z), D, 0, st>>>(p, sa);
     return cudaGetLastError();
 }
@@ -479,7 +460,9 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
     static thread_local tri_split_args sa;
     int64_t z = 0;
-    const int64_t items = tri_split_plan(*p, sa, z);
+    const char *sm90_env = getenv("MI_CUDA_TRI_SM90"); /* 0: the chunks on the sm_80 kernel */
+    const bool pairs = mi_cuda_sm90_usable() && !(sm90_env && sm90_env[0] == '0');
+    const int64_t items = tri_split_plan(*p, sa, z, pairs);
     if (items == 0 || sa.max_rb > 65535 || z > 65535) /* (beyond a grid: in one launch) */
         return attn_launch(ctx, p, block_m);
     static thread_local mi_cuda_attn_params a_only; /* 6 KB: off the stack */

@@ -157,6 +157,39 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
     return true;
 }
 
+/* The dense last rows of Tri-shape heads, split over their keys (tri_split_plan in attn_fwd.cu):
+ * chunk (c, j, z) is row block tri_start / 64 + j of (b, h) = (z / n_tri, tri_head[z % n_tri])
+ * over its key tiles [c * chunk_tiles, (c + 1) * chunk_tiles), unnormalised, in item
+ * (z * max_rb + j) * max_chunks + c of o_part and ml_part; tri_merge_kernel then combines the
+ * chunks of each row. The sm_80 kernel computes a chunk a CTA; the Hopper one (attn_dense_sm90.cu)
+ * the chunks c of row blocks 2i and 2i + 1 together, which needs chunk_tiles even. */
+struct tri_split_args {
+    float *o_part;   /* [items][64][D] */
+    float2 *ml_part; /* [items][64]: the row's running max (scaled, base 2) and sum */
+    int chunk_tiles, max_rb, max_chunks, n_tri;
+    int16_t tri_head[MI_CUDA_MAX_HEADS]; /* the heads with Tri-shape rows */
+};
+
+/* The first row block of the Tri-shape rows of (b, h) = (z / n_tri, tri_head[z % n_tri]) and the
+ * sequence's length; false where that sequence has no such rows (shorter than the head's last
+ * rows, or run dense by dense_below). */
+__device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const tri_split_args &sa,
+                                            int z, int &b, int &h, int &len, int &rb0) {
+    b = z / sa.n_tri;
+    h = sa.tri_head[z % sa.n_tri];
+    len = p.seq_lens[b];
+    if (p.dense_below > 0 && len < p.dense_below) return false;
+    const int tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
+    rb0 = tri / BN;
+    return tri < len;
+}
+
+/* The Hopper chunk kernel (attn_dense_sm90.cu) for sa and its grid's third dimension z; *used =
+ * false (and cudaSuccess) where it does not apply: no sm_90a build or device, tensors TMA cannot
+ * address, or MI_CUDA_TRI_SM90=0. */
+cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa,
+                                  int64_t z, cudaStream_t st, bool *used);
+
 } // namespace mi_cuda
 
 #endif /* MI_ATTN_PLAN_CUH */

@@ -1368,16 +1368,20 @@ int main(int argc, char **argv) {
         if (!quick) test_ashape(&a2, 1, 1, 0);
     }
     /* Tri-shape's last rows split over chunks of keys and merged (MI_CUDA_TRI_SPLIT=1: from the
-     * first key on; 16384 keys by default): last rows inside one row block and across two, more
-     * last rows than the sequence has (all but row 0 dense), a varlen batch (each sequence its
-     * own last rows), GQA, both head sizes, and the layer call with mixed heads */
+     * first key on; 16384 keys by default): last rows inside one row block and across two or
+     * three (Hopper computes row blocks in pairs: an odd count leaves a pair half outside), more
+     * last rows than the sequence has (all but row 0 dense), a chunk of keys that starts inside
+     * a pair's second row block (keys from 2048 on: none for the first), a varlen batch (each
+     * sequence its own last rows), GQA, both head sizes, and the layer call with mixed heads */
     setenv("MI_CUDA_TRI_SPLIT", "1", 1);
     for (int di = 0; di < 2; di++) {
         const int64_t Lt = quick ? 3000 : 20000;
         shape t1 = {1, 4, 2, Lt, 128, dts[di], di, {0, 0}};
         shape t2 = {2, 8, 2, 2000, di ? 64 : 128, dts[di], !di, {2000, 1300}};
+        shape t3 = {1, 4, 1, 2100, di ? 128 : 64, dts[di], di, {0, 0}};
         test_ashape(&t1, 128, 1024, 40);
         test_ashape(&t1, 16, 256, 100);
+        test_ashape(&t3, 64, 256, 116);
         test_ashape(&t2, 64, 512, 30);
         test_ashape(&t2, 0, 64, 5000);
         shape m3 = {1, 10, 2, quick ? 1000 : 4099, 128, dts[di], !di, {0, 0}};
