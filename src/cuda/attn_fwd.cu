@@ -406,24 +406,56 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
     }
     if (sa.n_tri == 0) return 0;
     if (p.len < from && window_items >= 2 * (int64_t)mi_cuda_sm_count()) return 0;
-    int64_t tiles = 0; /* 64-key tiles of the CTAs before the split: a row block or a pair */
+    /* the rows of CTAs: a row block each on the sm_80 kernel, a pair of them on Hopper's */
     const int step = pairs ? 2 : 1;
+    int64_t tiles = 0, n_rows = 0; /* 64-key tiles of every row of CTAs, such rows */
+    int max_row_tiles = 0;
     sa.max_rb = 0;
-    for (int b = 0; b < p.batch; ++b) {
-        const int len = p.seq_lens[b]; /* every sequence: the launch runs none of them as Tri */
-        if (p.dense_below > 0 && len < p.dense_below) continue; /* dense anyway */
-        for (int i = 0; i < sa.n_tri; ++i) {
-            const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
-            if (tri >= len) continue;
-            const int rb0 = tri / BN, rb1 = (len - 1) / BN;
-            sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
-            for (int rb = rb0; rb <= rb1; rb += step) tiles += min(rb + step - 1, rb1) + 1;
+    auto for_each_row = [&](auto &&f) { /* f(64-key tiles of a row of CTAs) */
+        for (int b = 0; b < p.batch; ++b) {
+            const int len = p.seq_lens[b]; /* every sequence: the launch runs none of them as Tri */
+            if (p.dense_below > 0 && len < p.dense_below) continue; /* dense anyway */
+            for (int i = 0; i < sa.n_tri; ++i) {
+                const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
+                if (tri >= len) continue;
+                const int rb0 = tri / BN, rb1 = (len - 1) / BN;
+                sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
+                for (int rb = rb0; rb <= rb1; rb += step) f(min(rb + step - 1, rb1) + 1);
+            }
         }
-    }
+    };
+    for_each_row([&](int t) {
+        tiles += t;
+        ++n_rows;
+        max_row_tiles = max(max_row_tiles, t);
+    });
     if (tiles == 0) return 0;
-    const int64_t target = 4 * (int64_t)max(mi_cuda_sm_count(), 1);
+    /* sm_80: about four CTAs an SM, several of which run on it at once. Hopper: a CTA fills an
+     * SM, so as few waves as the rows of CTAs allow (MI_CUDA_TRI_CTAS=N: N an SM), the chunks the
+     * shortest that keep the last wave within them */
+    const int64_t sms = max(mi_cuda_sm_count(), 1);
+    const char *ctas_env = getenv("MI_CUDA_TRI_CTAS");
+    const int per_sm = ctas_env && atoi(ctas_env) > 0 ? atoi(ctas_env) : pairs ? 1 : 4;
+    int64_t target = per_sm * sms;
+    if (pairs) target = max(target, (n_rows + sms - 1) / sms * sms);
     sa.chunk_tiles = (int)std::max<int64_t>(16 * step, (tiles + target - 1) / target);
     sa.chunk_tiles += sa.chunk_tiles % step;
+    if (pairs) { /* the shortest even chunk with at most target CTAs: a binary search */
+        auto ctas = [&](int ct) {
+            int64_t n = 0;
+            for_each_row([&](int t) { n += (t + ct - 1) / ct; });
+            return n;
+        };
+        int lo = sa.chunk_tiles / 2, hi = max(lo, (max_row_tiles + 1) / 2); /* in pairs of tiles */
+        while (lo < hi) {
+            const int mid = lo + (hi - lo) / 2;
+            if (ctas(2 * mid) <= target)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        sa.chunk_tiles = 2 * lo;
+    }
     sa.max_chunks = (int)(((p.len - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles);
     z = (int64_t)p.batch * sa.n_tri;
     return z * sa.max_rb * sa.max_chunks;
