@@ -11,7 +11,8 @@
  * Its tile step also computes the dense last rows of Tri-shape heads split over chunks of keys,
  * on every GPU (attn_tri_split_kernel, merged by tri_merge_kernel; see tri_split_plan). Versions
  * of that split, on one head at 1M (H200; bench/results/2026-12-02-gpu-tri-split.json): each row
- * block's merged rows in one CTA, 35.5 -> 5.5 ms; a CTA per merged row, 3.9 ms.
+ * block's merged rows in one CTA, 35.5 -> 5.5 ms; a CTA per merged row, 3.9 ms. On Hopper the
+ * chunks run on the dense wgmma kernel instead (tri_chunk_sm90_kernel, attn_dense_sm90.cu).
  */
 #include "attn_plan.cuh"
 
@@ -383,8 +384,9 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
  * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5, and on one head at 16K-64K
  * Tri-shape ran slower than dense. So the launch runs those heads as A-shape, their last rows with
  * the window (a few tiles each), and then computes the last rows' blocks again, dense and split
- * over chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all), merged into the
- * output (tri_merge_kernel). It does so from MI_CUDA_TRI_SPLIT keys on (default 16384; 0: never),
+ * over chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all; on Hopper
+ * tri_chunk_sm90_kernel, one wave of CTAs of two row blocks), merged into the output
+ * (tri_merge_kernel). It does so from MI_CUDA_TRI_SPLIT keys on (default 16384; 0: never),
  * and from half that where the Tri-shape heads' work is short of two items of the heads' windows
  * an SM (the rule that keeps such heads off the warp-specialised kernel): on the H200 one head
  * 0.20 -> 0.14 ms at 8K, 0.49 -> 0.14 at 16K, 1.07 -> 0.22 at 32K; 32 heads (8 KV) 0.84 -> 0.88
