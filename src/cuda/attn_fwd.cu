@@ -379,6 +379,14 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
     return cudaGetLastError();
 }
 
+/* Bounds past which the Tri-shape rows run in one launch (see tri_split_plan): the row blocks of
+ * all of them (every sequence's and head's), and the chunks' scratch */
+constexpr int64_t TRI_SPLIT_MAX_ROW_BLOCKS = 4096, TRI_SPLIT_MAX_BYTES = 256ll << 20;
+/* scratch bytes of a chunk of a row block: its rows, maxima and sums */
+static int64_t tri_split_item_bytes(int64_t head_dim) {
+    return BN * (head_dim * (int64_t)sizeof(float) + (int64_t)sizeof(float2));
+}
+
 /* Tri-shape heads' last rows see every key. In one launch such a row block is len / 64 tiles for
  * one CTA while the heads' other row blocks have n_local / 64 + 2: at 1M on one head (128 + 3968
  * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5, and on one head at 16K-64K
@@ -391,8 +399,11 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
  * an SM (the rule that keeps such heads off the warp-specialised kernel): on the H200 one head
  * 0.20 -> 0.14 ms at 8K, 0.49 -> 0.14 at 16K, 1.07 -> 0.22 at 32K; 32 heads (8 KV) 0.84 -> 0.88
  * at 8K, 1.89 -> 1.88 at 16K, 3.91 -> 3.83 at 32K, 7.96 -> 7.52 at 64K
- * (bench/results/2026-12-02-gpu-tri-split-crossover.json). Returns the chunks to compute (0: no
- * split), and fills sa but for its pointers and z with the grid's third dimension. */
+ * (bench/results/2026-12-02-gpu-tri-split-crossover.json). Not where the last rows are many (more
+ * than TRI_SPLIT_MAX_ROW_BLOCKS row blocks, or chunks needing more than TRI_SPLIT_MAX_BYTES of
+ * scratch): a launch with that many row blocks that see every key keeps the SMs busy as it is.
+ * Returns the chunks to compute (0: no split), and fills sa but for its pointers and z with the
+ * grid's third dimension. */
 static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, int64_t &z,
                               bool pairs) {
     const char *env = getenv("MI_CUDA_TRI_SPLIT");
@@ -412,26 +423,42 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
     const int step = pairs ? 2 : 1;
     int64_t tiles = 0, n_rows = 0; /* 64-key tiles of every row of CTAs, such rows */
     int max_row_tiles = 0;
-    sa.max_rb = 0;
+    auto for_each_head =
+        [&](auto &&g) { /* g(rb0, rb1): the row blocks of a (b, h)'s last rows */
+                        for (int b = 0; b < p.batch; ++b) {
+                            const int len =
+                                p.seq_lens
+                                    [b]; /* every sequence: the launch runs none of them as Tri */
+                            if (p.dense_below > 0 && len < p.dense_below)
+                                continue; /* dense anyway */
+                            for (int i = 0; i < sa.n_tri; ++i) {
+                                const int tri =
+                                    a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len)
+                                        .tri_start;
+                                if (tri < len) g(tri / BN, (len - 1) / BN);
+                            }
+                        }
+        };
     auto for_each_row = [&](auto &&f) { /* f(64-key tiles of a row of CTAs) */
-        for (int b = 0; b < p.batch; ++b) {
-            const int len = p.seq_lens[b]; /* every sequence: the launch runs none of them as Tri */
-            if (p.dense_below > 0 && len < p.dense_below) continue; /* dense anyway */
-            for (int i = 0; i < sa.n_tri; ++i) {
-                const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
-                if (tri >= len) continue;
-                const int rb0 = tri / BN, rb1 = (len - 1) / BN;
-                sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
-                for (int rb = rb0; rb <= rb1; rb += step) f(min(rb + step - 1, rb1) + 1);
-            }
-        }
+                                        for_each_head([&](int rb0, int rb1) {
+                                            for (int rb = rb0; rb <= rb1; rb += step)
+                                                f(min(rb + step - 1, rb1) + 1);
+                                        });
     };
+    /* Many last rows (n_last of a large part of the sequence) are many row blocks that see every
+     * key: one launch keeps the SMs busy with them, and the chunks would need more scratch */
+    int64_t row_blocks = 0;
+    sa.max_rb = 0;
+    for_each_head([&](int rb0, int rb1) {
+        row_blocks += rb1 - rb0 + 1;
+        sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
+    });
+    if (row_blocks == 0 || row_blocks > TRI_SPLIT_MAX_ROW_BLOCKS) return 0;
     for_each_row([&](int t) {
         tiles += t;
         ++n_rows;
         max_row_tiles = max(max_row_tiles, t);
     });
-    if (tiles == 0) return 0;
     /* sm_80: about four CTAs an SM, several of which run on it at once. Hopper: a CTA fills an
      * SM, so as few waves as the rows of CTAs allow (MI_CUDA_TRI_CTAS=N: N an SM), the chunks the
      * shortest that keep the last wave within them */
@@ -460,7 +487,8 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
     }
     sa.max_chunks = (int)(((p.len - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles);
     z = (int64_t)p.batch * sa.n_tri;
-    return z * sa.max_rb * sa.max_chunks;
+    const int64_t items = z * sa.max_rb * sa.max_chunks;
+    return items * tri_split_item_bytes(p.head_dim) > TRI_SPLIT_MAX_BYTES ? 0 : items;
 }
 
 /* The split and the merge (see tri_split_plan). */
@@ -507,7 +535,7 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     if (s != MI_STATUS_SUCCESS) return s;
     cudaStream_t st = mi_stream(ctx);
     const size_t o_bytes = (size_t)items * BN * p->head_dim * sizeof(float);
-    const size_t bytes = o_bytes + (size_t)items * BN * sizeof(float2);
+    const size_t bytes = (size_t)(items * tri_split_item_bytes(p->head_dim));
     void *scratch = nullptr;
     cudaError_t e = cudaMallocAsync(&scratch, bytes, st);
     if (e != cudaSuccess)
