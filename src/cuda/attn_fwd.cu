@@ -423,27 +423,23 @@ static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, 
     const int step = pairs ? 2 : 1;
     int64_t tiles = 0, n_rows = 0; /* 64-key tiles of every row of CTAs, such rows */
     int max_row_tiles = 0;
-    auto for_each_head =
-        [&](auto &&g) { /* g(rb0, rb1): the row blocks of a (b, h)'s last rows */
-                        for (int b = 0; b < p.batch; ++b) {
-                            const int len =
-                                p.seq_lens
-                                    [b]; /* every sequence: the launch runs none of them as Tri */
-                            if (p.dense_below > 0 && len < p.dense_below)
-                                continue; /* dense anyway */
-                            for (int i = 0; i < sa.n_tri; ++i) {
-                                const int tri =
-                                    a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len)
-                                        .tri_start;
-                                if (tri < len) g(tri / BN, (len - 1) / BN);
-                            }
-                        }
-        };
-    auto for_each_row = [&](auto &&f) { /* f(64-key tiles of a row of CTAs) */
-                                        for_each_head([&](int rb0, int rb1) {
-                                            for (int rb = rb0; rb <= rb1; rb += step)
-                                                f(min(rb + step - 1, rb1) + 1);
-                                        });
+    /* g(rb0, rb1): the row blocks of each (b, h)'s last rows; every sequence, since the launch
+     * runs none of them as Tri-shape, but for those run dense anyway */
+    auto for_each_head = [&](auto &&g) {
+        for (int b = 0; b < p.batch; ++b) {
+            const int len = p.seq_lens[b];
+            if (p.dense_below > 0 && len < p.dense_below) continue;
+            for (int i = 0; i < sa.n_tri; ++i) {
+                const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
+                if (tri < len) g(tri / BN, (len - 1) / BN);
+            }
+        }
+    };
+    /* f(64-key tiles of a row of CTAs), for each such row */
+    auto for_each_row = [&](auto &&f) {
+        for_each_head([&](int rb0, int rb1) {
+            for (int rb = rb0; rb <= rb1; rb += step) f(min(rb + step - 1, rb1) + 1);
+        });
     };
     /* Many last rows (n_last of a large part of the sequence) are many row blocks that see every
      * key: one launch keeps the SMs busy with them, and the chunks would need more scratch */
