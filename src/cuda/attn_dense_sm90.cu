@@ -322,12 +322,10 @@ cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_
     static thread_local dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p.dtype == MI_DTYPE_BF16;
     const int d = p.head_dim;
-    /* maps over the padded length, whatever the sequences' own: a row past its sequence's end is
-     * not written, and the keys past it lie after every row that is */
-    if (!encode_tma_map(&a.tm_q, p.q, p.q_stride, p.batch, p.heads, p.len, d, DS_BM, bf16) ||
-        !encode_tma_map(&a.tm_k, p.k, p.k_stride, p.batch, p.heads_kv, p.len, d, 128, bf16) ||
-        !encode_tma_map(&a.tm_v, p.v, p.v_stride, p.batch, p.heads_kv, p.len, d, 128, bf16))
-        return cudaSuccess;
+    /* sequences of the full length only, as for the dense launch: a chunk's last tile may reach
+     * past its sequence, whose padding would be read as it is (a zero probability times a NaN
+     * there is NaN), where past the tensor TMA reads zeros */
+    if (!encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, &p, DS_BM, 128)) return cudaSuccess;
     a.o = nullptr;
     a.lse = nullptr;
     a.heads = p.heads;
