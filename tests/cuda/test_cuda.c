@@ -4,7 +4,8 @@
  *
  * Inputs: seeded random data and planted-structure data (sinks, heavy columns, slashes); awkward
  * shapes (L = 1, 63, 64, 65, 1000, 4099), GQA 1/4/8, D = 64/128, both layouts, batch 2 with
- * per-sequence lengths, budgets 0 / tiny / > L, block-sparse estimation on rows of 2000+ blocks,
+ * per-sequence lengths (the rows past a sequence's length NaN in Q, K and V, which no op may
+ * read into a result), budgets 0 / tiny / > L, block-sparse estimation on rows of 2000+ blocks,
  * A-/Tri-shape windows up to 4096 keys (on and off 64-key pieces) on 5000-12000-token sequences.
  * GPU outputs are poisoned (all-ones bytes = NaN) before every run, every output is scanned for
  * NaN/Inf, and errors are judged per element (atol + rtol |ref|) and as a relative L2 norm.
