@@ -15,6 +15,7 @@
  * chunks run on the dense wgmma kernel instead (tri_chunk_sm90_kernel, attn_dense_sm90.cu).
  */
 #include "attn_plan.cuh"
+#include "tri_split_plan.cuh"
 
 #include <algorithm>
 #include <math.h>
@@ -379,114 +380,6 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
     return cudaGetLastError();
 }
 
-/* Bounds past which the Tri-shape rows run in one launch (see tri_split_plan): the row blocks of
- * all of them (every sequence's and head's), and the chunks' scratch */
-constexpr int64_t TRI_SPLIT_MAX_ROW_BLOCKS = 4096, TRI_SPLIT_MAX_BYTES = 256ll << 20;
-/* scratch bytes of a chunk of a row block: its rows, maxima and sums */
-static int64_t tri_split_item_bytes(int64_t head_dim) {
-    return BN * (head_dim * (int64_t)sizeof(float) + (int64_t)sizeof(float2));
-}
-
-/* Tri-shape heads' last rows see every key. In one launch such a row block is len / 64 tiles for
- * one CTA while the heads' other row blocks have n_local / 64 + 2: at 1M on one head (128 + 3968
- * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5, and on one head at 16K-64K
- * Tri-shape ran slower than dense. So the launch runs those heads as A-shape, their last rows with
- * the window (a few tiles each), and then computes the last rows' blocks again, dense and split
- * over chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all; on Hopper
- * tri_chunk_sm90_kernel, one wave of CTAs of two row blocks), merged into the output
- * (tri_merge_kernel). It does so from MI_CUDA_TRI_SPLIT keys on (default 16384; 0: never),
- * and from half that where the Tri-shape heads' work is short of two items of the heads' windows
- * an SM (the rule that keeps such heads off the warp-specialised kernel): on the H200 one head
- * 0.20 -> 0.14 ms at 8K, 0.49 -> 0.14 at 16K, 1.07 -> 0.22 at 32K; 32 heads (8 KV) 0.84 -> 0.88
- * at 8K, 1.89 -> 1.88 at 16K, 3.91 -> 3.83 at 32K, 7.96 -> 7.52 at 64K
- * (bench/results/2026-12-02-gpu-tri-split-crossover.json). Not where the last rows are many (more
- * than TRI_SPLIT_MAX_ROW_BLOCKS row blocks, or chunks needing more than TRI_SPLIT_MAX_BYTES of
- * scratch): a launch with that many row blocks that see every key keeps the SMs busy as it is.
- * Returns the chunks to compute (0: no split), and fills sa but for its pointers and z with the
- * grid's third dimension. */
-static int64_t tri_split_plan(const mi_cuda_attn_params &p, tri_split_args &sa, int64_t &z,
-                              bool pairs) {
-    const char *env = getenv("MI_CUDA_TRI_SPLIT");
-    const int64_t from = env ? atoll(env) : 16384;
-    if (from <= 0 || p.len < from / 2) return 0;
-    sa.n_tri = 0;
-    int64_t window_items = 0; /* 128-key tiles of the Tri-shape heads' windows, per row pair */
-    for (int h = 0; h < p.heads; ++h) {
-        const mi_cuda_head_mode m = head_mode_of(p, h);
-        if (m.mode != MI_CUDA_MODE_A_SHAPE || m.n_last <= 0) continue;
-        sa.tri_head[sa.n_tri++] = (int16_t)h;
-        window_items += (int64_t)p.batch * (max(m.n_local, 0) / 128 + 2);
-    }
-    if (sa.n_tri == 0) return 0;
-    if (p.len < from && window_items >= 2 * (int64_t)mi_cuda_sm_count()) return 0;
-    /* the rows of CTAs: a row block each on the sm_80 kernel, a pair of them on Hopper's */
-    const int step = pairs ? 2 : 1;
-    int64_t tiles = 0, n_rows = 0; /* 64-key tiles of every row of CTAs, such rows */
-    int max_row_tiles = 0;
-    /* g(rb0, rb1): the row blocks of each (b, h)'s last rows; every sequence, since the launch
-     * runs none of them as Tri-shape, but for those run dense anyway */
-    auto for_each_head = [&](auto &&g) {
-        for (int b = 0; b < p.batch; ++b) {
-            const int len = p.seq_lens[b];
-            if (p.dense_below > 0 && len < p.dense_below) continue;
-            for (int i = 0; i < sa.n_tri; ++i) {
-                const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
-                if (tri < len) g(tri / BN, (len - 1) / BN);
-            }
-        }
-    };
-    /* f(64-key tiles of a row of CTAs), for each such row */
-    auto for_each_row = [&](auto &&f) {
-        for_each_head([&](int rb0, int rb1) {
-            for (int rb = rb0; rb <= rb1; rb += step) f(min(rb + step - 1, rb1) + 1);
-        });
-    };
-    /* Many last rows (n_last of a large part of the sequence) are many row blocks that see every
-     * key: one launch keeps the SMs busy with them, and the chunks would need more scratch */
-    int64_t row_blocks = 0;
-    sa.max_rb = 0;
-    for_each_head([&](int rb0, int rb1) {
-        row_blocks += rb1 - rb0 + 1;
-        sa.max_rb = max(sa.max_rb, rb1 - rb0 + 1);
-    });
-    if (row_blocks == 0 || row_blocks > TRI_SPLIT_MAX_ROW_BLOCKS) return 0;
-    for_each_row([&](int t) {
-        tiles += t;
-        ++n_rows;
-        max_row_tiles = max(max_row_tiles, t);
-    });
-    /* sm_80: about four CTAs an SM, several of which run on it at once. Hopper: a CTA fills an
-     * SM, so as few waves as the rows of CTAs allow (MI_CUDA_TRI_CTAS=N: N an SM), the chunks the
-     * shortest that keep the last wave within them */
-    const int64_t sms = max(mi_cuda_sm_count(), 1);
-    const char *ctas_env = getenv("MI_CUDA_TRI_CTAS");
-    const int per_sm = ctas_env && atoi(ctas_env) > 0 ? atoi(ctas_env) : pairs ? 1 : 4;
-    int64_t target = per_sm * sms;
-    if (pairs) target = max(target, (n_rows + sms - 1) / sms * sms);
-    sa.chunk_tiles = (int)std::max<int64_t>(16 * step, (tiles + target - 1) / target);
-    sa.chunk_tiles += sa.chunk_tiles % step;
-    if (pairs) { /* the shortest even chunk with at most target CTAs: a binary search */
-        auto ctas = [&](int ct) {
-            int64_t n = 0;
-            for_each_row([&](int t) { n += (t + ct - 1) / ct; });
-            return n;
-        };
-        int lo = sa.chunk_tiles / 2, hi = max(lo, (max_row_tiles + 1) / 2); /* in pairs of tiles */
-        while (lo < hi) {
-            const int mid = lo + (hi - lo) / 2;
-            if (ctas(2 * mid) <= target)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        sa.chunk_tiles = 2 * lo;
-    }
-    sa.max_chunks = (int)(((p.len - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles);
-    z = (int64_t)p.batch * sa.n_tri;
-    const int64_t items = z * sa.max_rb * sa.max_chunks;
-    return items * tri_split_item_bytes(p.head_dim) > TRI_SPLIT_MAX_BYTES ? 0 : items;
-}
-
 /* The split and the merge (see tri_split_plan). */
 template <typename T, int D>
 static cudaError_t launch_tri_split(const mi_cuda_attn_params &p, const tri_split_args &sa,
@@ -518,9 +411,14 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
     static thread_local tri_split_args sa;
     int64_t z = 0;
+    const char *split_env = getenv("MI_CUDA_TRI_SPLIT"), *ctas_env = getenv("MI_CUDA_TRI_CTAS");
     const char *sm90_env = getenv("MI_CUDA_TRI_SM90"); /* 0: the chunks on the sm_80 kernel */
-    const bool pairs = mi_cuda_sm90_usable() && !(sm90_env && sm90_env[0] == '0');
-    const int64_t items = tri_split_plan(*p, sa, z, pairs);
+    tri_split_knobs k;
+    k.from = split_env ? atoll(split_env) : 16384;
+    k.per_sm = ctas_env ? std::max(atoi(ctas_env), 0) : 0;
+    k.sms = mi_cuda_sm_count();
+    k.pairs = mi_cuda_sm90_usable() && !(sm90_env && sm90_env[0] == '0');
+    const int64_t items = tri_split_plan(*p, k, sa, z);
     if (items == 0 || sa.max_rb > 65535 || z > 65535) /* (beyond a grid: in one launch) */
         return attn_launch(ctx, p, block_m);
     static thread_local mi_cuda_attn_params a_only; /* 6 KB: off the stack */

@@ -157,7 +157,7 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
     return true;
 }
 
-/* The dense last rows of Tri-shape heads, split over their keys (tri_split_plan in attn_fwd.cu):
+/* The dense last rows of Tri-shape heads, split over their keys (tri_split_plan.cuh):
  * chunk (c, j, z) is row block tri_start / 64 + j of (b, h) = (z / n_tri, tri_head[z % n_tri])
  * over its key tiles [c * chunk_tiles, (c + 1) * chunk_tiles), unnormalised, in item
  * (z * max_rb + j) * max_chunks + c of o_part and ml_part; tri_merge_kernel then combines the
