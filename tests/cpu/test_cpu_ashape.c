@@ -24,7 +24,7 @@ static void run_ashape(mi_context *ctx, const ashape_case *c, rng *r) {
              (long long)c->Hkv, (long long)c->L, (long long)c->D, c->n_init, c->n_local, c->n_last,
              c->use_lens ? " varlen" : "");
     qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
-    const int32_t *lens = c->use_lens ? c->seq_lens : NULL;
+    const int32_t *lens = qkvo_nan_padding(&t, c->use_lens ? c->seq_lens : NULL);
     CHECK_OK(mi_attention_a_shape(ctx, &t.q.t, &t.k.t, &t.v.t, lens, c->n_init, c->n_local,
                                   c->n_last, 0.0f, &t.o.t, t.lse));
     ashape_mask m = {c->n_init, c->n_local, c->n_last, lens, c->L};

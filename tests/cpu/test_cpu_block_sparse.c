@@ -62,6 +62,7 @@ static void run_case(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, int64_t
                     tb_set(&t.k, b, h, j, 0, 4.0);
         }
     }
+    qkvo_nan_padding(&t, lens);
     const int32_t R = (int32_t)((L + 63) / 64);
     int32_t maxb = 2;
     for (int64_t h = 0; h < Hq; h++) maxb = top_k[h] > maxb ? top_k[h] : maxb;

@@ -23,7 +23,7 @@ static void run_dense(mi_context *ctx, const dense_case *c, rng *r) {
              (long long)c->Hkv, (long long)c->L, (long long)c->D, c->use_lens ? " varlen" : "",
              (double)c->scale);
     qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
-    const int32_t *lens = c->use_lens ? c->seq_lens : NULL;
+    const int32_t *lens = qkvo_nan_padding(&t, c->use_lens ? c->seq_lens : NULL);
     CHECK_OK(mi_attention_dense(ctx, &t.q.t, &t.k.t, &t.v.t, lens, c->scale, &t.o.t, t.lse));
     qkvo_check(name, &t, lens, c->scale, mask_all, NULL);
     /* lse is optional */

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
         const mi_dtype dt = dti == 0 ? MI_DTYPE_F32 : MI_DTYPE_BF16;
         const bool blhd = dti == 1;
         qkvo t = qkvo_new(dt, blhd, B, Hq, Hkv, L, D, 2.0, &r);
+        qkvo_nan_padding(&t, lens);
         tbuf o2 = tb_new(dt, blhd, B, Hq, L, D);
         mi_prefill_params pp = mi_prefill_default_params();
         pp.dense_below = 0;

@@ -57,7 +57,7 @@ static void run_random(mi_context *ctx, const sparse_case *c, rng *r) {
     const int32_t R = (int32_t)((c->L + 63) / 64);
     sparse_buf sb = sparse_new((int32_t)c->B, (int32_t)c->Hq, R, 6, 40);
     random_index(&sb.x, c->L, r);
-    const int32_t *lens = c->use_lens ? c->seq_lens : NULL;
+    const int32_t *lens = qkvo_nan_padding(&t, c->use_lens ? c->seq_lens : NULL);
     CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &t.o.t, t.lse));
     key_mask km = key_mask_from_index(&sb.x, c->L);
     qkvo_check(name, &t, lens, 0.0, mask_keys, &km);
@@ -73,6 +73,7 @@ static void full_equals_dense(mi_context *ctx, mi_dtype dt, int64_t L, int64_t D
     tbuf o2 = tb_new(dt, false, 2, Hq, L, D);
     tb_poison(&o2);
     const int32_t lens[2] = {(int32_t)L, (int32_t)(L * 2 / 3)};
+    qkvo_nan_padding(&t, lens);
     const int32_t R = (int32_t)((L + 63) / 64);
     sparse_buf sb = sparse_new(2, (int32_t)Hq, R, R, 0);
     for (int64_t bh = 0; bh < 2 * Hq; bh++)

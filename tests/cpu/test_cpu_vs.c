@@ -219,6 +219,7 @@ static void random_sets(mi_context *ctx, const vs_case *c, rng *r) {
     check_index(name, &sb.x, c->L, lens, &vb.x);
 
     qkvo t = qkvo_new(c->dt, c->blhd, c->B, c->Hq, c->Hkv, c->L, c->D, 1.5, r);
+    qkvo_nan_padding(&t, lens);
     CHECK_OK(mi_attention_sparse(ctx, &t.q.t, &t.k.t, &t.v.t, lens, &sb.x, 0.0f, &t.o.t, t.lse));
     key_mask km = key_mask_from_index(&sb.x, c->L);
     qkvo_check(name, &t, lens, 0.0, mask_keys, &km);
@@ -285,6 +286,8 @@ static void estimate_random(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, 
     tbuf q = tb_new(dt, blhd, B, Hq, L, D), k = tb_new(dt, blhd, B, Hkv, L, D);
     tb_fill_normal(&q, r, 2.0);
     tb_fill_normal(&k, r, 1.0);
+    tb_nan_padding(&q, lens);
+    tb_nan_padding(&k, lens);
     int32_t maxv = 0, maxs = 0;
     for (int64_t h = 0; h < Hq; h++) {
         const int32_t a = vsz[h] > p->min_vertical ? vsz[h] : p->min_vertical;

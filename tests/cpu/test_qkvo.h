@@ -48,6 +48,14 @@ static inline void qkvo_check(const char *what, qkvo *t, const int32_t *lens, do
     compare_lse(what, t->lse, t->ref_lse, (int64_t)t->n_rows);
 }
 
+/* NaN in the padding rows of q, k and v (tb_nan_padding); returns lens. */
+static inline const int32_t *qkvo_nan_padding(qkvo *t, const int32_t *lens) {
+    tb_nan_padding(&t->q, lens);
+    tb_nan_padding(&t->k, lens);
+    tb_nan_padding(&t->v, lens);
+    return lens;
+}
+
 static inline void qkvo_free(qkvo *t) {
     free(t->lse);
     free(t->ref);

@@ -144,6 +144,16 @@ static inline void tb_poison(tbuf *b) {
     memset(b->data, 0xff, (size_t)(b->B * b->H * b->L * b->D) * mi_dtype_size(b->t.dtype));
 }
 
+/* NaN in every row past its sequence's length (lens NULL: none): no op may read a padding row
+ * into a result (a zero probability times a NaN value is NaN), nor may the reference. */
+static inline void tb_nan_padding(tbuf *b, const int32_t *lens) {
+    if (!lens) return;
+    for (int64_t bi = 0; bi < b->B; bi++)
+        for (int64_t h = 0; h < b->H; h++)
+            for (int64_t l = lens[bi] > 0 ? lens[bi] : 0; l < b->L; l++)
+                for (int64_t d = 0; d < b->D; d++) tb_set(b, bi, h, l, d, NAN);
+}
+
 static inline void tb_free(tbuf *b) {
     free(b->data);
     free(b->ref);
