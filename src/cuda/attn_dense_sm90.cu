@@ -316,9 +316,6 @@ static cudaError_t launch_dense(const dense_sm90_args &a, int batch, bool bf16, 
 cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa,
                                   int64_t z, cudaStream_t st, bool *used) {
     *used = false;
-    const char *off = getenv("MI_CUDA_TRI_SM90");
-    if ((off && off[0] == '0') || !mi_cuda_sm90_usable() || sa.chunk_tiles % 2 != 0)
-        return cudaSuccess;
     static thread_local dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p.dtype == MI_DTYPE_BF16;
     const int d = p.head_dim;

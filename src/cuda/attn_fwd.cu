@@ -380,15 +380,16 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
     return cudaGetLastError();
 }
 
-/* The split and the merge (see tri_split_plan). */
+/* The split and the merge (see tri_split_plan); pairs: the plan was made for the Hopper chunk
+ * kernel, which runs it where it applies. */
 template <typename T, int D>
 static cudaError_t launch_tri_split(const mi_cuda_attn_params &p, const tri_split_args &sa,
-                                    int64_t z, cudaStream_t st) {
+                                    int64_t z, bool pairs, cudaStream_t st) {
     constexpr int PITCH = attn_smem<D>::PITCH;
     const size_t smem = (size_t)(BN + 4 * BN) * PITCH * sizeof(T) + 2 * BN * sizeof(int);
     auto kern = attn_tri_split_kernel<T, D>;
     bool on_sm90 = false;
-    cudaError_t e = tri_split_sm90_launch(p, sa, z, st, &on_sm90);
+    cudaError_t e = pairs ? tri_split_sm90_launch(p, sa, z, st, &on_sm90) : cudaSuccess;
     if (e != cudaSuccess) return e;
     if (!on_sm90) {
         e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -439,10 +440,10 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     sa.o_part = static_cast<float *>(scratch);
     sa.ml_part = reinterpret_cast<float2 *>(static_cast<char *>(scratch) + o_bytes);
     const bool bf = p->dtype == MI_DTYPE_BF16, d64 = p->head_dim == 64;
-    e = bf ? (d64 ? launch_tri_split<__nv_bfloat16, 64>(*p, sa, z, st)
-                  : launch_tri_split<__nv_bfloat16, 128>(*p, sa, z, st))
-           : (d64 ? launch_tri_split<__half, 64>(*p, sa, z, st)
-                  : launch_tri_split<__half, 128>(*p, sa, z, st));
+    e = bf ? (d64 ? launch_tri_split<__nv_bfloat16, 64>(*p, sa, z, k.pairs, st)
+                  : launch_tri_split<__nv_bfloat16, 128>(*p, sa, z, k.pairs, st))
+           : (d64 ? launch_tri_split<__half, 64>(*p, sa, z, k.pairs, st)
+                  : launch_tri_split<__half, 128>(*p, sa, z, k.pairs, st));
     const cudaError_t f = cudaFreeAsync(scratch, st);
     if (e == cudaSuccess) e = f;
     if (e != cudaSuccess)

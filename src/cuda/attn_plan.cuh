@@ -184,9 +184,10 @@ __device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const 
     return tri < len;
 }
 
-/* The Hopper chunk kernel (attn_dense_sm90.cu) for sa and its grid's third dimension z; *used =
- * false (and cudaSuccess) where it does not apply: no sm_90a build or device, a sequence shorter
- * than the launch, tensors TMA cannot address, or MI_CUDA_TRI_SM90=0. */
+/* The Hopper chunk kernel (attn_dense_sm90.cu) for sa and its grid's third dimension z, for a plan
+ * made for it (tri_split_knobs::pairs: a usable sm_90a device, chunk_tiles even); *used = false
+ * (and cudaSuccess) where it does not apply: a sequence shorter than the launch, or tensors TMA
+ * cannot address. */
 cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa,
                                   int64_t z, cudaStream_t st, bool *used);
 

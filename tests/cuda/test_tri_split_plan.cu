@@ -46,7 +46,7 @@ struct rows_of_launch {
     std::vector<int> tri;       /* the Tri-shape heads */
     std::vector<int64_t> tiles; /* per row of CTAs */
     int64_t row_blocks = 0, tiles_sum = 0;
-    int max_rb = 0, max_len = 0;
+    int max_rb = 0;
 };
 static rows_of_launch count_rows(const mi_cuda_attn_params &p, bool pairs) {
     rows_of_launch r;
@@ -62,7 +62,6 @@ static rows_of_launch count_rows(const mi_cuda_attn_params &p, bool pairs) {
             const int first_row = len - last, rb0 = first_row / 64, rb1 = (len - 1) / 64;
             r.row_blocks += rb1 - rb0 + 1;
             r.max_rb = std::max(r.max_rb, rb1 - rb0 + 1);
-            r.max_len = std::max(r.max_len, len);
             for (int rb = rb0; rb <= rb1; rb += pairs ? 2 : 1) {
                 const int last_row = std::min(rb * 64 + (pairs ? 128 : 64), len) - 1;
                 r.tiles.push_back(last_row / 64 + 1);
@@ -102,7 +101,8 @@ static int check_plan(const tri_split_knobs &k, const char *what) {
     EXPECT(sa.max_rb == r.max_rb, "%s: max_rb %d, not %d", what, sa.max_rb, r.max_rb);
     EXPECT(items == z * sa.max_rb * sa.max_chunks, "%s: %lld items", what, (long long)items);
     EXPECT(items * tri_split_item_bytes(p.head_dim) <= TRI_SPLIT_MAX_BYTES,
-           "%s: %lld bytes of scratch", what, (long long)(items * tri_split_item_bytes(128)));
+           "%s: %lld bytes of scratch", what,
+           (long long)(items * tri_split_item_bytes(p.head_dim)));
     const int ct = sa.chunk_tiles;
     EXPECT(ct >= 16 * step && ct % step == 0, "%s: chunks of %d tiles", what, ct);
     /* the chunks reach every key of the longest sequence, and no chunk is past them all */
