@@ -121,9 +121,9 @@ __device__ __forceinline__ void dense_rows(const dense_sm90_args &a, const mi_cu
     /* rows rs .. rs + 127 of (b, h), tiles of keys from kbase */
     int b, h, rs, len, kbase, n_tiles;
     if constexpr (CHUNK) { /* chunk blockIdx.x of row blocks 2 y and 2 y + 1 (tri_split_args) */
-        int rb0;
-        if (!tri_rows_of(*p, *sa, blockIdx.z, b, h, len, rb0)) return;
-        rs = (rb0 + 2 * blockIdx.y) * 64;
+        int tri;
+        if (!tri_rows_of(*p, *sa, blockIdx.z, b, h, len, tri)) return;
+        rs = (tri / 64 + 2 * blockIdx.y) * 64;
         kbase = blockIdx.x * sa->chunk_tiles * 64;
         const int keys = min(rs + DS_BM, len); /* every key up to the last row */
         if (rs >= len || kbase >= keys) return;

@@ -50,9 +50,9 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
     int m_blk, bh, b, h, len;
     if constexpr (SPLIT) {
         static_assert(BM == BN, "a chunk's row block is one 64-row block");
-        int rb0;
-        if (!tri_rows_of(p, *sa, blockIdx.z, b, h, len, rb0)) return;
-        m_blk = rb0 + blockIdx.y;
+        int tri;
+        if (!tri_rows_of(p, *sa, blockIdx.z, b, h, len, tri)) return;
+        m_blk = tri / BN + blockIdx.y;
         bh = b * p.heads + h;
     } else {
         m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
@@ -332,10 +332,10 @@ __global__ void __launch_bounds__(128)
 template <typename T, int D>
 __global__ void __launch_bounds__(D) tri_merge_kernel(const __grid_constant__ mi_cuda_attn_params p,
                                                       const __grid_constant__ tri_split_args sa) {
-    int b, h, len, rb0;
-    if (!tri_rows_of(p, sa, blockIdx.y, b, h, len, rb0)) return;
-    const int j = blockIdx.x / BN, r = blockIdx.x % BN, rs = (rb0 + j) * BN, row = rs + r;
-    if (row >= len || row < a_shape_window_of(head_mode_of(p, h), len).tri_start) return;
+    int b, h, len, tri;
+    if (!tri_rows_of(p, sa, blockIdx.y, b, h, len, tri)) return;
+    const int j = blockIdx.x / BN, r = blockIdx.x % BN, rs = (tri / BN + j) * BN, row = rs + r;
+    if (row >= len || row < tri) return;
     const int chunks = ((min(rs + BN, len) - 1) / BN + sa.chunk_tiles) / sa.chunk_tiles;
     const int64_t item0 = ((int64_t)blockIdx.y * sa.max_rb + j) * sa.max_chunks;
     const float2 *ml = sa.ml_part + item0 * BN + r;

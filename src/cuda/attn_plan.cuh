@@ -170,17 +170,16 @@ struct tri_split_args {
     int16_t tri_head[MI_CUDA_MAX_HEADS]; /* the heads with Tri-shape rows */
 };
 
-/* The first row block of the Tri-shape rows of (b, h) = (z / n_tri, tri_head[z % n_tri]) and the
- * sequence's length; false where that sequence has no such rows (shorter than the head's last
- * rows, or run dense by dense_below). */
+/* The first Tri-shape row of (b, h) = (z / n_tri, tri_head[z % n_tri]) and the sequence's length;
+ * false where that sequence has no such rows (shorter than the head's last rows, or run dense by
+ * dense_below). */
 __device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const tri_split_args &sa,
-                                            int z, int &b, int &h, int &len, int &rb0) {
+                                            int z, int &b, int &h, int &len, int &tri) {
     b = z / sa.n_tri;
     h = sa.tri_head[z % sa.n_tri];
     len = p.seq_lens[b];
     if (p.dense_below > 0 && len < p.dense_below) return false;
-    const int tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
-    rb0 = tri / BN;
+    tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
     return tri < len;
 }
 
