@@ -513,8 +513,8 @@ def _as_head_pattern(p):
         if code == L.MI_PATTERN_TRI_SHAPE:
             return HeadPattern(name, n_init=vs, n_local=ss)
         if code == L.MI_PATTERN_BLOCK_SPARSE:
-            # As the C config reader: the first size is the block budget.
-            return HeadPattern(name, top_k=vs) if vs is not None else HeadPattern(name)
+            # As the C config reader: a positive first size is the block budget, else 100.
+            return HeadPattern(name, top_k=vs) if vs else HeadPattern(name)
         if code == L.MI_PATTERN_DENSE:
             return HeadPattern(name)
         return HeadPattern(name, vertical_size=vs, slash_size=ss)

@@ -10,6 +10,7 @@ import pytest
 import minference as mi
 from minference import MInference, MInferenceConfig, MInferenceError
 from conftest import qkv, reference_attention
+from minference.core import patterns_array
 
 
 # ---- library basics ----------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def test_context_threads():
 ORIGINAL_STYLE = [
     {"0": ["vertical_and_slash", 1000, 6096, 0.91], "1": ["stream_llm", 100, 800, 0.5],
      "2": ["vertical_and_slash", 30, 800, 12]},
-    {"1": ["block_sparse", 8, 1, 0.3]},
+    {"1": ["block_sparse", 8, 1, 0.3], "2": ["block_sparse", 0, 0]},
 ]
 
 
@@ -76,6 +77,10 @@ def test_config_parse_layers_and_defaults():
     assert scores[0] == pytest.approx(0.91) and np.isnan(scores[3])
     pats1, _ = cfg.layer(1, 4)
     assert pats1[1].name == "block_sparse" and pats1[1].to_c().top_k == 8  # first size = blocks
+    assert pats1[2].to_c().top_k == 100  # 0: the original's fixed budget, not none
+    # The same entries given as patterns directly, not through a Config.
+    assert patterns_array([["block_sparse", 0, 0]])[0].top_k == 100
+    assert patterns_array([["block_sparse", 8, 1]])[0].top_k == 8
     cfg.check(2, 3)
     cfg.check(32, 32)  # fewer layers / heads than the model: defaults fill them
     with pytest.raises(MInferenceError) as e:

@@ -224,8 +224,13 @@ static bool parse_entry(const json_t *arr, config_entry *e, char *why, size_t wh
         p.n_local = ss;
     } else if (type == MI_PATTERN_BLOCK_SPARSE) {
         /* The original ignores both sizes here (always 100 blocks) and never writes such heads;
-         * the first size carries the searched block budget so that it survives a round trip. */
-        p.top_k = vs;
+         * a positive first size carries the searched block budget so that it survives a round
+         * trip, and 0 (as hand-written entries have it) keeps the original's 100: a budget of
+         * no blocks would leave each row block its diagonal and first block only. */
+        if (vs > 0)
+            p.top_k = vs;
+        else
+            p.vertical_size = p.top_k; /* as it will be written back */
     }
     e->pattern = p;
     return true;

@@ -320,6 +320,30 @@ static void test_malformed(mi_context *ctx) {
     }
 }
 
+/* A block_sparse entry's first size is its block budget when positive; 0 (hand-written entries,
+ * whose sizes the original ignores) keeps the original's 100 blocks, not a budget of none. */
+static void test_block_sparse_budget(mi_context *ctx) {
+    const char *text = "[{\"0\": [\"block_sparse\", 0, 0], \"1\": [\"block_sparse\", 7, 0],"
+                       " \"2\": [\"block_sparse\", 1000, 6096]}]";
+    mi_config *cfg = NULL;
+    CHECK_STATUS(mi_config_parse(ctx, text, strlen(text), &cfg), MI_STATUS_SUCCESS);
+    if (!cfg) return;
+    mi_head_pattern p[3];
+    const mi_head_pattern bs_default = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
+    CHECK_STATUS(mi_config_layer(ctx, cfg, 0, 3, p, NULL), MI_STATUS_SUCCESS);
+    CHECK(bs_default.top_k == 100);
+    CHECK(p[0].type == MI_PATTERN_BLOCK_SPARSE && p[0].top_k == bs_default.top_k);
+    CHECK(p[1].top_k == 7 && p[2].top_k == 1000);
+    char *out = NULL;
+    CHECK_STATUS(mi_config_to_json(ctx, cfg, &out), MI_STATUS_SUCCESS);
+    if (out) { /* written back as the budget it runs with */
+        CHECK(strstr(out, "\"0\": [\"block_sparse\", 100, 0, null]") != NULL);
+        CHECK(strstr(out, "\"1\": [\"block_sparse\", 7, 0, null]") != NULL);
+    }
+    mi_free(out);
+    mi_config_destroy(cfg);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) data_dir = argv[1];
     mi_context *ctx = NULL;
@@ -330,6 +354,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     test_good_file(ctx);
+    test_block_sparse_budget(ctx);
     test_create_edit(ctx);
     test_malformed(ctx);
     mi_context_destroy(ctx);
