@@ -83,7 +83,13 @@ def cpu_table(runs):
 def cli_gpu_table(runs):
     """`minference bench --device cuda` runs: times for all heads, error against dense."""
     out = []
-    for r in sorted(bench_runs(runs, "cuda"), key=lambda r: (r.get("len", 0), r.get("heads", 0))):
+    newest = {}  # the latest run of each shape: an older one describes kernels since replaced
+    for r in bench_runs(runs, "cuda"):
+        shape = (r.get("len", 0), r.get("heads", 0), r.get("kv_heads"), r.get("dim"),
+                 r.get("dtype"), bool(r.get("metrics")))
+        if shape not in newest or r.get("date", "") >= newest[shape].get("date", ""):
+            newest[shape] = r
+    for r in sorted(newest.values(), key=lambda r: (r.get("len", 0), r.get("heads", 0))):
         out.append(f"**GPU, `minference bench --device cuda`, L = {r['len']}**, "
                    f"{r.get('heads', 1)} query / {r.get('kv_heads', r.get('heads', 1))} KV "
                    f"head(s), D = {r.get('dim')}, {r.get('dtype')}, {r.get('gpu', '?')} "
