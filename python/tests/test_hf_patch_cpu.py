@@ -1,5 +1,6 @@
 """The transformers patch on the CPU: small random Llama / Qwen2 / Mistral models, patched against
-unpatched. Skipped where torch or transformers is not installed (CI needs neither)."""
+unpatched. Skipped where torch or transformers is not installed (scripts/test_python.sh installs
+both unless MI_TEST_TRANSFORMERS=0)."""
 
 import warnings
 
