@@ -47,6 +47,10 @@ struct dense_sm90_args {
     int64_t o_stride[3];
     int heads, group, len;
     float scale_log2;
+    /* 0: every head; else the grid runs heads listed[0, n_listed) of each sequence (the dense
+     * heads of a launch whose other heads run the sparse kernels) */
+    int n_listed;
+    int16_t listed[MI_CUDA_MAX_HEADS];
 };
 
 constexpr int DS_BM = 128, DS_STAGES = 2;
@@ -131,7 +135,10 @@ __device__ __forceinline__ void dense_rows(const dense_sm90_args &a, const mi_cu
     } else {
         const int m_blk = gridDim.x - 1 - blockIdx.x; /* the longest row blocks first */
         const int bh = blockIdx.y;
-        b = bh / a.heads, h = bh % a.heads;
+        if (a.n_listed > 0)
+            b = bh / a.n_listed, h = a.listed[bh % a.n_listed];
+        else
+            b = bh / a.heads, h = bh % a.heads;
         rs = m_blk * DS_BM;
         len = a.len;
         kbase = 0;
@@ -308,7 +315,7 @@ static cudaError_t launch_dense(const dense_sm90_args &a, int batch, bool bf16, 
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * a.heads);
+    dim3 grid((a.len + DS_BM - 1) / DS_BM, batch * (a.n_listed > 0 ? a.n_listed : a.heads));
     kern<<<grid, 384, smem, st>>>(a);
     return cudaGetLastError();
 }
@@ -344,14 +351,17 @@ cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_
 
 } // namespace mi_cuda
 
-/* Runs the launch with the dense kernel when it applies: every head dense (uniform mode), every
- * sequence of the full length, D = 128 or 64, tensors TMA can address, and not switched off with
- * MI_CUDA_SM90_DENSE=0. *used = 0 (and cudaSuccess) when it does not apply. */
+/* Runs the launch with the dense kernel when it applies: every head dense (uniform mode) or the
+ * n_listed > 0 heads listed (the others left to the caller), every sequence of the full length,
+ * D = 128 or 64, tensors TMA can address, and not switched off with MI_CUDA_SM90_DENSE=0.
+ * *used = 0 (and cudaSuccess) when it does not apply. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
-                                                       cudaStream_t st, int *used) {
+                                                      const int16_t *listed, int n_listed,
+                                                      cudaStream_t st, int *used) {
     *used = 0;
     const char *off = getenv("MI_CUDA_SM90_DENSE");
-    if ((off && off[0] == '0') || p->use_head_modes || p->mode.mode != MI_CUDA_MODE_DENSE ||
+    const bool uniform = !p->use_head_modes && p->mode.mode == MI_CUDA_MODE_DENSE;
+    if ((off && off[0] == '0') || (n_listed <= 0 && !uniform) || n_listed > p->heads ||
         (p->head_dim != 128 && p->head_dim != 64))
         return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
@@ -368,6 +378,8 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     a.group = p->group;
     a.len = p->len;
     a.scale_log2 = p->scale_log2;
+    a.n_listed = n_listed > 0 ? n_listed : 0;
+    for (int i = 0; i < a.n_listed; ++i) a.listed[i] = listed[i];
     *used = 1;
     if (p->head_dim == 64)
         return bn == 176 ? mi_cuda::launch_dense<176, 64>(a, p->batch, bf16, st)

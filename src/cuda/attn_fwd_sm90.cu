@@ -324,16 +324,51 @@ extern "C" int mi_cuda_sm90_usable(void) {
 #endif
 }
 
+/* Where every sequence has the full length, a head runs dense for all of them or none: the heads
+ * that do (dense heads, and those below their dense_below) take the dense kernel and leave the
+ * launch (MI_CUDA_MODE_NONE in *rest), so that a mixed layer's dense heads run as fast as a
+ * dense layer's. Where that kernel does not apply they stay, as MI_CUDA_MODE_DENSE, so that the
+ * sparse kernel's route (which has no sequence lengths to compare) leaves them to the ring
+ * kernel. Returns p, rest, or nullptr where the dense kernel took every head. */
+static const mi_cuda_attn_params *dense_heads_apart(const mi_cuda_attn_params *p,
+                                                    mi_cuda_attn_params *rest, cudaStream_t st,
+                                                    cudaError_t *e) {
+    *e = cudaSuccess;
+    if (!p->use_head_modes) return p;
+    for (int b = 0; b < p->batch; ++b)
+        if (p->seq_lens[b] != p->len) return p;
+    int16_t listed[MI_CUDA_MAX_HEADS];
+    int n = 0;
+    for (int h = 0; h < p->heads; ++h) {
+        const mi_cuda_head_mode &m = p->head_modes[h];
+        if (m.mode == MI_CUDA_MODE_DENSE ||
+            (m.mode != MI_CUDA_MODE_NONE && m.dense_below > 0 && p->len < m.dense_below))
+            listed[n++] = (int16_t)h;
+    }
+    if (n == 0) return p;
+    int used = 0;
+    *e = mi_cuda_attn_sm90_dense_launch(p, listed, n, st, &used);
+    if (*e != cudaSuccess) return p;
+    if (used && n == p->heads) return nullptr;
+    *rest = *p;
+    for (int i = 0; i < n; ++i)
+        rest->head_modes[listed[i]].mode = used ? MI_CUDA_MODE_NONE : MI_CUDA_MODE_DENSE;
+    return rest;
+}
+
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
     int used = 0;
-    cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, st, &used);
+    cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, nullptr, 0, st, &used);
     if (used || e != cudaSuccess) return e;
+    static thread_local mi_cuda_attn_params rest; /* 7 KB: off the stack */
+    p = dense_heads_apart(p, &rest, st, &e);
+    if (e != cudaSuccess || !p) return e;
     int32_t *taken = nullptr;
     e = mi_cuda_attn_sm90_sparse_launch(p, st, &used, &taken);
     if (e != cudaSuccess) return e;
     /* the ring kernel: every head, or those the sparse kernel left */
     const mi_cuda_attn_params *ring = p;
-    static thread_local mi_cuda_attn_params q; /* 6 KB: off the stack */
+    static thread_local mi_cuda_attn_params q; /* 7 KB: off the stack */
     if (used) {
         q = *p;
         q.sm90_taken = taken;

@@ -123,7 +123,8 @@ __device__ __forceinline__ void write_empty_rows(T *og, int64_t o_row_stride, fl
 /* Plans the keys of query rows [rs, rs + BM) of (b, h); false when this launch skips the head. */
 __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, int bh, int m_blk,
                                            int rs, int BM, int len, tile_plan &tp) {
-    tp.mode = head_mode_of(p, h).mode;
+    const mi_cuda_head_mode hm = head_mode_of(p, h);
+    tp.mode = hm.mode;
     tp.windowed = false;
     tp.n_a = tp.n_b = 0;
     tp.n_cols = 0;
@@ -132,13 +133,13 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
     tp.win = {0, 0x7fffffff, 0x7fffffff};
     const int re = min(rs + BM, len); /* exclusive end of the real rows */
     if (tp.mode == MI_CUDA_MODE_NONE) return false;
-    if (p.dense_below > 0 && len < p.dense_below) tp.mode = MI_CUDA_MODE_DENSE;
+    if (hm.dense_below > 0 && len < hm.dense_below) tp.mode = MI_CUDA_MODE_DENSE;
     if (rs < len) {
         if (tp.mode == MI_CUDA_MODE_DENSE) {
             tp.n_a = (re - 1) / BN + 1;
             tp.sink_tiles = tp.n_a;
         } else if (tp.mode == MI_CUDA_MODE_A_SHAPE) {
-            const a_shape_window w = a_shape_window_of(head_mode_of(p, h), len);
+            const a_shape_window w = a_shape_window_of(hm, len);
             tp.windowed = true;
             tp.win = w;
             const a_shape_tiles at = a_shape_tiles_of(w, rs, re, len);
@@ -178,8 +179,9 @@ __device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const 
     b = z / sa.n_tri;
     h = sa.tri_head[z % sa.n_tri];
     len = p.seq_lens[b];
-    if (p.dense_below > 0 && len < p.dense_below) return false;
-    tri = a_shape_window_of(head_mode_of(p, h), len).tri_start;
+    const mi_cuda_head_mode hm = head_mode_of(p, h);
+    if (hm.dense_below > 0 && len < hm.dense_below) return false;
+    tri = a_shape_window_of(hm, len).tri_start;
     return tri < len;
 }
 

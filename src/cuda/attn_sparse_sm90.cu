@@ -1169,7 +1169,8 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
 
 /* Runs the sparse heads of the launch that suit it (see sparse_route_kernel), and its
  * A-/Tri-shape heads with the first one's sinks, window and last rows, with this kernel where
- * it applies: every sequence of the full length and not run dense by dense_below, D = 128,
+ * it applies: every sequence of the full length (where the heads run dense below their
+ * dense_below are dense heads already: mi_cuda_attn_sm90_launch), D = 128,
  * tensors TMA can address, and a sparse head with an index of 64-row blocks covering the
  * sequence or such an A-/Tri-shape head. The choice is made on the device, since the index is
  * built there: a small kernel flags the heads this kernel runs (*taken) and lists them for it;
@@ -1184,9 +1185,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     const char *env = getenv("MI_CUDA_SM90_SPARSE");
     const int every = env && env[0] == '1';
     const char *a_env = getenv("MI_CUDA_SM90_A_SHAPE"); /* =0: A-shape to the ring kernel */
-    if ((env && env[0] == '0') || p->head_dim != 128 ||
-        (p->dense_below > 0 && p->len < p->dense_below))
-        return cudaSuccess;
+    if ((env && env[0] == '0') || p->head_dim != 128) return cudaSuccess;
     /* the sparse heads (with an index that covers the sequence), and the A-/Tri-shape heads with
      * the sinks, window and last rows of the first one (an A-shape layer's heads usually share
      * them; the others go to the ring kernel) */

@@ -8,33 +8,10 @@
  * estimation.
  */
 #include "cuda_common.cuh"
+#include "dense_fallback.h"
 
 #include <stdio.h>
 #include <string.h>
-
-/* Below this length a sequence runs dense on CUDA when mi_prefill_params.dense_below < 0.
- * Measured on an H200 (bf16, D = 128, 32 query / 8 KV heads, every head VS 1000/6096 with
- * estimation and index building included, position-coded q/k so the estimate is local-like;
- * bench/torch_ref.py's "crossover" section): the speed-up (dense time over sparse prefill time)
- * with the instruction-trimmed ring kernel (commit ee30eeb, bench/results/2026-11-30-gpu-
- * attention.json) was 0.66 at 16K, 0.87 at 24K, 1.16 at 32K, 1.49 at 48K; one commit earlier,
- * 1.02 at 24K and 1.18 at 32K. 24K is a tie that moves between runs, 32K the first length where
- * sparse wins in every run. (Earlier kernels: 24K, when dense was the slower of the two.) With the
- * warp-specialised dense kernel (commit 624ac90, bench/results/2026-11-30-gpu-attention-v9.json):
- * 0.68 at 16K, 0.94 at 24K, 1.03 at 32K, 1.21 at 48K, so 32K still holds. With band-like sparse
- * heads routed to the warp-specialised sparse kernel (bench/results/2026-11-30-gpu-crossover-
- * routed.json): 0.72 at 16K, 0.93 at 24K, 1.06 at 32K, 1.26 at 48K; 32K again. With the dense
- * kernel's 176-key tiles (commit ce4c557, bench/results/2026-12-01-gpu-crossover-176-keys.json):
- * 0.74 at 16K, 0.90 at 24K, 1.03 at 32K, 1.21 at 48K; 32K holds, with a thinner margin. */
-#define MI_CUDA_DENSE_BELOW_DEFAULT 32768
-/* The same for heads of 64 dimensions on Hopper. Measured on an H200 (bf16, D = 64, 9 query / 3
- * KV heads as SmolLM2, the same prefill): while the sparse heads ran on the mma.sync kernel and
- * dense ones on the warp-specialised kernel (commit 64defaf, bench/results/2026-12-01-gpu-
- * crossover-d64.json), 0.41 at 16K, 0.63 at 32K, 0.79 at 48K, 0.96 at 64K, 1.20 at 96K, 1.57 at
- * 128K, so 96K; with the sparse heads on the wgmma ring kernel (commit 614bf77, bench/results/
- * 2026-12-01-gpu-crossover-d64-ring.json), 0.59 at 16K, 0.99 at 32K, 1.27 at 48K, 1.57 at 64K,
- * 1.96 at 96K, 2.55 at 128K: 32K is a tie, 48K the first measured length where sparse wins. */
-#define MI_CUDA_DENSE_BELOW_D64_SM90 49152
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
@@ -176,12 +153,6 @@ void plan_prefill(const mi_attn_shape *s, const mi_head_pattern *pat, const mi_p
     lo->total = off + al(sc) + 256;
 }
 
-int32_t resolve_dense_below(const mi_prefill_params *pp, int64_t head_dim) {
-    if (pp->dense_below >= 0) return pp->dense_below;
-    return head_dim == 64 && mi_cuda_sm90_usable() ? MI_CUDA_DENSE_BELOW_D64_SM90
-                                                   : MI_CUDA_DENSE_BELOW_DEFAULT;
-}
-
 } // namespace
 
 extern "C" mi_status mi_cuda_prefill_workspace_size(mi_context *ctx, const mi_attn_shape *s,
@@ -208,17 +179,26 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     if (st != MI_STATUS_SUCCESS) return st;
     prefill_layout lo;
     plan_prefill(s, patterns, params, &lo);
-    const int32_t dense_below = resolve_dense_below(params, s->head_dim);
     cudaStream_t stream = mi_stream(ctx);
 
-    /* every sequence shorter than the crossover: one dense launch, no workspace */
-    bool all_dense = true;
-    for (int64_t b = 0; b < s->batch; ++b)
-        if (dense_below <= 0 || p.seq_lens[b] >= dense_below) all_dense = false;
-    bool only_dense = true;
-    for (int64_t h = 0; h < s->heads_q; ++h)
-        if (patterns[h].type != MI_PATTERN_DENSE) only_dense = false;
-    if (all_dense || only_dense) {
+    /* Each head's length from which it runs sparse (dense_fallback.h); the estimates take their
+     * pattern's, which is the same for all their heads. */
+    const int32_t B = (int32_t)s->batch, H = (int32_t)s->heads_q;
+    const mi_cuda_pattern_counts counts = mi_cuda_count_patterns(patterns, H, B);
+    const int sm90 = mi_cuda_sm90_usable();
+    int32_t from[MI_CUDA_MAX_HEADS];
+    int32_t vs_from = 0, bs_from = 0;
+    bool all_dense = true; /* no (b, h) runs sparse: one dense launch, no workspace */
+    for (int32_t h = 0; h < H; ++h) {
+        from[h] =
+            mi_cuda_dense_below_of(&patterns[h], params->dense_below, s->head_dim, sm90, counts);
+        if (patterns[h].type == MI_PATTERN_VERTICAL_SLASH) vs_from = from[h];
+        if (patterns[h].type == MI_PATTERN_BLOCK_SPARSE) bs_from = from[h];
+        if (patterns[h].type == MI_PATTERN_DENSE) continue;
+        for (int32_t b = 0; b < B; ++b)
+            if (from[h] <= 0 || p.seq_lens[b] >= from[h]) all_dense = false;
+    }
+    if (all_dense) {
         p.mode.mode = MI_CUDA_MODE_DENSE;
         return mi_cuda_attn_run(ctx, &p, 128);
     }
@@ -242,7 +222,6 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     mi_sparse_index spi;
     memset(&vsi, 0, sizeof(vsi));
     memset(&spi, 0, sizeof(spi));
-    const int32_t B = (int32_t)s->batch, H = (int32_t)s->heads_q;
     if (lo.any_vs)
         st = mi_vs_index_init(&vsi, B, H, lo.max_v, lo.max_s, base + lo.off_vs,
                               mi_vs_index_bytes(B, H, lo.max_v, lo.max_s));
@@ -280,18 +259,17 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
             m->mode = MI_CUDA_MODE_DENSE;
             break;
         }
+        m->dense_below = from[h];
     }
     p.use_head_modes = 1;
-    p.dense_below = dense_below;
 
     if (st == MI_STATUS_SUCCESS && lo.any_vs)
         st = mi_cuda_vs_estimate_run(ctx, s, q, k, seq_lens, vsz, ssz, &params->vs, scale, act_vs,
-                                     dense_below, scratch, &vsi);
+                                     vs_from, scratch, &vsi);
     if (st == MI_STATUS_SUCCESS && lo.any_vs)
-        st = mi_cuda_vs_index_run(ctx, s->len, seq_lens, &vsi, 1, act_vs, dense_below, &spi);
+        st = mi_cuda_vs_index_run(ctx, s->len, seq_lens, &vsi, 1, act_vs, vs_from, &spi);
     if (st == MI_STATUS_SUCCESS && lo.any_bs)
-        st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, dense_below, scratch,
-                                     &spi);
+        st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, bs_from, scratch, &spi);
     if (st == MI_STATUS_SUCCESS) {
         mi_cuda_attn_use_index(&p, &spi);
         st = mi_cuda_attn_run(ctx, &p, 64);

@@ -133,9 +133,11 @@ extern "C" int mi_cuda_sm90_usable(void);
 /* The sm_90a kernels for a launch: the dense or the sparse warp-specialised kernel where they
  * apply, the ring kernel (every mode in 64-row blocks) for the rest (attn_fwd_sm90.cu). */
 extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st);
-/* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies; *used = 0 otherwise. */
+/* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies, for every head of a
+ * uniform dense launch or (n_listed > 0) for the heads listed; *used = 0 otherwise. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
-                                                       cudaStream_t st, int *used);
+                                                      const int16_t *listed, int n_listed,
+                                                      cudaStream_t st, int *used);
 /* The warp-specialised sparse kernel (attn_sparse_sm90.cu) where it applies, for the heads it
  * picks on the device; *used = 0 where it does not apply. With *used = 1, *taken is a
  * stream-ordered device buffer that flags the heads it ran (mi_cuda_attn_params.sm90_taken), for

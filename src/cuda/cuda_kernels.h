@@ -26,9 +26,11 @@ enum {
     MI_CUDA_MODE_NONE = 3,    /* head skipped by this launch (prefill bookkeeping) */
 };
 
-/* Per-head mode of a mixed launch: {mode, n_init, n_local, n_last}. */
+/* Per-head mode of a mixed launch: {mode, n_init, n_local, n_last}, and the length below which
+ * the head runs dense instead (0: never; dense_fallback.h). */
 typedef struct mi_cuda_head_mode {
     int32_t mode, n_init, n_local, n_last;
+    int32_t dense_below;
 } mi_cuda_head_mode;
 
 typedef struct mi_cuda_attn_params {
@@ -41,8 +43,7 @@ typedef struct mi_cuda_attn_params {
     float scale_log2; /* softmax scale * log2(e) */
     /* Uniform mode (when head_modes is NULL) */
     mi_cuda_head_mode mode;
-    int32_t use_head_modes;              /* 0: every head runs `mode` */
-    int32_t dense_below;                 /* sequences shorter than this run dense (0: never) */
+    int32_t use_head_modes; /* 0: every head runs `mode` */
     /* Sparse index (device), used by MI_CUDA_MODE_SPARSE heads */
     const int32_t *block_count, *block_offset, *column_count, *column_index;
     int32_t row_blocks, max_blocks, max_columns;

@@ -72,9 +72,10 @@ inline int64_t tri_split_plan(const mi_cuda_attn_params &p, const tri_split_knob
     auto for_each_head = [&](auto &&g) {
         for (int b = 0; b < p.batch; ++b) {
             const int len = p.seq_lens[b];
-            if (p.dense_below > 0 && len < p.dense_below) continue;
             for (int i = 0; i < sa.n_tri; ++i) {
-                const int tri = a_shape_window_of(head_mode_of(p, sa.tri_head[i]), len).tri_start;
+                const mi_cuda_head_mode m = head_mode_of(p, sa.tri_head[i]);
+                if (m.dense_below > 0 && len < m.dense_below) continue;
+                const int tri = a_shape_window_of(m, len).tri_start;
                 if (tri < len) g(tri / BN, (len - 1) / BN);
             }
         }

@@ -17,6 +17,8 @@
 #include "minference.h"
 #include "minference_cuda.h"
 
+#include "dense_fallback.h" /* the rule the library applies, src/cuda */
+
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -1237,6 +1239,76 @@ static void test_prefill(const shape *s, int wide, int use_workspace) {
     inputs_free(&in);
 }
 
+/* Whether the library runs its sm_90a kernels here (as mi_cuda_sm90_usable decides). */
+static int gpu_runs_sm90(void) {
+    int dev = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const char *off = getenv("MI_CUDA_DISABLE_SM90");
+    return major == 9 && minor == 0 && strstr(mi_build_features(), "sm_90a") != NULL &&
+           !(off && off[0] == '1');
+}
+
+/* The prefill's per-head dense fallback: the GPU with dense_below (-1: the library's rule,
+ * dense_fallback.h) against the CPU run twice with dense_below = 0, with the patterns and with
+ * every head dense; (b, h) must match the second where its sequence is shorter than the head's
+ * crossover, else the first. Sequences that straddle some heads' crossovers run those heads
+ * dense for one and sparse for the other (the ring kernel's per-(b, h) choice); full lengths
+ * take the dense heads apart to the dense kernel on Hopper. */
+static void test_prefill_crossover(const shape *s, const mi_head_pattern *pat,
+                                   int32_t dense_below) {
+    char name[320], sh[128];
+    inputs in;
+    inputs_make(&in, s, 0);
+    round_qk(&in);
+    const int64_t B = s->B, H = s->H, L = s->L, D = s->D;
+    mi_head_pattern *dense = malloc(H * sizeof(mi_head_pattern));
+    for (int64_t h = 0; h < H; h++) dense[h] = mi_head_pattern_default(MI_PATTERN_DENSE);
+    const mi_cuda_pattern_counts counts = mi_cuda_count_patterns(pat, H, B);
+    const int sm90 = gpu_runs_sm90();
+    mi_prefill_params cpu_pp = mi_prefill_default_params(), gpu_pp = cpu_pp;
+    cpu_pp.dense_below = 0;
+    gpu_pp.dense_below = dense_below;
+    const size_t nlse = (size_t)(B * H * L);
+    float *lse_dense = malloc(nlse * sizeof(float));
+    pair o_dense = pair_alloc(s->dt, B, H, L, D, s->blhd);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &cpu_pp,
+                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, dense, &cpu_pp,
+                                      &o_dense.h, lse_dense, NULL, 0));
+    int64_t n_dense = 0, n_sparse = 0; /* (b, h) of each kind, non-dense heads */
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t len = in.lens ? in.lens[b] : L;
+        for (int64_t h = 0; h < H; h++) {
+            if (pat[h].type == MI_PATTERN_DENSE) continue;
+            const int32_t from = mi_cuda_dense_below_of(&pat[h], dense_below, D, sm90, counts);
+            if (from <= 0 || len >= from) {
+                n_sparse++;
+                continue;
+            }
+            n_dense++;
+            for (int64_t l = 0; l < L; l++) {
+                for (int64_t d = 0; d < D; d++)
+                    set_f(&in.o_cpu.h, b, h, l, d, get_f(&o_dense.h, b, h, l, d));
+                in.lse_cpu[(b * H + h) * L + l] = lse_dense[(b * H + h) * L + l];
+            }
+        }
+    }
+    inputs_poison(&in);
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &gpu_pp,
+                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name,
+             "prefill crossover dense_below %d (%lld (b, h) dense, %lld sparse) [%s]", dense_below,
+             (long long)n_dense, (long long)n_sparse, shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    pair_free(&o_dense);
+    free(lse_dense);
+    free(dense);
+    inputs_free(&in);
+}
+
 static void test_errors(void) {
     /* fp32 and D = 96 are refused with UNSUPPORTED and a message */
     void *d = NULL;
@@ -1409,6 +1481,34 @@ int main(int argc, char **argv) {
         test_sparse_mixed_heads(&m3);
     }
     unsetenv("MI_CUDA_TRI_SPLIT");
+    /* The prefill's dense fallback per head: the library's rule (-1) on lengths that straddle
+     * some heads' crossovers (A-shape 16 + 300 from 948 keys, 64 + 4000 from 12192, Tri-shape
+     * 8 + 100 + 70 from 534, block-sparse from 12288, vertical-slash from 40960 on so few
+     * heads; on Hopper at D = 128) and one value for every head (2000) */
+    {
+        mi_head_pattern xp[8];
+        for (int h = 0; h < 8; h++) xp[h] = mi_head_pattern_default((mi_pattern_type)(h % 5));
+        xp[1].n_init = 16, xp[1].n_local = 300;
+        xp[6].n_init = 64, xp[6].n_local = 4000;
+        xp[2].n_init = 8, xp[2].n_local = 100, xp[2].n_last = 70;
+        xp[7].n_init = 8, xp[7].n_local = 100, xp[7].n_last = 70;
+        xp[3].vertical_size = 100, xp[3].slash_size = 400;
+        xp[4].top_k = 4;
+        for (int di = 0; di < 2; di++) {
+            shape x1 = {2, 8, 2, 3000, 128, dts[di], di, {3000, 700}};
+            shape x2 = {2, 8, 2, 2500, 128, dts[di], !di, {1500, 2500}};
+            test_prefill_crossover(&x1, xp, -1);
+            test_prefill_crossover(&x2, xp, 2000);
+            if (!quick) {
+                shape x3 = {2, 8, 2, 13000, 128, dts[di], di, {13000, 5000}};
+                shape x4 = {1, 8, 2, 13000, 128, dts[di], !di, {0, 0}};
+                shape x5 = {2, 8, 2, 2500, 64, dts[di], di, {2500, 2500}};
+                test_prefill_crossover(&x3, xp, -1);
+                test_prefill_crossover(&x4, xp, -1);
+                test_prefill_crossover(&x5, xp, 2000);
+            }
+        }
+    }
     /* the select over vectors of several chunks */
     test_vs_long(quick ? 40000 : 100000, 0, MI_DTYPE_BF16);
     test_vs_long(40000, 1, MI_DTYPE_BF16);

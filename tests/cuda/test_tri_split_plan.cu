@@ -35,9 +35,9 @@ static void make_launch(int batch, int len, const std::vector<int> &lens, int he
     params.head_dim = 128;
     params.use_head_modes = 1;
     for (int b = 0; b < batch; ++b) params.seq_lens[b] = lens.empty() ? len : lens[b];
-    for (int h = 0; h < heads; ++h) params.head_modes[h] = {MI_CUDA_MODE_DENSE, 0, 0, 0};
+    for (int h = 0; h < heads; ++h) params.head_modes[h] = {MI_CUDA_MODE_DENSE, 0, 0, 0, 0};
     for (size_t i = 0; i < tri_heads.size(); ++i)
-        params.head_modes[tri_heads[i]] = {MI_CUDA_MODE_A_SHAPE, 128, 3968, n_last[i]};
+        params.head_modes[tri_heads[i]] = {MI_CUDA_MODE_A_SHAPE, 128, 3968, n_last[i], 0};
 }
 
 /* The plan's rows of CTAs, counted from the launch: for each (b, Tri-shape h), the 64-key tiles
@@ -55,8 +55,9 @@ static rows_of_launch count_rows(const mi_cuda_attn_params &p, bool pairs) {
             r.tri.push_back(h);
     for (int b = 0; b < p.batch; ++b) {
         const int len = p.seq_lens[b];
-        if (p.dense_below > 0 && len < p.dense_below) continue;
         for (int h : r.tri) {
+            const int from = p.head_modes[h].dense_below; /* run dense below */
+            if (from > 0 && len < from) continue;
             const int last = std::min(p.head_modes[h].n_last, len - 1); /* row 0 sees one key */
             if (last <= 0) continue;
             const int first_row = len - last, rb0 = first_row / 64, rb1 = (len - 1) / 64;
@@ -183,7 +184,8 @@ int main(void) {
                 last.push_back(rnd(5) == 0 ? rnd(len + 2) : 1 + rnd(300));
             }
         make_launch(batch, len, lens, heads, tri, last);
-        params.dense_below = rnd(4) == 0 ? rnd(len + 1) : 0;
+        for (int h = 0; h < heads; ++h) /* each head's own crossover, some straddled */
+            params.head_modes[h].dense_below = rnd(4) == 0 ? rnd(len + 1) : 0;
         for (int h = 0; h < heads; ++h) /* some heads of other modes */
             if (params.head_modes[h].mode == MI_CUDA_MODE_DENSE && rnd(4) == 0)
                 params.head_modes[h].mode = rnd(2) ? MI_CUDA_MODE_SPARSE : MI_CUDA_MODE_A_SHAPE;

@@ -1,0 +1,113 @@
+/*
+ * dense_fallback.h: the length from which a head's sparse pattern pays on CUDA, used when
+ * mi_prefill_params.dense_below < 0 (the default). A (b, h) whose sequence is shorter runs
+ * dense: no estimation, no index, and (on Hopper, where every sequence has the full length) the
+ * dense kernel. Plain C, so that the host test (tests/cuda/test_dense_fallback.c: the rule
+ * against the measurements below) and the GPU test (tests/cuda/test_cuda.c) use the rule the
+ * library uses.
+ *
+ * Measured on an H200 (bf16, D = 128, position-coded q/k, sparse prefill with dense_below = 0
+ * against mi_attention_dense; speed-ups, dense time over sparse time; bench/results/2026-12-02-
+ * gpu-crossover-patterns.json and -gpu-crossover-heads.json), 4 / 1 and 32 / 8 heads:
+ *   - A-shape 128 + 3968: 0.97 / 1.14 at 8K, 1.32 / 1.57 at 12K; 64 + 960: 0.77 / 0.96 at 2K,
+ *     1.12 / 1.16 at 3K; Tri-shape 128 + 3968 + 100: 0.86 / 1.09 at 8K, 1.18 / 1.29 at 12K. No
+ *     estimation, so the work alone decides: sparse pays from three times the keys a row keeps
+ *     (sinks and window), where it computes a sixth of the causal pairs or less.
+ *   - Block-sparse top 100 (6400 keys a row): 0.82 / 0.95 at 12K, 1.02 / 1.09 at 16K, 1.37 / 1.54
+ *     at 24K; top 25: 1.00 / 1.74 at 8K, 0.80 / 1.37 at 6K, 1.73 / 2.59 at 12K. Three times the
+ *     kept keys, and a floor for the estimate's fixed cost that few heads do not share: 12K
+ *     below 16 (b, h) pairs, 6K from there.
+ *   - Vertical-slash 1000 / 6096 (estimation and index included): 0.91 at 32K and 1.04 at 40K
+ *     on 4 heads, 1.00 at 32K and 1.05 at 36K on 8, 1.04 at 32K on 16 and 1.03 on 32 (0.92 at
+ *     24K). Its fixed cost is the index build's latency (about 0.3 ms at 32K whatever the head
+ *     count: a thread walks each row block's lists), so the crossover falls with the heads:
+ *     40K below 8 (b, h) pairs, 36K below 16, 32K from there.
+ * Heads of 64 dimensions keep the one measured crossover (48K, vertical-slash, SmolLM2's 9 / 3
+ * heads), and GPUs without the sm_90a kernels the crossover measured before these rules (32K):
+ * neither has been measured per pattern.
+ *
+ * Before these rules one crossover served every pattern, measured with vertical-slash 1000 / 6096
+ * on 32 / 8 heads (bench/torch_ref.py's "crossover" section): 0.66 at 16K, 0.87 at 24K, 1.16 at
+ * 32K, 1.49 at 48K with the ring kernel (commit ee30eeb, bench/results/2026-11-30-gpu-
+ * attention.json); 0.68 / 0.94 / 1.03 / 1.21 with the warp-specialised dense kernel (624ac90,
+ * -gpu-attention-v9.json); 0.72 / 0.93 / 1.06 / 1.26 with band-like heads on the warp-specialised
+ * sparse kernel (-gpu-crossover-routed.json); 0.74 / 0.90 / 1.03 / 1.21 with the dense kernel's
+ * 176-key tiles (ce4c557, 2026-12-01-gpu-crossover-176-keys.json): 32K. So A-shape and
+ * block-sparse heads ran dense below 32K, where they were 1.3-2.7x faster than dense from 12K
+ * (A-shape) and 24K (block-sparse) on; and 4 heads of vertical-slash ran sparse at 32K, 4-9 %
+ * slower than dense. D = 64 (9 / 3 heads): 0.41 at 16K, 0.63 at 32K, 0.79 at 48K, 0.96 at 64K,
+ * 1.20 at 96K with the sparse heads on the mma.sync kernel (64defaf, -gpu-crossover-d64.json);
+ * 0.59 / 0.99 / 1.27 / 1.57 at 16K / 32K / 48K / 64K on the wgmma ring kernel (614bf77,
+ * -gpu-crossover-d64-ring.json): 48K.
+ */
+#ifndef MI_CUDA_DENSE_FALLBACK_H
+#define MI_CUDA_DENSE_FALLBACK_H
+
+#include <stdint.h>
+
+#include "minference.h"
+
+#define MI_CUDA_DENSE_BELOW_VS 32768        /* vertical-slash, 16 or more (b, h) pairs */
+#define MI_CUDA_DENSE_BELOW_VS_FEW 36864    /* 8 to 15 */
+#define MI_CUDA_DENSE_BELOW_VS_FEWEST 40960 /* fewer than 8 */
+#define MI_CUDA_DENSE_BELOW_BS_FLOOR 6144   /* block-sparse, 16 or more (b, h) pairs */
+#define MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW 12288
+#define MI_CUDA_DENSE_BELOW_D64_SM90 49152 /* D = 64 on Hopper, every pattern */
+#define MI_CUDA_DENSE_BELOW_PORTABLE 32768 /* the sm_80 kernels, every pattern */
+
+/* The (b, h) pairs of a launch that run each dynamic pattern: their estimates' fixed costs are
+ * shared by that many. */
+typedef struct mi_cuda_pattern_counts {
+    int64_t vs, bs;
+} mi_cuda_pattern_counts;
+
+static inline mi_cuda_pattern_counts mi_cuda_count_patterns(const mi_head_pattern *patterns,
+                                                            int64_t heads, int64_t batch) {
+    mi_cuda_pattern_counts c = {0, 0};
+    for (int64_t h = 0; h < heads; ++h) {
+        c.vs += patterns[h].type == MI_PATTERN_VERTICAL_SLASH;
+        c.bs += patterns[h].type == MI_PATTERN_BLOCK_SPARSE;
+    }
+    c.vs *= batch;
+    c.bs *= batch;
+    return c;
+}
+
+static inline int64_t mi_cuda_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* The length from which pattern p runs sparse by default (0: whatever the length; a dense
+ * head: 0, it never estimates); clamped to INT32_MAX. sm90: the sm_90a kernels run it. */
+static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int64_t head_dim,
+                                                  int sm90, mi_cuda_pattern_counts c) {
+    if (p->type == MI_PATTERN_DENSE) return 0;
+    if (!sm90) return MI_CUDA_DENSE_BELOW_PORTABLE;
+    if (head_dim == 64) return MI_CUDA_DENSE_BELOW_D64_SM90;
+    int64_t from = 0;
+    switch (p->type) {
+    case MI_PATTERN_A_SHAPE:
+    case MI_PATTERN_TRI_SHAPE: /* (Tri-shape's few last rows, split over the SMs, cost little) */
+        from = 3 * (mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0));
+        break;
+    case MI_PATTERN_BLOCK_SPARSE:
+        from = mi_cuda_max64(3 * 64 * (int64_t)mi_cuda_max64(p->top_k, 0),
+                             c.bs < 16 ? MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW
+                                       : MI_CUDA_DENSE_BELOW_BS_FLOOR);
+        break;
+    default: /* vertical-slash */
+        from = c.vs < 8    ? MI_CUDA_DENSE_BELOW_VS_FEWEST
+               : c.vs < 16 ? MI_CUDA_DENSE_BELOW_VS_FEW
+                           : MI_CUDA_DENSE_BELOW_VS;
+        break;
+    }
+    return from > INT32_MAX ? INT32_MAX : (int32_t)from;
+}
+
+/* The length from which head p runs sparse under params' dense_below (>= 0: that, for every
+ * head; < 0: the default above). */
+static inline int32_t mi_cuda_dense_below_of(const mi_head_pattern *p, int32_t dense_below,
+                                             int64_t head_dim, int sm90, mi_cuda_pattern_counts c) {
+    if (p->type == MI_PATTERN_DENSE) return 0;
+    return dense_below >= 0 ? dense_below : mi_cuda_default_dense_below(p, head_dim, sm90, c);
+}
+
+#endif /* MI_CUDA_DENSE_FALLBACK_H */
