@@ -198,8 +198,10 @@ mi_vs_params mi_vs_default_params(void);
 typedef struct mi_prefill_params {
     float softmax_scale; /* <= 0: 1/sqrt(D) */
     mi_vs_params vs;     /* vertical-slash estimation */
-    int32_t dense_below; /* sequences shorter than this run dense; < 0: library default
-                               (the measured crossover for the device), 0: never fall back */
+    int32_t dense_below; /* sequences shorter than this run dense, every head; < 0: the
+                               backend's measured crossovers (on CUDA one per head, by its
+                               pattern, budget and the heads that share its estimate; see
+                               docs/architecture.md), 0: never fall back */
 } mi_prefill_params;
 
 mi_prefill_params mi_prefill_default_params(void);
