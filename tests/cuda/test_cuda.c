@@ -1483,11 +1483,13 @@ int main(int argc, char **argv) {
     unsetenv("MI_CUDA_TRI_SPLIT");
     /* The prefill's dense fallback per head: the library's rule (-1) on lengths that straddle
      * some heads' crossovers (A-shape 16 + 300 from 948 keys, 64 + 4000 from 12192, Tri-shape
-     * 8 + 100 + 70 from 534, block-sparse from 12288, vertical-slash from 40960 on so few
-     * heads; on Hopper at D = 128) and one value for every head (2000) */
+     * 8 + 100 + 70 from 534, block-sparse top 4 from 12288 and top 100 from 19200 (one
+     * estimate for both: the least crossover), vertical-slash from 40960 on so few heads; on
+     * Hopper at D = 128) and one value for every head (2000) */
     {
         mi_head_pattern xp[8];
         for (int h = 0; h < 8; h++) xp[h] = mi_head_pattern_default((mi_pattern_type)(h % 5));
+        xp[5] = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE); /* top 100 */
         xp[1].n_init = 16, xp[1].n_local = 300;
         xp[6].n_init = 64, xp[6].n_local = 4000;
         xp[2].n_init = 8, xp[2].n_local = 100, xp[2].n_last = 70;
