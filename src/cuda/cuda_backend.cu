@@ -10,7 +10,6 @@
 #include "cuda_common.cuh"
 #include "dense_fallback.h"
 
-#include <algorithm>
 #include <stdio.h>
 #include <string.h>
 
@@ -182,20 +181,19 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     plan_prefill(s, patterns, params, &lo);
     cudaStream_t stream = mi_stream(ctx);
 
-    /* Each head's length from which it runs sparse (dense_fallback.h). An estimate skips the
-     * sequences shorter than the least of its heads' (block-sparse heads of different budgets
-     * differ): a head that runs dense leaves its index unread. */
+    /* Each head's length from which it runs sparse, and each estimate's (dense_fallback.h). */
     const int32_t B = (int32_t)s->batch, H = (int32_t)s->heads_q;
     const mi_cuda_pattern_counts counts = mi_cuda_count_patterns(patterns, H, B);
     const int sm90 = mi_cuda_sm90_usable();
+    const int32_t db = params->dense_below;
+    const int32_t vs_from = mi_cuda_estimate_dense_below(patterns, H, MI_PATTERN_VERTICAL_SLASH, db,
+                                                         s->head_dim, sm90, counts);
+    const int32_t bs_from = mi_cuda_estimate_dense_below(patterns, H, MI_PATTERN_BLOCK_SPARSE, db,
+                                                         s->head_dim, sm90, counts);
     int32_t from[MI_CUDA_MAX_HEADS];
-    int32_t vs_from = INT32_MAX, bs_from = INT32_MAX;
     bool all_dense = true; /* no (b, h) runs sparse: one dense launch, no workspace */
     for (int32_t h = 0; h < H; ++h) {
-        from[h] =
-            mi_cuda_dense_below_of(&patterns[h], params->dense_below, s->head_dim, sm90, counts);
-        if (patterns[h].type == MI_PATTERN_VERTICAL_SLASH) vs_from = std::min(vs_from, from[h]);
-        if (patterns[h].type == MI_PATTERN_BLOCK_SPARSE) bs_from = std::min(bs_from, from[h]);
+        from[h] = mi_cuda_dense_below_of(&patterns[h], db, s->head_dim, sm90, counts);
         if (patterns[h].type == MI_PATTERN_DENSE) continue;
         for (int32_t b = 0; b < B; ++b)
             if (from[h] <= 0 || p.seq_lens[b] >= from[h]) all_dense = false;

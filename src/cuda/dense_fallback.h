@@ -110,4 +110,20 @@ static inline int32_t mi_cuda_dense_below_of(const mi_head_pattern *p, int32_t d
     return dense_below >= 0 ? dense_below : mi_cuda_default_dense_below(p, head_dim, sm90, c);
 }
 
+/* The length from which the estimate of pattern type (vertical-slash or block-sparse) runs a
+ * sequence: the least crossover of its heads (block-sparse heads of different budgets have
+ * different ones; a head that runs dense leaves its index unread); INT32_MAX without such heads. */
+static inline int32_t mi_cuda_estimate_dense_below(const mi_head_pattern *patterns, int64_t heads,
+                                                   mi_pattern_type type, int32_t dense_below,
+                                                   int64_t head_dim, int sm90,
+                                                   mi_cuda_pattern_counts c) {
+    int32_t least = INT32_MAX;
+    for (int64_t h = 0; h < heads; ++h) {
+        if (patterns[h].type != type) continue;
+        const int32_t from = mi_cuda_dense_below_of(&patterns[h], dense_below, head_dim, sm90, c);
+        if (from < least) least = from;
+    }
+    return least;
+}
+
 #endif /* MI_CUDA_DENSE_FALLBACK_H */

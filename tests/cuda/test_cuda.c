@@ -1483,7 +1483,7 @@ int main(int argc, char **argv) {
     unsetenv("MI_CUDA_TRI_SPLIT");
     /* The prefill's dense fallback per head: the library's rule (-1) on lengths that straddle
      * some heads' crossovers (A-shape 16 + 300 from 948 keys, 64 + 4000 from 12192, Tri-shape
-     * 8 + 100 + 70 from 534, block-sparse top 4 from 12288 and top 100 from 19200 (one
+     * 8 + 100 + 70 from 324, block-sparse top 4 from 12288 and top 100 from 19200 (one
      * estimate for both: the least crossover), vertical-slash from 40960 on so few heads; on
      * Hopper at D = 128) and one value for every head (2000) */
     {

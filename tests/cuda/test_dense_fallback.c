@@ -192,6 +192,18 @@ static void test_properties(void) {
     mi_head_pattern layer[5] = {vs, vs, bs, a, dense};
     const mi_cuda_pattern_counts c = mi_cuda_count_patterns(layer, 5, 3);
     CHECK(c.vs == 6 && c.bs == 3);
+    /* an estimate runs a sequence where any of its heads runs sparse: the least crossover */
+    mi_head_pattern bs4 = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
+    mi_head_pattern bs100 = bs4;
+    bs4.top_k = 4, bs100.top_k = 100;
+    const mi_head_pattern mix[4] = {bs4, vs, bs100, a}; /* the last is not the least */
+    CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_BLOCK_SPARSE, -1, 128, 1, few) ==
+          MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW); /* top 4's 12288, not top 100's 19200 */
+    CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_VERTICAL_SLASH, -1, 128, 1, few) ==
+          MI_CUDA_DENSE_BELOW_VS_FEWEST);
+    CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_BLOCK_SPARSE, 500, 128, 1, few) == 500);
+    CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_TRI_SHAPE, -1, 128, 1, few) ==
+          0x7fffffff); /* no such head */
 }
 
 int main(int argc, char **argv) {
