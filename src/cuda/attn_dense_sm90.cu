@@ -104,7 +104,11 @@ static_assert(ds_smem<176, 128>() <= 227 * 1024, "176-key tiles fit a CTA's shar
  * D = 64 (the same code, templated on D; commit 64defaf), 9 query / 3 KV heads as SmolLM2, in one
  * process against the mma.sync kernel that ran D = 64 before (bench/results/2026-12-01-gpu-dense-
  * d64-ws.json): 457-460 against 255-257 TFLOP/s at 128K and 512K, cuDNN 467 and 415. With half
- * the tensor work of D = 128 per key and the same softmax, the softmax bounds it. */
+ * the tensor work of D = 128 per key and the same softmax, the softmax bounds it.
+ * A list of heads for the grid (dense_sm90_args::listed): a mixed launch's dense heads (in the
+ * config, or below their crossover) run here instead of on the ring kernel; 32 heads at 64K,
+ * 16 dense + 16 A-shape 40.0 -> 31.8 ms, and the dense layer unchanged (128K x 32 heads 204 ms,
+ * 689 TFLOP/s; bench/results/2026-12-02-gpu-dense-fallback-1ac541c.json). */
 template <typename T, int BN, int D, bool CHUNK>
 __device__ __forceinline__ void dense_rows(const dense_sm90_args &a, const mi_cuda_attn_params *p,
                                            const tri_split_args *sa) {
