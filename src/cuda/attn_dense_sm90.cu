@@ -311,6 +311,18 @@ __global__ void __launch_bounds__(384, 1)
     dense_rows<T, 128, D, true>(a, &p, &sa);
 }
 
+/* The dense kernel's arguments from launch p, but for the tensor maps: every head (n_listed 0). */
+static void dense_args_of(dense_sm90_args &a, const mi_cuda_attn_params &p) {
+    a.o = p.o;
+    a.lse = p.lse;
+    for (int i = 0; i < 3; ++i) a.o_stride[i] = p.o_stride[i];
+    a.heads = p.heads;
+    a.group = p.group;
+    a.len = p.len;
+    a.scale_log2 = p.scale_log2;
+    a.n_listed = 0;
+}
+
 template <int BN, int D>
 static cudaError_t launch_dense(const dense_sm90_args &a, int batch, bool bf16, cudaStream_t st) {
     auto kern =
@@ -334,12 +346,7 @@ cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_
      * past its sequence, whose padding would be read as it is (a zero probability times a NaN
      * there is NaN), where past the tensor TMA reads zeros */
     if (!encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, &p, DS_BM, 128)) return cudaSuccess;
-    a.o = nullptr;
-    a.lse = nullptr;
-    a.heads = p.heads;
-    a.group = p.group;
-    a.len = p.len;
-    a.scale_log2 = p.scale_log2;
+    dense_args_of(a, p); /* (the chunks write their own scratch, not o or lse) */
     *used = true;
     auto kern = d == 64 ? (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 64>
                                 : tri_chunk_sm90_kernel<__half, 64>)
@@ -375,13 +382,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
     const int bn = bn_env && atoi(bn_env) == 128 ? 128 : 176;
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BM, bn))
         return cudaSuccess;
-    a.o = p->o;
-    a.lse = p->lse;
-    for (int i = 0; i < 3; ++i) a.o_stride[i] = p->o_stride[i];
-    a.heads = p->heads;
-    a.group = p->group;
-    a.len = p->len;
-    a.scale_log2 = p->scale_log2;
+    mi_cuda::dense_args_of(a, *p);
     a.n_listed = n_listed > 0 ? n_listed : 0;
     for (int i = 0; i < a.n_listed; ++i) a.listed[i] = listed[i];
     *used = 1;
