@@ -1350,7 +1350,13 @@ int main(int argc, char **argv) {
         printf("SKIP: CUDA context: %s\n", mi_status_name(st));
         return SKIP;
     }
-    printf("seed %llu (MI_TEST_SEED), %s\n", (unsigned long long)seed, mi_build_features());
+    /* what a saved log was measured on: the GPU and the library's commit */
+    struct cudaDeviceProp prop;
+    int dev = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaGetDeviceProperties(&prop, dev));
+    printf("seed %llu (MI_TEST_SEED), %s, commit %s, %s (%d SMs)\n", (unsigned long long)seed,
+           mi_build_features(), mi_build_commit(), prop.name, prop.multiProcessorCount);
 
     const int64_t Ls_full[] = {1, 63, 64, 65, 1000, 4099};
     const int64_t Ls_quick[] = {1, 65, 1000};
