@@ -468,9 +468,14 @@ def bench_a_shape(lib, L, H, Hk, reps):
             **pattern_timing("a_shape", L, H, t, H * a_shape_keys(L, A_INIT, A_LOCAL))}
 
 
-def prefill_call(lib, q, k, v, o, H, dense_below, vsz=1000, ssz=6096):
+def prefill_call(lib, q, k, v, o, H, dense_below, vsz=1000, ssz=6096, pattern=None):
+    """A whole-layer prefill call on every head with one pattern: vertical-slash (vsz, ssz), or
+    the HeadPattern `pattern`."""
     pats = (HeadPattern * H)()
     for h in range(H):
+        if pattern is not None:
+            pats[h] = pattern
+            continue
         pats[h] = lib.l.mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH)
         pats[h].vertical_size = vsz
         pats[h].slash_size = ssz
