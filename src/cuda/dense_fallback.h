@@ -22,9 +22,20 @@
  *     24K). Its fixed cost is the index build's latency (about 0.3 ms at 32K whatever the head
  *     count: a thread walks each row block's lists), so the crossover falls with the heads:
  *     40K below 8 (b, h) pairs, 36K below 16, 32K from there.
- * Heads of 64 dimensions keep the one measured crossover (48K, vertical-slash, SmolLM2's 9 / 3
- * heads), and GPUs without the sm_90a kernels the crossover measured before these rules (32K):
- * neither has been measured per pattern.
+ * Heads of 64 dimensions (the same inputs; 9 / 3, 4 / 1 and 32 / 8 heads; speed-ups in that
+ * order; bench/results/2026-12-02-gpu-crossover-patterns-d64.json):
+ *   - A-shape 128 + 3968: 0.90 / 0.94 / 0.99 at 6K, 1.07 / 1.07 / 1.12 at 8K; 64 + 960: 0.87 /
+ *     1.07 / 0.98 at 2K, 1.33 / 1.40 / 1.41 at 3K. Cheaper tiles than at D = 128, so twice the
+ *     kept keys, and at least 3K for the launch's fixed costs.
+ *   - Tri-shape 128 + 3968 + 100: 0.78 / 1.13 / 1.16 at 12K, 1.74 / 1.35 / 1.75 at 16K (on 9
+ *     heads the last rows are split over chunks only from 16K: tri_split_plan.cuh): four times.
+ *   - Block-sparse top 100: 0.93 / 0.86 / 1.05 at 12K, 1.22 / 0.90 / 1.24 at 16K, 1.60 / 1.37 /
+ *     1.68 at 24K: two and a half times its keys from 8 (b, h) pairs, three times below; top 25:
+ *     1.06 / 0.85 / 1.36 at 6K, 1.42 / 1.14 / 1.84 at 8K: a floor of 8K below 16 pairs.
+ *   - Vertical-slash 1000 / 6096: 0.83 / 0.67 / 1.02 at 24K, 1.03 / 0.88 / 1.12 at 32K, 1.15 /
+ *     0.98 / 1.24 at 40K, 1.25 / 1.12 / 1.36 at 48K: 48K below 8 pairs, otherwise as at D = 128.
+ * GPUs without the sm_90a kernels keep the crossover measured before these rules (32K), for
+ * every pattern: not measured per pattern.
  *
  * Before these rules one crossover served every pattern, measured with vertical-slash 1000 / 6096
  * on 32 / 8 heads (bench/torch_ref.py's "crossover" section): 0.66 at 16K, 0.87 at 24K, 1.16 at
@@ -52,7 +63,9 @@
 #define MI_CUDA_DENSE_BELOW_VS_FEWEST 40960 /* fewer than 8 */
 #define MI_CUDA_DENSE_BELOW_BS_FLOOR 6144   /* block-sparse, 16 or more (b, h) pairs */
 #define MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW 12288
-#define MI_CUDA_DENSE_BELOW_D64_SM90 49152 /* D = 64 on Hopper, every pattern */
+#define MI_CUDA_DENSE_BELOW_D64_VS_FEWEST 49152    /* D = 64: vertical-slash, below 8 pairs */
+#define MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW 8192  /* D = 64: block-sparse, below 16 pairs */
+#define MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR 3072 /* D = 64: A-shape */
 #define MI_CUDA_DENSE_BELOW_PORTABLE 32768 /* the sm_80 kernels, every pattern */
 
 /* The (b, h) pairs of a launch that run each dynamic pattern: their estimates' fixed costs are
@@ -81,23 +94,32 @@ static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int6
                                                   int sm90, mi_cuda_pattern_counts c) {
     if (p->type == MI_PATTERN_DENSE) return 0;
     if (!sm90) return MI_CUDA_DENSE_BELOW_PORTABLE;
-    if (head_dim == 64) return MI_CUDA_DENSE_BELOW_D64_SM90;
+    const int d64 = head_dim == 64;
     int64_t from = 0;
     switch (p->type) {
-    case MI_PATTERN_A_SHAPE:
+    case MI_PATTERN_A_SHAPE: {
+        const int64_t keys = mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0);
+        from = d64 ? mi_cuda_max64(2 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR : 0)
+                   : 3 * keys;
+        break;
+    }
     case MI_PATTERN_TRI_SHAPE: /* (Tri-shape's few last rows, split over the SMs, cost little) */
-        from = 3 * (mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0));
+        from = (d64 ? 4 : 3) * (mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0));
         break;
-    case MI_PATTERN_BLOCK_SPARSE:
-        from = mi_cuda_max64(3 * 64 * (int64_t)mi_cuda_max64(p->top_k, 0),
-                             c.bs < 16 ? MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW
-                                       : MI_CUDA_DENSE_BELOW_BS_FLOOR);
+    case MI_PATTERN_BLOCK_SPARSE: {
+        const int64_t keys = 64 * (int64_t)mi_cuda_max64(p->top_k, 0);
+        const int64_t floor_few =
+            d64 ? MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW : MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW;
+        from = mi_cuda_max64(d64 && c.bs >= 8 ? keys * 5 / 2 : 3 * keys,
+                             c.bs < 16 ? floor_few : MI_CUDA_DENSE_BELOW_BS_FLOOR);
         break;
-    default: /* vertical-slash */
-        from = c.vs < 8    ? MI_CUDA_DENSE_BELOW_VS_FEWEST
-               : c.vs < 16 ? MI_CUDA_DENSE_BELOW_VS_FEW
-                           : MI_CUDA_DENSE_BELOW_VS;
+    }
+    default: { /* vertical-slash */
+        const int32_t fewest =
+            d64 ? MI_CUDA_DENSE_BELOW_D64_VS_FEWEST : MI_CUDA_DENSE_BELOW_VS_FEWEST;
+        from = c.vs < 8 ? fewest : c.vs < 16 ? MI_CUDA_DENSE_BELOW_VS_FEW : MI_CUDA_DENSE_BELOW_VS;
         break;
+    }
     }
     return from > INT32_MAX ? INT32_MAX : (int32_t)from;
 }

@@ -1,11 +1,11 @@
 /*
  * test_dense_fallback.c: the CUDA prefill's per-head dense fallback (src/cuda/dense_fallback.h)
  * against the H200 measurements it was drawn from (bench/results/2026-12-02-gpu-crossover-
- * patterns.json and -heads.json): at every measured length from a head's crossover on, sparse
- * was at least as fast as dense; at the last measured length below it, sparse was no more than
- * 20 % faster (the rule leaves little on the table). Then the rule's plain properties: the
- * caller's dense_below for every head, dense heads never estimated, the portable and D = 64
- * crossovers, budgets that would overflow. Host code: CI runs it.
+ * patterns.json and -heads.json at D = 128, -patterns-d64.json at D = 64): at every measured
+ * length from a head's crossover on, sparse was at least as fast as dense; at the last measured
+ * length below it, sparse was no more than 20 % faster (the rule leaves little on the table).
+ * Then the rule's plain properties: the caller's dense_below for every head, dense heads never
+ * estimated, the portable crossover, budgets that would overflow. Host code: CI runs it.
  *   test_dense_fallback RESULTS_DIR
  */
 #include "dense_fallback.h"
@@ -29,7 +29,7 @@ static int g_fail = 0, g_checks = 0;
 /* The measured rows of one pattern and head count, ascending in length. */
 typedef struct series {
     mi_head_pattern pat;
-    int64_t heads;
+    int64_t heads, head_dim;
     int n;
     int64_t len[32];
     double speedup[32];
@@ -37,13 +37,14 @@ typedef struct series {
 
 static void check_series(const series *s, const char *what) {
     const mi_cuda_pattern_counts c = mi_cuda_count_patterns(&s->pat, 1, s->heads);
-    const int32_t from = mi_cuda_dense_below_of(&s->pat, -1, 128, 1, c);
+    const int32_t from = mi_cuda_dense_below_of(&s->pat, -1, s->head_dim, 1, c);
     int below = -1;
     for (int i = 0; i < s->n; i++) {
         if (s->len[i] >= from) {
             if (s->speedup[i] < 1.0)
-                fprintf(stderr, "%s, %lld heads: sparse from %d, but %.2fx at %lld\n", what,
-                        (long long)s->heads, from, s->speedup[i], (long long)s->len[i]);
+                fprintf(stderr, "%s, %lld heads, D %lld: sparse from %d, but %.2fx at %lld\n", what,
+                        (long long)s->heads, (long long)s->head_dim, from, s->speedup[i],
+                        (long long)s->len[i]);
             CHECK(s->speedup[i] >= 1.0);
         } else {
             below = i;
@@ -51,11 +52,12 @@ static void check_series(const series *s, const char *what) {
     }
     CHECK(below >= 0); /* the measurements reach below the crossover */
     if (below >= 0 && s->speedup[below] >= 1.2)
-        fprintf(stderr, "%s, %lld heads: dense below %d, yet %.2fx at %lld\n", what,
-                (long long)s->heads, from, s->speedup[below], (long long)s->len[below]);
+        fprintf(stderr, "%s, %lld heads, D %lld: dense below %d, yet %.2fx at %lld\n", what,
+                (long long)s->heads, (long long)s->head_dim, from, s->speedup[below],
+                (long long)s->len[below]);
     if (below >= 0) CHECK(s->speedup[below] < 1.2);
-    printf("%-28s %2lld heads: sparse from %6d (%d lengths measured)\n", what, (long long)s->heads,
-           from, s->n);
+    printf("%-28s %2lld heads, D %3lld: sparse from %6d (%d lengths measured)\n", what,
+           (long long)s->heads, (long long)s->head_dim, from, s->n);
 }
 
 static json_t *load(const char *dir, const char *name) {
@@ -67,7 +69,8 @@ static json_t *load(const char *dir, const char *name) {
     return j;
 }
 
-/* "a_shape 128+3968", "tri_shape 128+3968+100", "block_sparse 100" -> the pattern */
+/* "a_shape 128+3968", "tri_shape 128+3968+100", "block_sparse 100",
+ * "vertical_slash 1000+6096" -> the pattern */
 static int parse_pattern(const char *name, mi_head_pattern *p) {
     int a = 0, b = 0, c = 0;
     if (sscanf(name, "a_shape %d+%d", &a, &b) == 2) {
@@ -79,24 +82,23 @@ static int parse_pattern(const char *name, mi_head_pattern *p) {
     } else if (sscanf(name, "block_sparse %d", &a) == 1) {
         *p = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
         p->top_k = a;
+    } else if (sscanf(name, "vertical_slash %d+%d", &a, &b) == 2) {
+        *p = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+        p->vertical_size = a, p->slash_size = b;
     } else {
         return 0;
     }
     return 1;
 }
 
-static void test_measured(const char *dir) {
-    json_t *pj = load(dir, "2026-12-02-gpu-crossover-patterns.json");
-    json_t *hj = load(dir, "2026-12-02-gpu-crossover-heads.json");
-    CHECK(pj && hj);
-    if (!pj || !hj) goto done;
-    /* static and block-sparse patterns: rows {heads, L, pattern, speedup} */
-    series all[16];
+/* Rows {heads, L, pattern, speedup} of one measurement file, as series of one pattern and head
+ * count each; returns how many. */
+enum { MAX_SERIES = 32 };
+static int series_of_rows(const json_t *j, int64_t head_dim, series *all) {
     int n_series = 0;
-    const json_t *rows = json_object_get(pj, "rows");
     size_t i;
     const json_t *r;
-    json_array_foreach(rows, i, r) {
+    json_array_foreach(json_object_get(j, "rows"), i, r) {
         mi_head_pattern p;
         const char *name = json_string_value(json_object_get(r, "pattern"));
         CHECK(name && parse_pattern(name, &p));
@@ -105,22 +107,38 @@ static void test_measured(const char *dir) {
         int k = 0;
         while (k < n_series && !(all[k].heads == heads && !memcmp(&all[k].pat, &p, sizeof p))) k++;
         if (k == n_series) {
-            if (n_series == 16) continue;
+            if (n_series == MAX_SERIES) continue;
             memset(&all[k], 0, sizeof all[k]);
             all[k].pat = p;
             all[k].heads = heads;
+            all[k].head_dim = head_dim;
             n_series++;
         }
         if (all[k].n == 32) continue;
         all[k].len[all[k].n] = json_integer_value(json_object_get(r, "L"));
         all[k].speedup[all[k].n++] = json_number_value(json_object_get(r, "speedup"));
     }
+    return n_series;
+}
+
+static void test_measured(const char *dir) {
+    json_t *pj = load(dir, "2026-12-02-gpu-crossover-patterns.json");
+    json_t *hj = load(dir, "2026-12-02-gpu-crossover-heads.json");
+    json_t *dj = load(dir, "2026-12-02-gpu-crossover-patterns-d64.json");
+    CHECK(pj && hj && dj);
+    if (!pj || !hj || !dj) goto done;
+    series all[MAX_SERIES];
+    /* D = 128, static and block-sparse patterns */
+    int n_series = series_of_rows(pj, 128, all);
     CHECK(n_series == 10); /* five patterns at 4 and 32 heads */
-    for (int k = 0; k < n_series; k++) {
-        char what[64];
-        snprintf(what, sizeof what, "%s", mi_pattern_name(all[k].pat.type));
-        check_series(&all[k], what);
-    }
+    for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
+    /* D = 64, every pattern */
+    CHECK(json_integer_value(json_object_get(dj, "head_dim")) == 64);
+    n_series = series_of_rows(dj, 64, all);
+    CHECK(n_series == 18); /* six patterns at 9, 4 and 32 heads */
+    for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
+    size_t i;
+    const json_t *r;
     /* vertical-slash 1000 / 6096: runs {heads, rows: [{L, speedup}]} */
     const json_t *runs = json_object_get(hj, "runs");
     int n_runs = 0;
@@ -129,6 +147,7 @@ static void test_measured(const char *dir) {
         memset(&s, 0, sizeof s);
         s.pat = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
         s.heads = json_integer_value(json_object_get(r, "heads"));
+        s.head_dim = 128;
         size_t j;
         const json_t *row;
         json_array_foreach(json_object_get(r, "rows"), j, row) {
@@ -143,6 +162,7 @@ static void test_measured(const char *dir) {
 done:
     json_decref(pj);
     json_decref(hj);
+    json_decref(dj);
 }
 
 static void test_properties(void) {
@@ -158,13 +178,40 @@ static void test_properties(void) {
         /* the caller's value, for every sparse head; 0: sparse at any length */
         CHECK(mi_cuda_dense_below_of(&p, 0, 128, 1, few) == 0);
         CHECK(mi_cuda_dense_below_of(&p, 777, 64, 0, many) == 777);
-        /* the portable kernels and D = 64 keep their one measured crossover */
+        /* the portable kernels keep their one measured crossover, at either D */
         CHECK(mi_cuda_dense_below_of(&p, -1, 128, 0, few) == MI_CUDA_DENSE_BELOW_PORTABLE);
-        CHECK(mi_cuda_dense_below_of(&p, -1, 64, 1, many) == MI_CUDA_DENSE_BELOW_D64_SM90);
+        CHECK(mi_cuda_dense_below_of(&p, -1, 64, 0, many) == MI_CUDA_DENSE_BELOW_PORTABLE);
         /* fewer heads to share the estimates' fixed costs: never an earlier crossover */
-        CHECK(mi_cuda_dense_below_of(&p, -1, 128, 1, few) >=
-              mi_cuda_dense_below_of(&p, -1, 128, 1, many));
+        for (int d = 64; d <= 128; d += 64)
+            CHECK(mi_cuda_dense_below_of(&p, -1, d, 1, few) >=
+                  mi_cuda_dense_below_of(&p, -1, d, 1, many));
+        /* D = 64 tiles cost less than D = 128 ones: never a later crossover, but for the
+         * vertical-slash estimate on fewest heads, and Tri-shape's last rows */
+        if (types[t] != MI_PATTERN_TRI_SHAPE)
+            CHECK(mi_cuda_dense_below_of(&p, -1, 64, 1, many) <=
+                  mi_cuda_dense_below_of(&p, -1, 128, 1, many));
     }
+    /* D = 64 (bench/results/2026-12-02-gpu-crossover-patterns-d64.json) */
+    mi_head_pattern a64 = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+    a64.n_init = 128, a64.n_local = 3968;
+    CHECK(mi_cuda_dense_below_of(&a64, -1, 64, 1, few) == 8192); /* twice the keys */
+    a64.n_init = 64, a64.n_local = 960;
+    CHECK(mi_cuda_dense_below_of(&a64, -1, 64, 1, few) == MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR);
+    mi_head_pattern t64 = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
+    t64.n_init = 128, t64.n_local = 3968;
+    CHECK(mi_cuda_dense_below_of(&t64, -1, 64, 1, many) == 16384); /* four times */
+    mi_head_pattern b64 = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
+    b64.top_k = 100;
+    const mi_cuda_pattern_counts bs7 = {0, 7}, bs8 = {0, 8};
+    CHECK(mi_cuda_dense_below_of(&b64, -1, 64, 1, bs7) == 3 * 6400);
+    CHECK(mi_cuda_dense_below_of(&b64, -1, 64, 1, bs8) == 6400 * 5 / 2);
+    b64.top_k = 1;
+    CHECK(mi_cuda_dense_below_of(&b64, -1, 64, 1, bs8) == MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW);
+    CHECK(mi_cuda_dense_below_of(&b64, -1, 64, 1, many) == MI_CUDA_DENSE_BELOW_BS_FLOOR);
+    const mi_head_pattern v64 = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+    const mi_cuda_pattern_counts vs7 = {7, 0}, vs8 = {8, 0};
+    CHECK(mi_cuda_dense_below_of(&v64, -1, 64, 1, vs7) == MI_CUDA_DENSE_BELOW_D64_VS_FEWEST);
+    CHECK(mi_cuda_dense_below_of(&v64, -1, 64, 1, vs8) == MI_CUDA_DENSE_BELOW_VS_FEW);
     /* A-/Tri-shape: three times the keys a row keeps; a longer window, a later crossover */
     mi_head_pattern a = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
     a.n_init = 128, a.n_local = 3968;
