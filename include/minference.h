@@ -199,8 +199,8 @@ typedef struct mi_prefill_params {
     float softmax_scale; /* <= 0: 1/sqrt(D) */
     mi_vs_params vs;     /* vertical-slash estimation */
     int32_t dense_below; /* sequences shorter than this run dense, every head; < 0: the
-                               backend's measured crossovers (on CUDA one per head, by its
-                               pattern, budget and the heads that share its estimate; see
+                               backend's measured crossovers, one per head by its pattern and
+                               budget (on CUDA also by the heads that share its estimate; see
                                docs/architecture.md), 0: never fall back */
 } mi_prefill_params;
 

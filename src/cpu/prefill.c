@@ -3,8 +3,9 @@
  *
  * q [B, H_q, L, D], k/v [B, H_kv, L, D], out like q, lse [B, H_q, L] (optional),
  * patterns [H_q], per-sequence lengths (varlen). Steps:
- *   1. plan: one job per (b, h); a sequence shorter than dense_below runs dense; vertical-slash
- *      and block-sparse heads estimate their index from q/k (in parallel over (b, h));
+ *   1. plan: one job per (b, h); a sequence shorter than its head's crossover runs dense;
+ *      vertical-slash and block-sparse heads estimate their index from q/k (in parallel over
+ *      (b, h));
  *   2. run: every job's row blocks in one parallel loop (attn_core.c), so heads with different
  *      patterns share the threads evenly.
  * Workspace (caller memory or allocated here), 64-byte aligned parts:
@@ -17,26 +18,21 @@
  * The attention engine's per-thread tiles (about 5 * 64 * D floats) are allocated by the engine.
  */
 #include "cpu_common.h"
+#include "dense_fallback_cpu.h"
 
 #include <omp.h>
 
-/*
- * Sequences shorter than this run dense when params->dense_below < 0: where vertical-slash with
- * the default budgets (1000 / 6096, default estimation) stops beating dense on the CPU.
- * Measured with tests/cpu/bench_cpu (fp32, D = 128, one head, synthetic structured q/k from
- * mi_synth_generate, process CPU time on the shared 2-core Xeon, AVX-512 engine), the VS
- * speed-up = dense time / VS time (estimation + index + sparse):
+/* Sequences shorter than a head's crossover run it dense when params->dense_below < 0: the rule
+ * and its measurements are in dense_fallback_cpu.h. The vertical-slash crossover (8192) was first
+ * measured here with tests/cpu/bench_cpu (fp32, D = 128, one head, process CPU time on a shared
+ * 2-core Xeon, AVX-512 engine), VS speed-up = dense time / VS time (estimation + index + sparse):
  *   1 thread:   L 4096 0.96x, 6144 0.96x, 8192 1.04x, 12288 1.09x, 16384 1.22x
  *   2 threads:  L 4096 0.81x, 6144 0.89x, 8192 0.96x, 12288 1.06x, 16384 1.15x, 24576 1.81x,
  *               32768 2.06x, 49152 2.66x, 65536 2.73x  (run-to-run noise here is ~5%)
- * so the crossover lies at about 8K: there both take the same time within noise. At D = 64
- * (bench_cpu's head_dim argument; bench/results/2026-12-01-cpu-crossover-d64.json) VS ties
- * dense from 8K to 12K as well (0.96-0.99x at 8K, 0.94-1.14x at 12K, 1.13-1.30x at 16K over
- * three runs), so one constant serves both head sizes.
- * Below ~8K the 6096 diagonals cover nearly the whole causal triangle (index density >= 0.94),
- * so VS does the dense work plus estimation.
- */
-#define MI_CPU_DENSE_BELOW 8192
+ * and at D = 64 (bench/results/2026-12-01-cpu-crossover-d64.json) VS ties dense from 8K to 12K as
+ * well (0.96-0.99x at 8K, 0.94-1.14x at 12K, 1.13-1.30x at 16K over three runs), so one constant
+ * serves both head sizes. Below ~8K the 6096 diagonals cover nearly the whole causal triangle
+ * (index density >= 0.94), so VS does the dense work plus estimation. */
 
 #define ALIGN64(x) (((x) + 63) / 64 * 64)
 
@@ -117,7 +113,6 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
     const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, Hq = s->heads_q;
     const int64_t n_jobs = s->batch * Hq;
     const float scale = mi_resolve_scale(pp.softmax_scale, s->head_dim);
-    const int64_t dense_below = pp.dense_below < 0 ? MI_CPU_DENSE_BELOW : pp.dense_below;
     char *ws = (char *)(((uintptr_t)workspace + 63) / 64 * 64);
     mi_attn_job *jobs = (mi_attn_job *)(ws + lay.jobs);
     int32_t *idx = (int32_t *)(ws + lay.indices);
@@ -133,7 +128,8 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
             j->h = h;
             j->len = mi_seq_len(seq_lens, b, L);
             j->kind = MI_JOB_DENSE;
-            const int fallback = dense_below > 0 && j->len < dense_below;
+            const int32_t from = mi_cpu_dense_below_of(p, pp.dense_below);
+            const int fallback = from > 0 && j->len < from;
             if (!fallback && (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE)) {
                 mi_cpu_job_ashape(j, p->n_init, p->n_local,
                                   p->type == MI_PATTERN_TRI_SHAPE ? p->n_last : 0);

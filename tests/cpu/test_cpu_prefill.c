@@ -4,7 +4,7 @@
  *  - every head against the float64 reference under its own element mask: dense, A-shape,
  *    Tri-shape, empty A-shape, vertical-slash (index from mi_vs_estimate + mi_vs_build_index),
  *    block-sparse (mi_block_sparse_estimate); batch 2 with different lengths, GQA 4;
- *  - the dense fallback below dense_below (explicit, and the library default);
+ *  - the dense fallback below dense_below (explicit, and the library default, per head);
  *  - a caller workspace gives the same bytes as the internal one;
  *  - metrics: recall and density equal a float64 computation over the same masks.
  */
@@ -72,6 +72,54 @@ static void ref_metrics(const tbuf *q, const tbuf *k, int64_t b, int64_t h, int6
     *recall = len > 0 ? rec / (double)len : 1.0;
     *visited = vis;
     free(s);
+}
+
+/* The default fallback decides per (b, h) by each head's pattern (dense_fallback_cpu.h): at 2200
+ * and 1500 keys an A-shape head of 16 + 496 keys (crossover 2048) and a block-sparse head of top
+ * 4 (2048) run sparse on the longer sequence only, a vertical-slash head (8192) dense on both.
+ * Each (b, h) of the default call must equal, bit for bit, a call that forces that choice. */
+static void test_default_per_head(mi_context *ctx, rng *r) {
+    const int64_t B = 2, Hq = 4, Hkv = 1, L = 2200, D = 32;
+    const int32_t lens[2] = {2200, 1500};
+    const mi_head_pattern dflt[4] = {
+        pat(MI_PATTERN_A_SHAPE, 16, 496, 0), pat(MI_PATTERN_VERTICAL_SLASH, 1000, 6096, 0),
+        pat(MI_PATTERN_BLOCK_SPARSE, 4, 0, 0), pat(MI_PATTERN_DENSE, 0, 0, 0)};
+    mi_head_pattern longer[4], dense[4]; /* what sequence 0 and sequence 1 must run */
+    for (int h = 0; h < 4; h++) {
+        longer[h] = dflt[h].type == MI_PATTERN_VERTICAL_SLASH ? dflt[3] : dflt[h];
+        dense[h] = dflt[3];
+    }
+    qkvo t = qkvo_new(MI_DTYPE_F32, false, B, Hq, Hkv, L, D, 2.0, r);
+    tbuf o_long = tb_new(MI_DTYPE_F32, false, B, Hq, L, D);
+    tbuf o_dense = tb_new(MI_DTYPE_F32, false, B, Hq, L, D);
+    mi_prefill_params forced = mi_prefill_default_params();
+    forced.dense_below = 0;
+    CHECK_OK(
+        mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, dflt, NULL, &t.o.t, NULL, NULL, 0));
+    CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, longer, &forced, &o_long.t,
+                                  NULL, NULL, 0));
+    CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, lens, dense, &forced, &o_dense.t,
+                                  NULL, NULL, 0));
+    for (int64_t b = 0; b < B; b++) {
+        const tbuf *want = b == 0 ? &o_long : &o_dense;
+        for (int64_t h = 0; h < Hq; h++) {
+            const size_t at = tb_index(&t.o, b, h, 0);
+            const size_t n = (size_t)lens[b] * (size_t)D * sizeof(float);
+            CHECK(memcmp((float *)t.o.data + at, (float *)want->data + at, n) == 0,
+                  "default fallback: sequence %lld, head %lld (%s) ran the wrong way", (long long)b,
+                  (long long)h, mi_pattern_name(dflt[h].type));
+        }
+    }
+    /* not vacuous: on the longer sequence the A-shape and block-sparse heads differ from dense */
+    for (int64_t h = 0; h < Hq; h += 2) {
+        const size_t at = tb_index(&t.o, 0, h, 0);
+        CHECK(memcmp((float *)o_long.data + at, (float *)o_dense.data + at,
+                     (size_t)L * (size_t)D * sizeof(float)) != 0,
+              "head %lld: the sparse pattern gave the dense output", (long long)h);
+    }
+    tb_free(&o_long);
+    tb_free(&o_dense);
+    qkvo_free(&t);
 }
 
 int main(int argc, char **argv) {
@@ -192,6 +240,7 @@ int main(int argc, char **argv) {
         tb_free(&o2);
         qkvo_free(&t);
     }
+    test_default_per_head(ctx, &r);
     mi_context_destroy(ctx);
     return test_finish("test_cpu_prefill");
 }

@@ -8,9 +8,9 @@
  * estimated, the portable crossover, budgets that would overflow. Host code: CI runs it.
  *   test_dense_fallback RESULTS_DIR
  */
+#include "../crossover_series.h"
 #include "dense_fallback.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,115 +26,27 @@ static int g_fail = 0, g_checks = 0;
         }                                                                                          \
     } while (0)
 
-/* The measured rows of one pattern and head count, ascending in length. */
-typedef struct series {
-    mi_head_pattern pat;
-    int64_t heads, head_dim;
-    int n;
-    int64_t len[32];
-    double speedup[32];
-} series;
-
-static void check_series(const series *s, const char *what) {
+/* The rule's crossover for a measured series against the series (crossover_series.h). */
+static void check_series(const crossover_series *s, const char *what) {
     const mi_cuda_pattern_counts c = mi_cuda_count_patterns(&s->pat, 1, s->heads);
     const int32_t from = mi_cuda_dense_below_of(&s->pat, -1, s->head_dim, 1, c);
-    int below = -1;
-    for (int i = 0; i < s->n; i++) {
-        if (s->len[i] >= from) {
-            if (s->speedup[i] < 1.0)
-                fprintf(stderr, "%s, %lld heads, D %lld: sparse from %d, but %.2fx at %lld\n", what,
-                        (long long)s->heads, (long long)s->head_dim, from, s->speedup[i],
-                        (long long)s->len[i]);
-            CHECK(s->speedup[i] >= 1.0);
-        } else {
-            below = i;
-        }
-    }
-    CHECK(below >= 0); /* the measurements reach below the crossover */
-    if (below >= 0 && s->speedup[below] >= 1.2)
-        fprintf(stderr, "%s, %lld heads, D %lld: dense below %d, yet %.2fx at %lld\n", what,
-                (long long)s->heads, (long long)s->head_dim, from, s->speedup[below],
-                (long long)s->len[below]);
-    if (below >= 0) CHECK(s->speedup[below] < 1.2);
-    printf("%-28s %2lld heads, D %3lld: sparse from %6d (%d lengths measured)\n", what,
-           (long long)s->heads, (long long)s->head_dim, from, s->n);
-}
-
-static json_t *load(const char *dir, const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    json_error_t err;
-    json_t *j = json_load_file(path, 0, &err);
-    if (!j) fprintf(stderr, "%s: %s (line %d)\n", path, err.text, err.line);
-    return j;
-}
-
-/* "a_shape 128+3968", "tri_shape 128+3968+100", "block_sparse 100",
- * "vertical_slash 1000+6096" -> the pattern */
-static int parse_pattern(const char *name, mi_head_pattern *p) {
-    int a = 0, b = 0, c = 0;
-    if (sscanf(name, "a_shape %d+%d", &a, &b) == 2) {
-        *p = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
-        p->n_init = a, p->n_local = b;
-    } else if (sscanf(name, "tri_shape %d+%d+%d", &a, &b, &c) == 3) {
-        *p = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
-        p->n_init = a, p->n_local = b, p->n_last = c;
-    } else if (sscanf(name, "block_sparse %d", &a) == 1) {
-        *p = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
-        p->top_k = a;
-    } else if (sscanf(name, "vertical_slash %d+%d", &a, &b) == 2) {
-        *p = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
-        p->vertical_size = a, p->slash_size = b;
-    } else {
-        return 0;
-    }
-    return 1;
-}
-
-/* Rows {heads, L, pattern, speedup} of one measurement file, as series of one pattern and head
- * count each; returns how many. */
-enum { MAX_SERIES = 32 };
-static int series_of_rows(const json_t *j, int64_t head_dim, series *all) {
-    int n_series = 0;
-    size_t i;
-    const json_t *r;
-    json_array_foreach(json_object_get(j, "rows"), i, r) {
-        mi_head_pattern p;
-        const char *name = json_string_value(json_object_get(r, "pattern"));
-        CHECK(name && parse_pattern(name, &p));
-        if (!name || !parse_pattern(name, &p)) continue;
-        const int64_t heads = json_integer_value(json_object_get(r, "heads"));
-        int k = 0;
-        while (k < n_series && !(all[k].heads == heads && !memcmp(&all[k].pat, &p, sizeof p))) k++;
-        if (k == n_series) {
-            if (n_series == MAX_SERIES) continue;
-            memset(&all[k], 0, sizeof all[k]);
-            all[k].pat = p;
-            all[k].heads = heads;
-            all[k].head_dim = head_dim;
-            n_series++;
-        }
-        if (all[k].n == 32) continue;
-        all[k].len[all[k].n] = json_integer_value(json_object_get(r, "L"));
-        all[k].speedup[all[k].n++] = json_number_value(json_object_get(r, "speedup"));
-    }
-    return n_series;
+    CHECK(crossover_check_series(s, from, what) == 0);
 }
 
 static void test_measured(const char *dir) {
-    json_t *pj = load(dir, "2026-12-02-gpu-crossover-patterns.json");
-    json_t *hj = load(dir, "2026-12-02-gpu-crossover-heads.json");
-    json_t *dj = load(dir, "2026-12-02-gpu-crossover-patterns-d64.json");
+    json_t *pj = crossover_load(dir, "2026-12-02-gpu-crossover-patterns.json");
+    json_t *hj = crossover_load(dir, "2026-12-02-gpu-crossover-heads.json");
+    json_t *dj = crossover_load(dir, "2026-12-02-gpu-crossover-patterns-d64.json");
     CHECK(pj && hj && dj);
     if (!pj || !hj || !dj) goto done;
-    series all[MAX_SERIES];
+    crossover_series all[CROSSOVER_MAX_SERIES];
     /* D = 128, static and block-sparse patterns */
-    int n_series = series_of_rows(pj, 128, all);
+    int n_series = crossover_series_of_rows(pj, 128, all);
     CHECK(n_series == 10); /* five patterns at 4 and 32 heads */
     for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
     /* D = 64, every pattern */
     CHECK(json_integer_value(json_object_get(dj, "head_dim")) == 64);
-    n_series = series_of_rows(dj, 64, all);
+    n_series = crossover_series_of_rows(dj, 64, all);
     CHECK(n_series == 18); /* six patterns at 9, 4 and 32 heads */
     for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
     size_t i;
@@ -143,7 +55,7 @@ static void test_measured(const char *dir) {
     const json_t *runs = json_object_get(hj, "runs");
     int n_runs = 0;
     json_array_foreach(runs, i, r) {
-        series s;
+        crossover_series s;
         memset(&s, 0, sizeof s);
         s.pat = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
         s.heads = json_integer_value(json_object_get(r, "heads"));
@@ -151,7 +63,7 @@ static void test_measured(const char *dir) {
         size_t j;
         const json_t *row;
         json_array_foreach(json_object_get(r, "rows"), j, row) {
-            if (s.n == 32) break;
+            if (s.n == CROSSOVER_MAX_LENGTHS) break;
             s.len[s.n] = json_integer_value(json_object_get(row, "L"));
             s.speedup[s.n++] = json_number_value(json_object_get(row, "speedup"));
         }

@@ -1,0 +1,85 @@
+/*
+ * test_cpu_dense_fallback.c: the CPU prefill's per-head dense fallback (src/cpu/
+ * dense_fallback_cpu.h) against the measurement it was drawn from (bench/results/2026-12-02-cpu-
+ * crossover-patterns.json; the check is tests/crossover_series.h's: sparse at least as fast as
+ * dense from each crossover on, less than 1.2x faster at the last length below it), then the
+ * rule's plain properties. The library applying it per (b, h) is checked in test_cpu_prefill.
+ *   test_cpu_dense_fallback RESULTS_DIR
+ */
+#include "../crossover_series.h"
+#include "dense_fallback_cpu.h"
+
+#include <stdio.h>
+
+static int g_fail = 0, g_checks = 0;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        g_checks++;                                                                                \
+        if (!(cond)) {                                                                             \
+            g_fail++;                                                                              \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
+    } while (0)
+
+static void test_measured(const char *dir) {
+    json_t *j = crossover_load(dir, "2026-12-02-cpu-crossover-patterns.json");
+    CHECK(j != NULL);
+    if (!j) return;
+    crossover_series all[CROSSOVER_MAX_SERIES];
+    const int n =
+        crossover_series_of_rows(j, json_integer_value(json_object_get(j, "head_dim")), all);
+    CHECK(n == 6); /* six patterns on 4 heads */
+    for (int k = 0; k < n; k++) {
+        const int32_t from = mi_cpu_dense_below_of(&all[k].pat, -1);
+        CHECK(crossover_check_series(&all[k], from, mi_pattern_name(all[k].pat.type)) == 0);
+    }
+    json_decref(j);
+}
+
+static void test_properties(void) {
+    const mi_head_pattern dense = mi_head_pattern_default(MI_PATTERN_DENSE);
+    CHECK(mi_cpu_dense_below_of(&dense, -1) == 0); /* a dense head never estimates */
+    CHECK(mi_cpu_dense_below_of(&dense, 5000) == 0);
+    const mi_pattern_type types[] = {MI_PATTERN_A_SHAPE, MI_PATTERN_TRI_SHAPE,
+                                     MI_PATTERN_VERTICAL_SLASH, MI_PATTERN_BLOCK_SPARSE};
+    for (int t = 0; t < 4; t++) {
+        const mi_head_pattern p = mi_head_pattern_default(types[t]);
+        CHECK(mi_cpu_dense_below_of(&p, 0) == 0); /* the caller's value, for every sparse head */
+        CHECK(mi_cpu_dense_below_of(&p, 777) == 777);
+        CHECK(mi_cpu_dense_below_of(&p, -1) >= MI_CPU_DENSE_BELOW_FLOOR);
+    }
+    /* A-/Tri-shape: twice the keys a row keeps */
+    mi_head_pattern a = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+    a.n_init = 128, a.n_local = 3968;
+    CHECK(mi_cpu_dense_below_of(&a, -1) == 8192);
+    a.n_init = 64, a.n_local = 3000;
+    CHECK(mi_cpu_dense_below_of(&a, -1) == 2 * 3064);
+    a.n_init = 4, a.n_local = 60; /* the floor */
+    CHECK(mi_cpu_dense_below_of(&a, -1) == MI_CPU_DENSE_BELOW_FLOOR);
+    a.n_init = -5, a.n_local = -7; /* (rejected by validation; the rule still stays sane) */
+    CHECK(mi_cpu_dense_below_of(&a, -1) == MI_CPU_DENSE_BELOW_FLOOR);
+    a.n_init = 0x7fffffff, a.n_local = 0x7fffffff; /* clamped, not wrapped */
+    CHECK(mi_cpu_dense_below_of(&a, -1) == 0x7fffffff);
+    /* block-sparse: one and a half times its blocks' keys */
+    mi_head_pattern bs = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
+    bs.top_k = 100;
+    CHECK(mi_cpu_dense_below_of(&bs, -1) == 9600);
+    bs.top_k = 0x7fffffff;
+    CHECK(mi_cpu_dense_below_of(&bs, -1) == 0x7fffffff);
+    /* vertical-slash: its measured constant, whatever the budgets */
+    mi_head_pattern vs = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+    vs.vertical_size = 10, vs.slash_size = 20;
+    CHECK(mi_cpu_dense_below_of(&vs, -1) == MI_CPU_DENSE_BELOW_VS);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s RESULTS_DIR\n", argv[0]);
+        return 2;
+    }
+    test_measured(argv[1]);
+    test_properties();
+    printf("test_cpu_dense_fallback: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
