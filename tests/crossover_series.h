@@ -4,8 +4,8 @@
  * the check a rule must pass against it: at every measured length from the rule's crossover on,
  * sparse was at least as fast as dense; at the last measured length below it, sparse was less
  * than 20 % faster (the rule leaves little on the table). Shared by the CUDA rule's test
- * (tests/cuda/test_dense_fallback.c) and the CPU rule's (tests/cpu/test_cpu_dense_fallback.c).
- * Header-only; needs jansson.
+ * (tests/cuda/test_dense_fallback.c) and the CPU rule's (tests/cpu/test_cpu_dense_fallback.c),
+ * with the CHECK counters both use. Header-only; needs jansson.
  */
 #ifndef MI_TEST_CROSSOVER_SERIES_H
 #define MI_TEST_CROSSOVER_SERIES_H
@@ -15,6 +15,18 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The tests' checks: each counted, a failed one printed */
+static int g_fail = 0, g_checks = 0;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        g_checks++;                                                                                \
+        if (!(cond)) {                                                                             \
+            g_fail++;                                                                              \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
+    } while (0)
 
 enum { CROSSOVER_MAX_LENGTHS = 32, CROSSOVER_MAX_SERIES = 32 };
 

@@ -11,17 +11,6 @@
 
 #include <stdio.h>
 
-static int g_fail = 0, g_checks = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        g_checks++;                                                                                \
-        if (!(cond)) {                                                                             \
-            g_fail++;                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-        }                                                                                          \
-    } while (0)
-
 static void test_measured(const char *dir) {
     json_t *j = crossover_load(dir, "2026-12-02-cpu-crossover-patterns.json");
     CHECK(j != NULL);

@@ -15,17 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_fail = 0, g_checks = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        g_checks++;                                                                                \
-        if (!(cond)) {                                                                             \
-            g_fail++;                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-        }                                                                                          \
-    } while (0)
-
 /* The rule's crossover for a measured series against the series (crossover_series.h). */
 static void check_series(const crossover_series *s, const char *what) {
     const mi_cuda_pattern_counts c = mi_cuda_count_patterns(&s->pat, 1, s->heads);
