@@ -63,12 +63,6 @@ static void test_properties(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s RESULTS_DIR\n", argv[0]);
-        return 2;
-    }
-    test_measured(argv[1]);
-    test_properties();
-    printf("test_cpu_dense_fallback: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return crossover_test_main(argc, argv, "test_cpu_dense_fallback", test_measured,
+                               test_properties);
 }
