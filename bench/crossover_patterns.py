@@ -15,7 +15,6 @@ local=True), so the estimates pick near diagonals and blocks, as real heads do."
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -89,12 +88,10 @@ def first_win(rows):
     return win
 
 
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def commit(lib):
+    """The commit the library was built from (what ran, whatever the checkout holds)."""
+    lib.l.mi_build_commit.restype = C.c_char_p
+    return lib.l.mi_build_commit().decode()
 
 
 def main():
@@ -116,7 +113,8 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
     res = {"experiment": "sparse prefill against dense per pattern, length and head count (the "
                          "crossovers of src/cuda/dense_fallback.h)",
-           "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "commit": commit(),
+           "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0),
+           "commit": commit(lib),
            "dtype": "bf16", "head_dim": args.head_dim,
            "inputs": "position-coded q/k (bench/torch_ref.py qkv(local=True), seed 4)",
            "timing": f"median of {args.reps} after at least 0.2 s of warm-up calls; sparse = "

@@ -415,10 +415,10 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     const char *split_env = getenv("MI_CUDA_TRI_SPLIT"), *ctas_env = getenv("MI_CUDA_TRI_CTAS");
     const char *sm90_env = getenv("MI_CUDA_TRI_SM90"); /* 0: the chunks on the sm_80 kernel */
     tri_split_knobs k;
-    k.from = split_env ? atoll(split_env) : 16384;
+    k.pairs = mi_cuda_sm90_usable() && !(sm90_env && sm90_env[0] == '0');
+    k.from = split_env ? atoll(split_env) : k.pairs ? TRI_SPLIT_FROM_SM90 : TRI_SPLIT_FROM;
     k.per_sm = ctas_env ? std::max(atoi(ctas_env), 0) : 0;
     k.sms = mi_cuda_sm_count();
-    k.pairs = mi_cuda_sm90_usable() && !(sm90_env && sm90_env[0] == '0');
     const int64_t items = tri_split_plan(*p, k, sa, z);
     if (items == 0 || sa.max_rb > 65535 || z > 65535) /* (beyond a grid: in one launch) */
         return attn_launch(ctx, p, block_m);

@@ -27,8 +27,11 @@
  *   - A-shape 128 + 3968: 0.90 / 0.94 / 0.99 at 6K, 1.07 / 1.07 / 1.12 at 8K; 64 + 960: 0.87 /
  *     1.07 / 0.98 at 2K, 1.33 / 1.40 / 1.41 at 3K. Cheaper tiles than at D = 128, so twice the
  *     kept keys, and at least 3K for the launch's fixed costs.
- *   - Tri-shape 128 + 3968 + 100: 0.78 / 1.13 / 1.16 at 12K, 1.74 / 1.35 / 1.75 at 16K (on 9
- *     heads the last rows are split over chunks only from 16K: tri_split_plan.cuh): four times.
+ *   - Tri-shape 128 + 3968 + 100: 0.78 / 1.13 / 1.16 at 12K, 1.74 / 1.35 / 1.75 at 16K while its
+ *     last rows were split over chunks of keys from 16K on (tri_split_plan.cuh); split from 8K
+ *     (bench/results/2026-12-02-gpu-tri-split-8k.json): 0.94 / 0.87 / 1.07 at 8K, 1.32 / 1.15 /
+ *     1.39 at 12K: three times the keys, as at D = 128 (whose Tri-shape rows there: 0.80 / 0.82 /
+ *     1.10 at 8K, 1.27 / 1.11 / 1.42 at 12K).
  *   - Block-sparse top 100: 0.93 / 0.86 / 1.05 at 12K, 1.22 / 0.90 / 1.24 at 16K, 1.60 / 1.37 /
  *     1.68 at 24K: two and a half times its keys from 8 (b, h) pairs, three times below; top 25:
  *     1.06 / 0.85 / 1.36 at 6K, 1.42 / 1.14 / 1.84 at 8K: a floor of 8K below 16 pairs.
@@ -104,7 +107,7 @@ static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int6
         break;
     }
     case MI_PATTERN_TRI_SHAPE: /* (Tri-shape's few last rows, split over the SMs, cost little) */
-        from = (d64 ? 4 : 3) * (mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0));
+        from = 3 * (mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0));
         break;
     case MI_PATTERN_BLOCK_SPARSE: {
         const int64_t keys = 64 * (int64_t)mi_cuda_max64(p->top_k, 0);

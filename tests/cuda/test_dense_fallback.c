@@ -1,7 +1,8 @@
 /*
  * test_dense_fallback.c: the CUDA prefill's per-head dense fallback (src/cuda/dense_fallback.h)
  * against the H200 measurements it was drawn from (bench/results/2026-12-02-gpu-crossover-
- * patterns.json and -heads.json at D = 128, -patterns-d64.json at D = 64): at every measured
+ * patterns.json and -heads.json at D = 128, -patterns-d64.json at D = 64, -tri-split-8k.json for
+ * Tri-shape with its last rows split from 8K on): at every measured
  * length from a head's crossover on, sparse was at least as fast as dense; at the last measured
  * length below it, sparse was no more than 20 % faster (the rule leaves little on the table).
  * Then the rule's plain properties: the caller's dense_below for every head, dense heads never
@@ -26,20 +27,38 @@ static void test_measured(const char *dir) {
     json_t *pj = crossover_load(dir, "2026-12-02-gpu-crossover-patterns.json");
     json_t *hj = crossover_load(dir, "2026-12-02-gpu-crossover-heads.json");
     json_t *dj = crossover_load(dir, "2026-12-02-gpu-crossover-patterns-d64.json");
-    CHECK(pj && hj && dj);
-    if (!pj || !hj || !dj) goto done;
+    json_t *tj = crossover_load(dir, "2026-12-02-gpu-tri-split-8k.json");
+    CHECK(pj && hj && dj && tj);
+    if (!pj || !hj || !dj || !tj) goto done;
     crossover_series all[CROSSOVER_MAX_SERIES];
     /* D = 128, static and block-sparse patterns */
     int n_series = crossover_series_of_rows(pj, 128, all);
     CHECK(n_series == 10); /* five patterns at 4 and 32 heads */
     for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
-    /* D = 64, every pattern */
+    /* D = 64, every pattern; Tri-shape below, since these rows had its last rows split over
+     * chunks of keys only from 16K on */
     CHECK(json_integer_value(json_object_get(dj, "head_dim")) == 64);
     n_series = crossover_series_of_rows(dj, 64, all);
     CHECK(n_series == 18); /* six patterns at 9, 4 and 32 heads */
-    for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
+    for (int k = 0; k < n_series; k++)
+        if (all[k].pat.type != MI_PATTERN_TRI_SHAPE)
+            check_series(&all[k], mi_pattern_name(all[k].pat.type));
     size_t i;
     const json_t *r;
+    /* Tri-shape (and A-shape beside it) with the split from 8K on, at D = 64 and 128 */
+    int n_tri = 0;
+    json_array_foreach(json_object_get(tj, "runs"), i, r) {
+        /* the default on Hopper (tri_split_plan.cuh's TRI_SPLIT_FROM_SM90) */
+        if (json_integer_value(json_object_get(r, "tri_split")) != 8192) continue;
+        n_series =
+            crossover_series_of_rows(r, json_integer_value(json_object_get(r, "head_dim")), all);
+        CHECK(n_series == 6); /* two patterns at 9, 32 and 4 heads */
+        for (int k = 0; k < n_series; k++) {
+            check_series(&all[k], mi_pattern_name(all[k].pat.type));
+            n_tri += all[k].pat.type == MI_PATTERN_TRI_SHAPE;
+        }
+    }
+    CHECK(n_tri == 6); /* at D = 64 and 128 */
     /* vertical-slash 1000 / 6096: runs {heads, rows: [{L, speedup}]} */
     const json_t *runs = json_object_get(hj, "runs");
     int n_runs = 0;
@@ -64,6 +83,7 @@ done:
     json_decref(pj);
     json_decref(hj);
     json_decref(dj);
+    json_decref(tj);
 }
 
 static void test_properties(void) {
@@ -87,10 +107,9 @@ static void test_properties(void) {
             CHECK(mi_cuda_dense_below_of(&p, -1, d, 1, few) >=
                   mi_cuda_dense_below_of(&p, -1, d, 1, many));
         /* D = 64 tiles cost less than D = 128 ones: never a later crossover, but for the
-         * vertical-slash estimate on fewest heads, and Tri-shape's last rows */
-        if (types[t] != MI_PATTERN_TRI_SHAPE)
-            CHECK(mi_cuda_dense_below_of(&p, -1, 64, 1, many) <=
-                  mi_cuda_dense_below_of(&p, -1, 128, 1, many));
+         * vertical-slash estimate on fewest heads */
+        CHECK(mi_cuda_dense_below_of(&p, -1, 64, 1, many) <=
+              mi_cuda_dense_below_of(&p, -1, 128, 1, many));
     }
     /* D = 64 (bench/results/2026-12-02-gpu-crossover-patterns-d64.json) */
     mi_head_pattern a64 = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
@@ -100,7 +119,7 @@ static void test_properties(void) {
     CHECK(mi_cuda_dense_below_of(&a64, -1, 64, 1, few) == MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR);
     mi_head_pattern t64 = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
     t64.n_init = 128, t64.n_local = 3968;
-    CHECK(mi_cuda_dense_below_of(&t64, -1, 64, 1, many) == 16384); /* four times */
+    CHECK(mi_cuda_dense_below_of(&t64, -1, 64, 1, many) == 12288); /* three times */
     mi_head_pattern b64 = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
     b64.top_k = 100;
     const mi_cuda_pattern_counts bs7 = {0, 7}, bs8 = {0, 8};
