@@ -19,6 +19,11 @@
  *     (src/cpu/prefill.c, on one head in fp32, and at D = 64).
  * A first run of the same program in wall time (noisier on this shared machine) agreed: A-shape
  * 64 + 960 1.52x at 2K, block-sparse top 25 1.44x at 3K, top 100 0.97x at 8K and 1.25x at 12K.
+ * No pattern runs sparse below 3072: at D = 64 (9 / 3 heads, the demo model's shape; -cpu-
+ * crossover-patterns-d64-2threads.json and -1thread.json) A-shape 64 + 960 was 0.77-1.00x at 2K
+ * and 1.44-1.61x at 3K. Those two D = 64 runs are too noisy here for crossovers of their own (the
+ * default's dense calls against the same dense call: 0.6-1.4x); they agree with this rule but at
+ * single lengths within that noise.
  * Before this rule every pattern ran dense below 8192, where A-shape 64 + 960 was 2.0-2.6x and
  * block-sparse top 25 1.4-1.5x faster sparse at 4K-6K.
  */
@@ -30,7 +35,7 @@
 #include "minference.h"
 
 #define MI_CPU_DENSE_BELOW_VS 8192    /* vertical-slash */
-#define MI_CPU_DENSE_BELOW_FLOOR 2048 /* any sparse pattern: the prefill's own fixed costs */
+#define MI_CPU_DENSE_BELOW_FLOOR 3072 /* any sparse pattern: the prefill's own fixed costs */
 
 /* The length from which pattern p runs sparse by default on the CPU (0 for a dense head, which
  * never estimates); clamped to INT32_MAX. */

@@ -74,13 +74,14 @@ static void ref_metrics(const tbuf *q, const tbuf *k, int64_t b, int64_t h, int6
     free(s);
 }
 
-/* The default fallback decides per (b, h) by each head's pattern (dense_fallback_cpu.h): at 2200
- * and 1500 keys an A-shape head of 16 + 496 keys (crossover 2048) and a block-sparse head of top
- * 4 (2048) run sparse on the longer sequence only, a vertical-slash head (8192) dense on both.
+/* The default fallback decides per (b, h) by each head's pattern (dense_fallback_cpu.h): at 3200
+ * and 2000 keys an A-shape head of 16 + 496 keys (crossover 3072, the floor) and a block-sparse
+ * head of top 4 (3072) run sparse on the longer sequence only, a vertical-slash head (8192)
+ * dense on both.
  * Each (b, h) of the default call must equal, bit for bit, a call that forces that choice. */
 static void test_default_per_head(mi_context *ctx, rng *r) {
-    const int64_t B = 2, Hq = 4, Hkv = 1, L = 2200, D = 32;
-    const int32_t lens[2] = {2200, 1500};
+    const int64_t B = 2, Hq = 4, Hkv = 1, L = 3200, D = 32;
+    const int32_t lens[2] = {3200, 2000};
     const mi_head_pattern dflt[4] = {
         pat(MI_PATTERN_A_SHAPE, 16, 496, 0), pat(MI_PATTERN_VERTICAL_SLASH, 1000, 6096, 0),
         pat(MI_PATTERN_BLOCK_SPARSE, 4, 0, 0), pat(MI_PATTERN_DENSE, 0, 0, 0)};
