@@ -33,7 +33,8 @@ if [ -z "$B" ] || ! [ -x "$B/test_cuda" ] || ldd "$B/test_cuda" | grep -q "not f
     -DMI_BUILD_TESTS=OFF >"$B.cmake.log" 2>&1 || { tail -30 "$B.cmake.log"; exit 1; }
   cmake --build $B -j"$(nproc)" --target libminference.so >"$B.build.log" 2>&1 ||
     { grep -E "error" -A3 "$B.build.log" | head -40; exit 1; }
-  bench/compile_test_cuda.sh $B $B/test_cuda >>"$B.build.log" 2>&1 || { tail -20 "$B.build.log"; exit 1; }
+  bench/compile_test_cuda.sh $B $B/test_cuda >>"$B.build.log" 2>&1 ||
+    { tail -20 "$B.build.log"; exit 1; }
 fi
 echo "library: $B ($((SECONDS - T0)) s)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader

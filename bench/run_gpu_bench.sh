@@ -25,7 +25,8 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_BUILD_
   >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
 cmake --build build -j"$(nproc)" --target libminference.so >"$LOGS/build.log" 2>&1 ||
   { grep -E "error|Error" -A3 "$LOGS/build.log" | head -60; exit 1; }
-bench/compile_test_cuda.sh build build/tests/cuda/test_cuda >>"$LOGS/build.log" 2>&1 || { tail -20 "$LOGS/build.log"; exit 1; }
+bench/compile_test_cuda.sh build build/tests/cuda/test_cuda >>"$LOGS/build.log" 2>&1 ||
+  { tail -20 "$LOGS/build.log"; exit 1; }
 grep -E "spill|warning" "$LOGS/build.log" | grep -v " 0 bytes spill" | head -20
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 

@@ -28,7 +28,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUD
   -DMI_BUILD_TESTS=OFF >"$BUILD.cmake.log" 2>&1 || { tail -30 "$BUILD.cmake.log"; exit 1; }
 cmake --build "$BUILD" -j"$(nproc)" --target libminference.so >"$BUILD.build.log" 2>&1 ||
   { grep -E "error" -A3 "$BUILD.build.log" | head -40; exit 1; }
-bench/compile_test_cuda.sh "$BUILD" "$BUILD/test_cuda" >>"$BUILD.build.log" 2>&1 || { tail -20 "$BUILD.build.log"; exit 1; }
+bench/compile_test_cuda.sh "$BUILD" "$BUILD/test_cuda" >>"$BUILD.build.log" 2>&1 ||
+  { tail -20 "$BUILD.build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 
 t() { # name, env assignments..., -- test args
