@@ -32,6 +32,7 @@
 
 #include <stdint.h>
 
+#include "../core/kept_keys.h"
 #include "minference.h"
 
 #define MI_CPU_DENSE_BELOW_VS 8192    /* vertical-slash */
@@ -44,14 +45,12 @@ static inline int32_t mi_cpu_default_dense_below(const mi_head_pattern *p) {
     switch (p->type) {
     case MI_PATTERN_DENSE: return 0;
     case MI_PATTERN_A_SHAPE:
-    case MI_PATTERN_TRI_SHAPE:
-        from = 2 * ((int64_t)(p->n_init > 0 ? p->n_init : 0) + (p->n_local > 0 ? p->n_local : 0));
-        break;
-    case MI_PATTERN_BLOCK_SPARSE: from = 3 * 64 * (int64_t)(p->top_k > 0 ? p->top_k : 0) / 2; break;
+    case MI_PATTERN_TRI_SHAPE: from = 2 * mi_kept_keys(p); break;
+    case MI_PATTERN_BLOCK_SPARSE: from = 3 * mi_kept_keys(p) / 2; break;
     default: /* vertical-slash */ from = MI_CPU_DENSE_BELOW_VS; break;
     }
     if (from < MI_CPU_DENSE_BELOW_FLOOR) from = MI_CPU_DENSE_BELOW_FLOOR;
-    return from > INT32_MAX ? INT32_MAX : (int32_t)from;
+    return mi_length_clamp(from);
 }
 
 /* The length from which head p runs sparse under dense_below (>= 0: that, for every sparse head;

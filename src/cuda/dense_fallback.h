@@ -59,6 +59,7 @@
 
 #include <stdint.h>
 
+#include "../core/kept_keys.h"
 #include "minference.h"
 
 #define MI_CUDA_DENSE_BELOW_VS 32768        /* vertical-slash, 16 or more (b, h) pairs */
@@ -101,16 +102,16 @@ static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int6
     int64_t from = 0;
     switch (p->type) {
     case MI_PATTERN_A_SHAPE: {
-        const int64_t keys = mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0);
+        const int64_t keys = mi_kept_keys(p);
         from = d64 ? mi_cuda_max64(2 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR : 0)
                    : 3 * keys;
         break;
     }
     case MI_PATTERN_TRI_SHAPE: /* (Tri-shape's few last rows, split over the SMs, cost little) */
-        from = 3 * (mi_cuda_max64(p->n_init, 0) + mi_cuda_max64(p->n_local, 0));
+        from = 3 * mi_kept_keys(p);
         break;
     case MI_PATTERN_BLOCK_SPARSE: {
-        const int64_t keys = 64 * (int64_t)mi_cuda_max64(p->top_k, 0);
+        const int64_t keys = mi_kept_keys(p);
         const int64_t floor_few =
             d64 ? MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW : MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW;
         from = mi_cuda_max64(d64 && c.bs >= 8 ? keys * 5 / 2 : 3 * keys,
@@ -124,7 +125,7 @@ static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int6
         break;
     }
     }
-    return from > INT32_MAX ? INT32_MAX : (int32_t)from;
+    return mi_length_clamp(from);
 }
 
 /* The length from which head p runs sparse under params' dense_below (>= 0: that, for every

@@ -11,6 +11,7 @@
  * default budgets (1000 / 6096; 128 / 3968) and no dense fallback; "est ms" is estimation plus
  * index building alone, "VS keys" the mean keys per row the index visits over the causal mean.
  */
+#include "bench_clock.h"
 #include "minference.h"
 
 #include <cblas.h>
@@ -18,23 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* Process CPU time by default: on a shared machine the wall clock mostly measures the other
- * tenants (time slices), while CPU seconds measure the code. MI_BENCH_WALL=1 switches to wall
- * time. With several threads, CPU time includes the OpenMP / OpenBLAS spin-waits. */
-static double now(void) {
-    static int wall = -1;
-    if (wall < 0) wall = getenv("MI_BENCH_WALL") && atoi(getenv("MI_BENCH_WALL")) != 0;
-    struct timespec ts;
-    clock_gettime(wall ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static float *random_buf(size_t n, unsigned seed) {
     float *p = malloc(n * sizeof(float));
@@ -57,7 +41,7 @@ static double time_median(run_args *a, int reps) {
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
     for (int i = 0; i <= reps; i++) {
-        const double t0 = now();
+        const double t0 = bench_now();
         mi_status st =
             a->dense ? mi_attention_dense(a->ctx, &a->q, &a->k, &a->v, NULL, 0.0f, &a->o, NULL)
                      : mi_prefill_attention(a->ctx, &a->q, &a->k, &a->v, NULL, &a->pat, &pp, &a->o,
@@ -66,9 +50,9 @@ static double time_median(run_args *a, int reps) {
             fprintf(stderr, "error: %s\n", mi_context_last_error(a->ctx));
             exit(1);
         }
-        if (i > 0) t[i - 1] = now() - t0; /* the first call is a warm-up */
+        if (i > 0) t[i - 1] = bench_now() - t0; /* the first call is a warm-up */
     }
-    qsort(t, (size_t)reps, sizeof(double), cmp_d);
+    qsort(t, (size_t)reps, sizeof(double), bench_cmp_double);
     return t[reps / 2];
 }
 
@@ -88,7 +72,7 @@ int main(int argc, char **argv) {
     if (threads > 0) openblas_set_num_threads(threads);
     if (mi_context_create(&cp, &ctx) != MI_STATUS_SUCCESS) return 1;
     printf("threads %d, head dim %lld, features %s, %s time\n", mi_context_n_threads(ctx),
-           (long long)D, mi_build_features(), getenv("MI_BENCH_WALL") ? "wall" : "process CPU");
+           (long long)D, mi_build_features(), bench_clock_name());
     const int nthreads = mi_context_n_threads(ctx);
 
     /* sgemm reference: square n = 2048, all threads */
@@ -97,13 +81,13 @@ int main(int argc, char **argv) {
     float *C = calloc((size_t)n * n, sizeof(float));
     double ts[16];
     for (int i = 0; i <= reps; i++) {
-        const double t0 = now();
+        const double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C,
                     n);
-        if (i > 0) ts[i - 1] = now() - t0;
+        if (i > 0) ts[i - 1] = bench_now() - t0;
     }
-    qsort(ts, (size_t)reps, sizeof(double), cmp_d);
-    const double cpu_scale = getenv("MI_BENCH_WALL") ? 1.0 : (double)nthreads; /* per core */
+    qsort(ts, (size_t)reps, sizeof(double), bench_cmp_double);
+    const double cpu_scale = bench_wall() ? 1.0 : (double)nthreads; /* per core */
     const double sgemm_gf = 2.0 * n * (double)n * n / ts[reps / 2] * 1e-9 * cpu_scale;
     printf("sgemm %d^3: %.1f GFLOP/s\n", n, sgemm_gf);
     free(A);
@@ -144,13 +128,13 @@ int main(int argc, char **argv) {
                              mi_sparse_index_bytes(1, 1, R, ns + 1, nv));
         double te[16];
         for (int i = 0; i < 3; i++) {
-            const double t0 = now();
+            const double t0 = bench_now();
             mi_vs_estimate(ctx, &a.q, &a.k, NULL, &vsp.vertical_size, &vsp.slash_size, &vp, 0.0f,
                            &vx);
             mi_vs_build_index(ctx, L, NULL, &vx, &sx);
-            te[i] = now() - t0;
+            te[i] = bench_now() - t0;
         }
-        qsort(te, 3, sizeof(double), cmp_d);
+        qsort(te, 3, sizeof(double), bench_cmp_double);
         double keys = 0.0;
         for (int32_t m = 0; m < R; m++) {
             const int64_t end = (int64_t)(m + 1) * 64 < L ? (int64_t)(m + 1) * 64 : L;

@@ -9,27 +9,15 @@
  * usage: bench_cpu_patterns OUT.json [max_len] [repeats] [threads] [heads] [kv_heads] [head_dim]
  *   defaults 12288, 3, 0 (all cores), 4, 1, 128; bf16 inputs from mi_synth_generate (sinks,
  *   verticals, slashes, a local band), so the estimates find structure as on real heads.
- * Times: median wall time (MI_BENCH_CPU=1: process CPU time) of repeats calls after one warm-up.
+ * Times: median process CPU time (MI_BENCH_WALL=1: wall time; bench_clock.h) of repeats calls
+ * after one warm-up.
  */
+#include "bench_clock.h"
 #include "minference.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now(void) {
-    static int cpu = -1;
-    if (cpu < 0) cpu = getenv("MI_BENCH_CPU") && atoi(getenv("MI_BENCH_CPU")) != 0;
-    struct timespec ts;
-    clock_gettime(cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct inputs {
     mi_context *ctx;
@@ -42,7 +30,7 @@ static double time_ms(inputs *in, const mi_head_pattern *pats, int32_t dense_bel
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = dense_below;
     for (int i = 0; i <= reps; i++) {
-        const double t0 = now();
+        const double t0 = bench_now();
         const mi_status st =
             dense_below == -2
                 ? mi_attention_dense(in->ctx, &in->q, &in->k, &in->v, NULL, 0.0f, &in->o, NULL)
@@ -52,9 +40,9 @@ static double time_ms(inputs *in, const mi_head_pattern *pats, int32_t dense_bel
             fprintf(stderr, "error: %s\n", mi_context_last_error(in->ctx));
             exit(1);
         }
-        if (i > 0) t[i - 1] = (now() - t0) * 1e3; /* the first call is a warm-up */
+        if (i > 0) t[i - 1] = (bench_now() - t0) * 1e3; /* the first call is a warm-up */
     }
-    qsort(t, (size_t)reps, sizeof(double), cmp_d);
+    qsort(t, (size_t)reps, sizeof(double), bench_cmp_double);
     return t[reps / 2];
 }
 
@@ -123,8 +111,7 @@ int main(int argc, char **argv) {
             "\"mi_synth_generate defaults\", \"timing\": \"median of %d %s times after a "
             "warm-up call; sparse = mi_prefill_attention with dense_below = 0, default = -1, "
             "dense = mi_attention_dense\", \"rows\": [",
-            mi_build_features(), nt, (long long)D, reps,
-            getenv("MI_BENCH_CPU") ? "process CPU" : "wall");
+            mi_build_features(), nt, (long long)D, reps, bench_clock_name());
     const int64_t lens[] = {1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768};
     const size_t n_cases = sizeof CASES / sizeof CASES[0];
     int first = 1;
