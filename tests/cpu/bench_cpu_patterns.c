@@ -106,12 +106,13 @@ int main(int argc, char **argv) {
            (long long)Hk, (long long)D, mi_build_features());
     fprintf(out,
             "{\"experiment\": \"CPU prefill against dense per pattern and length (the CPU "
-            "crossovers of src/cpu/dense_fallback_cpu.h)\", \"features\": \"%s\", "
+            "crossovers of src/cpu/dense_fallback_cpu.h)\", \"commit\": \"%s\", "
+            "\"features\": \"%s\", "
             "\"threads\": %d, \"dtype\": \"bf16\", \"head_dim\": %lld, \"inputs\": "
             "\"mi_synth_generate defaults\", \"timing\": \"median of %d %s times after a "
             "warm-up call; sparse = mi_prefill_attention with dense_below = 0, default = -1, "
             "dense = mi_attention_dense\", \"rows\": [",
-            mi_build_features(), nt, (long long)D, reps, bench_clock_name());
+            mi_build_commit(), mi_build_features(), nt, (long long)D, reps, bench_clock_name());
     const int64_t lens[] = {1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768};
     const size_t n_cases = sizeof CASES / sizeof CASES[0];
     int first = 1;
