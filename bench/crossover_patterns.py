@@ -115,6 +115,7 @@ def main():
                          "crossovers of src/cuda/dense_fallback.h)",
            "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0),
            "commit": commit(lib),
+           "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MI_")},
            "dtype": "bf16", "head_dim": args.head_dim,
            "inputs": "position-coded q/k (bench/torch_ref.py qkv(local=True), seed 4)",
            "timing": f"median of {args.reps} after at least 0.2 s of warm-up calls; sparse = "
