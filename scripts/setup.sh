@@ -20,6 +20,12 @@ fi
 if [ -x scripts/fetch_model.sh ]; then scripts/fetch_model.sh >/dev/null || \
     echo "setup: the demo model could not be fetched; model tests will be skipped" >&2; fi
 
+# With nvcc: cuobjdump for the SASS check of the CUDA build (tests/cuda/check_sass.py).
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+    scripts/fetch_sass_tools.sh >/dev/null || \
+        echo "setup: cuobjdump could not be fetched; the SASS check will be skipped" >&2
+fi
+
 BUILD_DIR="${BUILD_DIR:-build}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
