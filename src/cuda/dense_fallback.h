@@ -37,8 +37,23 @@
  *     1.06 / 0.85 / 1.36 at 6K, 1.42 / 1.14 / 1.84 at 8K: a floor of 8K below 16 pairs.
  *   - Vertical-slash 1000 / 6096: 0.83 / 0.67 / 1.02 at 24K, 1.03 / 0.88 / 1.12 at 32K, 1.15 /
  *     0.98 / 1.24 at 40K, 1.25 / 1.12 / 1.36 at 48K: 48K below 8 pairs, otherwise as at D = 128.
- * GPUs without the sm_90a kernels keep the crossover measured before these rules (32K), for
- * every pattern: not measured per pattern.
+ * GPUs without the sm_90a kernels run the portable sm_80 kernels (mma.sync), measured on the H200
+ * with MI_CUDA_DISABLE_SM90=1: no A100 was at hand. Both sides of each ratio run the same
+ * kernels, so on a slower GPU the fixed costs (launches, the estimates' latency) weigh less and
+ * the crossovers can only fall: this rule errs towards dense there. Speed-ups on 4 / 1 and
+ * 32 / 8 heads at D = 128, then 9 / 3 and 32 / 8 at D = 64 (bench/results/2026-12-02-gpu-
+ * crossover-patterns-sm80.json and -sm80-d64.json):
+ *   - A-shape 128 + 3968: 1.19 / 1.05 / 1.15 / 1.08 at 6K, 1.25 / 1.23 / 1.48 / 1.29 at 8K; 64 +
+ *     960: 1.24-1.83 at 2K, the shortest length measured. Twice the kept keys, at least 2K.
+ *   - Tri-shape 128 + 3968 + 100 (last rows split from 16K on with the sm_80 chunk kernel): 1.13 /
+ *     1.09 / 0.98 / 1.10 at 8K, 1.49 / 1.39 / 1.05 / 1.37 at 12K: three times the keys.
+ *   - Block-sparse top 100: 1.11 / 1.07 / 1.19 / 1.20 at 12K, 1.13 / 1.28 / 1.46 / 1.44 at 16K;
+ *     top 25: 0.91 / 0.98 / 0.99 / 1.01 at 3K, 1.17 / 1.23 / 1.19 / 1.28 at 4K. Twice the kept
+ *     keys, at least 4K; the head count made no difference here.
+ *   - Vertical-slash 1000 / 6096: 0.92 / 1.05 / 1.07 / 1.17 at 24K, 1.02 / 1.15 / 1.26 / 1.30 at
+ *     32K (0.86 / 0.84 / 0.95 on 32 / 8 and 9 / 3 heads at 16K): 32K below 8 (b, h) pairs, 24K
+ *     from 8 on. The sm_80 estimate is the same code as on Hopper, but here the kernels it
+ *     saves are slower, so it pays earlier than there.
  *
  * Before these rules one crossover served every pattern, measured with vertical-slash 1000 / 6096
  * on 32 / 8 heads (bench/torch_ref.py's "crossover" section): 0.66 at 16K, 0.87 at 24K, 1.16 at
@@ -70,7 +85,10 @@
 #define MI_CUDA_DENSE_BELOW_D64_VS_FEWEST 49152    /* D = 64: vertical-slash, below 8 pairs */
 #define MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW 8192  /* D = 64: block-sparse, below 16 pairs */
 #define MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR 3072 /* D = 64: A-shape */
-#define MI_CUDA_DENSE_BELOW_PORTABLE 32768 /* the sm_80 kernels, every pattern */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR 2048    /* sm_80 kernels: A-/Tri-shape */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR 4096 /* sm_80: block-sparse */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_VS 24576      /* sm_80: vertical-slash, 8+ (b, h) pairs */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST 32768 /* sm_80: vertical-slash, fewer than 8 */
 
 /* The (b, h) pairs of a launch that run each dynamic pattern: their estimates' fixed costs are
  * shared by that many. */
@@ -92,12 +110,28 @@ static inline mi_cuda_pattern_counts mi_cuda_count_patterns(const mi_head_patter
 
 static inline int64_t mi_cuda_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* The sm_80 kernels' crossover for a sparse pattern p (the same at D = 64 and 128). */
+static inline int64_t mi_cuda_portable_dense_below(const mi_head_pattern *p,
+                                                   mi_cuda_pattern_counts c) {
+    const int64_t keys = mi_kept_keys(p);
+    switch (p->type) {
+    case MI_PATTERN_A_SHAPE:
+        return mi_cuda_max64(2 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR : 0);
+    case MI_PATTERN_TRI_SHAPE:
+        return mi_cuda_max64(3 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR : 0);
+    case MI_PATTERN_BLOCK_SPARSE:
+        return mi_cuda_max64(2 * keys, MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR);
+    default: /* vertical-slash */
+        return c.vs < 8 ? MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST : MI_CUDA_DENSE_BELOW_PORTABLE_VS;
+    }
+}
+
 /* The length from which pattern p runs sparse by default (0: whatever the length; a dense
  * head: 0, it never estimates); clamped to INT32_MAX. sm90: the sm_90a kernels run it. */
 static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int64_t head_dim,
                                                   int sm90, mi_cuda_pattern_counts c) {
     if (p->type == MI_PATTERN_DENSE) return 0;
-    if (!sm90) return MI_CUDA_DENSE_BELOW_PORTABLE;
+    if (!sm90) return mi_length_clamp(mi_cuda_portable_dense_below(p, c));
     const int d64 = head_dim == 64;
     int64_t from = 0;
     switch (p->type) {

@@ -2,11 +2,12 @@
  * test_dense_fallback.c: the CUDA prefill's per-head dense fallback (src/cuda/dense_fallback.h)
  * against the H200 measurements it was drawn from (bench/results/2026-12-02-gpu-crossover-
  * patterns.json and -heads.json at D = 128, -patterns-d64.json at D = 64, -tri-split-8k.json for
- * Tri-shape with its last rows split from 8K on): at every measured
+ * Tri-shape with its last rows split from 8K on; -patterns-sm80.json and -sm80-d64.json for the
+ * sm_80 kernels): at every measured
  * length from a head's crossover on, sparse was at least as fast as dense; at the last measured
  * length below it, sparse was no more than 20 % faster (the rule leaves little on the table).
  * Then the rule's plain properties: the caller's dense_below for every head, dense heads never
- * estimated, the portable crossover, budgets that would overflow. Host code: CI runs it.
+ * estimated, the sm_80 kernels' rule, budgets that would overflow. Host code: CI runs it.
  *   test_dense_fallback RESULTS_DIR
  */
 #include "../crossover_series.h"
@@ -16,11 +17,40 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The rule's crossover for a measured series against the series (crossover_series.h). */
-static void check_series(const crossover_series *s, const char *what) {
+/* The rule's crossover for a measured series against the series (crossover_series.h); sm90:
+ * the series ran the sm_90a kernels, else the sm_80 ones. */
+static void check_series_on(const crossover_series *s, const char *what, int sm90) {
     const mi_cuda_pattern_counts c = mi_cuda_count_patterns(&s->pat, 1, s->heads);
-    const int32_t from = mi_cuda_dense_below_of(&s->pat, -1, s->head_dim, 1, c);
+    const int32_t from = mi_cuda_dense_below_of(&s->pat, -1, s->head_dim, sm90, c);
     CHECK(crossover_check_series(s, from, what) == 0);
+}
+
+static void check_series(const crossover_series *s, const char *what) {
+    check_series_on(s, what, 1);
+}
+
+/* The sm_80 kernels' rule against their measurements at D = 128 and 64: six patterns on two
+ * head counts each. */
+static void test_measured_portable(const char *dir) {
+    const char *files[2] = {"2026-12-02-gpu-crossover-patterns-sm80.json",
+                            "2026-12-02-gpu-crossover-patterns-sm80-d64.json"};
+    const int64_t dims[2] = {128, 64};
+    for (int f = 0; f < 2; f++) {
+        json_t *j = crossover_load(dir, files[f]);
+        CHECK(j != NULL);
+        if (!j) continue;
+        /* what ran: the sm_80 kernels, at the file's head dimension */
+        const json_t *env = json_object_get(j, "env");
+        const char *disabled = json_string_value(json_object_get(env, "MI_CUDA_DISABLE_SM90"));
+        CHECK(disabled && !strcmp(disabled, "1"));
+        CHECK(json_integer_value(json_object_get(j, "head_dim")) == dims[f]);
+        crossover_series all[CROSSOVER_MAX_SERIES];
+        const int n_series = crossover_series_of_rows(j, dims[f], all);
+        CHECK(n_series == 12);
+        for (int k = 0; k < n_series; k++)
+            check_series_on(&all[k], mi_pattern_name(all[k].pat.type), 0);
+        json_decref(j);
+    }
 }
 
 static void test_measured(const char *dir) {
@@ -79,6 +109,7 @@ static void test_measured(const char *dir) {
         n_runs++;
     }
     CHECK(n_runs == 4); /* 4, 8, 16 and 32 heads */
+    test_measured_portable(dir);
 done:
     json_decref(pj);
     json_decref(hj);
@@ -99,9 +130,11 @@ static void test_properties(void) {
         /* the caller's value, for every sparse head; 0: sparse at any length */
         CHECK(mi_cuda_dense_below_of(&p, 0, 128, 1, few) == 0);
         CHECK(mi_cuda_dense_below_of(&p, 777, 64, 0, many) == 777);
-        /* the portable kernels keep their one measured crossover, at either D */
-        CHECK(mi_cuda_dense_below_of(&p, -1, 128, 0, few) == MI_CUDA_DENSE_BELOW_PORTABLE);
-        CHECK(mi_cuda_dense_below_of(&p, -1, 64, 0, many) == MI_CUDA_DENSE_BELOW_PORTABLE);
+        /* the sm_80 kernels: one rule for either D, never a later crossover for more heads */
+        CHECK(mi_cuda_dense_below_of(&p, -1, 128, 0, few) ==
+              mi_cuda_dense_below_of(&p, -1, 64, 0, few));
+        CHECK(mi_cuda_dense_below_of(&p, -1, 128, 0, few) >=
+              mi_cuda_dense_below_of(&p, -1, 128, 0, many));
         /* fewer heads to share the estimates' fixed costs: never an earlier crossover */
         for (int d = 64; d <= 128; d += 64)
             CHECK(mi_cuda_dense_below_of(&p, -1, d, 1, few) >=
@@ -171,6 +204,21 @@ static void test_properties(void) {
     CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_BLOCK_SPARSE, 500, 128, 1, few) == 500);
     CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_TRI_SHAPE, -1, 128, 1, few) ==
           0x7fffffff); /* no such head */
+    /* the sm_80 kernels (bench/results/2026-12-02-gpu-crossover-patterns-sm80*.json) */
+    CHECK(mi_cuda_dense_below_of(&a, -1, 128, 0, few) == 0x7fffffff); /* clamped */
+    a.n_init = 128, a.n_local = 3968;
+    CHECK(mi_cuda_dense_below_of(&a, -1, 128, 0, few) == 8192); /* twice the keys */
+    a.n_init = 0, a.n_local = 512;
+    CHECK(mi_cuda_dense_below_of(&a, -1, 64, 0, few) == MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR);
+    mi_head_pattern t = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
+    t.n_init = 128, t.n_local = 3968;
+    CHECK(mi_cuda_dense_below_of(&t, -1, 128, 0, many) == 12288); /* three times */
+    bs.top_k = 100;
+    CHECK(mi_cuda_dense_below_of(&bs, -1, 128, 0, few) == 12800); /* twice */
+    bs.top_k = 4;
+    CHECK(mi_cuda_dense_below_of(&bs, -1, 64, 0, many) == MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR);
+    CHECK(mi_cuda_dense_below_of(&vs, -1, 128, 0, c7) == MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST);
+    CHECK(mi_cuda_dense_below_of(&vs, -1, 128, 0, c8) == MI_CUDA_DENSE_BELOW_PORTABLE_VS);
 }
 
 int main(int argc, char **argv) {
