@@ -52,8 +52,8 @@
  *     keys, at least 4K; the head count made no difference here.
  *   - Vertical-slash 1000 / 6096: 0.92 / 1.05 / 1.07 / 1.17 at 24K, 1.02 / 1.15 / 1.26 / 1.30 at
  *     32K (0.86 / 0.84 / 0.95 on 32 / 8 and 9 / 3 heads at 16K): 32K below 8 (b, h) pairs, 24K
- *     from 8 on. The sm_80 estimate is the same code as on Hopper, but here the kernels it
- *     saves are slower, so it pays earlier than there.
+ *     from 8 on: the attention the estimate saves costs more on these kernels than on
+ *     Hopper's, so the estimate pays earlier.
  *
  * Before these rules one crossover served every pattern, measured with vertical-slash 1000 / 6096
  * on 32 / 8 heads (bench/torch_ref.py's "crossover" section): 0.66 at 16K, 0.87 at 24K, 1.16 at
