@@ -19,14 +19,10 @@
 
 /* The rule's crossover for a measured series against the series (crossover_series.h); sm90:
  * the series ran the sm_90a kernels, else the sm_80 ones. */
-static void check_series_on(const crossover_series *s, const char *what, int sm90) {
+static void check_series(const crossover_series *s, const char *what, int sm90) {
     const mi_cuda_pattern_counts c = mi_cuda_count_patterns(&s->pat, 1, s->heads);
     const int32_t from = mi_cuda_dense_below_of(&s->pat, -1, s->head_dim, sm90, c);
     CHECK(crossover_check_series(s, from, what) == 0);
-}
-
-static void check_series(const crossover_series *s, const char *what) {
-    check_series_on(s, what, 1);
 }
 
 /* The sm_80 kernels' rule against their measurements at D = 128 and 64: six patterns on two
@@ -48,12 +44,13 @@ static void test_measured_portable(const char *dir) {
         const int n_series = crossover_series_of_rows(j, dims[f], all);
         CHECK(n_series == 12);
         for (int k = 0; k < n_series; k++)
-            check_series_on(&all[k], mi_pattern_name(all[k].pat.type), 0);
+            check_series(&all[k], mi_pattern_name(all[k].pat.type), 0);
         json_decref(j);
     }
 }
 
 static void test_measured(const char *dir) {
+    test_measured_portable(dir);
     json_t *pj = crossover_load(dir, "2026-12-02-gpu-crossover-patterns.json");
     json_t *hj = crossover_load(dir, "2026-12-02-gpu-crossover-heads.json");
     json_t *dj = crossover_load(dir, "2026-12-02-gpu-crossover-patterns-d64.json");
@@ -64,7 +61,7 @@ static void test_measured(const char *dir) {
     /* D = 128, static and block-sparse patterns */
     int n_series = crossover_series_of_rows(pj, 128, all);
     CHECK(n_series == 10); /* five patterns at 4 and 32 heads */
-    for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type));
+    for (int k = 0; k < n_series; k++) check_series(&all[k], mi_pattern_name(all[k].pat.type), 1);
     /* D = 64, every pattern; Tri-shape below, since these rows had its last rows split over
      * chunks of keys only from 16K on */
     CHECK(json_integer_value(json_object_get(dj, "head_dim")) == 64);
@@ -72,7 +69,7 @@ static void test_measured(const char *dir) {
     CHECK(n_series == 18); /* six patterns at 9, 4 and 32 heads */
     for (int k = 0; k < n_series; k++)
         if (all[k].pat.type != MI_PATTERN_TRI_SHAPE)
-            check_series(&all[k], mi_pattern_name(all[k].pat.type));
+            check_series(&all[k], mi_pattern_name(all[k].pat.type), 1);
     size_t i;
     const json_t *r;
     /* Tri-shape (and A-shape beside it) with the split from 8K on, at D = 64 and 128 */
@@ -84,7 +81,7 @@ static void test_measured(const char *dir) {
             crossover_series_of_rows(r, json_integer_value(json_object_get(r, "head_dim")), all);
         CHECK(n_series == 6); /* two patterns at 9, 32 and 4 heads */
         for (int k = 0; k < n_series; k++) {
-            check_series(&all[k], mi_pattern_name(all[k].pat.type));
+            check_series(&all[k], mi_pattern_name(all[k].pat.type), 1);
             n_tri += all[k].pat.type == MI_PATTERN_TRI_SHAPE;
         }
     }
@@ -105,11 +102,10 @@ static void test_measured(const char *dir) {
             s.len[s.n] = json_integer_value(json_object_get(row, "L"));
             s.speedup[s.n++] = json_number_value(json_object_get(row, "speedup"));
         }
-        check_series(&s, "vertical_and_slash");
+        check_series(&s, "vertical_and_slash", 1);
         n_runs++;
     }
     CHECK(n_runs == 4); /* 4, 8, 16 and 32 heads */
-    test_measured_portable(dir);
 done:
     json_decref(pj);
     json_decref(hj);
