@@ -175,6 +175,10 @@ struct sparse_sm90_args {
     const int32_t *col_rows;
     int crows;
     int plan_tiles; /* range tiles planned ahead per item, at most (SP_PLAN; fewer to test) */
+    /* O for boxes of 64 rows, and whether the output rows go through it (staged in the item's Q
+     * buffer, stored by TMA) rather than by each thread's global stores */
+    CUtensorMap tm_o;
+    int o_tma;
 };
 
 constexpr int SP_STAGES = 2;
@@ -373,7 +377,9 @@ __global__ void __launch_bounds__(384, 1)
     if (tid == 0) {
         for (int i = 0; i < 2; ++i) {
             mbar_init(q_full + i, 1);
-            mbar_init(q_empty + i, 8); /* one arrival per consumer warp */
+            /* one arrival per consumer warp, or per consumer once its rows staged in the
+             * buffer are stored */
+            mbar_init(q_empty + i, a.o_tma ? 2 : 8);
         }
         init_stage_barriers(k_full, v_full, k_empty, v_empty, SP_STAGES);
         plans[0].state = plans[1].state = PLAN_NONE;
@@ -803,6 +809,12 @@ __global__ void __launch_bounds__(384, 1)
     const int qrow0 = first_row + warp * 16 + g, qrow1 = qrow0 + 8;
     const int qb = k & 1;
     const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
+    /* the last item's rows were staged in its Q buffer: once their store has read them, the
+     * buffer is free for the item after this one (its Q is loaded while this one runs) */
+    if (a.o_tma && k > 0 && ct == 0) {
+        bulk_wait_read<0>();
+        mbar_arrive(q_empty + (qb ^ 1));
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     row_softmax sm;
@@ -1040,11 +1052,26 @@ __global__ void __launch_bounds__(384, 1)
         fence_operands<64>(o);
         warp_arrive(v_empty + pslot); /* the next item's tiles need the slot */
     }
-    warp_arrive(q_empty + qb); /* every S of this item is done */
-    T *og = reinterpret_cast<T *>(a.o) + it.b * a.o_stride[0] + it.h * a.o_stride[1];
     float *lseg = a.lse ? a.lse + ((int64_t)it.b * a.heads + it.h) * a.len : nullptr;
-    store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    if (a.o_tma) {
+        /* every S of this item is done, so its Q rows can take its output rows; one thread
+         * stores them with TMA while the consumer goes on to its next item */
+        const uint32_t qbuf = smem_addr(qs) + qb * SP_TILE;
+        stage_rows<T>(qbuf, SP_HALF, 64 * cw, lseg, sm, o, qrow0, qrow1, a.len, cq);
+        fence_proxy_async(); /* the rows, written by stmatrix, are read by the async proxy */
+        named_barrier_sync(5 + cw, 128);
+        if (ct == 0) {
+            tma_store_4d(&a.tm_o, qbuf + cw * 64 * 128, 0, first_row, it.h, it.b);
+            tma_store_4d(&a.tm_o, qbuf + SP_HALF + cw * 64 * 128, 64, first_row, it.h, it.b);
+            bulk_commit();
+        }
+    } else {
+        warp_arrive(q_empty + qb); /* every S of this item is done */
+        T *og = reinterpret_cast<T *>(a.o) + it.b * a.o_stride[0] + it.h * a.o_stride[1];
+        store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
+    }
     } /* work items */
+    if (a.o_tma && ct == 0) bulk_wait<0>(); /* the last rows are written before the CTA ends */
 #endif
 }
 
@@ -1260,6 +1287,11 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
      * that path, which only items of more than SP_PLAN tiles take otherwise) */
     const char *plan_env = getenv("MI_CUDA_SM90_PLAN_TILES");
     a.plan_tiles = plan_env ? max(0, min(atoi(plan_env), mi_cuda::SP_PLAN)) : mi_cuda::SP_PLAN;
+    /* =0: each thread stores its output rows itself (A/B runs, and the tests of that path) */
+    const char *store_env = getenv("MI_CUDA_SM90_TMA_STORE");
+    a.o_tma = !(store_env && store_env[0] == '0') &&
+              mi_cuda::encode_tma_map(&a.tm_o, p->o, p->o_stride, p->batch, p->heads, p->len, 128,
+                                      64, bf16);
     if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || (copies_env && copies_env[0] == '0'))
         cc.rows = 0, copy = 0;
     int32_t *buf = nullptr;

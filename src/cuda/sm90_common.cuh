@@ -139,6 +139,34 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, int
     tma_load_4d(dst, map, 0, row, c2, c3, bar);
     if constexpr (D == 128) tma_load_4d(dst + half, map, 64, row, c2, c3, bar);
 }
+/* One box of a 4-D tensor map from shared memory at src to global (a TMA store), in this
+ * thread's bulk group: rows outside the map are not written. */
+__device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2,
+                                             int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                 " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* until this thread's bulk groups but the last N have read their shared memory */
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+/* until they have written global memory too */
+template <int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* Four 8 x 8 matrices of two-byte elements into shared memory: lane l gives the address of row
+ * l % 8 of matrix l / 8, and v[j] is its part of matrix j (row l / 4, elements 2 (l % 4) and
+ * 2 (l % 4) + 1: the wgmma accumulator's layout). */
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t *v) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+}
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -371,6 +399,38 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
         if (in1) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
     }
 }
+
+#ifdef MI_SM90_DEVICE
+/* As store_rows, but into shared memory: a warpgroup's 64 normalised output rows, as rows row0..
+ * of a swizzled [2 halves][rows][128 B] tile at dst (the layout a TMA box store reads), by
+ * stmatrix, eight instructions a thread where store_rows issues 32 global stores; the LSE, when
+ * asked for, still goes straight to global memory. */
+template <typename T>
+__device__ __forceinline__ void stage_rows(uint32_t dst, int half_bytes, int row0, float *lseg,
+                                           row_softmax sm, const float *o, int qrow0, int qrow1,
+                                           int len, int cq) {
+    const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
+    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
+    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+    /* lane l addresses row l % 8 of matrix l / 8: matrices 0 and 2 hold the warp's rows 0-7,
+     * 1 and 3 its rows 8-15; 0 and 1 the first of two 16-byte chunks, 2 and 3 the second */
+    const int r = row0 + 16 * warp + (lane & 7) + (lane & 8);
+    const int second = lane >> 4;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+        const uint32_t v[4] = {dtype_traits<T>::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0),
+                               dtype_traits<T>::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1),
+                               dtype_traits<T>::pack2(o[4 * i + 4] * inv0, o[4 * i + 5] * inv0),
+                               dtype_traits<T>::pack2(o[4 * i + 6] * inv1, o[4 * i + 7] * inv1)};
+        stmatrix_x4(dst + sw_off(r, i + second, half_bytes), v);
+    }
+    if (lseg && cq == 0) {
+        if (qrow0 < len) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < len) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
+    }
+}
+#endif
 
 /* The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda);
  * NULL where the driver does not have it. */
