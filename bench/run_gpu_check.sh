@@ -48,9 +48,11 @@ t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
 # the sm_90a kernels forced: the warp-specialised sparse one for every sparse head, the ring
 # kernel for every sparse head, for A-shape heads, and for dense heads
 t ws_sparse MI_CUDA_SM90_SPARSE=1 --
-# its other paths: gathered column tiles, and items merged inline (longer than the plan)
+# its other paths: gathered column tiles, items merged inline (longer than the plan), and output
+# rows stored from each thread (where O cannot be addressed by TMA)
 t ws_gather_quick MI_CUDA_SM90_SPARSE=1 MI_CUDA_SM90_COLUMN_COPIES=0 -- --quick
 t ws_inline_quick MI_CUDA_SM90_SPARSE=1 MI_CUDA_SM90_PLAN_TILES=3 -- --quick
+t ws_thread_stores_quick MI_CUDA_SM90_SPARSE=1 MI_CUDA_SM90_TMA_STORE=0 -- --quick
 t ring_sparse_quick MI_CUDA_SM90_SPARSE=0 -- --quick
 t ring_a_shape_quick MI_CUDA_SM90_A_SHAPE=0 -- --quick
 t ring_dense_quick MI_CUDA_SM90_DENSE=0 -- --quick

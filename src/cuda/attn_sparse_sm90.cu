@@ -139,6 +139,11 @@
  * attention 5 % slower at 128K and equal at 1M
  * (bench/results/2026-12-01-gpu-sparse-d64-ws-tried.json). Halving D halves each tile's GEMMs
  * but not its softmax, its producer work or its barriers, which this kernel has more of.
+ * The output rows staged in the item's Q buffer by stmatrix and stored with TMA, instead of 32
+ * four-byte global stores a thread (a build that skipped those stores ran `small` 8-9 % faster,
+ * bench/results/2026-12-02-gpu-sparse-store-cost.json): small 128K 435 -> 456, small 1M 437 ->
+ * 471, local 128K 550 -> 569 and 1M 551 -> 558 TFLOP/s in one process, mixed (ring kernel)
+ * unchanged (bench/results/2026-12-02-gpu-sparse-tma-store-ab.json).
  */
 #include "sm90_common.cuh"
 
