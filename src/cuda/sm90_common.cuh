@@ -372,15 +372,36 @@ __device__ __forceinline__ void pack_p(uint32_t (*a)[4], const float *s) {
     }
 }
 
+/* A thread's two output rows at their end: each row's sum l over the quad, and 1 / l, 0 for a
+ * row past its sequence or that saw no key. */
+struct row_ends {
+    float l0, l1, inv0, inv1;
+    bool live0, live1;
+};
+__device__ __forceinline__ row_ends end_rows(row_softmax sm, int qrow0, int qrow1, int len) {
+    row_ends e;
+    e.l0 = quad_sum(sm.l0), e.l1 = quad_sum(sm.l1);
+    e.live0 = qrow0 < len && e.l0 > 0.f, e.live1 = qrow1 < len && e.l1 > 0.f;
+    e.inv0 = e.live0 ? 1.f / e.l0 : 0.f, e.inv1 = e.live1 ? 1.f / e.l1 : 0.f;
+    return e;
+}
+/* Their log-sum-exp into lseg (when given), -inf for the rows end_rows gave 0; in0 / in1: whether
+ * each row is written at all. */
+__device__ __forceinline__ void store_lse(float *lseg, row_softmax sm, const row_ends &e, int qrow0,
+                                          int qrow1, bool in0, bool in1, int cq) {
+    if (lseg && cq == 0) {
+        if (in0) lseg[qrow0] = e.live0 ? sm.m0 * MI_LN2 + logf(e.l0) : -INFINITY;
+        if (in1) lseg[qrow1] = e.live1 ? sm.m1 * MI_LN2 + logf(e.l1) : -INFINITY;
+    }
+}
+
 /* O / l and the log-sum-exp of the thread's two rows; rows that saw no key get 0 and -inf. Rows
  * past this sequence (batch: len < p.len) are written as such; rows past p.len not at all. */
 template <typename T, int D = 128>
 __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, row_softmax sm,
                                            const float *o, int qrow0, int qrow1, int len, int plen,
                                            int cq) {
-    const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
-    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
-    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+    const row_ends e = end_rows(sm, qrow0, qrow1, len);
     /* each row's address once, then D / 8 predicated stores at constant offsets from it: an
      * address and a branch per store made this a tenth of the sparse kernel's instructions on
      * items of ten tiles */
@@ -389,15 +410,12 @@ __device__ __forceinline__ void store_rows(T *og, int64_t ostride, float *lseg, 
     uint32_t *r1 = reinterpret_cast<uint32_t *>(og + (int64_t)(in1 ? qrow1 : 0) * ostride + 2 * cq);
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
-        const uint32_t v0 = dtype_traits<T>::pack2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-        const uint32_t v1 = dtype_traits<T>::pack2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+        const uint32_t v0 = dtype_traits<T>::pack2(o[4 * i] * e.inv0, o[4 * i + 1] * e.inv0);
+        const uint32_t v1 = dtype_traits<T>::pack2(o[4 * i + 2] * e.inv1, o[4 * i + 3] * e.inv1);
         if (in0) r0[4 * i] = v0;
         if (in1) r1[4 * i] = v1;
     }
-    if (lseg && cq == 0) {
-        if (in0) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (in1) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
-    }
+    store_lse(lseg, sm, e, qrow0, qrow1, in0, in1, cq);
 }
 
 #ifdef MI_SM90_DEVICE
@@ -409,9 +427,8 @@ template <typename T>
 __device__ __forceinline__ void stage_rows(uint32_t dst, int half_bytes, int row0, float *lseg,
                                            row_softmax sm, const float *o, int qrow0, int qrow1,
                                            int len, int cq) {
-    const float l0 = quad_sum(sm.l0), l1 = quad_sum(sm.l1);
-    const bool live0 = qrow0 < len && l0 > 0.f, live1 = qrow1 < len && l1 > 0.f;
-    const float inv0 = live0 ? 1.f / l0 : 0.f, inv1 = live1 ? 1.f / l1 : 0.f;
+    const row_ends e = end_rows(sm, qrow0, qrow1, len);
+    const float inv0 = e.inv0, inv1 = e.inv1;
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
     /* lane l addresses row l % 8 of matrix l / 8: matrices 0 and 2 hold the warp's rows 0-7,
      * 1 and 3 its rows 8-15; 0 and 1 the first of two 16-byte chunks, 2 and 3 the second */
@@ -425,10 +442,7 @@ __device__ __forceinline__ void stage_rows(uint32_t dst, int half_bytes, int row
                                dtype_traits<T>::pack2(o[4 * i + 6] * inv1, o[4 * i + 7] * inv1)};
         stmatrix_x4(dst + sw_off(r, i + second, half_bytes), v);
     }
-    if (lseg && cq == 0) {
-        if (qrow0 < len) lseg[qrow0] = live0 ? sm.m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (qrow1 < len) lseg[qrow1] = live1 ? sm.m1 * MI_LN2 + logf(l1) : -INFINITY;
-    }
+    store_lse(lseg, sm, e, qrow0, qrow1, qrow0 < len, qrow1 < len, cq);
 }
 #endif
 
