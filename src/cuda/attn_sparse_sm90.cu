@@ -151,7 +151,6 @@
 #include <type_traits>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace mi_cuda {
 
@@ -182,15 +181,10 @@ struct sparse_sm90_args {
     int crows;
     int plan_tiles; /* range tiles planned ahead per item, at most (SP_PLAN; fewer to test) */
     /* O for boxes of 64 rows, and whether the output rows go through it (staged in the item's Q
-     * buffer, stored by TMA) rather than by each thread's global stores: O_THREADS, or when the
-     * consumer waits for a store to have read that buffer before freeing it (see the tile loop) */
+     * buffer, stored by TMA) rather than by each thread's global stores */
     CUtensorMap tm_o;
     int o_tma;
 };
-
-/* sparse_sm90_args::o_tma: output rows stored by each thread, or by TMA with the wait for the
- * store's read of the Q buffer at the next item's start or after that item's first turn */
-enum { O_THREADS = 0, O_TMA_WAIT_TOP = 1, O_TMA_WAIT_TURN = 2 };
 
 constexpr int SP_STAGES = 2;
 constexpr int SP_HALF = 128 * 128;   /* one 64-column half of a 128-row tile, bytes */
@@ -390,7 +384,7 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(q_full + i, 1);
             /* one arrival per consumer warp, or per consumer once its rows staged in the
              * buffer are stored */
-            mbar_init(q_empty + i, a.o_tma != O_THREADS ? 2 : 8);
+            mbar_init(q_empty + i, a.o_tma ? 2 : 8);
         }
         init_stage_barriers(k_full, v_full, k_empty, v_empty, SP_STAGES);
         plans[0].state = plans[1].state = PLAN_NONE;
@@ -821,17 +815,11 @@ __global__ void __launch_bounds__(384, 1)
     const int qb = k & 1;
     const sw128_desc qd(smem_addr(qs) + qb * SP_TILE + cw * 64 * 128, 16, 1024);
     /* the last item's rows were staged in its Q buffer: once their store has read them, the
-     * buffer is free for the item after this one (its Q is loaded while this one runs). The
-     * store was issued just now, so waiting here holds up this consumer's first turn (its
-     * warp 0 waits, the others at the turn's barrier); after that turn it has long been done.
-     * Only the thread that issued the store has a bulk group to wait for; the others pass. */
-    const bool store_open = a.o_tma != O_THREADS && k > 0;
-    auto free_last_q = [&]() {
+     * buffer is free for the item after this one (its Q is loaded while this one runs) */
+    if (a.o_tma && k > 0 && ct == 0) {
         bulk_wait_read<0>();
-        if (ct == 0) mbar_arrive(q_empty + (qb ^ 1));
-    };
-    if (store_open && a.o_tma == O_TMA_WAIT_TOP) free_last_q();
-    int q_wait_at = store_open && a.o_tma == O_TMA_WAIT_TURN ? t : INT_MAX;
+        mbar_arrive(q_empty + (qb ^ 1));
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     row_softmax sm;
@@ -1044,11 +1032,6 @@ __global__ void __launch_bounds__(384, 1)
             mbar_wait(v_full + slot, par);
             warp_arrive(v_empty + slot);
         }
-        /* every wgmma of the turn is complete here: no branch lies between an issue and its wait */
-        if (t >= q_wait_at) {
-            free_last_q();
-            q_wait_at = INT_MAX;
-        }
         if (last) {
             ++t;
             break;
@@ -1075,7 +1058,7 @@ __global__ void __launch_bounds__(384, 1)
         warp_arrive(v_empty + pslot); /* the next item's tiles need the slot */
     }
     float *lseg = a.lse ? a.lse + ((int64_t)it.b * a.heads + it.h) * a.len : nullptr;
-    if (a.o_tma != O_THREADS) {
+    if (a.o_tma) {
         /* every S of this item is done, so its Q rows can take its output rows; one thread
          * stores them with TMA while the consumer goes on to its next item */
         const uint32_t qbuf = smem_addr(qs) + qb * SP_TILE;
@@ -1093,8 +1076,7 @@ __global__ void __launch_bounds__(384, 1)
         store_rows<T>(og, a.o_stride[2], lseg, sm, o, qrow0, qrow1, a.len, a.len, cq);
     }
     } /* work items */
-    /* the last rows are written before the CTA ends */
-    if (a.o_tma != O_THREADS && ct == 0) bulk_wait<0>();
+    if (a.o_tma && ct == 0) bulk_wait<0>(); /* the last rows are written before the CTA ends */
 #endif
 }
 
@@ -1310,15 +1292,11 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
      * that path, which only items of more than SP_PLAN tiles take otherwise) */
     const char *plan_env = getenv("MI_CUDA_SM90_PLAN_TILES");
     a.plan_tiles = plan_env ? max(0, min(atoi(plan_env), mi_cuda::SP_PLAN)) : mi_cuda::SP_PLAN;
-    /* =0: each thread stores its output rows itself (A/B runs, and the tests of that path);
-     * =top: the wait for a store's read of its buffer at the next item's start */
+    /* =0: each thread stores its output rows itself (A/B runs, and the tests of that path) */
     const char *store_env = getenv("MI_CUDA_SM90_TMA_STORE");
-    a.o_tma = mi_cuda::O_THREADS;
-    if (!(store_env && store_env[0] == '0') &&
-        mi_cuda::encode_tma_map(&a.tm_o, p->o, p->o_stride, p->batch, p->heads, p->len, 128, 64,
-                                bf16))
-        a.o_tma = store_env && !strcmp(store_env, "top") ? mi_cuda::O_TMA_WAIT_TOP
-                                                         : mi_cuda::O_TMA_WAIT_TURN;
+    a.o_tma = !(store_env && store_env[0] == '0') &&
+              mi_cuda::encode_tma_map(&a.tm_o, p->o, p->o_stride, p->batch, p->heads, p->len, 128,
+                                      64, bf16);
     if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || (copies_env && copies_env[0] == '0'))
         cc.rows = 0, copy = 0;
     int32_t *buf = nullptr;
