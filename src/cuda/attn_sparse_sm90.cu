@@ -939,21 +939,16 @@ __global__ void __launch_bounds__(384, 1)
             fence_operands<SK == 2 ? 64 : 32>(sx);
             mask(sx, hd, SK == 2, hf, column);
             warp_arrive(k_empty + slot); /* after the mask: it reads this slot's header */
-            /* The pending P V is done by the time the exponentials are (it was issued right
-             * after S), so its V slot is freed there rather than after the whole softmax: the
-             * producer's next load into that slot gains the sums, the rescale and the packing. */
-            auto pv_done = [&]() {
-                if constexpr (PK > 0) {
-                    wgmma_wait<0>();
-                    fence_operands<64>(o);
-                    warp_arrive(v_empty + pslot);
-                }
-            };
             float2 al;
             if constexpr (SK == 2)
-                al = sm.update<16>(s, sc, pv_done);
+                al = sm.update<16>(s, sc);
             else
-                al = sm.update<8>(sh, sc, pv_done);
+                al = sm.update<8>(sh, sc);
+            if constexpr (PK > 0) {
+                wgmma_wait<0>();
+                fence_operands<64>(o);
+                warp_arrive(v_empty + pslot);
+            }
             /* O holds earlier tiles even without a pending P V when one was flushed */
             if (!__all_sync(0xffffffffu, al.x == 1.f && al.y == 1.f)) rescale_o(o, al);
             if constexpr (SK == 2)

@@ -317,12 +317,7 @@ struct row_softmax {
      * factors by which O must be rescaled. */
     /* Maxima and sums are trees, not chains: a 16-long chain of dependent instructions per row
      * was the largest stall ("wait") of the kernel with three warps per scheduler. */
-    /* mid() runs after the exponentials, before their sums (see the sparse kernel's turn) */
-    struct nothing {
-        __device__ void operator()() const {}
-    };
-    template <int NJ = 8, typename Mid = nothing>
-    __device__ __forceinline__ float2 update(float *s, float sc, Mid mid = Mid()) {
+    template <int NJ = 8> __device__ __forceinline__ float2 update(float *s, float sc) {
         float a0[NJ], a1[NJ];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
@@ -346,7 +341,6 @@ struct row_softmax {
             a0[j] = s[4 * j] + s[4 * j + 1];
             a1[j] = s[4 * j + 2] + s[4 * j + 3];
         }
-        mid();
         tree_fold<NJ>(a0, a1, [](float x, float y) { return x + y; });
         l0 = l0 * al0 + a0[0];
         l1 = l1 * al1 + a1[0];
