@@ -147,13 +147,13 @@
  * Where an item's time goes, from clock() probes in the consumers of a timing-only build (5-8 %
  * slower; bench/results/2026-12-02-gpu-sparse-item-phases.json): per tile a consumer's own
  * chain (S until done about 810 cycles, the softmax step 1490, the loop between turns 480) is
- * about 3170 cycles on `local` and 3550 on `small`'s masked-heavy items, against 2048 cycles of
- * tensor work for the tile's four GEMMs; waits for K and V are 6-7 % of an item and waits for
- * the other consumer's turn 3-3.5 %. `small`'s item start, last P V and epilogue add about 10 %.
- * Two changes at the edges, tried and not kept (same file): the wait for the TMA store's read
- * moved from the next item's start to after its first turn (within spread), and the pending
- * P V's V slot freed after the exponentials instead of after the whole softmax step (the same
- * or 1 % slower).
+ * about 3170 cycles on `local` and 3550 on `small` (more of its tiles masked), against 2048
+ * cycles of tensor work for the tile's four GEMMs; waits for K and V are 6-7 % of an item and
+ * waits for the other consumer's turn 3-3.5 %. `small`'s item start, last P V and epilogue add
+ * about 10 %. Two changes at an item's edges, tried and not kept (their A/B runs in the same
+ * file): the wait for the TMA store's read moved from the next item's start to after its first
+ * turn (within spread), and the pending P V's V slot freed after the exponentials instead of
+ * after the whole softmax step (the same or 1 % slower).
  */
 #include "sm90_common.cuh"
 
