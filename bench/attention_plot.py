@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The GPU attention plot: ms per head against sequence length (log-log) for dense (ours, cuDNN
-and flash SDPA) and the sparse patterns, from bench/torch_ref.py results. Needs matplotlib, not
-torch, so that scripts/update_readme_results.py can draw the README's plot from the runs behind its
-tables (dense from one run, sparse from another):
+and flash SDPA) and the sparse patterns, from bench/torch_ref.py runs. Needs matplotlib, not
+torch, so that a plot can be drawn from the runs' JSON on any machine (dense from one run,
+sparse from another):
 
   attention_plot.py --dense RUN.json [--sparse RUN.json] --out PLOT.png
 """

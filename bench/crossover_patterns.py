@@ -2,11 +2,13 @@
 """Where each sparse pattern starts to pay on the GPU: the whole-layer prefill of one pattern on
 every head (dense_below = 0: estimation and index included) against mi_attention_dense, per
 length, head count and head dimension. The rule of src/cuda/dense_fallback.h is drawn from these
-numbers, and tests/cuda/test_dense_fallback.c checks it against the JSON this writes.
+numbers, and tests/cuda/test_dense_fallback.c checks it against the JSON this writes (kept in
+tests/data/crossover). The rows also go to the results store (--store, default
+bench/results.jsonl; "" for none).
 
   crossover_patterns.py --lib build/libminference.so [--head-dim 128] [--heads 4/1,32/8]
       [--patterns a_shape:128+3968,block_sparse:100,vertical_slash:1000+6096]
-      [--lengths 2048,4096,...] [--reps 7] [--default] [--out results.json]
+      [--lengths 2048,4096,...] [--reps 7] [--default] [--out results.json] [--store FILE]
 
 Patterns: a_shape:INIT+LOCAL, tri_shape:INIT+LOCAL+LAST, block_sparse:TOP_K,
 vertical_slash:VERTICAL+SLASH. --default also times the library's own choice (dense_below < 0),
@@ -18,8 +20,12 @@ import os
 import sys
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import ctypes as C  # noqa: E402
+
+import results  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -106,6 +112,7 @@ def main():
     ap.add_argument("--max-ms", type=float, default=60.0,
                     help="skip longer lengths of a pattern once its dense time passes this")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--store", default=os.path.join(ROOT, "bench", "results.jsonl"))
     args = ap.parse_args()
 
     lib = tr.Lib(args.lib)
@@ -137,6 +144,8 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+    if args.store:
+        print(f"{args.store}: {results.append_rows(results.rows_of_run(res), args.store)} rows")
     print(f"\n{'heads':>6} {'pattern':<24} {'sparse pays from':>16}  speed-ups (dense / sparse)")
     for H, Hk in parse_heads(args.heads):
         for label, _ in patterns:

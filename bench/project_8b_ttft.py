@@ -6,7 +6,10 @@ cuBLAS) and one layer's attention through libminference (dense, and every head v
 are left out; they are a few percent. GEMM time is linear in L, so 1M is projected from the
 measured 128K GEMMs; attention is measured at each length (fewer heads at 1M, scaled to 32).
 
-Usage: project_8b_ttft.py --lib build/libminference.so --out bench/results
+Appends its rows to the results store (--store, default bench/results.jsonl; "" for none) and
+writes the run's JSON to --out (default build/bench), which bench/project_8b_1m.py reads.
+
+Usage: project_8b_ttft.py --lib build/libminference.so [--out DIR] [--store FILE]
 """
 import argparse
 import datetime
@@ -16,7 +19,10 @@ import sys
 
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import results  # noqa: E402
 from torch_ref import Lib, prefill_call, qkv, source_commit, time_cuda  # noqa: E402
 
 HIDDEN, FFN, HQ, HKV, D, LAYERS = 4096, 14336, 32, 8, 128, 32
@@ -56,7 +62,8 @@ def attention_layer_ms(lib, L, heads, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--store", default=os.path.join(ROOT, "bench", "results.jsonl"))
     a = ap.parse_args()
     lib = Lib(a.lib)
     g128, tflops = gemm_layer_ms(131072, 3)
@@ -91,6 +98,8 @@ def main():
               f"{r['attn_minference_ms_per_layer']:9.1f}ms {r['ttft_dense_s']:9.1f}s "
               f"{r['ttft_minference_s']:9.1f}s {100 * r['attention_share_minference']:8.1f}%")
     print(f"GEMM rate {tflops:.0f} TFLOP/s; wrote {path}")
+    if a.store:
+        print(f"{a.store}: {results.append_rows(results.rows_of_run(res), a.store)} rows")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the library with CUDA, runs the GPU tests, then the attention benchmark against PyTorch
-# SDPA. Results (JSON + PNG) land in $RESULTS (default bench/results); logs in $LOGS.
+# SDPA. Its rows are appended to the results store $STORE (default bench/results.jsonl; render
+# the tables with scripts/results.py render); the run's JSON and plot land in $RESULTS (default
+# $LOGS/bench), logs in $LOGS.
 #   bench/run_gpu_bench.sh [--quick] [--no-test] [--sections dense,sparse,patterns,estimation,crossover]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +15,9 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-RESULTS=${RESULTS:-bench/results}
 LOGS=${LOGS:-build}
+RESULTS=${RESULTS:-$LOGS/bench}
+STORE=${STORE:-bench/results.jsonl}
 mkdir -p "$RESULTS" "$LOGS"
 export PYTHONUNBUFFERED=1
 source scripts/gpu_env.sh  # build dependencies on machines without a package mirror
@@ -57,5 +60,5 @@ if [ "$TEST" = 1 ]; then
   done
 fi
 
-timeout 1500 python3 bench/torch_ref.py --lib build/libminference.so --out "$RESULTS" $QUICK \
-  --sections "$SECTIONS" 2>&1 | tee "$LOGS/bench.log" | grep -v "^dense {\|^sparse {\|^patterns {\|^estimation {\|^crossover {"
+timeout 1500 python3 bench/torch_ref.py --lib build/libminference.so --out "$RESULTS" \
+  --store "$STORE" $QUICK --sections "$SECTIONS" 2>&1 | tee "$LOGS/bench.log" | grep -v "^dense {\|^sparse {\|^patterns {\|^estimation {\|^crossover {"

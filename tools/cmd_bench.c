@@ -56,7 +56,7 @@ static const char usage[] =
     "                 (default: all; dense always runs, as the reference)\n"
     "  --metrics      on cuda, also the density, recall and FLOPs of each pattern, computed\n"
     "                 exactly on the CPU (about a dense attention pass there; always on the CPU)\n"
-    "  --json FILE    also write the results as one JSON object\n";
+    "  --json FILE    also append the results to FILE as rows of the results store\n";
 
 typedef struct method {
     const char *name;
@@ -290,8 +290,38 @@ typedef struct bench_setup {
     double sgemm; /* GFLOP/s; NAN on the GPU */
 } bench_setup;
 
+/* One row of the results store (scripts/results.py: one JSON object a line, one schema): the
+ * run's commit, date, machine and GPU, the problem's shape, and one method's metric. Nothing for
+ * a value not measured (NAN). */
+static void json_row(FILE *f, const bench_setup *b, const char *date, const char *method,
+                     const char *metric, double value, const char *unit) {
+    if (!isfinite(value)) return;
+    fputs("{\"commit\": ", f);
+    json_string(f, mi_build_commit());
+    fprintf(f, ", \"date\": \"%s\", \"machine\": ", date);
+    json_string(f, b->machine);
+    fputs(", \"gpu\": ", f);
+    if (b->gpu)
+        json_string(f, b->gpu);
+    else
+        fputs("null", f);
+    fprintf(f,
+            ", \"benchmark\": \"minference-bench\", \"shape\": {\"device\": \"%s\", "
+            "\"len\": %d, \"heads\": %d, \"kv_heads\": %d, \"dim\": %d, \"dtype\": \"%s\", "
+            "\"threads\": %d}, \"method\": ",
+            b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim,
+            mi_dtype_name(b->dtype), b->threads);
+    json_string(f, method);
+    fprintf(f, ", \"metric\": \"%s\", \"value\": ", metric);
+    json_number(f, value);
+    if (unit) fprintf(f, ", \"unit\": \"%s\"", unit);
+    fputs("}\n", f);
+}
+
+/* Appends the run's rows to path (JSON lines), so that `--json bench/results.jsonl` adds them
+ * to the store; every row of one run carries the same date. */
 static int write_json(const char *path, const bench_setup *b, const result *res) {
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, "a");
     if (!f) {
         perror(path);
         return 1;
@@ -301,53 +331,17 @@ static int write_json(const char *path, const bench_setup *b, const result *res)
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    fprintf(f, "{\n  \"date\": \"%s\",\n  \"machine\": ", date);
-    json_string(f, b->machine);
-    fprintf(f, ",\n  \"device\": \"%s\",\n  \"gpu\": ", b->gpu ? "cuda" : "cpu");
-    if (b->gpu)
-        json_string(f, b->gpu);
-    else
-        fputs("null", f);
-    fprintf(f,
-            ",\n  \"library_version\": \"%s\",\n  \"commit\": \"%s\",\n  \"threads\": %d,\n"
-            "  \"len\": %d,\n  \"heads\": %d,\n  \"kv_heads\": %d,\n  \"dim\": %d,\n"
-            "  \"dtype\": \"%s\",\n  \"seed\": %d,\n  \"repeats\": %d,\n  \"metrics\": %s,\n"
-            "  \"blas\": ",
-            mi_version(), mi_build_commit(), b->threads, b->len, b->heads, b->kv_heads, b->dim,
-            mi_dtype_name(b->dtype), b->seed, b->repeats, b->metrics ? "true" : "false");
-    json_string(f, openblas_get_config());
-    fprintf(f, ",\n  \"sgemm_gflops\": ");
-    json_number(f, b->sgemm);
-    fprintf(f, ",\n  \"results\": [\n");
-    int last = 0;
-    for (int m = 0; m < N_METHODS; m++)
-        if (res[m].run) last = m;
     for (int m = 0; m < N_METHODS; m++) {
         const result *r = &res[m];
         if (!r->run) continue;
-        fprintf(f, "    {\"method\": \"%s\", \"pattern\": \"%s\", \"ms\": ", methods[m].name,
-                mi_pattern_name(methods[m].type));
-        json_number(f, r->ms);
-        fprintf(f, ", \"speedup\": ");
-        json_number(f, r->speedup);
-        fprintf(f, ", \"density\": ");
-        json_number(f, r->density);
-        fprintf(f, ", \"recall\": ");
-        json_number(f, r->recall);
-        fprintf(f, ", \"rel_err\": ");
-        json_number(f, r->rel_err);
-        fprintf(f, ", \"gflops\": ");
-        json_number(f, r->gflops);
-        fprintf(f, ", \"flops\": ");
-        json_number(f, r->flops);
-        fprintf(f,
-                ", \"vertical_size\": %d, \"slash_size\": %d, \"n_init\": %d, \"n_local\": %d, "
-                "\"n_last\": %d, \"top_k\": %d}%s\n",
-                (int)r->pattern.vertical_size, (int)r->pattern.slash_size, (int)r->pattern.n_init,
-                (int)r->pattern.n_local, (int)r->pattern.n_last, (int)r->pattern.top_k,
-                m < last ? "," : "");
+        json_row(f, b, date, methods[m].name, "ms", r->ms, "ms");
+        json_row(f, b, date, methods[m].name, "speedup", r->speedup, "x");
+        json_row(f, b, date, methods[m].name, "density", r->density, NULL);
+        json_row(f, b, date, methods[m].name, "recall", r->recall, NULL);
+        json_row(f, b, date, methods[m].name, "rel_err", r->rel_err, NULL);
+        json_row(f, b, date, methods[m].name, "gflops", r->gflops, "GFLOP/s");
     }
-    fprintf(f, "  ]\n}\n");
+    json_row(f, b, date, "openblas sgemm", "gflops", b->sgemm, "GFLOP/s");
     if (fclose(f) != 0) {
         perror(path);
         return 1;

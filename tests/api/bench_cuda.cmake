@@ -1,5 +1,5 @@
 # `minference bench --device cuda`: without a usable GPU (CI) it stops with exit status 1 and
-# says why; with one, a short run with metrics writes JSON that check_bench_json.py accepts.
+# says why; with one, a short run with metrics appends rows that check_bench_json.py accepts.
 execute_process(COMMAND ${CLI} info OUTPUT_VARIABLE info RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT info MATCHES "CUDA devices +([0-9]+)")
   message(FATAL_ERROR "minference info: no device count in\n${info}")
@@ -18,12 +18,13 @@ if(devices EQUAL 0)
     message(FATAL_ERROR "bench --device cuda without a GPU printed results:\n${out}")
   endif()
 else()
+  file(REMOVE bench_cuda.jsonl)
   execute_process(COMMAND ${CLI} bench --device cuda --len 2048 --heads 4 --kv-heads 2
-                          --repeats 1 --metrics --json bench_cuda.json RESULT_VARIABLE rc)
+                          --repeats 1 --metrics --json bench_cuda.jsonl RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "bench --device cuda: exit status ${rc}")
   endif()
-  execute_process(COMMAND ${PYTHON} ${CHECK} bench_cuda.json --device cuda RESULT_VARIABLE rc)
+  execute_process(COMMAND ${PYTHON} ${CHECK} bench_cuda.jsonl --device cuda RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "bench --device cuda: bad JSON")
   endif()
