@@ -32,6 +32,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORE = os.path.join(ROOT, "bench", "results.jsonl")
@@ -278,9 +279,12 @@ def f(x, spec):
 
 
 def source(rs):
-    """'commit X (date, gpu)' for the runs behind a table."""
-    runs = sorted({(r["commit"], r["date"][:10], r["gpu"] or r["machine"]) for r in rs})
-    return "; ".join(f"commit {c}, {d}, {g}" for c, d, g in runs)
+    """'commits X, Y (date, gpu)' for the runs behind a table."""
+    by = {}
+    for r in rs:
+        by.setdefault((r["gpu"] or r["machine"], r["date"][:10]), set()).add(r["commit"])
+    return "; ".join(f"{'commits' if len(c) > 1 else 'commit'} {', '.join(sorted(c))} ({d}, {g})"
+                     for (g, d), c in sorted(by.items(), key=lambda x: x[0][1]))
 
 
 def shapes_in_order(tab, keyf):
@@ -426,18 +430,32 @@ TABLES = {"cpu": table_cpu, "gpu-dense": table_gpu_dense, "gpu-sparse": table_gp
           "gpu-patterns": table_gpu_patterns, "gpu-prefill": table_gpu_prefill,
           "gpu-cli": table_gpu_cli, "model-ttft": table_model_ttft,
           "ttft-projection": table_ttft_projection}
-BLOCK = re.compile(r"<!-- results:([a-z0-9-]+) -->\n.*?<!-- results:end -->", re.S)
+# <!-- results:NAME --> or <!-- results:NAME 128K,1M --> (only those lengths)
+BLOCK = re.compile(r"<!-- results:([a-z0-9-]+)((?: [0-9KM,]+)?) -->\n.*?<!-- results:end -->", re.S)
+
+
+def of_lengths(rows, lens):
+    """The rows whose shape's length is one of lens ("128K,1M"); every row for no lens."""
+    if not lens:
+        return rows
+    want = {int(x[:-1]) * (1024 if x.endswith("K") else 1048576) for x in lens.split(",")}
+
+    def length_of(s):
+        return next((s[k] for k in ("L", "len", "tokens") if isinstance(s, dict) and k in s),
+                    None)
+    return [r for r in rows if length_of(r["shape"]) in want]
 
 
 def render_text(text, rows):
     def sub(m):
-        name = m.group(1)
+        name, lens = m.group(1), m.group(2).strip()
         if name not in TABLES:
             raise SystemExit(f"unknown results table {name!r}")
-        lines, used, note = TABLES[name](rows)
+        lines, used, note = TABLES[name](of_lengths(rows, lens))
         caption = f"From `bench/results.jsonl`: {source(used)}" + (f"; {note}" if note else "")
-        return (f"<!-- results:{name} -->\n" + "\n".join(lines) + f"\n\n{caption}.\n"
-                "<!-- results:end -->")
+        caption = "\n".join(textwrap.wrap(caption + ".", 100, break_on_hyphens=False))
+        return (f"<!-- results:{name}{m.group(2)} -->\n" + "\n".join(lines) +
+                f"\n\n{caption}\n<!-- results:end -->")
     return BLOCK.sub(sub, text)
 
 
@@ -487,7 +505,7 @@ def compare(a, b, store=STORE, benchmark=None):
             shape = ", ".join(f"{n}={length(v) if n in ('L', 'len', 'tokens') and isinstance(v, int) and v >= 1024 else v}"
                               for n, v in shape.items() if v is not None)
         unit = ra[k].get("unit", "")
-        print(f"| {k[0]} | {shape} | {k[2]} | {k[3]}{' (' + unit + ')' if unit else ''} "
+        print(f"| {k[0]} | {shape} | {k[2]} | {k[3]}{' (' + unit + ')' if unit and unit != k[3] else ''} "
               f"| {va:.4g} | {vb:.4g} | {f(vb / va if va else None, '.3f')} |")
     return True
 
