@@ -23,6 +23,10 @@ import torch  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+import results  # noqa: E402
+
 
 def kernel_times(lib, dq, dk, top_k, spi, repeat, warm_s=0.2):
     """ms per call of each CUDA kernel the estimate launches."""
@@ -41,6 +45,8 @@ def main():
     ap.add_argument("--heads", type=int, default=1, help="query heads (KV heads: heads / 4 or 1)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="also write the times as JSON here")
+    ap.add_argument("--store", help="also append the rows to this results store "
+                    "(bench/results.jsonl; see scripts/results.py)")
     ap.add_argument("--save-index", metavar="DIR",
                     help="also save the first variant's index of each shape and input in DIR "
                          "(index-<L>-<inputs>.pt: block counts and offsets as one int32 tensor), "
@@ -88,6 +94,12 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
                        "rows": rows}, f, indent=1)
+    if args.store:
+        run = {"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+               "machine": results.host()}
+        rows_out = results.rows_of_variants(run, "bs-estimate-kernels", rows)
+        n = results.append_rows(rows_out, args.store)
+        print(f"{args.store}: {n} rows")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,8 @@ def main():
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
     if args.store:
-        print(f"{args.store}: {results.append_rows(results.rows_of_run(res), args.store)} rows")
+        rows = results.rows_of_run(dict(res, machine=results.host()))
+        print(f"{args.store}: {results.append_rows(rows, args.store)} rows")
     print(f"\n{'heads':>6} {'pattern':<24} {'sparse pays from':>16}  speed-ups (dense / sparse)")
     for H, Hk in parse_heads(args.heads):
         for label, _ in patterns:

@@ -108,7 +108,8 @@ def main():
         print(row)
     print("wrote", path)
     if a.store:
-        print(f"{a.store}: {results.append_rows(results.rows_of_run(out), a.store)} rows")
+        rows = results.rows_of_run(dict(out, machine=results.host()))
+        print(f"{a.store}: {results.append_rows(rows, a.store)} rows")
 
 
 if __name__ == "__main__":

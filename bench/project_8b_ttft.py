@@ -99,7 +99,8 @@ def main():
               f"{r['ttft_minference_s']:9.1f}s {100 * r['attention_share_minference']:8.1f}%")
     print(f"GEMM rate {tflops:.0f} TFLOP/s; wrote {path}")
     if a.store:
-        print(f"{a.store}: {results.append_rows(results.rows_of_run(res), a.store)} rows")
+        rows = results.rows_of_run(dict(res, machine=results.host()))
+        print(f"{a.store}: {results.append_rows(rows, a.store)} rows")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ import torch  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+import results  # noqa: E402
+
 # (L, heads, band W, vertical columns)
 SWEEP = [(131072, 8, w, 0) for w in (512, 1024, 2048, 4096, 8192)] + \
         [(131072, 8, 1024, 100), (131072, 8, 1024, 1000), (131072, 8, 6096, 0),
@@ -71,6 +75,8 @@ def main():
                     help="the full-band sets against the dense kernel instead of the sweep")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out")
+    ap.add_argument("--store", help="also append the rows to this results store "
+                    "(bench/results.jsonl; see scripts/results.py)")
     args = ap.parse_args()
     specs = args.variant or ["ws=MI_CUDA_SM90_SPARSE=1", "ring=MI_CUDA_SM90_SPARSE=0"]
     variants = tr.parse_variants(specs)
@@ -89,10 +95,20 @@ def main():
             rows.append({"kind": "sparse", "round": rnd, **r})
             print(f"L={L} band={band} columns={columns} keys/row={r['keys_per_row']:.0f} " +
                   " ".join(f"{n}={r[n]['tflops']:.0f}" for n, _ in variants), flush=True)
+    # one entry a variant: {variant, shape..., ms_per_head, tflops}
+    flat = [dict({k: v for k, v in r.items() if not isinstance(v, dict)}, variant=n, **r[n])
+            if n in r else dict(r, variant="dense kernel")
+            for r in rows for n in ([n for n, _ in variants] if r["kind"] == "sparse" else [0])]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(lib),
                        "variants": specs, "rows": rows}, f, indent=1)
+    if args.store:
+        run = {"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+               "machine": results.host()}
+        rows_out = results.rows_of_variants(run, "band-sweep", flat)
+        n = results.append_rows(rows_out, args.store)
+        print(f"{args.store}: {n} rows")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@ import torch  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+import results  # noqa: E402
+
 DENSE = [(32768, 32, 8, 5), (131072, 8, 2, 5)]
 SPARSE = [(131072, 8, 2, "local", 5), (131072, 8, 2, "mixed", 3), (131072, 8, 2, "small", 5),
           (1048576, 1, 1, "local", 3), (1048576, 1, 1, "small", 3)]
@@ -42,6 +46,8 @@ def main():
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", required=True, help="name=VAR=VAL,VAR=VAL")
     ap.add_argument("--out")
+    ap.add_argument("--store", help="also append the rows to this results store "
+                    "(bench/results.jsonl; see scripts/results.py)")
     ap.add_argument("--shapes", default="all",
                     choices=["all", "small", "sparse", "dense", "block-sparse"])
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128],
@@ -97,6 +103,13 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "commit": tr.source_commit(lib),
                        "head_dim": args.head_dim, "rows": rows}, f, indent=1)
+    if args.store:
+        run = {"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+               "machine": results.host()}
+        rows_out = results.rows_of_variants(run, "variants",
+                                            [dict(r, head_dim=args.head_dim) for r in rows])
+        n = results.append_rows(rows_out, args.store)
+        print(f"{args.store}: {n} rows")
     print(f"\n{'variant':>8} {'what':>14} {'ms/head':>9} {'TF/s':>6} {'cuDNN ms/h':>10} {'ratio':>6}")
     for r in rows:
         if r["kind"] == "dense":

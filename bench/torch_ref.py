@@ -646,7 +646,8 @@ def main():
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     if args.store:
-        print(f"{args.store}: {results.append_rows(results.rows_of_run(res), args.store)} rows")
+        rows = results.rows_of_run(dict(res, machine=results.host()))
+        print(f"{args.store}: {results.append_rows(rows, args.store)} rows")
     plot(res, os.path.join(args.out, f"{date}-gpu-attention{tag}.png"))
     table(res)
 

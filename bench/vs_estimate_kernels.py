@@ -29,6 +29,10 @@ import torch  # noqa: E402
 
 import torch_ref as tr  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+import results  # noqa: E402
+
 V_BUDGET, S_BUDGET = 1000, 6096
 
 
@@ -97,6 +101,8 @@ def main():
                     help="LENGTH:HEADS items, comma-separated (lengths 128K, 512K, 1M)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="also write the times as JSON here")
+    ap.add_argument("--store", help="also append the rows to this results store "
+                    "(bench/results.jsonl; see scripts/results.py)")
     ap.add_argument("--save", help="write the first variant's lists and index here (torch.save)")
     ap.add_argument("--against", help="compare the first variant's with those --save wrote")
     ap.add_argument("--sets", help="time the index build on these prescribed sets instead "
@@ -121,6 +127,12 @@ def main():
                 json.dump({"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
                            "timing": "median of 10 calls (torch_ref.time_cuda)",
                            "rows": rows}, f, indent=1)
+        if args.store:
+            run = {"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+                   "machine": results.host()}
+            rows_out = results.rows_of_variants(run, "vs-index-sets", rows)
+            n = results.append_rows(rows_out, args.store)
+            print(f"{args.store}: {n} rows")
         return
     saved = {}
     against = torch.load(args.against) if args.against else {}
@@ -180,6 +192,12 @@ def main():
                        "budgets": [V_BUDGET, S_BUDGET],
                        "inputs": "q/k random plus a rotary-style position code (torch_ref.qkv "
                                  "seed 3, local=True)", "rows": rows}, f, indent=1)
+    if args.store:
+        run = {"gpu": torch.cuda.get_device_name(), "commit": tr.source_commit(lib),
+               "machine": results.host()}
+        rows_out = results.rows_of_variants(run, "vs-estimate-kernels", rows)
+        n = results.append_rows(rows_out, args.store)
+        print(f"{args.store}: {n} rows")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Benchmarks written in Python import this file and call append_rows().
 """
 import argparse
 import datetime
-import glob
 import json
 import math
 import os
@@ -123,6 +122,17 @@ def row(run, benchmark, shape, method, metric, value, unit=None, params=None):
     return r
 
 
+def host():
+    """This machine as the rows name it: CPU model and cores."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(l.split(":", 1)[1].strip() for l in fh if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
 def iso_date(d):
     if not d:
         return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -178,7 +188,8 @@ def rows_of_run(run):
                  "inputs": e.get("inputs", "random"), "dim": dim, "dtype": dtype}
         for m in ("ms_per_head", "effective_tflops", "keys_per_row", "estimate_ms_per_head",
                   "estimate_share"):
-            add("patterns", shape, "minference", m, e.get("kernel_" + m if m == "ms_per_head" else m))
+            key = "kernel_" + m if m == "ms_per_head" else m
+            add("patterns", shape, "minference", m, e.get(key))
         add("patterns", shape, "original", "ms_per_head", e.get("original_kernel_ms_per_head"))
     for e in run.get("estimation", []) if isinstance(run.get("estimation"), list) else []:
         shape = {"L": e["L"], "heads": e["heads"], "pattern": "vertical_slash 1000+6096",
@@ -230,6 +241,29 @@ def rows_of_run(run):
     return out
 
 
+SHAPE_KEYS = {"L", "heads", "heads_kv", "kv_heads", "head_dim", "inputs", "set", "band",
+              "columns", "kind", "round", "pattern", "top_k"}
+
+
+def rows_of_variants(run, benchmark, entries):
+    """Rows of an A/B tool's entries ({variant, shape keys..., numbers...}; a nested object of
+    numbers gives one metric per key, "name.key"): the variant is the method. Its benchmark name
+    keeps the rows apart from the main benchmarks' tables."""
+    out = []
+    for e in entries:
+        shape = {k: v for k, v in e.items() if k in SHAPE_KEYS}
+        for k, v in e.items():
+            if k in SHAPE_KEYS or k == "variant":
+                continue
+            for metric, value in (v.items() if isinstance(v, dict) else [(None, v)]):
+                name = k if metric is None else f"{k}.{metric}"
+                r = row(run, benchmark, shape, str(e.get("variant", "default")), name, value,
+                        unit=UNITS.get(name))
+                if r:
+                    out.append(r)
+    return out
+
+
 def pattern_name(e):
     if e.get("pattern") == "block_sparse":
         return f"block_sparse top-{e.get('top_k', 100)}"
@@ -248,6 +282,8 @@ def read_any(path):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
     if isinstance(doc, dict) and "benchmark" in doc and "metric" in doc:
         return [doc]
+    if isinstance(doc, dict):
+        doc.setdefault("machine", host())  # appended where it ran, right after the run
     rows = rows_of_run(doc) if isinstance(doc, dict) else []
     if not rows:
         raise SystemExit(f"{path}: no rows recognised")
@@ -322,8 +358,9 @@ def table_gpu_dense(rows):
     for s in shapes_in_order(tab, lambda s: s["L"]):
         sh = json.loads(s)
         ours, cudnn = g(tab, s, "minference", "tflops"), g(tab, s, "cudnn", "tflops")
-        out.append(f"| {length(sh['L'])} | {sh['heads']} | {f(g(tab, s, 'minference', 'ms_per_head'), '.2f')} "
-                   f"| {f(ours, '.0f')} | {f(cudnn, '.0f')} | {f(g(tab, s, 'flash', 'tflops'), '.0f')} "
+        ms, flash = g(tab, s, "minference", "ms_per_head"), g(tab, s, "flash", "tflops")
+        out.append(f"| {length(sh['L'])} | {sh['heads']} | {f(ms, '.2f')} "
+                   f"| {f(ours, '.0f')} | {f(cudnn, '.0f')} | {f(flash, '.0f')} "
                    f"| {f(ours / cudnn if ours and cudnn else None, '.2f')}x |")
     return out, list(tab.values()), ""
 
@@ -335,7 +372,8 @@ def table_gpu_sparse(rows):
     order = {"local": 0, "mixed": 1, "small": 2}
     for s in shapes_in_order(tab, lambda s: (s["L"], order.get(s["set"], 9))):
         sh = json.loads(s)
-        out.append(f"| {length(sh['L'])} | {sh['set']} | {f(g(tab, s, 'minference', 'keys_per_row'), '.0f')} "
+        out.append(f"| {length(sh['L'])} | {sh['set']} "
+                   f"| {f(g(tab, s, 'minference', 'keys_per_row'), '.0f')} "
                    f"| {f(g(tab, s, 'minference', 'ms_per_head'), '.2f')} "
                    f"| {f(g(tab, s, 'minference', 'effective_tflops'), '.0f')} "
                    f"| {f(g(tab, s, 'minference', 'index_ms'), '.2f')} |")
@@ -421,7 +459,8 @@ def table_ttft_projection(rows):
             gemm = 32 * gemm / 1e3 if gemm else g(tab, s, m, "gemm_s")
             att = g(tab, s, m, "attention_ms_per_layer")
             att = 32 * att / 1e3 if att else g(tab, s, m, "attention_s")
-            out.append(f"| {length(sh['L'])} | {m} | {sh['how']} | {f(gemm, '.1f')} s | {f(att, '.1f')} s "
+            out.append(f"| {length(sh['L'])} | {m} | {sh['how']} | {f(gemm, '.1f')} s "
+                       f"| {f(att, '.1f')} s "
                        f"| {f(g(tab, s, m, 'ttft_s'), '.1f')} s |")
     return out, list(tab.values()), ""
 
@@ -482,6 +521,12 @@ def render(check_only=False, store=STORE, docs=DOCS):
 # ---------------------------------------------------------------------------------------------
 # compare
 
+def short(name, v):
+    """A shape's value as the tables write it: lengths as 128K, 1M."""
+    is_length = name in ("L", "len", "tokens") and isinstance(v, int) and v >= 1024
+    return length(v) if is_length else v
+
+
 def compare(a, b, store=STORE, benchmark=None):
     rows = load(store)
 
@@ -502,10 +547,10 @@ def compare(a, b, store=STORE, benchmark=None):
         va, vb = ra[k]["value"], rb[k]["value"]
         shape = json.loads(k[1]) if k[1].startswith("{") else k[1]
         if isinstance(shape, dict):
-            shape = ", ".join(f"{n}={length(v) if n in ('L', 'len', 'tokens') and isinstance(v, int) and v >= 1024 else v}"
-                              for n, v in shape.items() if v is not None)
+            shape = ", ".join(f"{n}={short(n, v)}" for n, v in shape.items() if v is not None)
         unit = ra[k].get("unit", "")
-        print(f"| {k[0]} | {shape} | {k[2]} | {k[3]}{' (' + unit + ')' if unit and unit != k[3] else ''} "
+        metric = f"{k[3]} ({unit})" if unit and unit != k[3] else k[3]
+        print(f"| {k[0]} | {shape} | {k[2]} | {metric} "
               f"| {va:.4g} | {vb:.4g} | {f(vb / va if va else None, '.3f')} |")
     return True
 
