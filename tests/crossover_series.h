@@ -131,11 +131,12 @@ static inline int crossover_series_of_rows(const json_t *j, int64_t head_dim,
     return n_series;
 }
 
-/* A test's main: argv[1] is the results folder; returns the exit status. */
+/* A test's main: argv[1] is the folder of the measurements (tests/data/crossover); returns the
+ * exit status. */
 static inline int crossover_test_main(int argc, char **argv, const char *name,
                                       void (*measured)(const char *dir), void (*properties)(void)) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s RESULTS_DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
         return 2;
     }
     measured(argv[1]);

@@ -1,10 +1,10 @@
 /*
  * test_cpu_dense_fallback.c: the CPU prefill's per-head dense fallback (src/cpu/
- * dense_fallback_cpu.h) against the measurement it was drawn from (bench/results/2026-12-02-cpu-
- * crossover-patterns.json; the check is tests/crossover_series.h's: sparse at least as fast as
+ * dense_fallback_cpu.h) against the measurement it was drawn from (tests/data/crossover/2026-12-02-
+ * cpu-crossover-patterns.json; the check is tests/crossover_series.h's: sparse at least as fast as
  * dense from each crossover on, less than 1.2x faster at the last length below it), then the
  * rule's plain properties. The library applying it per (b, h) is checked in test_cpu_prefill.
- *   test_cpu_dense_fallback RESULTS_DIR
+ *   test_cpu_dense_fallback DATA_DIR
  */
 #include "../crossover_series.h"
 #include "dense_fallback_cpu.h"

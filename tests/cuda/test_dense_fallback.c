@@ -1,6 +1,6 @@
 /*
  * test_dense_fallback.c: the CUDA prefill's per-head dense fallback (src/cuda/dense_fallback.h)
- * against the H200 measurements it was drawn from (bench/results/2026-12-02-gpu-crossover-
+ * against the H200 measurements it was drawn from (tests/data/crossover/2026-12-02-gpu-crossover-
  * patterns.json and -heads.json at D = 128, -patterns-d64.json at D = 64, -tri-split-8k.json for
  * Tri-shape with its last rows split from 8K on; -patterns-sm80.json and -sm80-d64.json for the
  * sm_80 kernels): at every measured
@@ -8,7 +8,7 @@
  * length below it, sparse was no more than 20 % faster (the rule leaves little on the table).
  * Then the rule's plain properties: the caller's dense_below for every head, dense heads never
  * estimated, the sm_80 kernels' rule, budgets that would overflow. Host code: CI runs it.
- *   test_dense_fallback RESULTS_DIR
+ *   test_dense_fallback DATA_DIR
  */
 #include "../crossover_series.h"
 #include "dense_fallback.h"
@@ -140,7 +140,7 @@ static void test_properties(void) {
         CHECK(mi_cuda_dense_below_of(&p, -1, 64, 1, many) <=
               mi_cuda_dense_below_of(&p, -1, 128, 1, many));
     }
-    /* D = 64 (bench/results/2026-12-02-gpu-crossover-patterns-d64.json) */
+    /* D = 64 (tests/data/crossover/2026-12-02-gpu-crossover-patterns-d64.json) */
     mi_head_pattern a64 = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
     a64.n_init = 128, a64.n_local = 3968;
     CHECK(mi_cuda_dense_below_of(&a64, -1, 64, 1, few) == 8192); /* twice the keys */
@@ -200,7 +200,7 @@ static void test_properties(void) {
     CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_BLOCK_SPARSE, 500, 128, 1, few) == 500);
     CHECK(mi_cuda_estimate_dense_below(mix, 4, MI_PATTERN_TRI_SHAPE, -1, 128, 1, few) ==
           0x7fffffff); /* no such head */
-    /* the sm_80 kernels (bench/results/2026-12-02-gpu-crossover-patterns-sm80*.json) */
+    /* the sm_80 kernels (tests/data/crossover/2026-12-02-gpu-crossover-patterns-sm80*.json) */
     CHECK(mi_cuda_dense_below_of(&a, -1, 128, 0, few) == 0x7fffffff); /* clamped */
     a.n_init = 128, a.n_local = 3968;
     CHECK(mi_cuda_dense_below_of(&a, -1, 128, 0, few) == 8192); /* twice the keys */
