@@ -30,7 +30,7 @@ SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Mem
 prof() { # name, kernel regex, skip, torch_ref sections (environment: the caller's)
   timeout 300 "$NCU" --target-processes all -k "regex:$2" --launch-skip "$3" --launch-count 1 \
     "${SECTIONS[@]}" --csv --page details \
-    python3 bench/torch_ref.py --lib "$LIB" --out "$OUTDIR/ref" --quick \
+    python3 bench/torch_ref.py --lib "$LIB" --out "$OUTDIR/ref" --store "" --quick \
     --sections "$4" >"$OUTDIR/ncu-$1.csv" 2>"$OUTDIR/ncu-$1.err"
   echo "== $1 (rc=$?)"
   python3 - "$OUTDIR/ncu-$1.csv" <<'PY'

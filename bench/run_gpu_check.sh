@@ -3,7 +3,8 @@
 # only, runs the GPU tests (full on the default path and with the warp-specialised sparse kernel,
 # the quick subset on the sm_80 path, with the ring kernel for dense launches and on each
 # variant), a compute-sanitizer memcheck of the quick subset, optionally the dense and sparse
-# benchmark against SDPA (bench/torch_ref.py, its JSON and PNG into $LOGS), then times the variants
+# benchmark against SDPA (bench/torch_ref.py: its JSON, PNG and rows, results.jsonl, into $LOGS;
+# scripts/results.py append adds the rows to the store), then times the variants
 # (bench/time_variants.py).
 #   bench/run_gpu_check.sh [--no-memcheck] [--bench] [--variant NAME=VAR=VAL ...]
 # Logs and the timings JSON go to $LOGS (default build-gpu/logs); TEST_TIMEOUT (s) bounds each
@@ -67,7 +68,7 @@ if [ "$MEMCHECK" = 1 ]; then
 fi
 if [ "$BENCH" = 1 ]; then
   timeout 900 python3 bench/torch_ref.py --lib "$BUILD/libminference.so" --out "$LOGS" \
-    --sections dense,sparse 2>&1 | grep -v "^dense {\|^sparse {"
+    --store "$LOGS/results.jsonl" --sections dense,sparse 2>&1 | grep -v "^dense {\|^sparse {"
 fi
 args=(); for v in "${VARIANTS[@]}"; do args+=(--variant "$v"); done
 [ ${#args[@]} -gt 0 ] && timeout 900 python3 bench/time_variants.py --lib "$BUILD/libminference.so" \

@@ -90,7 +90,8 @@ def check(path=STORE):
         for e in row_errors(row):
             print(f"{path}: row {n}: {e}", file=sys.stderr)
             bad += 1
-    print(f"{os.path.relpath(path, ROOT)}: {len(rows)} rows, {bad} problems")
+    shown = os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT) else path
+    print(f"{shown}: {len(rows)} rows, {bad} problems")
     return bad == 0
 
 
