@@ -1,0 +1,101 @@
+/*
+ * kv_internal.h: the layout of the paged KV cache's pool and sequences, shared by kv_pool.c
+ * (pages, refcounts, conversions), kv_seq.c (page tables) and kv_file.c (session files).
+ *
+ * Invariant that makes copy-on-write simple: a page is written only while exactly one sequence
+ * references it (refs == 1). fill is the number of rows written into the page; a sequence may see
+ * fewer (it truncated into a page it shares), never more.
+ */
+#ifndef MI_KV_INTERNAL_H
+#define MI_KV_INTERNAL_H
+
+#include "minference_kv.h"
+
+#include <stdbool.h>
+
+#define MI_KV_ERROR_CAPACITY 512
+#define MI_KV_MAX_HEAD_DIM 1024
+
+typedef struct kv_page_info {
+    uint32_t refs; /* sequences referencing the page; 0: on the free list */
+    int32_t fill;  /* rows written (and covered by the metadata) */
+} kv_page_info;
+
+struct mi_kv_pool {
+    mi_kv_pool_params params;
+    mi_kv_page_layout layout;
+    int32_t refs;          /* the caller's reference + one per live sequence */
+    int32_t live_sequences;
+    int64_t max_pages;     /* INT32_MAX when the pool has no limit */
+    int32_t slab_pages;
+    unsigned char **slabs; /* [n_slabs] slab_pages * page_bytes each */
+    float **meta_slabs;    /* [n_slabs] slab_pages * meta floats each; NULL without metadata */
+    int32_t n_slabs, cap_slabs;
+    kv_page_info *info;    /* [allocated] */
+    int32_t *free_ids;     /* stack of free page ids */
+    int32_t n_free;
+    int64_t allocated;     /* pages backed by slabs */
+    int64_t used;          /* pages with refs > 0 */
+    char last_error[MI_KV_ERROR_CAPACITY];
+};
+
+typedef struct kv_layer {
+    int32_t *pages; /* [n_pages] page ids */
+    int64_t n_pages, cap_pages;
+    int64_t len; /* rows */
+    /* Reserved for methods that keep a different token subset per head (SnapKV, PyramidKV,
+     * Ada-KV): per-head row counts [n_kv_heads], each head compacted to the front of its tiles.
+     * NULL means every head has len rows, the only case implemented. */
+    int32_t *head_len;
+} kv_layer;
+
+struct mi_kv_seq {
+    mi_kv_pool *pool;
+    kv_layer *layers; /* [n_layers] */
+};
+
+/* Records a message on pool (may be NULL) and returns status. */
+mi_status kv_fail(const mi_kv_pool *pool, mi_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void kv_clear_error(const mi_kv_pool *pool);
+
+static inline unsigned char *kv_page(const mi_kv_pool *pool, int32_t id) {
+    return pool->slabs[id / pool->slab_pages] +
+           (size_t)(id % pool->slab_pages) * pool->layout.page_bytes;
+}
+
+/* [n_kv][2][head_dim] floats, or NULL without metadata. */
+static inline float *kv_page_meta(const mi_kv_pool *pool, int32_t id) {
+    if (!pool->meta_slabs) return NULL;
+    const size_t per = pool->layout.meta_bytes / sizeof(float);
+    return pool->meta_slabs[id / pool->slab_pages] + (size_t)(id % pool->slab_pages) * per;
+}
+
+/* Takes n pages (refs = 1, fill = 0, empty metadata) into ids, all or none: on failure a
+ * message and MI_STATUS_OUT_OF_MEMORY, nothing taken. */
+mi_status kv_pages_acquire(mi_kv_pool *pool, int64_t n, int32_t *ids);
+/* Drops one reference; the page returns to the free list at zero. */
+void kv_page_release(mi_kv_pool *pool, int32_t id);
+
+/* Rows r0..r1-1 of head h of K (kv = 0) or V (kv = 1) of a page, decoded to float:
+ * dst [r1 - r0, head_dim]. */
+void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                    int32_t r0, int32_t r1, float *dst);
+/* Writes rows r0..r0+n-1 of head h (src [n, ld] floats, head_dim used), re-encoding the page's
+ * earlier rows where an fp8 scale must grow. Returns true when earlier rows changed. */
+bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0,
+                    int32_t n, const float *src, int64_t ld);
+/* Recomputes the page's metadata over its rows 0..fill-1 (all heads). */
+void kv_meta_recompute(mi_kv_pool *pool, int32_t id);
+/* Widens head h's metadata by the page's rows r0..r1-1. */
+void kv_meta_extend(mi_kv_pool *pool, int32_t id, int32_t h, int32_t r0, int32_t r1);
+
+/* A sequence with empty layers (no message on failure: the caller reports). */
+mi_kv_seq *kv_seq_new(mi_kv_pool *pool);
+/* Releases every page of every layer and frees the tables; leaves an unusable shell. */
+void kv_seq_clear(mi_kv_seq *seq);
+
+#endif /* MI_KV_INTERNAL_H */

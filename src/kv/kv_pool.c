@@ -1,0 +1,521 @@
+/*
+ * kv_pool.c: the page pool of the KV cache: layout, slabs, the free list, reference counts,
+ * row encoding (f32 / f16 / bf16 / fp8 e4m3 with a scale per page and head) and the per-page
+ * key min/max metadata.
+ */
+#include "kv_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors and names                                                                            */
+
+mi_status kv_fail(const mi_kv_pool *pool, mi_status status, const char *fmt, ...) {
+    if (pool) {
+        /* every pool is heap-allocated; const only marks queries that do not change the cache */
+        mi_kv_pool *p = (mi_kv_pool *)pool;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->last_error, sizeof p->last_error, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+void kv_clear_error(const mi_kv_pool *pool) {
+    if (pool) ((mi_kv_pool *)pool)->last_error[0] = 0;
+}
+
+const char *mi_kv_pool_last_error(const mi_kv_pool *pool) { return pool ? pool->last_error : ""; }
+
+const char *mi_kv_dtype_name(mi_kv_dtype dtype) {
+    switch (dtype) {
+    case MI_KV_F32: return "f32";
+    case MI_KV_F16: return "f16";
+    case MI_KV_BF16: return "bf16";
+    case MI_KV_FP8_E4M3: return "fp8_e4m3";
+    }
+    return "unknown";
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* fp8 e4m3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN, max 448.      */
+
+uint8_t mi_fp8_e4m3_from_f32(float x) {
+    if (isnan(x)) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    if (a >= 448.0f) return sign | 0x7e; /* saturate (also infinities) */
+    if (a < 0.015625f) {                  /* below 2^-6: subnormal steps of 2^-9 */
+        /* rintf rounds to nearest even in the default mode; 8 steps is the smallest normal,
+         * whose code (exponent 1, mantissa 0) is also 8 */
+        return sign | (uint8_t)rintf(a * 512.0f);
+    }
+    int e;
+    frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1): the exponent of a is e - 1 */
+    const int E = e - 1;
+    /* 8..16 steps of 2^(E-3); 16 carries into the next exponent, which the sum absorbs */
+    const int q = (int)rintf(ldexpf(a, 3 - E));
+    int code = ((E + 7) << 3) + q - 8;
+    if (code > 0x7e) code = 0x7e;
+    return sign | (uint8_t)code;
+}
+
+float mi_fp8_e4m3_to_f32(uint8_t x) {
+    const int e = (x >> 3) & 15, m = x & 7;
+    float v;
+    if (e == 15 && m == 7) return NAN;
+    if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);
+    return (x & 0x80) ? -v : v;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pool                                                                                        */
+
+mi_kv_pool_params mi_kv_pool_default_params(void) {
+    mi_kv_pool_params p;
+    memset(&p, 0, sizeof p);
+    p.dtype = MI_KV_F32;
+    p.page_tokens = 64; /* the sparse kernels' block size */
+    return p;
+}
+
+static void *default_alloc(void *user, size_t bytes) {
+    (void)user;
+    return aligned_alloc(256, bytes);
+}
+
+static void default_free(void *user, void *ptr, size_t bytes) {
+    (void)user, (void)bytes;
+    free(ptr);
+}
+
+static void set_err(char *err, size_t err_size, const char *msg) {
+    if (err && err_size) snprintf(err, err_size, "%s", msg);
+}
+
+static int32_t elem_bytes_of(mi_kv_dtype dtype) {
+    switch (dtype) {
+    case MI_KV_F32: return 4;
+    case MI_KV_F16:
+    case MI_KV_BF16: return 2;
+    case MI_KV_FP8_E4M3: return 1;
+    }
+    return 0;
+}
+
+mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, char *err,
+                            size_t err_size) {
+    char msg[256];
+    if (!params || !out) {
+        set_err(err, err_size, "mi_kv_pool_create: params and out must not be NULL");
+        return MI_STATUS_INVALID_ARGUMENT;
+    }
+    const mi_kv_pool_params *p = params;
+    const int32_t eb = elem_bytes_of(p->dtype);
+    msg[0] = 0;
+    if (p->n_layers < 1 || p->n_layers > 65536 || p->n_kv_heads < 1 || p->n_kv_heads > 4096)
+        snprintf(msg, sizeof msg, "n_layers (%d) must be in 1..65536, n_kv_heads (%d) in 1..4096",
+                 p->n_layers, p->n_kv_heads);
+    else if (p->head_dim < 1 || p->head_dim > MI_KV_MAX_HEAD_DIM)
+        snprintf(msg, sizeof msg, "head_dim %d is outside 1..%d", p->head_dim, MI_KV_MAX_HEAD_DIM);
+    else if (eb == 0)
+        snprintf(msg, sizeof msg, "unknown storage dtype %d", (int)p->dtype);
+    else if (p->page_tokens < 1 || p->page_tokens > 32768)
+        snprintf(msg, sizeof msg, "page_tokens %d is outside 1..32768", p->page_tokens);
+    else if (p->capacity_tokens < 0)
+        snprintf(msg, sizeof msg, "capacity_tokens is negative");
+    else if (p->meta_kinds & ~MI_KV_META_KEY_MINMAX)
+        snprintf(msg, sizeof msg, "unknown metadata kinds 0x%x", p->meta_kinds);
+    else if (!p->alloc != !p->free)
+        snprintf(msg, sizeof msg, "alloc and free are given together or not at all");
+    if (msg[0]) {
+        set_err(err, err_size, msg);
+        return MI_STATUS_INVALID_ARGUMENT;
+    }
+
+    mi_kv_page_layout L;
+    memset(&L, 0, sizeof L);
+    L.dtype = p->dtype;
+    L.page_tokens = p->page_tokens;
+    L.n_kv_heads = p->n_kv_heads;
+    L.head_dim = p->head_dim;
+    L.elem_bytes = eb;
+    L.row_stride = (size_t)p->head_dim * (size_t)eb;
+    L.head_stride = (size_t)p->page_tokens * L.row_stride;
+    L.k_offset = 0;
+    L.v_offset = (size_t)p->n_kv_heads * L.head_stride;
+    size_t end = 2 * L.v_offset;
+    if (p->dtype == MI_KV_FP8_E4M3) {
+        L.has_scales = 1;
+        L.scale_offset = end;
+        end += 2 * (size_t)p->n_kv_heads * sizeof(float);
+    }
+    L.page_bytes = (end + 255) / 256 * 256;
+    L.meta_kinds = p->meta_kinds;
+    if (p->meta_kinds & MI_KV_META_KEY_MINMAX)
+        L.meta_bytes = (size_t)p->n_kv_heads * 2 * (size_t)p->head_dim * sizeof(float);
+    if (L.page_bytes > ((size_t)1 << 31)) {
+        snprintf(msg, sizeof msg, "a page of %zu bytes is too large (at most 2 GiB)", L.page_bytes);
+        set_err(err, err_size, msg);
+        return MI_STATUS_UNSUPPORTED;
+    }
+
+    int64_t max_pages = INT32_MAX - 1;
+    if (p->capacity_tokens > 0) {
+        const int64_t per_layer = (p->capacity_tokens + p->page_tokens - 1) / p->page_tokens;
+        if (per_layer < max_pages / p->n_layers) max_pages = per_layer * p->n_layers;
+    }
+    if (p->capacity_bytes > 0) {
+        const uint64_t n = p->capacity_bytes / (L.page_bytes + L.meta_bytes);
+        if (n < (uint64_t)max_pages) max_pages = (int64_t)n;
+    }
+    if (max_pages < 1) {
+        snprintf(msg, sizeof msg, "capacity_bytes %llu holds no page of %zu bytes",
+                 (unsigned long long)p->capacity_bytes, L.page_bytes + L.meta_bytes);
+        set_err(err, err_size, msg);
+        return MI_STATUS_INVALID_ARGUMENT;
+    }
+
+    mi_kv_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) {
+        set_err(err, err_size, "out of memory for the KV pool");
+        return MI_STATUS_OUT_OF_MEMORY;
+    }
+    pool->params = *p;
+    if (!pool->params.alloc) {
+        pool->params.alloc = default_alloc;
+        pool->params.free = default_free;
+    }
+    pool->layout = L;
+    pool->refs = 1;
+    pool->max_pages = max_pages;
+    int64_t slab = p->slab_pages > 0 ? p->slab_pages : (int64_t)(((size_t)4 << 20) / L.page_bytes);
+    if (slab < 1) slab = 1;
+    if (slab > max_pages) slab = max_pages;
+    pool->slab_pages = (int32_t)slab;
+    *out = pool;
+    set_err(err, err_size, "");
+    return MI_STATUS_SUCCESS;
+}
+
+static int64_t slab_count(const mi_kv_pool *pool, int32_t s) {
+    const int64_t rest = pool->allocated - (int64_t)s * pool->slab_pages;
+    return rest < pool->slab_pages ? rest : pool->slab_pages;
+}
+
+static void pool_free(mi_kv_pool *pool) {
+    for (int32_t s = 0; s < pool->n_slabs; s++) {
+        const size_t n = (size_t)slab_count(pool, s);
+        pool->params.free(pool->params.alloc_user, pool->slabs[s], n * pool->layout.page_bytes);
+        if (pool->meta_slabs) free(pool->meta_slabs[s]);
+    }
+    free(pool->slabs);
+    free(pool->meta_slabs);
+    free(pool->info);
+    free(pool->free_ids);
+    free(pool);
+}
+
+static void pool_unref(mi_kv_pool *pool) {
+    if (--pool->refs == 0) pool_free(pool);
+}
+
+void mi_kv_pool_destroy(mi_kv_pool *pool) {
+    if (pool) pool_unref(pool);
+}
+
+mi_status mi_kv_pool_layout(const mi_kv_pool *pool, mi_kv_page_layout *out) {
+    if (!pool) return MI_STATUS_INVALID_ARGUMENT;
+    if (!out) return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_pool_layout: out is NULL");
+    *out = pool->layout;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_kv_pool_stats_get(const mi_kv_pool *pool, mi_kv_pool_stats *out) {
+    if (!pool) return MI_STATUS_INVALID_ARGUMENT;
+    if (!out) return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_pool_stats_get: out is NULL");
+    mi_kv_pool_stats s;
+    memset(&s, 0, sizeof s);
+    const bool limited = pool->params.capacity_tokens > 0 || pool->params.capacity_bytes > 0;
+    s.capacity_pages = limited ? pool->max_pages : -1;
+    s.allocated_pages = pool->allocated;
+    s.used_pages = pool->used;
+    for (int64_t i = 0; i < pool->allocated; i++) s.shared_pages += pool->info[i].refs > 1;
+    s.page_bytes = pool->layout.page_bytes + pool->layout.meta_bytes;
+    s.allocated_bytes = (uint64_t)s.allocated_pages * s.page_bytes;
+    s.used_bytes = (uint64_t)s.used_pages * s.page_bytes;
+    s.live_sequences = pool->live_sequences;
+    *out = s;
+    return MI_STATUS_SUCCESS;
+}
+
+const void *mi_kv_pool_page_data(const mi_kv_pool *pool, int32_t page_id) {
+    if (!pool || page_id < 0 || page_id >= pool->allocated || pool->info[page_id].refs == 0)
+        return NULL;
+    return kv_page(pool, page_id);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pages                                                                                       */
+
+static void meta_reset(mi_kv_pool *pool, int32_t id) {
+    float *m = kv_page_meta(pool, id);
+    if (!m) return;
+    const int32_t hd = pool->layout.head_dim;
+    for (int32_t h = 0; h < pool->layout.n_kv_heads; h++, m += 2 * hd)
+        for (int32_t d = 0; d < hd; d++) m[d] = INFINITY, m[hd + d] = -INFINITY;
+}
+
+/* One more slab; MI_STATUS_OUT_OF_MEMORY (with a message) when the host has no memory. */
+static mi_status grow(mi_kv_pool *pool) {
+    int64_t count = pool->max_pages - pool->allocated;
+    if (count > pool->slab_pages) count = pool->slab_pages;
+    const int64_t total = pool->allocated + count;
+    /* the bookkeeping arrays first: growing them is harmless if the slab then fails */
+    if (pool->n_slabs == pool->cap_slabs) {
+        const int32_t cap = pool->cap_slabs ? 2 * pool->cap_slabs : 16;
+        unsigned char **s = realloc(pool->slabs, (size_t)cap * sizeof *s);
+        if (s) pool->slabs = s;
+        float **ms = NULL;
+        if (s && pool->layout.meta_bytes) {
+            ms = realloc(pool->meta_slabs, (size_t)cap * sizeof *ms);
+            if (ms) pool->meta_slabs = ms;
+        }
+        if (!s || (pool->layout.meta_bytes && !ms))
+            return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for the page tables");
+        pool->cap_slabs = cap;
+    }
+    kv_page_info *info = realloc(pool->info, (size_t)total * sizeof *info);
+    if (info) pool->info = info;
+    int32_t *ids = info ? realloc(pool->free_ids, (size_t)total * sizeof *ids) : NULL;
+    if (ids) pool->free_ids = ids;
+    if (!info || !ids)
+        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for the page tables");
+    const size_t bytes = (size_t)count * pool->layout.page_bytes;
+    unsigned char *data = pool->params.alloc(pool->params.alloc_user, bytes);
+    float *meta = NULL;
+    if (data && pool->layout.meta_bytes) {
+        meta = malloc((size_t)count * pool->layout.meta_bytes);
+        if (!meta) pool->params.free(pool->params.alloc_user, data, bytes);
+    }
+    if (!data || (pool->layout.meta_bytes && !meta))
+        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY,
+                       "out of host memory for %lld KV pages (%zu bytes)", (long long)count,
+                       bytes + (size_t)count * pool->layout.meta_bytes);
+    pool->slabs[pool->n_slabs] = data;
+    if (pool->meta_slabs) pool->meta_slabs[pool->n_slabs] = meta;
+    pool->n_slabs++;
+    /* pushed highest first so that the lowest ids are taken first */
+    for (int64_t i = total - 1; i >= pool->allocated; i--) {
+        pool->info[i].refs = 0;
+        pool->info[i].fill = 0;
+        pool->free_ids[pool->n_free++] = (int32_t)i;
+    }
+    pool->allocated = total;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status kv_pages_acquire(mi_kv_pool *pool, int64_t n, int32_t *ids) {
+    if (n <= 0) return MI_STATUS_SUCCESS;
+    const int64_t available = pool->n_free + (pool->max_pages - pool->allocated);
+    if (n > available)
+        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY,
+                       "the KV pool is full: %lld more pages needed, %lld free of a capacity of "
+                       "%lld pages (%lld tokens per layer)",
+                       (long long)n, (long long)available, (long long)pool->max_pages,
+                       (long long)(pool->max_pages / pool->params.n_layers *
+                                   pool->params.page_tokens));
+    while (pool->n_free < n) {
+        mi_status st = grow(pool);
+        if (st != MI_STATUS_SUCCESS) return st;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t id = pool->free_ids[--pool->n_free];
+        pool->info[id].refs = 1;
+        pool->info[id].fill = 0;
+        meta_reset(pool, id);
+        if (pool->layout.has_scales) /* a page's scales describe its own rows only */
+            memset(kv_page(pool, id) + pool->layout.scale_offset, 0,
+                   2 * (size_t)pool->layout.n_kv_heads * sizeof(float));
+        ids[i] = id;
+    }
+    pool->used += n;
+    return MI_STATUS_SUCCESS;
+}
+
+void kv_page_release(mi_kv_pool *pool, int32_t id) {
+    if (--pool->info[id].refs == 0) {
+        pool->free_ids[pool->n_free++] = id;
+        pool->used--;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Rows                                                                                        */
+
+static float *scale_of(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h) {
+    return (float *)(page + pool->layout.scale_offset) + (size_t)kv * pool->layout.n_kv_heads + h;
+}
+
+static unsigned char *row_at(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                             int32_t r) {
+    const mi_kv_page_layout *L = &pool->layout;
+    return (unsigned char *)page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
+           (size_t)r * L->row_stride;
+}
+
+void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                    int32_t r0, int32_t r1, float *dst) {
+    const int32_t hd = pool->layout.head_dim;
+    const float s = pool->layout.has_scales ? *scale_of(pool, page, kv, h) : 1.0f;
+    for (int32_t r = r0; r < r1; r++, dst += hd) {
+        const unsigned char *row = row_at(pool, page, kv, h, r);
+        switch (pool->layout.dtype) {
+        case MI_KV_F32: memcpy(dst, row, (size_t)hd * sizeof(float)); break;
+        case MI_KV_F16:
+            for (int32_t d = 0; d < hd; d++) {
+                uint16_t u;
+                memcpy(&u, row + 2 * d, 2);
+                dst[d] = mi_f16_to_f32(u);
+            }
+            break;
+        case MI_KV_BF16:
+            for (int32_t d = 0; d < hd; d++) {
+                uint16_t u;
+                memcpy(&u, row + 2 * d, 2);
+                dst[d] = mi_bf16_to_f32(u);
+            }
+            break;
+        case MI_KV_FP8_E4M3:
+            for (int32_t d = 0; d < hd; d++) dst[d] = mi_fp8_e4m3_to_f32(row[d]) * s;
+            break;
+        }
+    }
+}
+
+static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *src, float s) {
+    const int32_t hd = pool->layout.head_dim;
+    switch (pool->layout.dtype) {
+    case MI_KV_F32: memcpy(row, src, (size_t)hd * sizeof(float)); break;
+    case MI_KV_F16:
+        for (int32_t d = 0; d < hd; d++) {
+            const uint16_t u = mi_f32_to_f16(src[d]);
+            memcpy(row + 2 * d, &u, 2);
+        }
+        break;
+    case MI_KV_BF16:
+        for (int32_t d = 0; d < hd; d++) {
+            const uint16_t u = mi_f32_to_bf16(src[d]);
+            memcpy(row + 2 * d, &u, 2);
+        }
+        break;
+    case MI_KV_FP8_E4M3:
+        /* s == 0: every value so far was zero */
+        for (int32_t d = 0; d < hd; d++) row[d] = s > 0.0f ? mi_fp8_e4m3_from_f32(src[d] / s) : 0;
+        break;
+    }
+}
+
+bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0,
+                    int32_t n, const float *src, int64_t ld) {
+    const int32_t hd = pool->layout.head_dim;
+    bool rescaled = false;
+    float s = 1.0f;
+    if (pool->layout.has_scales) {
+        float *sp = scale_of(pool, page, kv, h);
+        float amax = 0.0f;
+        for (int32_t i = 0; i < n; i++)
+            for (int32_t d = 0; d < hd; d++) {
+                const float a = fabsf(src[i * ld + d]);
+                if (a > amax && isfinite(a)) amax = a;
+            }
+        s = *sp;
+        float want = 0.0f;
+        if (amax > 0.0f) {
+            /* a power of two: growing it shifts the earlier rows' exponents, exact unless a
+             * value falls into the subnormal range */
+            int e;
+            const float m = frexpf(amax / 448.0f, &e);
+            want = ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+        }
+        if (want > s) {
+            /* the new rows do not fit the page's scale: re-encode the earlier rows under the
+             * larger one */
+            float buf[MI_KV_MAX_HEAD_DIM];
+            for (int32_t r = 0; r < r0 && s > 0.0f; r++) {
+                kv_rows_decode(pool, page, kv, h, r, r + 1, buf);
+                encode_row(pool, row_at(pool, page, kv, h, r), buf, want);
+            }
+            rescaled = r0 > 0 && s > 0.0f;
+            *sp = s = want;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) encode_row(pool, row_at(pool, page, kv, h, r0 + i), src + i * ld, s);
+    return rescaled;
+}
+
+void kv_meta_extend(mi_kv_pool *pool, int32_t id, int32_t h, int32_t r0, int32_t r1) {
+    float *m = kv_page_meta(pool, id);
+    if (!m) return;
+    const int32_t hd = pool->layout.head_dim;
+    float *mn = m + (size_t)h * 2 * hd, *mx = mn + hd;
+    const unsigned char *page = kv_page(pool, id);
+    float buf[MI_KV_MAX_HEAD_DIM];
+    for (int32_t r = r0; r < r1; r++) {
+        kv_rows_decode(pool, page, 0, h, r, r + 1, buf);
+        for (int32_t d = 0; d < hd; d++) {
+            if (buf[d] < mn[d]) mn[d] = buf[d];
+            if (buf[d] > mx[d]) mx[d] = buf[d];
+        }
+    }
+}
+
+void kv_meta_recompute(mi_kv_pool *pool, int32_t id) {
+    if (!pool->meta_slabs) return;
+    meta_reset(pool, id);
+    for (int32_t h = 0; h < pool->layout.n_kv_heads; h++)
+        kv_meta_extend(pool, id, h, 0, pool->info[id].fill);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sequence lifetime (here because it moves the pool's reference count)                        */
+
+mi_kv_seq *kv_seq_new(mi_kv_pool *pool) {
+    mi_kv_seq *seq = calloc(1, sizeof *seq);
+    if (!seq) return NULL;
+    seq->layers = calloc((size_t)pool->params.n_layers, sizeof *seq->layers);
+    if (!seq->layers) {
+        free(seq);
+        return NULL;
+    }
+    seq->pool = pool;
+    pool->refs++;
+    pool->live_sequences++;
+    return seq;
+}
+
+void kv_seq_clear(mi_kv_seq *seq) {
+    for (int32_t l = 0; l < seq->pool->params.n_layers; l++) {
+        kv_layer *L = &seq->layers[l];
+        for (int64_t i = 0; i < L->n_pages; i++) kv_page_release(seq->pool, L->pages[i]);
+        free(L->pages);
+        free(L->head_len);
+        memset(L, 0, sizeof *L);
+    }
+}
+
+void mi_kv_seq_destroy(mi_kv_seq *seq) {
+    if (!seq) return;
+    mi_kv_pool *pool = seq->pool;
+    kv_seq_clear(seq);
+    free(seq->layers);
+    free(seq);
+    pool->live_sequences--;
+    pool_unref(pool);
+}
