@@ -66,14 +66,14 @@ float mi_fp8_e4m3_to_f32(uint8_t x);
 typedef struct mi_kv_page_layout {
     mi_kv_dtype dtype;
     int32_t page_tokens, n_kv_heads, head_dim;
-    int32_t elem_bytes;   /* bytes per element */
-    int32_t has_scales;   /* 1: fp8 scales at scale_offset */
-    size_t row_stride;    /* bytes between rows of one head (head_dim * elem_bytes) */
-    size_t head_stride;   /* bytes between heads (page_tokens * row_stride) */
+    int32_t elem_bytes; /* bytes per element */
+    int32_t has_scales; /* 1: fp8 scales at scale_offset */
+    size_t row_stride;  /* bytes between rows of one head (head_dim * elem_bytes) */
+    size_t head_stride; /* bytes between heads (page_tokens * row_stride) */
     size_t k_offset, v_offset, scale_offset;
-    size_t page_bytes;    /* bytes of one page, a multiple of 256 */
-    uint32_t meta_kinds;  /* MI_KV_META_* kept by the pool */
-    size_t meta_bytes;    /* metadata bytes per page (beside it) */
+    size_t page_bytes;   /* bytes of one page, a multiple of 256 */
+    uint32_t meta_kinds; /* MI_KV_META_* kept by the pool */
+    size_t meta_bytes;   /* metadata bytes per page (beside it) */
 } mi_kv_page_layout;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -93,9 +93,9 @@ typedef struct mi_kv_pool_params {
      * capacity_bytes counts pages and their metadata. */
     int64_t capacity_tokens;
     uint64_t capacity_bytes;
-    uint32_t meta_kinds;   /* MI_KV_META_* bits; default 0 */
-    int32_t slab_pages;    /* pages per host allocation; <= 0: about 4 MiB worth */
-    mi_kv_alloc_fn alloc;  /* NULL: aligned_alloc / free */
+    uint32_t meta_kinds;  /* MI_KV_META_* bits; default 0 */
+    int32_t slab_pages;   /* pages per host allocation; <= 0: about 4 MiB worth */
+    mi_kv_alloc_fn alloc; /* NULL: aligned_alloc / free */
     mi_kv_free_fn free;
     void *alloc_user;
 } mi_kv_pool_params;
@@ -173,15 +173,15 @@ mi_status mi_kv_seq_page_table(const mi_kv_seq *seq, int32_t layer, const int32_
                                int64_t *n_pages);
 
 typedef struct mi_kv_page_view {
-    const void *data;      /* the page's base (mi_kv_page_layout); read-only */
+    const void *data; /* the page's base (mi_kv_page_layout); read-only */
     int32_t page_id;
-    int32_t rows;          /* this sequence's rows in the page */
-    int32_t meta_rows;     /* rows the metadata covers: rows, or more where a page shared with a
+    int32_t rows;         /* this sequence's rows in the page */
+    int32_t meta_rows;    /* rows the metadata covers: rows, or more where a page shared with a
                               longer sequence was truncated by this one (a looser, still valid bound) */
-    int32_t refcount;      /* sequences sharing the page */
-    int64_t first_row;     /* the layer row of the page's row 0 */
-    const float *k_scale;  /* fp8: [n_kv_heads] per-head scales of K; NULL otherwise */
-    const float *v_scale;  /* fp8: [n_kv_heads] per-head scales of V; NULL otherwise */
+    int32_t refcount;     /* sequences sharing the page */
+    int64_t first_row;    /* the layer row of the page's row 0 */
+    const float *k_scale; /* fp8: [n_kv_heads] per-head scales of K; NULL otherwise */
+    const float *v_scale; /* fp8: [n_kv_heads] per-head scales of V; NULL otherwise */
     /* MI_KV_META_KEY_MINMAX: [n_kv_heads][2][head_dim] (min then max per head, over the stored,
      * dequantized keys of rows 0..meta_rows-1); NULL when the pool keeps none */
     const float *key_minmax;

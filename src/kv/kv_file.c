@@ -25,7 +25,7 @@
 #error "session files store rows in the host's byte order, which must be little-endian"
 #endif
 
-#define KV_MAGIC "MIKVSEQ"  /* 8 bytes with its NUL */
+#define KV_MAGIC "MIKVSEQ" /* 8 bytes with its NUL */
 #define KV_VERSION 1u
 #define KV_HEADER_BYTES 128
 
@@ -215,10 +215,14 @@ static void wr(writer *w, const void *p, size_t n, bool checksum) {
 static void sync_dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     char dir[4096];
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else return;
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return;
     const int fd = open(dir, O_RDONLY);
     if (fd < 0) return;
     (void)fsync(fd);
@@ -366,7 +370,8 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         ly->len = (int64_t)rows;
         for (int64_t i = 0; i < n_pages && st == MI_STATUS_SUCCESS; i++) {
             const int32_t n = (int32_t)((int64_t)rows - i * P < P ? (int64_t)rows - i * P : P);
-            if ((st = rd(pool, r, img, image_bytes(L, n), true, path, "a page")) != MI_STATUS_SUCCESS)
+            if ((st = rd(pool, r, img, image_bytes(L, n), true, path, "a page")) !=
+                MI_STATUS_SUCCESS)
                 break;
             const int32_t id = ly->pages[i];
             image_to_page(L, img, n, kv_page(pool, id));
@@ -423,15 +428,14 @@ mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id 
                      "%d, hidden %d, vocab %d, weights hash %016llx; this one is %s with %d, "
                      "%d/%d, %d, %d, %d, %016llx",
                      fn, path, h.id.arch, h.id.n_layers, h.id.n_heads, h.id.n_kv_heads,
-                     h.id.head_dim, h.id.hidden, h.id.vocab,
-                     (unsigned long long)h.id.weights_hash, id->arch, id->n_layers, id->n_heads,
-                     id->n_kv_heads, id->head_dim, id->hidden, id->vocab,
-                     (unsigned long long)id->weights_hash);
-    if (st == MI_STATUS_SUCCESS &&
-        (h.dtype != (uint32_t)pool->layout.dtype || h.page_tokens != (uint32_t)pool->layout.page_tokens))
+                     h.id.head_dim, h.id.hidden, h.id.vocab, (unsigned long long)h.id.weights_hash,
+                     id->arch, id->n_layers, id->n_heads, id->n_kv_heads, id->head_dim, id->hidden,
+                     id->vocab, (unsigned long long)id->weights_hash);
+    if (st == MI_STATUS_SUCCESS && (h.dtype != (uint32_t)pool->layout.dtype ||
+                                    h.page_tokens != (uint32_t)pool->layout.page_tokens))
         st = kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
-                     "%s: %s stores %s pages of %u tokens; the pool keeps %s pages of %d", fn,
-                     path, mi_kv_dtype_name((mi_kv_dtype)h.dtype), h.page_tokens,
+                     "%s: %s stores %s pages of %u tokens; the pool keeps %s pages of %d", fn, path,
+                     mi_kv_dtype_name((mi_kv_dtype)h.dtype), h.page_tokens,
                      mi_kv_dtype_name(pool->layout.dtype), pool->layout.page_tokens);
     if (st == MI_STATUS_SUCCESS && !(fresh = kv_seq_new(pool)))
         st = kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "%s: out of memory for a KV sequence", fn);

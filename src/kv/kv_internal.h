@@ -24,18 +24,18 @@ typedef struct kv_page_info {
 struct mi_kv_pool {
     mi_kv_pool_params params;
     mi_kv_page_layout layout;
-    int32_t refs;          /* the caller's reference + one per live sequence */
+    int32_t refs; /* the caller's reference + one per live sequence */
     int32_t live_sequences;
-    int64_t max_pages;     /* INT32_MAX when the pool has no limit */
+    int64_t max_pages; /* INT32_MAX when the pool has no limit */
     int32_t slab_pages;
     unsigned char **slabs; /* [n_slabs] slab_pages * page_bytes each */
     float **meta_slabs;    /* [n_slabs] slab_pages * meta floats each; NULL without metadata */
     int32_t n_slabs, cap_slabs;
-    kv_page_info *info;    /* [allocated] */
-    int32_t *free_ids;     /* stack of free page ids */
+    kv_page_info *info; /* [allocated] */
+    int32_t *free_ids;  /* stack of free page ids */
     int32_t n_free;
-    int64_t allocated;     /* pages backed by slabs */
-    int64_t used;          /* pages with refs > 0 */
+    int64_t allocated; /* pages backed by slabs */
+    int64_t used;      /* pages with refs > 0 */
     char last_error[MI_KV_ERROR_CAPACITY];
 };
 
@@ -86,8 +86,8 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
                     int32_t r0, int32_t r1, float *dst);
 /* Writes rows r0..r0+n-1 of head h (src [n, ld] floats, head_dim used), re-encoding the page's
  * earlier rows where an fp8 scale must grow. Returns true when earlier rows changed. */
-bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0,
-                    int32_t n, const float *src, int64_t ld);
+bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0, int32_t n,
+                    const float *src, int64_t ld);
 /* Recomputes the page's metadata over its rows 0..fill-1 (all heads). */
 void kv_meta_recompute(mi_kv_pool *pool, int32_t id);
 /* Widens head h's metadata by the page's rows r0..r1-1. */

@@ -50,7 +50,7 @@ uint8_t mi_fp8_e4m3_from_f32(float x) {
     const uint8_t sign = signbit(x) ? 0x80 : 0;
     const float a = fabsf(x);
     if (a >= 448.0f) return sign | 0x7e; /* saturate (also infinities) */
-    if (a < 0.015625f) {                  /* below 2^-6: subnormal steps of 2^-9 */
+    if (a < 0.015625f) {                 /* below 2^-6: subnormal steps of 2^-9 */
         /* rintf rounds to nearest even in the default mode; 8 steps is the smallest normal,
          * whose code (exponent 1, mantissa 0) is also 8 */
         return sign | (uint8_t)rintf(a * 512.0f);
@@ -69,8 +69,10 @@ float mi_fp8_e4m3_to_f32(uint8_t x) {
     const int e = (x >> 3) & 15, m = x & 7;
     float v;
     if (e == 15 && m == 7) return NAN;
-    if (e == 0) v = ldexpf((float)m, -9);
-    else v = ldexpf((float)(8 + m), e - 10);
+    if (e == 0)
+        v = ldexpf((float)m, -9);
+    else
+        v = ldexpf((float)(8 + m), e - 10);
     return (x & 0x80) ? -v : v;
 }
 
@@ -149,11 +151,12 @@ mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, c
     L.row_stride = (size_t)p->head_dim * (size_t)eb;
     L.head_stride = (size_t)p->page_tokens * L.row_stride;
     L.k_offset = 0;
-    L.v_offset = (size_t)p->n_kv_heads * L.head_stride;
-    size_t end = 2 * L.v_offset;
+    /* regions start on 16 bytes (vector loads, aligned float scales) */
+    L.v_offset = ((size_t)p->n_kv_heads * L.head_stride + 15) / 16 * 16;
+    size_t end = L.v_offset + (size_t)p->n_kv_heads * L.head_stride;
     if (p->dtype == MI_KV_FP8_E4M3) {
         L.has_scales = 1;
-        L.scale_offset = end;
+        L.scale_offset = end = (end + 15) / 16 * 16;
         end += 2 * (size_t)p->n_kv_heads * sizeof(float);
     }
     L.page_bytes = (end + 255) / 256 * 256;
@@ -325,12 +328,12 @@ mi_status kv_pages_acquire(mi_kv_pool *pool, int64_t n, int32_t *ids) {
     if (n <= 0) return MI_STATUS_SUCCESS;
     const int64_t available = pool->n_free + (pool->max_pages - pool->allocated);
     if (n > available)
-        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY,
-                       "the KV pool is full: %lld more pages needed, %lld free of a capacity of "
-                       "%lld pages (%lld tokens per layer)",
-                       (long long)n, (long long)available, (long long)pool->max_pages,
-                       (long long)(pool->max_pages / pool->params.n_layers *
-                                   pool->params.page_tokens));
+        return kv_fail(
+            pool, MI_STATUS_OUT_OF_MEMORY,
+            "the KV pool is full: %lld more pages needed, %lld free of a capacity of "
+            "%lld pages (%lld tokens per layer)",
+            (long long)n, (long long)available, (long long)pool->max_pages,
+            (long long)(pool->max_pages / pool->params.n_layers * pool->params.page_tokens));
     while (pool->n_free < n) {
         mi_status st = grow(pool);
         if (st != MI_STATUS_SUCCESS) return st;
@@ -422,8 +425,8 @@ static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *
     }
 }
 
-bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0,
-                    int32_t n, const float *src, int64_t ld) {
+bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0, int32_t n,
+                    const float *src, int64_t ld) {
     const int32_t hd = pool->layout.head_dim;
     bool rescaled = false;
     float s = 1.0f;
@@ -456,7 +459,8 @@ bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, in
             *sp = s = want;
         }
     }
-    for (int32_t i = 0; i < n; i++) encode_row(pool, row_at(pool, page, kv, h, r0 + i), src + i * ld, s);
+    for (int32_t i = 0; i < n; i++)
+        encode_row(pool, row_at(pool, page, kv, h, r0 + i), src + i * ld, s);
     return rescaled;
 }
 

@@ -64,7 +64,8 @@ static const float *src_rows(const mi_tensor *t, int64_t h, int64_t i0, int32_t 
         for (int32_t d = 0; d < hd; d++) {
             uint16_t u;
             memcpy(&u, row + 2 * d, 2);
-            tmp[(size_t)i * hd + d] = t->dtype == MI_DTYPE_F16 ? mi_f16_to_f32(u) : mi_bf16_to_f32(u);
+            tmp[(size_t)i * hd + d] =
+                t->dtype == MI_DTYPE_F16 ? mi_f16_to_f32(u) : mi_bf16_to_f32(u);
         }
     }
     *ld = hd;
@@ -237,8 +238,8 @@ mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int
     const kv_layer *L = &seq->layers[layer];
     if (start < 0 || count < 0 || start > L->len || count > L->len - start)
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
-                       "%s: rows %lld..%lld are outside layer %d's %lld rows", fn,
-                       (long long)start, (long long)(start + count), layer, (long long)L->len);
+                       "%s: rows %lld..%lld are outside layer %d's %lld rows", fn, (long long)start,
+                       (long long)(start + count), layer, (long long)L->len);
     if (k_out && (st = check_rows(pool, fn, "k_out", k_out, count, NULL)) != MI_STATUS_SUCCESS)
         return st;
     if (v_out && (st = check_rows(pool, fn, "v_out", v_out, count, NULL)) != MI_STATUS_SUCCESS)
@@ -350,8 +351,7 @@ mi_status mi_kv_seq_page(const mi_kv_seq *seq, int32_t layer, int64_t index, mi_
     mi_status st = check_seq_layer(seq, layer, "mi_kv_seq_page");
     if (st != MI_STATUS_SUCCESS) return st;
     const kv_layer *L = &seq->layers[layer];
-    if (!out)
-        return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_seq_page: out is NULL");
+    if (!out) return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_seq_page: out is NULL");
     if (index < 0 || index >= L->n_pages)
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
                        "mi_kv_seq_page: page %lld is outside layer %d's %lld pages",

@@ -14,21 +14,22 @@
 
 static uint64_t rng_state = 1;
 
-static uint64_t rng_next(void) {
+static inline uint64_t rng_next(void) {
     uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static int64_t rng_int(int64_t lo, int64_t hi) { /* inclusive */
+static inline int64_t rng_int(int64_t lo, int64_t hi) { /* inclusive */
     return lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1));
 }
 
 /* Roughly normal values with a per-call magnitude, so that fp8 scales grow within a page. */
-static float rng_value(float mag) {
+static inline float rng_value(float mag) {
     float s = 0.0f;
-    for (int i = 0; i < 4; i++) s += (float)((double)(rng_next() >> 11) / 9007199254740992.0) - 0.5f;
+    for (int i = 0; i < 4; i++)
+        s += (float)((double)(rng_next() >> 11) / 9007199254740992.0) - 0.5f;
     return s * mag;
 }
 
@@ -45,21 +46,21 @@ typedef struct ref_seq {
     ref_layer *layers;
 } ref_seq;
 
-static ref_seq *ref_new(int32_t n_layers, int32_t H, int32_t D) {
+static inline ref_seq *ref_new(int32_t n_layers, int32_t H, int32_t D) {
     ref_seq *r = calloc(1, sizeof *r);
     r->n_layers = n_layers, r->H = H, r->D = D;
     r->layers = calloc((size_t)n_layers, sizeof *r->layers);
     return r;
 }
 
-static void ref_free(ref_seq *r) {
+static inline void ref_free(ref_seq *r) {
     if (!r) return;
     for (int32_t l = 0; l < r->n_layers; l++) free(r->layers[l].k), free(r->layers[l].v);
     free(r->layers);
     free(r);
 }
 
-static ref_seq *ref_copy(const ref_seq *src) {
+static inline ref_seq *ref_copy(const ref_seq *src) {
     ref_seq *r = ref_new(src->n_layers, src->H, src->D);
     const size_t row = (size_t)src->H * src->D;
     for (int32_t l = 0; l < src->n_layers; l++) {
@@ -75,7 +76,7 @@ static ref_seq *ref_copy(const ref_seq *src) {
 }
 
 /* Appends n rows k, v [n][H][D]. */
-static void ref_append(ref_seq *r, int32_t l, const float *k, const float *v, int64_t n) {
+static inline void ref_append(ref_seq *r, int32_t l, const float *k, const float *v, int64_t n) {
     ref_layer *L = &r->layers[l];
     const size_t row = (size_t)r->H * r->D;
     if (L->len + n > L->cap) {
@@ -100,13 +101,14 @@ typedef struct chunk {
     int64_t n;
 } chunk;
 
-static void chunk_free(chunk *c) {
+static inline void chunk_free(chunk *c) {
     free(c->k), free(c->v), free(c->kdata), free(c->vdata);
     memset(c, 0, sizeof *c);
 }
 
 /* bhld: [B, H, L, D] storage instead of the model's [B, L, H, D]. */
-static chunk chunk_make(int32_t H, int32_t D, int64_t n, mi_dtype dtype, bool bhld, float mag) {
+static inline chunk chunk_make(int32_t H, int32_t D, int64_t n, mi_dtype dtype, bool bhld,
+                               float mag) {
     chunk c;
     memset(&c, 0, sizeof c);
     c.n = n;
@@ -148,7 +150,7 @@ static chunk chunk_make(int32_t H, int32_t D, int64_t n, mi_dtype dtype, bool bh
  *   bf16: round to nearest even on 8 significant bits: half an ulp, <= 2^-8 |x|.
  *   f16: 11 significant bits: <= 2^-11 |x|, plus half the smallest subnormal step (2^-25).
  *   fp8 e4m3: the bound stated in minference_kv.h, 2^-4 |x| + 2^-9 scale. */
-static bool within_tol(mi_kv_dtype dt, float x, float got, float scale) {
+static inline bool within_tol(mi_kv_dtype dt, float x, float got, float scale) {
     const double err = fabs((double)got - (double)x), a = fabs((double)x);
     switch (dt) {
     case MI_KV_F32: return got == x;
@@ -161,8 +163,8 @@ static bool within_tol(mi_kv_dtype dt, float x, float got, float scale) {
 
 /* The value a page holds for K (kv = 0) or V of head h, row r, decoded through the layout
  * descriptor only (the way a kernel would). */
-static float page_value(const mi_kv_page_layout *L, const void *page, int kv, int32_t h,
-                        int32_t r, int32_t d) {
+static inline float page_value(const mi_kv_page_layout *L, const void *page, int kv, int32_t h,
+                               int32_t r, int32_t d) {
     const unsigned char *p = (const unsigned char *)page + (kv ? L->v_offset : L->k_offset) +
                              (size_t)h * L->head_stride + (size_t)r * L->row_stride +
                              (size_t)d * L->elem_bytes;
@@ -174,8 +176,10 @@ static float page_value(const mi_kv_page_layout *L, const void *page, int kv, in
     case MI_KV_BF16: memcpy(&u, p, 2); return mi_bf16_to_f32(u);
     case MI_KV_FP8_E4M3: {
         float s;
-        memcpy(&s, (const unsigned char *)page + L->scale_offset +
-                       ((size_t)kv * L->n_kv_heads + h) * sizeof(float), 4);
+        memcpy(&s,
+               (const unsigned char *)page + L->scale_offset +
+                   ((size_t)kv * L->n_kv_heads + h) * sizeof(float),
+               4);
         return mi_fp8_e4m3_to_f32(*p) * s;
     }
     }
