@@ -175,9 +175,10 @@ mi_status mi_kv_seq_page_table(const mi_kv_seq *seq, int32_t layer, const int32_
 typedef struct mi_kv_page_view {
     const void *data; /* the page's base (mi_kv_page_layout); read-only */
     int32_t page_id;
-    int32_t rows;         /* this sequence's rows in the page */
-    int32_t meta_rows;    /* rows the metadata covers: rows, or more where a page shared with a
-                              longer sequence was truncated by this one (a looser, still valid bound) */
+    int32_t rows; /* this sequence's rows in the page */
+    /* rows the metadata covers: rows, or more where this sequence truncated into a page it
+     * shared with a longer one (a looser bound, still valid for its rows) */
+    int32_t meta_rows;
     int32_t refcount;     /* sequences sharing the page */
     int64_t first_row;    /* the layer row of the page's row 0 */
     const float *k_scale; /* fp8: [n_kv_heads] per-head scales of K; NULL otherwise */

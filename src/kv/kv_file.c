@@ -316,6 +316,7 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
 typedef struct reader {
     FILE *f;
     crc32c crc;
+    uint64_t size, pos; /* the file's bytes, those read */
 } reader;
 
 /* MI_STATUS_PARSE_ERROR for a short file, MI_STATUS_IO_ERROR for a read error. */
@@ -331,6 +332,7 @@ static mi_status rd(const mi_kv_pool *pool, reader *r, void *p, size_t n, bool c
                        "mi_kv_seq_load: %s is truncated (it ends inside %s)", path, what);
     }
     if (checksum) crc_update(&r->crc, p, n);
+    r->pos += n;
     return MI_STATUS_SUCCESS;
 }
 
@@ -359,6 +361,16 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         kv_layer *ly = &seq->layers[l];
         const int64_t n_pages = pages_of_rows((int64_t)rows, P);
         if (n_pages == 0) continue;
+        /* nor can a short file make us take pages for rows it does not hold */
+        const uint64_t bytes = (uint64_t)(rows / (uint64_t)P) * image_bytes(L, P) +
+                               image_bytes(L, (int32_t)(rows % (uint64_t)P));
+        if (bytes > r->size - r->pos) {
+            st =
+                kv_fail(pool, MI_STATUS_PARSE_ERROR,
+                        "mi_kv_seq_load: %s is truncated (layer %d needs %llu bytes, %llu remain)",
+                        path, l, (unsigned long long)bytes, (unsigned long long)(r->size - r->pos));
+            break;
+        }
         ly->pages = malloc((size_t)n_pages * sizeof(int32_t));
         if (!ly->pages) {
             st = kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "mi_kv_seq_load: out of memory");
@@ -396,10 +408,18 @@ mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id 
     if (st != MI_STATUS_SUCCESS) return st;
 
     reader r;
+    memset(&r, 0, sizeof r);
     crc_init(&r.crc);
     r.f = fopen(path, "rb");
-    if (!r.f) {
-        const int e = errno;
+    long size = -1;
+    int e = errno;
+    if (r.f && fseek(r.f, 0, SEEK_END) == 0 && (size = ftell(r.f)) >= 0 &&
+        fseek(r.f, 0, SEEK_SET) == 0)
+        r.size = (uint64_t)size;
+    else
+        e = errno;
+    if (!r.f || size < 0) {
+        if (r.f) fclose(r.f);
         return kv_fail(pool, MI_STATUS_IO_ERROR, "%s: cannot open %s: %s", fn, path, strerror(e));
     }
     unsigned char hb[KV_HEADER_BYTES];
