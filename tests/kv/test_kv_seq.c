@@ -525,11 +525,59 @@ static void test_bad_input(void) {
     mi_kv_seq_destroy(s);
 }
 
+/* Reads into every dtype and both layouts, and a window in the middle, agree with the f32 read. */
+static void test_read_formats(void) {
+    const int32_t H = 3, D = 10;
+    mi_kv_pool *pool = make_pool(1, H, D, MI_KV_F16, 16, 0, 0);
+    mi_kv_seq *s;
+    mi_kv_seq_create(pool, &s);
+    ref_seq *ref = ref_new(1, H, D);
+    append_random(s, ref, 0, 37);
+    float *k = read_layer(s, 0, 0, H, D), *v = read_layer(s, 0, 1, H, D);
+    const int64_t start = 13, n = 20;
+    int bad = 0;
+    for (int dt = 0; dt < 3; dt++)
+        for (int bhld = 0; bhld < 2; bhld++) {
+            const mi_dtype dtype = (mi_dtype)dt;
+            unsigned char *kb = malloc((size_t)n * H * D * 4), *vb = malloc((size_t)n * H * D * 4);
+            mi_tensor tk = bhld ? mi_tensor_bhld(kb, dtype, MI_DEVICE_CPU, 1, H, n, D)
+                                : mi_tensor_blhd(kb, dtype, MI_DEVICE_CPU, 1, H, n, D);
+            mi_tensor tv = tk;
+            tv.data = vb;
+            CHECK_STATUS(mi_kv_seq_read(s, 0, start, n, &tk, &tv), MI_STATUS_SUCCESS);
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t i = 0; i < n; i++)
+                    for (int32_t h = 0; h < H; h++)
+                        for (int32_t d = 0; d < D; d++) {
+                            const unsigned char *base = kv ? vb : kb;
+                            const size_t at = (size_t)(h * tk.stride[1] + i * tk.stride[2] + d);
+                            float x = (kv ? v : k)[((size_t)(start + i) * H + h) * D + d], got;
+                            uint16_t u;
+                            if (dtype == MI_DTYPE_F32) {
+                                memcpy(&got, base + at * 4, 4);
+                            } else {
+                                memcpy(&u, base + at * 2, 2);
+                                got = dtype == MI_DTYPE_F16 ? mi_f16_to_f32(u) : mi_bf16_to_f32(u);
+                                x = dtype == MI_DTYPE_F16 ? mi_f16_to_f32(mi_f32_to_f16(x))
+                                                          : mi_bf16_to_f32(mi_f32_to_bf16(x));
+                            }
+                            bad += got != x;
+                        }
+            free(kb), free(vb);
+        }
+    CHECK(bad == 0);
+    free(k), free(v);
+    ref_free(ref);
+    mi_kv_seq_destroy(s);
+    mi_kv_pool_destroy(pool);
+}
+
 int main(void) {
     rng_state = 20261206;
     fprintf(stderr, "seed %llu\n", (unsigned long long)rng_state);
     test_fp8_codec();
     test_bad_input();
+    test_read_formats();
     for (size_t i = 0; i < sizeof DTYPES / sizeof DTYPES[0]; i++) {
         test_random(DTYPES[i], 64, 2, 24, 160);
         test_random(DTYPES[i], 7, 1, 5, 160);
