@@ -163,11 +163,21 @@ typedef enum mi_pattern_type {
     MI_PATTERN_BLOCK_SPARSE = 4,   /* "block_sparse": top_k 64x64 blocks per row block */
 } mi_pattern_type;
 
+/* The patterns are numbered 0 .. mi_pattern_count() - 1; names, aliases and fields come from
+ * the library's table, so a binding or tool lists them instead of keeping a copy. */
+int32_t mi_pattern_count(void);
 /* The config-file name of a pattern ("vertical_and_slash", "stream_llm", "block_sparse",
  * "dense", "tri_shape"), NULL for an unknown value. */
 const char *mi_pattern_name(mi_pattern_type type);
-/* Parses a config-file or CLI name; accepts "a_shape" as an alias of "stream_llm". */
+/* The i-th other name a pattern is read under (e.g. "a_shape" and "A-shape" for "stream_llm",
+ * "vertical_slash" and "vs" for "vertical_and_slash"); NULL past the last or for an unknown
+ * type. Alias 0, where there is one, is the short name the CLI prints. */
+const char *mi_pattern_alias(mi_pattern_type type, int32_t i);
+/* Parses a config-file name or an alias. */
 mi_status mi_pattern_from_name(const char *name, mi_pattern_type *out);
+/* The i-th mi_head_pattern field a pattern reads ("n_init", "top_k", ...); NULL past the last
+ * (a dense pattern reads none). */
+const char *mi_pattern_field(mi_pattern_type type, int32_t i);
 
 typedef struct mi_head_pattern {
     mi_pattern_type type;
@@ -182,6 +192,14 @@ typedef struct mi_head_pattern {
 /* Defaults of the original: VS (1000, 6096); A-shape (128, 3968); Tri-shape n_last 100;
  * block-sparse top_k 100. */
 mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
+/* A config entry [name, size1, size2] as a head pattern: what the two sizes carry is the
+ * pattern's (VS: vertical_size, slash_size; stream_llm and tri_shape: n_init, n_local;
+ * block_sparse: top_k, where 0 keeps the default); the other fields take their defaults.
+ * MI_STATUS_INVALID_ARGUMENT for an unknown type or a negative size. */
+mi_status mi_head_pattern_from_sizes(mi_pattern_type type, int32_t size1, int32_t size2,
+                                     mi_head_pattern *out);
+/* The two sizes a config file holds for p (the inverse of the above). */
+mi_status mi_head_pattern_sizes(const mi_head_pattern *p, int32_t *size1, int32_t *size2);
 
 /* Vertical-slash estimation parameters (spec §3.1). */
 typedef struct mi_vs_params {

@@ -14,6 +14,7 @@
  * and is written as null.
  */
 #include "internal.h"
+#include "pattern_table.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -115,10 +116,7 @@ static config_entry *layer_upsert(config_layer *layer, int32_t head) {
     return e;
 }
 
-static bool pattern_valid(const mi_head_pattern *p) {
-    return mi_pattern_name(p->type) != NULL && p->vertical_size >= 0 && p->slash_size >= 0 &&
-           p->n_init >= 0 && p->n_local >= 0 && p->n_last >= 0 && p->top_k >= 0;
-}
+static bool pattern_valid(const mi_head_pattern *p) { return mi_pattern_valid(p); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Parsing                                                                                     */
@@ -179,10 +177,14 @@ static bool parse_entry(const json_t *arr, config_entry *e, char *why, size_t wh
         return false;
     }
     if (mi_pattern_from_name(json_string_value(name), &type) != MI_STATUS_SUCCESS) {
-        snprintf(why, why_size,
-                 "unknown pattern \"%.64s\" (expected vertical_and_slash, stream_llm, "
-                 "block_sparse, dense or tri_shape)",
-                 json_string_value(name));
+        int n_out = snprintf(why, why_size, "unknown pattern \"%.64s\" (expected",
+                             json_string_value(name));
+        for (int32_t t = 0; t < mi_pattern_count() && n_out > 0 && (size_t)n_out < why_size; t++)
+            n_out += snprintf(why + n_out, why_size - (size_t)n_out, "%s %s",
+                              t == 0 ? "" : t + 1 == mi_pattern_count() ? " or" : ",",
+                              mi_pattern_name((mi_pattern_type)t));
+        if (n_out > 0 && (size_t)n_out < why_size)
+            snprintf(why + n_out, why_size - (size_t)n_out, ")");
         return false;
     }
     if (!json_to_int32(json_array_get(arr, 1), &vs)) {
@@ -215,23 +217,10 @@ static bool parse_entry(const json_t *arr, config_entry *e, char *why, size_t wh
             return false;
         }
     }
-    /* The original's mapping of the two sizes onto each pattern's parameters (spec §2.3). */
-    mi_head_pattern p = mi_head_pattern_default(type);
-    p.vertical_size = vs;
-    p.slash_size = ss;
-    if (type == MI_PATTERN_A_SHAPE || type == MI_PATTERN_TRI_SHAPE) {
-        p.n_init = vs;
-        p.n_local = ss;
-    } else if (type == MI_PATTERN_BLOCK_SPARSE) {
-        /* The original ignores both sizes here (always 100 blocks) and never writes such heads;
-         * a positive first size carries the searched block budget so that it survives a round
-         * trip, and 0 (as hand-written entries have it) keeps the original's 100: a budget of
-         * no blocks would leave each row block its diagonal and first block only. */
-        if (vs > 0)
-            p.top_k = vs;
-        else
-            p.vertical_size = p.top_k; /* as it will be written back */
-    }
+    /* The original's mapping of the two sizes onto each pattern's parameters (spec §2.3): the
+     * pattern's table entry says which fields they carry. */
+    mi_head_pattern p;
+    mi_head_pattern_from_sizes(type, vs, ss, &p);
     e->pattern = p;
     return true;
 }
@@ -459,12 +448,7 @@ mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, 
     e->pattern = *pattern;
     /* Keep the two file fields consistent with the parameters the pattern really uses, so that
      * to_json writes what will be read back. */
-    if (pattern->type == MI_PATTERN_A_SHAPE || pattern->type == MI_PATTERN_TRI_SHAPE) {
-        e->pattern.vertical_size = pattern->n_init;
-        e->pattern.slash_size = pattern->n_local;
-    } else if (pattern->type == MI_PATTERN_BLOCK_SPARSE) {
-        e->pattern.vertical_size = pattern->top_k;
-    }
+    mi_head_pattern_sizes(pattern, &e->pattern.vertical_size, &e->pattern.slash_size);
     e->score = score;
     e->score_int = 0;
     if (isnan(score)) {
@@ -538,12 +522,7 @@ static void sb_real(strbuf *sb, double v) {
 static void sb_entry(strbuf *sb, int32_t head, const mi_head_pattern *p, score_kind kind,
                      long long score_int, double score) {
     int32_t vs = p->vertical_size, ss = p->slash_size;
-    if (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE) {
-        vs = p->n_init;
-        ss = p->n_local;
-    } else if (p->type == MI_PATTERN_BLOCK_SPARSE) {
-        vs = p->top_k;
-    }
+    mi_head_pattern_sizes(p, &vs, &ss);
     sb_printf(sb, "\"%d\": [\"%s\", %d, %d, ", (int)head, mi_pattern_name(p->type), (int)vs,
               (int)ss);
     if (kind == SCORE_INT)

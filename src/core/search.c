@@ -7,14 +7,13 @@
  * call per step; then optionally score the kernel's output error, and pick a winner per head.
  */
 #include "internal.h"
+#include "pattern_table.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* Relative density tolerance at which the FLOPs match stops refining a head. */
 #define MI_SEARCH_DENSITY_TOL 0.03
-/* Budgets never grow past this, whatever the scale (keeps int32 arithmetic safe). */
-#define MI_SEARCH_MAX_BUDGET (1 << 28)
 
 mi_search_params mi_search_default_params(void) {
     mi_search_params p;
@@ -58,41 +57,15 @@ mi_status mi_search_default_candidates(int64_t sample_len, mi_head_pattern *out,
     return MI_STATUS_SUCCESS;
 }
 
-static int32_t scale_budget(int32_t b, double s, int32_t minimum) {
-    double x = (double)b * s;
-    if (x > MI_SEARCH_MAX_BUDGET) x = MI_SEARCH_MAX_BUDGET;
-    int32_t r = (int32_t)lround(x);
-    return r < minimum ? minimum : r;
-}
-
 static void scale_pattern(const mi_head_pattern *base, double s, mi_head_pattern *out) {
-    *out = *base;
-    switch (base->type) {
-    case MI_PATTERN_VERTICAL_SLASH:
-        out->vertical_size = scale_budget(base->vertical_size, s, 1);
-        out->slash_size = scale_budget(base->slash_size, s, 1);
-        break;
-    case MI_PATTERN_A_SHAPE:
-    case MI_PATTERN_TRI_SHAPE:
-        /* The window carries the budget; sinks are cheap and matter, so they only shrink. */
-        out->n_local = scale_budget(base->n_local, s, 1);
-        if (s < 1.0) out->n_init = scale_budget(base->n_init, s, base->n_init > 0 ? 1 : 0);
-        break;
-    case MI_PATTERN_BLOCK_SPARSE: out->top_k = scale_budget(base->top_k, s, 1); break;
-    case MI_PATTERN_DENSE: break;
-    }
-}
-
-static bool pattern_ok(const mi_head_pattern *p) {
-    return mi_pattern_name(p->type) && p->vertical_size >= 0 && p->slash_size >= 0 &&
-           p->n_init >= 0 && p->n_local >= 0 && p->n_last >= 0 && p->top_k >= 0;
+    mi_pattern_scale(base, s, out);
 }
 
 mi_status mi_search_scale_pattern(const mi_head_pattern *base, double s, mi_head_pattern *out) {
     if (!base || !out) return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "base and out required");
     if (!(s > 0.0) || !isfinite(s))
         return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "scale %g must be positive", s);
-    if (!pattern_ok(base)) return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "invalid pattern");
+    if (!mi_pattern_valid(base)) return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "invalid pattern");
     scale_pattern(base, s, out);
     return MI_STATUS_SUCCESS;
 }
@@ -164,7 +137,7 @@ static mi_status match_flops(search_run *r, const mi_head_pattern *base, double 
     }
     mi_status st = MI_STATUS_SUCCESS;
     /* A dense candidate has one cost; no scale changes it. */
-    const int steps = base->type == MI_PATTERN_DENSE ? 1 : r->p->iterations + 2;
+    const int steps = !mi_pattern_has_budget(base->type) ? 1 : r->p->iterations + 2;
     for (int it = 0; it < steps; it++) {
         if ((st = measure(r, base, s, cur)) != MI_STATUS_SUCCESS) break;
         bool all_done = true;
@@ -235,7 +208,7 @@ static mi_status reach_recall(search_run *r, const mi_head_pattern *base, double
         hi[h] = lmax;
     }
     mi_status st = MI_STATUS_SUCCESS;
-    const int max_steps = base->type == MI_PATTERN_DENSE
+    const int max_steps = !mi_pattern_has_budget(base->type)
                               ? 1
                               : (int)ceil((lmax - lmin) / log(2.0)) + r->p->iterations + 2;
     for (int it = 0; it < max_steps; it++) {
@@ -319,7 +292,7 @@ static mi_status check_params(mi_context *ctx, const mi_search_params *p) {
                        "search: candidates and n_candidates "
                        "disagree");
     for (int32_t c = 0; c < p->n_candidates; c++)
-        if (!pattern_ok(&p->candidates[c]))
+        if (!mi_pattern_valid(&p->candidates[c]))
             return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "search: candidate %d is invalid", c);
     if (p->mode != MI_SEARCH_FIXED && p->mode != MI_SEARCH_FLOPS && p->mode != MI_SEARCH_ADAPTIVE)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "search: unknown mode %d", (int)p->mode);

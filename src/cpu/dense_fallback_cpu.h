@@ -38,25 +38,51 @@
 #define MI_CPU_DENSE_BELOW_VS 8192    /* vertical-slash */
 #define MI_CPU_DENSE_BELOW_FLOOR 3072 /* any sparse pattern: the prefill's own fixed costs */
 
+/* The measured rules above, one per pattern (a pattern without one runs sparse from the floor).
+ * Lengths before the floor; env is unused on the CPU. */
+static inline int64_t mi_cpu_rule_window(const mi_head_pattern *p, const mi_fallback_env *env,
+                                         const void *arg) {
+    (void)env, (void)arg;
+    return 2 * mi_kept_keys(p);
+}
+static inline int64_t mi_cpu_rule_block(const mi_head_pattern *p, const mi_fallback_env *env,
+                                        const void *arg) {
+    (void)env, (void)arg;
+    return 3 * mi_kept_keys(p) / 2;
+}
+static inline int64_t mi_cpu_rule_vs(const mi_head_pattern *p, const mi_fallback_env *env,
+                                     const void *arg) {
+    (void)p, (void)env, (void)arg;
+    return MI_CPU_DENSE_BELOW_VS;
+}
+static const mi_dense_below_rule mi_cpu_dense_below_rules[MI_PATTERN_TYPES] = {
+    [MI_PATTERN_A_SHAPE] = mi_cpu_rule_window,
+    [MI_PATTERN_TRI_SHAPE] = mi_cpu_rule_window,
+    [MI_PATTERN_VERTICAL_SLASH] = mi_cpu_rule_vs,
+    [MI_PATTERN_BLOCK_SPARSE] = mi_cpu_rule_block,
+};
+
+/* The CPU's rule for mi_prefill_plan_build: the pattern's, at least the floor (a sparse head). */
+static inline int64_t mi_cpu_dense_below_rule(const mi_head_pattern *p, const mi_fallback_env *env,
+                                              const void *arg) {
+    const mi_dense_below_rule r = mi_cpu_dense_below_rules[p->type];
+    const int64_t from = r ? r(p, env, arg) : 0;
+    return from < MI_CPU_DENSE_BELOW_FLOOR ? MI_CPU_DENSE_BELOW_FLOOR : from;
+}
+
 /* The length from which pattern p runs sparse by default on the CPU (0 for a dense head, which
  * never estimates); clamped to INT32_MAX. */
 static inline int32_t mi_cpu_default_dense_below(const mi_head_pattern *p) {
-    int64_t from = 0;
-    switch (p->type) {
-    case MI_PATTERN_DENSE: return 0;
-    case MI_PATTERN_A_SHAPE:
-    case MI_PATTERN_TRI_SHAPE: from = 2 * mi_kept_keys(p); break;
-    case MI_PATTERN_BLOCK_SPARSE: from = 3 * mi_kept_keys(p) / 2; break;
-    default: /* vertical-slash */ from = MI_CPU_DENSE_BELOW_VS; break;
-    }
-    if (from < MI_CPU_DENSE_BELOW_FLOOR) from = MI_CPU_DENSE_BELOW_FLOOR;
-    return mi_length_clamp(from);
+    const mi_pattern_traits *t = mi_pattern_traits_of(p->type);
+    if (!t || t->kernel == MI_PLAN_KERNEL_DENSE) return 0;
+    return mi_length_clamp(mi_cpu_dense_below_rule(p, NULL, NULL));
 }
 
 /* The length from which head p runs sparse under dense_below (>= 0: that, for every sparse head;
  * < 0: the default above). */
 static inline int32_t mi_cpu_dense_below_of(const mi_head_pattern *p, int32_t dense_below) {
-    if (p->type == MI_PATTERN_DENSE) return 0;
+    const mi_pattern_traits *t = mi_pattern_traits_of(p->type);
+    if (!t || t->kernel == MI_PLAN_KERNEL_DENSE) return 0;
     return dense_below >= 0 ? dense_below : mi_cpu_default_dense_below(p);
 }
 

@@ -3,9 +3,9 @@
  *
  * q [B, H_q, L, D], k/v [B, H_kv, L, D], out like q, lse [B, H_q, L] (optional),
  * patterns [H_q], per-sequence lengths (varlen). Steps:
- *   1. plan: one job per (b, h); a sequence shorter than its head's crossover runs dense;
- *      vertical-slash and block-sparse heads estimate their index from q/k (in parallel over
- *      (b, h));
+ *   1. plan: the heads' plan from src/core/prefill_plan.c (kernel, estimate, budgets, and the
+ *      crossover of dense_fallback_cpu.h below which a sequence runs dense); one job per
+ *      (b, h); heads with an estimate fill their index from q/k (in parallel over (b, h));
  *   2. run: every job's row blocks in one parallel loop (attn_core.c), so heads with different
  *      patterns share the threads evenly.
  * Workspace (caller memory or allocated here), 64-byte aligned parts:
@@ -19,6 +19,7 @@
  */
 #include "cpu_common.h"
 #include "dense_fallback_cpu.h"
+#include "pattern_table.h"
 
 #include <omp.h>
 
@@ -41,20 +42,28 @@ static mi_prefill_params resolve_params(const mi_prefill_params *params) {
     return p;
 }
 
-/* int32 count of one (b, h)'s index for pattern p at padded length L. */
-static size_t head_index_ints(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
-                              int32_t *nv, int32_t *ns, int32_t *maxb) {
+/* The call's plan (src/core/prefill_plan.c) under the CPU's crossovers; heads [H_q]. */
+static void plan_heads(const mi_attn_shape *s, const int32_t *seq_lens,
+                       const mi_head_pattern *patterns, const mi_prefill_params *pp,
+                       mi_head_plan *heads, mi_prefill_plan *plan) {
+    mi_prefill_plan_build(s, seq_lens, patterns, pp, mi_cpu_dense_below_rule, NULL, heads, plan);
+}
+
+/* int32 count of one (b, h)'s index for head plan hp at padded length L: the columns (nv) and
+ * 64-key ranges (maxb) per row block its estimate fills. */
+static size_t head_index_ints(const mi_head_plan *hp, int64_t L, int32_t *nv, int32_t *maxb) {
     const int64_t R = (L + MI_BS - 1) / MI_BS;
-    *nv = *ns = *maxb = 0;
-    if (p->type == MI_PATTERN_VERTICAL_SLASH) {
-        *nv = mi_cpu_vs_budget(p->vertical_size, pp->vs.min_vertical, L);
-        *ns = mi_cpu_vs_budget(p->slash_size, pp->vs.min_slash, L);
-        *maxb = *ns + 1;
+    *nv = *maxb = 0;
+    switch (hp->estimate) {
+    case MI_PLAN_ESTIMATE_VS:
+        *nv = hp->vertical;
+        *maxb = hp->slash + 1;
         return (size_t)R * (2 + (size_t)*maxb + (size_t)*nv);
-    }
-    if (p->type == MI_PATTERN_BLOCK_SPARSE) {
-        *maxb = (int32_t)mi_cpu_min64(mi_cpu_max64(p->top_k, 2), R);
+    case MI_PLAN_ESTIMATE_BLOCK:
+        *maxb = (int32_t)mi_cpu_min64(mi_cpu_max64(hp->top_k, 2), R);
         return (size_t)R * (2 + (size_t)*maxb);
+    case MI_PLAN_ESTIMATE_NONE:
+    case MI_PLAN_ESTIMATES: break;
     }
     return 0;
 }
@@ -65,22 +74,19 @@ typedef struct layout {
 } layout;
 
 static layout make_layout(const mi_context *ctx, const mi_attn_shape *s,
-                          const mi_head_pattern *patterns, const mi_prefill_params *pp) {
+                          const mi_prefill_plan *plan) {
     layout lay;
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
-    int32_t nv_max = 0, ns_max = 0, any_vs = 0, any_bs = 0;
     lay.index_ints = 0;
     for (int64_t h = 0; h < s->heads_q; h++) {
-        int32_t nv, ns, maxb;
-        lay.index_ints += head_index_ints(&patterns[h], pp, s->len, &nv, &ns, &maxb);
-        nv_max = nv > nv_max ? nv : nv_max;
-        ns_max = ns > ns_max ? ns : ns_max;
-        any_vs |= patterns[h].type == MI_PATTERN_VERTICAL_SLASH;
-        any_bs |= patterns[h].type == MI_PATTERN_BLOCK_SPARSE;
+        int32_t nv, maxb;
+        lay.index_ints += head_index_ints(&plan->head[h], s->len, &nv, &maxb);
     }
+    /* each estimate's per-thread scratch, the largest of those the call runs */
     size_t est_floats = 0;
-    if (any_vs) est_floats = mi_cpu_vs_ws_floats(s->len);
-    if (any_bs && mi_cpu_bs_ws_floats(s->len, s->head_dim) > est_floats) {
+    if (plan->pairs[MI_PLAN_ESTIMATE_VS]) est_floats = mi_cpu_vs_ws_floats(s->len);
+    if (plan->pairs[MI_PLAN_ESTIMATE_BLOCK] &&
+        mi_cpu_bs_ws_floats(s->len, s->head_dim) > est_floats) {
         est_floats = mi_cpu_bs_ws_floats(s->len, s->head_dim);
     }
     lay.jobs = 0;
@@ -89,7 +95,8 @@ static layout make_layout(const mi_context *ctx, const mi_attn_shape *s,
     lay.ws_floats_off = 0;
     lay.sets_off = ALIGN64(est_floats * sizeof(float));
     /* vertical set, slash set, and the index builder's scratch (both again) */
-    lay.per_thread = lay.sets_off + ALIGN64(2 * ((size_t)nv_max + (size_t)ns_max + 1) * 4);
+    lay.per_thread = lay.sets_off +
+                     ALIGN64(2 * ((size_t)plan->max_vertical + (size_t)plan->max_slash + 1) * 4);
     /* + 64: a caller's workspace need not be aligned; the plan aligns its start */
     lay.total = lay.threads + (size_t)nt * lay.per_thread + 64;
     return lay;
@@ -99,20 +106,55 @@ mi_status mi_cpu_prefill_workspace_size(mi_context *ctx, const mi_attn_shape *s,
                                         const mi_head_pattern *patterns,
                                         const mi_prefill_params *params, size_t *bytes) {
     const mi_prefill_params pp = resolve_params(params);
-    *bytes = make_layout(ctx, s, patterns, &pp).total;
+    mi_head_plan *heads = malloc((size_t)s->heads_q * sizeof *heads);
+    if (!heads) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
+    mi_prefill_plan plan;
+    plan_heads(s, NULL, patterns, &pp, heads, &plan);
+    *bytes = make_layout(ctx, s, &plan).total;
+    free(heads);
     return MI_STATUS_SUCCESS;
 }
 
-mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
-                              const mi_tensor *k, const int32_t *seq_lens,
-                              const mi_head_pattern *patterns, const mi_prefill_params *params,
-                              void *workspace, mi_attn_job **jobs_out) {
-    const mi_prefill_params pp = resolve_params(params);
-    const layout lay = make_layout(ctx, s, patterns, &pp);
+/* Estimates the index of sparse job j (its slices laid out by the plan) on thread scratch. */
+static void estimate_job(mi_tile *tile, const mi_attn_shape *s, const mi_tensor *q,
+                         const mi_tensor *k, const mi_head_plan *hp, const mi_head_pattern *p,
+                         const mi_prefill_params *pp, float scale, const layout *lay, char *mine,
+                         mi_attn_job *j) {
+    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS;
+    float *est = (float *)(mine + lay->ws_floats_off);
+    switch (hp->estimate) {
+    case MI_PLAN_ESTIMATE_BLOCK:
+        mi_cpu_bs_estimate_head(tile, s, q, k, j->b, j->h, j->len, R, hp->top_k, est,
+                                (int32_t *)j->block_count, (int32_t *)j->block_offset,
+                                j->max_blocks, (int32_t *)j->column_count);
+        break;
+    case MI_PLAN_ESTIMATE_VS: {
+        int32_t *vset = (int32_t *)(mine + lay->sets_off);
+        int32_t *sset = vset + j->max_columns;
+        int32_t *scratch = sset + j->max_blocks;
+        int32_t nv = 0, ns = 0;
+        mi_cpu_vs_estimate_head(tile, s, q, k, j->b, j->h, j->len, p->vertical_size,
+                                p->slash_size, &pp->vs, scale, est, vset, &nv, sset, &ns);
+        mi_cpu_vs_index_head(L, j->len, vset, nv, sset, ns, scratch, (int32_t *)j->block_count,
+                             (int32_t *)j->block_offset, j->max_blocks,
+                             (int32_t *)j->column_count, (int32_t *)j->column_index,
+                             j->max_columns);
+        break;
+    }
+    case MI_PLAN_ESTIMATE_NONE:
+    case MI_PLAN_ESTIMATES: break;
+    }
+}
+
+static mi_status plan_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                           const mi_tensor *k, const int32_t *seq_lens,
+                           const mi_head_pattern *patterns, const mi_prefill_params *pp,
+                           const mi_prefill_plan *plan, void *workspace, mi_attn_job **jobs_out) {
+    const layout lay = make_layout(ctx, s, plan);
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
     const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, Hq = s->heads_q;
     const int64_t n_jobs = s->batch * Hq;
-    const float scale = mi_resolve_scale(pp.softmax_scale, s->head_dim);
+    const float scale = mi_resolve_scale(pp->softmax_scale, s->head_dim);
     char *ws = (char *)(((uintptr_t)workspace + 63) / 64 * 64);
     mi_attn_job *jobs = (mi_attn_job *)(ws + lay.jobs);
     int32_t *idx = (int32_t *)(ws + lay.indices);
@@ -120,30 +162,34 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
     for (int64_t b = 0; b < s->batch; b++) {
         for (int64_t h = 0; h < Hq; h++) {
             mi_attn_job *j = &jobs[b * Hq + h];
-            const mi_head_pattern *p = &patterns[h];
-            int32_t nv, ns, maxb;
-            const size_t n_ints = head_index_ints(p, &pp, L, &nv, &ns, &maxb);
+            const mi_head_plan *hp = &plan->head[h];
+            int32_t nv, maxb;
+            const size_t n_ints = head_index_ints(hp, L, &nv, &maxb);
             memset(j, 0, sizeof *j);
             j->b = b;
             j->h = h;
             j->len = mi_seq_len(seq_lens, b, L);
             j->kind = MI_JOB_DENSE;
-            const int32_t from = mi_cpu_dense_below_of(p, pp.dense_below);
-            const int fallback = from > 0 && j->len < from;
-            if (!fallback && (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE)) {
-                mi_cpu_job_ashape(j, p->n_init, p->n_local,
-                                  p->type == MI_PATTERN_TRI_SHAPE ? p->n_last : 0);
-            } else if (!fallback && n_ints > 0) {
-                /* index slices; estimation fills them below */
-                j->kind = MI_JOB_SPARSE;
-                int32_t *bc = idx, *cc = idx + R, *bo = idx + 2 * R, *ci = bo + R * maxb;
-                j->block_count = bc;
-                j->column_count = cc;
-                j->block_offset = bo;
-                j->column_index = nv > 0 ? ci : bo;
-                j->max_blocks = maxb;
-                j->max_columns = nv;
-                need_estimate = 1;
+            if (!mi_head_plan_dense_at(hp, j->len)) {
+                switch (hp->kernel) {
+                case MI_PLAN_KERNEL_WINDOW:
+                    mi_cpu_job_ashape(j, hp->n_init, hp->n_local, hp->n_last);
+                    break;
+                case MI_PLAN_KERNEL_INDEX: {
+                    /* index slices; estimation fills them below */
+                    j->kind = MI_JOB_SPARSE;
+                    int32_t *bc = idx, *cc = idx + R, *bo = idx + 2 * R, *ci = bo + R * maxb;
+                    j->block_count = bc;
+                    j->column_count = cc;
+                    j->block_offset = bo;
+                    j->column_index = nv > 0 ? ci : bo;
+                    j->max_blocks = maxb;
+                    j->max_columns = nv;
+                    need_estimate = 1;
+                    break;
+                }
+                case MI_PLAN_KERNEL_DENSE: break;
+                }
             }
             idx += n_ints;
         }
@@ -158,25 +204,8 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
                 if (j->kind != MI_JOB_SPARSE) continue;
                 const int tid = omp_get_thread_num();
                 char *mine = ws + lay.threads + (size_t)tid * lay.per_thread;
-                float *est = (float *)(mine + lay.ws_floats_off);
-                const mi_head_pattern *p = &patterns[j->h];
-                if (p->type == MI_PATTERN_BLOCK_SPARSE) {
-                    mi_cpu_bs_estimate_head(tiles[tid], s, q, k, j->b, j->h, j->len, R, p->top_k,
-                                            est, (int32_t *)j->block_count,
-                                            (int32_t *)j->block_offset, j->max_blocks,
-                                            (int32_t *)j->column_count);
-                    continue;
-                }
-                int32_t *vset = (int32_t *)(mine + lay.sets_off);
-                int32_t *sset = vset + j->max_columns;
-                int32_t *scratch = sset + j->max_blocks;
-                int32_t nv = 0, ns = 0;
-                mi_cpu_vs_estimate_head(tiles[tid], s, q, k, j->b, j->h, j->len, p->vertical_size,
-                                        p->slash_size, &pp.vs, scale, est, vset, &nv, sset, &ns);
-                mi_cpu_vs_index_head(L, j->len, vset, nv, sset, ns, scratch,
-                                     (int32_t *)j->block_count, (int32_t *)j->block_offset,
-                                     j->max_blocks, (int32_t *)j->column_count,
-                                     (int32_t *)j->column_index, j->max_columns);
+                estimate_job(tiles[tid], s, q, k, &plan->head[j->h], &patterns[j->h], pp, scale,
+                             &lay, mine, j);
             }
         }
         mi_cpu_scratch_free(nt, tiles, NULL);
@@ -184,6 +213,21 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
     }
     *jobs_out = jobs;
     return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const int32_t *seq_lens,
+                              const mi_head_pattern *patterns, const mi_prefill_params *params,
+                              void *workspace, mi_attn_job **jobs_out) {
+    const mi_prefill_params pp = resolve_params(params);
+    mi_head_plan *heads = malloc((size_t)s->heads_q * sizeof *heads);
+    if (!heads) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
+    mi_prefill_plan plan;
+    plan_heads(s, seq_lens, patterns, &pp, heads, &plan);
+    const mi_status st = plan_jobs(ctx, s, q, k, seq_lens, patterns, &pp, &plan, workspace,
+                                   jobs_out);
+    free(heads);
+    return st;
 }
 
 mi_status mi_cpu_prefill_attention(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,

@@ -4,13 +4,16 @@
  * A layer runs in at most five launches whatever the head mix: VS estimation (two score passes +
  * selection) over the VS heads, index conversion, block-sparse estimation over the block-sparse
  * heads, then ONE attention launch in which every CTA reads its head's mode (dense, A-/Tri-shape,
- * sparse) from the kernel parameters. Sequences shorter than dense_below run dense and skip the
- * estimation.
+ * sparse) from the kernel parameters. What each head runs comes from the plan built in core
+ * (src/core/prefill_plan.c) with this device's crossovers: sequences shorter than a head's
+ * dense_below run dense and skip the estimation.
  */
 #include "cuda_common.cuh"
 #include "dense_fallback.h"
+#include "pattern_table.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what) {
@@ -106,30 +109,28 @@ struct prefill_layout {
 
 size_t al(size_t x) { return (x + 255) & ~(size_t)255; }
 
-int32_t clamp_budget(int32_t v, int32_t lo, int64_t L) {
-    int64_t x = v > lo ? v : lo;
-    if (x > L) x = L;
-    return (int32_t)(x < 0 ? 0 : x);
+/* The call's plan (src/core/prefill_plan.c) under this device's crossovers (dense_fallback.h). */
+void plan_heads(const mi_attn_shape *s, const int32_t *seq_lens, const mi_head_pattern *patterns,
+                const mi_prefill_params *pp, mi_head_plan *heads, mi_prefill_plan *plan) {
+    const int sm90 = mi_cuda_sm90_usable();
+    mi_prefill_plan_build(s, seq_lens, patterns, pp, mi_cuda_dense_below_rule, &sm90, heads,
+                          plan);
 }
 
-void plan_prefill(const mi_attn_shape *s, const mi_head_pattern *pat, const mi_prefill_params *pp,
-                  prefill_layout *lo) {
+/* Index and scratch memory for the plan's estimates: one index of the largest budgets. */
+void layout_prefill(const mi_attn_shape *s, const mi_prefill_plan *plan, prefill_layout *lo) {
     memset(lo, 0, sizeof(*lo));
     const int64_t L = s->len, B = s->batch, H = s->heads_q;
     lo->R = (L + 63) / 64;
+    lo->any_vs = plan->pairs[MI_PLAN_ESTIMATE_VS] > 0;
+    lo->any_bs = plan->pairs[MI_PLAN_ESTIMATE_BLOCK] > 0;
+    lo->max_v = plan->max_vertical;
+    lo->max_s = plan->max_slash;
     int32_t max_topk = 0;
     for (int64_t h = 0; h < H; ++h) {
-        if (pat[h].type == MI_PATTERN_VERTICAL_SLASH) {
-            lo->any_vs = true;
-            const int32_t v = clamp_budget(pat[h].vertical_size, pp->vs.min_vertical, L);
-            const int32_t sl = clamp_budget(pat[h].slash_size, pp->vs.min_slash, L);
-            if (v > lo->max_v) lo->max_v = v;
-            if (sl > lo->max_s) lo->max_s = sl;
-        } else if (pat[h].type == MI_PATTERN_BLOCK_SPARSE) {
-            lo->any_bs = true;
-            const int32_t t = (int32_t)(pat[h].top_k < lo->R ? pat[h].top_k : lo->R);
-            if (t > max_topk) max_topk = t;
-        }
+        if (plan->head[h].estimate != MI_PLAN_ESTIMATE_BLOCK) continue;
+        const int32_t t = (int32_t)(plan->head[h].top_k < lo->R ? plan->head[h].top_k : lo->R);
+        if (t > max_topk) max_topk = t;
     }
     lo->max_blocks = lo->any_vs ? lo->max_s + 1 : 0;
     if (max_topk > lo->max_blocks) lo->max_blocks = max_topk;
@@ -153,15 +154,38 @@ void plan_prefill(const mi_attn_shape *s, const mi_head_pattern *pat, const mi_p
     lo->total = off + al(sc) + 256;
 }
 
+/* The attention kernel's mode of a head from its plan. */
+mi_cuda_head_mode head_mode_of_plan(const mi_head_plan &hp) {
+    mi_cuda_head_mode m;
+    memset(&m, 0, sizeof(m));
+    switch (hp.kernel) {
+    case MI_PLAN_KERNEL_WINDOW:
+        m.mode = MI_CUDA_MODE_A_SHAPE;
+        m.n_init = hp.n_init;
+        m.n_local = hp.n_local;
+        m.n_last = hp.n_last;
+        break;
+    case MI_PLAN_KERNEL_INDEX: m.mode = MI_CUDA_MODE_SPARSE; break;
+    case MI_PLAN_KERNEL_DENSE: m.mode = MI_CUDA_MODE_DENSE; break;
+    }
+    m.dense_below = hp.dense_below;
+    return m;
+}
+
 } // namespace
 
 extern "C" mi_status mi_cuda_prefill_workspace_size(mi_context *ctx, const mi_attn_shape *s,
                                                     const mi_head_pattern *patterns,
                                                     const mi_prefill_params *params,
                                                     size_t *bytes) {
-    (void)ctx;
+    /* The layout needs the budgets only, not the crossovers: no rule. */
+    mi_head_plan *heads = (mi_head_plan *)malloc((size_t)s->heads_q * sizeof(mi_head_plan));
+    if (heads == nullptr) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
+    mi_prefill_plan plan;
+    mi_prefill_plan_build(s, nullptr, patterns, params, nullptr, nullptr, heads, &plan);
     prefill_layout lo;
-    plan_prefill(s, patterns, params, &lo);
+    layout_prefill(s, &plan, &lo);
+    free(heads);
     *bytes = lo.total;
     return MI_STATUS_SUCCESS;
 }
@@ -177,28 +201,16 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     mi_cuda_attn_params p;
     mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, v, out, seq_lens, scale, lse, &p);
     if (st != MI_STATUS_SUCCESS) return st;
-    prefill_layout lo;
-    plan_prefill(s, patterns, params, &lo);
-    cudaStream_t stream = mi_stream(ctx);
-
-    /* Each head's length from which it runs sparse, and each estimate's (dense_fallback.h). */
+    /* Each head's kernel, estimate and the length from which it runs sparse, and each
+     * estimate's (dense_fallback.h); p.seq_lens holds every sequence's length. */
     const int32_t B = (int32_t)s->batch, H = (int32_t)s->heads_q;
-    const mi_cuda_pattern_counts counts = mi_cuda_count_patterns(patterns, H, B);
-    const int sm90 = mi_cuda_sm90_usable();
-    const int32_t db = params->dense_below;
-    const int32_t vs_from = mi_cuda_estimate_dense_below(patterns, H, MI_PATTERN_VERTICAL_SLASH, db,
-                                                         s->head_dim, sm90, counts);
-    const int32_t bs_from = mi_cuda_estimate_dense_below(patterns, H, MI_PATTERN_BLOCK_SPARSE, db,
-                                                         s->head_dim, sm90, counts);
-    int32_t from[MI_CUDA_MAX_HEADS];
-    bool all_dense = true; /* no (b, h) runs sparse: one dense launch, no workspace */
-    for (int32_t h = 0; h < H; ++h) {
-        from[h] = mi_cuda_dense_below_of(&patterns[h], db, s->head_dim, sm90, counts);
-        if (patterns[h].type == MI_PATTERN_DENSE) continue;
-        for (int32_t b = 0; b < B; ++b)
-            if (from[h] <= 0 || p.seq_lens[b] >= from[h]) all_dense = false;
-    }
-    if (all_dense) {
+    mi_head_plan heads[MI_CUDA_MAX_HEADS];
+    mi_prefill_plan plan;
+    plan_heads(s, p.seq_lens, patterns, params, heads, &plan);
+    prefill_layout lo;
+    layout_prefill(s, &plan, &lo);
+    cudaStream_t stream = mi_stream(ctx);
+    if (!plan.any_sparse_run) { /* one dense launch, no workspace */
         p.mode.mode = MI_CUDA_MODE_DENSE;
         return mi_cuda_attn_run(ctx, &p, 128);
     }
@@ -236,33 +248,17 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     int32_t vsz[MI_CUDA_MAX_HEADS], ssz[MI_CUDA_MAX_HEADS], topk[MI_CUDA_MAX_HEADS];
     for (int32_t h = 0; h < H; ++h) {
         const mi_head_pattern *hp = &patterns[h];
-        act_vs[h] = hp->type == MI_PATTERN_VERTICAL_SLASH;
-        act_bs[h] = hp->type == MI_PATTERN_BLOCK_SPARSE;
-        vsz[h] = hp->vertical_size;
+        act_vs[h] = heads[h].estimate == MI_PLAN_ESTIMATE_VS;
+        act_bs[h] = heads[h].estimate == MI_PLAN_ESTIMATE_BLOCK;
+        vsz[h] = hp->vertical_size; /* the estimates apply the minimums themselves */
         ssz[h] = hp->slash_size;
-        topk[h] = hp->top_k;
-        mi_cuda_head_mode *m = &p.head_modes[h];
-        memset(m, 0, sizeof(*m));
-        switch (hp->type) {
-        case MI_PATTERN_A_SHAPE:
-        case MI_PATTERN_TRI_SHAPE:
-            m->mode = MI_CUDA_MODE_A_SHAPE;
-            m->n_init = hp->n_init;
-            m->n_local = hp->n_local;
-            m->n_last = hp->type == MI_PATTERN_TRI_SHAPE ? hp->n_last : 0;
-            break;
-        case MI_PATTERN_VERTICAL_SLASH:
-        case MI_PATTERN_BLOCK_SPARSE:
-            m->mode = MI_CUDA_MODE_SPARSE;
-            break;
-        default:
-            m->mode = MI_CUDA_MODE_DENSE;
-            break;
-        }
-        m->dense_below = from[h];
+        topk[h] = heads[h].top_k;
+        p.head_modes[h] = head_mode_of_plan(heads[h]);
     }
     p.use_head_modes = 1;
 
+    const int32_t vs_from = plan.estimate_from[MI_PLAN_ESTIMATE_VS];
+    const int32_t bs_from = plan.estimate_from[MI_PLAN_ESTIMATE_BLOCK];
     if (st == MI_STATUS_SUCCESS && lo.any_vs)
         st = mi_cuda_vs_estimate_run(ctx, s, q, k, seq_lens, vsz, ssz, &params->vs, scale, act_vs,
                                      vs_from, scratch, &vsi);

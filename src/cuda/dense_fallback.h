@@ -100,8 +100,9 @@ static inline mi_cuda_pattern_counts mi_cuda_count_patterns(const mi_head_patter
                                                             int64_t heads, int64_t batch) {
     mi_cuda_pattern_counts c = {0, 0};
     for (int64_t h = 0; h < heads; ++h) {
-        c.vs += patterns[h].type == MI_PATTERN_VERTICAL_SLASH;
-        c.bs += patterns[h].type == MI_PATTERN_BLOCK_SPARSE;
+        const mi_pattern_traits *t = mi_pattern_traits_of(patterns[h].type);
+        c.vs += t && t->estimate == MI_PLAN_ESTIMATE_VS;
+        c.bs += t && t->estimate == MI_PLAN_ESTIMATE_BLOCK;
     }
     c.vs *= batch;
     c.bs *= batch;
@@ -110,63 +111,108 @@ static inline mi_cuda_pattern_counts mi_cuda_count_patterns(const mi_head_patter
 
 static inline int64_t mi_cuda_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* The sm_80 kernels' crossover for a sparse pattern p (the same at D = 64 and 128). */
-static inline int64_t mi_cuda_portable_dense_below(const mi_head_pattern *p,
-                                                   mi_cuda_pattern_counts c) {
+/* The measured rules above, one per pattern and kernel family; env->pairs is the (b, h) pairs
+ * sharing the head's estimate. A pattern without a rule runs sparse at any length. */
+static inline int64_t mi_cuda_rule_a_shape(const mi_head_pattern *p, const mi_fallback_env *env,
+                                           const void *arg) {
+    (void)arg;
     const int64_t keys = mi_kept_keys(p);
-    switch (p->type) {
-    case MI_PATTERN_A_SHAPE:
-        return mi_cuda_max64(2 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR : 0);
-    case MI_PATTERN_TRI_SHAPE:
-        return mi_cuda_max64(3 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR : 0);
-    case MI_PATTERN_BLOCK_SPARSE:
-        return mi_cuda_max64(2 * keys, MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR);
-    default: /* vertical-slash */
-        return c.vs < 8 ? MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST : MI_CUDA_DENSE_BELOW_PORTABLE_VS;
-    }
+    return env->head_dim == 64
+               ? mi_cuda_max64(2 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR : 0)
+               : 3 * keys;
+}
+/* (Tri-shape's few last rows, split over the SMs, cost little) */
+static inline int64_t mi_cuda_rule_tri_shape(const mi_head_pattern *p, const mi_fallback_env *env,
+                                             const void *arg) {
+    (void)env, (void)arg;
+    return 3 * mi_kept_keys(p);
+}
+static inline int64_t mi_cuda_rule_block(const mi_head_pattern *p, const mi_fallback_env *env,
+                                         const void *arg) {
+    (void)arg;
+    const int d64 = env->head_dim == 64;
+    const int64_t keys = mi_kept_keys(p);
+    const int64_t floor_few =
+        d64 ? MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW : MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW;
+    return mi_cuda_max64(d64 && env->pairs >= 8 ? keys * 5 / 2 : 3 * keys,
+                         env->pairs < 16 ? floor_few : MI_CUDA_DENSE_BELOW_BS_FLOOR);
+}
+static inline int64_t mi_cuda_rule_vs(const mi_head_pattern *p, const mi_fallback_env *env,
+                                      const void *arg) {
+    (void)p, (void)arg;
+    const int32_t fewest =
+        env->head_dim == 64 ? MI_CUDA_DENSE_BELOW_D64_VS_FEWEST : MI_CUDA_DENSE_BELOW_VS_FEWEST;
+    return env->pairs < 8 ? fewest
+           : env->pairs < 16 ? MI_CUDA_DENSE_BELOW_VS_FEW
+                             : MI_CUDA_DENSE_BELOW_VS;
+}
+/* The sm_80 kernels' crossovers (the same at D = 64 and 128). */
+static inline int64_t mi_cuda_portable_rule_window(const mi_head_pattern *p, int64_t times) {
+    const int64_t keys = mi_kept_keys(p);
+    return mi_cuda_max64(times * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR : 0);
+}
+static inline int64_t mi_cuda_portable_rule_a_shape(const mi_head_pattern *p,
+                                                    const mi_fallback_env *env, const void *arg) {
+    (void)env, (void)arg;
+    return mi_cuda_portable_rule_window(p, 2);
+}
+static inline int64_t mi_cuda_portable_rule_tri_shape(const mi_head_pattern *p,
+                                                      const mi_fallback_env *env,
+                                                      const void *arg) {
+    (void)env, (void)arg;
+    return mi_cuda_portable_rule_window(p, 3);
+}
+static inline int64_t mi_cuda_portable_rule_block(const mi_head_pattern *p,
+                                                  const mi_fallback_env *env, const void *arg) {
+    (void)env, (void)arg;
+    return mi_cuda_max64(2 * mi_kept_keys(p), MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR);
+}
+static inline int64_t mi_cuda_portable_rule_vs(const mi_head_pattern *p,
+                                               const mi_fallback_env *env, const void *arg) {
+    (void)p, (void)arg;
+    return env->pairs < 8 ? MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST
+                          : MI_CUDA_DENSE_BELOW_PORTABLE_VS;
+}
+
+/* Per pattern type, in the order of mi_pattern_type (this header is also C++, which has no array
+ * designators): [0] the sm_90a kernels' rule, [1] the sm_80 kernels'. */
+static const mi_dense_below_rule mi_cuda_dense_below_rules[MI_PATTERN_TYPES][2] = {
+    /* MI_PATTERN_DENSE */ {0, 0},
+    /* MI_PATTERN_A_SHAPE */ {mi_cuda_rule_a_shape, mi_cuda_portable_rule_a_shape},
+    /* MI_PATTERN_TRI_SHAPE */ {mi_cuda_rule_tri_shape, mi_cuda_portable_rule_tri_shape},
+    /* MI_PATTERN_VERTICAL_SLASH */ {mi_cuda_rule_vs, mi_cuda_portable_rule_vs},
+    /* MI_PATTERN_BLOCK_SPARSE */ {mi_cuda_rule_block, mi_cuda_portable_rule_block},
+};
+
+/* The CUDA rule for mi_prefill_plan_build; arg points to an int, nonzero where the sm_90a
+ * kernels run. */
+static inline int64_t mi_cuda_dense_below_rule(const mi_head_pattern *p, const mi_fallback_env *env,
+                                               const void *arg) {
+    const int sm90 = *(const int *)arg;
+    const mi_dense_below_rule r = mi_cuda_dense_below_rules[p->type][sm90 ? 0 : 1];
+    return r ? r(p, env, arg) : 0;
 }
 
 /* The length from which pattern p runs sparse by default (0: whatever the length; a dense
- * head: 0, it never estimates); clamped to INT32_MAX. sm90: the sm_90a kernels run it. */
+ * head: 0, it never estimates); clamped to INT32_MAX. sm90: the sm_90a kernels run it; c: the
+ * launch's (b, h) pairs per estimate. */
 static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int64_t head_dim,
                                                   int sm90, mi_cuda_pattern_counts c) {
-    if (p->type == MI_PATTERN_DENSE) return 0;
-    if (!sm90) return mi_length_clamp(mi_cuda_portable_dense_below(p, c));
-    const int d64 = head_dim == 64;
-    int64_t from = 0;
-    switch (p->type) {
-    case MI_PATTERN_A_SHAPE: {
-        const int64_t keys = mi_kept_keys(p);
-        from = d64 ? mi_cuda_max64(2 * keys, keys > 0 ? MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR : 0)
-                   : 3 * keys;
-        break;
-    }
-    case MI_PATTERN_TRI_SHAPE: /* (Tri-shape's few last rows, split over the SMs, cost little) */
-        from = 3 * mi_kept_keys(p);
-        break;
-    case MI_PATTERN_BLOCK_SPARSE: {
-        const int64_t keys = mi_kept_keys(p);
-        const int64_t floor_few =
-            d64 ? MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW : MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW;
-        from = mi_cuda_max64(d64 && c.bs >= 8 ? keys * 5 / 2 : 3 * keys,
-                             c.bs < 16 ? floor_few : MI_CUDA_DENSE_BELOW_BS_FLOOR);
-        break;
-    }
-    default: { /* vertical-slash */
-        const int32_t fewest =
-            d64 ? MI_CUDA_DENSE_BELOW_D64_VS_FEWEST : MI_CUDA_DENSE_BELOW_VS_FEWEST;
-        from = c.vs < 8 ? fewest : c.vs < 16 ? MI_CUDA_DENSE_BELOW_VS_FEW : MI_CUDA_DENSE_BELOW_VS;
-        break;
-    }
-    }
-    return mi_length_clamp(from);
+    const mi_pattern_traits *t = mi_pattern_traits_of(p->type);
+    if (!t || t->kernel == MI_PLAN_KERNEL_DENSE) return 0;
+    mi_fallback_env env = {head_dim, 0};
+    if (t->estimate == MI_PLAN_ESTIMATE_VS) env.pairs = c.vs;
+    if (t->estimate == MI_PLAN_ESTIMATE_BLOCK) env.pairs = c.bs;
+    const int64_t from = mi_cuda_dense_below_rule(p, &env, &sm90);
+    return from <= 0 ? 0 : mi_length_clamp(from);
 }
 
 /* The length from which head p runs sparse under params' dense_below (>= 0: that, for every
  * head; < 0: the default above). */
 static inline int32_t mi_cuda_dense_below_of(const mi_head_pattern *p, int32_t dense_below,
                                              int64_t head_dim, int sm90, mi_cuda_pattern_counts c) {
-    if (p->type == MI_PATTERN_DENSE) return 0;
+    const mi_pattern_traits *t = mi_pattern_traits_of(p->type);
+    if (!t || t->kernel == MI_PLAN_KERNEL_DENSE) return 0;
     return dense_below >= 0 ? dense_below : mi_cuda_default_dense_below(p, head_dim, sm90, c);
 }
 
