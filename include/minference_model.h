@@ -28,8 +28,12 @@ extern "C" {
 
 typedef struct mi_model mi_model;
 
-/* Prefill attention mode. MINFERENCE uses the pattern config (or the default VS 1000/6096 for
- * every head); the others apply one pattern with its default budget to every head. */
+/* Prefill attention of a whole model: "from the config" or one pattern for every head. The
+ * names are "minference" (the pattern config, or VS 1000/6096 for every head without one) and
+ * the patterns' names and aliases (minference.h: mi_pattern_count, mi_pattern_name,
+ * mi_pattern_alias), each pattern with its default budget; mi_model_set_attention_name takes
+ * any of them. mi_attn_mode is the shorthand for the first five (a VS pattern name means
+ * MI_ATTN_MINFERENCE, as in the original). */
 typedef enum mi_attn_mode {
     MI_ATTN_DENSE = 0,
     MI_ATTN_MINFERENCE = 1,
@@ -135,6 +139,11 @@ mi_status mi_model_get_info(const mi_model *model, mi_model_info *info);
  * (< 0 library default, 0 never fall back to dense). */
 mi_status mi_model_set_attention(mi_model *model, mi_attn_mode mode, const mi_config *config,
                                  int32_t dense_below);
+/* The same by name: "minference" (or NULL) for the config, or any pattern name or alias for that
+ * pattern on every head (a vertical-slash name means the config too, as in the original).
+ * MI_STATUS_INVALID_ARGUMENT for an unknown name. */
+mi_status mi_model_set_attention_name(mi_model *model, const char *attention,
+                                      const mi_config *config, int32_t dense_below);
 
 /* Progress of a prefill: called after each layer. */
 typedef void (*mi_model_progress_fn)(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens);

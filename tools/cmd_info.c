@@ -1,4 +1,4 @@
-/* cmd_info.c: `minference info`: versions, build features, devices and threads. */
+/* cmd_info.c: `minference info`: versions, build features, devices, threads and patterns. */
 #include "args.h"
 #include "cli.h"
 #include "minference.h"
@@ -9,7 +9,8 @@
 static const char usage[] = "usage: minference info\n"
                             "\n"
                             "Prints the library and header versions, the build features, the\n"
-                            "CUDA devices and the default number of CPU threads.\n";
+                            "CUDA devices, the default number of CPU threads and the sparse\n"
+                            "patterns (config name, other accepted names, fields).\n";
 
 int mi_cmd_info(int argc, char **argv) {
     const char *pos[1];
@@ -32,5 +33,16 @@ int mi_cmd_info(int argc, char **argv) {
     printf("  source commit    %s\n", mi_build_commit());
     printf("  CUDA devices     %d\n", mi_cuda_device_count());
     printf("  CPU threads      %d\n", threads);
+    printf("  patterns        ");
+    for (int32_t t = 0; t < mi_pattern_count(); t++) {
+        const mi_pattern_type type = (mi_pattern_type)t;
+        printf("%s %s", t ? "\n                  " : "", mi_pattern_name(type));
+        for (int32_t a = 0; mi_pattern_alias(type, a); a++)
+            printf("%s%s", a ? ", " : " (also ", mi_pattern_alias(type, a));
+        if (mi_pattern_alias(type, 0)) printf(")");
+        for (int32_t f = 0; mi_pattern_field(type, f); f++)
+            printf("%s%s", f ? " " : ": ", mi_pattern_field(type, f));
+    }
+    printf("\n");
     return 0;
 }

@@ -42,43 +42,25 @@ static const char usage_text[] =
     "                the captured q/k/v on the CPU\n"
     "Progress per layer goes to stderr; the config is written after every layer.\n";
 
-/* "a_shape:I:L", "tri_shape:I:L[:N]", "vs:V:S", "block_sparse:K", "dense". */
+/* "a_shape:I:L", "tri_shape:I:L[:N]", "vs:V:S", "block_sparse:K", "dense": any pattern name
+ * and its fields (mi_head_pattern_parse), each at most 2^24. */
 static bool parse_candidate(const char *s, mi_head_pattern *p) {
-    long long a[3] = {0, 0, 0};
-    int n = 0;
-    const char *c = strchr(s, ':');
-    size_t head = c ? (size_t)(c - s) : strlen(s);
-    while (c && n < 3) {
-        char *end;
-        a[n++] = strtoll(c + 1, &end, 10);
-        if (end == c + 1 || a[n - 1] < 0 || a[n - 1] > (1 << 24)) return false;
-        c = *end == ':' ? end : NULL;
-        if (*end && *end != ':') return false;
-    }
-#define IS(w) (head == strlen(w) && strncmp(s, w, head) == 0)
-    if (IS("dense") && n == 0) {
-        *p = mi_head_pattern_default(MI_PATTERN_DENSE);
-    } else if ((IS("a_shape") || IS("stream_llm")) && n == 2) {
-        *p = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
-        p->n_init = (int32_t)a[0];
-        p->n_local = (int32_t)a[1];
-    } else if (IS("tri_shape") && (n == 2 || n == 3)) {
-        *p = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
-        p->n_init = (int32_t)a[0];
-        p->n_local = (int32_t)a[1];
-        if (n == 3) p->n_last = (int32_t)a[2];
-    } else if (IS("vs") && n == 2) {
-        *p = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
-        p->vertical_size = (int32_t)a[0];
-        p->slash_size = (int32_t)a[1];
-    } else if (IS("block_sparse") && n == 1) {
-        *p = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
-        p->top_k = (int32_t)a[0];
-    } else {
-        return false;
-    }
-#undef IS
-    return true;
+    if (mi_head_pattern_parse(s, p) != MI_STATUS_SUCCESS) return false;
+    return p->vertical_size <= (1 << 24) && p->slash_size <= (1 << 24) && p->n_init <= (1 << 24) &&
+           p->n_local <= (1 << 24) && p->n_last <= (1 << 24) && p->top_k <= (1 << 24);
+}
+
+/* Heads per pattern, printed in the table's order under each pattern's short name. */
+#define MAX_PATTERNS 32
+
+static const char *short_name(int32_t t) {
+    const char *alias = mi_pattern_alias((mi_pattern_type)t, 0);
+    return alias ? alias : mi_pattern_name((mi_pattern_type)t);
+}
+
+static void print_counts(const int *counts, const char *sep) {
+    for (int32_t t = 0; t < mi_pattern_count() && t < MAX_PATTERNS; t++)
+        fprintf(stderr, "%s%s %d", t ? sep : "", short_name(t), counts[t]);
 }
 
 typedef struct search_state {
@@ -89,7 +71,7 @@ typedef struct search_state {
     int32_t n_layers, n_heads;
     double t_layer;
     double recall_sum, density_sum;
-    int counts[5];
+    int counts[MAX_PATTERNS];
 } search_state;
 
 static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const mi_tensor *k,
@@ -105,16 +87,17 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
         fprintf(stderr, "minference search: layer %d: %s\n", layer, mi_context_last_error(s->ctx));
         return st;
     }
-    int counts[5] = {0, 0, 0, 0, 0};
+    int counts[MAX_PATTERNS] = {0};
     double rs = 0, ds = 0;
     for (int32_t h = 0; h < H; h++) {
-        /* The file format has no top_k field (the original always runs block-sparse with 100
-         * blocks and ignores both sizes), so the searched top_k travels in the vertical slot. */
-        if (best[h].type == MI_PATTERN_BLOCK_SPARSE) best[h].vertical_size = best[h].top_k;
+        /* mi_config_set_head stores the sizes the file holds for the pattern (block-sparse:
+         * the searched top_k travels in the vertical slot) */
         st = mi_config_set_head(s->ctx, s->config, layer, h, &best[h], scores[h]);
         if (st != MI_STATUS_SUCCESS) return st;
-        counts[best[h].type]++;
-        s->counts[best[h].type]++;
+        if ((int)best[h].type < MAX_PATTERNS) {
+            counts[best[h].type]++;
+            s->counts[best[h].type]++;
+        }
         rs += met[h].recall;
         ds += met[h].density;
     }
@@ -127,12 +110,9 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
         return st;
     }
     const double t = tool_now_s();
-    fprintf(stderr,
-            "layer %2d/%d  %5.1f s  a_shape %d  tri_shape %d  vs %d  block_sparse %d  dense %d"
-            "  recall %.3f  density %.3f\n",
-            layer + 1, s->n_layers, t - s->t_layer, counts[MI_PATTERN_A_SHAPE],
-            counts[MI_PATTERN_TRI_SHAPE], counts[MI_PATTERN_VERTICAL_SLASH],
-            counts[MI_PATTERN_BLOCK_SPARSE], counts[MI_PATTERN_DENSE], rs / H, ds / H);
+    fprintf(stderr, "layer %2d/%d  %5.1f s  ", layer + 1, s->n_layers, t - s->t_layer);
+    print_counts(counts, "  ");
+    fprintf(stderr, "  recall %.3f  density %.3f\n", rs / H, ds / H);
     s->t_layer = t;
     return MI_STATUS_SUCCESS;
 }
@@ -279,12 +259,10 @@ int mi_cmd_search(int argc, char **argv) {
         goto done;
     }
     const double heads = (double)info.n_layers * info.n_heads;
-    fprintf(stderr,
-            "done in %.1f s: a_shape %d, tri_shape %d, vs %d, block_sparse %d, dense %d heads; "
-            "mean recall %.4f, density %.4f; wrote %s\n",
-            tool_now_s() - t0, s.counts[MI_PATTERN_A_SHAPE], s.counts[MI_PATTERN_TRI_SHAPE],
-            s.counts[MI_PATTERN_VERTICAL_SLASH], s.counts[MI_PATTERN_BLOCK_SPARSE],
-            s.counts[MI_PATTERN_DENSE], s.recall_sum / heads, s.density_sum / heads, out);
+    fprintf(stderr, "done in %.1f s: ", tool_now_s() - t0);
+    print_counts(s.counts, ", ");
+    fprintf(stderr, " heads; mean recall %.4f, density %.4f; wrote %s\n", s.recall_sum / heads,
+            s.density_sum / heads, out);
     rc = 0;
 
 done:

@@ -5,7 +5,9 @@
  */
 #include "pattern_table.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FIELD(f, d) {#f, offsetof(mi_head_pattern, f), d}
@@ -113,7 +115,6 @@ static const mi_pattern_traits table[MI_PATTERN_TYPES] = {
     {
         .type = MI_PATTERN_TRI_SHAPE,
         .name = "tri_shape",
-        .aliases = {"Tri-shape"},
         /* n_last has no slot in the file: it reads back as its default */
         .fields = {FIELD(n_init, 128), FIELD(n_local, 3968), FIELD(n_last, 100)},
         .config_field = {OFF(n_init), OFF(n_local)},
@@ -247,4 +248,36 @@ void mi_pattern_scale(const mi_head_pattern *base, double s, mi_head_pattern *ou
 bool mi_pattern_has_budget(mi_pattern_type type) {
     const mi_pattern_traits *t = mi_pattern_traits_of(type);
     return t && t->scale;
+}
+
+mi_status mi_head_pattern_parse(const char *text, mi_head_pattern *out) {
+    char name[64];
+    mi_pattern_type type;
+    if (!text || !out) return MI_STATUS_INVALID_ARGUMENT;
+    const char *c = strchr(text, ':');
+    const size_t n = c ? (size_t)(c - text) : strlen(text);
+    if (n == 0 || n >= sizeof name) return MI_STATUS_INVALID_ARGUMENT;
+    memcpy(name, text, n);
+    name[n] = '\0';
+    if (mi_pattern_from_name(name, &type) != MI_STATUS_SUCCESS) return MI_STATUS_INVALID_ARGUMENT;
+    const mi_pattern_traits *t = mi_pattern_traits_of(type);
+    mi_head_pattern p = mi_head_pattern_default(type);
+    int f = 0;
+    for (; c; f++) {
+        if (f >= MI_PATTERN_MAX_FIELDS || !t->fields[f].name) return MI_STATUS_INVALID_ARGUMENT;
+        char *end;
+        errno = 0;
+        const long long v = strtoll(c + 1, &end, 10);
+        if (end == c + 1 || errno || v < 0 || v > INT32_MAX || (*end && *end != ':'))
+            return MI_STATUS_INVALID_ARGUMENT;
+        *mi_pattern_field_at(&p, t->fields[f].offset) = (int32_t)v;
+        c = *end == ':' ? end : NULL;
+    }
+    /* The fields a config file holds are required; the others (Tri-shape's n_last) may keep
+     * their defaults. */
+    for (int g = f; g < MI_PATTERN_MAX_FIELDS && t->fields[g].name; g++)
+        if (t->fields[g].offset == t->config_field[0] || t->fields[g].offset == t->config_field[1])
+            return MI_STATUS_INVALID_ARGUMENT;
+    *out = p;
+    return MI_STATUS_SUCCESS;
 }

@@ -65,7 +65,9 @@ typedef struct mi_pattern_field_def {
 typedef struct mi_pattern_traits {
     mi_pattern_type type;
     const char *name;                             /* written to config files */
-    const char *aliases[MI_PATTERN_MAX_ALIASES];  /* also read; NULL-terminated */
+    /* Also read; NULL-terminated. The first, where the config name is not short, is the name
+     * the tools print ("a_shape" for "stream_llm"). */
+    const char *aliases[MI_PATTERN_MAX_ALIASES];
     mi_pattern_field_def fields[MI_PATTERN_MAX_FIELDS]; /* {NULL} after the last */
     /* The fields the config file's [pattern, size1, size2, score] sizes carry (offsets into
      * mi_head_pattern). A size of 0 read into a field flagged zero_is_default keeps the

@@ -268,17 +268,24 @@ static mi_status ensure_cache(mi_model *m, int64_t need) {
     return MI_STATUS_SUCCESS;
 }
 
+/* Whether a pattern reads field (mi_pattern_field). */
+static bool reads_field(mi_pattern_type type, const char *field) {
+    for (int32_t i = 0; mi_pattern_field(type, i); i++)
+        if (strcmp(mi_pattern_field(type, i), field) == 0) return true;
+    return false;
+}
+
 /* Under a sliding window W a query sees keys i - W < j <= i: the A-shape with no sinks and a
- * local part of W, exactly. A head's pattern is intersected with it: an A-shape keeps its
- * local part (clamped to W, sinks dropped, as they fall outside the window); every other
- * pattern becomes the window itself, which is exact and already W/L of dense. */
+ * local part of W, exactly. A head's pattern is intersected with it: a pattern with a local
+ * window (n_local: A- and Tri-shape) keeps it (clamped to W, sinks dropped, as they fall outside
+ * the window); every other pattern becomes the window itself, which is exact and already W/L of
+ * dense. */
 static void apply_window(const mi_model *m, int64_t n, mi_head_pattern *pat) {
     if (m->sliding_window <= 0 || n <= m->sliding_window) return;
     const int32_t w = m->sliding_window > INT32_MAX ? INT32_MAX : (int32_t)m->sliding_window;
     for (int32_t h = 0; h < m->n_heads; h++) {
         int32_t local = w;
-        if ((pat[h].type == MI_PATTERN_A_SHAPE || pat[h].type == MI_PATTERN_TRI_SHAPE) &&
-            pat[h].n_local < w)
+        if (reads_field(pat[h].type, "n_local") && pat[h].n_local < w)
             local = pat[h].n_local;
         pat[h] = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
         pat[h].n_init = 0;
@@ -297,13 +304,8 @@ mi_prefill_params mim_prefill_params_for(const mi_model *m, int64_t n) {
 
 mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_pattern *pat) {
     mi_status st = MI_STATUS_SUCCESS;
-    mi_pattern_type t;
-    switch (m->mode) {
-    case MI_ATTN_DENSE: t = MI_PATTERN_DENSE; break;
-    case MI_ATTN_A_SHAPE: t = MI_PATTERN_A_SHAPE; break;
-    case MI_ATTN_TRI_SHAPE: t = MI_PATTERN_TRI_SHAPE; break;
-    case MI_ATTN_BLOCK_SPARSE: t = MI_PATTERN_BLOCK_SPARSE; break;
-    default:
+    mi_pattern_type t = (mi_pattern_type)m->pattern;
+    if (m->pattern < 0) {
         if (m->config) {
             st = mi_config_layer(m->ctx, m->config, layer, m->n_heads, pat, NULL);
             if (st != MI_STATUS_SUCCESS)
@@ -313,7 +315,6 @@ mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_patt
             return MI_STATUS_SUCCESS;
         }
         t = MI_PATTERN_VERTICAL_SLASH;
-        break;
     }
     for (int32_t h = 0; h < m->n_heads; h++) pat[h] = mi_head_pattern_default(t);
     apply_window(m, n, pat);
@@ -528,34 +529,51 @@ int32_t mi_argmax(const float *logits, int32_t n) {
 /* ------------------------------------------------------------------------------------------ */
 /* Settings                                                                                    */
 
-static const char *mode_names[] = {"dense", "minference", "a_shape", "tri_shape", "block_sparse"};
+/* The pattern of each mi_attn_mode (< 0: from the config); the enum is a fixed shorthand, so
+ * new patterns are reached by name (mi_model_set_attention_name). */
+static const int32_t mode_patterns[] = {MI_PATTERN_DENSE, -1, MI_PATTERN_A_SHAPE,
+                                        MI_PATTERN_TRI_SHAPE, MI_PATTERN_BLOCK_SPARSE};
+#define MI_ATTN_MODES ((int)(sizeof mode_patterns / sizeof mode_patterns[0]))
+
+/* "minference" for the config, else the pattern's short name (its first alias, or its name). */
+static const char *attention_name(int32_t pattern) {
+    if (pattern < 0) return "minference";
+    const char *alias = mi_pattern_alias((mi_pattern_type)pattern, 0);
+    return alias ? alias : mi_pattern_name((mi_pattern_type)pattern);
+}
+
+/* The pattern of a name (< 0: from the config), as mi_model_set_attention_name reads it. */
+static mi_status attention_from_name(const char *name, int32_t *pattern) {
+    mi_pattern_type t;
+    if (!name || strcmp(name, "minference") == 0) {
+        *pattern = -1;
+        return MI_STATUS_SUCCESS;
+    }
+    if (mi_pattern_from_name(name, &t) != MI_STATUS_SUCCESS) return MI_STATUS_INVALID_ARGUMENT;
+    /* the original's "vertical_and_slash" run is MInference: the config, else its default */
+    *pattern = t == MI_PATTERN_VERTICAL_SLASH ? -1 : (int32_t)t;
+    return MI_STATUS_SUCCESS;
+}
 
 const char *mi_attn_mode_name(mi_attn_mode mode) {
-    if ((int)mode < 0 || (int)mode >= (int)(sizeof(mode_names) / sizeof(mode_names[0])))
-        return NULL;
-    return mode_names[mode];
+    if ((int)mode < 0 || (int)mode >= MI_ATTN_MODES) return NULL;
+    return attention_name(mode_patterns[mode]);
 }
 
 mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out) {
-    if (!name || !out) return MI_STATUS_INVALID_ARGUMENT;
-    for (int i = 0; i < (int)(sizeof(mode_names) / sizeof(mode_names[0])); i++)
-        if (strcmp(name, mode_names[i]) == 0) {
+    int32_t pattern;
+    if (!name || !out || attention_from_name(name, &pattern) != MI_STATUS_SUCCESS)
+        return MI_STATUS_INVALID_ARGUMENT;
+    for (int i = 0; i < MI_ATTN_MODES; i++)
+        if (mode_patterns[i] == pattern) {
             *out = (mi_attn_mode)i;
             return MI_STATUS_SUCCESS;
         }
-    if (strcmp(name, "stream_llm") == 0 || strcmp(name, "vertical_and_slash") == 0) {
-        *out = name[0] == 's' ? MI_ATTN_A_SHAPE : MI_ATTN_MINFERENCE;
-        return MI_STATUS_SUCCESS;
-    }
     return MI_STATUS_INVALID_ARGUMENT;
 }
 
-mi_status mi_model_set_attention(mi_model *m, mi_attn_mode mode, const mi_config *config,
-                                 int32_t dense_below) {
-    if (!m) return MI_STATUS_INVALID_ARGUMENT;
-    if (!mi_attn_mode_name(mode))
-        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "unknown attention mode %d",
-                              (int)mode);
+static mi_status set_attention(mi_model *m, int32_t pattern, const mi_config *config,
+                               int32_t dense_below) {
     if (config) {
         mi_status st = mi_config_check(m->ctx, config, m->n_layers, m->n_heads);
         if (st != MI_STATUS_SUCCESS)
@@ -564,10 +582,29 @@ mi_status mi_model_set_attention(mi_model *m, mi_attn_mode mode, const mi_config
                                   "heads): %s",
                                   m->n_layers, m->n_heads, mi_context_last_error(m->ctx));
     }
-    m->mode = mode;
+    m->pattern = pattern;
     m->config = config;
     m->dense_below = dense_below;
     return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_model_set_attention(mi_model *m, mi_attn_mode mode, const mi_config *config,
+                                 int32_t dense_below) {
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
+    if (!mi_attn_mode_name(mode))
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "unknown attention mode %d",
+                              (int)mode);
+    return set_attention(m, mode_patterns[mode], config, dense_below);
+}
+
+mi_status mi_model_set_attention_name(mi_model *m, const char *attention, const mi_config *config,
+                                      int32_t dense_below) {
+    int32_t pattern;
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
+    if (attention_from_name(attention, &pattern) != MI_STATUS_SUCCESS)
+        return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "unknown attention '%.64s'",
+                              attention);
+    return set_attention(m, pattern, config, dense_below);
 }
 
 mi_status mi_model_set_progress(mi_model *m, mi_model_progress_fn fn, void *user) {

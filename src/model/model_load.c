@@ -635,7 +635,7 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
     mi_model *m = calloc(1, sizeof(*m));
     if (!m) return mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     m->params = p;
-    m->mode = MI_ATTN_MINFERENCE;
+    m->pattern = -1; /* the config */
     m->dense_below = -1;
     /* The context decides the thread count; the pool gets it before the source runs, since the
      * random source fills its weights with the pool. */

@@ -36,7 +36,7 @@ struct mi_model {
     /* runtime */
     mi_context *ctx;
     mim_pool *pool;
-    mi_attn_mode mode;
+    int32_t pattern; /* the one pattern of every head, or < 0: from the config */
     const mi_config *config;
     int32_t dense_below;
     mi_model_progress_fn progress;
