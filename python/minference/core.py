@@ -35,6 +35,9 @@ __all__ = [
     "status_string",
     "pattern_name",
     "pattern_from_name",
+    "pattern_names",
+    "pattern_aliases",
+    "pattern_fields",
     "get_context",
 ]
 
@@ -387,13 +390,37 @@ def _lse_buffer(a: _Arr, want):
 # ---------------------------------------------------------------------------------------------
 # Patterns and parameters
 
-_PATTERN_NAMES = {
-    L.MI_PATTERN_DENSE: "dense",
-    L.MI_PATTERN_A_SHAPE: "stream_llm",
-    L.MI_PATTERN_TRI_SHAPE: "tri_shape",
-    L.MI_PATTERN_VERTICAL_SLASH: "vertical_and_slash",
-    L.MI_PATTERN_BLOCK_SPARSE: "block_sparse",
-}
+def pattern_names():
+    """{MI_PATTERN_* value: config-file name} for every pattern of the library's table."""
+    global _PATTERN_NAMES
+    if _PATTERN_NAMES is None:
+        lib = _lib()
+        _PATTERN_NAMES = {t: _decode(lib.mi_pattern_name(t)) for t in range(lib.mi_pattern_count())}
+    return _PATTERN_NAMES
+
+
+_PATTERN_NAMES = None
+
+
+def pattern_aliases(type_code):
+    """The other names the library reads pattern type_code under (the first, where there is one,
+    is its short name: "a_shape" for "stream_llm")."""
+    out, lib = [], _lib()
+    while True:
+        s = lib.mi_pattern_alias(_pattern_code(type_code), len(out))
+        if s is None:
+            return out
+        out.append(_decode(s))
+
+
+def pattern_fields(type_code):
+    """The mi_head_pattern fields pattern type_code reads, in the library's order."""
+    out, lib = [], _lib()
+    while True:
+        s = lib.mi_pattern_field(_pattern_code(type_code), len(out))
+        if s is None:
+            return out
+        out.append(_decode(s))
 
 
 def pattern_name(type_code):
@@ -413,16 +440,20 @@ def _pattern_code(t):
     if isinstance(t, str):
         return pattern_from_name(t)
     t = int(t)
-    if t not in _PATTERN_NAMES:
+    if t not in pattern_names():
         raise ValueError(f"unknown pattern type {t}")
     return t
 
 
+_FIELDS = ("vertical_size", "slash_size", "n_init", "n_local", "n_last", "top_k")
+
+
 @dataclass
 class HeadPattern:
-    """The sparse pattern of one query head (mi_head_pattern). `type` is a name
-    ("vertical_and_slash", "stream_llm"/"a_shape", "tri_shape", "block_sparse", "dense") or an
-    MI_PATTERN_* value; unset sizes take the library's defaults for that type."""
+    """The sparse pattern of one query head (mi_head_pattern). `type` is a name of the library's
+    table (pattern_names(), pattern_aliases(): "vertical_and_slash", "stream_llm"/"a_shape",
+    "tri_shape", "block_sparse", "dense", ...) or an MI_PATTERN_* value; unset sizes take the
+    library's defaults for that type."""
 
     type: object = "vertical_and_slash"
     vertical_size: int = None
@@ -435,6 +466,16 @@ class HeadPattern:
     @classmethod
     def default(cls, type="vertical_and_slash"):
         return cls.from_c(_lib().mi_head_pattern_default(_pattern_code(type)))
+
+    @classmethod
+    def parse(cls, text):
+        """From "NAME[:V1[:V2...]]", the pattern's fields in order (mi_head_pattern_parse):
+        "a_shape:100:800", "vs:1000:6096", "block_sparse:8", "dense"."""
+        p = L.mi_head_pattern()
+        st = _lib().mi_head_pattern_parse(str(text).encode(), ctypes.byref(p))
+        if st != 0:
+            raise MInferenceError(st, f"bad pattern {text!r}", "mi_head_pattern_parse")
+        return cls.from_c(p)
 
     @classmethod
     def dense(cls):
@@ -458,7 +499,7 @@ class HeadPattern:
 
     @classmethod
     def from_c(cls, p):
-        return cls(_PATTERN_NAMES.get(p.type, p.type), p.vertical_size, p.slash_size, p.n_init,
+        return cls(pattern_names().get(p.type, p.type), p.vertical_size, p.slash_size, p.n_init,
                    p.n_local, p.n_last, p.top_k)
 
     @property
@@ -467,12 +508,12 @@ class HeadPattern:
 
     @property
     def name(self):
-        return _PATTERN_NAMES[self.type_code]
+        return pattern_names()[self.type_code]
 
     def to_c(self, out=None):
         code = self.type_code
         p = _lib().mi_head_pattern_default(code)
-        for f in ("vertical_size", "slash_size", "n_init", "n_local", "n_last", "top_k"):
+        for f in _FIELDS:
             val = getattr(self, f)
             if val is not None:
                 setattr(p, f, int(val))
@@ -482,17 +523,10 @@ class HeadPattern:
         return p
 
     def __repr__(self):
+        # the fields the pattern reads, as the library lists them
         c = self.to_c()
-        n = self.name
-        if n == "vertical_and_slash":
-            return f"HeadPattern.vertical_slash({c.vertical_size}, {c.slash_size})"
-        if n == "stream_llm":
-            return f"HeadPattern.a_shape(n_init={c.n_init}, n_local={c.n_local})"
-        if n == "tri_shape":
-            return f"HeadPattern.tri_shape(n_init={c.n_init}, n_local={c.n_local}, n_last={c.n_last})"
-        if n == "block_sparse":
-            return f"HeadPattern.block_sparse(top_k={c.top_k})"
-        return "HeadPattern.dense()"
+        args = "".join(f", {f}={getattr(c, f)}" for f in pattern_fields(self.type_code))
+        return f"HeadPattern({self.name!r}{args})"
 
 
 def _as_head_pattern(p):
@@ -503,21 +537,20 @@ def _as_head_pattern(p):
     if isinstance(p, str):
         return HeadPattern.default(p)
     if isinstance(p, (tuple, list)):
-        # A config entry: [pattern, vertical_size, slash_size(, score)].
-        name = p[0]
-        code = _pattern_code(name)
-        vs = int(p[1]) if len(p) > 1 else None
-        ss = int(p[2]) if len(p) > 2 else None
-        if code == L.MI_PATTERN_A_SHAPE:
-            return HeadPattern(name, n_init=vs, n_local=ss)
-        if code == L.MI_PATTERN_TRI_SHAPE:
-            return HeadPattern(name, n_init=vs, n_local=ss)
-        if code == L.MI_PATTERN_BLOCK_SPARSE:
-            # As the C config reader: a positive first size is the block budget, else 100.
-            return HeadPattern(name, top_k=vs) if vs else HeadPattern(name)
-        if code == L.MI_PATTERN_DENSE:
-            return HeadPattern(name)
-        return HeadPattern(name, vertical_size=vs, slash_size=ss)
+        # A config entry: [pattern, size1, size2(, score)], read as the C config reader reads it
+        # (what the sizes carry is the pattern's: mi_head_pattern_from_sizes).
+        code = _pattern_code(p[0])
+        lib = _lib()
+        sizes = [ctypes.c_int32(), ctypes.c_int32()]
+        lib.mi_head_pattern_sizes(ctypes.byref(lib.mi_head_pattern_default(code)),
+                                  ctypes.byref(sizes[0]), ctypes.byref(sizes[1]))
+        size1 = int(p[1]) if len(p) > 1 else sizes[0].value
+        size2 = int(p[2]) if len(p) > 2 else sizes[1].value
+        out = L.mi_head_pattern()
+        st = lib.mi_head_pattern_from_sizes(code, size1, size2, ctypes.byref(out))
+        if st != 0:
+            raise MInferenceError(st, f"bad config entry {p!r}", "mi_head_pattern_from_sizes")
+        return HeadPattern.from_c(out)
     raise TypeError(f"cannot make a head pattern from {p!r}")
 
 
