@@ -203,8 +203,8 @@ mi_status mi_head_pattern_sizes(const mi_head_pattern *p, int32_t *size1, int32_
 /* A pattern from "NAME[:V1[:V2...]]": a pattern name or alias, then values for its fields in
  * mi_pattern_field order ("a_shape:100:800", "tri_shape:128:3968:100", "vs:1000:6096",
  * "block_sparse:8", "dense"); the fields a config file holds are required, the others (n_last)
- * keep their defaults when left out. MI_STATUS_INVALID_ARGUMENT for an unknown name, a missing, extra, negative or
- * non-integer value. */
+ * keep their defaults when left out. MI_STATUS_INVALID_ARGUMENT for an unknown name, or a
+ * missing, extra, negative or non-integer value. */
 mi_status mi_head_pattern_parse(const char *text, mi_head_pattern *out);
 
 /* Vertical-slash estimation parameters (spec §3.1). */

@@ -46,7 +46,8 @@ static const char usage_text[] =
     "  --methods    comma list (default dense,minference,a_shape:64:512,vs:100:500):\n"
     "                 dense | minference (--config, or VS 1000/6096 per head)\n"
     "                 a_shape[:N_INIT:N_LOCAL] | tri_shape[:N_INIT:N_LOCAL[:N_LAST]]\n"
-    "                 block_sparse[:TOP_K] | vs:VERTICAL:SLASH\n"
+    "                 block_sparse[:TOP_K] | vs:VERTICAL:SLASH | any pattern `minference\n"
+    "                 info` lists, alone or with its fields\n"
     "  --lengths    prompt lengths in tokens (default 1024,2048,4096; ppl/recall 2048,4096)\n"
     "  --depths     needle depths in percent (default 0,50,100)\n"
     "  --samples    prompts per (length, depth) (default 1)\n"
@@ -85,54 +86,28 @@ static bool parse_ints(const char *s, long long *out, int cap, int *n, long long
     return *n > 0;
 }
 
+/* "minference", a pattern name or alias (its default budget on every head), or
+ * "NAME:V1[:V2...]" with the pattern's fields (mi_head_pattern_parse): one pattern for every
+ * head through a generated config. */
 static bool parse_method(const char *spec, method *m) {
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", spec);
-    long long a[4];
-    int n = 0;
-    const char *colon = strchr(spec, ':');
-    size_t head = colon ? (size_t)(colon - spec) : strlen(spec);
-    if (colon) {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", colon + 1);
-        for (char *c = buf; *c; c++)
-            if (*c == ':') *c = ',';
-        if (!parse_ints(buf, a, 4, &n, 0, 1 << 24)) return false;
-    }
-#define IS(word) (head == strlen(word) && strncmp(spec, word, head) == 0)
-    if (IS("dense") && n == 0) {
-        m->mode = MI_ATTN_DENSE;
-    } else if (IS("minference") && n == 0) {
-        m->mode = MI_ATTN_MINFERENCE;
-    } else if (IS("a_shape") || IS("tri_shape")) {
-        const bool tri = IS("tri_shape");
-        m->mode = tri ? MI_ATTN_TRI_SHAPE : MI_ATTN_A_SHAPE;
-        m->pattern = mi_head_pattern_default(tri ? MI_PATTERN_TRI_SHAPE : MI_PATTERN_A_SHAPE);
-        if (n == 1 || n > (tri ? 3 : 2)) return false;
-        if (n >= 2) {
-            m->custom = true;
-            m->pattern.n_init = (int32_t)a[0];
-            m->pattern.n_local = (int32_t)a[1];
-            if (n == 3) m->pattern.n_last = (int32_t)a[2];
-        }
-    } else if (IS("block_sparse")) {
-        m->mode = MI_ATTN_BLOCK_SPARSE;
-        m->pattern = mi_head_pattern_default(MI_PATTERN_BLOCK_SPARSE);
-        if (n > 1) return false;
-        if (n == 1) {
-            m->custom = true;
-            m->pattern.top_k = (int32_t)a[0];
-        }
-    } else if (IS("vs") && n == 2) {
-        m->mode = MI_ATTN_MINFERENCE;
+    mi_pattern_type t = MI_PATTERN_VERTICAL_SLASH;
+    if (strchr(spec, ':')) {
+        if (mi_head_pattern_parse(spec, &m->pattern) != MI_STATUS_SUCCESS) return false;
+        const mi_head_pattern *p = &m->pattern;
+        if (p->vertical_size > (1 << 24) || p->slash_size > (1 << 24) || p->n_init > (1 << 24) ||
+            p->n_local > (1 << 24) || p->n_last > (1 << 24) || p->top_k > (1 << 24))
+            return false;
         m->custom = true;
-        m->pattern = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
-        m->pattern.vertical_size = (int32_t)a[0];
-        m->pattern.slash_size = (int32_t)a[1];
-    } else {
+    } else if (strcmp(spec, "minference") != 0 &&
+               mi_pattern_from_name(spec, &t) != MI_STATUS_SUCCESS) {
         return false;
+    } else {
+        m->pattern = mi_head_pattern_default(t);
+        /* a pattern the model's mode shorthand does not name runs through a config as well */
+        if (mi_attn_mode_from_name(spec, &m->mode) != MI_STATUS_SUCCESS) m->custom = true;
     }
-#undef IS
     if (m->custom) m->mode = MI_ATTN_MINFERENCE;
     return true;
 }
@@ -141,15 +116,7 @@ static bool parse_method(const char *spec, method *m) {
 static mi_status method_layer(const method *m, int32_t layer, int32_t n_heads,
                               mi_head_pattern *pat) {
     if (m->config) return mi_config_layer(NULL, m->config, layer, n_heads, pat, NULL);
-    mi_pattern_type t = MI_PATTERN_VERTICAL_SLASH;
-    switch (m->mode) {
-    case MI_ATTN_DENSE: t = MI_PATTERN_DENSE; break;
-    case MI_ATTN_A_SHAPE: t = MI_PATTERN_A_SHAPE; break;
-    case MI_ATTN_TRI_SHAPE: t = MI_PATTERN_TRI_SHAPE; break;
-    case MI_ATTN_BLOCK_SPARSE: t = MI_PATTERN_BLOCK_SPARSE; break;
-    case MI_ATTN_MINFERENCE: t = MI_PATTERN_VERTICAL_SLASH; break;
-    }
-    for (int32_t h = 0; h < n_heads; h++) pat[h] = mi_head_pattern_default(t);
+    for (int32_t h = 0; h < n_heads; h++) pat[h] = m->pattern;
     return MI_STATUS_SUCCESS;
 }
 

@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FIELD(f, d) {#f, offsetof(mi_head_pattern, f), d}
+#define FIELD(f, d)                                                                                \
+    { #f, offsetof(mi_head_pattern, f), d }
 #define OFF(f) offsetof(mi_head_pattern, f)
 
 /* The search never scales a budget beyond this (keeps int32 arithmetic safe). */
@@ -91,7 +92,8 @@ static void block_plan(const mi_head_pattern *p, const mi_prefill_params *pp, in
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* Sizes the original's files hold for VS-like and unused entries: written back as read. */
-#define SIZES_AS_READ {OFF(vertical_size), OFF(slash_size)}
+#define SIZES_AS_READ                                                                              \
+    { OFF(vertical_size), OFF(slash_size) }
 
 static const mi_pattern_traits table[MI_PATTERN_TYPES] = {
     {

@@ -64,7 +64,7 @@ typedef struct mi_pattern_field_def {
 
 typedef struct mi_pattern_traits {
     mi_pattern_type type;
-    const char *name;                             /* written to config files */
+    const char *name; /* written to config files */
     /* Also read; NULL-terminated. The first, where the config name is not short, is the name
      * the tools print ("a_shape" for "stream_llm"). */
     const char *aliases[MI_PATTERN_MAX_ALIASES];
@@ -121,12 +121,12 @@ typedef int64_t (*mi_dense_below_rule)(const mi_head_pattern *p, const mi_fallba
 
 typedef struct mi_prefill_plan {
     int64_t batch, heads, len;
-    mi_head_plan *head; /* [heads], caller memory */
-    int64_t pairs[MI_PLAN_ESTIMATES];       /* (b, h) pairs per estimate */
+    mi_head_plan *head;                       /* [heads], caller memory */
+    int64_t pairs[MI_PLAN_ESTIMATES];         /* (b, h) pairs per estimate */
     int32_t estimate_from[MI_PLAN_ESTIMATES]; /* least dense_below of the estimate's heads
                                                  (INT32_MAX where none) */
-    int32_t max_vertical, max_slash;        /* over MI_PLAN_ESTIMATE_VS heads */
-    bool any_sparse_run; /* some (b, h) runs a sparse kernel at its length */
+    int32_t max_vertical, max_slash;          /* over MI_PLAN_ESTIMATE_VS heads */
+    bool any_sparse_run;                      /* some (b, h) runs a sparse kernel at its length */
 } mi_prefill_plan;
 
 /* Plans every head of one call: kernel, estimate and budgets from the table, dense_below from

@@ -65,7 +65,8 @@ mi_status mi_search_scale_pattern(const mi_head_pattern *base, double s, mi_head
     if (!base || !out) return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "base and out required");
     if (!(s > 0.0) || !isfinite(s))
         return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "scale %g must be positive", s);
-    if (!mi_pattern_valid(base)) return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "invalid pattern");
+    if (!mi_pattern_valid(base))
+        return mi_fail(NULL, MI_STATUS_INVALID_ARGUMENT, "invalid pattern");
     scale_pattern(base, s, out);
     return MI_STATUS_SUCCESS;
 }

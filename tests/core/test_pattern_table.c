@@ -53,8 +53,8 @@ static void test_names(void) {
             for (int32_t a = 0; mi_pattern_alias(type, a); a++) {
                 CHECK(strcmp(mi_pattern_name((mi_pattern_type)u), mi_pattern_alias(type, a)));
                 for (int32_t b = 0; mi_pattern_alias((mi_pattern_type)u, b); b++)
-                    CHECK(strcmp(mi_pattern_alias((mi_pattern_type)u, b),
-                                 mi_pattern_alias(type, a)));
+                    CHECK(
+                        strcmp(mi_pattern_alias((mi_pattern_type)u, b), mi_pattern_alias(type, a)));
             }
         }
         const mi_pattern_traits *tr = mi_pattern_traits_of(type);
@@ -109,8 +109,8 @@ static void test_defaults(void) {
     }
     /* the original's defaults, whatever the type */
     const mi_head_pattern d = mi_head_pattern_default(MI_PATTERN_DENSE);
-    CHECK(d.vertical_size == 1000 && d.slash_size == 6096 && d.n_init == 128 &&
-          d.n_local == 3968 && d.n_last == 100 && d.top_k == 100);
+    CHECK(d.vertical_size == 1000 && d.slash_size == 6096 && d.n_init == 128 && d.n_local == 3968 &&
+          d.n_last == 100 && d.top_k == 100);
 }
 
 /* Gives every field of p's pattern a distinct non-default value. */
@@ -207,8 +207,8 @@ static void test_parse(void) {
     CHECK(p.vertical_size == 1000 && p.slash_size == 6096);
     CHECK_STATUS(mi_head_pattern_parse("block_sparse:8", &p), MI_STATUS_SUCCESS);
     CHECK(p.top_k == 8);
-    static const char *bad[] = {"a_shape:100", "dense:1",    "vs:1:2:3", "block_sparse:-1",
-                                "nope:1",      "block_sparse", "vs:1:x",  ":1",
+    static const char *bad[] = {"a_shape:100", "dense:1",       "vs:1:2:3", "block_sparse:-1",
+                                "nope:1",      "block_sparse",  "vs:1:x",   ":1",
                                 "vs:1:",       "a_shape:1:2:3", ""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const mi_status st = mi_head_pattern_parse(bad[i], &p);
