@@ -428,6 +428,7 @@ MODEL_PROTOTYPES = {
     "mi_model_last_error": (c_char_p, [MODEL]),
     "mi_model_get_info": (ST, [MODEL, P(mi_model_info)]),
     "mi_model_set_attention": (ST, [MODEL, c_int, CFG, c_int32]),
+    "mi_model_set_attention_name": (ST, [MODEL, c_char_p, CFG, c_int32]),
     "mi_model_set_progress": (ST, [MODEL, MODEL_PROGRESS_FN, c_void_p]),
     "mi_model_tokenize": (
         ST,

@@ -28,13 +28,30 @@ import numpy as np
 from . import _lib as L
 from ._lib import ModelLibraryNotFound, _decode
 from .configuration import MInferenceConfig
-from .core import Config, HeadPattern, MInferenceError, _Closing, get_context
+from .core import (Config, HeadPattern, MInferenceError, _Closing, get_context, pattern_aliases,
+                   pattern_from_name, pattern_names)
 
 __all__ = ["Model", "ModelInfo", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
            "ATTENTION_MODES"]
 
+# The model's mode shorthand (mi_attn_mode); set_attention takes any pattern name as well.
 ATTENTION_MODES = ("dense", "minference", "a_shape", "tri_shape", "block_sparse")
-_MODE_ALIASES = {"stream_llm": "a_shape", "vertical_and_slash": "minference"}
+def _attention_name(name):
+    """"minference" for the config (a vertical-slash name means it too, as in the original), else
+    the pattern's short name from the library's table; ValueError for an unknown name."""
+    if name == "minference":
+        return name
+    try:
+        code = pattern_from_name(name)
+    except MInferenceError:
+        raise ValueError(f"unknown attention mode {name!r}; the modes are 'minference' and the "
+                         f"patterns {sorted(pattern_names().values())} (and their aliases)") from None
+    if code == L.MI_PATTERN_VERTICAL_SLASH:
+        return "minference"
+    aliases = pattern_aliases(code)
+    return aliases[0] if aliases else pattern_names()[code]
+
+
 _ROPE_TYPES = {0: "none", 1: "linear", 2: "dynamic", 3: "llama3", 4: "yarn"}
 _CHAT_TEMPLATES = {"auto": L.MI_CHAT_AUTO, "chatml": L.MI_CHAT_CHATML, "llama3": L.MI_CHAT_LLAMA3}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -382,9 +399,10 @@ class Model(_Closing):
         return self._attention
 
     def set_attention(self, mode="minference", config=None, dense_below=-1):
-        """Attention of the next prefills. mode: "dense", "minference" (the config's pattern per
-        head, or vertical_and_slash 1000/6096 for every head), "a_shape", "tri_shape" or
-        "block_sparse" (one pattern with its default budget for every head). config (with
+        """Attention of the next prefills. mode: "minference" (the config's pattern per head, or
+        vertical_and_slash 1000/6096 for every head), or a pattern name of the library's table
+        ("dense", "a_shape", "tri_shape", "block_sparse", ...: minference.pattern_names() and
+        their aliases), that pattern with its default budget for every head. config (with
         "minference"): a JSON file path, a minference.Config, the parsed JSON (a list of dicts),
         or a HeadPattern for every head. mode (or config) may also be an MInferenceConfig: its
         attn_type chooses the mode, with its config_path for "minference" and its attn_kwargs
@@ -399,23 +417,16 @@ class Model(_Closing):
                 raise ValueError("give the pattern config in the MInferenceConfig, not as config=")
             mode, config = self._from_minference_config(mode)
         if not isinstance(mode, str):
-            raise ValueError(f"mode must be one of {ATTENTION_MODES}, not {mode!r}")
-        mode = _MODE_ALIASES.get(mode, mode)
-        if mode not in ATTENTION_MODES:
-            raise ValueError(f"unknown attention mode {mode!r}; the modes are {ATTENTION_MODES}")
+            raise ValueError(f"mode must be 'minference' or a pattern name, not {mode!r}")
+        mode = _attention_name(mode)
         dense_below = _int_arg(dense_below, "dense_below", L.c_int32)
         if config is not None and mode != "minference":
             raise ValueError(f"a pattern config applies to mode 'minference', not {mode!r}")
         with self._lock:
             cfg = self._as_config(config)
-            code = ctypes.c_int()
-            st = self._lib.mi_attn_mode_from_name(mode.encode(), ctypes.byref(code))
-            if st != 0:
-                raise MInferenceError(st, f"unknown attention mode {mode!r}",
-                                      "mi_attn_mode_from_name")
-            self._check(self._lib.mi_model_set_attention(
-                self.handle, code.value, cfg.handle if cfg is not None else None, dense_below),
-                "mi_model_set_attention")
+            self._check(self._lib.mi_model_set_attention_name(
+                self.handle, mode.encode(), cfg.handle if cfg is not None else None, dense_below),
+                "mi_model_set_attention_name")
             self._config = cfg
             self._attention = (mode, cfg, dense_below)
 
