@@ -1,5 +1,5 @@
 /* pattern.c: the defaults of the estimation and prefill parameters (the patterns' own names
- * and defaults are in pattern_table.c). */
+ * and defaults are in the pattern table, pattern_entries.h). */
 #include "internal.h"
 
 #include <string.h>

@@ -1,7 +1,6 @@
 /*
- * pattern_table.c: the traits of every sparse pattern (pattern_table.h), and the public name
- * functions read from them. A new pattern is one entry here plus its own kernels
- * (docs/adding-a-pattern.md).
+ * pattern_table.c: the public functions read from the pattern table (pattern_entries.h): names,
+ * aliases, fields, defaults, config sizes, NAME:V1:V2 parsing.
  */
 #include "pattern_table.h"
 
@@ -9,155 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FIELD(f, d)                                                                                \
-    { #f, offsetof(mi_head_pattern, f), d }
-#define OFF(f) offsetof(mi_head_pattern, f)
-
-/* The search never scales a budget beyond this (keeps int32 arithmetic safe). */
-#define MI_SEARCH_MAX_BUDGET (1 << 28)
-
-static int32_t scale_budget(int32_t b, double s, int32_t minimum) {
-    double x = (double)b * s;
-    if (x > MI_SEARCH_MAX_BUDGET) x = MI_SEARCH_MAX_BUDGET;
-    int32_t r = (int32_t)lround(x);
-    return r < minimum ? minimum : r;
-}
-
-static int32_t nonneg(int32_t x) { return x > 0 ? x : 0; }
-
-static int32_t clamp_budget(int32_t size, int32_t minimum, int64_t len) {
-    int64_t n = size > minimum ? size : minimum;
-    if (n > len) n = len;
-    return n < 0 ? 0 : (int32_t)n;
-}
-
-/* ---- A-shape and Tri-shape: n_init sinks + an n_local window (+ n_last dense rows) ---------- */
-
-static int64_t window_kept_keys(const mi_head_pattern *p) {
-    return (int64_t)nonneg(p->n_init) + nonneg(p->n_local);
-}
-
-static void window_scale(const mi_head_pattern *base, double s, mi_head_pattern *out) {
-    /* The window carries the budget; sinks are cheap and matter, so they only shrink. */
-    out->n_local = scale_budget(base->n_local, s, 1);
-    if (s < 1.0) out->n_init = scale_budget(base->n_init, s, base->n_init > 0 ? 1 : 0);
-}
-
-static void a_shape_plan(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
-                         mi_head_plan *plan) {
-    (void)pp;
-    (void)L;
-    plan->n_init = p->n_init;
-    plan->n_local = p->n_local;
-    plan->n_last = 0;
-}
-
-static void tri_shape_plan(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
-                           mi_head_plan *plan) {
-    a_shape_plan(p, pp, L, plan);
-    plan->n_last = p->n_last;
-}
-
-/* ---- vertical-slash: estimated columns and diagonals ---------------------------------------- */
-
-static void vs_scale(const mi_head_pattern *base, double s, mi_head_pattern *out) {
-    out->vertical_size = scale_budget(base->vertical_size, s, 1);
-    out->slash_size = scale_budget(base->slash_size, s, 1);
-}
-
-static void vs_plan(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
-                    mi_head_plan *plan) {
-    plan->vertical = clamp_budget(p->vertical_size, pp->vs.min_vertical, L);
-    plan->slash = clamp_budget(p->slash_size, pp->vs.min_slash, L);
-}
-
-/* ---- block-sparse: top_k estimated 64 x 64 blocks per row block ----------------------------- */
-
-static int64_t block_kept_keys(const mi_head_pattern *p) {
-    return MI_BLOCK_SIZE * (int64_t)nonneg(p->top_k);
-}
-
-static void block_scale(const mi_head_pattern *base, double s, mi_head_pattern *out) {
-    out->top_k = scale_budget(base->top_k, s, 1);
-}
-
-static void block_plan(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
-                       mi_head_plan *plan) {
-    (void)pp;
-    (void)L;
-    plan->top_k = p->top_k;
-}
-
-/* ---- the table ------------------------------------------------------------------------------ */
-
-/* Sizes the original's files hold for VS-like and unused entries: written back as read. */
-#define SIZES_AS_READ                                                                              \
-    { OFF(vertical_size), OFF(slash_size) }
-
-static const mi_pattern_traits table[MI_PATTERN_TYPES] = {
-    {
-        .type = MI_PATTERN_DENSE,
-        .name = "dense",
-        .config_field = SIZES_AS_READ,
-        .kernel = MI_PLAN_KERNEL_DENSE,
-        .estimate = MI_PLAN_ESTIMATE_NONE,
-    },
-    {
-        .type = MI_PATTERN_A_SHAPE,
-        .name = "stream_llm",
-        .aliases = {"a_shape", "A-shape"},
-        .fields = {FIELD(n_init, 128), FIELD(n_local, 3968)},
-        .config_field = {OFF(n_init), OFF(n_local)},
-        .kernel = MI_PLAN_KERNEL_WINDOW,
-        .kept_keys = window_kept_keys,
-        .scale = window_scale,
-        .plan = a_shape_plan,
-    },
-    {
-        .type = MI_PATTERN_TRI_SHAPE,
-        .name = "tri_shape",
-        /* n_last has no slot in the file: it reads back as its default */
-        .fields = {FIELD(n_init, 128), FIELD(n_local, 3968), FIELD(n_last, 100)},
-        .config_field = {OFF(n_init), OFF(n_local)},
-        .kernel = MI_PLAN_KERNEL_WINDOW,
-        .kept_keys = window_kept_keys,
-        .scale = window_scale,
-        .plan = tri_shape_plan,
-    },
-    {
-        .type = MI_PATTERN_VERTICAL_SLASH,
-        .name = "vertical_and_slash",
-        .aliases = {"vertical_slash", "vs"},
-        .fields = {FIELD(vertical_size, 1000), FIELD(slash_size, 6096)},
-        .config_field = SIZES_AS_READ,
-        .kernel = MI_PLAN_KERNEL_INDEX,
-        .estimate = MI_PLAN_ESTIMATE_VS,
-        .scale = vs_scale,
-        .plan = vs_plan,
-    },
-    {
-        .type = MI_PATTERN_BLOCK_SPARSE,
-        .name = "block_sparse",
-        .fields = {FIELD(top_k, 100)},
-        /* The original ignores both sizes here (always 100 blocks) and never writes such heads;
-         * a positive first size carries the searched block budget so that it survives a round
-         * trip, and 0 (as hand-written entries have it) keeps the original's 100: a budget of no
-         * blocks would leave each row block its diagonal and first block only. */
-        .config_field = {OFF(top_k), OFF(slash_size)},
-        .zero_is_default = {true, false},
-        .kernel = MI_PLAN_KERNEL_INDEX,
-        .estimate = MI_PLAN_ESTIMATE_BLOCK,
-        .kept_keys = block_kept_keys,
-        .scale = block_scale,
-        .plan = block_plan,
-    },
-};
-
-const mi_pattern_traits *mi_pattern_traits_of(mi_pattern_type type) {
-    if ((int)type < 0 || (int)type >= MI_PATTERN_TYPES) return NULL;
-    return &table[type];
-}
 
 bool mi_pattern_valid(const mi_head_pattern *p) {
     return mi_pattern_traits_of(p->type) && p->vertical_size >= 0 && p->slash_size >= 0 &&
@@ -188,7 +38,7 @@ const char *mi_pattern_field(mi_pattern_type type, int32_t i) {
 mi_status mi_pattern_from_name(const char *name, mi_pattern_type *out) {
     if (!name || !out) return MI_STATUS_INVALID_ARGUMENT;
     for (int i = 0; i < MI_PATTERN_TYPES; i++) {
-        const mi_pattern_traits *t = &table[i];
+        const mi_pattern_traits *t = &mi_pattern_table[i];
         bool match = strcmp(name, t->name) == 0;
         for (int a = 0; !match && a < MI_PATTERN_MAX_ALIASES && t->aliases[a]; a++)
             match = strcmp(name, t->aliases[a]) == 0;
@@ -206,7 +56,8 @@ mi_head_pattern mi_head_pattern_default(mi_pattern_type type) {
     /* Every field carries its default whatever the type, so switching the type keeps sane
      * budgets; the type's own entry is applied last. */
     for (int i = 0; i <= MI_PATTERN_TYPES; i++) {
-        const mi_pattern_traits *t = i < MI_PATTERN_TYPES ? &table[i] : mi_pattern_traits_of(type);
+        const mi_pattern_traits *t =
+            i < MI_PATTERN_TYPES ? &mi_pattern_table[i] : mi_pattern_traits_of(type);
         if (!t) break;
         for (int f = 0; f < MI_PATTERN_MAX_FIELDS && t->fields[f].name; f++)
             *mi_pattern_field_at(&p, t->fields[f].offset) = t->fields[f].default_value;

@@ -1,6 +1,7 @@
 /*
- * pattern_table.h: one traits entry per sparse pattern (pattern_table.c), and the per-head plan
- * built from it once for every backend (prefill_plan.c).
+ * pattern_table.h: the traits of a sparse pattern, one entry per pattern in the table
+ * (pattern_entries.h), and the per-head plan built from it once for every backend
+ * (prefill_plan.c).
  *
  * Everything the library knows about a pattern is in its entry: the names it is read and
  * written under, the mi_head_pattern fields it reads and their defaults, what the config file's
@@ -86,8 +87,13 @@ typedef struct mi_pattern_traits {
                  mi_head_plan *plan);
 } mi_pattern_traits;
 
+#include "pattern_entries.h"
+
 /* The entry of type, NULL for a value outside the table. */
-const mi_pattern_traits *mi_pattern_traits_of(mi_pattern_type type);
+static inline const mi_pattern_traits *mi_pattern_traits_of(mi_pattern_type type) {
+    if ((int)type < 0 || (int)type >= MI_PATTERN_TYPES) return NULL;
+    return &mi_pattern_table[type];
+}
 
 /* The field at offset of p. */
 static inline int32_t *mi_pattern_field_at(mi_head_pattern *p, size_t offset) {

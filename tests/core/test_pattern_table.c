@@ -1,5 +1,5 @@
 /*
- * test_pattern_table.c: the pattern table (src/core/pattern_table.c) through the public API and
+ * test_pattern_table.c: the pattern table (src/core/pattern_entries.h) through the public API and
  * the core plan: every name and alias round-trips, every pattern has its defaults, every pattern
  * survives a config JSON round trip and a "NAME:V1:V2" parse, and the plan follows the table.
  */
