@@ -119,8 +119,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         mi_kv_seq *again = NULL;
         if (mi_kv_seq_create(pools[d], &again) != MI_STATUS_SUCCESS) abort();
         if (mi_kv_seq_load(again, path_out, &id) != MI_STATUS_SUCCESS) {
-            fprintf(stderr, "a saved session does not load: %s\n",
-                    mi_kv_pool_last_error(pools[d]));
+            fprintf(stderr, "a saved session does not load: %s\n", mi_kv_pool_last_error(pools[d]));
             abort();
         }
         if (mi_kv_seq_tokens(again) != tokens) abort();

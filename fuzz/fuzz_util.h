@@ -79,10 +79,19 @@ static inline mi_model_params fz_model_params(void) {
 static inline void fz_exercise_model(mi_model *m) {
     mi_model_info info;
     if (mi_model_get_info(m, &info) != MI_STATUS_SUCCESS) abort();
+    /* Special ids the loader accepted must name tokens of the model (-1: none). */
+    const int32_t ids[3] = {info.bos, info.eos, info.eot};
+    for (int i = 0; i < 3; i++)
+        if (ids[i] < -1 || ids[i] >= info.vocab) {
+            fprintf(stderr, "loaded model has special token id %d outside its vocabulary (%d)\n",
+                    ids[i], info.vocab);
+            abort();
+        }
     static const char text[] = "Hello world <|im_start|>user\n 12345 caf\xc3\xa9 \xe4\xb8\xad";
     int32_t tokens[64];
     size_t n = 0;
-    if (mi_model_tokenize(m, text, sizeof(text) - 1, -1, 1, tokens, 64, &n) != MI_STATUS_SUCCESS)
+    /* With BOS asked for explicitly, whatever the model's default: the id the file names */
+    if (mi_model_tokenize(m, text, sizeof(text) - 1, 1, 1, tokens, 64, &n) != MI_STATUS_SUCCESS)
         n = 0;
     char piece[64];
     for (size_t i = 0; i < n; i++) {
