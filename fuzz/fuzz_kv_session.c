@@ -1,11 +1,10 @@
 /*
- * fuzz_kv_session: the KV cache's session-file reader (mi_kv_seq_load), built once
- * include/minference_kv.h is in the tree. The input is the file, except that both CRC32C fields
- * (docs/kv-cache.md: header bytes 124..127, the last 4 bytes for the body) are recomputed before
- * it is written, so that mutations reach the fields behind the checksums. The storage dtype field
- * (offset 80) picks one of four pools (f32, f16, bf16, fp8) of the same model: 2 layers, 2 KV
- * heads of 8, 4 rows per page. A file that loads is read back, saved and loaded again: the
- * writer's file must load.
+ * fuzz_kv_session: the KV cache's session-file reader (mi_kv_seq_load). The input is the file,
+ * except that both CRC32C fields (docs/kv-cache.md: header bytes 124..127, the last 4 bytes for
+ * the body) are recomputed before it is written, so that mutations reach the fields behind the
+ * checksums. The storage dtype field (offset 80) picks one of four pools (f32, f16, bf16, fp8) of
+ * the same model: 2 layers, 2 KV heads of 8, 4 rows per page. A file that loads is read back,
+ * saved and loaded again: the writer's file must load.
  */
 #include "minference_kv.h"
 

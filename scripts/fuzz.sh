@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh -t 600 fuzz_gguf     one target, 10 minutes
 #   scripts/fuzz.sh -j 4 -t 3600         four jobs per target (long runs; see docs/fuzzing.md)
 #   scripts/fuzz.sh --merge              also fold inputs that add coverage into fuzz/corpus/
+#   scripts/fuzz.sh -t 0                 only builds
 # Inputs found on the way go to build-fuzz/corpus/<target>/ (the checked-in seeds stay as they
 # are); a crash, timeout or OOM leaves its input in build-fuzz/findings/<target>/ and makes the
 # script exit 1 after the other targets have run.
@@ -20,12 +21,11 @@ while [ $# -gt 0 ]; do
     -t) secs="$2"; shift 2 ;;
     -j) jobs="$2"; shift 2 ;;
     --merge) merge=1; shift ;;
-    -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
     esac
 done
-all=(fuzz_gguf fuzz_hf fuzz_tokenizer_json fuzz_config fuzz_tokenize)
-[ -f include/minference_kv.h ] && all+=(fuzz_kv_session)
+all=(fuzz_gguf fuzz_hf fuzz_tokenizer_json fuzz_config fuzz_tokenize fuzz_kv_session)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 
 BUILD_DIR="${BUILD_DIR:-build-fuzz}"
@@ -39,6 +39,7 @@ fi
 CC="$cc" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMI_FUZZ=ON \
     -DMI_CUDA=OFF -DMI_BUILD_TESTS=OFF >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${targets[@]}"
+[ "$secs" -gt 0 ] || exit 0
 
 dict_for() {
     case "$1" in
@@ -47,7 +48,7 @@ dict_for() {
         echo "$BUILD_DIR/hf_all.dict" ;;
     fuzz_tokenizer_json | fuzz_tokenize) echo fuzz/dict/tokenizer_json.dict ;;
     fuzz_config) echo fuzz/dict/config.dict ;;
-    fuzz_kv_session) echo "" ;;
+    fuzz_kv_session) echo fuzz/dict/kv_session.dict ;;
     esac
 }
 
