@@ -2,35 +2,25 @@
  * attn_dense_sm90.cu: the Hopper (sm_90a) dense causal attention kernel, D = 128 or 64, for
  * launches whose every head is dense and whose sequences all have the full length (the dense
  * fallback and mi_cuda_attention_dense); everything else runs the ring kernel of attn_fwd_sm90.cu
- * (at D = 128 also the sparse kernel of attn_sparse_sm90.cu). Described below for D = 128; at
- * D = 64 the Q, K and V tiles are one 64-column half, S takes 4 k-steps and P V is m64n64k16
- * with O in 32 registers.
+ * (at D = 128 also the sparse kernel of attn_sparse_sm90.cu). Described for D = 128; at D = 64
+ * the tiles are one 64-column half, S takes 4 k-steps and P V is m64n64k16.
  *
  * Warp-specialised, one CTA of three warpgroups per SM over 128 query rows:
- *   - warpgroup 0 is the producer: one thread loads Q once (64 x 128 boxes) and K and V BN = 176
- *     keys at a time (64 x 176 boxes) with TMA (4-D tensor maps d, row, head, batch, in the
- *     128-byte swizzle, which is the tile layout wgmma reads), into two stages each, with full /
- *     empty mbarriers;
- *   - warpgroups 1 and 2 are consumers of 64 rows each that share every K and V tile (half the
- *     shared-memory fill per FLOP of a 64-row CTA). Each step issues S(t) = Q K(t)^T (8 x
- *     m64n176k16, both operands in shared memory) and O += P(t-1) V(t-1) (11 x m64n128k16, P in
- *     registers) together, runs the softmax of S(t) while P V(t-1) is in flight, then rescales O;
- *   - the two consumers take turns issuing their GEMMs (two named barriers), so that one's
- *     softmax runs under the other's tensor work;
- *   - setmaxnreg gives the producer 24 registers and the consumers 240 (64 for O, 88 for S, 44
- *     for P, the rest for the softmax and addresses).
- * MI_CUDA_DENSE_BN=128 runs tiles of 128 keys instead (the kernel before 176, for A/B runs).
- * Only the tiles that reach past a consumer's first row (the last one or two) need the causal
- * mask; keys past the sequence arrive as zeros (TMA fills what lies outside the tensor, which is
- * why the sequences must have the full length: a shorter one would read its padding). Numbers:
- * the kernel's comment.
- * MI_CUDA_SM90_DENSE=0 sends these launches to the ring kernel (for A/B runs).
+ *   - warpgroup 0 is the producer: one thread loads Q once and K and V BN = 176 keys at a time
+ *     with TMA (4-D tensor maps d, row, head, batch, in the 128-byte swizzle wgmma reads) into
+ *     two stages each, with full / empty mbarriers;
+ *   - warpgroups 1 and 2 are consumers of 64 rows each that share every K and V tile. Each step
+ *     issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) together and runs the softmax of S(t) while
+ *     P V(t-1) is in flight; the two take turns at the tensor cores (two named barriers), so
+ *     that one's softmax runs under the other's GEMMs;
+ *   - setmaxnreg gives the producer 24 registers and the consumers 240.
+ * Invariants: only the tiles that reach past a consumer's first row need the causal mask; keys
+ * past the sequence arrive as zeros (TMA fills what lies outside the tensor, hence the full
+ * length: a shorter sequence would read its padding).
  * The same code computes the chunks of Tri-shape's dense last rows (tri_chunk_sm90_kernel; see
  * tri_split_args in attn_plan.cuh): its tiles start at a chunk's first key, a CTA takes two row
  * blocks, and each consumer writes its block's unnormalised rows, maxima and sums for the merge.
- * Against the mma.sync chunk kernel (H200, 128 + 3968 + 100 last rows, Tri-shape minus A-shape,
- * medians of three rounds; bench/results/2026-12-02-gpu-tri-split-sm90.json): 1M x 1 head 0.36 ->
- * 0.13 ms, 128K x 32 / 8 heads 1.27 -> 0.22 ms.
+ * Entry point: mi_cuda_attn_sm90_dense_launch (tile width BN = 176, or 128 for A/B runs).
  */
 #include "sm90_common.cuh"
 
@@ -67,48 +57,14 @@ template <int BN, int D> constexpr size_t ds_smem() {
 }
 static_assert(ds_smem<176, 128>() <= 227 * 1024, "176-key tiles fit a CTA's shared memory");
 
-/* Reached on an NVIDIA H200 (bf16, D = 128, causal), full benchmark at commit 624ac90
- * (bench/results/2026-11-30-gpu-attention-v9.json, cuDNN and flash SDPA in the same run):
- * 690 / 618 / 616 / 613 TFLOP/s at 32K / 128K / 512K / 1M = 1.02 / 1.08 / 1.21 / 1.24x cuDNN
- * (674 / 573 / 508 / 492), each timing after one warm-up call. Since the benchmark warms up for
- * at least 0.2 s a timing (ff1f5f2) the same kernel measures 602-625 at 32K in every run and
- * 617-623 from 128K on, while cuDNN at 32K measures 588-675 by process: 0.92-1.04x across the
- * runs v11-v36 (617 against 670 in bench/results/2026-12-01-gpu-attention-v36.json). Against
- * the ring kernel in one process (bench/results/2026-11-30-gpu-dense-ws-ab.json): 634 / 619 /
- * 610 against 480 / 469 / 479 at 32K / 128K / 512K. The 8B-shape model at 128K: dense TTFT
- * 12.34 -> 10.44 s, attention 9.12 -> 7.26 s. Nsight Compute at 32K x 32 heads
- * (bench/results/2026-12-01-ncu-dense-32k.txt): the tensor pipe active 74 % of the cycles,
- * issue slots 33 % busy (one CTA of 12 warps per SM), 423 instructions a consumer warp issues
- * per 128-key step (64 each of FFMA, MUFU, FADD and FMNMX for the softmax, 32 F2FP, the rest
- * wgmma descriptors, waits and barriers), 6.8 cycles between them: waiting on its S behind the
- * other consumer's GEMMs, on the turn-taking barrier and on its own dependency chains.
- * Tried and dropped: a persistent version (one CTA per SM walking the row blocks, Q
- * double-buffered, commit 91ddb39) was slower at every length, 128K 584 and 1M 535 TFLOP/s
- * against 618 and 613 (bench/results/2026-11-30-gpu-dense-persistent-experiment.json): with
- * one CTA per row block, the CTAs that run together are adjacent row blocks of one head, which
- * stream the same K/V through L2 at the same pace. A third K/V stage (225 KB of shared memory)
- * changed nothing (32K 620-621 against 614-620; bench/results/2026-12-01-gpu-dense-stages-ab.json),
- * so the loads arrive in time. Computing a quarter or a half of the exponentials by a cubic on
- * the FMA pipes instead of the MUFU unit (busy 38 % of the cycles) made it 4 % and 10 % slower
- * (32K 604 -> 581 / 548; bench/results/2026-12-01-gpu-dense-exp-poly-ab.json): each added
- * instruction cost a step about 0.8 cycles, so what would speed this loop up is fewer
- * instructions per step, not fewer of one kind. Letting the consumers issue without taking turns
- * measured the same (128K 2 % slower; bench/results/2026-12-01-gpu-dense-turns-ab.json).
- * Then K/V tiles of 176 keys instead of 128 (S by m64n176k16, FlashAttention-3's tile for
- * D = 128): a step's fixed instructions (the reductions' shuffles, the rescale test, barriers,
- * waits, descriptors) spread over more keys, 543 instructions a step, 6.5 % fewer per key; in one
- * process, two rounds (bench/results/2026-12-01-gpu-dense-176-keys-ab.json): 32K 602-603 ->
- * 625-627, 128K 613-616 -> 619-630, 512K 602-614 -> 628-638. Full benchmark's dense section
- * (bench/results/2026-12-01-gpu-attention-v38-dense.json, ce4c557): 628 / 645 / 643 / 633 at 32K
- * / 128K / 512K / 1M = 1.03 / 1.14 / 1.29 / 1.33x cuDNN (608 / 565 / 498 / 476).
- * D = 64 (the same code, templated on D; commit 64defaf), 9 query / 3 KV heads as SmolLM2, in one
- * process against the mma.sync kernel that ran D = 64 before (bench/results/2026-12-01-gpu-dense-
- * d64-ws.json): 457-460 against 255-257 TFLOP/s at 128K and 512K, cuDNN 467 and 415. With half
- * the tensor work of D = 128 per key and the same softmax, the softmax bounds it.
- * A list of heads for the grid (dense_sm90_args::listed): a mixed launch's dense heads (in the
- * config, or below their crossover) run here instead of on the ring kernel; 32 heads at 64K,
- * 16 dense + 16 A-shape 40.0 -> 31.8 ms, and the dense layer unchanged (128K x 32 heads 204 ms,
- * 689 TFLOP/s; bench/results/2026-12-02-gpu-dense-fallback-1ac541c.json). */
+/* One CTA per pair of row blocks, not persistent: the CTAs that run together are adjacent row
+ * blocks of one head, which stream the same K/V through L2 at the same pace. Two K/V stages are
+ * enough for the loads to arrive in time. The consumers' loop is bound by its instructions per
+ * step (the softmax's FFMA, MUFU, FADD and FMNMX, the reductions, barriers, waits and
+ * descriptors), not by one pipe: hence K/V tiles of 176 keys (S by m64n176k16, FlashAttention-3's
+ * tile for D = 128), over which a step's fixed instructions spread. At D = 64 the softmax, not
+ * the tensor work, bounds it. A list of heads for the grid (dense_sm90_args::listed) lets a
+ * mixed launch's dense heads run here instead of on the ring kernel. */
 template <typename T, int BN, int D, bool CHUNK>
 __device__ __forceinline__ void dense_rows(const dense_sm90_args &a, const mi_cuda_attn_params *p,
                                            const tri_split_args *sa) {

@@ -9,10 +9,11 @@
  * K/V rows that do not exist are zero-filled by cp.async, so a masked probability (0) never
  * multiplies garbage.
  * Its tile step also computes the dense last rows of Tri-shape heads split over chunks of keys,
- * on every GPU (attn_tri_split_kernel, merged by tri_merge_kernel; see tri_split_plan). Versions
- * of that split, on one head at 1M (H200; bench/results/2026-12-02-gpu-tri-split.json): each row
- * block's merged rows in one CTA, 35.5 -> 5.5 ms; a CTA per merged row, 3.9 ms. On Hopper the
- * chunks run on the dense wgmma kernel instead (tri_chunk_sm90_kernel, attn_dense_sm90.cu).
+ * on every GPU (attn_tri_split_kernel, merged by tri_merge_kernel; see tri_split_plan.cuh). On
+ * Hopper the chunks run on the dense wgmma kernel instead (tri_chunk_sm90_kernel,
+ * attn_dense_sm90.cu).
+ * Entry points: mi_cuda_attn_run (picks the Hopper kernels where they apply), the public
+ * mi_cuda_attention_dense / _a_shape / _sparse, and mi_cuda_fill_attn_params.
  */
 #include "attn_plan.cuh"
 #include "tri_split_plan.cuh"
@@ -300,13 +301,10 @@ __global__ void __launch_bounds__(BM * 2)
     attn_fwd_rows<T, D, BM>(p);
 }
 
-/* On Hopper (where this kernel runs only with MI_CUDA_DISABLE_SM90=1: the wgmma kernels take
- * every launch otherwise), D = 64 must keep two CTAs of 256 threads (or four of 128) an SM, i.e.
- * at most 128 registers a thread: left to itself ptxas gave it 146 once the tile plan grew (the
- * A-/Tri-shape window struct), one CTA of 256 threads an SM, and dense D = 64 on an H200 fell
- * from 255 to 186 TFLOP/s (bench/results/2026-12-01-gpu-dense-d64-occupancy.json). The sm_80
- * build keeps ptxas's choice: held to 128 registers it spills 44 bytes, and no A100 was at hand
- * to weigh that against the occupancy. D = 128 keeps ptxas's choice everywhere. */
+/* On Hopper (where this kernel runs only when the wgmma kernels are switched off), D = 64 must
+ * keep two CTAs of 256 threads (or four of 128) an SM, i.e. at most 128 registers a thread:
+ * left to itself ptxas gives it more, and one CTA an SM. The sm_80 build keeps ptxas's choice:
+ * held to 128 registers it spills 44 bytes. D = 128 keeps ptxas's choice everywhere. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM)*2, 256 / (BM))
 #else

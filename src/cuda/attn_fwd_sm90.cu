@@ -1,8 +1,8 @@
 /*
  * attn_fwd_sm90.cu: the Hopper (sm_90a) variant of the attention kernel, D = 128 and 64:
  * warpgroup MMA (wgmma) instead of mma.sync, same tile plan (attn_plan.cuh), same masking and
- * numerics as attn_fwd.cu. (What follows describes D = 128; D = 64 is the same kernel with one
- * 64-column half per row, P V as 4 x m64n64k16, and four CTAs per SM: see its entry point.)
+ * numerics as attn_fwd.cu. (Described for D = 128; D = 64 is the same kernel with one 64-column
+ * half per row, P V as 4 x m64n64k16, and four CTAs per SM.)
  *
  * A CTA is one warpgroup of 64 query rows. Q, K and V tiles sit in shared memory in the
  * 128-byte-swizzled K-major layout wgmma reads directly: each 128-column row is split in two
@@ -12,14 +12,13 @@
  * transposed (MN-major B).
  * Tiles arrive by cp.async (any key positions, as sparse tiles need); the writes are made visible
  * to the async proxy with fence.proxy.async before the barrier.
- * One kernel serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks, three CTAs per
- * SM, with K and V tiles in a ring of three shared-memory slots (numbers and history: the kernel's
- * comment below, dev/cuda/attn_dense_v1..v5.cu, and the warp-specialised and TMA experiments in
- * dev/cuda/attn_ws_v6.cu and attn_tma_v7.cu). Launches whose every head is dense (and whose
- * sequences have the full length) go to the warp-specialised dense kernel instead
- * (attn_dense_sm90.cu), and band-like sparse heads and A-/Tri-shape heads to attn_sparse_sm90.cu
- * (chosen per head on the device; this kernel then skips them); see mi_cuda_attn_sm90_launch at
- * the end of this file. */
+ * One kernel (the ring kernel) serves every mode (dense, A-/Tri-shape, sparse) in 64-row blocks,
+ * three CTAs per SM, with K and V tiles in a ring of three shared-memory slots. Launches whose
+ * every head is dense (and whose sequences have the full length) go to the warp-specialised
+ * dense kernel instead (attn_dense_sm90.cu), and band-like sparse heads and A-/Tri-shape heads
+ * to attn_sparse_sm90.cu (chosen per head on the device; this kernel then skips them).
+ * Entry points: mi_cuda_sm90_usable, mi_cuda_attn_sm90_launch (at the end of this file).
+ */
 #include "sm90_common.cuh"
 
 #include <math.h>
@@ -62,48 +61,18 @@ __device__ __forceinline__ void mask_scores(float *s, const tile_plan &tp, int t
 }
 
 /* The kernel: one warpgroup per CTA, 64 query rows (one row block of the sparse index), three
- * CTAs per SM. It replaced a two-warpgroup 128-row dense kernel (dev/cuda/attn_dense_v4.cu) and
- * the two-CTA 64-row loop (dev/cuda/attn_dense_v3.cu): the profile of those was latency bound
- * (issue slots 38% busy, 0.49 eligible warps per scheduler), so more resident warps hide more of
- * each warp's stalls. Three CTAs need at most 168 registers (launch bounds; ptxas: 150 now, no
- * spills) and about 75 KB of shared memory each; two full K/V stages (83 KB) do not fit, so K and
- * V tiles share a ring of three 16 KB slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in
- * slot i % 3. K(t+1) is issued in step t, right after the wgmma of S(t), into the slot V(t-1)
- * used; V(t+1) right after the wgmma of P V(t) into the slot K(t) used; each is waited one step
- * later, the same prefetch distance as a two-stage loop, with 48 KB of K/V instead of 64 KB.
- * H200, bf16, against the two-CTA loop in one process (ms/head, effective TFLOP/s; both runs:
- * bench/results/2026-11-30-gpu-sparse-ring-ab.json; dense: 445 / 439 / 430 / 431 TFLOP/s at
- * 32K / 128K / 512K / 1M against 397-405 for the 128-row kernel,
- * bench/results/2026-11-30-gpu-dense-ring-ab.json):
- * local 128K 1.166 / 376 (1.356 / 323), 1M 9.60 / 373 (11.26 / 319); mixed 128K 7.86 / 421
- * (8.41 / 393), 1M 90.0 / 408 (95.2 / 386); small 128K 0.247 / 313 (0.295 / 262), 1M 2.17 / 286
- * (2.56 / 242); whole-layer VS prefill at 1M x 8 heads 427.4 ms (447.6 ms).
- * Then fewer instructions per step, since the profile still showed issue slots about half busy
- * with fixed-latency dependencies ("wait") the largest stall, at about 540 instructions per warp
- * and 64-key step: descriptors built once per tile, plans and masks without branches on the
- * mode, gathered tiles unmasked when every key precedes the block, gathered loads with one key
- * lookup per row, the O rescale skipped when no row max moved, tree reductions, and the next
- * tile's copies issued under the running wgmma. Full benchmark (bench/results/2026-11-30-gpu-
- * attention-v8.json): dense 487 / 495 / 487 / 482 TFLOP/s at 32K / 128K / 512K / 1M = 0.73 /
- * 0.89 / 0.99 / 1.06x cuDNN; local 429 / 463 / 465, mixed 466 / 462 / 445, small 394 / 322 /
- * 343 at 128K / 512K / 1M; VS local 1M 7.71 ms per head; whole-layer VS prefill at 1M 49.2 ms
- * per head. The profile after it: issue slots 44-49 % busy, "wait" still the largest stall.
- * Then whether a range tile needs its mask is decided when the tile is loaded, instead of
- * looking its offset up again between S(t) and the softmax: sparse sets +1.5-2 % (local 128K
- * 0.910 -> 0.891 ms, mixed 128K 7.00 -> 6.85 ms, local 1M 7.62 -> 7.47 ms per head in
- * bench/time_variants.py, two runs each).
- * Tried and dropped: waiting for K(t) and V(t) together at the step start (one cp.async wait and
- * proxy fence per step instead of two) was 2-6 % slower, 13 % on the 1M prefill: V then has half
- * a step to arrive instead of a whole one. Nor did the opposite, V(t+1) issued as soon as every
- * warp is done with S(t) (one more barrier a step) so that K(t+1) and V(t+1) load together
- * during the softmax: mixed 128K 485-489 against 486-487 TFLOP/s, the 1M prefill 44.7-45.2
- * against 44.6 ms per head, mixed 1M within its spread; the loads wait on L2's throughput, not on
- * their issue (bench/results/2026-12-02-gpu-ring-v-early-ab.json). Nor did launching the CTAs
- * so that the query heads that share K and V run side by side (row block by row block, the heads
- * of a group together): the whole-layer prefill on estimated indexes within 1 % at 128K-1M
- * (bench/results/2026-12-02-gpu-ring-gqa-order-ab.json). A persistent version (CTAs
- * walking the row blocks, the ring running on from one to the next) was slower or no faster:
- * dev/cuda/attn_ring_persistent_v9.cu. */
+ * CTAs per SM: the loop is latency bound, so more resident warps hide more of each warp's
+ * stalls. Three CTAs need at most 168 registers (launch bounds) and about 75 KB of shared memory
+ * each; two full K/V stages (83 KB) do not fit, so K and V tiles share a ring of three 16 KB
+ * slots instead (67 KB in all): K0 V0 K1 V1 ..., item i in slot i % 3. K(t+1) is issued in step
+ * t, right after the wgmma of S(t), into the slot V(t-1) used; V(t+1) right after the wgmma of
+ * P V(t) into the slot K(t) used; each is waited one step later, the same prefetch distance as
+ * a two-stage loop, with 48 KB of K/V instead of 64 KB. K(t) and V(t) are waited for separately
+ * (V has a whole step to arrive). Per step the instructions are kept few: descriptors built
+ * once per tile, plans and masks without branches on the mode, whether a range tile needs its
+ * mask decided when it is loaded, gathered tiles unmasked when every key precedes the block,
+ * the O rescale skipped when no row max moved, tree reductions, and the next tile's copies
+ * issued under the running wgmma. */
 template <typename T, int D>
 __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p) {
 #ifdef MI_SM90_DEVICE
@@ -120,8 +89,7 @@ __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p)
     const int m_blk = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y;
     /* heads the sparse kernel ran. Tested here, not after the plan (where its load would
-     * overlap the plan's): that version kept more registers live and ran the kernel 2 % slower
-     * (bench/results/2026-11-30-gpu-sparse-routing.json) */
+     * overlap the plan's): that kept more registers live */
     if (p.sm90_taken && __ldg(p.sm90_taken + bh)) return;
     const int b = bh / p.heads, h = bh % p.heads;
     const int hk = h / p.group;
@@ -255,12 +223,7 @@ __device__ __forceinline__ void attn_fwd_sm90_ring(const mi_cuda_attn_params &p)
 
 /* The entry points: three CTAs per SM at D = 128 (168 registers at most), four at D = 64, whose
  * O accumulator and tiles are half as large (128 registers, no spills, 34 KB of shared memory
- * each; five CTAs hold it to 96 registers, where ptxas spills 42 bytes, and ran local and small
- * 1-3 % slower: bench/results/2026-12-01-gpu-ring-d64-occupancy.json). D = 64 ran the
- * sm_80 mma.sync kernel before; H200, bf16, effective TFLOP/s at 128K x 8 / 2 heads and at 1M
- * x 1 (bench/results/2026-12-01-gpu-sparse-d64-ring-ab.json, two processes per build): local
- * 347-349 (mma.sync 208-212), mixed 366-378 (216-221), small 288-292 (191-193); the whole
- * SmolLM2 prefill at 512K 2.30 -> 1.57 s. */
+ * each; five CTAs would hold it to 96 registers, where ptxas spills). */
 template <typename T>
 __global__ void __launch_bounds__(128, 3)
     attn_fwd_sm90_ring_kernel(const __grid_constant__ mi_cuda_attn_params p) {

@@ -75,8 +75,7 @@ __device__ __forceinline__ bool key_visible(const tile_plan &tp, int key, int ro
 /* A 64-key range tile starting at off that every row of first_row .. last_row sees entirely: inside
  * the sequence, at or left of the diagonal and, for A-/Tri-shape, all sinks, all inside the last
  * row's window, or all rows dense (Tri-shape): its scores need no mask. With a window only the
- * tiles at its two ends need one (A-shape used to mask every tile: 128 + 4096 on an H200, 0.95 ->
- * 0.62 ms per head at 128K, 7.7 -> 5.1 ms at 1M; bench/results/2026-11-30-gpu-patterns-ab.json). */
+ * tiles at its two ends need one. */
 __device__ __forceinline__ bool range_tile_unmasked(const tile_plan &tp, int off, int first_row,
                                                     int last_row, int len) {
     return off >= 0 && off + BN - 1 < len && off + BN - 1 <= first_row &&

@@ -1,5 +1,5 @@
 /*
- * bs_chunks.cuh: how the block-sparse estimate's bound and streaming kernels (bs_estimate.cu)
+ * bs_chunks.cuh: how the block-sparse estimate's bound and streaming kernels (bs_stream.cuh)
  * divide their work, on the host and the device alike, so that the host test
  * (tests/cuda/test_bs_chunks.cu) checks the same code the kernels run.
  *
@@ -89,10 +89,9 @@ __host__ __device__ __forceinline__ bss_range bss_range_of(const bss_work &w, in
  * most 3/4 of the longest group's: otherwise the longest-first order already evens the CTAs out,
  * and chunks only add their starts, ends and merges. The chunks then take about half the tiles a
  * slot gets (so that the longest-first order evens them out), at least BSS_SPLIT_MIN_TILES, and
- * a group at most BSS_SPLIT_MAX. A model of that order (CTAs of n + 2 tiles' cost into 264
- * slots) gave at 1M x 1 head 258 -> 175 tiles on the busiest slot, at 512K x 1 130 -> 60, at 128K
- * x 8 34 -> 27, and losses from 1M x 2 heads on (258 -> 290-309) and at 128K x 16, hence the
- * 3/4. */
+ * a group at most BSS_SPLIT_MAX. The 3/4: a model of that order (CTAs of n + 2 tiles' cost into
+ * 264 slots) evened the busiest slot out with one or few long pairs and lost from two pairs of 1M
+ * on. */
 inline int bss_chunk_tiles_for(int64_t pairs, int64_t groups, int64_t slots, int forced) {
     if (forced == 0 || pairs <= 0 || groups < 2) return 0;
     int64_t c = forced;

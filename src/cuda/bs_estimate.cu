@@ -47,15 +47,8 @@ static int bs_rows_per_cta(int64_t R) {
 
 /* Where the scores leave room for two CTAs per SM, CTAs of 256 threads with one group of key rows
  * in flight per warp; where one CTA fills an SM's shared memory (about 512K and beyond), the
- * wide variant: 512 threads, two groups in flight per warp (at most 128 registers). H200,
- * per-head estimate time, builds in turn in one process (bench/results/2026-11-30-gpu-patterns-
- * ab.json): at 1M, 256 threads with one group 12.0 ms, with four groups 5.5-5.6 ms (Nsight
- * Compute: 12.5 % occupancy, L2 29 %, SM 34 %, latency bound), the wide variant 4.5-4.6 ms;
- * 128K 0.113 ms with one group and two CTAs per SM, 0.163 ms with four groups and one CTA. (One
- * CTA per row block, each thread reading a whole pooled key row, with a five-pass select: 0.30 ms
- * at 128K, 23.6 ms at 1M.) Keeping only the top 16 bits of each score (six row blocks per CTA,
- * five at 1M, the candidates' exact scores computed again) was tried: 1M 7 % faster, 128K 19 %
- * slower; not kept. */
+ * wide variant: 512 threads, two groups in flight per warp (at most 128 registers), since one
+ * CTA of 256 threads an SM is latency bound. */
 constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
 constexpr int BS_WIDE_NT = 512;
 
@@ -218,15 +211,9 @@ static size_t bsr_pair_bytes(int64_t R) {
 
 /* Whether the estimate goes through scores in memory at this length (every head, however
  * many): from BSR_AUTO_MIN_ROW_BLOCKS on, where a pair's keys fit BSR_SCORE_BYTES (up to about
- * 1.8M; longer sequences take the streaming kernel). H200, top 100, ms for all heads, pooling
- * included, scores in memory against streaming, random / position-coded inputs: one head
- * 0.101 / 0.108 against 0.190 / 0.192 at 128K, 0.285 / 0.294 against 0.470 / 0.434 at 512K,
- * 0.685 / 0.703 against 0.850 / 0.967 at 1M; four heads 0.187 / 0.205 against 0.248 / 0.265
- * at 128K, 0.863 / 0.898 against 0.912 / 1.139 at 512K, 2.53 / 2.59 against 2.52 / 3.11 at
- * 1M; 32 heads 1.13 / 1.22 against 1.06 / 1.31 at 128K, 20.2 / 20.7 against 19.2 / 23.7 at 1M;
- * with the score kernel's 16-byte stores, 18.9 / 19.4 against 19.2 / 23.9 at 1M x 32 and 0.651 /
- * 0.667 at 1M x 1 (bench/results/2026-12-01-gpu-bs-estimate-summaries.json). Random scores at
- * 128K x 32 heads were the one case where streaming was ahead (6 %, before the stores);
+ * 1.8M; longer sequences take the streaming kernel). From 128K on it was faster than streaming
+ * at one, four and 32 heads, on random and on position-coded scores; the one exception was
+ * random scores at 128K x 32 heads, within a few per cent;
  * near-diagonal scores, the shape of real heads, favour scores in memory at every count.
  * MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B runs, tests). */
 /* 128K: the shortest length measured */
@@ -246,9 +233,7 @@ static int64_t bsr_chunk_pairs(int64_t BH, int64_t len) {
 
 /* The key tiles a CTA of the score kernels takes for `groups` row groups of `pairs` (b, h) pairs
  * a launch: BSR_CHUNK_TILES, or half that where the CTAs would not fill the SMs' slots (three
- * CTAs an SM) twice over. At 128K x 1 (80 CTAs of 8 tiles) the wgmma scores took 0.016 ms
- * against 0.011 with 4; at 512K x 1 (1088 CTAs) 0.069 against 0.070, at 1M x 1 0.239 against
- * 0.251 (bench/results/2026-12-01-gpu-bs-estimate-wgmma.json). */
+ * CTAs an SM) twice over (short sequences, few heads). */
 static int bsr_chunk_tiles(int64_t groups, int64_t pairs) {
     int64_t ctas = 0;
     for (int64_t g = 0; g < groups; ++g) ctas += (g + BSR_CHUNK_TILES) / BSR_CHUNK_TILES;

@@ -67,8 +67,7 @@ __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
 
 /* The same sums with a thread per (block, 8 values of d), for rows that 16-byte loads can read
  * (the common case): eight loads in flight a thread instead of one, where the one-value kernel
- * waited on memory latency (0.41 ms for the q and k of 128K x 32 heads). BS_POOL_NT / (D / 8)
- * blocks per CTA. */
+ * waits on memory latency. BS_POOL_NT / (D / 8) blocks per CTA. */
 constexpr int BS_POOL_NT = 128;
 template <typename T, int D>
 __global__ void __launch_bounds__(BS_POOL_NT)

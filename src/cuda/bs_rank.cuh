@@ -28,9 +28,9 @@ struct bs_select_params {
     int32_t dense_below;
     int32_t bound_groups; /* bs_bound_kernel's groups per tile: -1 automatic, else G */
     uint32_t *bound;      /* [B*H, row_blocks] each row's bound (bs_bound_kernel); null: none */
-    /* The streaming kernels' row groups in chunks of key tiles (BSS_SPLIT_MAX, below); chunk_tiles
-     * 0: a CTA per row group. groups_r: the row groups with key tiles, split_items: their
-     * chunks; split_heads: the streaming heads, split_slot[h]: h's rank among them. */
+    /* The streaming kernels' row groups in chunks of key tiles (BSS_SPLIT_MAX, bs_chunks.cuh);
+     * chunk_tiles 0: a CTA per row group. groups_r: the row groups with key tiles, split_items:
+     * their chunks; split_heads: the streaming heads, split_slot[h]: h's rank among them. */
     int32_t chunk_tiles, groups_r, split_items, split_heads;
     int32_t groups, bh; /* the index's row groups; the (b, h) pairs (all heads) */
     int32_t mask_append; /* bs_stream_kernel's plain tiles appended at once where they can be */

@@ -15,7 +15,7 @@ namespace mi_cuda {
  * [lo, hi], by one warp, with no barrier: bsr_kth_largest_listed with one ballot per 32 keys a
  * count until at most 32 keys at or above lo are left in the range still open; those then sit
  * one a lane (listed through the warp's 32 words at `list`) and each count is one ballot. In the
- * select at 1M the counts over every key had been 40 % of its instructions. n_ge_lo: the keys at
+ * select, counts over every key would be most of its instructions. n_ge_lo: the keys at
  * or above lo, or -1 (counted here). */
 template <typename KeyFn>
 __device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, uint32_t hi,
@@ -125,13 +125,10 @@ constexpr int BSR_WCAND = 512;
 constexpr int BSR_BATCH = 4;
 constexpr int BSR_REG_GROUPS = 1024;
 /* the bound search's stop (bsr_summary_bound) on rows of BSR_REG_GROUPS summaries, and
- * proportionally less on shorter ones: at 1M x 1 the select took 0.145 / 0.152 ms with the
- * search run to its end, 0.140 / 0.148 stopping within 32 (random / position-coded); 32 on every
- * row had made it 8-15 % slower at 128K x 32 heads (rows of at most 128 summaries, k = 100),
- * where the extra keys listed cost more than the counts saved */
+ * proportionally less on shorter ones: on short rows the extra keys listed cost more than the
+ * counts saved */
 constexpr int BSR_BOUND_SLACK = 32;
-/* three CTAs an SM (80 registers a thread, one 4-byte spill): 0.189 / 0.207 ms at 1M x 1
- * (random / position-coded) against 0.217 / 0.238 with two (115 registers) */
+/* three CTAs an SM (80 registers a thread) */
 constexpr int BSR_CTAS_PER_SM = 3;
 __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     bs_row_select_kernel(const __grid_constant__ bs_select_params p) {

@@ -44,8 +44,8 @@ __device__ __forceinline__ uint32_t bsr_key16x2(float a, float b) {
  * group's summary (bsr_summary_16x2: two lanes' halves, merged) handed to put_sum(on, i, rr,
  * group, summary), on for one lane a group of a selecting row; step i covers the warp's rows
  * 4 i .. 4 i + 3, one a quarter warp. The wgmma kernel packs a tile before the next tile's
- * product overwrites its accumulators, so that one set of 32 serves both (with two, ptxas had
- * copied the finished one out after every product: 6 % of the kernel's instructions). */
+ * product overwrites its accumulators, so that one set of 32 serves both (with two, ptxas
+ * copies the finished one out after every product). */
 __device__ __forceinline__ void bsr_pack_tile(const float *s, int it, const int (&mr)[2], int t,
                                               uint32_t (&key)[16]) {
     /* a tile past block 0 and before every row's diagonal (most of them): each key is its
@@ -219,9 +219,8 @@ template <int D> constexpr size_t bsr_wg_smem() {
            4 * sizeof(uint64_t);
 }
 /* Tensor maps of the pooled queries and keys (d, row block, head, batch) in 64-row boxes, where
- * the tiles come by TMA (D = 128; on: both encoded): one thread issues a tile's two boxes, where
- * every thread had computed and issued eight 16-byte copies (with their addresses, 15 % of the
- * kernel's instructions at 1M). */
+ * the tiles come by TMA (D = 128; on: both encoded): one thread issues a tile's two boxes,
+ * instead of every thread computing and issuing eight 16-byte copies. */
 struct bsr_score_maps {
     CUtensorMap q, k;
     int32_t on;

@@ -1,8 +1,8 @@
 /*
  * bs_scores.cuh: the layout of the block-sparse estimate's scores in memory and the bit-by-bit
- * k-th largest that its select runs (bs_score_kernel, bs_row_select_kernel in bs_estimate.cu),
- * on the host and the device alike, so that the host test (tests/cuda/test_bs_scores.cu) checks
- * the code the kernels run.
+ * k-th largest that its select runs (bs_score_kernel in bs_score_mem.cuh, bs_row_select_kernel
+ * in bs_row_select.cuh), on the host and the device alike, so that the host test
+ * (tests/cuda/test_bs_scores.cu) checks the code the kernels run.
  *
  * A (b, h) pair's scores are the 16-bit order keys of the pooled scores of the causal triangle
  * (the upper half of each score's 32-bit order key: the estimate ranks scores at bf16

@@ -1,5 +1,5 @@
 /*
- * bs_slots.cuh: where the masked appends of bs_stream_kernel (bs_estimate.cu) put a plain tile's
+ * bs_slots.cuh: where the masked appends of bs_stream_kernel (bs_stream.cuh) put a plain tile's
  * candidates, on the host and the device alike, so that the host test
  * (tests/cuda/test_bs_slots.cu) checks the arithmetic the kernel runs.
  *

@@ -38,9 +38,8 @@ namespace mi_cuda {
  *
  * The candidate slots per row block, CAP: a row compacts to k before an n-tile (up to 8 new
  * candidates a row) could overflow them. 256 slots take a CTA's 64 rows to 172 KB of shared
- * memory, one CTA an SM; 128 slots (108 KB) fit two, for top k up to BSS_NARROW_MAX_K. (352
- * slots, compacting less often, measured slower: 0.16 against 0.105 ms per head at 128K, 2.7
- * against 2.2 at 1M, before the bounds.) */
+ * memory, one CTA an SM; 128 slots (108 KB) fit two, for top k up to BSS_NARROW_MAX_K. More
+ * slots, compacting less often, would cost more in occupancy than they save. */
 constexpr int BSS_ROWS = 64;
 constexpr int BSS_NT = 128;
 constexpr int BSS_KEYS = 64;
@@ -222,9 +221,8 @@ __device__ __forceinline__ void bss_walk_tiles(T *kbuf, const T *kg, bss_range r
  * largest of its maxima: k distinct blocks reach it, so the row's k-th largest score key is at
  * least that. G is the largest power of two up to 32 whose maxima fit the BSB_SLOTS slots (1M:
  * 2, 128K: 16); past that, tiles share slots, a slot keeping the largest of their groups' maxima:
- * still the maximum of a set of distinct blocks, so the bound holds. 512 slots against 256 gave
- * the streaming kernel 20 % less work on near-diagonal scores at 128K (finer groups), and 128 of
- * them given to two-key groups in the four tiles nearest the diagonal did not help (measured). */
+ * still the maximum of a set of distinct blocks, so the bound holds. 512 slots give finer groups,
+ * so tighter bounds, than 256 on near-diagonal scores. */
 constexpr int BSB_SLOTS = 512;
 /* A row's slots in shared memory are BSB_ROW apart: 16 bytes past the 1 KB of its slots, so the
  * rows of a warp's eight lanes g fall on different banks (1 KB apart, every update of a slot was
@@ -602,8 +600,8 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
                 cnt[1] += total[1];
                 return true;
             };
-            /* (not tried where a lane's own keys, four times over, would not fit its row: a
-             * tile full of candidates, as near the diagonal, that needs a compaction anyway) */
+            /* (not where a lane's own keys, four times over, would not fit its row: a tile full of
+             * candidates, as near the diagonal, needs a compaction anyway) */
             if (plain && nt_on != 0 && p.mask_append) {
                 bool likely = true;
 #pragma unroll
@@ -713,7 +711,7 @@ __global__ void __launch_bounds__(BSS_NT)
     /* at least k: k distinct blocks reach the bound (or, without one, every chunk admits all).
      * warp_keep_top sized to the list: its samples are spread over all its slots, and with
      * most of them past the list it brackets the k-th value badly and falls back to its
-     * quickselect (24 slots for lists of about 400 took 0.14 ms at 1M x 1 head) */
+     * quickselect */
     const int k = min(w.k, n);
     if (k > 0 && k < n) {
         uint64_t *sc = scratch[warp];

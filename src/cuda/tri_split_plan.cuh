@@ -31,24 +31,15 @@ struct tri_split_knobs {
 };
 
 /* Tri-shape heads' last rows see every key. In one launch such a row block is len / 64 tiles for
- * one CTA while the heads' other row blocks have n_local / 64 + 2: at 1M on one head (128 + 3968
- * + 100 rows on an H200) 36 ms where A-shape alone takes 3.5, and on one head at 16K-64K
- * Tri-shape ran slower than dense. So the launch runs those heads as A-shape, their last rows with
- * the window (a few tiles each), and then computes the last rows' blocks again, dense and split
- * over chunks of keys (attn_tri_split_kernel, about four CTAs an SM in all; on Hopper
- * tri_chunk_sm90_kernel, one wave of CTAs of two row blocks), merged into the output
- * (tri_merge_kernel). It does so from k.from keys on (MI_CUDA_TRI_SPLIT; default
- * TRI_SPLIT_FROM_SM90 with Hopper's chunk kernel, TRI_SPLIT_FROM otherwise; 0: never), and from
- * half that where the Tri-shape heads' work is short of two items of the heads' windows an SM
- * (the rule that keeps such heads off the warp-specialised kernel): on the H200 one head 0.20 ->
- * 0.14 ms at 8K, 0.49 -> 0.14 at 16K, 1.07 -> 0.22 at 32K; 32 heads (8 KV) 0.84 -> 0.88 at 8K,
- * 1.89 -> 1.88 at 16K, 3.91 -> 3.83 at 32K, 7.96 -> 7.52 at 64K
- * (bench/results/2026-12-02-gpu-tri-split-crossover.json). Hence 16384 at first; measured later
- * against dense per head count (bench/results/2026-12-02-gpu-tri-split-8k.json, speed-ups of
- * Tri-shape 128 + 3968 + 100 over dense with the bound at 16384 -> 8192), the split paid from 8K
- * on Hopper: at 12K 9 / 3 heads 1.09 -> 1.27 (D = 128) and 0.77 -> 1.32 (D = 64), 32 / 8 heads
- * 1.22 -> 1.42 and 1.14 -> 1.39; at 8K 32 / 8 heads 1.10 -> 1.10 and 0.94 -> 1.07. The sm_80
- * chunk kernel keeps 16384 (not measured again). */
+ * one CTA while the heads' other row blocks have n_local / 64 + 2, so that one CTA sets the
+ * launch's time. So the launch runs those heads as A-shape, their last rows with the window (a
+ * few tiles each), and then computes the last rows' blocks again, dense and split over chunks of
+ * keys (attn_tri_split_kernel, about four CTAs an SM in all; on Hopper tri_chunk_sm90_kernel,
+ * one wave of CTAs of two row blocks), merged into the output (tri_merge_kernel). It does so from
+ * k.from keys on (default TRI_SPLIT_FROM_SM90 with Hopper's chunk kernel, TRI_SPLIT_FROM
+ * otherwise; 0: never), and from half that where the Tri-shape heads' work is short of two items
+ * of the heads' windows an SM (the rule that keeps such heads off the warp-specialised kernel):
+ * the lengths from which the split paid against running those rows in one CTA. */
 constexpr int64_t TRI_SPLIT_FROM_SM90 = 8192, TRI_SPLIT_FROM = 16384;
 /* The plan: no split where the last rows are many (more than TRI_SPLIT_MAX_ROW_BLOCKS row
  * blocks, or chunks needing more than TRI_SPLIT_MAX_BYTES of scratch): a launch with that many

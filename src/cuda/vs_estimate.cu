@@ -1,5 +1,5 @@
 /*
- * vs_estimate.cu: vertical-slash estimation (spec §3.1) for all heads in three launches.
+ * vs_estimate.cu: vertical-slash estimation for all heads in three launches.
  *
  *   1. stats:   the last n = min(64, len) queries against key chunks of 2048 keys, tensor cores
  *               (wgmma on Hopper, mma.sync elsewhere); per chunk and row the running max and sum
@@ -8,69 +8,19 @@
  *               P = exp(s - lse) in fp32, staged a 64 x 64 tile at a time in shared memory,
  *               where one thread sums each column (each chunk owns its columns) and one each
  *               pair of diagonals (global atomics add the diagonals to the ones the previous
- *               and next chunks share).
+ *               and next chunks share). No shared-memory float atomics: on these GPUs they are
+ *               compare-and-swap loops, and lanes of a warp meet on one diagonal.
  *   3. select:  per (b, h) and per vector, force the sinks / the local diagonals to +inf, radix
- *               select the per-head budget, compact in index order: verticals come out ascending,
- *               slash distances descending (index i = len-1-d ascending), with no sort.
+ *               select the per-head budget over CTAs of 4096 keys (three histogram passes),
+ *               compact in index order: verticals come out ascending, slash distances
+ *               descending (index i = len-1-d ascending), with no sort.
  * Recomputing the scores (twice the GEMM) avoids an [H, 64, L] fp32 buffer (8.6 GB at 1M x 32).
  * The corner mask of the estimate is the causal mask of query position len-n+r, so the tile code
- * is the attention kernel's.
+ * is the attention kernel's; tiles without a masked key skip the mask and fold the scale into
+ * the exponent.
  * Scores are q.k accumulated in fp32 (the original rounds the product to the input dtype before
  * scaling; keeping fp32 changes nothing but near-ties).
- *
- * Versions (H200, bf16, budgets 1000 / 6096, bench/vs_estimate_kernels.py; ms for all heads at
- * 128K x 32 heads / 512K x 8 / 1M x 8, GQA 4:1):
- *   1. pass 2 added every P to its diagonal with a shared-memory atomicAdd and its column sums
- *      (after a butterfly over the warp's rows) the same way. On this GPU a shared-memory float
- *      atomicAdd is a compare-and-swap loop (ATOMS.CAST.SPIN in the SASS), and lanes of one
- *      warp land on the same diagonal, so each retried: scores (both passes) 2.49 / 2.51 / 4.72,
- *      select 0.23 / 0.88 / 2.39, index build (vs_index.cu) 1.46 / 2.36 / 3.97.
- *   2. P staged in shared memory (rows 72 floats apart, so that a half warp's float2 stores
- *      fall in distinct banks); thread k < 64 walks the tile once, summing diagonal k (rows
- *      0..63-k) and diagonal k-64 (the other rows), which completes the diagonal it left open
- *      in the previous tile (carried in a register), threads 64..127 sum a column each; no
- *      shared-memory atomics left: scores 0.81 / 0.84 / 1.72
- *      (bench/results/2026-12-01-gpu-vs-estimate-diagonals.json). In bench/torch_ref.py's
- *      estimation section the estimate went 2.78 -> 1.06 ms at 128K x 32 (estimate and index
- *      4.5 -> 2.7 % of the whole-layer prefill), 3.42 -> 1.79 at 512K x 8 (4.0 -> 3.0 %),
- *      7.11 -> 4.16 at 1M x 8 (3.0 -> 2.2 %) (2026-12-01-gpu-attention-v39-estimation.json).
- *      Not kept: four keys a thread in flight in the select's histogram passes (no change).
- *   3. the select spread over CTAs of 4096 keys (it was one CTA per (head, list), five passes
- *      over the vector: at 1M x 8 heads sixteen CTAs on 132 SMs, about 0.5 ms a pass): three
- *      histogram passes of 11, 11 and 10 bits with a pick kernel per vector after each, then
- *      per-chunk counts and an in-order write at each chunk's place. Select 0.233 -> 0.127 /
- *      0.893 -> 0.126 / 2.389 -> 0.292, lists bit for bit the same at all three shapes
- *      (bench/results/2026-12-01-gpu-vs-select-ab.json). On the way: chunks of 8192 keys with
- *      __match_any_sync on every pass and a branch around each load (the forced entries) took
- *      0.21 / 0.21 / 0.50 (0.37 of it the histograms); a plain shared-memory atomic add per key
- *      on the first pass, the match only where a warp holds keys of the chosen bin on the
- *      others, unconditional loads, and 4096-key chunks (the count kernel 76 -> 40 registers, and
- *      twice the CTAs) made it the numbers above.
- *   4. the score passes by wgmma on Hopper (vs_scores_wg_kernel; the mma.sync kernel stays for
- *      other GPUs and MI_CUDA_VS_WGMMA=0). In the mma.sync passes each of the four warps reads
- *      the whole key tile through ldmatrix (64 KB of shared-memory reads a 16 KB tile); wgmma
- *      reads the query and key tiles from shared memory (128-byte swizzle) once per
- *      warpgroup, and the next tile's product runs while the warps process this one: scores
- *      0.81 -> 0.61 / 0.85 -> 0.65 / 1.72 -> 1.34. Nsight Compute then showed both passes
- *      issue-bound (59-61 % of issue slots busy at 1M x 8, 2000 / 3700 warp instructions a
- *      tile). So, in both kernels: tiles without a masked key (all but a chunk's last and the
- *      sequence's last) skip the mask and fold the scale into the exponent (one FFMA an entry,
- *      P = exp2(s scale - lse) with no multiply by 1 / sum), the column sums in four chains
- *      instead of one, and the wgmma kernel's key tiles by TMA (MI_CUDA_VS_SCORE_TMA=0: 16-byte
- *      copies, 0.57 / 0.61 / 1.27): scores 0.49 / 0.53 / 1.10, and at 1M x 8 under Nsight
- *      Compute pass 1 603 -> 386 us (1100 warp instructions a tile) and pass 2 1.13 -> 0.99 ms
- *      (2570); mma.sync 0.74 / 0.77 / 1.59. Lists and index word for word those of the previous
- *      build at all three shapes (bench/results/2026-12-01-gpu-vs-scores-wgmma.json).
- *      Tried and not kept: the diagonal walk as two loops split where it wraps (2.75
- *      instructions an entry instead of 8; but the lanes of a warp split at different rows, so
- *      a warp took 95 steps instead of 64, each waiting on one chain of adds: pass 2 1.13 ->
- *      1.36 ms, issue slots 59 -> 31 % busy); every thread summing half a diagonal and half a
- *      column, the halves meeting in shared memory, so that every warp did the same work
- *      (0.476 / 0.525 / 1.097: no change).
- *   What is left: the index build (vs_index.cu) is the largest part at every shape; the score
- *   passes read each group's keys once per head (4 times at GQA 4:1, mostly from L2), and pass
- *   2's diagonal walk (8 instructions an entry on two of the four warps) is the largest part
- *   of its instructions.
+ * Entry points: mi_cuda_vs_scratch_bytes, mi_cuda_vs_estimate_run, mi_cuda_vs_estimate.
  */
 #include "block_select.cuh"
 #include "cuda_common.cuh"

@@ -1,50 +1,19 @@
 /*
- * vs_index.cu: vertical/slash sets -> block index (spec §3.2), one thread per (b, h, row block),
- * each walking its row block with vs_walk_row (vs_walk.cuh: what the walk does, and its host
- * test). Each CTA stages both lists of its (b, h) in shared memory; unordered input (the public
+ * vs_index.cu: vertical/slash sets -> block index, one thread per (b, h, row block), each
+ * walking its row block with vs_walk_row (vs_walk.cuh: what the walk does, and its host test).
+ * Each CTA stages both lists of its (b, h) in shared memory; unordered input (the public
  * mi_vs_build_index accepts any order) is bitonic-sorted there, and only lists too large for
  * shared memory go through cub's segmented sort into a stream-ordered scratch buffer. Duplicates
  * and out-of-range entries are skipped during the walk.
- * H200, the benchmark's estimated lists (VS 1000 / 6096, local-like): one step per diagonal,
- * 2.36 ms for 128K x 32 heads, 3.4-3.7 ms for 512K x 8, 4.2-4.6 ms for 1M x 8; with the
- * galloping skip over diagonals that change nothing (below), 1.48 / 2.49-2.61 / 4.18 ms. Writing
- * the entries four at a time (one 16-byte store per four, since each thread writes its own
- * scattered row) measured slower, 2.88 / 4.26 / 4.6-4.9 ms: the scattered stores are not what
- * limits the walk, its length is.
- * Tried and not kept (bench/results/2026-12-01-gpu-vs-select-ab.json, same lists): a warp per
- * row block, 32 diagonals a step (a max-scan for each one's predecessor, ballots for the gaps
- * that surely break (> 127) or surely join (<= 64) a run, the few between decided in order),
- * runs written as tiles and kept columns as 32-wide compactions with coalesced stores: the
- * index bit for bit the same, a fifth of the L2 write sectors at 1M x 8 (43 M against 208 M)
- * but 7.5x the instructions (3.9 G against 0.52 G: about 150 a step of 32 diagonals, where a
- * thread spends under one per diagonal, its warp's 32 row blocks walking the same list in
- * step), so slower: 2.79 / 3.20 / 5.67 ms. Nsight Compute puts this kernel at 25 % occupancy
- * (a thread per row block: 4096 warps at 1M x 8) and 37 % of memory throughput, waiting on its
- * own shared-memory loads; CTAs of 64, 256 or 32 threads instead of 128: 1.81 / 1.49 / 2.54 ms at
- * 128K x 32, 3.76 / 4.23 / 4.28 at 1M x 8 (128: 1.46, 4.01).
- * Kept columns as bits (the L1TEX stalls above were the scattered stores: a thread's row is its
- * own, so each store touched 32 rows): the walk sets a bit of the vertical list in shared memory
- * instead, and after the walk each warp writes its 32 rows' columns with one coalesced store per
- * 32 list entries (a scan of the words' counts places them). H200, ms, the same index, mask
- * against direct stores in one process (MI_CUDA_VS_INDEX_MASK=0; bench/results/
- * 2026-12-01-gpu-vs-index-mask-ab.json): estimated lists 1.11 -> 1.02 at 128K x 32, 1.79 ->
- * 1.45 at 512K x 8, 3.22 -> 2.34 at 1M x 8; the prescribed sets at 128K x 32: local 0.89 ->
- * 0.48, small 0.106 -> 0.072, mixed 2.12 -> 2.23 (its walk, over scattered diagonals, is most of
- * the time); at 1M x 1 (128 CTAs, one an SM, nothing to hide the warp's writing behind): local
- * 0.31 -> 0.37, mixed 1.23 -> 1.38, small 0.048 -> 0.059. Layers have 8 to 32 heads, so the
- * bits are the default where they fit (the list's bits for 128 threads in 64 KB, beside the
- * lists: up to 4096 verticals).
- * Shortcuts (strictly ordered lists, checked once per CTA; MI_CUDA_VS_INDEX_SHORTCUTS=0 walks
- * step by step): the verticals left of the first range counted by a binary search and copied by
- * the warp, and each run of diagonals within 64 of the one before taken at once (its end found
- * from bits of the slash list). H200, ms, the same index word for word (bench/results/
- * 2026-12-02-gpu-vs-index-shortcuts-ab.json): estimated lists 1.02 -> 0.64 at 128K x 32, 1.46 ->
- * 1.05 at 512K x 8, 2.36 -> 1.90 at 1M x 8; local 0.49 -> 0.21 and small 0.071 -> 0.044 at 128K
- * x 32, 0.37 -> 0.09 and 0.060 -> 0.028 at 1M x 1; mixed 2.23 -> 1.78 at 128K x 32 but 1.38 ->
- * 1.56 at 1M x 1 (every scattered diagonal ends a run; keeping the last bits word in a register
- * did not change that). A first form that took only consecutive diagonals missed the
- * estimator's runs (gaps mostly 1 but not throughout) and, with the column bits set by a plain
- * load-or-store, was twice as slow on its lists.
+ * Kept columns are set as bits of the vertical list in shared memory where they fit (up to 4096
+ * verticals for 128 threads): a thread's row is its own, so direct stores each touched 32 rows;
+ * after the walk each warp writes its 32 rows' columns with one coalesced store per 32 list
+ * entries (a scan of the words' counts places them). Direct stores remain for larger lists.
+ * Shortcuts, for strictly ordered lists (checked once per CTA): the verticals left of the first
+ * range counted by a binary search and copied by the warp, and each run of diagonals within 64
+ * of the one before taken at once (its end found from bits of the slash list).
+ * Invariant: every variant (bits or stores, shortcuts or step by step) writes the same index.
+ * Entry points: mi_cuda_vs_index_run, mi_cuda_vs_build_index.
  */
 #include "cuda_common.cuh"
 #include "vs_walk.cuh"
