@@ -56,9 +56,9 @@ __device__ __forceinline__ void sparse_consumer(const sparse_sm90_args &a, const
             bulk_wait_read<0>();
             mbar_arrive(sm.q_empty + (qb ^ 1));
         }
+        row_softmax soft;
 #pragma unroll
         for (int i = 0; i < 64; ++i) o[i] = 0.f;
-        row_softmax soft;
 
         /* A tile is computed whole (S over 128 keys, 8 k-steps of P V) or, for a split or padded
          * tile, only its half `hf` (S over 64 keys, 4 k-steps) */
