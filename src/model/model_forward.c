@@ -13,6 +13,7 @@
  * The final norm and LM head run for the last position only.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "minference_kv.h"
 #include "model_gpu.h"
 
 #include <cblas.h>
@@ -323,6 +324,7 @@ mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_patt
 
 typedef struct fwd_bufs {
     float *x, *h, *q, *att, *g, *u, *cos_t, *sin_t, *inv_freq;
+    float *kn, *vn; /* a session's new K and V rows before they go into its pages */
     mi_head_pattern *pat;
 } fwd_bufs;
 
@@ -337,10 +339,13 @@ static void free_bufs(fwd_bufs *b) {
     free(b->sin_t);
     free(b->inv_freq);
     free(b->pat);
+    free(b->kn);
+    free(b->vn);
 }
 
-mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
-                      const mi_model_capture *capture) {
+/* seq NULL: the model's own cache (fresh: from position 0); else a session's pages, appended. */
+static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n, bool fresh,
+                         float *logits, const mi_model_capture *capture) {
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab)
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
@@ -349,9 +354,9 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
     if (m->gpu) return mim_gpu_forward(m, tokens, n, fresh, logits, capture);
     const double t_start = mim_now_s();
     double t_attn = 0.0, t_gemm = 0.0, t0;
-    if (fresh) m->n_past = 0;
-    const int64_t n_past = m->n_past;
-    mi_status st = ensure_cache(m, n_past + n);
+    if (fresh && !seq) m->n_past = 0;
+    const int64_t n_past = seq ? mi_kv_seq_tokens(seq) : m->n_past;
+    mi_status st = seq ? MI_STATUS_SUCCESS : ensure_cache(m, n_past + n);
     if (st != MI_STATUS_SUCCESS) return st;
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
@@ -378,7 +383,11 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
     b.sin_t = malloc((size_t)(n * half) * sizeof(float));
     b.inv_freq = malloc((size_t)half * sizeof(float));
     b.pat = malloc((size_t)m->n_heads * sizeof(mi_head_pattern));
-    if (!b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
+    if (seq) {
+        b.kn = malloc((size_t)(n * kvd) * sizeof(float));
+        b.vn = malloc((size_t)(n * kvd) * sizeof(float));
+    }
+    if ((seq && (!b.kn || !b.vn)) || !b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
         !b.pat) {
         free_bufs(&b);
         return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
@@ -397,7 +406,8 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
 
     for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
         const mim_layer *L = &m->layers[l];
-        float *kc = m->k_cache[l] + n_past * kvd, *vc = m->v_cache[l] + n_past * kvd;
+        float *kc = seq ? b.kn : m->k_cache[l] + n_past * kvd;
+        float *vc = seq ? b.vn : m->v_cache[l] + n_past * kvd;
         mim_rmsnorm(b.x, L->attn_norm, b.h, n, D, m->eps);
         {
             const mim_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
@@ -412,6 +422,15 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
         mim_add_bias(vc, L->bv, n, kvd, kvd);
         mim_rope_apply(&m->rope, b.q, n, m->n_heads, m->hd, qd, b.cos_t, b.sin_t);
         mim_rope_apply(&m->rope, kc, n, m->n_kv, m->hd, kvd, b.cos_t, b.sin_t);
+        if (seq) {
+            mi_tensor tk = mi_tensor_blhd(kc, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            mi_tensor tv = mi_tensor_blhd(vc, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            if ((st = mi_kv_seq_append(seq, l, &tk, &tv)) != MI_STATUS_SUCCESS) {
+                mim_model_fail(m, st, "layer %d: the KV cache: %s", l,
+                               mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+                break;
+            }
+        }
         if (capture && capture->on_layer) {
             /* a capture is a fresh prompt: the cache rows are this prompt's k and v */
             mi_tensor tq =
@@ -427,10 +446,10 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
             if ((st = mim_layer_patterns(m, l, n, b.pat)) != MI_STATUS_SUCCESS) break;
             mi_tensor tq =
                 mi_tensor_blhd(b.q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
-            mi_tensor tk =
-                mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
-            mi_tensor tv =
-                mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
+            mi_tensor tk = mi_tensor_blhd(seq ? kc : m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1,
+                                          m->n_kv, n, m->hd);
+            mi_tensor tv = mi_tensor_blhd(seq ? vc : m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1,
+                                          m->n_kv, n, m->hd);
             mi_tensor to =
                 mi_tensor_blhd(b.att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
             t0 = mim_now_s();
@@ -440,6 +459,11 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
                 mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
                 break;
             }
+        } else if (seq) {
+            t0 = mim_now_s();
+            st = mim_seq_attention(m, seq, l, b.q, n, n_past, scale, b.att);
+            t_attn += mim_now_s() - t0;
+            if (st != MI_STATUS_SUCCESS) break;
         } else {
             cont_job j = {b.q,    m->k_cache[l], m->v_cache[l], b.att, n,
                           n_past, m->n_heads,    m->n_kv,       m->hd, scale, m->sliding_window};
@@ -474,7 +498,7 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
         st = mim_token_log_probs(m, b.x, tokens, n, capture->token_log_probs);
     if (st == MI_STATUS_SUCCESS) {
         /* a capture measures; it leaves no cache to continue from */
-        m->n_past = capture ? 0 : n_past + n;
+        if (!seq) m->n_past = capture ? 0 : n_past + n;
         if (logits) {
             mim_rmsnorm(b.x + (n - 1) * D, m->out_norm, b.h, 1, D, m->eps);
             t0 = mim_now_s();
@@ -487,11 +511,25 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
             m->timing.attention_s = t_attn;
             m->timing.gemm_s = t_gemm;
         }
+    } else if (seq) {
+        mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past); /* the session loses nothing */
     } else if (fresh) {
         m->n_past = 0;
     }
     free_bufs(&b);
     return st;
+}
+
+mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
+                      const mi_model_capture *capture) {
+    return forward(m, NULL, tokens, n, fresh, logits, capture);
+}
+
+mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
+                          float *logits) {
+    if (m->gpu)
+        return mim_model_fail(m, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
+    return forward(m, seq, tokens, n, mi_kv_seq_tokens(seq) == 0, logits, NULL);
 }
 
 mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *logits) {

@@ -10,6 +10,7 @@
  * pair dimension i with i + head_dim/2 ("neox"). The loader records which one applies.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "minference_kv.h"
 #include "model_gpu.h"
 
 #include <cblas.h>
@@ -685,6 +686,7 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
 void mi_model_destroy(mi_model *m) {
     if (!m) return;
     mim_gpu_detach(m);
+    mi_kv_pool_destroy(m->kv_pool); /* its memory goes with the last session */
     mim_pool_destroy(m->pool);
     mi_context_destroy(m->ctx);
     if (m->k_cache)

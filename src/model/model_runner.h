@@ -4,6 +4,7 @@
 #ifndef MI_MODEL_RUNNER_H
 #define MI_MODEL_RUNNER_H
 
+#include "minference_kv.h"
 #include "model_internal.h"
 
 typedef struct mim_layer {
@@ -49,6 +50,9 @@ struct mi_model {
     mi_model_timing timing;
     void *gpu; /* the CUDA copy (model_gpu.cu) or NULL */
     char last_error[MIM_ERROR_CAPACITY];
+    /* sessions (model_session.c): the page pool they share, created with the first one */
+    mi_kv_pool *kv_pool;
+    uint64_t weights_hash; /* 0 until first needed */
 };
 
 /* malloc'ed memory released with the model (NULL when out of memory). */
@@ -86,6 +90,17 @@ void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld);
  * log-probabilities, and leaves the cache empty. */
 mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                       const mi_model_capture *capture);
+
+/* mim_forward for a session (model_session.c): appends the n tokens' K and V to seq (which the
+ * model's pool holds) and attends over it; on failure every layer is cut back to its length
+ * before the call. */
+mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
+                          float *logits);
+
+/* Dense attention of n query rows at positions n_past.. over the first n_past + n rows of one
+ * layer of seq, read from the pages in place (model_session.c). q, out: [n, n_heads * hd]. */
+mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer,
+                            const float *q, int64_t n, int64_t n_past, float scale, float *out);
 
 /* out [n - 1] = log p(tokens[i + 1] | ..i) from the final residuals x [n, hidden] (CPU). */
 mi_status mim_token_log_probs(mi_model *m, const float *x, const int32_t *tokens, int64_t n,

@@ -1,0 +1,93 @@
+/*
+ * minference_session.h: sessions of the model runner (CPU). A session is one sequence's KV cache
+ * and position, kept in the paged cache of minference_kv.h, separate from the weights: many
+ * sessions share one model, a fork shares its parent's pages (copy-on-write), and a session can be
+ * saved to a file and loaded back (docs/kv-cache.md describes the file).
+ *
+ * Conventions are those of minference.h: every function returns mi_status unless it is a pure
+ * query; destroy(NULL) is a no-op; a failed call leaves the session exactly as it was (a forward
+ * pass that fails in a layer cuts every layer back to the length it had before the call) and
+ * leaves a message in mi_session_last_error().
+ *
+ * Concurrency: the model holds the weights, the worker threads and the scratch buffers that a
+ * forward pass uses, and the page pool shared by its sessions, so one call at a time per model:
+ * sessions of the same model must not be used from two threads at once (sessions of different
+ * models may). Destroy a model's sessions before the model.
+ *
+ * Attention: the first prefill of an empty session runs the model's attention mode (sparse,
+ * exactly as mi_model_prefill); a later prefill or decode (a follow-up turn, queries at an
+ * offset) attends densely to the whole cache, reading the pages in place.
+ *
+ * mi_model_prefill / mi_model_decode / mi_model_n_past keep working over the model's own
+ * default sequence and do not touch sessions. Sessions are CPU only: on a CUDA model
+ * mi_session_create returns MI_STATUS_UNSUPPORTED.
+ */
+#ifndef MINFERENCE_SESSION_H
+#define MINFERENCE_SESSION_H
+
+#include "minference_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mi_session mi_session;
+
+typedef struct mi_session_params {
+    /* Tokens this session may hold; <= 0: the model's max_context (no limit when that is 0).
+     * A call that would exceed it fails with MI_STATUS_INVALID_ARGUMENT before any work. */
+    int64_t max_tokens;
+    /* Bytes of pages the model's pool (shared by all its sessions) may hold; taken when the
+     * pool is created, i.e. by the model's first session; 0: no limit. Running out is
+     * MI_STATUS_OUT_OF_MEMORY and leaves the session unchanged. */
+    uint64_t pool_bytes;
+} mi_session_params;
+
+mi_session_params mi_session_default_params(void);
+
+/* An empty session over model (params may be NULL: defaults). */
+mi_status mi_session_create(mi_model *model, const mi_session_params *params, mi_session **out);
+void mi_session_destroy(mi_session *s);
+/* Message of the last failed call on this session ("" if none). */
+const char *mi_session_last_error(const mi_session *s);
+
+/* Appends n tokens (a prompt, a follow-up turn or decoded tokens) and writes the last position's
+ * logits [vocab] (may be NULL). prefill and decode are the same operation; the names say intent. */
+mi_status mi_session_prefill(mi_session *s, const int32_t *tokens, size_t n, float *logits);
+mi_status mi_session_decode(mi_session *s, const int32_t *tokens, size_t n, float *logits);
+/* Tokens in the cache. */
+int64_t mi_session_n_past(const mi_session *s);
+/* Drops the last n tokens (n <= n_past). */
+mi_status mi_session_rewind(mi_session *s, int64_t n);
+/* A new session with s's tokens, sharing its pages: no row is copied; either may then append,
+ * rewind or be destroyed without the other seeing it. */
+mi_status mi_session_fork(const mi_session *s, mi_session **out);
+
+/* Writes the cache to path atomically, with the model's identity (architecture, shapes and a
+ * hash of the weights' types, shapes and leading bytes). */
+mi_status mi_session_save(const mi_session *s, const char *path);
+/* Replaces s's cache with the file's. MI_STATUS_IO_ERROR (cannot read), MI_STATUS_PARSE_ERROR
+ * (not a session file, truncated, corrupt), MI_STATUS_UNSUPPORTED (newer format),
+ * MI_STATUS_INVALID_ARGUMENT (another model, or more tokens than max_tokens),
+ * MI_STATUS_OUT_OF_MEMORY (the pool cannot hold it); s is unchanged on every error. */
+mi_status mi_session_load(mi_session *s, const char *path);
+
+typedef struct mi_session_stats {
+    int64_t n_tokens;
+    int64_t max_tokens;        /* 0: no limit */
+    uint64_t bytes;            /* this session's pages (every layer) */
+    uint64_t shared_bytes;     /* of them, pages another session also holds (a fork's prefix) */
+    uint64_t pool_used_bytes;  /* pages in use by any session of the model */
+    uint64_t pool_allocated_bytes;
+    uint64_t pool_capacity_bytes; /* 0: no limit */
+    int32_t pool_sessions;        /* live sessions of the model */
+    int32_t page_tokens;
+} mi_session_stats;
+
+mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MINFERENCE_SESSION_H */

@@ -1,0 +1,354 @@
+/*
+ * model_session.c: sessions of the model runner (include/minference_session.h) over the paged
+ * KV cache (src/kv). The forward pass itself is model_forward.c's, which appends each layer's
+ * K and V to the session's sequence; this file holds the session objects, their files and the
+ * dense attention of queries at an offset that reads the pages in place.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "minference_session.h"
+
+#include "minference_kv.h"
+#include "model_runner.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mi_session {
+    mi_model *model;
+    mi_kv_seq *seq;
+    int64_t max_tokens; /* 0: no limit */
+    char last_error[MIM_ERROR_CAPACITY];
+};
+
+static mi_status sfail(const mi_session *cs, mi_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static mi_status sfail(const mi_session *cs, mi_status st, const char *fmt, ...) {
+    mi_session *s = (mi_session *)cs; /* the message is not part of the session's state */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->last_error, sizeof(s->last_error), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+mi_session_params mi_session_default_params(void) {
+    mi_session_params p;
+    memset(&p, 0, sizeof(p));
+    return p;
+}
+
+mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_session **out) {
+    if (!out) return MI_STATUS_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!m) return MI_STATUS_INVALID_ARGUMENT;
+    if (m->gpu)
+        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
+                              "sessions run on the CPU model only (the CUDA model keeps its own "
+                              "cache: use mi_model_prefill / mi_model_decode)");
+    mi_session_params p = params ? *params : mi_session_default_params();
+    if (!m->kv_pool) {
+        mi_kv_pool_params pp = mi_kv_pool_default_params();
+        pp.n_layers = m->n_layers;
+        pp.n_kv_heads = m->n_kv;
+        pp.head_dim = m->hd;
+        pp.dtype = MI_KV_F32; /* the forward pass's own precision: a session equals the model */
+        pp.capacity_bytes = p.pool_bytes;
+        char err[256] = "";
+        mi_status st = mi_kv_pool_create(&pp, &m->kv_pool, err, sizeof(err));
+        if (st != MI_STATUS_SUCCESS)
+            return mim_model_fail(m, st, "cannot create the KV page pool: %s", err);
+    }
+    mi_session *s = calloc(1, sizeof(*s));
+    if (!s) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");
+    mi_status st = mi_kv_seq_create(m->kv_pool, &s->seq);
+    if (st != MI_STATUS_SUCCESS) {
+        free(s);
+        return mim_model_fail(m, st, "cannot create a session: %s",
+                              mi_kv_pool_last_error(m->kv_pool));
+    }
+    s->model = m;
+    s->max_tokens = p.max_tokens > 0 ? p.max_tokens : m->params.max_context;
+    if (s->max_tokens < 0) s->max_tokens = 0;
+    *out = s;
+    return MI_STATUS_SUCCESS;
+}
+
+void mi_session_destroy(mi_session *s) {
+    if (!s) return;
+    mi_kv_seq_destroy(s->seq);
+    free(s);
+}
+
+const char *mi_session_last_error(const mi_session *s) { return s ? s->last_error : ""; }
+
+static mi_status run(mi_session *s, const int32_t *tokens, size_t n, float *logits,
+                     const char *what) {
+    if (!s) return MI_STATUS_INVALID_ARGUMENT;
+    s->last_error[0] = 0;
+    if (!tokens || n == 0) return sfail(s, MI_STATUS_INVALID_ARGUMENT, "no tokens to %s", what);
+    const int64_t past = mi_kv_seq_tokens(s->seq);
+    if (s->max_tokens > 0 && (int64_t)n > s->max_tokens - past)
+        return sfail(s, MI_STATUS_INVALID_ARGUMENT,
+                     "%lld + %zu tokens exceed the session's max_tokens = %lld", (long long)past,
+                     n, (long long)s->max_tokens);
+    mi_model *m = s->model;
+    m->last_error[0] = 0;
+    mi_status st = mim_forward_seq(m, s->seq, tokens, (int64_t)n, logits);
+    if (st != MI_STATUS_SUCCESS) sfail(s, st, "%s", m->last_error);
+    return st;
+}
+
+mi_status mi_session_prefill(mi_session *s, const int32_t *tokens, size_t n, float *logits) {
+    return run(s, tokens, n, logits, "prefill");
+}
+
+mi_status mi_session_decode(mi_session *s, const int32_t *tokens, size_t n, float *logits) {
+    return run(s, tokens, n, logits, "decode");
+}
+
+int64_t mi_session_n_past(const mi_session *s) { return s ? mi_kv_seq_tokens(s->seq) : 0; }
+
+mi_status mi_session_rewind(mi_session *s, int64_t n) {
+    if (!s) return MI_STATUS_INVALID_ARGUMENT;
+    s->last_error[0] = 0;
+    const int64_t past = mi_kv_seq_tokens(s->seq);
+    if (n < 0 || n > past)
+        return sfail(s, MI_STATUS_INVALID_ARGUMENT, "cannot rewind %lld of %lld tokens",
+                     (long long)n, (long long)past);
+    mi_status st = mi_kv_seq_rewind(s->seq, n);
+    if (st != MI_STATUS_SUCCESS)
+        return sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+    return st;
+}
+
+mi_status mi_session_fork(const mi_session *s, mi_session **out) {
+    if (!out) return MI_STATUS_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!s) return MI_STATUS_INVALID_ARGUMENT;
+    mi_session *c = calloc(1, sizeof(*c));
+    if (!c) return sfail(s, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");
+    mi_status st = mi_kv_seq_fork(s->seq, &c->seq);
+    if (st != MI_STATUS_SUCCESS) {
+        free(c);
+        return sfail(s, st, "fork: %s", mi_kv_pool_last_error(s->model->kv_pool));
+    }
+    c->model = s->model;
+    c->max_tokens = s->max_tokens;
+    *out = c;
+    return MI_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Files                                                                                       */
+
+static uint64_t hash_weight(uint64_t h, const char *role, int64_t index, const mim_weight *w) {
+    h = mi_kv_hash64(h, role, strlen(role));
+    h = mi_kv_hash64(h, &index, sizeof(index));
+    h = mi_kv_hash64(h, &w->type, sizeof(w->type));
+    h = mi_kv_hash64(h, &w->rows, sizeof(w->rows));
+    h = mi_kv_hash64(h, &w->cols, sizeof(w->cols));
+    /* types and shapes alone cannot tell two checkpoints of one architecture apart: the first
+     * bytes of the data can, at the cost of one page read per tensor */
+    size_t lead = w->row_bytes < 64 ? w->row_bytes : 64;
+    if (w->data && lead) h = mi_kv_hash64(h, w->data, lead);
+    return h;
+}
+
+static uint64_t weights_hash(mi_model *m) {
+    if (m->weights_hash) return m->weights_hash;
+    uint64_t h = mi_kv_hash64(0, m->info.arch, strnlen(m->info.arch, sizeof(m->info.arch)));
+    h = hash_weight(h, "token_embd", 0, &m->tok_embd);
+    h = hash_weight(h, "output", 0, &m->output);
+    for (int32_t l = 0; l < m->n_layers; l++) {
+        const mim_layer *L = &m->layers[l];
+        const mim_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        static const char *const names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+        for (int i = 0; i < 7; i++) h = hash_weight(h, names[i], l, ws[i]);
+    }
+    const double rope[2] = {m->rope.theta, m->eps};
+    h = mi_kv_hash64(h, rope, sizeof(rope));
+    m->weights_hash = h ? h : 1;
+    return m->weights_hash;
+}
+
+static void model_id(mi_model *m, mi_kv_model_id *id) {
+    memset(id, 0, sizeof(*id));
+    snprintf(id->arch, sizeof(id->arch), "%s", m->info.arch);
+    id->n_layers = m->n_layers;
+    id->n_heads = m->n_heads;
+    id->n_kv_heads = m->n_kv;
+    id->head_dim = m->hd;
+    id->hidden = m->hidden;
+    id->vocab = m->vocab;
+    id->weights_hash = weights_hash(m);
+}
+
+mi_status mi_session_save(const mi_session *s, const char *path) {
+    if (!s) return MI_STATUS_INVALID_ARGUMENT;
+    ((mi_session *)s)->last_error[0] = 0;
+    if (!path) return sfail(s, MI_STATUS_INVALID_ARGUMENT, "no path to save to");
+    mi_kv_model_id id;
+    model_id(s->model, &id);
+    mi_status st = mi_kv_seq_save(s->seq, path, &id);
+    if (st != MI_STATUS_SUCCESS)
+        return sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+    return st;
+}
+
+mi_status mi_session_load(mi_session *s, const char *path) {
+    if (!s) return MI_STATUS_INVALID_ARGUMENT;
+    s->last_error[0] = 0;
+    if (!path) return sfail(s, MI_STATUS_INVALID_ARGUMENT, "no path to load from");
+    mi_kv_model_id id;
+    model_id(s->model, &id);
+    /* loaded into a scratch sequence first, so that max_tokens can refuse it unchanged */
+    mi_kv_seq *tmp = NULL;
+    mi_status st = mi_kv_seq_create(s->model->kv_pool, &tmp);
+    if (st == MI_STATUS_SUCCESS) st = mi_kv_seq_load(tmp, path, &id);
+    if (st != MI_STATUS_SUCCESS) {
+        sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+        mi_kv_seq_destroy(tmp);
+        return st;
+    }
+    const int64_t n = mi_kv_seq_tokens(tmp);
+    for (int32_t l = 0; l < s->model->n_layers; l++)
+        if (mi_kv_seq_length(tmp, l) != n) {
+            mi_kv_seq_destroy(tmp);
+            return sfail(s, MI_STATUS_PARSE_ERROR,
+                         "%s: layers of different lengths: not a model session", path);
+        }
+    if (s->max_tokens > 0 && n > s->max_tokens) {
+        mi_kv_seq_destroy(tmp);
+        return sfail(s, MI_STATUS_INVALID_ARGUMENT, "%s holds %lld tokens, over max_tokens %lld",
+                     path, (long long)n, (long long)s->max_tokens);
+    }
+    mi_kv_seq_destroy(s->seq);
+    s->seq = tmp;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out) {
+    if (!s || !out) return MI_STATUS_INVALID_ARGUMENT;
+    memset(out, 0, sizeof(*out));
+    mi_kv_seq_stats ss;
+    mi_kv_pool_stats ps;
+    mi_kv_page_layout lay;
+    mi_status st = mi_kv_seq_stats_get(s->seq, &ss);
+    if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_stats_get(s->model->kv_pool, &ps);
+    if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_layout(s->model->kv_pool, &lay);
+    if (st != MI_STATUS_SUCCESS) return st;
+    out->n_tokens = ss.tokens;
+    out->max_tokens = s->max_tokens;
+    out->bytes = ss.bytes;
+    out->shared_bytes = ss.shared_bytes;
+    out->pool_used_bytes = ps.used_bytes;
+    out->pool_allocated_bytes = ps.allocated_bytes;
+    out->pool_capacity_bytes =
+        ps.capacity_pages < 0 ? 0 : (uint64_t)ps.capacity_pages * ps.page_bytes;
+    out->pool_sessions = ps.live_sequences;
+    out->page_tokens = lay.page_tokens;
+    return MI_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dense attention over the pages                                                              */
+
+typedef struct seq_job {
+    const float *q; /* [n, n_heads * hd] */
+    float *out;
+    const float *const *kp, *const *vp; /* per page: K and V of KV head 0 */
+    int64_t n, n_past, window;
+    int32_t n_heads, n_kv, hd, pt;
+    int64_t head_stride; /* floats between KV heads inside a page */
+    float scale;
+} seq_job;
+
+/* The same arithmetic, in the same order, as the contiguous cache's dense continuation
+ * (model_forward.c), so a session and the model's own cache give equal logits; only the
+ * addressing differs: key p is row p % pt of page p / pt. */
+static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const seq_job *j = arg;
+    const int32_t group = j->n_heads / j->n_kv, hd = j->hd;
+    float *sc = malloc((size_t)(j->n_past + j->n) * sizeof(float));
+    float acc[1024];
+    for (int64_t t = b; t < e; t++) {
+        const int64_t row = t / j->n_heads;
+        const int32_t h = (int32_t)(t % j->n_heads);
+        const float *q = j->q + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
+        float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
+        const int64_t off = (int64_t)(h / group) * j->head_stride;
+        int64_t end = j->n_past + row + 1, first = 0;
+        if (j->window > 0 && end > j->window) first = end - j->window;
+        if (!sc) {
+            memset(o, 0, (size_t)hd * sizeof(float));
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t p = first; p < end;) {
+            const int64_t pg = p / j->pt, r0 = p % j->pt;
+            const int64_t stop = (pg + 1) * j->pt < end ? (pg + 1) * j->pt : end;
+            const float *k = j->kp[pg] + off + r0 * hd;
+            for (; p < stop; p++, k += hd) {
+                float v = mim_dot_row(MIM_TYPE_F32, k, q, hd) * j->scale;
+                sc[p - first] = v;
+                mx = v > mx ? v : mx;
+            }
+        }
+        const int64_t n_keys = end - first;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n_keys; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        for (int32_t d = 0; d < hd; d++) acc[d] = 0.0f;
+        for (int64_t p = first; p < end;) {
+            const int64_t pg = p / j->pt, r0 = p % j->pt;
+            const int64_t stop = (pg + 1) * j->pt < end ? (pg + 1) * j->pt : end;
+            const float *v = j->vp[pg] + off + r0 * hd;
+            for (; p < stop; p++, v += hd) {
+                const float w = sc[p - first];
+                for (int32_t d = 0; d < hd; d++) acc[d] += w * v[d];
+            }
+        }
+        const float inv = 1.0f / sum;
+        for (int32_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
+    }
+    free(sc);
+}
+
+mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, const float *q,
+                            int64_t n, int64_t n_past, float scale, float *out) {
+    mi_kv_page_layout lay;
+    const int32_t *ids = NULL;
+    int64_t n_pages = 0;
+    mi_kv_pool *pool = mi_kv_seq_pool(seq);
+    mi_status st = mi_kv_pool_layout(pool, &lay);
+    if (st == MI_STATUS_SUCCESS) st = mi_kv_seq_page_table(seq, layer, &ids, &n_pages);
+    if (st != MI_STATUS_SUCCESS || lay.dtype != MI_KV_F32 || m->hd > 1024)
+        return mim_model_fail(m, st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL,
+                              "layer %d: unreadable KV pages", layer);
+    const float **kp = malloc((size_t)(2 * (n_pages ? n_pages : 1)) * sizeof(float *));
+    if (!kp)
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
+    const float **vp = kp + n_pages;
+    for (int64_t i = 0; i < n_pages; i++) {
+        const unsigned char *base = mi_kv_pool_page_data(pool, ids[i]);
+        kp[i] = (const float *)(base + lay.k_offset);
+        vp[i] = (const float *)(base + lay.v_offset);
+    }
+    seq_job j = {q,        out,     kp,          vp,   n,
+                 n_past,   m->sliding_window,    m->n_heads,
+                 m->n_kv,  m->hd,   lay.page_tokens, (int64_t)(lay.head_stride / sizeof(float)),
+                 scale};
+    mim_pool_run(m->pool, n * m->n_heads, seq_task, &j);
+    free(kp);
+    return MI_STATUS_SUCCESS;
+}
