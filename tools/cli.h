@@ -9,6 +9,11 @@ int mi_cmd_config(int argc, char **argv);
 int mi_cmd_generate(int argc, char **argv);
 int mi_cmd_search(int argc, char **argv);
 int mi_cmd_eval(int argc, char **argv);
+int mi_cmd_chat(int argc, char **argv);
+
+/* The OpenMP wait policy and OpenBLAS kernels the model commands need (cmd_generate.c); may
+ * re-execute the tool with them set. */
+void mi_cli_prepare_runtime(void);
 
 /* Makes OpenBLAS use the CPU's real kernels for the bench's sgemm reference (may re-execute
  * the tool with OPENBLAS_CORETYPE set; returns when nothing needs doing). */

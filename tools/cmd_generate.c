@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "minference.h"
 #include "minference_model.h"
+#include "minference_session.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -27,7 +28,7 @@ static const char usage_text[] =
     "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "           [--seed S] [--quiet]\n"
+    "           [--seed S] [--session FILE] [--quiet]\n"
     "\n"
     "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
     "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -45,6 +46,8 @@ static const char usage_text[] =
     "  --top-k        sample among the K most likely tokens (default 0: all)\n"
     "  --top-p        sample from the smallest set holding this probability (default 1)\n"
     "  --seed         sampling seed (default 0); the same seed gives the same text\n"
+    "  --session      continue the KV cache saved in FILE when it exists (the prompt is\n"
+    "                 then a follow-up turn), and save the cache there afterwards\n"
     "  --quiet        no progress or statistics on stderr\n"
     "Output streams to stdout; statistics go to stderr.\n";
 
@@ -65,7 +68,7 @@ static double cpu_s(void) {
  *    (by 20x measured on a shared two-core machine) whenever another process holds a core;
  *    decode opens hundreds of short regions per token, so waiting threads sleep instead.
  * Either is left alone when the user set it. */
-static void prepare_runtime(void) {
+void mi_cli_prepare_runtime(void) {
 #if defined(__linux__) && defined(__GNUC__)
     bool again = false;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
@@ -126,12 +129,14 @@ static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_t
 int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
     const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
+    const char *session_path = NULL;
+    mi_session *sess = NULL;
     int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0;
     double temperature = 0.0, top_p = 1.0;
     bool chat = false, quiet = false;
 
-    prepare_runtime();
+    mi_cli_prepare_runtime();
 
     /* argv holds the options only (the dispatcher strips "minference generate"). */
     const arg_spec specs[] = {
@@ -151,6 +156,7 @@ int mi_cmd_generate(int argc, char **argv) {
         {"device", ARG_STR, &device_name, 0, 0, NULL},
         {"chat", ARG_OPT_STR, &chat_name, 0, 0, &chat},
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
+        {"session", ARG_STR, &session_path, 0, 0, NULL},
     };
     args_result ar = args_parse("generate", usage_text, specs,
                                 (int)(sizeof specs / sizeof specs[0]), argc, argv, NULL, 0, NULL);
@@ -239,8 +245,21 @@ int mi_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
         goto done;
     }
+    if (session_path) {
+        if (mi_session_create(model, NULL, &sess) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
+            goto done;
+        }
+        if (access(session_path, F_OK) == 0 && mi_session_load(sess, session_path) != 0) {
+            fprintf(stderr, "minference generate: %s\n", mi_session_last_error(sess));
+            goto done;
+        }
+        if (!quiet)
+            fprintf(stderr, "session %s: %lld tokens\n", session_path,
+                    (long long)mi_session_n_past(sess));
+    }
     const char *text = prompt;
-    int add_bos = -1;
+    int add_bos = sess && mi_session_n_past(sess) > 0 ? 0 : -1;
     if (chat) {
         st = mi_model_chat_prompt(model, tmpl, system, prompt, &chat_text);
         if (st != MI_STATUS_SUCCESS) {
@@ -249,6 +268,12 @@ int mi_cmd_generate(int argc, char **argv) {
         }
         text = chat_text;
         if (strncmp(text, "<|begin_of_text|>", 17) == 0) add_bos = 0;
+        if (sess && mi_session_n_past(sess) > 0) { /* a follow-up turn: only its own part */
+            const char *u = strstr(text, "<|im_start|>user");
+            if (u && u > text && u[-1] == '\n') u--; /* ChatML's newline after the last turn */
+            if (!u) u = strstr(text, "<|start_header_id|>user");
+            if (u) text = u;
+        }
     }
     size_t n_tok = 0;
     mi_model_tokenize(model, text, strlen(text), add_bos, 1, NULL, 0, &n_tok);
@@ -274,9 +299,11 @@ int mi_cmd_generate(int argc, char **argv) {
     progress_state ps = {tool_now_s(), isatty(2) != 0};
     if (!quiet) mi_model_set_progress(model, on_progress, &ps);
     double t0 = tool_now_s(), c0 = cpu_s();
-    st = mi_model_prefill(model, tokens, n_tok, logits);
+    st = sess ? mi_session_prefill(sess, tokens, n_tok, logits)
+              : mi_model_prefill(model, tokens, n_tok, logits);
     if (st != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "minference generate: prefill failed: %s\n", mi_model_last_error(model));
+        fprintf(stderr, "minference generate: prefill failed: %s\n",
+                sess ? mi_session_last_error(sess) : mi_model_last_error(model));
         goto done;
     }
     mi_model_set_progress(model, NULL, NULL);
@@ -287,7 +314,11 @@ int mi_cmd_generate(int argc, char **argv) {
     for (long long i = 0; i < max_new; i++) {
         int32_t next = mi_sampler_sample(smp, logits, info.vocab);
         if (i == 0) ttft = tool_now_s() - t0;
-        if (mi_model_token_is_eog(model, next)) break;
+        if (mi_model_token_is_eog(model, next)) {
+            /* a saved conversation keeps its end of turn */
+            if (sess && mi_session_decode(sess, &next, 1, NULL) != MI_STATUS_SUCCESS) goto done;
+            break;
+        }
         n_gen++;
         size_t len = 0;
         if (!mi_model_token_is_control(model, next) &&
@@ -295,16 +326,37 @@ int mi_cmd_generate(int argc, char **argv) {
             fwrite(piece, 1, len < sizeof(piece) ? len : sizeof(piece), stdout);
             fflush(stdout);
         }
-        if (i + 1 == max_new) break;
-        st = mi_model_decode(model, &next, 1, logits);
+        if (i + 1 == max_new && sess && chat) {
+            /* a reply cut short still closes its turn in a saved conversation */
+            int32_t close[4];
+            size_t nc = 0;
+            const char *ct = strstr(chat_text, "<|im_start|>") ? "<|im_end|>" : "<|eot_id|>";
+            if (mi_model_tokenize(model, ct, strlen(ct), 0, 1, close, 4, &nc) == 0 && nc == 1) {
+                int32_t pair[2] = {next, close[0]};
+                if (mi_session_decode(sess, pair, 2, NULL) != MI_STATUS_SUCCESS) goto done;
+                break;
+            }
+        }
+        if (i + 1 == max_new && !sess) break;
+        st = sess ? mi_session_decode(sess, &next, 1, logits)
+                  : mi_model_decode(model, &next, 1, logits);
         n_dec++;
         if (st != MI_STATUS_SUCCESS) {
             fprintf(stderr, "\nminference generate: decode failed: %s\n",
-                    mi_model_last_error(model));
+                    sess ? mi_session_last_error(sess) : mi_model_last_error(model));
             goto done;
         }
     }
     double t_dec = tool_now_s() - t_dec0, c_dec = cpu_s() - c_dec0;
+    if (sess) {
+        if (mi_session_save(sess, session_path) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "\nminference generate: %s\n", mi_session_last_error(sess));
+            goto done;
+        }
+        if (!quiet)
+            fprintf(stderr, "\nsession %s: saved %lld tokens\n", session_path,
+                    (long long)mi_session_n_past(sess));
+    }
     printf("\n");
     fflush(stdout);
     if (!quiet) {
@@ -338,6 +390,7 @@ done:
     mi_sampler_destroy(smp);
     free(chat_text);
     mi_config_destroy(config);
+    mi_session_destroy(sess);
     mi_model_destroy(model);
     free(model_buf);
     free(prompt_buf);

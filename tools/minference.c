@@ -19,6 +19,7 @@ static const char usage[] =
     "  info       library version, build features, CUDA devices, threads\n"
     "  config     validate or summarise a per-head pattern config (JSON)\n"
     "  generate   run a model: prefill a prompt with sparse attention, decode greedily\n"
+    "  chat       a conversation with a model, its KV cache kept across turns\n"
     "  search     offline per-head pattern search on a sample prompt; writes a config\n"
     "  eval       accuracy tasks (needle, passkey, ...) with each attention method\n"
     "\n"
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "info") == 0) return mi_cmd_info(argc - 2, argv + 2);
     if (strcmp(cmd, "config") == 0) return mi_cmd_config(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return mi_cmd_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "chat") == 0) return mi_cmd_chat(argc - 2, argv + 2);
     if (strcmp(cmd, "search") == 0) return mi_cmd_search(argc - 2, argv + 2);
     if (strcmp(cmd, "eval") == 0) return mi_cmd_eval(argc - 2, argv + 2);
     /* Options without a subcommand belong to the default one. */
