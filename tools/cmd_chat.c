@@ -62,15 +62,13 @@ typedef struct chat {
     float *logits;
     int32_t *tok;
     size_t tok_cap;
-    bool open_reply; /* the last reply stopped without its end-of-turn token */
     int64_t last_prompt, last_gen;
     double last_prefill_s, last_decode_s;
 } chat;
 
 static bool is_chatml(const chat *c) { return c->tmpl == MI_CHAT_CHATML; }
 
-/* The text of one user turn: the whole template for an empty cache, else only the user's part
- * (closing a reply that ran out of tokens first). */
+/* The text of one user turn: the whole template for an empty cache, else only the user's part. */
 static char *turn_text(chat *c, const char *user, bool first) {
     char *full = NULL;
     if (mi_model_chat_prompt(c->model, c->tmpl, first ? c->system : "", user, &full) !=
@@ -78,11 +76,10 @@ static char *turn_text(chat *c, const char *user, bool first) {
         return NULL;
     if (first) return full;
     const char *mark = strstr(full, is_chatml(c) ? "<|im_start|>user" : "<|start_header_id|>user");
-    const char *close = !c->open_reply ? "" : is_chatml(c) ? "<|im_end|>" : "<|eot_id|>";
-    const char *sep = is_chatml(c) ? "\n" : "";
-    size_t need = strlen(close) + strlen(sep) + strlen(mark ? mark : full) + 1;
+    const char *sep = is_chatml(c) ? "\n" : ""; /* ChatML's newline after the last turn */
+    size_t need = strlen(sep) + strlen(mark ? mark : full) + 1;
     char *t = malloc(need);
-    if (t) snprintf(t, need, "%s%s%s", close, sep, mark ? mark : full);
+    if (t) snprintf(t, need, "%s%s", sep, mark ? mark : full);
     mi_free(full);
     return t;
 }
@@ -121,7 +118,7 @@ static int do_turn(chat *c, const char *user) {
     t0 = tool_now_s();
     int64_t gen = 0;
     char piece[256];
-    c->open_reply = true;
+    bool ended = false;
     for (int i = 0; i < c->max_new; i++) {
         int32_t next = mi_sampler_sample(c->smp, c->logits, c->info.vocab);
         const bool eog = mi_model_token_is_eog(c->model, next);
@@ -140,9 +137,18 @@ static int do_turn(chat *c, const char *user) {
         }
         gen++;
         if (eog) {
-            c->open_reply = false;
+            ended = true;
             break;
         }
+    }
+    if (!ended && st == MI_STATUS_SUCCESS) {
+        /* a reply cut short still ends its turn, so the next turn follows the template */
+        const char *ct = is_chatml(c) ? "<|im_end|>" : "<|eot_id|>";
+        int32_t close[4];
+        size_t nc = 0;
+        if (mi_model_tokenize(c->model, ct, strlen(ct), 0, 1, close, 4, &nc) == MI_STATUS_SUCCESS &&
+            nc == 1 && mi_session_decode(c->s, close, 1, NULL) != MI_STATUS_SUCCESS)
+            fprintf(stderr, "\nchat: %s\n", mi_session_last_error(c->s));
     }
     c->last_gen = gen;
     c->last_decode_s = tool_now_s() - t0;
@@ -193,7 +199,6 @@ static int do_command(chat *c, char *line) {
         else {
             printf("%s %lld tokens %s %s\n", save ? "saved" : "loaded",
                    (long long)mi_session_n_past(c->s), save ? "to" : "from", arg);
-            if (!save) c->open_reply = false;
         }
     } else if (strcmp(cmd, "/rewind") == 0) {
         char *end = NULL;

@@ -66,7 +66,7 @@ from .ops import (
     vs_build_index,
     vs_estimate,
 )
-from .model import Model, ModelInfo, ModelLibraryNotFound, RopeScaling, default_model_path
+from .model import Model, ModelInfo, Session, ModelLibraryNotFound, RopeScaling, default_model_path
 from .patch import MInference, unpatch
 from . import search
 from .search import SearchParams, search_default_candidates, search_layer, search_scale_pattern
@@ -88,6 +88,6 @@ __all__ = [
     "get_context", "f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32", "dtype_name",
     "dtype_size", "vs_index_bytes", "sparse_index_bytes", "tensor_descriptor", "search", "SearchParams", "search_layer", "search_default_candidates",
     "search_scale_pattern",
-    "Model", "ModelInfo", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
+    "Model", "ModelInfo", "Session", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
     "model_library_path",
 ]

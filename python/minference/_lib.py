@@ -446,6 +446,44 @@ MODEL_PROTOTYPES = {
 }
 
 
+# ---- include/minference_session.h (libminference_model) ------------------------------------
+
+
+class mi_session_params(ctypes.Structure):
+    _fields_ = [("max_tokens", c_int64), ("pool_bytes", c_uint64)]
+
+
+class mi_session_stats(ctypes.Structure):
+    _fields_ = [
+        ("n_tokens", c_int64),
+        ("max_tokens", c_int64),
+        ("bytes", c_uint64),
+        ("shared_bytes", c_uint64),
+        ("pool_used_bytes", c_uint64),
+        ("pool_allocated_bytes", c_uint64),
+        ("pool_capacity_bytes", c_uint64),
+        ("pool_sessions", c_int32),
+        ("page_tokens", c_int32),
+    ]
+
+
+SESSION = c_void_p  # mi_session *
+
+MODEL_PROTOTYPES.update({
+    "mi_session_default_params": (mi_session_params, []),
+    "mi_session_create": (ST, [MODEL, P(mi_session_params), P(c_void_p)]),
+    "mi_session_destroy": (None, [SESSION]),
+    "mi_session_last_error": (c_char_p, [SESSION]),
+    "mi_session_prefill": (ST, [SESSION, c_void_p, c_size_t, c_void_p]),
+    "mi_session_decode": (ST, [SESSION, c_void_p, c_size_t, c_void_p]),
+    "mi_session_n_past": (c_int64, [SESSION]),
+    "mi_session_rewind": (ST, [SESSION, c_int64]),
+    "mi_session_fork": (ST, [SESSION, P(c_void_p)]),
+    "mi_session_save": (ST, [SESSION, c_char_p]),
+    "mi_session_load": (ST, [SESSION, c_char_p]),
+    "mi_session_stats_get": (ST, [SESSION, P(mi_session_stats)]),
+})
+
 class LibraryNotFound(ImportError):
     pass
 

@@ -21,6 +21,7 @@ import importlib.util
 import math
 import os
 import threading
+import weakref
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ from .configuration import MInferenceConfig
 from .core import (Config, HeadPattern, MInferenceError, _Closing, get_context, pattern_aliases,
                    pattern_from_name, pattern_names)
 
-__all__ = ["Model", "ModelInfo", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
+__all__ = ["Model", "Session", "ModelInfo", "RopeScaling", "ModelLibraryNotFound", "default_model_path",
            "ATTENTION_MODES"]
 
 # The model's mode shorthand (mi_attn_mode); set_attention takes any pattern name as well.
@@ -344,6 +345,7 @@ class Model(_Closing):
         self._config = None  # the borrowed mi_config of set_attention, kept alive here
         self._attention = ("minference", None, -1)
         self._progress = None
+        self._sessions = weakref.WeakSet()  # closed before the model
         info = L.mi_model_info()
         self._check(lib.mi_model_get_info(handle, ctypes.byref(info)), "mi_model_get_info")
         self._info = ModelInfo.from_c(info)
@@ -369,6 +371,8 @@ class Model(_Closing):
         h = getattr(self, "_h", None)
         if h is not None:
             with self._lock:
+                for s in list(getattr(self, "_sessions", ())):
+                    s.close()
                 self._lib.mi_model_destroy(h)
                 self._h = None
                 self._config = None
@@ -577,6 +581,12 @@ class Model(_Closing):
         """Tokens in the KV cache."""
         return int(self._lib.mi_model_n_past(self.handle))
 
+    def session(self, max_tokens=0, pool_bytes=0):
+        """A new, empty Session over this model (CPU models only): a KV cache of its own in the
+        model's page pool. max_tokens caps it (0: the model's max_context); pool_bytes caps the
+        pool shared by all the model's sessions, taken by the first one (0: no limit)."""
+        return Session(self, max_tokens, pool_bytes)
+
     @property
     def last_timing(self):
         """Where the last prefill's time went: n_tokens, total_s, attention_s, gemm_s,
@@ -689,6 +699,196 @@ class Model(_Closing):
             if self.is_control(t):
                 return
             piece = decoder.decode(self.token_to_piece(t))
+            if piece:
+                parts.append(piece)
+                if stream is not None:
+                    stream(piece)
+
+        self.generate_tokens(prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,
+                             system, on_token)
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            parts.append(tail)
+            if stream is not None:
+                stream(tail)
+        return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Session
+
+
+class Session(_Closing):
+    """One conversation's KV cache over a Model (include/minference_session.h): Model.session().
+
+    prefill / decode append tokens and return the last position's logits; the first prefill of
+    an empty session runs the model's attention mode (as Model.prefill), later ones attend
+    densely to the whole cache. fork() shares the pages (copy-on-write); save / load write and
+    read a session file tied to the model; a failed call leaves the session as it was. Calls
+    on sessions of one model are serialised with the model's."""
+
+    def __init__(self, model, max_tokens=0, pool_bytes=0):
+        p = L.mi_session_params()
+        p.max_tokens = _int_arg(max_tokens, "max_tokens", L.c_int64, minimum=0)
+        p.pool_bytes = _int_arg(pool_bytes, "pool_bytes", L.c_uint64, minimum=0)
+        h = ctypes.c_void_p()
+        with model._lock:
+            st = model._lib.mi_session_create(model.handle, ctypes.byref(p), ctypes.byref(h))
+            if st != 0:
+                model._check(st, "mi_session_create")
+        self._adopt(model, h.value)
+
+    def _adopt(self, model, handle):
+        self.model = model
+        self._lib = model._lib
+        self._h = handle
+        model._sessions.add(self)
+
+    @property
+    def handle(self):
+        if getattr(self, "_h", None) is None:
+            raise ValueError("the session was closed")
+        return self._h
+
+    def _check(self, status, function):
+        if status != 0:
+            raise MInferenceError(status, _decode(self._lib.mi_session_last_error(self._h)),
+                                  function)
+
+    def close(self):
+        """Frees the session's pages (those a fork still holds stay with it)."""
+        h = getattr(self, "_h", None)
+        if h is not None:
+            with self.model._lock:
+                self._lib.mi_session_destroy(h)
+                self._h = None
+
+    def __repr__(self):
+        if getattr(self, "_h", None) is None:
+            return "Session(closed)"
+        return f"Session(n_past={self.n_past})"
+
+    def _forward(self, fn_name, tokens):
+        arr = _token_array(tokens, fn_name[len("mi_session_"):])
+        logits = np.empty(self.model.vocab_size, dtype=np.float32)
+        with self.model._lock:
+            fn = getattr(self._lib, fn_name)
+            self._check(fn(self.handle, arr.ctypes.data, arr.size, logits.ctypes.data), fn_name)
+        return logits
+
+    def prefill(self, tokens):
+        """Appends tokens (a prompt or a follow-up turn); returns the last logits [vocab]."""
+        return self._forward("mi_session_prefill", tokens)
+
+    def decode(self, tokens):
+        """Appends tokens (an id or a sequence); returns the last logits [vocab]."""
+        return self._forward("mi_session_decode", tokens)
+
+    @property
+    def n_past(self):
+        """Tokens in the session's cache."""
+        return int(self._lib.mi_session_n_past(self.handle))
+
+    def rewind(self, n):
+        """Drops the last n tokens."""
+        n = _int_arg(n, "n", L.c_int64, minimum=0)
+        with self.model._lock:
+            self._check(self._lib.mi_session_rewind(self.handle, n), "mi_session_rewind")
+
+    def fork(self):
+        """A new Session with this one's tokens, sharing its pages (nothing is copied)."""
+        h = ctypes.c_void_p()
+        with self.model._lock:
+            self._check(self._lib.mi_session_fork(self.handle, ctypes.byref(h)),
+                        "mi_session_fork")
+        child = Session.__new__(Session)
+        child._adopt(self.model, h.value)
+        return child
+
+    def save(self, path):
+        """Writes the cache to path (atomically), tied to this model."""
+        with self.model._lock:
+            self._check(self._lib.mi_session_save(self.handle, os.fsencode(os.fspath(path))),
+                        "mi_session_save")
+
+    def load(self, path):
+        """Replaces the cache with the one saved in path; refuses (MInferenceError, the session
+        unchanged) a file of another model, a truncated or corrupt one."""
+        with self.model._lock:
+            self._check(self._lib.mi_session_load(self.handle, os.fsencode(os.fspath(path))),
+                        "mi_session_load")
+
+    @property
+    def stats(self):
+        """n_tokens, max_tokens, bytes, shared_bytes (pages shared with a fork), and the
+        model's pool: pool_used_bytes, pool_allocated_bytes, pool_capacity_bytes,
+        pool_sessions; page_tokens."""
+        st = L.mi_session_stats()
+        with self.model._lock:
+            self._check(self._lib.mi_session_stats_get(self.handle, ctypes.byref(st)),
+                        "mi_session_stats_get")
+        return {name: getattr(st, name) for name, _ in L.mi_session_stats._fields_}
+
+    def _turn_tokens(self, prompt, chat, system):
+        m = self.model
+        if not chat or self.n_past == 0 or not isinstance(prompt, (str, bytes)):
+            return m._prompt_tokens(prompt, chat, system)
+        # a follow-up turn: only the user's part of the template
+        text = prompt.decode("utf-8") if isinstance(prompt, bytes) else prompt
+        full = m.chat_prompt(text, "", "auto" if chat is True else chat)
+        chatml = "<|im_start|>" in full
+        mark = full.find("<|im_start|>user" if chatml else "<|start_header_id|>user")
+        turn = full[mark:] if mark >= 0 else full
+        turn = ("\n" if chatml else "") + turn
+        return np.asarray(m.tokenize(turn, add_bos=False, parse_special=True), dtype=np.int32)
+
+    def generate_tokens(self, prompt, max_new_tokens=64, chat=False, temperature=0.0, top_k=0,
+                        top_p=1.0, seed=0, system=None, on_token=None):
+        """As Model.generate_tokens, appending to the session: the prompt is a follow-up turn
+        when the session holds tokens (with chat, only its own part of the template), and the
+        generated tokens stay in the cache, the last one included (with chat, a reply cut at
+        max_new_tokens gets its end-of-turn token)."""
+        m = self.model
+        max_new_tokens = _int_arg(max_new_tokens, "max_new_tokens", L.c_int64, minimum=0)
+        temperature = float(temperature)
+        if not (math.isfinite(temperature) and temperature >= 0.0):
+            raise ValueError(f"temperature must be a finite number >= 0, not {temperature}")
+        top_p = float(top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], not {top_p}")
+        sampler = _Sampler(temperature, _int_arg(top_k, "top_k", L.c_int32, minimum=0), top_p,
+                           _int_arg(seed, "seed", L.c_uint64), m.vocab_size)
+        if chat not in (False, True) and chat not in _CHAT_TEMPLATES:
+            raise ValueError(f"chat must be a bool or one of {list(_CHAT_TEMPLATES)}, not {chat!r}")
+        tokens = self._turn_tokens(prompt, chat, system)
+        out = []
+        if max_new_tokens == 0:
+            return out
+        logits = self.prefill(tokens)
+        for _ in range(max_new_tokens):
+            nxt = sampler(logits)
+            logits = self.decode(nxt)  # the reply's last token goes into the cache too
+            if m.is_eog(nxt):
+                return out
+            out.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
+        if chat:  # a reply cut short still ends its turn, so the next turn follows the template
+            full = m.chat_prompt("x", "", "auto" if chat is True else chat)
+            self.decode(m.tokenize("<|im_end|>" if "<|im_start|>" in full else "<|eot_id|>",
+                                   add_bos=False, parse_special=True))
+        return out
+
+    def generate(self, prompt, max_new_tokens=64, chat=False, temperature=0.0, top_k=0,
+                 top_p=1.0, seed=0, stream=None, system=None):
+        """As Model.generate, continuing this session (see generate_tokens)."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        parts = []
+
+        def on_token(t):
+            if self.model.is_control(t):
+                return
+            piece = decoder.decode(self.model.token_to_piece(t))
             if piece:
                 parts.append(piece)
                 if stream is not None:
