@@ -45,7 +45,8 @@ typedef struct mi_session_params {
 
 mi_session_params mi_session_default_params(void);
 
-/* An empty session over model (params may be NULL: defaults). */
+/* An empty session over model (params may be NULL: defaults). A failure's message is in
+ * mi_model_last_error(model); MI_STATUS_UNSUPPORTED on a CUDA model. */
 mi_status mi_session_create(mi_model *model, const mi_session_params *params, mi_session **out);
 void mi_session_destroy(mi_session *s);
 /* Message of the last failed call on this session ("" if none). */

@@ -10,6 +10,7 @@
  * keys at near-ties), greedy decode steps, the window, the capture hook's q/k/v and
  * log-probabilities, the timing report, and errors. Exit 77 without a GPU.
  */
+#include "minference_session.h"
 #include "model_test_util.h"
 
 /* How many logits of a beat a's value at ref's top token (0: a agrees on the top token). */
@@ -166,6 +167,11 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     int32_t badtok = V + 5;
     CHECK(mi_model_prefill(gpu, &badtok, 1, b) == MI_STATUS_INVALID_ARGUMENT, "bad token");
     CHECK(mi_model_prefill(gpu, tok, 10, b) == 0, "prefill after an error");
+    /* sessions are CPU only: a clear refusal, and the model's own cache is untouched */
+    mi_session *sess = (mi_session *)1;
+    CHECK(mi_session_create(gpu, NULL, &sess) == MI_STATUS_UNSUPPORTED && sess == NULL,
+          "a session on a CUDA model");
+    CHECK(mi_model_n_past(gpu) == 10, "n_past after a refused session");
     free(tok);
     free(a);
     free(b);
