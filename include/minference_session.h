@@ -75,10 +75,10 @@ mi_status mi_session_load(mi_session *s, const char *path);
 
 typedef struct mi_session_stats {
     int64_t n_tokens;
-    int64_t max_tokens;        /* 0: no limit */
-    uint64_t bytes;            /* this session's pages (every layer) */
-    uint64_t shared_bytes;     /* of them, pages another session also holds (a fork's prefix) */
-    uint64_t pool_used_bytes;  /* pages in use by any session of the model */
+    int64_t max_tokens;       /* 0: no limit */
+    uint64_t bytes;           /* this session's pages (every layer) */
+    uint64_t shared_bytes;    /* of them, pages another session also holds (a fork's prefix) */
+    uint64_t pool_used_bytes; /* pages in use by any session of the model */
     uint64_t pool_allocated_bytes;
     uint64_t pool_capacity_bytes; /* 0: no limit */
     int32_t pool_sessions;        /* live sessions of the model */

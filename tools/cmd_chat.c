@@ -48,8 +48,7 @@ static const char usage_text[] =
     "  /help         this list\n"
     "  /quit         leave (so does end of input)\n";
 
-static const char commands_text[] =
-    "/save FILE, /load FILE, /rewind N, /stats, /help, /quit\n";
+static const char commands_text[] = "/save FILE, /load FILE, /rewind N, /stats, /help, /quit\n";
 
 typedef struct chat {
     mi_model *model;

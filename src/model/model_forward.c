@@ -4,7 +4,8 @@
  * Per layer, for n new tokens at positions n_past..n_past+n-1:
  *   h = RMSNorm(x); q, k, v = h Wq, h Wk, h Wv (+ biases); RoPE on q and k;
  *   k, v are written straight into the layer's cache rows ([pos][n_kv * hd], which is the
- *   [B, L, H, D] layout mi_tensor_blhd describes, so no copy or transpose is needed);
+ *   [B, L, H, D] layout mi_tensor_blhd describes, so no copy or transpose is needed); for a
+ *   session they go to a buffer and are appended to its pages (model_session.c);
  *   attention: a fresh prompt goes through mi_prefill_attention with the layer's per-head
  *   patterns; a continuation (decode, follow-up turn) is dense over the cache, as in the
  *   original (sparse prefill only applies to the first prompt);
@@ -387,8 +388,8 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
         b.kn = malloc((size_t)(n * kvd) * sizeof(float));
         b.vn = malloc((size_t)(n * kvd) * sizeof(float));
     }
-    if ((seq && (!b.kn || !b.vn)) || !b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
-        !b.pat) {
+    if (!b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
+        !b.pat || (seq && (!b.kn || !b.vn))) {
         free_bufs(&b);
         return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
                               "out of memory for the activations of %lld tokens", (long long)n);

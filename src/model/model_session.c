@@ -96,8 +96,8 @@ static mi_status run(mi_session *s, const int32_t *tokens, size_t n, float *logi
     const int64_t past = mi_kv_seq_tokens(s->seq);
     if (s->max_tokens > 0 && (int64_t)n > s->max_tokens - past)
         return sfail(s, MI_STATUS_INVALID_ARGUMENT,
-                     "%lld + %zu tokens exceed the session's max_tokens = %lld", (long long)past,
-                     n, (long long)s->max_tokens);
+                     "%lld + %zu tokens exceed the session's max_tokens = %lld", (long long)past, n,
+                     (long long)s->max_tokens);
     mi_model *m = s->model;
     m->last_error[0] = 0;
     mi_status st = mim_forward_seq(m, s->seq, tokens, (int64_t)n, logits);
@@ -336,17 +336,25 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, co
         return mim_model_fail(m, st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL,
                               "layer %d: unreadable KV pages", layer);
     const float **kp = malloc((size_t)(2 * (n_pages ? n_pages : 1)) * sizeof(float *));
-    if (!kp)
-        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
+    if (!kp) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
     const float **vp = kp + n_pages;
     for (int64_t i = 0; i < n_pages; i++) {
         const unsigned char *base = mi_kv_pool_page_data(pool, ids[i]);
         kp[i] = (const float *)(base + lay.k_offset);
         vp[i] = (const float *)(base + lay.v_offset);
     }
-    seq_job j = {q,        out,     kp,          vp,   n,
-                 n_past,   m->sliding_window,    m->n_heads,
-                 m->n_kv,  m->hd,   lay.page_tokens, (int64_t)(lay.head_stride / sizeof(float)),
+    seq_job j = {q,
+                 out,
+                 kp,
+                 vp,
+                 n,
+                 n_past,
+                 m->sliding_window,
+                 m->n_heads,
+                 m->n_kv,
+                 m->hd,
+                 lay.page_tokens,
+                 (int64_t)(lay.head_stride / sizeof(float)),
                  scale};
     mim_pool_run(m->pool, n * m->n_heads, seq_task, &j);
     free(kp);

@@ -96,8 +96,7 @@ static void check_intact(mi_session *s, int64_t n, int32_t next, const float *re
     float *a = malloc(sizeof(float) * (size_t)V);
     CHECK(mi_session_n_past(s) == n, "%s: n_past %lld, want %lld", what,
           (long long)mi_session_n_past(s), (long long)n);
-    CHECK(mi_session_decode(s, &next, 1, a) == 0, "%s: decode: %s", what,
-          mi_session_last_error(s));
+    CHECK(mi_session_decode(s, &next, 1, a) == 0, "%s: decode: %s", what, mi_session_last_error(s));
     CHECK(same(a, ref, V), "%s: the session changed (diff %g)", what, test_rel_l2(a, ref, V));
     CHECK(mi_session_rewind(s, 1) == 0, "%s: rewind", what);
     free(a);
@@ -160,16 +159,16 @@ static void test_random(void) {
     CHECK(cs.n_tokens == 200 && cs.bytes == ps0.bytes && cs.shared_bytes == cs.bytes,
           "a fresh fork shares every page (%llu of %llu bytes)",
           (unsigned long long)cs.shared_bytes, (unsigned long long)cs.bytes);
-    CHECK(ps1.pool_used_bytes == ps0.pool_used_bytes,
-          "fork copied pages: pool %llu -> %llu bytes", (unsigned long long)ps0.pool_used_bytes,
-          (unsigned long long)ps1.pool_used_bytes);
+    CHECK(ps1.pool_used_bytes == ps0.pool_used_bytes, "fork copied pages: pool %llu -> %llu bytes",
+          (unsigned long long)ps0.pool_used_bytes, (unsigned long long)ps1.pool_used_bytes);
     printf("fork of 200 tokens: session %llu bytes, pool %llu -> %llu bytes\n",
            (unsigned long long)ps0.bytes, (unsigned long long)ps0.pool_used_bytes,
            (unsigned long long)ps1.pool_used_bytes);
     CHECK(mi_session_prefill(c1, tok + 200, 37, a) == 0, "child 1");
     CHECK(mi_session_prefill(c2, tok + 250, 70, b) == 0, "child 2");
     mi_session *r = new_session(m);
-    CHECK(mi_session_prefill(r, tok, 200, NULL) == 0 && mi_session_prefill(r, tok + 200, 37, ref) == 0,
+    CHECK(mi_session_prefill(r, tok, 200, NULL) == 0 &&
+              mi_session_prefill(r, tok + 200, 37, ref) == 0,
           "reference 1");
     CHECK(same(a, ref, V), "child 1 differs from a separate session (%g)", test_rel_l2(a, ref, V));
     CHECK(mi_session_rewind(r, 37) == 0 && mi_session_prefill(r, tok + 250, 70, ref) == 0,
@@ -199,7 +198,8 @@ static void test_random(void) {
         CHECK(mi_session_prefill(r, tok + 300 - k, (size_t)k, b) == 0, "re-prefill");
         CHECK(test_rel_l2(a, b, V) < 1e-5, "rewind %d and re-prefill differ (%g)", k,
               test_rel_l2(a, b, V));
-        CHECK(mi_session_rewind(r, k) == 0 && mi_session_prefill(r, tok + 300 - k, (size_t)k, one) == 0,
+        CHECK(mi_session_rewind(r, k) == 0 &&
+                  mi_session_prefill(r, tok + 300 - k, (size_t)k, one) == 0,
               "again");
         CHECK(same(one, b, V), "rewind %d twice differs", k);
     }
@@ -258,8 +258,9 @@ static void test_random(void) {
     CHECK(mi_session_prefill(os, tok, 50, NULL) == 0 && mi_session_save(os, foreign) == 0,
           "foreign save");
     mi_status st = mi_session_load(l, foreign);
-    CHECK(st == MI_STATUS_INVALID_ARGUMENT, "a file of another model (same shape, other "
-                                            "weights): %s",
+    CHECK(st == MI_STATUS_INVALID_ARGUMENT,
+          "a file of another model (same shape, other "
+          "weights): %s",
           mi_status_name(st));
     printf("foreign file refused: %s\n", mi_session_last_error(l));
     check_intact(l, 300, tok[300], ref, V, "after a foreign file");
@@ -312,11 +313,14 @@ static void test_random(void) {
     mi_model *wm = create(&wsh, 23);
     if (wm) {
         mi_session *w = new_session(wm);
-        CHECK(mi_model_prefill(wm, tok, 150, NULL) == 0 && mi_model_decode(wm, tok + 150, 40, ref) == 0,
+        CHECK(mi_model_prefill(wm, tok, 150, NULL) == 0 &&
+                  mi_model_decode(wm, tok + 150, 40, ref) == 0,
               "window model");
-        CHECK(prefill_chunks(w, tok, 150, 150, NULL) == 0 && mi_session_decode(w, tok + 150, 40, a) == 0,
+        CHECK(prefill_chunks(w, tok, 150, 150, NULL) == 0 &&
+                  mi_session_decode(w, tok + 150, 40, a) == 0,
               "window session");
-        CHECK(same(a, ref, V), "window: session differs from the model (%g)", test_rel_l2(a, ref, V));
+        CHECK(same(a, ref, V), "window: session differs from the model (%g)",
+              test_rel_l2(a, ref, V));
         mi_session_destroy(w);
         mi_model_destroy(wm);
     }
@@ -403,7 +407,8 @@ static int bench(const char *path, int n) {
     const double t_model = (now_s() - t0) / steps;
     /* what a gather of the whole cache into a contiguous buffer would add per step */
     const int64_t L = n + steps, kvd = (int64_t)info.n_kv_heads * info.head_dim;
-    float *kb = malloc(sizeof(float) * (size_t)(L * kvd)), *vb = malloc(sizeof(float) * (size_t)(L * kvd));
+    float *kb = malloc(sizeof(float) * (size_t)(L * kvd)),
+          *vb = malloc(sizeof(float) * (size_t)(L * kvd));
     mi_kv_pool *pool = NULL;
     mi_kv_pool_params pp = mi_kv_pool_default_params();
     pp.n_layers = info.n_layers;
@@ -412,8 +417,10 @@ static int bench(const char *path, int n) {
     mi_kv_pool_create(&pp, &pool, NULL, 0);
     mi_kv_seq *seq = NULL;
     mi_kv_seq_create(pool, &seq);
-    mi_tensor tk = mi_tensor_blhd(kb, MI_DTYPE_F32, MI_DEVICE_CPU, 1, info.n_kv_heads, L, info.head_dim);
-    mi_tensor tv = mi_tensor_blhd(vb, MI_DTYPE_F32, MI_DEVICE_CPU, 1, info.n_kv_heads, L, info.head_dim);
+    mi_tensor tk =
+        mi_tensor_blhd(kb, MI_DTYPE_F32, MI_DEVICE_CPU, 1, info.n_kv_heads, L, info.head_dim);
+    mi_tensor tv =
+        mi_tensor_blhd(vb, MI_DTYPE_F32, MI_DEVICE_CPU, 1, info.n_kv_heads, L, info.head_dim);
     memset(kb, 0, sizeof(float) * (size_t)(L * kvd));
     memset(vb, 0, sizeof(float) * (size_t)(L * kvd));
     for (int l = 0; l < info.n_layers; l++) mi_kv_seq_append(seq, l, &tk, &tv);
@@ -428,8 +435,8 @@ static int bench(const char *path, int n) {
            "  decode step: session (pages in place) %.1f ms, model (contiguous) %.1f ms\n"
            "  gathering every layer's K and V out of the pages: %.1f ms per step\n"
            "  session memory: %.1f MiB (%lld tokens)\n",
-           n, t_sess_prefill, t_model_prefill, t_sess * 1e3,
-           t_model * 1e3, t_gather * 1e3, (double)st.bytes / 1048576.0, (long long)st.n_tokens);
+           n, t_sess_prefill, t_model_prefill, t_sess * 1e3, t_model * 1e3, t_gather * 1e3,
+           (double)st.bytes / 1048576.0, (long long)st.n_tokens);
     mi_kv_seq_destroy(seq);
     mi_kv_pool_destroy(pool);
     mi_session_destroy(s);
