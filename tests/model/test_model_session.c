@@ -405,6 +405,17 @@ static int bench(const char *path, int n) {
     t0 = now_s();
     for (int i = 0; i < steps; i++) mi_model_decode(m, tok + n + i, 1, lg);
     const double t_model = (now_s() - t0) / steps;
+    /* a follow-up turn of 256 tokens: dense over the whole cache (queries at an offset) */
+    t0 = now_s();
+    mi_session_prefill(s, tok + n + steps, 8, lg);
+    const double t_follow8 = now_s() - t0;
+    int32_t *turn = malloc(sizeof(int32_t) * 256);
+    for (int i = 0; i < 256; i++) turn[i] = tok[i % n];
+    t0 = now_s();
+    mi_session_prefill(s, turn, 256, lg);
+    const double t_follow = now_s() - t0;
+    mi_session_rewind(s, 256 + 8);
+    free(turn);
     /* what a gather of the whole cache into a contiguous buffer would add per step */
     const int64_t L = n + steps, kvd = (int64_t)info.n_kv_heads * info.head_dim;
     float *kb = malloc(sizeof(float) * (size_t)(L * kvd)),
@@ -434,9 +445,10 @@ static int bench(const char *path, int n) {
            "  first prefill: session %.2f s, model %.2f s\n"
            "  decode step: session (pages in place) %.1f ms, model (contiguous) %.1f ms\n"
            "  gathering every layer's K and V out of the pages: %.1f ms per step\n"
+           "  follow-up turn: 8 tokens %.2f s, 256 tokens %.2f s\n"
            "  session memory: %.1f MiB (%lld tokens)\n",
            n, t_sess_prefill, t_model_prefill, t_sess * 1e3, t_model * 1e3, t_gather * 1e3,
-           (double)st.bytes / 1048576.0, (long long)st.n_tokens);
+           t_follow8, t_follow, (double)st.bytes / 1048576.0, (long long)st.n_tokens);
     mi_kv_seq_destroy(seq);
     mi_kv_pool_destroy(pool);
     mi_session_destroy(s);
