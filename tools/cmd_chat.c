@@ -21,7 +21,7 @@
 
 static const char usage_text[] =
     "usage: minference chat [--model PATH] [--system TEXT] [--template auto|chatml|llama3]\n"
-    "           [--attn dense|minference|a_shape|tri_shape|block_sparse] [--config CFG.json]\n"
+    "           [--attn minference|PATTERN] [--config CFG.json]\n"
     "           [--session FILE] [--max-new-tokens N] [--max-context N] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "\n"
@@ -32,8 +32,8 @@ static const char usage_text[] =
     "  --model           a .gguf file or a Hugging Face directory (default: as generate)\n"
     "  --system          the system message of the first turn\n"
     "  --template        chat template (default auto: from the vocabulary)\n"
-    "  --attn, --config  attention of the first turn's prefill (default minference);\n"
-    "                    later turns attend densely to the cache\n"
+    "  --attn, --config  attention of the first turn's prefill, as generate's (default\n"
+    "                    minference); later turns attend densely to the cache\n"
     "  --session         load the conversation from FILE when it exists; save it there at\n"
     "                    the end\n"
     "  --max-new-tokens  longest reply (default 256)\n"
@@ -244,8 +244,9 @@ int mi_cmd_chat(int argc, char **argv) {
     args_result ar = args_parse("chat", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
                                 argc, argv, NULL, 0, NULL);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
-    mi_attn_mode mode = MI_ATTN_MINFERENCE;
-    if (mi_attn_mode_from_name(attn, &mode) != MI_STATUS_SUCCESS)
+    mi_pattern_type attn_type;
+    if (strcmp(attn, "minference") != 0 &&
+        mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("chat", usage_text, "unknown --attn '%s'", attn);
     mi_chat_template tmpl = MI_CHAT_AUTO;
     if (strcmp(tmpl_name, "chatml") == 0)
@@ -291,7 +292,8 @@ int mi_cmd_chat(int argc, char **argv) {
         fprintf(stderr, "minference chat: cannot load config %s\n", config_path);
         goto done;
     }
-    if (mi_model_set_attention(c.model, mode, config, (int32_t)dense_below) != MI_STATUS_SUCCESS) {
+    if (mi_model_set_attention_name(c.model, attn, config, (int32_t)dense_below) !=
+        MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference chat: %s\n", mi_model_last_error(c.model));
         goto done;
     }
