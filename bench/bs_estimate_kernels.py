@@ -5,10 +5,10 @@ position-coded: near-diagonal blocks score highest). For work on the estimate's 
 bench/time_variants.py --shapes block-sparse gives only the estimate's total:
 
   bs_estimate_kernels.py --lib build/libminference.so --variant new= \\
-      --variant ntile=MI_CUDA_BS_MASK_APPEND=0 [--shapes 512K,1M] [--heads 1] [--out times.json]
+      --variant ntile=bs_mask_append=-1 [--shapes 512K,1M] [--heads 1] [--out times.json]
 
-Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
-after; the library reads them at every call. Prints one line per shape, input and variant: each
+Each variant sets the context's tuning (name=value, comma-separated: mi_tuning_parse) before its
+timings and resets it to the defaults after. Prints one line per shape, input and variant: each
 kernel's time in ms for all heads, averaged over --repeat calls after one warm-up call, and
 whether the variant's whole index equals the first variant's, bit for bit (variants that score
 with the same sums must agree exactly)."""
@@ -40,7 +40,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=VAR=VALUE[,VAR=VALUE...]; NAME= for the defaults (repeatable)")
+                    help="NAME=TUNING (name=value,...); NAME= for the defaults (repeatable)")
     ap.add_argument("--shapes", default="512K,1M", help="lengths: 128K, 512K, 1M (comma-separated)")
     ap.add_argument("--heads", type=int, default=1, help="query heads (KV heads: heads / 4 or 1)")
     ap.add_argument("--repeat", type=int, default=3)
@@ -72,7 +72,7 @@ def main():
             first = None
             for name, sets in variants:
                 buf.fill_(-7)
-                with tr.variant_env(sets):
+                with tr.variant_tuning(lib, sets):
                     times = kernel_times(lib, dq, dk, top_k, spi, args.repeat)
                 torch.cuda.synchronize()
                 index = buf.clone()

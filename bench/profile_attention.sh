@@ -6,8 +6,9 @@
 # Nsight Compute locks the SM clock to base (1.36 GHz on an H200), so durations are longer than
 # in the benchmark; ratios (issue slots, occupancy, throughputs) are what to read.
 # The warp-stall breakdown (cycles per issued instruction, by reason) is printed as well.
-#   bench/profile_attention.sh [NAME=VAR=VAL[,VAR=VAL] ...]
-# Each argument profiles the dense launch once more with those variables set (kernel variants).
+#   bench/profile_attention.sh [NAME=TUNING ...]
+# Each argument profiles the dense launch once more with that tuning of the library (name=value,...
+# as mi_tuning_parse reads it: kernel variants).
 # DENSE_KERNEL, SPARSE_KERNEL: the kernel names to profile (regex; default the library's picks).
 # PREBUILT: a folder with libminference.so built elsewhere (skips the build).
 set -uo pipefail
@@ -27,11 +28,11 @@ SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Mem
           --section WarpStateStats --section Occupancy --section LaunchStats
           --section SchedulerStats
           --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
-prof() { # name, kernel regex, skip, torch_ref sections (environment: the caller's)
+prof() { # name, kernel regex, skip, torch_ref sections, tuning (optional)
   timeout 300 "$NCU" --target-processes all -k "regex:$2" --launch-skip "$3" --launch-count 1 \
     "${SECTIONS[@]}" --csv --page details \
     python3 bench/torch_ref.py --lib "$LIB" --out "$OUTDIR/ref" --store "" --quick \
-    --sections "$4" >"$OUTDIR/ncu-$1.csv" 2>"$OUTDIR/ncu-$1.err"
+    --sections "$4" --tuning "${5:-}" >"$OUTDIR/ncu-$1.csv" 2>"$OUTDIR/ncu-$1.err"
   echo "== $1 (rc=$?)"
   python3 - "$OUTDIR/ncu-$1.csv" <<'PY'
 import csv, sys
@@ -62,11 +63,11 @@ PY
   tail -3 "$OUTDIR/ncu-$1.err"
 }
 # the kernels the library picks for these launches (the dense one on the ring kernel:
-# MI_CUDA_SM90_DENSE=0 and attn_fwd_sm90_ring_kernel; the sparse one: the band-like `local`
-# heads go to attn_sparse_sm90_kernel, MI_CUDA_SM90_SPARSE=0 keeps them on the ring kernel)
+# the tuning sm90_dense=-1 and attn_fwd_sm90_ring_kernel; the sparse one: the band-like `local`
+# heads go to attn_sparse_sm90_kernel, sm90_sparse=-1 keeps them on the ring kernel)
 prof dense "${DENSE_KERNEL:-attn_dense_sm90_kernel}" 3 dense
 prof sparse_local "${SPARSE_KERNEL:-attn_sparse_sm90_kernel}" 3 sparse
 for v in "$@"; do
-  name=${v%%=*}; envs=${v#*=}
-  (export ${envs//,/ }; prof "dense_$name" attn_fwd_sm90 3 dense)
+  name=${v%%=*}; tuning=${v#*=}
+  prof "dense_$name" attn_fwd_sm90 3 dense "$tuning"
 done

@@ -6,10 +6,11 @@
 # and a compute-sanitizer memcheck of the quick subset on the default path (MEMCHECK_VARIANT=1:
 # on the first variant). Everything stops at a common deadline, so that a slow step costs its own
 # result and not the whole call.
-#   bench/run_gpu_ab.sh NAME=VAR=VAL[,VAR=VAL] ...
+#   bench/run_gpu_ab.sh NAME=TUNING ...   (TUNING: the library's tuning, name=value,... as
+#   mi_tuning_parse reads it, e.g. ws=sm90_sparse=1)
 # PREBUILT: a folder with libminference.so* and test_cuda built elsewhere with the same CUDA
 # (test_cuda linked with rpath $ORIGIN); without it, or if it does not load, the library is built
-# here. EXTRA_QUICK: more "NAME=VAR=VAL,..." (space-separated) for the quick test only.
+# here. EXTRA_QUICK: more "NAME=TUNING" (space-separated) for the quick test only.
 # DEADLINE: seconds for the whole script (default 150). LOGS: where logs and JSON go. SHAPES:
 # time_variants.py's shape set (default sparse; all adds dense; dense alone). PREFILL: the length
 # of the whole-layer prefill timing (default 1048576; 0: none).
@@ -55,26 +56,25 @@ for l in sys.stdin:
           r.get("kernel_ms_per_head", r.get("ours_ms_per_head", r.get("prefill_ms_per_head"))))'
 fi
 
-t() { # name, env assignments..., -- test args (in the background)
+t() { # name, command... (in the background)
   local name=$1; shift
-  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env OMP_NUM_THREADS=3 "${envs[@]}" timeout "$(left)" "$@" >"$LOGS/test_$name.log" 2>&1 &
+  env OMP_NUM_THREADS=3 timeout "$(left)" "$@" >"$LOGS/test_$name.log" 2>&1 &
 }
-t full_default -- $B/test_cuda
+t full_default $B/test_cuda
 for v in "$@"; do
-  name=${v%%=*}; envs=${v#*=}
-  t "full_$name" ${envs//,/ } -- $B/test_cuda
-  t "quick_$name" ${envs//,/ } -- $B/test_cuda --quick
+  name=${v%%=*}; tuning=${v#*=}
+  t "full_$name" $B/test_cuda --tuning "$tuning"
+  t "quick_$name" $B/test_cuda --quick --tuning "$tuning"
 done
 for v in ${EXTRA_QUICK:-}; do
-  name=${v%%=*}; envs=${v#*=}
-  t "quick_$name" ${envs//,/ } -- $B/test_cuda --quick
+  name=${v%%=*}; tuning=${v#*=}
+  t "quick_$name" $B/test_cuda --quick --tuning "$tuning"
 done
 if [ "${MEMCHECK_VARIANT:-0}" = 1 ] && [ $# -gt 0 ]; then
-  envs=${1#*=}
-  t "memcheck_${1%%=*}" ${envs//,/ } -- compute-sanitizer --tool memcheck $B/test_cuda --quick
+  tuning=${1#*=}
+  t "memcheck_${1%%=*}" compute-sanitizer --tool memcheck $B/test_cuda --quick --tuning "$tuning"
 else
-  t memcheck_default -- compute-sanitizer --tool memcheck $B/test_cuda --quick
+  t memcheck_default compute-sanitizer --tool memcheck $B/test_cuda --quick
 fi
 wait
 echo "tests done ($((SECONDS - T0)) s)"

@@ -46,17 +46,18 @@ if [ "$TEST" = 1 ]; then
   # sparse head on the warp-specialised kernel, every one on the ring kernel, the ring kernel for
   # A-/Tri-shape heads and for dense launches, and the portable mma.sync one
   for path in sm90 sm90_ws_sparse sm90_ring_sparse sm90_ring_a_shape sm90_ring_dense sm80; do
+    tuning=""
     case "$path" in
-      sm90_ws_sparse) export MI_CUDA_SM90_SPARSE=1 ;;
-      sm90_ring_sparse) export MI_CUDA_SM90_SPARSE=0 ;;
-      sm90_ring_a_shape) export MI_CUDA_SM90_A_SHAPE=0 ;;
-      sm90_ring_dense) export MI_CUDA_SM90_DENSE=0 ;;
-      sm80) export MI_CUDA_DISABLE_SM90=1 ;;
+      sm90_ws_sparse) tuning=sm90_sparse=1 ;;
+      sm90_ring_sparse) tuning=sm90_sparse=-1 ;;
+      sm90_ring_a_shape) tuning=sm90_a_shape=-1 ;;
+      sm90_ring_dense) tuning=sm90_dense=-1 ;;
+      sm80) tuning=sm90=-1 ;;
     esac
-    timeout 900 build/tests/cuda/test_cuda $QUICK > "$LOGS/test_cuda_$path.log" 2>&1
+    timeout 900 build/tests/cuda/test_cuda $QUICK --tuning "$tuning" \
+      > "$LOGS/test_cuda_$path.log" 2>&1
     echo "test_cuda ($path) rc=$? : $(tail -1 "$LOGS/test_cuda_$path.log")"
     grep FAIL "$LOGS/test_cuda_$path.log" | head -20
-    unset MI_CUDA_DISABLE_SM90 MI_CUDA_SM90_SPARSE MI_CUDA_SM90_A_SHAPE MI_CUDA_SM90_DENSE
   done
 fi
 

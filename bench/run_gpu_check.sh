@@ -6,7 +6,9 @@
 # benchmark against SDPA (bench/torch_ref.py: its JSON, PNG and rows, results.jsonl, into $LOGS;
 # scripts/results.py append adds the rows to the store), then times the variants
 # (bench/time_variants.py).
-#   bench/run_gpu_check.sh [--no-memcheck] [--bench] [--variant NAME=VAR=VAL ...]
+#   bench/run_gpu_check.sh [--no-memcheck] [--bench] [--variant NAME=TUNING ...]
+# (TUNING: the library's tuning, name=value,... as mi_tuning_parse reads it, e.g.
+# ws=sm90_sparse=1,sm90_tma_store=-1)
 # Logs and the timings JSON go to $LOGS (default build-gpu/logs); TEST_TIMEOUT (s) bounds each
 # test run, so that a hung kernel does not eat the whole call.
 set -uo pipefail
@@ -33,33 +35,33 @@ bench/compile_test_cuda.sh "$BUILD" "$BUILD/test_cuda" >>"$BUILD.build.log" 2>&1
   { tail -20 "$BUILD.build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 
-t() { # name, env assignments..., -- test args
-  local name=$1; shift
-  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  env "${envs[@]}" timeout "${TEST_TIMEOUT:-600}" "$BUILD/test_cuda" "$@" >"$LOGS/test_$name.log" 2>&1
+t() { # name, tuning ("" for the defaults), test args...
+  local name=$1 tuning=$2; shift 2
+  timeout "${TEST_TIMEOUT:-600}" "$BUILD/test_cuda" --tuning "$tuning" "$@" \
+    >"$LOGS/test_$name.log" 2>&1
   local rc=$?
   echo "test_cuda $name rc=$rc : $(tail -1 "$LOGS/test_$name.log")"
   grep FAIL "$LOGS/test_$name.log" | head -10
   return $rc
 }
-t sm90 --
+t sm90 ""
 # a hung kernel (timeout) would hang every later step as well
 [ $? = 124 ] && { echo "default path timed out: stopping"; exit 1; }
-t sm80quick MI_CUDA_DISABLE_SM90=1 -- --quick
+t sm80quick sm90=-1 --quick
 # the sm_90a kernels forced: the warp-specialised sparse one for every sparse head, the ring
 # kernel for every sparse head, for A-shape heads, and for dense heads
-t ws_sparse MI_CUDA_SM90_SPARSE=1 --
+t ws_sparse sm90_sparse=1
 # its other paths: gathered column tiles, items merged inline (longer than the plan), and output
 # rows stored from each thread (where O cannot be addressed by TMA)
-t ws_gather_quick MI_CUDA_SM90_SPARSE=1 MI_CUDA_SM90_COLUMN_COPIES=0 -- --quick
-t ws_inline_quick MI_CUDA_SM90_SPARSE=1 MI_CUDA_SM90_PLAN_TILES=3 -- --quick
-t ws_thread_stores_quick MI_CUDA_SM90_SPARSE=1 MI_CUDA_SM90_TMA_STORE=0 -- --quick
-t ring_sparse_quick MI_CUDA_SM90_SPARSE=0 -- --quick
-t ring_a_shape_quick MI_CUDA_SM90_A_SHAPE=0 -- --quick
-t ring_dense_quick MI_CUDA_SM90_DENSE=0 -- --quick
+t ws_gather_quick sm90_sparse=1,sm90_column_copies=-1 --quick
+t ws_inline_quick sm90_sparse=1,sm90_plan_tiles=3 --quick
+t ws_thread_stores_quick sm90_sparse=1,sm90_tma_store=-1 --quick
+t ring_sparse_quick sm90_sparse=-1 --quick
+t ring_a_shape_quick sm90_a_shape=-1 --quick
+t ring_dense_quick sm90_dense=-1 --quick
 for v in "${VARIANTS[@]}"; do
-  name=${v%%=*}; envs=${v#*=}
-  [ -n "$envs" ] && t "${name}quick" ${envs//,/ } -- --quick
+  name=${v%%=*}; tuning=${v#*=}
+  [ -n "$tuning" ] && [ "$tuning" != "$v" ] && t "${name}quick" "$tuning" --quick
 done
 if [ "$MEMCHECK" = 1 ]; then
   timeout "$((3 * ${TEST_TIMEOUT:-300}))" compute-sanitizer --tool memcheck "$BUILD/test_cuda" --quick \

@@ -2,14 +2,14 @@
 """Band-width sweep of the sparse kernels, for kernel work on a GPU machine.
 
 Each index set is a band of slash distances 0..W-1 per head, optionally with random vertical
-columns (as the benchmark's sets draw them), timed with each kernel path chosen by environment
-switches (as in time_variants.py). Time against band width separates what a shared 128-key tile
+columns (as the benchmark's sets draw them), timed with each kernel path chosen by the library's
+tuning (as in time_variants.py). Time against band width separates what a shared 128-key tile
 costs from what each 128-row work item costs; the sets with columns show what gathered or copied
 columns cost against range keys; --full-band (W = L: every tile shared, no columns) compares the
 sparse kernel's per-tile rate with the dense kernel's on the same work, in the same process.
 
   sparse_band_sweep.py --lib build/libminference.so
-      [--variant ws=MI_CUDA_SM90_SPARSE=1 --variant ring=MI_CUDA_SM90_SPARSE=0]
+      [--variant ws=sm90_sparse=1 --variant ring=sm90_sparse=-1]
       [--full-band] [--rounds 2] [--out results.json]
 
 Variants are timed in turn for each set, --rounds times, so that a slow drift of the clocks hits
@@ -59,7 +59,7 @@ def time_set(lib, L, H, band, columns, variants, reps):
     pairs = keys()
     out = {"L": L, "heads": H, "band": band, "columns": columns, "keys_per_row": pairs / (H * L)}
     for name, sets in variants:
-        with tr.variant_env(sets):
+        with tr.variant_tuning(lib, sets):
             t = tr.time_cuda(run, reps)
         out[name] = {"ms_per_head": t / H, "tflops": tr.effective_tflops(pairs, t)}
     del build, run, keys
@@ -70,7 +70,7 @@ def time_set(lib, L, H, band, columns, variants, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libminference.so")
-    ap.add_argument("--variant", action="append", help="name=VAR=VAL,VAR=VAL")
+    ap.add_argument("--variant", action="append", help="NAME=TUNING (name=value,...)")
     ap.add_argument("--full-band", action="store_true",
                     help="the full-band sets against the dense kernel instead of the sweep")
     ap.add_argument("--rounds", type=int, default=2)
@@ -78,7 +78,7 @@ def main():
     ap.add_argument("--store", help="also append the rows to this results store "
                     "(bench/results.jsonl; see scripts/results.py)")
     args = ap.parse_args()
-    specs = args.variant or ["ws=MI_CUDA_SM90_SPARSE=1", "ring=MI_CUDA_SM90_SPARSE=0"]
+    specs = args.variant or ["ws=sm90_sparse=1", "ring=sm90_sparse=-1"]
     variants = tr.parse_variants(specs)
     lib = tr.Lib(os.path.abspath(args.lib))
     rows = []

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Times kernel variants chosen by environment switches in one process, on the shapes of
+"""Times kernel variants chosen by the library's tuning in one process, on the shapes of
 bench/torch_ref.py (dense causal and the prescribed sparse index sets), for quick A/B runs during
 kernel work; the full benchmark with its JSON stays bench/torch_ref.py.
 
-  time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=MI_CUDA_DISABLE_SM90=1
+  time_variants.py --lib build/libminference.so --variant sm90= --variant sm80=sm90=-1
       [--shapes small|sparse|dense|block-sparse] [--head-dim 128|64] [--prefill L]
       [--out results.json]
 
-Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
-after; the library reads them at every launch. cuDNN SDPA is timed once per dense shape."""
+Each variant sets the context's tuning (name=value, comma-separated: mi_tuning_parse) before its
+timings and resets it to the defaults after. cuDNN SDPA is timed once per dense shape."""
 import argparse
 import json
 import os
@@ -34,7 +34,7 @@ SPARSE_ONLY = SPARSE[:4] + [(1048576, 1, 1, "mixed", 3), SPARSE[4]]
 # --shapes dense: dense causal only, up to 512K (for changes to the dense kernel)
 DENSE_ONLY = DENSE + [(524288, 2, 1, 2)]
 # --shapes block-sparse: top-100 estimate and kernel on torch_ref.py's pattern shapes and inputs
-# (for changes to the block-sparse estimate, e.g. --variant rows=MI_CUDA_BS_STREAM=0)
+# (for changes to the block-sparse estimate, e.g. --variant rows=bs_stream=-1)
 # (1M x 32 heads: a whole layer's launch, where CTAs fill the GPU as they do in a model's prefill)
 BLOCK_SPARSE = [(L, H, Hk, inputs) for L, H, Hk in ((131072, 32, 8), (524288, 1, 1),
                                                     (1048576, 1, 1), (1048576, 32, 8))
@@ -44,7 +44,7 @@ BLOCK_SPARSE = [(L, H, Hk, inputs) for L, H, Hk in ((131072, 32, 8), (524288, 1,
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libminference.so")
-    ap.add_argument("--variant", action="append", required=True, help="name=VAR=VAL,VAR=VAL")
+    ap.add_argument("--variant", action="append", required=True, help="NAME=TUNING, e.g. ws=sm90_sparse=1,sm90_tma_store=-1")
     ap.add_argument("--out")
     ap.add_argument("--store", help="also append the rows to this results store "
                     "(bench/results.jsonl; see scripts/results.py)")
@@ -66,9 +66,9 @@ def main():
     variants = tr.parse_variants(args.variant)
 
     def timed(sets, fn):
-        """fn() under the variant's variables; they are unset afterwards."""
+        """fn() under the variant's tuning; the defaults afterwards."""
         try:
-            with tr.variant_env(sets):
+            with tr.variant_tuning(lib, sets):
                 return fn()
         finally:
             torch.cuda.empty_cache()

@@ -28,6 +28,7 @@ import datetime
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -108,6 +109,15 @@ class Lib:
         self.check(l.mi_context_create(C.byref(p), C.byref(self.ctx)), "context")
         stream = torch.cuda.current_stream().cuda_stream
         self.check(l.mi_context_set_stream(self.ctx, C.c_void_p(stream)), "stream")
+        # the context's tuning as it was made (every field auto), to go back to after a variant;
+        # kept as bytes, so that this binding needs no copy of the struct's layout
+        self.default_tuning = C.create_string_buffer(4096)
+        self.check(l.mi_context_get_tuning(self.ctx, self.default_tuning), "tuning")
+
+    def set_tuning(self, spec):
+        """The context's tuning: the defaults with spec (mi_tuning_parse's name=value,...)."""
+        self.check(self.l.mi_context_set_tuning(self.ctx, self.default_tuning), "tuning")
+        self.check(self.l.mi_context_parse_tuning(self.ctx, spec.encode()), f"tuning {spec}")
 
     def check(self, st, what):
         if st != 0:
@@ -116,26 +126,20 @@ class Lib:
 
 
 def parse_variants(specs):
-    """The --variant arguments of the A/B scripts, NAME=VAR=VALUE[,VAR=VALUE...] (NAME= for the
-    defaults), as (name, [(VAR, VALUE), ...]) pairs."""
-    out = []
-    for spec in specs:
-        name, _, env = spec.partition("=")
-        out.append((name, [kv.split("=", 1) for kv in env.split(",") if kv]))
-    return out
+    """The --variant arguments of the A/B scripts, NAME=TUNING (TUNING: the library's tuning as
+    name=value[,name=value...], e.g. ws=sm90_sparse=1; NAME= for the defaults), as (name, tuning)
+    pairs."""
+    return [tuple(spec.split("=", 1)) if "=" in spec else (spec, "") for spec in specs]
 
 
 @contextlib.contextmanager
-def variant_env(sets):
-    """The variables of one variant set for the block's calls (the library reads them at every
-    call) and unset after it."""
-    for var, value in sets:
-        os.environ[var] = value
+def variant_tuning(lib, tuning):
+    """The context's tuning of one variant for the block's calls, the defaults after it."""
+    lib.set_tuning(tuning)
     try:
         yield
     finally:
-        for var, _ in sets:
-            os.environ.pop(var, None)
+        lib.set_tuning("")
 
 
 def source_commit(lib=None):
@@ -571,8 +575,11 @@ def main():
     ap.add_argument("--store", default=os.path.join(ROOT, "bench", "results.jsonl"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="dense,sparse,patterns,estimation,crossover")
+    ap.add_argument("--tuning", default="",
+                    help="the library's tuning, name=value,... (e.g. sm90=-1: the sm_80 kernels)")
     args = ap.parse_args()
     lib = Lib(os.path.abspath(args.lib))
+    lib.set_tuning(args.tuning)
     sections = args.sections.split(",")
     now = datetime.datetime.now(datetime.timezone.utc)
     date = now.strftime("%Y-%m-%d")
@@ -640,7 +647,7 @@ def main():
         for r in rows:
             print("crossover-d64", json.dumps(r), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    tag = "-sm80path" if os.environ.get("MI_CUDA_DISABLE_SM90") == "1" else ""
+    tag = "-sm80path" if re.search(r"(^|,)sm90=(-1|off)(,|$)", args.tuning) else ""
     res["kernel_path"] = "sm80 mma.sync" if tag else "default (sm90a wgmma on Hopper)"
     path = os.path.join(args.out, f"{date}-gpu-attention{tag}.json")
     with open(path, "w") as f:

@@ -5,10 +5,10 @@ inputs of bench/torch_ref.py's estimation section (q and k random plus a rotary-
 code, GQA 4:1). For work on those kernels, where bench/torch_ref.py gives only each call's total:
 
   vs_estimate_kernels.py --lib build/libminference.so --variant new= \\
-      --variant old=MI_CUDA_SOMETHING=0 [--shapes 128K:32,1M:8] [--out times.json]
+      --variant old=vs_index_shortcuts=-1 [--shapes 128K:32,1M:8] [--out times.json]
 
-Each variant sets its variables (NAME=VALUE, comma-separated) before its timings and unsets them
-after; the library reads them at every call. Prints one line per shape and variant: each
+Each variant sets the context's tuning (name=value, comma-separated: mi_tuning_parse) before its
+timings and resets it to the defaults after. Prints one line per shape and variant: each
 kernel's time in ms for all heads (the two score passes apart), averaged over --repeat calls
 after a warm-up, and whether the variant's vertical-slash lists and block index equal the first
 variant's, bit for bit. --save writes the first variant's lists and index per shape to a file,
@@ -77,7 +77,7 @@ def index_on_sets(lib, shapes, names, variants):
             first = None
             for vname, sets in variants:
                 sbuf.fill_(-7)
-                with tr.variant_env(sets):
+                with tr.variant_tuning(lib, sets):
                     t = tr.time_cuda(build, 10)
                 torch.cuda.synchronize()
                 same = True if first is None else bool(torch.equal(first, sbuf))
@@ -96,7 +96,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/libminference.so")
     ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=VAR=VALUE[,VAR=VALUE...]; NAME= for the defaults (repeatable)")
+                    help="NAME=TUNING (name=value,...); NAME= for the defaults (repeatable)")
     ap.add_argument("--shapes", default="128K:32,1M:8",
                     help="LENGTH:HEADS items, comma-separated (lengths 128K, 512K, 1M)")
     ap.add_argument("--repeat", type=int, default=3)
@@ -162,7 +162,7 @@ def main():
         for name, sets in variants:
             vbuf.fill_(-7)
             sbuf.fill_(-7)
-            with tr.variant_env(sets):
+            with tr.variant_tuning(lib, sets):
                 times = tr.profile_kernels(call, args.repeat, name=kernel_pass_name)
             torch.cuda.synchronize()
             result = torch.cat([vbuf[: n // 4], sbuf])

@@ -21,6 +21,7 @@ struct mi_context {
     mi_context_params params;
     int n_threads;
     void *stream; /* cudaStream_t on CUDA contexts */
+    mi_tuning tuning; /* the backends' choices (zero: their own heuristics) */
     char last_error[MI_ERROR_CAPACITY];
 };
 

@@ -117,11 +117,14 @@ mi_tile *mi_cpu_tile_alloc(int64_t D) {
 
 void mi_cpu_tile_free(mi_tile *t) { free(t); }
 
-int mi_cpu_scratch_alloc(int n_threads, int64_t head_dim, size_t ws_floats, mi_tile **tiles,
-                         float **ws) {
+static int use_avx512(const mi_context *ctx);
+
+int mi_cpu_scratch_alloc(const mi_context *ctx, int n_threads, int64_t head_dim, size_t ws_floats,
+                         mi_tile **tiles, float **ws) {
     int ok = 1;
     for (int i = 0; i < n_threads; i++) {
         tiles[i] = mi_cpu_tile_alloc(head_dim);
+        if (tiles[i]) tiles[i]->avx512 = use_avx512(ctx);
         ok = ok && tiles[i];
         if (ws) {
             ws[i] = malloc(ws_floats * sizeof(float));
@@ -149,39 +152,45 @@ void mi_cpu_job_ashape(mi_attn_job *job, int64_t n_init, int64_t n_local, int64_
 /* ------------------------------------------------------------------------------------------ */
 /* Dispatch                                                                                    */
 
+/* The AVX-512 engine where the CPU has it, unless ctx's tuning asks for the build-target engine
+ * (cpu_engine = 1), so that the tests can exercise that one on such a machine too
+ * (tests/cpu/CMakeLists.txt). Calls with a tile take the engine the tile was made for. */
+static int use_avx512(const mi_context *ctx) {
 #if MI_CPU_AVX512_ENGINE
-/* MI_CPU_ENGINE=base in the environment forces the build-target engine, so that the tests can
- * exercise it on a machine with AVX-512 (tests/cpu/CMakeLists.txt). */
-static int use_avx512(void) {
-    const char *e = getenv("MI_CPU_ENGINE");
-    if (e && strcmp(e, "base") == 0) return 0;
+    if (ctx && ctx->tuning.cpu_engine == 1) return 0;
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-}
-#define DISPATCH(name, ...) (use_avx512() ? name##_avx512(__VA_ARGS__) : name##_base(__VA_ARGS__))
 #else
-#define DISPATCH(name, ...) name##_base(__VA_ARGS__)
+    (void)ctx;
+    return 0;
+#endif
+}
+#if MI_CPU_AVX512_ENGINE
+#define DISPATCH(on, name, ...) ((on) ? name##_avx512(__VA_ARGS__) : name##_base(__VA_ARGS__))
+#else
+#define DISPATCH(on, name, ...) name##_base(__VA_ARGS__)
 #endif
 
 mi_status mi_cpu_run_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                           const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
                           int64_t n_jobs, float scale, mi_tensor *out, float *lse) {
-    return DISPATCH(mi_cpu_run_jobs, ctx, s, q, k, v, jobs, n_jobs, scale, out, lse);
+    return DISPATCH(use_avx512(ctx), mi_cpu_run_jobs, ctx, s, q, k, v, jobs, n_jobs, scale, out,
+                    lse);
 }
 
 void mi_cpu_job_mass(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
                      const mi_attn_job *job, float scale, int64_t r0, double *mass,
                      double *visited) {
-    DISPATCH(mi_cpu_job_mass, t, s, q, k, job, scale, r0, mass, visited);
+    DISPATCH(t->avx512, mi_cpu_job_mass, t, s, q, k, job, scale, r0, mass, visited);
 }
 
 void mi_cpu_vs_sums(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
                     int64_t b, int64_t h, int64_t len, int64_t n, float scale, float *vert,
                     float *slash) {
-    DISPATCH(mi_cpu_vs_sums, t, s, q, k, b, h, len, n, scale, vert, slash);
+    DISPATCH(t->avx512, mi_cpu_vs_sums, t, s, q, k, b, h, len, n, scale, vert, slash);
 }
 
 void mi_cpu_block_scores(mi_tile *t, int64_t D, const float *qp, int64_t nq, const float *kp,
                          int64_t nk, float *sc) {
-    DISPATCH(mi_cpu_block_scores, t, D, qp, nq, kp, nk, sc);
+    DISPATCH(t->avx512, mi_cpu_block_scores, t, D, qp, nq, kp, nk, sc);
 }

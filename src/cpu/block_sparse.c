@@ -109,7 +109,7 @@ mi_status mi_cpu_block_sparse_estimate(mi_context *ctx, const mi_attn_shape *s, 
     const size_t ws_floats = mi_cpu_bs_ws_floats(s->len, s->head_dim);
     mi_tile *tiles[nt];
     float *ws[nt];
-    const int ok = mi_cpu_scratch_alloc(nt, s->head_dim, ws_floats, tiles, ws);
+    const int ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, ws_floats, tiles, ws);
     if (ok) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int64_t it = 0; it < n_jobs; it++) {

@@ -122,15 +122,16 @@ struct mi_tile {
     float *kb;  /* [64][D] */
     float *vb;  /* [64][D] */
     float *row; /* [D] */
+    int avx512; /* the AVX-512 engine runs the calls on this tile (mi_cpu_scratch_alloc) */
 };
 mi_tile *mi_cpu_tile_alloc(int64_t head_dim);
 void mi_cpu_tile_free(mi_tile *t);
 
-/* Per-thread scratch of a parallel loop: tiles[i] for head_dim, and ws[i] of ws_floats floats
- * when ws is not NULL. Returns 0 when any allocation failed; free with mi_cpu_scratch_free either
- * way (entries that failed are NULL). */
-int mi_cpu_scratch_alloc(int n_threads, int64_t head_dim, size_t ws_floats, mi_tile **tiles,
-                         float **ws);
+/* Per-thread scratch of a parallel loop on ctx: tiles[i] for head_dim (on the engine ctx's tuning
+ * picks), and ws[i] of ws_floats floats when ws is not NULL. Returns 0 when any allocation
+ * failed; free with mi_cpu_scratch_free either way (entries that failed are NULL). */
+int mi_cpu_scratch_alloc(const mi_context *ctx, int n_threads, int64_t head_dim, size_t ws_floats,
+                         mi_tile **tiles, float **ws);
 void mi_cpu_scratch_free(int n_threads, mi_tile **tiles, float **ws);
 void mi_cpu_job_mass(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
                      const mi_attn_job *job, float scale, int64_t r0, double *mass,

@@ -28,7 +28,7 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
     double *mass = malloc((size_t)(n_jobs * R) * 2 * sizeof(double));
     mi_tile *tiles[nt];
     int ok = ws && mass;
-    ok = mi_cpu_scratch_alloc(nt, s->head_dim, 0, tiles, NULL) && ok;
+    ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, 0, tiles, NULL) && ok;
     mi_status st = ok ? MI_STATUS_SUCCESS : MI_STATUS_OUT_OF_MEMORY;
     mi_attn_job *jobs = NULL;
     if (ok) st = mi_cpu_prefill_plan(ctx, s, q, k, seq_lens, patterns, &pp, ws, &jobs);

@@ -196,7 +196,7 @@ static mi_status plan_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_ten
     }
     if (need_estimate) {
         mi_tile *tiles[nt];
-        const int ok = mi_cpu_scratch_alloc(nt, s->head_dim, 0, tiles, NULL);
+        const int ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, 0, tiles, NULL);
         if (ok) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
             for (int64_t it = 0; it < n_jobs; it++) {

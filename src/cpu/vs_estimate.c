@@ -61,7 +61,7 @@ mi_status mi_cpu_vs_estimate(mi_context *ctx, const mi_attn_shape *s, const mi_t
     const size_t ws_floats = mi_cpu_vs_ws_floats(s->len);
     mi_tile *tiles[nt];
     float *ws[nt];
-    const int ok = mi_cpu_scratch_alloc(nt, s->head_dim, ws_floats, tiles, ws);
+    const int ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, ws_floats, tiles, ws);
     /* Scratch for the top-k results beyond the index capacity is never needed: the API checks
      * max_vertical / max_slash against the clamped budgets; we clamp again for safety. */
     if (ok) {

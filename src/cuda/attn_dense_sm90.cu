@@ -320,31 +320,26 @@ cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_
 
 /* Runs the launch with the dense kernel when it applies: every head dense (uniform mode) or the
  * n_listed > 0 heads listed (the others left to the caller), every sequence of the full length,
- * D = 128 or 64, tensors TMA can address, and not switched off with MI_CUDA_SM90_DENSE=0.
+ * D = 128 or 64, tensors TMA can address, and not switched off by the tuning (sm90_dense = -1).
  * *used = 0 (and cudaSuccess) when it does not apply. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
                                                       const int16_t *listed, int n_listed,
-                                                      cudaStream_t st, int *used) {
+                                                      const mi_tuning *t, cudaStream_t st,
+                                                      int *used) {
     *used = 0;
-    const char *off = getenv("MI_CUDA_SM90_DENSE");
     const bool uniform = !p->use_head_modes && p->mode.mode == MI_CUDA_MODE_DENSE;
-    if ((off && off[0] == '0') || (n_listed <= 0 && !uniform) || n_listed > p->heads ||
+    if (t->sm90_dense < 0 || (n_listed <= 0 && !uniform) || n_listed > p->heads ||
         (p->head_dim != 128 && p->head_dim != 64))
         return cudaSuccess;
     static thread_local mi_cuda::dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p->dtype == MI_DTYPE_BF16;
-    /* K/V tiles of 176 keys; MI_CUDA_DENSE_BN=128: of 128 (A/B runs) */
-    const char *bn_env = getenv("MI_CUDA_DENSE_BN");
-    const int bn = bn_env && atoi(bn_env) == 128 ? 128 : 176;
+    constexpr int bn = 176; /* K/V tiles of 176 keys */
     if (!mi_cuda::encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, p, mi_cuda::DS_BM, bn))
         return cudaSuccess;
     mi_cuda::dense_args_of(a, *p);
     a.n_listed = n_listed > 0 ? n_listed : 0;
     for (int i = 0; i < a.n_listed; ++i) a.listed[i] = listed[i];
     *used = 1;
-    if (p->head_dim == 64)
-        return bn == 176 ? mi_cuda::launch_dense<176, 64>(a, p->batch, bf16, st)
-                         : mi_cuda::launch_dense<128, 64>(a, p->batch, bf16, st);
-    return bn == 176 ? mi_cuda::launch_dense<176, 128>(a, p->batch, bf16, st)
-                     : mi_cuda::launch_dense<128, 128>(a, p->batch, bf16, st);
+    if (p->head_dim == 64) return mi_cuda::launch_dense<bn, 64>(a, p->batch, bf16, st);
+    return mi_cuda::launch_dense<bn, 128>(a, p->batch, bf16, st);
 }

@@ -410,12 +410,14 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
     static thread_local tri_split_args sa;
     int64_t z = 0;
-    const char *split_env = getenv("MI_CUDA_TRI_SPLIT"), *ctas_env = getenv("MI_CUDA_TRI_CTAS");
-    const char *sm90_env = getenv("MI_CUDA_TRI_SM90"); /* 0: the chunks on the sm_80 kernel */
+    const mi_tuning &t = ctx->tuning;
     tri_split_knobs k;
-    k.pairs = mi_cuda_sm90_usable() && !(sm90_env && sm90_env[0] == '0');
-    k.from = split_env ? atoll(split_env) : k.pairs ? TRI_SPLIT_FROM_SM90 : TRI_SPLIT_FROM;
-    k.per_sm = ctas_env ? std::max(atoi(ctas_env), 0) : 0;
+    k.pairs = mi_cuda_sm90_on(t);
+    k.from = t.tri_split > 0 ? t.tri_split
+             : t.tri_split < 0 ? 0
+             : k.pairs     ? TRI_SPLIT_FROM_SM90
+                           : TRI_SPLIT_FROM;
+    k.per_sm = 0;
     k.sms = mi_cuda_sm_count();
     const int64_t items = tri_split_plan(*p, k, sa, z);
     if (items == 0 || sa.max_rb > 65535 || z > 65535) /* (beyond a grid: in one launch) */
@@ -458,8 +460,8 @@ static mi_status attn_launch(mi_context *ctx, const mi_cuda_attn_params *p, int 
     cudaError_t e = cudaSuccess;
     const bool bf = p->dtype == MI_DTYPE_BF16;
     /* Hopper: every launch on its wgmma kernels (attn_fwd_sm90.cu); elsewhere the kernel above */
-    if (mi_cuda_sm90_usable()) {
-        e = mi_cuda_attn_sm90_launch(p, st);
+    if (mi_cuda_sm90_on(ctx->tuning)) {
+        e = mi_cuda_attn_sm90_launch(p, &ctx->tuning, st);
     } else {
         const bool d64 = p->head_dim == 64;
         if (block_m == 128)

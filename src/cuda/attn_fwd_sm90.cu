@@ -247,15 +247,6 @@ static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
-    /* MI_CUDA_SM90_OCC=1: say once (per dtype and head size: a static of each instantiation)
-     * how many CTAs the driver fits per SM (3 expected at D = 128, 4 at D = 64) */
-    static int reported = 0;
-    if (!reported && getenv("MI_CUDA_SM90_OCC")) {
-        int n = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 128, smem);
-        fprintf(stderr, "sm90 ring kernel, D = %d: %d CTAs per SM (%zu B shared)\n", D, n, smem);
-        reported = 1;
-    }
     dim3 grid((p.len + 63) / 64, p.batch * p.heads);
     kern<<<grid, 128, smem, st>>>(p);
     return cudaGetLastError();
@@ -268,8 +259,8 @@ template <int D> static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cu
 
 } // namespace mi_cuda
 
-/* Whether the Hopper kernels can run here: built for sm_90a, a compute capability 9.0 device, and
- * not disabled with MI_CUDA_DISABLE_SM90=1 (to compare both paths on one GPU). */
+/* Whether the Hopper kernels can run here: built for sm_90a and a compute capability 9.0 device
+ * (a context's tuning may still turn them off: mi_cuda_sm90_on). */
 extern "C" int mi_cuda_sm90_usable(void) {
 #ifdef MI_HAVE_SM90A
     static int cached = -1;
@@ -278,8 +269,7 @@ extern "C" int mi_cuda_sm90_usable(void) {
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        const char *off = getenv("MI_CUDA_DISABLE_SM90");
-        cached = major == 9 && minor == 0 && !(off && off[0] == '1');
+        cached = major == 9 && minor == 0;
     }
     return cached;
 #else
@@ -294,8 +284,8 @@ extern "C" int mi_cuda_sm90_usable(void) {
  * sparse kernel's route (which has no sequence lengths to compare) leaves them to the ring
  * kernel. Returns p, rest, or nullptr where the dense kernel took every head. */
 static const mi_cuda_attn_params *dense_heads_apart(const mi_cuda_attn_params *p,
-                                                    mi_cuda_attn_params *rest, cudaStream_t st,
-                                                    cudaError_t *e) {
+                                                    mi_cuda_attn_params *rest, const mi_tuning *t,
+                                                    cudaStream_t st, cudaError_t *e) {
     *e = cudaSuccess;
     if (!p->use_head_modes) return p;
     for (int b = 0; b < p->batch; ++b)
@@ -310,7 +300,7 @@ static const mi_cuda_attn_params *dense_heads_apart(const mi_cuda_attn_params *p
     }
     if (n == 0) return p;
     int used = 0;
-    *e = mi_cuda_attn_sm90_dense_launch(p, listed, n, st, &used);
+    *e = mi_cuda_attn_sm90_dense_launch(p, listed, n, t, st, &used);
     if (*e != cudaSuccess) return p;
     if (used && n == p->heads) return nullptr;
     *rest = *p;
@@ -319,15 +309,16 @@ static const mi_cuda_attn_params *dense_heads_apart(const mi_cuda_attn_params *p
     return rest;
 }
 
-extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st) {
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, const mi_tuning *t,
+                                                cudaStream_t st) {
     int used = 0;
-    cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, nullptr, 0, st, &used);
+    cudaError_t e = mi_cuda_attn_sm90_dense_launch(p, nullptr, 0, t, st, &used);
     if (used || e != cudaSuccess) return e;
     static thread_local mi_cuda_attn_params rest; /* 7 KB: off the stack */
-    p = dense_heads_apart(p, &rest, st, &e);
+    p = dense_heads_apart(p, &rest, t, st, &e);
     if (e != cudaSuccess || !p) return e;
     int32_t *taken = nullptr;
-    e = mi_cuda_attn_sm90_sparse_launch(p, st, &used, &taken);
+    e = mi_cuda_attn_sm90_sparse_launch(p, t, st, &used, &taken);
     if (e != cudaSuccess) return e;
     /* the ring kernel: every head, or those the sparse kernel left */
     const mi_cuda_attn_params *ring = p;

@@ -192,18 +192,15 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
  * tensors TMA can address, and a sparse head with an index of 64-row blocks covering the
  * sequence or such an A-/Tri-shape head. The choice is made on the device, since the index is
  * built there: a small kernel flags the heads this kernel runs (*taken) and lists them for it;
- * the ring kernel runs the others. MI_CUDA_SM90_SPARSE=1 sends every sparse head to this
- * kernel, =0 none; MI_CUDA_SM90_A_SHAPE=0 leaves the A-/Tri-shape heads to the ring kernel (for
- * A/B runs). */
+ * the ring kernel runs the others. The tuning's sm90_sparse = 1 sends every sparse head to this
+ * kernel, -1 none; sm90_a_shape = -1 leaves the A-/Tri-shape heads to the ring kernel. */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
-                                                        cudaStream_t st, int *used,
-                                                        int32_t **taken) {
+                                                        const mi_tuning *t, cudaStream_t st,
+                                                        int *used, int32_t **taken) {
     *used = 0;
     *taken = nullptr;
-    const char *env = getenv("MI_CUDA_SM90_SPARSE");
-    const int every = env && env[0] == '1';
-    const char *a_env = getenv("MI_CUDA_SM90_A_SHAPE"); /* =0: A-shape to the ring kernel */
-    if ((env && env[0] == '0') || p->head_dim != 128) return cudaSuccess;
+    const int every = t->sm90_sparse > 0;
+    if (t->sm90_sparse < 0 || p->head_dim != 128) return cudaSuccess;
     /* the sparse heads (with an index that covers the sequence), and the A-/Tri-shape heads with
      * the sinks, window and last rows of the first one (an A-shape layer's heads usually share
      * them; the others go to the ring kernel) */
@@ -212,7 +209,7 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     for (int h = 0; h < p->heads; ++h) {
         const mi_cuda_head_mode m = mi_cuda::head_mode_of(*p, h);
         any_sparse |= m.mode == MI_CUDA_MODE_SPARSE;
-        if (!a_on && !(a_env && a_env[0] == '0') && m.mode == MI_CUDA_MODE_A_SHAPE) {
+        if (!a_on && t->sm90_a_shape >= 0 && m.mode == MI_CUDA_MODE_A_SHAPE) {
             a_on = true;
             a_win = mi_cuda::a_shape_window_of(m, p->len);
         }
@@ -273,17 +270,15 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
                                  min(a.max_columns, mi_cuda::SP_CSTAGED)};
     const size_t ints = ((2 + 3 * (size_t)n_bh) * sizeof(int32_t) + 255) / 256 * 256;
     size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
-    const char *copies_env = getenv("MI_CUDA_SM90_COLUMN_COPIES"); /* =0: gather (A/B runs) */
-    /* =N: plan at most N range tiles of an item ahead, merging longer items inline (to test
-     * that path, which only items of more than SP_PLAN tiles take otherwise) */
-    const char *plan_env = getenv("MI_CUDA_SM90_PLAN_TILES");
-    a.plan_tiles = plan_env ? max(0, min(atoi(plan_env), mi_cuda::SP_PLAN)) : mi_cuda::SP_PLAN;
-    /* =0: each thread stores its output rows itself (A/B runs, and the tests of that path) */
-    const char *store_env = getenv("MI_CUDA_SM90_TMA_STORE");
-    a.o_tma = !(store_env && store_env[0] == '0') &&
+    /* sm90_plan_tiles = N: plan at most N range tiles of an item ahead, merging longer items
+     * inline (to test that path, which only items of more than SP_PLAN tiles take otherwise) */
+    a.plan_tiles = t->sm90_plan_tiles > 0 ? min(t->sm90_plan_tiles, mi_cuda::SP_PLAN)
+                                          : mi_cuda::SP_PLAN;
+    /* sm90_tma_store = -1: each thread stores its output rows itself (the tests of that path) */
+    a.o_tma = t->sm90_tma_store >= 0 &&
               mi_cuda::encode_tma_map(&a.tm_o, p->o, p->o_stride, p->batch, p->heads, p->len, 128,
                                       64, bf16);
-    if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || (copies_env && copies_env[0] == '0'))
+    if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || t->sm90_column_copies < 0)
         cc.rows = 0, copy = 0;
     int32_t *buf = nullptr;
     if (cudaMallocAsync(reinterpret_cast<void **>(&buf), ints + 2 * copy, st) != cudaSuccess) {

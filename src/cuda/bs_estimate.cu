@@ -53,13 +53,12 @@ constexpr size_t BS_TWO_CTA_SMEM = 80 * 1024;
 constexpr int BS_WIDE_NT = 512;
 
 template <typename T, int D, int ROWS>
-static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cudaStream_t st) {
+static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, int force_wide,
+                                    cudaStream_t st) {
     const int64_t stride = bs_score_stride((int64_t)sp.idx_row_blocks + ROWS);
     const size_t smem = (size_t)(ROWS * stride) * sizeof(float);
-    bool wide = smem > BS_TWO_CTA_SMEM;
-    /* MI_CUDA_BS_WIDE=0 or 1 forces the choice (for the tests) */
-    if (const char *w = getenv("MI_CUDA_BS_WIDE"))
-        if (w[0] == '0' || w[0] == '1') wide = w[0] == '1';
+    /* force_wide (mi_tuning.bs_wide) 1 or -1 forces the choice (for the tests) */
+    const bool wide = force_wide != 0 ? force_wide > 0 : smem > BS_TWO_CTA_SMEM;
     auto kern =
         wide ? bs_select_kernel<T, D, ROWS, 2, BS_WIDE_NT> : bs_select_kernel<T, D, ROWS, 1, BS_NT>;
     cudaError_t e =
@@ -72,12 +71,12 @@ static cudaError_t launch_bs_select(const bs_select_params &sp, int64_t BH, cuda
 
 template <typename T, int D>
 static cudaError_t launch_bs_select(const bs_select_params &sp, int rows, int64_t BH,
-                                    cudaStream_t st) {
+                                    int force_wide, cudaStream_t st) {
     switch (rows) {
-    case 1: return launch_bs_select<T, D, 1>(sp, BH, st);
-    case 2: return launch_bs_select<T, D, 2>(sp, BH, st);
-    case 3: return launch_bs_select<T, D, 3>(sp, BH, st);
-    default: return launch_bs_select<T, D, 4>(sp, BH, st);
+    case 1: return launch_bs_select<T, D, 1>(sp, BH, force_wide, st);
+    case 2: return launch_bs_select<T, D, 2>(sp, BH, force_wide, st);
+    case 3: return launch_bs_select<T, D, 3>(sp, BH, force_wide, st);
+    default: return launch_bs_select<T, D, 4>(sp, BH, force_wide, st);
     }
 }
 
@@ -112,10 +111,9 @@ static cudaError_t launch_bs_stream(const bs_select_params &sp, int cap, int64_t
 
 template <typename T, int D>
 static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chunk_pairs,
-                                    cudaStream_t st) {
-    /* wgmma where the Hopper kernels run, unless MI_CUDA_BS_WGMMA=0 */
-    const char *wg_env = getenv("MI_CUDA_BS_WGMMA");
-    const bool wg = mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0');
+                                    const mi_tuning &t, cudaStream_t st) {
+    /* wgmma where the Hopper kernels run, unless the tuning says bs_wgmma = -1 */
+    const bool wg = mi_cuda_sm90_on(t) && t.bs_wgmma >= 0;
     const size_t smem = wg ? bsr_wg_smem<D>() : bsr_score_smem<D>();
     if (!wg) sp.score_chunk_tiles = std::min(sp.score_chunk_tiles, BSR_MAX_CHUNK_TILES);
     cudaError_t e =
@@ -124,12 +122,11 @@ static cudaError_t launch_bs_scores(bs_select_params sp, int64_t BH, int64_t chu
            : cudaFuncSetAttribute(bs_score_kernel<T, D>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    /* the wgmma kernel's tiles by TMA where D is 128, unless MI_CUDA_BS_SCORE_TMA=0 (then, or
-     * where a map cannot be made, by 16-byte copies) */
+    /* the wgmma kernel's tiles by TMA where D is 128, unless bs_score_tma = -1 (then, or where a
+     * map cannot be made, by 16-byte copies) */
     bsr_score_maps maps;
     memset(&maps, 0, sizeof maps);
-    const char *tma_env = getenv("MI_CUDA_BS_SCORE_TMA");
-    if (wg && D == 128 && !(tma_env && tma_env[0] == '0')) {
+    if (wg && D == 128 && t.bs_score_tma >= 0) {
         const int heads_kv = sp.heads / sp.group, batch = sp.bh / sp.heads;
         const int64_t rows = sp.row_blocks;
         const int64_t q_stride[3] = {sp.heads * rows * D, rows * D, D};
@@ -163,12 +160,10 @@ using namespace mi_cuda;
 
 static size_t align256b(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* MI_CUDA_BS_SPLIT: -1 unset (automatic), 0 never split, N chunks of at least N tiles (tests). */
-static int bss_split_env() {
-    const char *e = getenv("MI_CUDA_BS_SPLIT");
-    if (!e || !*e) return -1;
-    const int n = atoi(e);
-    return n > 0 ? n : 0;
+/* bss_chunk_tiles_for's `forced` from mi_tuning.bs_split: -1 automatic, 0 never split, N chunks
+ * of at least N tiles (tests). */
+static int bss_split_forced(const mi_tuning &t) {
+    return t.bs_split == 0 ? -1 : t.bs_split < 0 ? 0 : t.bs_split;
 }
 
 /* The CTA slots bss_chunk_tiles_for (bs_chunks.cuh) spreads the tiles over: two an SM. */
@@ -215,13 +210,12 @@ static size_t bsr_pair_bytes(int64_t R) {
  * at one, four and 32 heads, on random and on position-coded scores; the one exception was
  * random scores at 128K x 32 heads, within a few per cent;
  * near-diagonal scores, the shape of real heads, favour scores in memory at every count.
- * MI_CUDA_BS_SCORES=1 or 0 forces it on or off (A/B runs, tests). */
+ * mi_tuning.bs_scores = 1 or -1 forces it on or off (A/B runs, tests). */
 /* 128K: the shortest length measured */
 constexpr int64_t BSR_AUTO_MIN_ROW_BLOCKS = 2048;
-static bool bsr_scores_on(int64_t len) {
+static bool bsr_scores_on(const mi_tuning &t, int64_t len) {
     const int64_t R = (len + 63) / 64;
-    if (const char *e = getenv("MI_CUDA_BS_SCORES"))
-        if (e[0] == '0' || e[0] == '1') return e[0] == '1';
+    if (t.bs_scores != 0) return t.bs_scores > 0;
     return R >= BSR_AUTO_MIN_ROW_BLOCKS && bsr_pair_bytes(R) <= BSR_SCORE_BYTES;
 }
 
@@ -243,14 +237,15 @@ static int bsr_chunk_tiles(int64_t groups, int64_t pairs) {
 
 /* The scores path's scratch where it is on; else enough for any number of streaming heads (the
  * split buffers peak at a few heads). */
-extern "C" size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv,
-                                           int64_t len, int64_t head_dim) {
-    if (bsr_scores_on(len))
+extern "C" size_t mi_cuda_bs_scratch_bytes(const mi_context *ctx, int64_t batch, int64_t heads,
+                                           int64_t heads_kv, int64_t len, int64_t head_dim) {
+    const mi_tuning &t = ctx->tuning;
+    if (bsr_scores_on(t, len))
         return bs_scratch_of(batch, heads, heads_kv, len, head_dim, 0, 0,
                              bsr_chunk_pairs(batch * heads, len))
             .total;
     const int64_t groups = ((len + 63) / 64 + BSS_ROWS - 1) / BSS_ROWS, slots = bss_slots();
-    const int forced = bss_split_env();
+    const int forced = bss_split_forced(t);
     size_t most = 0;
     for (int64_t hs = 1; hs <= heads; ++hs) {
         const int64_t pairs = batch * hs;
@@ -288,20 +283,18 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
      * not fit, else 256.
      * H200, top 100: 128 slots took 128K x 32 heads from 0.044 to 0.036 ms per head on random
      * inputs and 1M x 32 from 0.95 / 0.77 to 0.67 / 0.73, but 512K x 1 position-coded from
-     * 0.45 to 0.66. MI_CUDA_BS_STREAM=0 sends every head to the row-holding kernel,
-     * MI_CUDA_BS_CAP=128|256 fixes the slots (A/B runs, tests). */
+     * 0.45 to 0.66. The tuning's bs_stream = -1 sends every head to the row-holding kernel,
+     * bs_cap = 128 or 256 fixes the slots (A/B runs, tests). */
+    const mi_tuning &tune = ctx->tuning;
     const size_t smem_cta = (size_t)mi_cuda_smem_per_block();
     const auto stream_smem = [&](int cap) {
         return s->head_dim == 64 ? bss_smem_bytes<64>(cap) : bss_smem_bytes<128>(cap);
     };
     const bool wide_fits = smem_cta >= stream_smem(BSS_CAP_WIDE);
-    int cap_env = 0;
-    bool stream_on = true;
-    if (const char *e = getenv("MI_CUDA_BS_STREAM"))
-        if (e[0] == '0') stream_on = false;
+    const int cap_env = tune.bs_cap;
+    const bool stream_on = tune.bs_stream >= 0;
     /* long sequences: every head through scores in memory (bsr_scores_on) */
-    const bool scores_on = bsr_scores_on(s->len);
-    if (const char *e = getenv("MI_CUDA_BS_CAP")) cap_env = atoi(e);
+    const bool scores_on = bsr_scores_on(tune, s->len);
     const bool narrow_ok = cap_env != BSS_CAP_WIDE && smem_cta >= stream_smem(BSS_CAP_NARROW);
     bool any_stream = false, any_rows = false;
     int n_stream = 0;
@@ -321,7 +314,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     const int groups_r = (int)((R + BSS_ROWS - 1) / BSS_ROWS);
     const int groups = (index->row_blocks + BSS_ROWS - 1) / BSS_ROWS;
     const int64_t pairs = s->batch * n_stream;
-    const int chunk_tiles = bss_chunk_tiles_for(pairs, groups_r, bss_slots(), bss_split_env());
+    const int chunk_tiles =
+        bss_chunk_tiles_for(pairs, groups_r, bss_slots(), bss_split_forced(tune));
     const int split_items = chunk_tiles > 0 ? bss_split_items(groups_r, chunk_tiles) : 0;
     const int64_t stream_ctas =
         pairs * (chunk_tiles > 0 ? split_items + groups - groups_r : groups);
@@ -340,10 +334,9 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
             all_narrow = false;
     const int cap = all_narrow ? BSS_CAP_NARROW : BSS_CAP_WIDE;
     int rows = bs_rows_per_cta(index->row_blocks);
-    /* MI_CUDA_BS_ROWS=N caps the row blocks per CTA, so that the tests reach each variant on
-     * short sequences */
-    if (const char *cap = getenv("MI_CUDA_BS_ROWS"))
-        if (atoi(cap) > 0) rows = std::min(rows, atoi(cap));
+    /* bs_rows = N caps the row blocks per CTA, so that the tests reach each variant on short
+     * sequences */
+    if (tune.bs_rows > 0) rows = std::min(rows, (int)tune.bs_rows);
     if (any_rows && rows < 1)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA block-sparse estimate: %d row blocks do not fit shared memory "
@@ -366,11 +359,9 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     pp.row_blocks = (int32_t)R;
     pp.head_dim = (int32_t)s->head_dim;
     const bool bf = s->dtype == MI_DTYPE_BF16, d64 = s->head_dim == 64;
-    bool pool_vec = true;
-    if (const char *e = getenv("MI_CUDA_BS_POOL_VEC"))
-        if (e[0] == '0') pool_vec = false;
+    const bool pool_vec = tune.bs_pool_vec >= 0;
     /* q and k in one launch of each kernel: the 16-byte one where every row starts 16-byte
-     * aligned (MI_CUDA_BS_POOL_VEC=0: never, for tests), the one-value one for the others */
+     * aligned (bs_pool_vec = -1: never, for tests), the one-value one for the others */
     enum { POOL_VEC, POOL_ONE, POOL_KINDS };
     pool_params by_kernel[POOL_KINDS];
     int n_of[POOL_KINDS] = {0, 0};
@@ -413,21 +404,15 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
 
     bs_select_params sp;
     memset(&sp, 0, sizeof(sp));
-    /* Long rows of the streaming kernel start from bounds (bs_bound_kernel). MI_CUDA_BS_BOUND=0
-     * takes no bounds, =G (1, 2, 4, 8, 16 or 32) fixes the bound kernel's groups per tile, past
-     * its slots too (A/B runs, tests). */
-    sp.bound_groups = -1;
-    sp.bound = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.bound);
-    if (const char *e = getenv("MI_CUDA_BS_BOUND")) {
-        const int g = atoi(e);
-        if (e[0] == '0') sp.bound = nullptr;
-        if (g >= 1 && g <= 32 && (g & (g - 1)) == 0) sp.bound_groups = g;
-    }
-    /* MI_CUDA_BS_MASK_APPEND=0: plain tiles appended an n-tile at a time, always (A/B runs,
-     * tests) */
-    sp.mask_append = 1;
-    if (const char *e = getenv("MI_CUDA_BS_MASK_APPEND"))
-        if (e[0] == '0') sp.mask_append = 0;
+    /* Long rows of the streaming kernel start from bounds (bs_bound_kernel). The tuning's
+     * bs_bound = -1 takes no bounds, G (1, 2, 4, 8, 16 or 32) fixes the bound kernel's groups per
+     * tile, past its slots too (A/B runs, tests). */
+    sp.bound_groups = tune.bs_bound > 0 ? tune.bs_bound : -1;
+    sp.bound = tune.bs_bound < 0
+                   ? nullptr
+                   : reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.bound);
+    /* bs_mask_append = -1: plain tiles appended an n-tile at a time, always (A/B runs, tests) */
+    sp.mask_append = tune.bs_mask_append >= 0;
     sp.qp = qp;
     sp.kp = kp;
     sp.heads = (int32_t)s->heads_q;
@@ -456,27 +441,19 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     sp.score_pair_keys = bsr_pair_keys(R);
     sp.score_sums = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + lay.score_sums);
     sp.score_sum_stride = (int32_t)bsr_summary_stride(R);
-    /* MI_CUDA_BS_SCORE_TILES=N: N key tiles a CTA of the score kernels (A/B runs; at most
-     * BSR_MAX_CHUNK_TILES for bs_score_kernel) */
     sp.score_chunk_tiles = scores_on ? bsr_chunk_tiles(groups_r, score_pairs) : BSR_CHUNK_TILES;
-    if (const char *e = getenv("MI_CUDA_BS_SCORE_TILES"))
-        if (atoi(e) > 0) sp.score_chunk_tiles = std::min(atoi(e), 256);
-    /* MI_CUDA_BS_RAISE=0: rows past BSR_WCAND select from the whole row at once (A/B runs) */
     sp.score_raise = 1;
-    if (const char *e = getenv("MI_CUDA_BS_RAISE"))
-        if (e[0] == '0') sp.score_raise = 0;
-    /* MI_CUDA_BS_BOUND_SLACK=N: the select's bound search on rows of 1024 summaries stops within
-     * N values of k (shorter rows' within as many eighths as they hold 128 summaries); -1: it
+    /* bs_bound_slack = N: the select's bound search on rows of 1024 summaries stops within N
+     * values of k (shorter rows' within as many eighths as they hold 128 summaries); -1: it
      * never stops early (A/B runs, tests) */
-    sp.score_slack = BSR_BOUND_SLACK;
-    if (const char *e = getenv("MI_CUDA_BS_BOUND_SLACK")) sp.score_slack = std::max(-1, atoi(e));
+    sp.score_slack = tune.bs_bound_slack != 0 ? tune.bs_bound_slack : BSR_BOUND_SLACK;
     cudaError_t e = cudaSuccess;
     if (scores_on) {
         for (int64_t h = 0; h < s->heads_q; ++h) sp.active[h] = active ? active[h] != 0 : 1;
-        e = bf ? (d64 ? launch_bs_scores<__nv_bfloat16, 64>(sp, BH, score_pairs, stream)
-                      : launch_bs_scores<__nv_bfloat16, 128>(sp, BH, score_pairs, stream))
-               : (d64 ? launch_bs_scores<__half, 64>(sp, BH, score_pairs, stream)
-                      : launch_bs_scores<__half, 128>(sp, BH, score_pairs, stream));
+        e = bf ? (d64 ? launch_bs_scores<__nv_bfloat16, 64>(sp, BH, score_pairs, tune, stream)
+                      : launch_bs_scores<__nv_bfloat16, 128>(sp, BH, score_pairs, tune, stream))
+               : (d64 ? launch_bs_scores<__half, 64>(sp, BH, score_pairs, tune, stream)
+                      : launch_bs_scores<__half, 128>(sp, BH, score_pairs, tune, stream));
     }
     if (any_stream) {
         memcpy(sp.active, to_stream, (size_t)s->heads_q);
@@ -487,10 +464,11 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
     }
     if (e == cudaSuccess && any_rows) {
         memcpy(sp.active, to_rows, (size_t)s->heads_q);
-        e = bf ? (d64 ? launch_bs_select<__nv_bfloat16, 64>(sp, rows, BH, stream)
-                      : launch_bs_select<__nv_bfloat16, 128>(sp, rows, BH, stream))
-               : (d64 ? launch_bs_select<__half, 64>(sp, rows, BH, stream)
-                      : launch_bs_select<__half, 128>(sp, rows, BH, stream));
+        const int wide = tune.bs_wide;
+        e = bf ? (d64 ? launch_bs_select<__nv_bfloat16, 64>(sp, rows, BH, wide, stream)
+                      : launch_bs_select<__nv_bfloat16, 128>(sp, rows, BH, wide, stream))
+               : (d64 ? launch_bs_select<__half, 64>(sp, rows, BH, wide, stream)
+                      : launch_bs_select<__half, 128>(sp, rows, BH, wide, stream));
     }
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA block-sparse estimate: %s",
@@ -504,7 +482,7 @@ extern "C" mi_status mi_cuda_block_sparse_estimate(mi_context *ctx, const mi_att
                                                    mi_sparse_index *index) {
     if (s->heads_q > MI_CUDA_MAX_HEADS || s->batch > MI_CUDA_MAX_BATCH)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA estimate: too many heads or batches");
-    const size_t bytes = mi_cuda_bs_scratch_bytes(s->batch, s->heads_q, s->heads_kv, s->len,
+    const size_t bytes = mi_cuda_bs_scratch_bytes(ctx, s->batch, s->heads_q, s->heads_kv, s->len,
                                                   s->head_dim);
     cudaStream_t stream = mi_stream(ctx);
     void *scratch = nullptr;

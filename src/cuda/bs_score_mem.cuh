@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(BSS_NT, 3)
  * two key tiles in shared memory, 128-byte swizzled (sw_off), the keys of tile it - 1 multiplied
  * asynchronously while the warps write those of tile it, the summaries written a word at a time
  * (no chunk staging). The sums are wgmma's, in the order of d: they may differ from
- * bs_stream_kernel's in the last bits, so near-ties can fall the other way (MI_CUDA_BS_WGMMA=0
- * takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
+ * bs_stream_kernel's in the last bits, so near-ties can fall the other way (the tuning
+ * bs_wgmma=-1 takes bs_score_kernel, whose scores are the streaming kernel's bit for bit). */
 template <int D> constexpr size_t bsr_wg_tile_bytes() { return (size_t)BSS_KEYS * D * 2; }
 template <int D> constexpr size_t bsr_wg_smem() {
     /* Q, two key tiles, the stage, and the mbarriers of the tiles' TMA loads */

@@ -110,15 +110,17 @@ struct prefill_layout {
 size_t al(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* The call's plan (src/core/prefill_plan.c) under this device's crossovers (dense_fallback.h). */
-void plan_heads(const mi_attn_shape *s, const int32_t *seq_lens, const mi_head_pattern *patterns,
-                const mi_prefill_params *pp, mi_head_plan *heads, mi_prefill_plan *plan) {
-    const int sm90 = mi_cuda_sm90_usable();
+void plan_heads(const mi_context *ctx, const mi_attn_shape *s, const int32_t *seq_lens,
+                const mi_head_pattern *patterns, const mi_prefill_params *pp, mi_head_plan *heads,
+                mi_prefill_plan *plan) {
+    const int sm90 = mi_cuda_sm90_on(ctx->tuning);
     mi_prefill_plan_build(s, seq_lens, patterns, pp, mi_cuda_dense_below_rule, &sm90, heads,
                           plan);
 }
 
 /* Index and scratch memory for the plan's estimates: one index of the largest budgets. */
-void layout_prefill(const mi_attn_shape *s, const mi_prefill_plan *plan, prefill_layout *lo) {
+void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_prefill_plan *plan,
+                    prefill_layout *lo) {
     memset(lo, 0, sizeof(*lo));
     const int64_t L = s->len, B = s->batch, H = s->heads_q;
     lo->R = (L + 63) / 64;
@@ -147,7 +149,7 @@ void layout_prefill(const mi_attn_shape *s, const mi_prefill_plan *plan, prefill
     size_t sc = 0;
     if (lo->any_vs) sc = mi_cuda_vs_scratch_bytes(B, H, L);
     if (lo->any_bs) {
-        const size_t b2 = mi_cuda_bs_scratch_bytes(B, H, s->heads_kv, L, s->head_dim);
+        const size_t b2 = mi_cuda_bs_scratch_bytes(ctx, B, H, s->heads_kv, L, s->head_dim);
         if (b2 > sc) sc = b2;
     }
     lo->scratch_bytes = sc;
@@ -184,7 +186,7 @@ extern "C" mi_status mi_cuda_prefill_workspace_size(mi_context *ctx, const mi_at
     mi_prefill_plan plan;
     mi_prefill_plan_build(s, nullptr, patterns, params, nullptr, nullptr, heads, &plan);
     prefill_layout lo;
-    layout_prefill(s, &plan, &lo);
+    layout_prefill(ctx, s, &plan, &lo);
     free(heads);
     *bytes = lo.total;
     return MI_STATUS_SUCCESS;
@@ -206,9 +208,9 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     const int32_t B = (int32_t)s->batch, H = (int32_t)s->heads_q;
     mi_head_plan heads[MI_CUDA_MAX_HEADS];
     mi_prefill_plan plan;
-    plan_heads(s, p.seq_lens, patterns, params, heads, &plan);
+    plan_heads(ctx, s, p.seq_lens, patterns, params, heads, &plan);
     prefill_layout lo;
-    layout_prefill(s, &plan, &lo);
+    layout_prefill(ctx, s, &plan, &lo);
     cudaStream_t stream = mi_stream(ctx);
     if (!plan.any_sparse_run) { /* one dense launch, no workspace */
         p.mode.mode = MI_CUDA_MODE_DENSE;

@@ -128,23 +128,31 @@ extern "C" mi_status mi_cuda_check_launch(mi_context *ctx, const char *what);
 extern "C" int mi_cuda_sm_count(void);
 /* The most shared memory one CTA of the current device may have (its opt-in limit), 0 if unknown. */
 extern "C" int mi_cuda_smem_per_block(void);
-/* Hopper path (attn_fwd_sm90.cu): usable on this device, and its launcher (D = 128 and 64). */
+/* Hopper path (attn_fwd_sm90.cu): built for sm_90a and a compute capability 9.0 device. */
 extern "C" int mi_cuda_sm90_usable(void);
+/* Whether a context's launches take the Hopper kernels: usable, and not switched off by its
+ * tuning (mi_tuning.sm90 = -1). */
+static inline bool mi_cuda_sm90_on(const mi_tuning &t) {
+    return t.sm90 >= 0 && mi_cuda_sm90_usable();
+}
 /* The sm_90a kernels for a launch: the dense or the sparse warp-specialised kernel where they
- * apply, the ring kernel (every mode in 64-row blocks) for the rest (attn_fwd_sm90.cu). */
-extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, cudaStream_t st);
+ * apply (and the tuning t lets them), the ring kernel (every mode in 64-row blocks) for the rest
+ * (attn_fwd_sm90.cu). */
+extern "C" cudaError_t mi_cuda_attn_sm90_launch(const mi_cuda_attn_params *p, const mi_tuning *t,
+                                                cudaStream_t st);
 /* The warp-specialised dense kernel (attn_dense_sm90.cu) where it applies, for every head of a
  * uniform dense launch or (n_listed > 0) for the heads listed; *used = 0 otherwise. */
 extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params *p,
                                                       const int16_t *listed, int n_listed,
-                                                      cudaStream_t st, int *used);
+                                                      const mi_tuning *t, cudaStream_t st,
+                                                      int *used);
 /* The warp-specialised sparse kernel (attn_sparse_sm90.cu) where it applies, for the heads it
  * picks on the device; *used = 0 where it does not apply. With *used = 1, *taken is a
  * stream-ordered device buffer that flags the heads it ran (mi_cuda_attn_params.sm90_taken), for
  * the ring kernel that runs the others, to be freed with cudaFreeAsync after that launch. */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
-                                                        cudaStream_t st, int *used,
-                                                        int32_t **taken);
+                                                        const mi_tuning *t, cudaStream_t st,
+                                                        int *used, int32_t **taken);
 
 static inline cudaStream_t mi_stream(const mi_context *ctx) {
     return reinterpret_cast<cudaStream_t>(ctx->stream);

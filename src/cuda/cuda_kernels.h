@@ -92,8 +92,8 @@ mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_le
                                int32_t dense_below, mi_sparse_index *index);
 
 /* Block-sparse estimation; scratch: mi_cuda_bs_scratch_bytes(). */
-size_t mi_cuda_bs_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
-                                int64_t head_dim);
+size_t mi_cuda_bs_scratch_bytes(const mi_context *ctx, int64_t batch, int64_t heads,
+                                int64_t heads_kv, int64_t len, int64_t head_dim);
 mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const int32_t *seq_lens,
                                   const int32_t *top_k, const uint8_t *active,

@@ -1,8 +1,8 @@
 /*
  * tri_split_plan.cuh: how the dense last rows of Tri-shape heads are split over chunks of keys
  * (tri_split_args in attn_plan.cuh): whether to split, the chunk length and the grid. Host code,
- * apart from what the launcher reads from the environment and the device (tri_split_knobs), so
- * that tests/cuda/test_tri_split_plan.cu checks it in CI, without a GPU.
+ * apart from what the launcher reads from the context's tuning and the device (tri_split_knobs),
+ * so that tests/cuda/test_tri_split_plan.cu checks it in CI, without a GPU.
  */
 #ifndef MI_TRI_SPLIT_PLAN_CUH
 #define MI_TRI_SPLIT_PLAN_CUH
@@ -21,11 +21,11 @@ inline int64_t tri_split_item_bytes(int64_t head_dim) {
     return BN * (head_dim * (int64_t)sizeof(float) + (int64_t)sizeof(float2));
 }
 
-/* What the plan takes besides the launch: mi_cuda_attn_run reads them from the environment and
- * the device, the host test sets them */
+/* What the plan takes besides the launch: mi_cuda_attn_run reads them from the context's tuning
+ * and the device, the host test sets them */
 struct tri_split_knobs {
-    int64_t from; /* MI_CUDA_TRI_SPLIT: split from this many keys (0: never) */
-    int per_sm;   /* MI_CUDA_TRI_CTAS: CTAs an SM to aim at; 0: 1 with pairs, 4 without */
+    int64_t from; /* mi_tuning.tri_split: split from this many keys (0: never) */
+    int per_sm;   /* CTAs an SM to aim at; 0: 1 with pairs, 4 without */
     int sms;      /* the device's SMs */
     bool pairs;   /* the Hopper chunk kernel: two row blocks a CTA, so chunk_tiles even */
 };
@@ -36,10 +36,11 @@ struct tri_split_knobs {
  * few tiles each), and then computes the last rows' blocks again, dense and split over chunks of
  * keys (attn_tri_split_kernel, about four CTAs an SM in all; on Hopper tri_chunk_sm90_kernel,
  * one wave of CTAs of two row blocks), merged into the output (tri_merge_kernel). It does so from
- * k.from keys on (default TRI_SPLIT_FROM_SM90 with Hopper's chunk kernel, TRI_SPLIT_FROM
- * otherwise; 0: never), and from half that where the Tri-shape heads' work is short of two items
- * of the heads' windows an SM (the rule that keeps such heads off the warp-specialised kernel):
- * the lengths from which the split paid against running those rows in one CTA. */
+ * k.from keys on (mi_tuning.tri_split; default TRI_SPLIT_FROM_SM90 with Hopper's chunk kernel,
+ * TRI_SPLIT_FROM otherwise; 0: never), and from half that where the Tri-shape heads' work is
+ * short of two items of the heads' windows an SM (the rule that keeps such heads off the
+ * warp-specialised kernel): the lengths from which the split paid against running those rows in
+ * one CTA. */
 constexpr int64_t TRI_SPLIT_FROM_SM90 = 8192, TRI_SPLIT_FROM = 16384;
 /* The plan: no split where the last rows are many (more than TRI_SPLIT_MAX_ROW_BLOCKS row
  * blocks, or chunks needing more than TRI_SPLIT_MAX_BYTES of scratch): a launch with that many
@@ -99,7 +100,7 @@ inline int64_t tri_split_plan(const mi_cuda_attn_params &p, const tri_split_knob
         max_row_tiles = std::max(max_row_tiles, t);
     });
     /* sm_80: about four CTAs an SM, several of which run on it at once. Hopper: a CTA fills an
-     * SM, so as few waves as the rows of CTAs allow (k.per_sm, MI_CUDA_TRI_CTAS), the chunks the
+     * SM, so as few waves as the rows of CTAs allow (k.per_sm), the chunks the
      * shortest that keep the last wave within them */
     const int per_sm = k.per_sm > 0 ? k.per_sm : pairs ? 1 : 4;
     int64_t target = per_sm * sms;

@@ -717,18 +717,17 @@ static cudaError_t launch_passes(K1 pass1, size_t smem1, K2 pass2, size_t smem2,
     return cudaGetLastError();
 }
 
-template <typename T, int D> static cudaError_t launch_scores(const vs_params &p, int batch,
-                                                              cudaStream_t st) {
+template <typename T, int D>
+static cudaError_t launch_scores(const vs_params &p, int batch, const mi_tuning &t,
+                                 cudaStream_t st) {
     const dim3 grid(p.heads, p.nchunks, batch);
-    /* MI_CUDA_VS_WGMMA=0: the mma.sync score kernel on Hopper too (A/B runs, tests) */
-    const char *wg_env = getenv("MI_CUDA_VS_WGMMA");
-    if (mi_cuda_sm90_usable() && !(wg_env && wg_env[0] == '0')) {
-        /* the key tiles by TMA, unless MI_CUDA_VS_SCORE_TMA=0 (then, or where the keys cannot
-         * be mapped, by 16-byte copies) */
+    /* vs_wgmma = -1: the mma.sync score kernel on Hopper too (tests) */
+    if (mi_cuda_sm90_on(t) && t.vs_wgmma >= 0) {
+        /* the key tiles by TMA, unless vs_score_tma = -1 (then, or where the keys cannot be
+         * mapped, by 16-byte copies) */
         vs_score_maps maps;
         memset(&maps, 0, sizeof maps);
-        const char *tma_env = getenv("MI_CUDA_VS_SCORE_TMA");
-        if (!(tma_env && tma_env[0] == '0'))
+        if (t.vs_score_tma >= 0)
             maps.on = encode_tma_map(&maps.k, p.k, p.k_stride, batch, p.heads / p.group, p.len, D,
                                      64, std::is_same<T, __nv_bfloat16>::value);
         return launch_passes(vs_scores_wg_kernel<T, D, 1>, vs_wg_smem_bytes<D, 1>(),
@@ -817,11 +816,11 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     if (e == cudaSuccess) {
         const bool bf = s->dtype == MI_DTYPE_BF16;
         if (s->head_dim == 64)
-            e = bf ? launch_scores<__nv_bfloat16, 64>(p, (int)s->batch, stream)
-                   : launch_scores<__half, 64>(p, (int)s->batch, stream);
+            e = bf ? launch_scores<__nv_bfloat16, 64>(p, (int)s->batch, ctx->tuning, stream)
+                   : launch_scores<__half, 64>(p, (int)s->batch, ctx->tuning, stream);
         else
-            e = bf ? launch_scores<__nv_bfloat16, 128>(p, (int)s->batch, stream)
-                   : launch_scores<__half, 128>(p, (int)s->batch, stream);
+            e = bf ? launch_scores<__nv_bfloat16, 128>(p, (int)s->batch, ctx->tuning, stream)
+                   : launch_scores<__half, 128>(p, (int)s->batch, ctx->tuning, stream);
     }
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs estimation: %s",

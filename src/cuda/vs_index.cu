@@ -323,18 +323,12 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         p.s_idx = ss;
     }
     if (e == cudaSuccess) {
-        /* the column bits where they fit beside the lists (16 KB for 1000 verticals);
-         * MI_CUDA_VS_INDEX_THREADS=64|256|512: CTAs of that many row blocks (A/B runs) */
-        int nt = 128;
-        if (const char *t = getenv("MI_CUDA_VS_INDEX_THREADS")) {
-            const int v = atoi(t);
-            if (v == 64 || v == 256 || v == 512) nt = v;
-        }
-        const char *mask_var = getenv("MI_CUDA_VS_INDEX_MASK"); /* =0: direct stores */
-        const int mask_env = !(mask_var && mask_var[0] == '0');
-        /* =0: the walk takes every vertical and diagonal one step at a time */
-        const char *cut_var = getenv("MI_CUDA_VS_INDEX_SHORTCUTS");
-        const int shortcuts = !(cut_var && cut_var[0] == '0');
+        /* the column bits where they fit beside the lists (16 KB for 1000 verticals), unless
+         * the tuning asks for direct stores (vs_index_mask = -1); vs_index_shortcuts = -1: the
+         * walk takes every vertical and diagonal one step at a time */
+        const int nt = 128;
+        const int mask_env = ctx->tuning.vs_index_mask >= 0;
+        const int shortcuts = ctx->tuning.vs_index_shortcuts >= 0;
         int mask_words = (p.max_v + 31) / 32;
         const size_t mask_bytes = (size_t)mask_words * nt * sizeof(uint32_t);
         const size_t breaks = use_smem && shortcuts ? break_bytes : 0;

@@ -420,6 +420,8 @@ static inline vs_buf vs_new(int32_t B, int32_t H, int32_t max_v, int32_t max_s) 
     return s;
 }
 
+static const char *g_tuning_spec = NULL; /* --tuning, for test_context */
+
 static inline mi_context *test_context(void) {
     mi_context_params p = mi_context_default_params();
     p.device = MI_DEVICE_CPU;
@@ -428,11 +430,24 @@ static inline mi_context *test_context(void) {
         fprintf(stderr, "cannot create a CPU context\n");
         exit(2);
     }
+    if (g_tuning_spec && mi_context_parse_tuning(ctx, g_tuning_spec) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "--tuning: %s\n", mi_context_last_error(ctx));
+        exit(2);
+    }
     return ctx;
 }
 
+/* The arguments of a test program: [SEED] [--tuning name=value,...] (the tuning of the context
+ * test_context makes, e.g. cpu_engine=1 for the build target's engine). Returns the seed. */
 static inline uint64_t test_seed(int argc, char **argv, uint64_t dflt) {
-    if (argc > 1) return strtoull(argv[1], NULL, 10);
+    const char *seed = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--tuning") == 0 && i + 1 < argc)
+            g_tuning_spec = argv[++i];
+        else
+            seed = argv[i];
+    }
+    if (seed) return strtoull(seed, NULL, 10);
     const char *e = getenv("MI_TEST_SEED");
     return e ? strtoull(e, NULL, 10) : dflt;
 }

@@ -11,9 +11,11 @@
  * NaN/Inf, and errors are judged per element (atol + rtol |ref|) and as a relative L2 norm.
  *
  * Exit status: 0 pass, 1 fail, 77 skipped (no GPU or a build without CUDA).
- * Usage: test_cuda [--quick]   (--quick: a small subset, e.g. under compute-sanitizer)
+ * Usage: test_cuda [--quick] [--tuning name=value,...]
+ *   --quick: a small subset, e.g. under compute-sanitizer;
+ *   --tuning: the CUDA context's tuning for the whole run (mi_tuning_parse, e.g. sm90=-1 for the
+ *   sm_80 kernels on Hopper); the tests that force a path add theirs to it.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "minference.h"
 #include "minference_cuda.h"
 
@@ -43,6 +45,7 @@
 
 static int g_fail = 0, g_pass = 0;
 static mi_context *g_cpu, *g_gpu;
+static mi_tuning g_tuning; /* --tuning: the GPU context's tuning where a test forces nothing */
 
 #define CUDA_OK(x)                                                                                 \
     do {                                                                                           \
@@ -62,6 +65,22 @@ static mi_context *g_cpu, *g_gpu;
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
+
+/* The GPU context's tuning: the run's (--tuning) with `spec` (NULL: nothing) on top. */
+static void tune(const char *spec) {
+    mi_tuning t = g_tuning;
+    if (spec) MI_OK(g_gpu, mi_tuning_parse(g_gpu, spec, &t));
+    MI_OK(g_gpu, mi_context_set_tuning(g_gpu, &t));
+}
+
+/* " tuning a=1,b=2" for the GPU context's tuning, "" for the default. */
+static const char *tuning_str(char *buf, size_t n) {
+    mi_tuning t;
+    MI_OK(g_gpu, mi_context_get_tuning(g_gpu, &t));
+    const int w = snprintf(buf, n, " tuning ");
+    if (w < 0 || (size_t)w >= n || mi_tuning_format(&t, buf + w, n - (size_t)w) <= 0) buf[0] = '\0';
+    return buf;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Random numbers (seeded, printed on failure)                                                 */
@@ -256,12 +275,12 @@ typedef struct shape {
 } shape;
 
 static const char *shape_str(const shape *s, char *buf, size_t n) {
-    const char *split = getenv("MI_CUDA_TRI_SPLIT"); /* named where a test sets it */
-    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s%s%s", (long long)s->B, (long long)s->H,
+    char tn[160]; /* named where a test sets it */
+    snprintf(buf, n, "B%lld H%lld/%lld L%lld D%lld %s %s%s%s", (long long)s->B, (long long)s->H,
              (long long)s->Hk, (long long)s->L, (long long)s->D, mi_dtype_name(s->dt),
              s->blhd ? "blhd" : "bhld",
              s->B > 1 ? (s->lens[0] != s->lens[1] ? " varlen" : " equal lengths") : "",
-             split ? " MI_CUDA_TRI_SPLIT=" : "", split ? split : "");
+             tuning_str(tn, sizeof tn));
     return buf;
 }
 
@@ -773,8 +792,7 @@ static void test_sparse_prefix_columns(const shape *s) {
 }
 
 /* Uploads the lists, builds the block index from them on both sides, checks that it is the same
- * (reported as "what ... differing N", with the index build's switches that are set) and frees
- * the lists. */
+ * (reported as "what ... differing N", with the GPU context's tuning) and frees the lists. */
 static void index_both_and_check(vs_pair *vi, int64_t L, const int32_t *lens, int32_t R,
                                  const char *what) {
     char name[260];
@@ -786,15 +804,9 @@ static void index_both_and_check(vs_pair *vi, int64_t L, const int32_t *lens, in
     MI_OK(g_gpu, mi_vs_build_index(g_gpu, L, lens, &vi->d, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     const int64_t idiff = sp_diff(&si);
-    static const char *const vars[] = {"MI_CUDA_VS_INDEX_SHORTCUTS", "MI_CUDA_VS_INDEX_MASK"};
-    int n = snprintf(name, sizeof name, "%s", what);
-    for (int i = 0; i < 2; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && n < (int)sizeof name)
-            n += snprintf(name + n, sizeof name - n, " %s=%s", vars[i], v);
-    }
-    if (n < (int)sizeof name)
-        snprintf(name + n, sizeof name - n, " differing %lld", (long long)idiff);
+    char tn[160];
+    snprintf(name, sizeof name, "%s%s differing %lld", what, tuning_str(tn, sizeof tn),
+             (long long)idiff);
     check(idiff == 0, "index differs", name);
     vs_free(vi);
     sp_free(&si);
@@ -1000,62 +1012,53 @@ typedef enum {
     BS_SCORES_LOOSE_BOUND
 } bs_kernel;
 
-/* What each bs_kernel sets (no variable: the defaults; var2: a second one) and how the check
+/* What each bs_kernel sets in the GPU context's tuning (NULL: the defaults) and how the check
  * names it. */
 static const struct {
-    const char *var, *value, *label, *var2, *value2;
-} bs_kernel_env[] = {
-    [BS_ROWS] = {"MI_CUDA_BS_STREAM", "0", "rows"},
-    [BS_STREAM] = {NULL, NULL, "streaming"},
-    [BS_STREAM_NO_BOUND] = {"MI_CUDA_BS_BOUND", "0", "streaming, no bounds"},
-    [BS_STREAM_BOUND_1] = {"MI_CUDA_BS_BOUND", "1", "streaming, bounds of 1 group a tile"},
-    [BS_STREAM_BOUND_2] = {"MI_CUDA_BS_BOUND", "2", "streaming, bounds of 2 groups a tile"},
-    [BS_STREAM_BOUND_32] = {"MI_CUDA_BS_BOUND", "32", "streaming, bounds of 32 groups a tile"},
-    [BS_STREAM_POOL_1] = {"MI_CUDA_BS_POOL_VEC", "0", "streaming, pooled a value a thread"},
-    [BS_STREAM_WIDE] = {"MI_CUDA_BS_CAP", "256", "streaming, 256 slots a row"},
-    [BS_STREAM_NARROW] = {"MI_CUDA_BS_CAP", "128", "streaming, 128 slots a row"},
-    [BS_STREAM_NO_SPLIT] = {"MI_CUDA_BS_SPLIT", "0", "streaming, groups not split"},
-    [BS_STREAM_SPLIT_4] = {"MI_CUDA_BS_SPLIT", "1", "streaming, long groups in 4 chunks"},
-    [BS_STREAM_SPLIT_4_NO_BOUND] = {"MI_CUDA_BS_SPLIT", "1",
-                                    "streaming, long groups in 4 chunks, no bounds",
-                                    "MI_CUDA_BS_BOUND", "0"},
-    [BS_STREAM_NTILE_APPEND] = {"MI_CUDA_BS_MASK_APPEND", "0",
+    const char *tuning, *label;
+} bs_kernel_tuning[] = {
+    [BS_ROWS] = {"bs_stream=-1", "rows"},
+    [BS_STREAM] = {NULL, "streaming"},
+    [BS_STREAM_NO_BOUND] = {"bs_bound=-1", "streaming, no bounds"},
+    [BS_STREAM_BOUND_1] = {"bs_bound=1", "streaming, bounds of 1 group a tile"},
+    [BS_STREAM_BOUND_2] = {"bs_bound=2", "streaming, bounds of 2 groups a tile"},
+    [BS_STREAM_BOUND_32] = {"bs_bound=32", "streaming, bounds of 32 groups a tile"},
+    [BS_STREAM_POOL_1] = {"bs_pool_vec=-1", "streaming, pooled a value a thread"},
+    [BS_STREAM_WIDE] = {"bs_cap=256", "streaming, 256 slots a row"},
+    [BS_STREAM_NARROW] = {"bs_cap=128", "streaming, 128 slots a row"},
+    [BS_STREAM_NO_SPLIT] = {"bs_split=-1", "streaming, groups not split"},
+    [BS_STREAM_SPLIT_4] = {"bs_split=1", "streaming, long groups in 4 chunks"},
+    [BS_STREAM_SPLIT_4_NO_BOUND] = {"bs_split=1,bs_bound=-1",
+                                    "streaming, long groups in 4 chunks, no bounds"},
+    [BS_STREAM_NTILE_APPEND] = {"bs_mask_append=-1",
                                 "streaming, plain tiles appended an n-tile at a time"},
-    [BS_STREAM_NO_SCORES] = {"MI_CUDA_BS_SCORES", "0", "no scores in memory"},
-    [BS_SCORES] = {"MI_CUDA_BS_SCORES", "1", "scores in memory"},
-    [BS_SCORES_MMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory by mma.sync", "MI_CUDA_BS_WGMMA",
-                       "0"},
-    [BS_SCORES_NO_TMA] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, tiles by 16-byte copies",
-                          "MI_CUDA_BS_SCORE_TMA", "0"},
-    [BS_SCORES_EXACT_BOUND] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, the exact bound",
-                               "MI_CUDA_BS_BOUND_SLACK", "-1"},
-    [BS_SCORES_LOOSE_BOUND] = {"MI_CUDA_BS_SCORES", "1", "scores in memory, a loose bound",
-                               "MI_CUDA_BS_BOUND_SLACK", "400"},
+    [BS_STREAM_NO_SCORES] = {"bs_scores=-1", "no scores in memory"},
+    [BS_SCORES] = {"bs_scores=1", "scores in memory"},
+    [BS_SCORES_MMA] = {"bs_scores=1,bs_wgmma=-1", "scores in memory by mma.sync"},
+    [BS_SCORES_NO_TMA] = {"bs_scores=1,bs_score_tma=-1",
+                          "scores in memory, tiles by 16-byte copies"},
+    [BS_SCORES_EXACT_BOUND] = {"bs_scores=1,bs_bound_slack=-1", "scores in memory, the exact bound"},
+    [BS_SCORES_LOOSE_BOUND] = {"bs_scores=1,bs_bound_slack=400", "scores in memory, a loose bound"},
 };
 
-/* The variables the block-sparse tests set, cleared after each estimate. */
-static void bs_env_clear(void) {
-    static const char *const vars[] = {
-        "MI_CUDA_BS_ROWS",  "MI_CUDA_BS_WIDE",        "MI_CUDA_BS_STREAM",
-        "MI_CUDA_BS_BOUND", "MI_CUDA_BS_POOL_VEC",    "MI_CUDA_BS_CAP",
-        "MI_CUDA_BS_SPLIT", "MI_CUDA_BS_MASK_APPEND", "MI_CUDA_BS_SCORES",
-        "MI_CUDA_BS_WGMMA", "MI_CUDA_BS_SCORE_TMA",   "MI_CUDA_BS_BOUND_SLACK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
-}
-
-/* The kernels of the estimate through scores in memory: those whose first variable turns the
+/* The kernels of the estimate through scores in memory: those whose tuning starts by turning the
  * scores on (read from the table, so that a new row needs no second list). */
 static int bs_scores_path(bs_kernel kern) {
-    return bs_kernel_env[kern].var && strcmp(bs_kernel_env[kern].var, "MI_CUDA_BS_SCORES") == 0 &&
-           strcmp(bs_kernel_env[kern].value, "1") == 0;
+    static const char on[] = "bs_scores=1";
+    const char *t = bs_kernel_tuning[kern].tuning;
+    return t && strncmp(t, on, sizeof on - 1) == 0 &&
+           (t[sizeof on - 1] == '\0' || t[sizeof on - 1] == ',');
 }
-/* The estimate through scores in memory is the default from 128K on;
- * a test of another path turns it off, so that it runs the path it names. */
-static void bs_env_path(bs_kernel kern) {
-    if (bs_scores_path(kern))
-        unsetenv("MI_CUDA_BS_SCORES");
-    else
-        setenv("MI_CUDA_BS_SCORES", "0", 1);
+
+/* The GPU context's tuning for an estimate on `kern`, after `extra` (NULL: nothing). The estimate
+ * through scores in memory is the default from 128K on; a test of another path turns it off, so
+ * that it runs the path it names. */
+static void bs_tune(bs_kernel kern, const char *extra) {
+    char spec[200];
+    snprintf(spec, sizeof spec, "%s%sbs_scores=-1%s%s", extra ? extra : "", extra ? "," : "",
+             bs_kernel_tuning[kern].tuning ? "," : "",
+             bs_kernel_tuning[kern].tuning ? bs_kernel_tuning[kern].tuning : "");
+    tune(spec);
 }
 
 /* The inputs of the long block-sparse tests: batch 2 (lengths L and 3 L / 5 + 1), 2 query heads
@@ -1090,7 +1093,7 @@ static void bs_long_inputs(int64_t L, int64_t D, int ramp, pair *q, pair *k, pai
  * take at most that many row blocks each, wide >= 0 forces its CTA size. */
 static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows, int wide,
                                    bs_kernel kern, int ramp) {
-    char name[220], env[16];
+    char name[220], extra[48];
     const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
     int32_t lens[2];
     pair q, k, v;
@@ -1099,26 +1102,20 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     int32_t mb = topk < R ? topk : R;
     sp_pair si;
     sp_alloc(&si, B, H, R, mb, 1);
-    if (rows > 0) {
-        snprintf(env, sizeof env, "%d", rows);
-        setenv("MI_CUDA_BS_ROWS", env, 1);
-    }
-    if (wide >= 0) setenv("MI_CUDA_BS_WIDE", wide ? "1" : "0", 1);
-    bs_env_path(kern);
-    const char *var = bs_kernel_env[kern].var;
-    if (var) setenv(var, bs_kernel_env[kern].value, 1);
-    if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
+    snprintf(extra, sizeof extra, "bs_rows=%d,bs_wide=%d", rows > 0 ? rows : 0,
+             wide < 0 ? 0 : wide ? 1 : -1);
+    bs_tune(kern, extra);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    bs_env_clear();
+    tune(NULL);
     const int64_t idiff = sp_diff(&si);
     const int64_t nrows = (int64_t)B * H * R;
     snprintf(name, sizeof name,
              "block_sparse_estimate long L%lld D%lld top %d %s%s rows/CTA %d wide %d differing "
              "%lld / %lld",
              (long long)L, (long long)D, topk,
-             topk > 192 && !bs_scores_path(kern) ? "rows" : bs_kernel_env[kern].label,
+             topk > 192 && !bs_scores_path(kern) ? "rows" : bs_kernel_tuning[kern].label,
              ramp ? " ramp" : "", rows, wide, (long long)idiff, (long long)nrows);
     check(idiff * 100 <= nrows, "index differs", name);
     sp_free(&si);
@@ -1128,16 +1125,15 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
 }
 
 /* Two block-sparse paths that score the pooled blocks with the same sums give the same index,
- * bit for bit: `kern` against `ref` on the inputs of bs_long_inputs, both with `var` set to
- * `value` where var is not NULL (the chunks, the slots). The streaming kernel's two ways of
+ * bit for bit: `kern` against `ref` on the inputs of bs_long_inputs, both with the tuning `extra`
+ * where it is not NULL (the chunks, the slots). The streaming kernel's two ways of
  * appending a plain tile's candidates (at once where every row has room, else an n-tile at a
  * time), the two pooling kernels (16-byte loads, a value a thread: the same sums in row order),
  * the estimate through scores in memory against the streaming kernel, the wgmma score kernel's
  * tiles by TMA against 16-byte copies, and the select's bound search stopped early (the default,
  * and a slack of 400) against the search run to its end: a lower bound only filters. */
 static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t L, int64_t D,
-                                          int32_t topk, int ramp, const char *var,
-                                          const char *value) {
+                                          int32_t topk, int ramp, const char *extra) {
     char name[200];
     const int32_t B = 2, H = 2, R = (int32_t)((L + 63) / 64);
     int32_t lens[2];
@@ -1146,28 +1142,21 @@ static void test_block_sparse_paths_agree(bs_kernel kern, bs_kernel ref, int64_t
     int32_t tk[2] = {topk, topk / 2 + 1};
     sp_pair si;
     sp_alloc(&si, B, H, R, topk < R ? topk : R, 1);
-    if (var) setenv(var, value, 1);
-    bs_env_path(ref);
-    setenv(bs_kernel_env[ref].var, bs_kernel_env[ref].value, 1);
-    if (bs_kernel_env[ref].var2) setenv(bs_kernel_env[ref].var2, bs_kernel_env[ref].value2, 1);
+    bs_tune(ref, extra);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
     /* that index is the reference (the host side of the pair has the same layout) */
     CUDA_OK(cudaMemcpy(si.hb, si.db, si.bytes, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemset(si.db, 0xff, si.bytes));
-    unsetenv(bs_kernel_env[ref].var);
-    if (bs_kernel_env[ref].var2) unsetenv(bs_kernel_env[ref].var2);
-    bs_env_path(kern);
-    if (bs_kernel_env[kern].var) setenv(bs_kernel_env[kern].var, bs_kernel_env[kern].value, 1);
-    if (bs_kernel_env[kern].var2) setenv(bs_kernel_env[kern].var2, bs_kernel_env[kern].value2, 1);
+    bs_tune(kern, extra);
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));
     MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    bs_env_clear();
+    tune(NULL);
     const int64_t idiff = sp_diff(&si);
     snprintf(name, sizeof name,
-             "block_sparse_estimate %s = %s: L%lld D%lld top %d%s %s=%s, differing %lld / %lld",
-             bs_kernel_env[kern].label, bs_kernel_env[ref].label, (long long)L, (long long)D, topk,
-             ramp ? " ramp" : "", var ? var : "defaults", var ? value : "", (long long)idiff,
+             "block_sparse_estimate %s = %s: L%lld D%lld top %d%s %s, differing %lld / %lld",
+             bs_kernel_tuning[kern].label, bs_kernel_tuning[ref].label, (long long)L, (long long)D,
+             topk, ramp ? " ramp" : "", extra ? extra : "defaults", (long long)idiff,
              (long long)B * H * R);
     /* wgmma sums d in another order than mma.sync: near-ties may fall the other way, as
      * against the CPU; otherwise the same sums give the same index */
@@ -1239,15 +1228,15 @@ static void test_prefill(const shape *s, int wide, int use_workspace) {
     inputs_free(&in);
 }
 
-/* Whether the library runs its sm_90a kernels here (as mi_cuda_sm90_usable decides). */
+/* Whether the library runs its sm_90a kernels here (as mi_cuda_sm90_on decides). */
 static int gpu_runs_sm90(void) {
     int dev = 0, major = 0, minor = 0;
     CUDA_OK(cudaGetDevice(&dev));
     CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    const char *off = getenv("MI_CUDA_DISABLE_SM90");
-    return major == 9 && minor == 0 && strstr(mi_build_features(), "sm_90a") != NULL &&
-           !(off && off[0] == '1');
+    mi_tuning t;
+    MI_OK(g_gpu, mi_context_get_tuning(g_gpu, &t));
+    return major == 9 && minor == 0 && strstr(mi_build_features(), "sm_90a") != NULL && t.sm90 >= 0;
 }
 
 /* The prefill's per-head dense fallback: the GPU with dense_below (-1: the library's rule,
@@ -1332,7 +1321,18 @@ static void test_errors(void) {
 }
 
 int main(int argc, char **argv) {
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0;
+    const char *tuning = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else if (strcmp(argv[i], "--tuning") == 0 && i + 1 < argc) {
+            tuning = argv[++i];
+        } else {
+            fprintf(stderr, "usage: test_cuda [--quick] [--tuning name=value,...]\n");
+            return 2;
+        }
+    }
     const char *seed_env = getenv("MI_TEST_SEED");
     const uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 20261130ull;
     g_rng = seed;
@@ -1343,6 +1343,11 @@ int main(int argc, char **argv) {
     mi_context_params cp = mi_context_default_params();
     cp.device = MI_DEVICE_CPU;
     if (mi_context_create(&cp, &g_cpu) != MI_STATUS_SUCCESS) return 1;
+    g_tuning = mi_tuning_default();
+    if (tuning && mi_tuning_parse(g_cpu, tuning, &g_tuning) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "test_cuda: %s\n", mi_context_last_error(g_cpu));
+        return 2;
+    }
     cp.device = MI_DEVICE_CUDA;
     cp.device_id = 0;
     mi_status st = mi_context_create(&cp, &g_gpu);
@@ -1350,13 +1355,16 @@ int main(int argc, char **argv) {
         printf("SKIP: CUDA context: %s\n", mi_status_name(st));
         return SKIP;
     }
+    tune(NULL);
     /* what a saved log was measured on: the GPU and the library's commit */
     struct cudaDeviceProp prop;
     int dev = 0;
     CUDA_OK(cudaGetDevice(&dev));
     CUDA_OK(cudaGetDeviceProperties(&prop, dev));
-    printf("seed %llu (MI_TEST_SEED), %s, commit %s, %s (%d SMs)\n", (unsigned long long)seed,
-           mi_build_features(), mi_build_commit(), prop.name, prop.multiProcessorCount);
+    char tn[160];
+    printf("seed %llu (MI_TEST_SEED), %s, commit %s, %s (%d SMs)%s\n", (unsigned long long)seed,
+           mi_build_features(), mi_build_commit(), prop.name, prop.multiProcessorCount,
+           tuning_str(tn, sizeof tn));
 
     const int64_t Ls_full[] = {1, 63, 64, 65, 1000, 4099};
     const int64_t Ls_quick[] = {1, 65, 1000};
@@ -1462,7 +1470,7 @@ int main(int argc, char **argv) {
         test_ashape(&a2, 64, 512, 100);
         if (!quick) test_ashape(&a2, 1, 1, 0);
     }
-    /* Tri-shape's last rows split over chunks of keys and merged (MI_CUDA_TRI_SPLIT=1: from the
+    /* Tri-shape's last rows split over chunks of keys and merged (tuning tri_split=1: from the
      * first key on; 16384 keys by default): last rows inside one row block and across two or
      * three (Hopper computes row blocks in pairs: an odd count leaves a pair half outside), more
      * last rows than the sequence has (all but row 0 dense), a chunk of keys that starts inside
@@ -1470,7 +1478,7 @@ int main(int argc, char **argv) {
      * sequence its own last rows; its padding is NaN, so Hopper runs those chunks on the sm_80
      * kernel) and a batch of equal lengths, GQA, both head sizes, and the layer call with mixed
      * heads */
-    setenv("MI_CUDA_TRI_SPLIT", "1", 1);
+    tune("tri_split=1");
     for (int di = 0; di < 2; di++) {
         const int64_t Lt = quick ? 3000 : 20000;
         shape t1 = {1, 4, 2, Lt, 128, dts[di], di, {0, 0}};
@@ -1486,7 +1494,7 @@ int main(int argc, char **argv) {
         shape m3 = {1, 10, 2, quick ? 1000 : 4099, 128, dts[di], !di, {0, 0}};
         test_sparse_mixed_heads(&m3);
     }
-    unsetenv("MI_CUDA_TRI_SPLIT");
+    tune(NULL);
     /* The prefill's dense fallback per head: the library's rule (-1) on lengths that straddle
      * some heads' crossovers (A-shape 16 + 300 from 948 keys, 64 + 4000 from 12192, Tri-shape
      * 8 + 100 + 70 from 324, block-sparse top 4 from 12288 and top 100 from 19200 (one
@@ -1524,9 +1532,9 @@ int main(int argc, char **argv) {
     /* the score kernels Hopper runs only when told to: the portable (mma.sync) one, and the
      * wgmma one with its keys by 16-byte copies instead of TMA; both head sizes and dtypes, a
      * (b, l, h, d) layout, varlen, several chunks */
-    static const char *const vs_score_vars[] = {"MI_CUDA_VS_WGMMA", "MI_CUDA_VS_SCORE_TMA"};
+    static const char *const vs_score_tunings[] = {"vs_wgmma=-1", "vs_score_tma=-1"};
     for (int vi = 0; vi < 2; vi++) {
-        setenv(vs_score_vars[vi], "0", 1);
+        tune(vs_score_tunings[vi]);
         for (int di = 0; di < 2; di++) {
             shape p1 = {1, 8, 2, 4099, di ? 64 : 128, dts[di], di, {0, 0}};
             shape p2 = {2, 4, 1, 1000, 128, dts[di], !di, {1000, 601}};
@@ -1534,22 +1542,21 @@ int main(int argc, char **argv) {
             test_vs(&p2, 100, 500, 0);
         }
         test_vs_long(40000, 0, MI_DTYPE_BF16);
-        unsetenv(vs_score_vars[vi]);
+        tune(NULL);
     }
     /* the index build's walk: with its shortcuts (strictly ordered lists: the vertical prefix
      * counted by a search, runs of diagonals within 64 of each other taken at once), without
      * them, and with each kept column stored by its thread instead of as bits */
-    static const char *const index_vars[] = {NULL, "MI_CUDA_VS_INDEX_SHORTCUTS",
-                                             "MI_CUDA_VS_INDEX_MASK"};
+    static const char *const index_tunings[] = {NULL, "vs_index_shortcuts=-1", "vs_index_mask=-1"};
     for (int vi = 0; vi < 3; vi++) {
-        if (index_vars[vi]) setenv(index_vars[vi], "0", 1);
+        tune(index_tunings[vi]);
         test_index_messy(1000, 40, 60, 0);
         test_index_messy(1000, 40, 60, 1);
         test_index_messy(4099, 300, 700, 1);
         test_index_messy(70, 5, 8, 0);
         test_index_bands(quick ? 9000 : 30000, 53);
         test_index_bands(quick ? 9000 : 30000, 9);
-        if (index_vars[vi]) unsetenv(index_vars[vi]);
+        tune(NULL);
     }
 
     /* block-sparse estimation on long rows. The streaming kernel: top 100 (the default here),
@@ -1602,37 +1609,37 @@ int main(int argc, char **argv) {
         int64_t L, D;
         int32_t topk;
         int ramp;
-        const char *var, *value;
+        const char *extra;
     } agree[] = {
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, NULL, NULL},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 192, 0, NULL, NULL},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 64, 100, 0, NULL, NULL},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, NULL, NULL},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_CAP", "128"},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_CAP", "256"},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "0"},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_SPLIT", "1"},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "MI_CUDA_BS_SPLIT", "1"},
-        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "MI_CUDA_BS_BOUND", "0"},
-        {BS_STREAM, BS_STREAM_POOL_1, Lb, 128, 100, 1, NULL, NULL},
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
-        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 192, 1, "MI_CUDA_BS_SPLIT", "1"},
-        {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL, NULL},
-        {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL, NULL},
-        {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_TMA, Lb, 128, 100, 0, NULL, NULL},
-        {BS_SCORES, BS_SCORES_NO_TMA, Lr, 128, 300, 1, NULL, NULL},
-        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lb, 128, 100, 0, NULL, NULL},
-        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lb, 64, 192, 0, NULL, NULL},
-        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
-        {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL, NULL},
-        {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lb, 128, 300, 0, NULL, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 192, 0, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 64, 100, 0, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, NULL},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "bs_cap=128"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "bs_cap=256"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "bs_split=-1"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "bs_split=1"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lr, 128, 100, 1, "bs_split=1"},
+        {BS_STREAM, BS_STREAM_NTILE_APPEND, Lb, 128, 100, 0, "bs_bound=-1"},
+        {BS_STREAM, BS_STREAM_POOL_1, Lb, 128, 100, 1, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL},
+        {BS_SCORES_MMA, BS_STREAM_NO_SCORES, Lr, 128, 192, 1, "bs_split=1"},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 128, 100, 0, NULL},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lb, 64, 192, 0, NULL},
+        {BS_SCORES, BS_STREAM_NO_SCORES, Lr, 128, 100, 1, NULL},
+        {BS_SCORES, BS_SCORES_NO_TMA, Lb, 128, 100, 0, NULL},
+        {BS_SCORES, BS_SCORES_NO_TMA, Lr, 128, 300, 1, NULL},
+        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lb, 128, 100, 0, NULL},
+        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lb, 64, 192, 0, NULL},
+        {BS_SCORES, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL},
+        {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lr, 128, 100, 1, NULL},
+        {BS_SCORES_LOOSE_BOUND, BS_SCORES_EXACT_BOUND, Lb, 128, 300, 0, NULL},
     };
     for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++)
         test_block_sparse_paths_agree(agree[i].kern, agree[i].ref, agree[i].L, agree[i].D,
-                                      agree[i].topk, agree[i].ramp, agree[i].var, agree[i].value);
+                                      agree[i].topk, agree[i].ramp, agree[i].extra);
     test_block_sparse_long(Lb, 128, 100, 0, -1, BS_SCORES, 0);
     test_block_sparse_long(Lb, 64, 192, 0, -1, BS_SCORES, 0);
     test_block_sparse_long(Lr, 128, 100, 0, -1, BS_SCORES, 1);

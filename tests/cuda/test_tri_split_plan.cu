@@ -147,7 +147,7 @@ int main(void) {
 
     /* where it must not split */
     const tri_split_knobs off = {0, 0, 132, true};
-    EXPECT(check_plan(off, "switched off") == 0, "MI_CUDA_TRI_SPLIT=0");
+    EXPECT(check_plan(off, "switched off") == 0, "tuning tri_split=-1");
     make_launch(1, 8000, {}, 1, {0}, {100}); /* under half of 16384 */
     EXPECT(check_plan(hopper, "8000 keys") == 0, "8000 keys");
     make_launch(1, 1 << 20, {}, 4, {}, {}); /* no Tri-shape head */
