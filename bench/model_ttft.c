@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     int n_lens = parse_list(lens_s, lens_items, 16);
     int n_methods = parse_list(methods_s, method_items, 8);
     char *default_model = NULL;
-    if (!model_path && !random) model_path = default_model = mi_model_default_path();
+    if (!model_path && !random) model_path = default_model = tool_default_model();
     if (n_lens <= 0 || n_methods <= 0 || (!model_path == !random) ||
         (random && strcmp(random, "llama3-8b") != 0) ||
         (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0))

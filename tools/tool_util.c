@@ -1,6 +1,8 @@
 /* tool_util.c: helpers shared by the subcommands. */
 #include "tool_util.h"
 
+#include "minference_model.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,12 @@ double tool_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+char *tool_default_model(void) {
+    const char *env = getenv("MI_MODEL"); /* the one place the CLI reads it */
+    if (env && *env) return strdup(env);
+    return mi_model_default_path();
 }
 
 char *tool_read_file(const char *path, size_t *len) {

@@ -10,6 +10,10 @@ double tool_now_s(void);
 /* The whole file, NUL-terminated, malloc'ed (NULL if it cannot be read); *len gets its size. */
 char *tool_read_file(const char *path, size_t *len);
 
+/* The model a subcommand loads when none is given: $MI_MODEL when set, else the demo model
+ * (mi_model_default_path). malloc'ed, or NULL. */
+char *tool_default_model(void);
+
 /* Real English text present on every Debian system: the license texts of
  * /usr/share/common-licenses, concatenated with blank lines between them. NULL if none. */
 char *tool_license_text(size_t *len);

@@ -20,9 +20,12 @@ typedef struct tuning_field {
 static const int32_t bound_groups[] = {-1, 1, 2, 4, 8, 16, 32, 0};
 static const int32_t cap_slots[] = {128, 256, 0};
 
-#define SWITCH(f) {#f, offsetof(mi_tuning, f), -1, 1, NULL}
-#define COUNT(f, lo) {#f, offsetof(mi_tuning, f), lo, INT32_MAX, NULL}
-#define ONLY(f, list) {#f, offsetof(mi_tuning, f), 0, 0, list}
+#define SWITCH(f)                                                                                  \
+    { #f, offsetof(mi_tuning, f), -1, 1, NULL }
+#define COUNT(f, lo)                                                                               \
+    { #f, offsetof(mi_tuning, f), lo, INT32_MAX, NULL }
+#define ONLY(f, list)                                                                              \
+    { #f, offsetof(mi_tuning, f), 0, 0, list }
 
 static const tuning_field fields[] = {
     {"cpu_engine", offsetof(mi_tuning, cpu_engine), 0, 1, NULL},
@@ -80,8 +83,8 @@ static mi_status bad_value(mi_context *ctx, const tuning_field *f, const char *v
                        list);
     }
     if (f->hi == INT32_MAX)
-        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "tuning %s = %s: takes %d or more",
-                       f->name, value, (int)f->lo);
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "tuning %s = %s: takes %d or more", f->name,
+                       value, (int)f->lo);
     return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "tuning %s = %s: takes %d to %d", f->name,
                    value, (int)f->lo, (int)f->hi);
 }

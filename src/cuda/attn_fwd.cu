@@ -413,10 +413,10 @@ extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params
     const mi_tuning &t = ctx->tuning;
     tri_split_knobs k;
     k.pairs = mi_cuda_sm90_on(t);
-    k.from = t.tri_split > 0 ? t.tri_split
+    k.from = t.tri_split > 0   ? t.tri_split
              : t.tri_split < 0 ? 0
-             : k.pairs     ? TRI_SPLIT_FROM_SM90
-                           : TRI_SPLIT_FROM;
+             : k.pairs         ? TRI_SPLIT_FROM_SM90
+                               : TRI_SPLIT_FROM;
     k.per_sm = 0;
     k.sms = mi_cuda_sm_count();
     const int64_t items = tri_split_plan(*p, k, sa, z);

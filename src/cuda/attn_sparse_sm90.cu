@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
  * the ring kernel runs the others. The tuning's sm90_sparse = 1 sends every sparse head to this
  * kernel, -1 none; sm90_a_shape = -1 leaves the A-/Tri-shape heads to the ring kernel. */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
-                                                        const mi_tuning *t, cudaStream_t st,
-                                                        int *used, int32_t **taken) {
+                                                       const mi_tuning *t, cudaStream_t st,
+                                                       int *used, int32_t **taken) {
     *used = 0;
     *taken = nullptr;
     const int every = t->sm90_sparse > 0;
@@ -272,12 +272,12 @@ extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params
     size_t copy = (size_t)n_bh * cc.rows * 128 * 2;
     /* sm90_plan_tiles = N: plan at most N range tiles of an item ahead, merging longer items
      * inline (to test that path, which only items of more than SP_PLAN tiles take otherwise) */
-    a.plan_tiles = t->sm90_plan_tiles > 0 ? min(t->sm90_plan_tiles, mi_cuda::SP_PLAN)
-                                          : mi_cuda::SP_PLAN;
+    a.plan_tiles =
+        t->sm90_plan_tiles > 0 ? min(t->sm90_plan_tiles, mi_cuda::SP_PLAN) : mi_cuda::SP_PLAN;
     /* sm90_tma_store = -1: each thread stores its output rows itself (the tests of that path) */
-    a.o_tma = t->sm90_tma_store >= 0 &&
-              mi_cuda::encode_tma_map(&a.tm_o, p->o, p->o_stride, p->batch, p->heads, p->len, 128,
-                                      64, bf16);
+    a.o_tma =
+        t->sm90_tma_store >= 0 && mi_cuda::encode_tma_map(&a.tm_o, p->o, p->o_stride, p->batch,
+                                                          p->heads, p->len, 128, 64, bf16);
     if (cc.rows <= 0 || 2 * copy > COPY_BYTES_MAX || t->sm90_column_copies < 0)
         cc.rows = 0, copy = 0;
     int32_t *buf = nullptr;

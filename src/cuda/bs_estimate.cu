@@ -482,8 +482,8 @@ extern "C" mi_status mi_cuda_block_sparse_estimate(mi_context *ctx, const mi_att
                                                    mi_sparse_index *index) {
     if (s->heads_q > MI_CUDA_MAX_HEADS || s->batch > MI_CUDA_MAX_BATCH)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA estimate: too many heads or batches");
-    const size_t bytes = mi_cuda_bs_scratch_bytes(ctx, s->batch, s->heads_q, s->heads_kv, s->len,
-                                                  s->head_dim);
+    const size_t bytes =
+        mi_cuda_bs_scratch_bytes(ctx, s->batch, s->heads_q, s->heads_kv, s->len, s->head_dim);
     cudaStream_t stream = mi_stream(ctx);
     void *scratch = nullptr;
     cudaError_t e = cudaMallocAsync(&scratch, bytes, stream);

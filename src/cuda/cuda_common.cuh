@@ -151,8 +151,8 @@ extern "C" cudaError_t mi_cuda_attn_sm90_dense_launch(const mi_cuda_attn_params 
  * stream-ordered device buffer that flags the heads it ran (mi_cuda_attn_params.sm90_taken), for
  * the ring kernel that runs the others, to be freed with cudaFreeAsync after that launch. */
 extern "C" cudaError_t mi_cuda_attn_sm90_sparse_launch(const mi_cuda_attn_params *p,
-                                                        const mi_tuning *t, cudaStream_t st,
-                                                        int *used, int32_t **taken);
+                                                       const mi_tuning *t, cudaStream_t st,
+                                                       int *used, int32_t **taken);
 
 static inline cudaStream_t mi_stream(const mi_context *ctx) {
     return reinterpret_cast<cudaStream_t>(ctx->stream);

