@@ -20,12 +20,9 @@ typedef struct tuning_field {
 static const int32_t bound_groups[] = {-1, 1, 2, 4, 8, 16, 32, 0};
 static const int32_t cap_slots[] = {128, 256, 0};
 
-#define SWITCH(f)                                                                                  \
-    { #f, offsetof(mi_tuning, f), -1, 1, NULL }
-#define COUNT(f, lo)                                                                               \
-    { #f, offsetof(mi_tuning, f), lo, INT32_MAX, NULL }
-#define ONLY(f, list)                                                                              \
-    { #f, offsetof(mi_tuning, f), 0, 0, list }
+#define SWITCH(f) {#f, offsetof(mi_tuning, f), -1, 1, NULL}
+#define COUNT(f, lo) {#f, offsetof(mi_tuning, f), lo, INT32_MAX, NULL}
+#define ONLY(f, list) {#f, offsetof(mi_tuning, f), 0, 0, list}
 
 static const tuning_field fields[] = {
     {"cpu_engine", offsetof(mi_tuning, cpu_engine), 0, 1, NULL},
