@@ -38,7 +38,7 @@
  *   - Vertical-slash 1000 / 6096: 0.83 / 0.67 / 1.02 at 24K, 1.03 / 0.88 / 1.12 at 32K, 1.15 /
  *     0.98 / 1.24 at 40K, 1.25 / 1.12 / 1.36 at 48K: 48K below 8 pairs, otherwise as at D = 128.
  * GPUs without the sm_90a kernels run the portable sm_80 kernels (mma.sync), measured on the H200
- * with the sm_80 kernels forced (the tuning sm90=-1): no A100 was at hand. Both sides of each ratio run the same
+ * forced (tuning sm90=-1): no A100 was at hand. Both sides of each ratio run the same
  * kernels, so on a slower GPU the fixed costs (launches, the estimates' latency) weigh less and
  * the crossovers can only fall: this rule errs towards dense there. Speed-ups on 4 / 1 and
  * 32 / 8 heads at D = 128, then 9 / 3 and 32 / 8 at D = 64 (bench/results/2026-12-02-gpu-
