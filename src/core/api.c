@@ -36,9 +36,11 @@ mi_status mi_check_tensor(mi_context *ctx, const mi_tensor *t, const char *name)
     return MI_STATUS_SUCCESS;
 }
 
-mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                             const mi_tensor *v, const mi_tensor *out, const int32_t *seq_lens,
-                             mi_attn_shape *shape) {
+/* With at_offset, k and v may be longer than q (queries at an offset, the last q_len positions
+ * of the keys); shape->len is then the key length and shape->q_off = k_len - q_len. */
+static mi_status check_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                 const mi_tensor *v, const mi_tensor *out, const int32_t *seq_lens,
+                                 bool at_offset, mi_attn_shape *shape) {
     mi_status st;
     if ((st = mi_check_tensor(ctx, q, "q")) != MI_STATUS_SUCCESS) return st;
     if (k && (st = mi_check_tensor(ctx, k, "k")) != MI_STATUS_SUCCESS) return st;
@@ -66,7 +68,8 @@ mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tenso
         if (t->device != q->device)
             return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "%s and q are on different devices",
                            names[i]);
-        if (t->shape[0] != B || t->shape[2] != L || t->shape[3] != D)
+        const int64_t Lt = at_offset && i < 2 && k ? k->shape[2] : L; /* out is shaped like q */
+        if (t->shape[0] != B || t->shape[2] != Lt || t->shape[3] != D)
             return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
                            "%s is [%lld, %lld, %lld, %lld] but q is [%lld, %lld, %lld, %lld]",
                            names[i], (long long)t->shape[0], (long long)t->shape[1],
@@ -89,6 +92,17 @@ mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tenso
                        (long long)out->shape[1], (long long)Hq);
     if (out && (out->data == (k ? k->data : NULL) || out->data == (v ? v->data : NULL)))
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "out may not alias k or v");
+    const int64_t Lk = k ? k->shape[2] : L;
+    if (Lk < L)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH,
+                       "k has %lld positions but q has %lld: queries are the last positions of the "
+                       "keys",
+                       (long long)Lk, (long long)L);
+    if (Lk != L && seq_lens)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "seq_lens with queries at an offset (q_len %lld < k_len %lld) is not "
+                       "supported",
+                       (long long)L, (long long)Lk);
     if (seq_lens) {
         for (int64_t b = 0; b < B; b++) {
             if (seq_lens[b] < 0 || seq_lens[b] > L)
@@ -101,12 +115,32 @@ mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tenso
         shape->batch = B;
         shape->heads_q = Hq;
         shape->heads_kv = Hkv;
-        shape->len = L;
+        shape->len = Lk;
+        shape->q_off = Lk - L;
         shape->head_dim = D;
         shape->group = Hq / Hkv;
         shape->dtype = q->dtype;
         shape->device = q->device;
     }
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                             const mi_tensor *v, const mi_tensor *out, const int32_t *seq_lens,
+                             mi_attn_shape *shape) {
+    return check_attention(ctx, q, k, v, out, seq_lens, false, shape);
+}
+
+/* Queries at an offset run on the CPU only for now. */
+static mi_status check_attention_at(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                    const mi_tensor *v, const mi_tensor *out,
+                                    const int32_t *seq_lens, mi_attn_shape *shape) {
+    const mi_status st = check_attention(ctx, q, k, v, out, seq_lens, true, shape);
+    if (st != MI_STATUS_SUCCESS) return st;
+    if (shape->q_off != 0 && shape->device == MI_DEVICE_CUDA)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                       "prefill: queries at an offset (q_len %lld < k_len %lld) run on the CPU only",
+                       (long long)(shape->len - shape->q_off), (long long)shape->len);
     return MI_STATUS_SUCCESS;
 }
 
@@ -358,7 +392,7 @@ mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const m
     mi_attn_shape s;
     MI_TRY(check_ctx(ctx));
     if (!k || !bytes) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k and bytes are required");
-    MI_TRY(mi_check_attention(ctx, q, k, NULL, NULL, NULL, &s));
+    MI_TRY(check_attention_at(ctx, q, k, NULL, NULL, NULL, &s));
     MI_TRY(mi_check_patterns(ctx, patterns, s.heads_q));
     mi_prefill_params p = params ? *params : mi_prefill_default_params();
     MI_TRY(mi_check_prefill_params(ctx, &p));
@@ -373,7 +407,7 @@ mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_ten
     MI_TRY(check_ctx(ctx));
     if (!k || !v || !out)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
-    MI_TRY(mi_check_attention(ctx, q, k, v, out, seq_lens, &s));
+    MI_TRY(check_attention_at(ctx, q, k, v, out, seq_lens, &s));
     MI_TRY(check_lse(ctx, lse));
     MI_TRY(mi_check_patterns(ctx, patterns, s.heads_q));
     mi_prefill_params p = params ? *params : mi_prefill_default_params();

@@ -36,10 +36,13 @@ void mi_clear_error(mi_context *ctx);
 
 /* The validated geometry of an attention call. */
 typedef struct mi_attn_shape {
-    int64_t batch, heads_q, heads_kv, len, head_dim;
+    int64_t batch, heads_q, heads_kv, len, head_dim; /* len: keys (and query positions) */
     int64_t group; /* heads_q / heads_kv */
     mi_dtype dtype;
     mi_device_type device;
+    /* Queries at an offset (mi_prefill_attention only): q holds the last len - q_off positions,
+     * query row i sitting at absolute position q_off + i; 0 everywhere else. */
+    int64_t q_off;
 } mi_attn_shape;
 
 /* Validates a single tensor descriptor: non-NULL data, known dtype, positive shape, stride[3]==1,

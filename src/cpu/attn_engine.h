@@ -177,10 +177,12 @@ static __attribute__((noinline)) void gemm(int m, int64_t np, const float *a, in
 /* Tile rows                                                                                   */
 
 /* Loads rows [r0, r0 + nr) of (b, h) transposed into qt, multiplied by mul; clears the state. */
-static void tile_begin(mi_tile *t, const mi_tensor *q, int64_t b, int64_t h, int64_t r0, int64_t nr,
-                       float mul) {
+/* Rows r0.. are absolute positions; q holds them from q_off on (queries at an offset). */
+static void tile_begin(mi_tile *t, const mi_tensor *q, int64_t q_off, int64_t b, int64_t h,
+                       int64_t r0, int64_t nr, float mul) {
     const int64_t D = t->D;
     t->r0 = r0;
+    t->q_off = q_off;
     t->nr = nr;
     t->visited = 0.0;
     memset(t->qt, 0, (size_t)D * MI_BS * sizeof(float));
@@ -191,7 +193,7 @@ static void tile_begin(mi_tile *t, const mi_tensor *q, int64_t b, int64_t h, int
         t->acc[i] = 0.0f;
     }
     for (int64_t i = 0; i < nr; i++) {
-        mi_cpu_load_f32(t->row, mi_cpu_row(q, b, h, r0 + i), q->dtype, D, mul);
+        mi_cpu_load_f32(t->row, mi_cpu_row(q, b, h, r0 - q_off + i), q->dtype, D, mul);
         for (int64_t d = 0; d < D; d++) t->qt[d * MI_BS + i] = t->row[d];
     }
 }
@@ -499,17 +501,18 @@ static void visit_job(mi_tile *t, tile_mode mode, const mi_tensor *k, const mi_t
     }
 }
 
-/* Writes rows [r0, r0 + nr) of out (normalised) and lse from the tile state. */
-static void tile_finish(mi_tile *t, mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t L,
+/* Writes rows [r0, r0 + nr) of out (normalised) and lse [B, Hq, Lq] from the tile state; out and
+ * lse hold the query rows only (absolute row r at r - q_off). */
+static void tile_finish(mi_tile *t, mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t Lq,
                         int64_t Hq) {
-    const int64_t D = t->D;
+    const int64_t D = t->D, r0 = t->r0 - t->q_off;
     for (int64_t i = 0; i < t->nr; i++) {
         const float l = t->l[i];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t d = 0; d < D; d++) t->row[d] = t->ot[d * MI_BS + i] * inv;
-        mi_cpu_store((void *)mi_cpu_row(out, b, h, t->r0 + i), out->dtype, t->row, D);
+        mi_cpu_store((void *)mi_cpu_row(out, b, h, r0 + i), out->dtype, t->row, D);
         if (lse) {
-            lse[(b * Hq + h) * L + t->r0 + i] =
+            lse[(b * Hq + h) * Lq + r0 + i] =
                 l > 0.0f ? (t->m[i] + log2f(l)) * 0.6931471805599453f : -INFINITY;
         }
     }
@@ -527,7 +530,10 @@ static void zero_rows(mi_tensor *out, float *lse, int64_t b, int64_t h, int64_t 
 mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const mi_tensor *v, const mi_attn_job *jobs,
                                   int64_t n_jobs, float scale, mi_tensor *out, float *lse) {
-    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, NG = (R + GROUP - 1) / GROUP;
+    /* Row blocks are aligned to absolute positions: with queries at an offset the first one, fb,
+     * may start mid-block (at q_off); blocks before it hold no query. */
+    const int64_t L = s->len, R = (L + MI_BS - 1) / MI_BS, off = s->q_off, fb = off / MI_BS;
+    const int64_t NG = (R - fb + GROUP - 1) / GROUP, Lq = L - off;
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
     mi_tile *tiles[nt * GROUP];
     for (int i = 0; i < nt * GROUP; i++) {
@@ -548,13 +554,13 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
         const int64_t hk = job->h / s->group;
         int n_live = 0;
         for (int g = 0; g < GROUP; g++) {
-            const int64_t r0 = (grp * GROUP + g) * MI_BS;
+            const int64_t m0 = (fb + grp * GROUP + g) * MI_BS, r0 = mi_cpu_max64(m0, off);
             if (r0 >= L) break;
-            const int64_t r1 = mi_cpu_min64(r0 + MI_BS, L);
+            const int64_t r1 = mi_cpu_min64(m0 + MI_BS, L);
             const int64_t nr = mi_cpu_max64(0, mi_cpu_min64(r1, job->len) - r0);
-            zero_rows(out, lse, job->b, job->h, r0 + nr, r1, L, s->heads_q);
+            zero_rows(out, lse, job->b, job->h, r0 + nr - off, r1 - off, Lq, s->heads_q);
             if (nr == 0) continue;
-            tile_begin(t[n_live++], q, job->b, job->h, r0, nr, mul);
+            tile_begin(t[n_live++], q, off, job->b, job->h, r0, nr, mul);
         }
         if (n_live > 0) {
             if (job->kind == MI_JOB_DENSE) {
@@ -565,7 +571,7 @@ mi_status ENGINE(mi_cpu_run_jobs)(mi_context *ctx, const mi_attn_shape *s, const
                 visit_sparse_group(t, n_live, MODE_ATTN, k, v, job, hk);
             }
             for (int g = 0; g < n_live; g++)
-                tile_finish(t[g], out, lse, job->b, job->h, L, s->heads_q);
+                tile_finish(t[g], out, lse, job->b, job->h, Lq, s->heads_q);
         }
     }
     for (int i = 0; i < nt * GROUP; i++) mi_cpu_tile_free(tiles[i]);
@@ -585,7 +591,7 @@ void ENGINE(mi_cpu_job_mass)(mi_tile *t, const mi_attn_shape *s, const mi_tensor
     const int64_t nr = mi_cpu_min64(MI_BS, job->len - r0);
     const int64_t hk = job->h / s->group;
     const mask_params dense = {0, INT64_MAX, INT64_MAX};
-    tile_begin(t, q, job->b, job->h, r0, nr, scale * 1.4426950408889634f);
+    tile_begin(t, q, s->q_off, job->b, job->h, r0, nr, scale * 1.4426950408889634f);
     visit_range(t, MODE_LSE, k, NULL, job->b, hk, 0, r0 + nr, &dense, NULL, NULL);
     tile_lse2(t);
     t->visited = 0.0;
@@ -601,7 +607,7 @@ void ENGINE(mi_cpu_vs_sums)(mi_tile *t, const mi_attn_shape *s, const mi_tensor 
     const mask_params causal = {0, INT64_MAX, INT64_MAX};
     for (int64_t c0 = len - n; c0 < len; c0 += MI_BS) {
         const int64_t nr = mi_cpu_min64(MI_BS, len - c0);
-        tile_begin(t, q, b, h, c0, nr, scale * 1.4426950408889634f);
+        tile_begin(t, q, s->q_off, b, h, c0, nr, scale * 1.4426950408889634f);
         visit_range(t, MODE_LSE, k, NULL, b, hk, 0, c0 + nr, &causal, NULL, NULL);
         tile_lse2(t);
         visit_range(t, MODE_VS, k, NULL, b, hk, 0, c0 + nr, &causal, vert, slash);

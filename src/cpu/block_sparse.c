@@ -28,16 +28,18 @@ size_t mi_cpu_bs_ws_floats(int64_t len, int64_t D) {
     return 2 * nb * (size_t)D + (size_t)MI_BS * nb + (size_t)MI_BS * MI_BS + (size_t)D + 2 * nb;
 }
 
-/* Mean of the rows of each 64-row block of (b, h) over its real rows: p [nb][D]. */
-static void pool(const mi_tensor *t, int64_t b, int64_t h, int64_t len, int64_t D, float *p,
-                 float *row) {
+/* Mean of the rows of each 64-row block of (b, h) over its real rows: p [nb][D]. t holds the
+ * positions from off on (queries at an offset): blocks before off / 64 are left alone, and the
+ * block holding off is pooled over its rows >= off. */
+static void pool(const mi_tensor *t, int64_t off, int64_t b, int64_t h, int64_t len, int64_t D,
+                 float *p, float *row) {
     const int64_t nb = (len + MI_BS - 1) / MI_BS;
-    for (int64_t m = 0; m < nb; m++) {
+    for (int64_t m = off / MI_BS; m < nb; m++) {
         float *pm = p + m * D;
-        const int64_t r0 = m * MI_BS, r1 = mi_cpu_min64(r0 + MI_BS, len);
+        const int64_t r0 = mi_cpu_max64(m * MI_BS, off), r1 = mi_cpu_min64(m * MI_BS + MI_BS, len);
         for (int64_t d = 0; d < D; d++) pm[d] = 0.0f;
         for (int64_t r = r0; r < r1; r++) {
-            mi_cpu_load_f32(row, mi_cpu_row(t, b, h, r), t->dtype, D, 1.0f);
+            mi_cpu_load_f32(row, mi_cpu_row(t, b, h, r - off), t->dtype, D, 1.0f);
             for (int64_t d = 0; d < D; d++) pm[d] += row[d];
         }
         const float inv = 1.0f / (float)(r1 - r0);
@@ -68,9 +70,10 @@ void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor
     float *row = sc + MI_BS * MI_BS;
     int32_t *tmp = (int32_t *)(row + D), *sel = tmp + nb;
     const bool cut = q->dtype != MI_DTYPE_F32;
-    pool(q, b, h, len, D, qp, row);
-    pool(k, b, h / s->group, len, D, kp, row);
-    for (int64_t m0 = 0; m0 < nb; m0 += MI_BS) {
+    pool(q, s->q_off, b, h, len, D, qp, row);
+    pool(k, 0, b, h / s->group, len, D, kp, row);
+    /* queries at an offset: only the row blocks that hold queries, aligned to absolute positions */
+    for (int64_t m0 = s->q_off / MI_BS; m0 < nb; m0 += MI_BS) {
         const int64_t nq = mi_cpu_min64(MI_BS, nb - m0);
         /* rows[i * nb + n] = score of query block m0 + i against key block n, n <= m0 + i */
         for (int64_t n0 = 0; n0 < m0 + nq; n0 += MI_BS) {

@@ -114,7 +114,8 @@ struct mi_tile {
     _Alignas(64) float acc[MI_BS];   /* per-row mass (metrics) */
     int32_t kpos[MI_BS];             /* key positions of the current tile */
     int64_t D;
-    int64_t r0, nr; /* query rows of the block */
+    int64_t r0, nr; /* query rows of the block (absolute positions) */
+    int64_t q_off;  /* absolute position of q's row 0 */
     double visited;
     float *qt;  /* [D][64] */
     float *st;  /* [64][64] */
@@ -137,8 +138,8 @@ void mi_cpu_job_mass(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, con
                      const mi_attn_job *job, float scale, int64_t r0, double *mass,
                      double *visited);
 
-/* Vertical-slash estimation sums for one (b, h): the n last rows of the sequence against all its
- * keys (causal), exact fp32 softmax, vert[j] += column mass of key j, slash[d] += mass on the
+/* Vertical-slash estimation sums for one (b, h): the n last rows of the sequence (n <= the query
+ * rows, len - s->q_off) against all its keys (causal), exact fp32 softmax, vert[j] += column mass of key j, slash[d] += mass on the
  * diagonal d = i - j. vert and slash have len entries, zeroed by the caller. */
 void mi_cpu_vs_sums(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
                     int64_t b, int64_t h, int64_t len, int64_t n, float scale, float *vert,

@@ -33,7 +33,8 @@ void mi_cpu_vs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor
     int32_t *tmp = (int32_t *)(ws + 2 * len);
     memset(vert, 0, (size_t)len * sizeof(float));
     memset(slash, 0, (size_t)len * sizeof(float));
-    const int64_t n = mi_cpu_max64(0, mi_cpu_min64(p->last_q, len));
+    /* queries at an offset: the chunk's own last rows, against all keys */
+    const int64_t n = mi_cpu_max64(0, mi_cpu_min64(p->last_q, len - s->q_off));
     if (n > 0) mi_cpu_vs_sums(t, s, q, k, b, h, len, n, scale, vert, slash);
     const int64_t fc = mi_cpu_max64(0, mi_cpu_min64(p->forced_columns, len));
     const int64_t fd = mi_cpu_max64(0, mi_cpu_min64(p->forced_diagonals, len));

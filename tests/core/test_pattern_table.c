@@ -229,7 +229,7 @@ static void test_plan(void) {
     mi_prefill_plan plan;
     if (n > 64) return;
     for (int32_t t = 0; t < n; t++) pats[t] = mi_head_pattern_default((mi_pattern_type)t);
-    mi_attn_shape s = {2, n, n, 20000, 64, 1, MI_DTYPE_BF16, MI_DEVICE_CPU};
+    mi_attn_shape s = {2, n, n, 20000, 64, 1, MI_DTYPE_BF16, MI_DEVICE_CPU, 0};
     mi_prefill_params pp = mi_prefill_default_params();
     const int64_t from = 10000;
     mi_prefill_plan_build(&s, NULL, pats, &pp, rule_fixed, &from, heads, &plan);
