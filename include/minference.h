@@ -434,7 +434,15 @@ mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tens
 
 /* A whole layer: every query head with its own pattern (patterns [H_q]), estimation, index and
  * kernel, batch > 1 with a length per sequence. workspace may be NULL (the library allocates);
- * otherwise it must hold mi_prefill_workspace_size() bytes in the device's memory. */
+ * otherwise it must hold mi_prefill_workspace_size() bytes in the device's memory.
+ * Queries at an offset (a later chunk or turn over a cache): q [B, H_q, q_len, D] may be the last
+ * q_len <= k_len positions of k / v [B, H_kv, k_len, D] (query i at position k_len - q_len + i;
+ * out and lse have q_len rows). Every pattern works by absolute position: A-/Tri-shape windows
+ * and Tri-shape's last rows are the whole sequence's; vertical-slash is estimated from the
+ * chunk's own last queries against all keys; block-sparse rows are 64-row blocks aligned to
+ * absolute positions (a partial first block is pooled over the chunk's rows); the dense fallback
+ * looks at k_len. CPU only for now (the CUDA backend answers MI_STATUS_UNSUPPORTED), and without
+ * seq_lens (MI_STATUS_UNSUPPORTED). */
 mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
                                     const mi_head_pattern *patterns,
                                     const mi_prefill_params *params, size_t *bytes);

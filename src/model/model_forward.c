@@ -7,8 +7,9 @@
  *   [B, L, H, D] layout mi_tensor_blhd describes, so no copy or transpose is needed); for a
  *   session they go to a buffer and are appended to its pages (model_session.c);
  *   attention: a fresh prompt goes through mi_prefill_attention with the layer's per-head
- *   patterns; a continuation (decode, follow-up turn) is dense over the cache, as in the
- *   original (sparse prefill only applies to the first prompt);
+ *   patterns; a later call of at least MIM_SEQ_PREFILL_FROM tokens (follow-up turn, chunk) goes
+ *   through it too, the queries at an offset over the cache (model_seq_prefill.c);
+ *   shorter continuations (decode) are dense over the cache;
  *   x += attn Wo; then the MLP in chunks of mlp_chunk rows, so that the [n, ffn] intermediates
  *   never exist for the whole prompt: x += (silu(h Wg) * (h Wu)) Wd with h = RMSNorm(x).
  * The final norm and LM head run for the last position only.
@@ -460,6 +461,20 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
                 mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
                 break;
             }
+        } else if (n >= (m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM)) {
+            t0 = mim_now_s();
+            if (seq) {
+                st = mim_seq_prefill_attention(m, seq, l, b.q, n, n_past, b.att);
+            } else {
+                const int64_t kl = n_past + n;
+                mi_tensor tk = mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1,
+                                              m->n_kv, kl, m->hd);
+                mi_tensor tv = mi_tensor_blhd(m->v_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1,
+                                              m->n_kv, kl, m->hd);
+                st = mim_prefill_at_offset(m, l, b.q, n, &tk, &tv, b.att);
+            }
+            t_attn += mim_now_s() - t0;
+            if (st != MI_STATUS_SUCCESS) break;
         } else if (seq) {
             t0 = mim_now_s();
             st = mim_seq_attention(m, seq, l, b.q, n, n_past, scale, b.att);

@@ -53,6 +53,9 @@ struct mi_model {
     /* sessions (model_session.c): the page pool they share, created with the first one */
     mi_kv_pool *kv_pool;
     uint64_t weights_hash; /* 0 until first needed */
+    /* a session call of at least this many tokens over a cache runs the library's prefill
+     * attention at an offset (model_seq_prefill.c); 0: MIM_SEQ_PREFILL_FROM */
+    int64_t seq_prefill_from;
 };
 
 /* malloc'ed memory released with the model (NULL when out of memory). */
@@ -101,6 +104,16 @@ mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, in
  * layer of seq, read from the pages in place (model_session.c). q, out: [n, n_heads * hd]. */
 mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer,
                             const float *q, int64_t n, int64_t n_past, float scale, float *out);
+
+/* The layer's patterns (the model's attention mode) for n query rows at positions n_past.. over
+ * the first n_past + n rows of one layer of seq, through mi_prefill_attention with the queries
+ * at an offset over the layer's rows gathered out of the pages (model_seq_prefill.c). */
+#define MIM_SEQ_PREFILL_FROM 16
+/* The same over contiguous k, v [1, n_kv, n_past + n, hd] (the model's own cache). */
+mi_status mim_prefill_at_offset(mi_model *m, int32_t layer, const float *q, int64_t n,
+                                const mi_tensor *k, const mi_tensor *v, float *out);
+mi_status mim_seq_prefill_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer,
+                                    const float *q, int64_t n, int64_t n_past, float *out);
 
 /* out [n - 1] = log p(tokens[i + 1] | ..i) from the final residuals x [n, hidden] (CPU). */
 mi_status mim_token_log_probs(mi_model *m, const float *x, const int32_t *tokens, int64_t n,

@@ -63,8 +63,8 @@ static void run_case(mi_context *ctx, mi_dtype dt, int64_t K, bool cover_all, rn
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0; /* the sparse kernels at every length */
     /* the whole sequence: the reference of every row at the offset */
-    CHECK_OK(mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, NULL, pats, &pp, &t.o.t, t.lse,
-                                  NULL, 0));
+    CHECK_OK(
+        mi_prefill_attention(ctx, &t.q.t, &t.k.t, &t.v.t, NULL, pats, &pp, &t.o.t, t.lse, NULL, 0));
     offset_mask om = {K, cover_all};
     ref_attention(&t.q, &t.k, &t.v, NULL, 1.0 / sqrt((double)D), mask_offset, &om, t.ref,
                   t.ref_lse);
@@ -81,8 +81,8 @@ static void run_case(mi_context *ctx, mi_dtype dt, int64_t K, bool cover_all, rn
         tb_poison(&o);
         float *lse = malloc((size_t)(B * Hq * n) * sizeof(float));
         const mi_tensor qv = rows_view(&t.q, off, n);
-        CHECK_OK(mi_prefill_attention(ctx, &qv, &t.k.t, &t.v.t, NULL, pats, &pp, &o.t, lse, NULL,
-                                      0));
+        CHECK_OK(
+            mi_prefill_attention(ctx, &qv, &t.k.t, &t.v.t, NULL, pats, &pp, &o.t, lse, NULL, 0));
         int64_t bad_ref = 0, bad_same = 0, nonfinite = 0, bad_lse = 0;
         for (int64_t h = 0; h < Hq; h++) {
             const mi_pattern_type ty = pats[h].type;
