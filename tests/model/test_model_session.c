@@ -6,7 +6,8 @@
  * which shares the arithmetic but not the storage, and other sessions fed the same tokens in
  * the same calls, which must then agree bit for bit. A prompt split into chunks is compared with
  * one prefill within fp tolerance (the first prefill runs the library's attention, a later chunk
- * the runner's dense continuation: the same sums in another order).
+ * the library's attention at an offset, or under 16 tokens the runner's dense continuation: the
+ * same sums in another order).
  *
  * `test_model_session --bench N` times, on SmolLM2 with an N-token cache, a decode step of a
  * session (attention reading the pages in place) against the model's contiguous cache and
@@ -15,6 +16,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "minference_kv.h"
 #include "minference_session.h"
+#include "model_runner.h"
 #include "model_test_util.h"
 
 #include <time.h>
@@ -460,8 +462,96 @@ static int bench(const char *path, int n) {
     return 0;
 }
 
+/* `--bench-offset N [threads]`: on SmolLM2 with an N-token session, per attention mode (dense,
+ * minference): a follow-up turn of k tokens over the cache through the dense loop and through the
+ * prefill attention at an offset (the crossover, and the 256-token turn), and the prompt prefilled
+ * in chunks of 512 and 1024 against one prefill (time, top token, logits). */
+static void logit_diff(const float *a, const float *b, int V, double *max_abs, double *rel) {
+    double num = 0.0, den = 0.0, mx = 0.0;
+    for (int i = 0; i < V; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        mx = d > mx ? d : mx;
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    *max_abs = mx;
+    *rel = den > 0 ? sqrt(num / den) : 0.0;
+}
+
+static int bench_offset(const char *path, int n, int threads) {
+    mi_model_params p = mi_model_default_params();
+    p.n_threads = threads;
+    mi_model *m = NULL;
+    char err[256] = "";
+    if (mi_model_load(path, &p, &m, err, sizeof(err)) != MI_STATUS_SUCCESS) return 1;
+    mi_model_info info;
+    mi_model_get_info(m, &info);
+    const int V = info.vocab;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n + 256));
+    for (int i = 0; i < n + 256; i++) tok[i] = 1000 + (i * 7919) % 30000;
+    float *one = malloc(sizeof(float) * (size_t)V), *lg = malloc(sizeof(float) * (size_t)V);
+    float *ref = malloc(sizeof(float) * (size_t)V);
+    const mi_attn_mode modes[2] = {MI_ATTN_DENSE, MI_ATTN_MINFERENCE};
+    printf("SmolLM2, %d-token session, %d threads\n", n, threads);
+    for (int mi = 0; mi < 2; mi++) {
+        mi_model_set_attention(m, modes[mi], NULL, -1);
+        const char *mode = mi ? "minference" : "dense";
+        mi_session *s = new_session(m);
+        double t0 = now_s();
+        if (mi_session_prefill(s, tok, (size_t)n, one) != 0) return 1;
+        printf("[%s] one prefill of %d: %.2f s\n", mode, n, now_s() - t0);
+        static const int ks[] = {4, 8, 16, 32, 64, 256};
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int k = ks[ki];
+            double t[2];
+            for (int path_i = 0; path_i < 2; path_i++) {
+                m->seq_prefill_from = path_i ? 1 : INT64_MAX; /* 0: loop, 1: at an offset */
+                t0 = now_s();
+                mi_session_prefill(s, tok + n, (size_t)k, path_i ? lg : ref);
+                t[path_i] = now_s() - t0;
+                mi_session_rewind(s, k);
+            }
+            double mx, rel;
+            logit_diff(lg, ref, V, &mx, &rel);
+            printf("[%s] follow-up of %3d: dense loop %.3f s, prefill at an offset %.3f s "
+                   "(%.2fx); top token %s, logits max |diff| %.2g, rel %.2g\n",
+                   mode, k, t[0], t[1], t[0] / t[1],
+                   mi_argmax(lg, V) == mi_argmax(ref, V) ? "same" : "DIFFERS", mx, rel);
+        }
+        m->seq_prefill_from = 0;
+        mi_session_destroy(s);
+        static const int chunks[] = {1024, 512};
+        for (size_t ci = 0; ci < 2; ci++) {
+            s = new_session(m);
+            t0 = now_s();
+            for (int c0 = 0; c0 < n; c0 += chunks[ci]) {
+                const int c = n - c0 < chunks[ci] ? n - c0 : chunks[ci];
+                mi_session_prefill(s, tok + c0, (size_t)c, lg);
+            }
+            const double tc = now_s() - t0;
+            double mx, rel;
+            logit_diff(lg, one, V, &mx, &rel);
+            printf("[%s] chunks of %d: %.2f s; top token %s, logits max |diff| %.3g, rel %.3g\n",
+                   mode, chunks[ci], tc, mi_argmax(lg, V) == mi_argmax(one, V) ? "same" : "DIFFERS",
+                   mx, rel);
+            mi_session_destroy(s);
+        }
+    }
+    mi_model_destroy(m);
+    free(tok);
+    free(one);
+    free(lg);
+    free(ref);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char *path = test_find_model();
+    if (argc >= 3 && strcmp(argv[1], "--bench-offset") == 0) {
+        int rc = path ? bench_offset(path, atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 2) : SKIP_CODE;
+        free(path);
+        return rc;
+    }
     if (argc == 3 && strcmp(argv[1], "--bench") == 0) {
         int rc = path ? bench(path, atoi(argv[2])) : SKIP_CODE;
         free(path);
