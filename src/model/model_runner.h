@@ -108,7 +108,7 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer,
 /* The layer's patterns (the model's attention mode) for n query rows at positions n_past.. over
  * the first n_past + n rows of one layer of seq, through mi_prefill_attention with the queries
  * at an offset over the layer's rows gathered out of the pages (model_seq_prefill.c). */
-#define MIM_SEQ_PREFILL_FROM 16
+#define MIM_SEQ_PREFILL_FROM 32
 /* The same over contiguous k, v [1, n_kv, n_past + n, hd] (the model's own cache). */
 mi_status mim_prefill_at_offset(mi_model *m, int32_t layer, const float *q, int64_t n,
                                 const mi_tensor *k, const mi_tensor *v, float *out);

@@ -6,7 +6,7 @@
  * which shares the arithmetic but not the storage, and other sessions fed the same tokens in
  * the same calls, which must then agree bit for bit. A prompt split into chunks is compared with
  * one prefill within fp tolerance (the first prefill runs the library's attention, a later chunk
- * the library's attention at an offset, or under 16 tokens the runner's dense continuation: the
+ * the library's attention at an offset, or under 32 tokens the runner's dense continuation: the
  * same sums in another order).
  *
  * `test_model_session --bench N` times, on SmolLM2 with an N-token cache, a decode step of a
@@ -524,10 +524,14 @@ static int bench_offset(const char *path, int n, int threads) {
         for (size_t ci = 0; ci < 2; ci++) {
             s = new_session(m);
             t0 = now_s();
+            printf("[%s] chunk times (s):", mode);
             for (int c0 = 0; c0 < n; c0 += chunks[ci]) {
                 const int c = n - c0 < chunks[ci] ? n - c0 : chunks[ci];
+                const double t1 = now_s();
                 mi_session_prefill(s, tok + c0, (size_t)c, lg);
+                printf(" %.2f", now_s() - t1);
             }
+            printf("\n");
             const double tc = now_s() - t0;
             double mx, rel;
             logit_diff(lg, one, V, &mx, &rel);
