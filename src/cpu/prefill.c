@@ -135,8 +135,8 @@ static void estimate_job(mi_tile *tile, const mi_attn_shape *s, const mi_tensor 
         int32_t nv = 0, ns = 0;
         mi_cpu_vs_estimate_head(tile, s, q, k, j->b, j->h, j->len, p->vertical_size,
                                 p->slash_size, &pp->vs, scale, est, vset, &nv, sset, &ns);
-        mi_cpu_vs_index_head(L, j->len, vset, nv, sset, ns, scratch, (int32_t *)j->block_count,
-                             (int32_t *)j->block_offset, j->max_blocks,
+        mi_cpu_vs_index_head(L, j->len, s->q_off, vset, nv, sset, ns, scratch,
+                             (int32_t *)j->block_count, (int32_t *)j->block_offset, j->max_blocks,
                              (int32_t *)j->column_count, (int32_t *)j->column_index,
                              j->max_columns);
         break;

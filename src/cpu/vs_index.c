@@ -32,8 +32,8 @@ static void emit(int64_t rs, int64_t re, int32_t *offs, int32_t *count, int64_t 
     }
 }
 
-void mi_cpu_vs_index_head(int64_t L, int64_t len, const int32_t *verticals, int32_t nv,
-                          const int32_t *slashes, int32_t ns, int32_t *scratch,
+void mi_cpu_vs_index_head(int64_t L, int64_t len, int64_t first, const int32_t *verticals,
+                          int32_t nv, const int32_t *slashes, int32_t ns, int32_t *scratch,
                           int32_t *block_count, int32_t *block_offset, int64_t max_blocks,
                           int32_t *column_count, int32_t *column_index, int64_t max_columns) {
     const int64_t R = (L + MI_BS - 1) / MI_BS;
@@ -54,7 +54,7 @@ void mi_cpu_vs_index_head(int64_t L, int64_t len, const int32_t *verticals, int3
         int32_t *offs = block_offset + m * max_blocks;
         int32_t *cols = column_index + m * max_columns;
         int32_t bc = 0, cc = 0;
-        if (start < len) {
+        if (start < len && end > first) {
             while (s_hi < n_s && S[s_hi] < end) s_hi++;
             int32_t si = s_hi - 1; /* next distance to merge, walking down */
             int32_t vi = 0;
@@ -133,8 +133,8 @@ mi_status mi_cpu_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_l
             (int32_t)mi_cpu_max64(0, mi_cpu_min64(vs->slash_count[it], vs->max_slash));
         int32_t *bcnt = index->block_count + it * R, *ccnt = index->column_count + it * R;
         mi_cpu_vs_index_head(
-            R_used * MI_BS < L ? R_used * MI_BS : L, len, vs->vertical_idx + it * vs->max_vertical,
-            nv, vs->slash_idx + it * vs->max_slash, ns,
+            R_used * MI_BS < L ? R_used * MI_BS : L, len, 0,
+            vs->vertical_idx + it * vs->max_vertical, nv, vs->slash_idx + it * vs->max_slash, ns,
             scratch + (size_t)omp_get_thread_num() * scratch_n, bcnt,
             index->block_offset + it * R * index->max_blocks, index->max_blocks, ccnt,
             index->column_index + it * R * index->max_columns, index->max_columns);
