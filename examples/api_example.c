@@ -1,6 +1,7 @@
 /* Sparse prefill of one layer: 8 query heads over 2 KV heads (GQA), each head with its own
  * pattern, on synthetic data; compared against dense attention. */
 #include <minference.h>
+#include <minference_tools.h>
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "minference_export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,9 +48,9 @@ extern "C" {
 
 /* Runtime version, "MAJOR.MINOR.PATCH". Compare with MI_VERSION_STRING to detect a mismatch
  * between the header and the loaded library. */
-const char *mi_version(void);
+MI_API const char *mi_version(void);
 /* (MAJOR << 16) | (MINOR << 8) | PATCH of the loaded library. */
-uint32_t mi_version_number(void);
+MI_API uint32_t mi_version_number(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status codes (append-only)                                                                  */
@@ -73,9 +75,9 @@ typedef enum mi_status {
 } mi_status;
 
 /* A static string for any status value ("unknown status" for values outside the table). */
-const char *mi_status_string(mi_status status);
+MI_API const char *mi_status_string(mi_status status);
 /* The enumerator's name, e.g. "MI_STATUS_UNSUPPORTED". */
-const char *mi_status_name(mi_status status);
+MI_API const char *mi_status_name(mi_status status);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Context                                                                                     */
@@ -93,15 +95,15 @@ typedef struct mi_context_params {
 
 typedef struct mi_context mi_context;
 
-mi_context_params mi_context_default_params(void);
+MI_API mi_context_params mi_context_default_params(void);
 /* Creates a context. MI_STATUS_NOT_BUILT for MI_DEVICE_CUDA in a build without CUDA. */
-mi_status mi_context_create(const mi_context_params *params, mi_context **out);
-void mi_context_destroy(mi_context *ctx);
+MI_API mi_status mi_context_create(const mi_context_params *params, mi_context **out);
+MI_API void mi_context_destroy(mi_context *ctx);
 /* The message of the last failed call on this context ("" if none). Valid until the next call. */
-const char *mi_context_last_error(const mi_context *ctx);
+MI_API const char *mi_context_last_error(const mi_context *ctx);
 /* The effective number of CPU threads. */
-int mi_context_n_threads(const mi_context *ctx);
-mi_device_type mi_context_device(const mi_context *ctx);
+MI_API int mi_context_n_threads(const mi_context *ctx);
+MI_API mi_device_type mi_context_device(const mi_context *ctx);
 
 /*
  * Tuning: which of several equivalent kernels or launch shapes a backend takes. Every field's 0
@@ -180,30 +182,30 @@ typedef struct mi_tuning {
 } mi_tuning;
 
 /* Every field 0: each backend's own choices. */
-mi_tuning mi_tuning_default(void);
+MI_API mi_tuning mi_tuning_default(void);
 /* Applies a comma-separated list of name=value (value an integer, or auto, on, off for 0, 1, -1;
  * cpu_engine=base for 1) to *tuning, field by field; "" changes nothing. An unknown name or a
  * value out of the field's range gives MI_STATUS_INVALID_ARGUMENT (a message on ctx, which may
  * be NULL) and leaves *tuning as it was. */
-mi_status mi_tuning_parse(mi_context *ctx, const char *spec, mi_tuning *tuning);
+MI_API mi_status mi_tuning_parse(mi_context *ctx, const char *spec, mi_tuning *tuning);
 /* Writes the fields that differ from the default as name=value,... ("" when none), as much as
  * fits in size bytes (NUL-terminated); returns the length of the whole text, as snprintf does. */
-int mi_tuning_format(const mi_tuning *tuning, char *buf, size_t size);
+MI_API int mi_tuning_format(const mi_tuning *tuning, char *buf, size_t size);
 /* The tuning of the calls that follow on ctx (checked as mi_tuning_parse checks values; on a bad
  * value MI_STATUS_INVALID_ARGUMENT and ctx keeps its tuning). */
-mi_status mi_context_set_tuning(mi_context *ctx, const mi_tuning *tuning);
-mi_status mi_context_get_tuning(const mi_context *ctx, mi_tuning *tuning);
+MI_API mi_status mi_context_set_tuning(mi_context *ctx, const mi_tuning *tuning);
+MI_API mi_status mi_context_get_tuning(const mi_context *ctx, mi_tuning *tuning);
 /* mi_tuning_parse applied to ctx's tuning (for bindings that do not declare the struct). */
-mi_status mi_context_parse_tuning(mi_context *ctx, const char *spec);
+MI_API mi_status mi_context_parse_tuning(mi_context *ctx, const char *spec);
 
 /* Build features, for `minference info`: a static string such as "cpu openblas cuda(sm_90a,sm_80)". */
-const char *mi_build_features(void);
+MI_API const char *mi_build_features(void);
 /* The source commit the library was built from: git's short hash, "-dirty" appended where tracked
  * files differed from it, or "unknown" where it was built outside a git checkout. Benchmarks
  * record it with their results. */
-const char *mi_build_commit(void);
+MI_API const char *mi_build_commit(void);
 /* Number of usable CUDA devices (0 in a CPU-only build or without a GPU). */
-int mi_cuda_device_count(void);
+MI_API int mi_cuda_device_count(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Tensors: described, never owned                                                             */
@@ -215,8 +217,8 @@ typedef enum mi_dtype {
 } mi_dtype;
 
 /* Size in bytes of one element; 0 for an unknown dtype. */
-size_t mi_dtype_size(mi_dtype dtype);
-const char *mi_dtype_name(mi_dtype dtype);
+MI_API size_t mi_dtype_size(mi_dtype dtype);
+MI_API const char *mi_dtype_name(mi_dtype dtype);
 
 /*
  * An attention operand: logical dims always [B, H, L, D] (batch, heads, sequence, head_dim).
@@ -233,17 +235,17 @@ typedef struct mi_tensor {
 } mi_tensor;
 
 /* Descriptor of a contiguous [B, H, L, D] buffer. */
-mi_tensor mi_tensor_bhld(void *data, mi_dtype dtype, mi_device_type device, int64_t B, int64_t H,
-                         int64_t L, int64_t D);
+MI_API mi_tensor mi_tensor_bhld(void *data, mi_dtype dtype, mi_device_type device, int64_t B,
+                                int64_t H, int64_t L, int64_t D);
 /* Descriptor of a contiguous [B, L, H, D] buffer (logical dims still B, H, L, D). */
-mi_tensor mi_tensor_blhd(void *data, mi_dtype dtype, mi_device_type device, int64_t B, int64_t H,
-                         int64_t L, int64_t D);
+MI_API mi_tensor mi_tensor_blhd(void *data, mi_dtype dtype, mi_device_type device, int64_t B,
+                                int64_t H, int64_t L, int64_t D);
 
 /* fp16 / bf16 conversion helpers (round to nearest even). */
-uint16_t mi_f32_to_f16(float x);
-float mi_f16_to_f32(uint16_t h);
-uint16_t mi_f32_to_bf16(float x);
-float mi_bf16_to_f32(uint16_t h);
+MI_API uint16_t mi_f32_to_f16(float x);
+MI_API float mi_f16_to_f32(uint16_t h);
+MI_API uint16_t mi_f32_to_bf16(float x);
+MI_API float mi_bf16_to_f32(uint16_t h);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Per-head sparse patterns                                                                    */
@@ -258,19 +260,19 @@ typedef enum mi_pattern_type {
 
 /* The patterns are numbered 0 .. mi_pattern_count() - 1; names, aliases and fields come from
  * the library's table, so a binding or tool lists them instead of keeping a copy. */
-int32_t mi_pattern_count(void);
+MI_API int32_t mi_pattern_count(void);
 /* The config-file name of a pattern ("vertical_and_slash", "stream_llm", "block_sparse",
  * "dense", "tri_shape"), NULL for an unknown value. */
-const char *mi_pattern_name(mi_pattern_type type);
+MI_API const char *mi_pattern_name(mi_pattern_type type);
 /* The i-th other name a pattern is read under (e.g. "a_shape" and "A-shape" for "stream_llm",
  * "vertical_slash" and "vs" for "vertical_and_slash"); NULL past the last or for an unknown
  * type. Alias 0, where there is one, is the short name the CLI prints. */
-const char *mi_pattern_alias(mi_pattern_type type, int32_t i);
+MI_API const char *mi_pattern_alias(mi_pattern_type type, int32_t i);
 /* Parses a config-file name or an alias. */
-mi_status mi_pattern_from_name(const char *name, mi_pattern_type *out);
+MI_API mi_status mi_pattern_from_name(const char *name, mi_pattern_type *out);
 /* The i-th mi_head_pattern field a pattern reads ("n_init", "top_k", ...); NULL past the last
  * (a dense pattern reads none). */
-const char *mi_pattern_field(mi_pattern_type type, int32_t i);
+MI_API const char *mi_pattern_field(mi_pattern_type type, int32_t i);
 
 typedef struct mi_head_pattern {
     mi_pattern_type type;
@@ -284,21 +286,21 @@ typedef struct mi_head_pattern {
 
 /* Defaults of the original: VS (1000, 6096); A-shape (128, 3968); Tri-shape n_last 100;
  * block-sparse top_k 100. */
-mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
+MI_API mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
 /* A config entry [name, size1, size2] as a head pattern: what the two sizes carry is the
  * pattern's (VS: vertical_size, slash_size; stream_llm and tri_shape: n_init, n_local;
  * block_sparse: top_k, where 0 keeps the default); the other fields take their defaults.
  * MI_STATUS_INVALID_ARGUMENT for an unknown type or a negative size. */
-mi_status mi_head_pattern_from_sizes(mi_pattern_type type, int32_t size1, int32_t size2,
-                                     mi_head_pattern *out);
+MI_API mi_status mi_head_pattern_from_sizes(mi_pattern_type type, int32_t size1, int32_t size2,
+                                            mi_head_pattern *out);
 /* The two sizes a config file holds for p (the inverse of the above). */
-mi_status mi_head_pattern_sizes(const mi_head_pattern *p, int32_t *size1, int32_t *size2);
+MI_API mi_status mi_head_pattern_sizes(const mi_head_pattern *p, int32_t *size1, int32_t *size2);
 /* A pattern from "NAME[:V1[:V2...]]": a pattern name or alias, then values for its fields in
  * mi_pattern_field order ("a_shape:100:800", "tri_shape:128:3968:100", "vs:1000:6096",
  * "block_sparse:8", "dense"); the fields a config file holds are required, the others (n_last)
  * keep their defaults when left out. MI_STATUS_INVALID_ARGUMENT for an unknown name, or a
  * missing, extra, negative or non-integer value. */
-mi_status mi_head_pattern_parse(const char *text, mi_head_pattern *out);
+MI_API mi_status mi_head_pattern_parse(const char *text, mi_head_pattern *out);
 
 /* Vertical-slash estimation parameters (spec §3.1). */
 typedef struct mi_vs_params {
@@ -309,7 +311,7 @@ typedef struct mi_vs_params {
     int32_t min_slash;        /* minimum slash budget (50) */
 } mi_vs_params;
 
-mi_vs_params mi_vs_default_params(void);
+MI_API mi_vs_params mi_vs_default_params(void);
 
 /* Whole-layer prefill parameters. */
 typedef struct mi_prefill_params {
@@ -321,7 +323,7 @@ typedef struct mi_prefill_params {
                                docs/architecture.md), 0: never fall back */
 } mi_prefill_params;
 
-mi_prefill_params mi_prefill_default_params(void);
+MI_API mi_prefill_params mi_prefill_default_params(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sparse indices (caller-owned memory, int32, in the tensors' device memory)                  */
@@ -360,15 +362,17 @@ typedef struct mi_sparse_index {
 } mi_sparse_index;
 
 /* Bytes for a vs index / sparse index of the given capacities (one buffer, int32 aligned). */
-size_t mi_vs_index_bytes(int32_t batch, int32_t heads, int32_t max_vertical, int32_t max_slash);
-size_t mi_sparse_index_bytes(int32_t batch, int32_t heads, int32_t row_blocks, int32_t max_blocks,
-                             int32_t max_columns);
+MI_API size_t mi_vs_index_bytes(int32_t batch, int32_t heads, int32_t max_vertical,
+                                int32_t max_slash);
+MI_API size_t mi_sparse_index_bytes(int32_t batch, int32_t heads, int32_t row_blocks,
+                                    int32_t max_blocks, int32_t max_columns);
 /* Lay an index out over caller memory of at least the size above. */
-mi_status mi_vs_index_init(mi_vs_index *index, int32_t batch, int32_t heads, int32_t max_vertical,
-                           int32_t max_slash, void *buffer, size_t buffer_bytes);
-mi_status mi_sparse_index_init(mi_sparse_index *index, int32_t batch, int32_t heads,
-                               int32_t row_blocks, int32_t max_blocks, int32_t max_columns,
-                               void *buffer, size_t buffer_bytes);
+MI_API mi_status mi_vs_index_init(mi_vs_index *index, int32_t batch, int32_t heads,
+                                  int32_t max_vertical, int32_t max_slash, void *buffer,
+                                  size_t buffer_bytes);
+MI_API mi_status mi_sparse_index_init(mi_sparse_index *index, int32_t batch, int32_t heads,
+                                      int32_t row_blocks, int32_t max_blocks, int32_t max_columns,
+                                      void *buffer, size_t buffer_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Kernels                                                                                     */
@@ -386,33 +390,33 @@ mi_status mi_sparse_index_init(mi_sparse_index *index, int32_t batch, int32_t he
  */
 
 /* Dense causal attention, flash-style (tiled, online softmax). */
-mi_status mi_attention_dense(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                             const mi_tensor *v, const int32_t *seq_lens, float scale,
-                             mi_tensor *out, float *lse);
+MI_API mi_status mi_attention_dense(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                    const mi_tensor *v, const int32_t *seq_lens, float scale,
+                                    mi_tensor *out, float *lse);
 
 /* A-shape: keys {j <= i : i - j < n_local} ∪ {j < n_init}. With n_last > 0 (Tri-shape), the last
  * min(n_last, len-1) rows of each sequence attend densely to all their causal keys. */
-mi_status mi_attention_a_shape(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                               const mi_tensor *v, const int32_t *seq_lens, int32_t n_init,
-                               int32_t n_local, int32_t n_last, float scale, mi_tensor *out,
-                               float *lse);
+MI_API mi_status mi_attention_a_shape(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                      const mi_tensor *v, const int32_t *seq_lens, int32_t n_init,
+                                      int32_t n_local, int32_t n_last, float scale, mi_tensor *out,
+                                      float *lse);
 
 /* Vertical-slash estimation (spec §3.1) for all (b, h): the last last_q queries against all keys,
  * causal corner mask, fp32 softmax, column and diagonal sums, forced entries, top-k.
  * vertical_size / slash_size: [H_q] budgets per head (after the minimum budgets and clamping to
  * the sequence length). index capacities must be >= the largest clamped budget. */
-mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                         const int32_t *seq_lens, const int32_t *vertical_size,
-                         const int32_t *slash_size, const mi_vs_params *params, float scale,
-                         mi_vs_index *index);
+MI_API mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                const int32_t *seq_lens, const int32_t *vertical_size,
+                                const int32_t *slash_size, const mi_vs_params *params, float scale,
+                                mi_vs_index *index);
 
 /* Index conversion (spec §3.2) from vertical / slash sets to a block index, for sequences of
  * padded length L. Inputs may be in any order and may hold duplicates or out-of-range entries
  * (ignored). The result is causal-safe for any input: gathered columns are always < the row
  * block start, and the kernel masks every key causally. index->max_blocks must be >=
  * max_slash + 1 and index->max_columns >= max_vertical. */
-mi_status mi_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
-                            const mi_vs_index *vs, mi_sparse_index *index);
+MI_API mi_status mi_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
+                                   const mi_vs_index *vs, mi_sparse_index *index);
 
 /* Block-sparse estimation (spec §3.4): 64-row mean pooling of q and k (partial blocks pooled over
  * their real rows, rounded to the input dtype), block-causal top-k per row block; the diagonal
@@ -421,16 +425,16 @@ mi_status mi_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
  * position, lower block first; fp32 inputs rank at fp32. top_k: [H_q] blocks per row block
  * (clamped to the causal blocks). Writes offsets ascending, column_count = 0.
  * index->max_blocks >= max top_k. */
-mi_status mi_block_sparse_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                                   const int32_t *seq_lens, const int32_t *top_k,
-                                   mi_sparse_index *index);
+MI_API mi_status mi_block_sparse_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                          const int32_t *seq_lens, const int32_t *top_k,
+                                          mi_sparse_index *index);
 
 /* Sparse attention over a block index: phase 1 the 64-wide key ranges, phase 2 the gathered
  * columns, one online softmax, causal mask everywhere. */
-mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                              const mi_tensor *v, const int32_t *seq_lens,
-                              const mi_sparse_index *index, float scale, mi_tensor *out,
-                              float *lse);
+MI_API mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                     const mi_tensor *v, const int32_t *seq_lens,
+                                     const mi_sparse_index *index, float scale, mi_tensor *out,
+                                     float *lse);
 
 /* A whole layer: every query head with its own pattern (patterns [H_q]), estimation, index and
  * kernel, batch > 1 with a length per sequence. workspace may be NULL (the library allocates);
@@ -443,13 +447,14 @@ mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const mi_tens
  * absolute positions (a partial first block is pooled over the chunk's rows); the dense fallback
  * looks at k_len. CPU only for now (the CUDA backend answers MI_STATUS_UNSUPPORTED), and without
  * seq_lens (MI_STATUS_UNSUPPORTED). */
-mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                                    const mi_head_pattern *patterns,
-                                    const mi_prefill_params *params, size_t *bytes);
-mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                               const mi_tensor *v, const int32_t *seq_lens,
-                               const mi_head_pattern *patterns, const mi_prefill_params *params,
-                               mi_tensor *out, float *lse, void *workspace, size_t workspace_size);
+MI_API mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                           const mi_head_pattern *patterns,
+                                           const mi_prefill_params *params, size_t *bytes);
+MI_API mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
+                                      const mi_tensor *v, const int32_t *seq_lens,
+                                      const mi_head_pattern *patterns,
+                                      const mi_prefill_params *params, mi_tensor *out, float *lse,
+                                      void *workspace, size_t workspace_size);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Pattern configs: the original's JSON                                                        */
@@ -465,194 +470,33 @@ mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_ten
 typedef struct mi_config mi_config;
 
 /* ctx may be NULL (then only the status tells what went wrong). */
-mi_status mi_config_load(mi_context *ctx, const char *path, mi_config **out);
-mi_status mi_config_parse(mi_context *ctx, const char *json, size_t length, mi_config **out);
+MI_API mi_status mi_config_load(mi_context *ctx, const char *path, mi_config **out);
+MI_API mi_status mi_config_parse(mi_context *ctx, const char *json, size_t length, mi_config **out);
 /* An empty config (every head gets default_pattern, or VS 1000/6096 when NULL). */
-mi_status mi_config_create(mi_context *ctx, int32_t n_layers, int32_t n_heads,
-                           const mi_head_pattern *default_pattern, mi_config **out);
-void mi_config_destroy(mi_config *config);
+MI_API mi_status mi_config_create(mi_context *ctx, int32_t n_layers, int32_t n_heads,
+                                  const mi_head_pattern *default_pattern, mi_config **out);
+MI_API void mi_config_destroy(mi_config *config);
 
-int32_t mi_config_n_layers(const mi_config *config);
+MI_API int32_t mi_config_n_layers(const mi_config *config);
 /* The largest head id + 1 seen in any layer (or set by create). */
-int32_t mi_config_n_heads(const mi_config *config);
+MI_API int32_t mi_config_n_heads(const mi_config *config);
 /* MI_STATUS_SHAPE_MISMATCH with a message when the config has more layers than n_layers or a
  * head id >= n_heads. Fewer layers or heads are valid (defaults fill them). */
-mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_layers,
-                          int32_t n_heads);
+MI_API mi_status mi_config_check(mi_context *ctx, const mi_config *config, int32_t n_layers,
+                                 int32_t n_heads);
 /* Patterns of one layer's heads, defaults filled in. patterns [n_heads]; scores optional [n_heads]
  * (NaN where absent). */
-mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer, int32_t n_heads,
-                          mi_head_pattern *patterns, double *scores);
+MI_API mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t layer,
+                                 int32_t n_heads, mi_head_pattern *patterns, double *scores);
 /* Sets one head (score NaN: none). A layer at or past the end grows the config; the layers in
  * between get the default pattern. */
-mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, int32_t head,
-                             const mi_head_pattern *pattern, double score);
+MI_API mi_status mi_config_set_head(mi_context *ctx, mi_config *config, int32_t layer, int32_t head,
+                                    const mi_head_pattern *pattern, double score);
 /* Serialise: *out is malloc'ed, NUL-terminated; release with mi_free. */
-mi_status mi_config_to_json(mi_context *ctx, const mi_config *config, char **out);
-mi_status mi_config_save(mi_context *ctx, const mi_config *config, const char *path);
+MI_API mi_status mi_config_to_json(mi_context *ctx, const mi_config *config, char **out);
+MI_API mi_status mi_config_save(mi_context *ctx, const mi_config *config, const char *path);
 /* Frees memory the library returned to the caller. */
-void mi_free(void *ptr);
-
-/* ------------------------------------------------------------------------------------------ */
-/* Synthetic structured attention data                                                         */
-
-typedef struct mi_synth_params {
-    uint64_t seed;
-    int32_t n_sinks;                /* sink key columns at the start (strong for every query) */
-    int32_t n_verticals;            /* heavy-hitter key columns at random positions */
-    int32_t n_slashes;              /* slash lines at chosen distances (besides the local band) */
-    const int32_t *slash_distances; /* [n_slashes] or NULL: random distances */
-    int32_t local_window;           /* width of the local decay band */
-    int32_t n_needles;              /* retrieval pairs: a query row aligned with one far key */
-    float strength;                 /* logit boost of planted structure (default 6) */
-    float noise;                    /* scale of the random background (default 1) */
-} mi_synth_params;
-
-mi_synth_params mi_synth_default_params(void);
-
-/* What the generator planted, per head (caller arrays, may be NULL):
- *   vertical_cols [H, n_verticals]; slash_dists [H, n_slashes]; needle_rows/needle_cols
- *   [H, n_needles]. */
-typedef struct mi_synth_truth {
-    int32_t *vertical_cols;
-    int32_t *slash_dists;
-    int32_t *needle_rows;
-    int32_t *needle_cols;
-} mi_synth_truth;
-
-/* Fills q [B, H_q, L, D], k and v [B, H_kv, L, D] (CPU tensors, any dtype) with seeded data whose
- * dense attention shows the planted structure. Heads in a GQA group share k/v structure. */
-mi_status mi_synth_generate(mi_context *ctx, const mi_synth_params *params, mi_tensor *q,
-                            mi_tensor *k, mi_tensor *v, mi_synth_truth *truth);
-
-/* ------------------------------------------------------------------------------------------ */
-/* Metrics (CPU)                                                                               */
-
-typedef struct mi_head_metrics {
-    double recall;      /* attention mass of dense kept by the pattern's keys, mean over rows */
-    double density;     /* fraction of causal (row, key) pairs computed */
-    double flops;       /* 4 * D * (keys visited), summed over rows (estimation excluded) */
-    double dense_flops; /* 2 * len^2 * D -style count: 4 * D * causal pairs */
-} mi_head_metrics;
-
-/* Recall, density and FLOPs of each (b, h)'s pattern on these q/k, exact and blockwise (no
- * L x L memory). out [B * H_q], row-major over (b, h). */
-mi_status mi_metrics_evaluate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                              const int32_t *seq_lens, const mi_head_pattern *patterns,
-                              const mi_prefill_params *params, mi_head_metrics *out);
-
-/* ||out - ref|| / ||ref|| over all valid rows (float64 sums). */
-mi_status mi_metrics_rel_l2(mi_context *ctx, const mi_tensor *out, const mi_tensor *ref,
-                            const int32_t *seq_lens, double *rel_err);
-
-/* ------------------------------------------------------------------------------------------ */
-/* Pattern search                                                                              */
-/*
- * Chooses a pattern and budget for every query head of one layer from that layer's post-RoPE
- * q/k/v on a sample prompt (spec §4). Everything is measured blockwise (mi_metrics_evaluate,
- * mi_prefill_attention), so memory stays O(L) per head at any sample length.
- *
- * Candidates are pattern families: a candidate's budgets are its shape, and the search may scale
- * them by a factor s (VS: vertical_size and slash_size; A-/Tri-shape: n_local, and n_init when
- * s < 1; block-sparse: top_k; dense: fixed). Modes:
- *   MI_SEARCH_FIXED     the candidates as given, as in the original search.
- *   MI_SEARCH_FLOPS     each candidate is scaled per head until its measured density (FLOPs of
- *                       the keys it visits / dense FLOPs) is closest to target_density, so every
- *                       candidate costs the same; then the best score wins.
- *   MI_SEARCH_ADAPTIVE  per head and candidate, the smallest scale whose recall reaches
- *                       target_recall (doubling, then bisection on s); the cheapest candidate
- *                       that reaches the target wins, else the one with the highest recall.
- * Score (higher is better): recall - error_weight * rel_l2, where rel_l2 is the kernel output's
- * relative error against dense attention (only when error_weight > 0, which costs one sparse
- * prefill per candidate and one dense prefill per layer). Ties keep the earlier candidate.
- */
-
-typedef enum mi_search_mode {
-    MI_SEARCH_FIXED = 0,
-    MI_SEARCH_FLOPS = 1,
-    MI_SEARCH_ADAPTIVE = 2,
-} mi_search_mode;
-
-typedef struct mi_search_params {
-    const mi_head_pattern *candidates; /* [n_candidates]; NULL: mi_search_default_candidates */
-    int32_t n_candidates;
-    mi_search_mode mode;
-    double target_density;     /* MI_SEARCH_FLOPS: in (0, 1] (default 0.1) */
-    double target_recall;      /* MI_SEARCH_ADAPTIVE: in (0, 1] (default 0.95) */
-    double error_weight;       /* weight of the kernel output error in the score (default 1) */
-    double max_scale;          /* largest budget scale tried (default 64) */
-    double min_scale;          /* smallest budget scale tried (default 1/64) */
-    int32_t iterations;        /* bisection steps per candidate (default 6) */
-    mi_prefill_params prefill; /* estimation parameters; dense_below is forced to 0 */
-} mi_search_params;
-
-mi_search_params mi_search_default_params(void);
-
-/* The original's candidates (spec §4.1): stream_llm (100, 800); VS (30, 800), (100, 750),
- * (500, 700), (3500, 100), (1000, 6096); block_sparse with top_k = 1/8 of the row blocks of a
- * sample of sample_len tokens (at least 1). out [capacity]; *count gets the number written (7). */
-mi_status mi_search_default_candidates(int64_t sample_len, mi_head_pattern *out, int32_t capacity,
-                                       int32_t *count);
-
-/* A candidate's budgets scaled by s (> 0), as the search scales them. */
-mi_status mi_search_scale_pattern(const mi_head_pattern *base, double s, mi_head_pattern *out);
-
-/* Searches one layer. q [B, H_q, L, D], k and v [B, H_kv, L, D] on the CPU (ctx a CPU context);
- * seq_lens [B] optional. best [H_q] gets each head's pattern; scores [H_q] (optional) its
- * score; metrics [H_q] (optional) the chosen pattern's recall/density/FLOPs summed over the batch
- * (recall and density averaged). */
-mi_status mi_search_layer(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                          const mi_tensor *v, const int32_t *seq_lens,
-                          const mi_search_params *params, mi_head_pattern *best, double *scores,
-                          mi_head_metrics *metrics);
-
-/* ------------------------------------------------------------------------------------------ */
-/* Evaluation: answer checks, perplexity and haystacks (spec §8)                               */
-/*
- * Pure string and number helpers for the accuracy harnesses. They take no context: a NULL
- * argument returns MI_STATUS_INVALID_ARGUMENT. Outputs are written only on success.
- */
-
-/* Needle-in-a-haystack (spec §8.1): *match = 1 when the digits of answer appear, in one run,
- * among the digits of output (non-digits of output are skipped, so "1 234 567" matches
- * "1234567"; an answer without digits never matches). */
-mi_status mi_eval_needle_match(const char *output, const char *answer, int *match);
-/* Passkey (InfiniteBench): *match = 1 when the first integer in output equals answer's. */
-mi_status mi_eval_passkey_match(const char *output, const char *answer, int *match);
-/* RULER string_match_all: the fraction (0..1) of refs contained in output, case-insensitive. */
-mi_status mi_eval_string_match_all(const char *output, const char *const *refs, int32_t n_refs,
-                                   double *score);
-/* RULER string_match_part: 1 when any ref is contained (case-insensitive), else 0. */
-mi_status mi_eval_string_match_part(const char *output, const char *const *refs, int32_t n_refs,
-                                    double *score);
-/* Multi-key retrieval: *match = 1 when output contains value (exactly, case-sensitive) and none
- * of the distractor values (the values of the other keys, may be NULL / 0). */
-mi_status mi_eval_kv_match(const char *output, const char *value, const char *const *distractors,
-                           int32_t n_distractors, int *match);
-
-/* log p(token) from raw logits [n_vocab] (a stable log-softmax in double). */
-mi_status mi_eval_log_prob(const float *logits, int32_t n_vocab, int32_t token, double *log_prob);
-/* exp(-mean(log_probs[0..n))). */
-mi_status mi_eval_perplexity(const double *log_probs, int64_t n, double *ppl);
-
-/* The RULER filler sentence block, repeated. */
-#define MI_EVAL_FILLER                                                                             \
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-
-/* A haystack of at least min_bytes bytes: MI_EVAL_FILLER repeated when text is NULL, else text
- * (e.g. a book read from a file) repeated, its whitespace runs folded to one space, with a
- * paragraph break between repeats. *out is malloc'ed and NUL-terminated (release with mi_free);
- * *length (optional) gets its length. */
-mi_status mi_eval_haystack(const char *text, size_t text_len, size_t min_bytes, char **out,
-                           size_t *length);
-/* The byte offset at which a needle goes for depth in [0, 100] percent of hay_len: the offset
- * depth% into the text, moved back to just after the previous sentence end ('.', '!' or '?'
- * followed by whitespace) or to 0 when there is none; depth 100 gives hay_len (appended). */
-mi_status mi_eval_needle_offset(const char *hay, size_t hay_len, double depth, size_t *offset);
-/* hay with needle inserted at mi_eval_needle_offset(depth); *out malloc'ed (mi_free). A space is
- * added after the needle when the text continues without one. */
-mi_status mi_eval_insert_needle(const char *hay, size_t hay_len, const char *needle, double depth,
-                                char **out, size_t *offset);
+MI_API void mi_free(void *ptr);
 
 #ifdef __cplusplus
 }

@@ -18,11 +18,11 @@ extern "C" {
 struct CUstream_st; /* cudaStream_t == struct CUstream_st * */
 
 /* Sets the stream later calls on ctx are ordered on (NULL: the legacy default stream). */
-mi_status mi_context_set_stream(mi_context *ctx, struct CUstream_st *stream);
-struct CUstream_st *mi_context_stream(const mi_context *ctx);
+MI_API mi_status mi_context_set_stream(mi_context *ctx, struct CUstream_st *stream);
+MI_API struct CUstream_st *mi_context_stream(const mi_context *ctx);
 
 /* Waits for all work the context queued on its stream; reports asynchronous kernel errors. */
-mi_status mi_context_synchronize(mi_context *ctx);
+MI_API mi_status mi_context_synchronize(mi_context *ctx);
 
 #ifdef __cplusplus
 }

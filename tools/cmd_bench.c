@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "minference.h"
 #include "minference_cuda.h"
+#include "minference_tools.h"
 #include "tool_util.h"
 
 #include <cblas.h>

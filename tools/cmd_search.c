@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "minference.h"
 #include "minference_model.h"
+#include "minference_tools.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -6,6 +6,7 @@
 #define MI_INTERNAL_H
 
 #include "minference.h"
+#include "minference_tools.h"
 
 #include <math.h>
 #include <stdarg.h>

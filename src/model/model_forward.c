@@ -248,7 +248,7 @@ mi_status mim_cache_capacity(mi_model *m, int64_t need, int64_t current, int64_t
 
 static mi_status ensure_cache(mi_model *m, int64_t need) {
     if (need <= m->cache_cap) return MI_STATUS_SUCCESS;
-    int64_t cap;
+    int64_t cap = 0; /* always set on success; gcc cannot tell once the call is inlined */
     mi_status st = mim_cache_capacity(m, need, m->cache_cap, &cap);
     if (st != MI_STATUS_SUCCESS) return st;
     const size_t row = (size_t)m->n_kv * m->hd * sizeof(float);

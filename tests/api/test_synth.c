@@ -6,6 +6,7 @@
  */
 #include "api_check.h"
 #include "minference.h"
+#include "minference_tools.h"
 
 #include <math.h>
 #include <stdbool.h>

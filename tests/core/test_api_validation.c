@@ -5,6 +5,7 @@
 #include "check.h"
 #include "minference.h"
 #include "minference_cuda.h"
+#include "minference_tools.h"
 
 #include <math.h>
 #include <stdlib.h>

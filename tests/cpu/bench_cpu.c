@@ -13,6 +13,7 @@
  */
 #include "bench_clock.h"
 #include "minference.h"
+#include "minference_tools.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -14,6 +14,7 @@
  */
 #include "bench_clock.h"
 #include "minference.h"
+#include "minference_tools.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,6 +8,7 @@
  *  - a caller workspace gives the same bytes as the internal one;
  *  - metrics: recall and density equal a float64 computation over the same masks.
  */
+#include "minference_tools.h"
 #include "test_qkvo.h"
 
 typedef struct layer_mask {

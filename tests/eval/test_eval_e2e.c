@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "minference.h"
 #include "minference_model.h"
+#include "minference_tools.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* test_eval_scoring.c: the answer checks, perplexity and haystack builders of the harnesses. */
 #include "check.h"
 #include "minference.h"
+#include "minference_tools.h"
 
 #include <math.h>
 #include <string.h>

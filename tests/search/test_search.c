@@ -11,6 +11,7 @@
  */
 #include "check.h"
 #include "minference.h"
+#include "minference_tools.h"
 
 #include <math.h>
 #include <stdlib.h>
