@@ -99,20 +99,22 @@ int main(int argc, char **argv) {
 
     mi_model_params mp = mi_model_default_params();
     mp.device = strcmp(device, "cpu") == 0 ? MI_DEVICE_CPU : MI_DEVICE_CUDA;
-    char err[512] = "";
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
     mi_model *model = NULL;
     double t_load = tool_now_s();
     mi_status st;
     if (random) {
         mi_model_shape shape = mi_model_shape_llama3_8b();
-        st = mi_model_create_random(&shape, 1, &mp, &model, err, sizeof(err));
+        st = mi_model_create_random(ectx, &shape, 1, &mp, &model);
     } else {
-        st = mi_model_load(model_path, &mp, &model, err, sizeof(err));
+        st = mi_model_load(ectx, model_path, &mp, &model);
     }
-    if (st != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "bench_model_ttft: cannot load the model: %s\n", err);
-        return 1;
-    }
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "bench_model_ttft: cannot load the model: %s\n",
+                mi_context_last_error(ectx));
+    mi_context_destroy(ectx);
+    if (st != MI_STATUS_SUCCESS) return 1;
     t_load = tool_now_s() - t_load;
     mi_model_info info;
     mi_model_get_info(model, &info);

@@ -101,6 +101,9 @@ MI_API mi_status mi_context_create(const mi_context_params *params, mi_context *
 MI_API void mi_context_destroy(mi_context *ctx);
 /* The message of the last failed call on this context ("" if none). Valid until the next call. */
 MI_API const char *mi_context_last_error(const mi_context *ctx);
+/* Records message as the context's last error and returns status, for libraries built on this
+ * one (the model runner reports its constructors' failures this way). ctx NULL: no-op. */
+MI_API mi_status mi_context_set_error(mi_context *ctx, mi_status status, const char *message);
 /* The effective number of CPU threads. */
 MI_API int mi_context_n_threads(const mi_context *ctx);
 MI_API mi_device_type mi_context_device(const mi_context *ctx);
@@ -302,7 +305,7 @@ MI_API mi_status mi_head_pattern_sizes(const mi_head_pattern *p, int32_t *size1,
  * missing, extra, negative or non-integer value. */
 MI_API mi_status mi_head_pattern_parse(const char *text, mi_head_pattern *out);
 
-/* Vertical-slash estimation parameters (spec §3.1). */
+/* Vertical-slash estimation parameters (docs/algorithms.md §1). */
 typedef struct mi_vs_params {
     int32_t last_q;           /* query rows used for the estimate (64) */
     int32_t forced_columns;   /* first key columns always kept (30) */
@@ -346,7 +349,8 @@ typedef struct mi_vs_index {
 } mi_vs_index;
 
 /*
- * A compiled block index (spec §3.2), consumed by mi_attention_sparse. R = ceil(L / 64) row blocks.
+ * A compiled block index (docs/algorithms.md §2), consumed by mi_attention_sparse.
+ * R = ceil(L / 64) row blocks.
  *   block_count  [B, H, R]               64-wide key ranges for row block m
  *   block_offset [B, H, R, max_blocks]   start key of each range (any key, not only multiples of 64)
  *   column_count [B, H, R]               extra single key columns
@@ -401,8 +405,8 @@ MI_API mi_status mi_attention_a_shape(mi_context *ctx, const mi_tensor *q, const
                                       int32_t n_local, int32_t n_last, float scale, mi_tensor *out,
                                       float *lse);
 
-/* Vertical-slash estimation (spec §3.1) for all (b, h): the last last_q queries against all keys,
- * causal corner mask, fp32 softmax, column and diagonal sums, forced entries, top-k.
+/* Vertical-slash estimation (docs/algorithms.md §1) for all (b, h): the last last_q queries against
+ * all keys, causal corner mask, fp32 softmax, column and diagonal sums, forced entries, top-k.
  * vertical_size / slash_size: [H_q] budgets per head (after the minimum budgets and clamping to
  * the sequence length). index capacities must be >= the largest clamped budget. */
 MI_API mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
@@ -410,17 +414,17 @@ MI_API mi_status mi_vs_estimate(mi_context *ctx, const mi_tensor *q, const mi_te
                                 const int32_t *slash_size, const mi_vs_params *params, float scale,
                                 mi_vs_index *index);
 
-/* Index conversion (spec §3.2) from vertical / slash sets to a block index, for sequences of
- * padded length L. Inputs may be in any order and may hold duplicates or out-of-range entries
- * (ignored). The result is causal-safe for any input: gathered columns are always < the row
+/* Index conversion (docs/algorithms.md §2) from vertical / slash sets to a block index, for
+ * sequences of padded length L. Inputs may be in any order and may hold duplicates or out-of-range
+ * entries (ignored). The result is causal-safe for any input: gathered columns are always < the row
  * block start, and the kernel masks every key causally. index->max_blocks must be >=
  * max_slash + 1 and index->max_columns >= max_vertical. */
 MI_API mi_status mi_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
                                    const mi_vs_index *vs, mi_sparse_index *index);
 
-/* Block-sparse estimation (spec §3.4): 64-row mean pooling of q and k (partial blocks pooled over
- * their real rows, rounded to the input dtype), block-causal top-k per row block; the diagonal
- * block and block 0 are always kept. For bf16 / fp16 inputs the pooled scores rank at bf16
+/* Block-sparse estimation (docs/algorithms.md §4): 64-row mean pooling of q and k (partial blocks
+ * pooled over their real rows, rounded to the input dtype), block-causal top-k per row block; the
+ * diagonal block and block 0 are always kept. For bf16 / fp16 inputs the pooled scores rank at bf16
  * precision (the upper 16 bits of each fp32 score), blocks whose scores are equal there by
  * position, lower block first; fp32 inputs rank at fp32. top_k: [H_q] blocks per row block
  * (clamped to the causal blocks). Writes offsets ascending, column_count = 0.

@@ -4,8 +4,10 @@
  * pattern config, then decodes with a dense KV cache.
  *
  * Conventions are those of minference.h: every function returns mi_status, handles are opaque,
- * destroy(NULL) is a no-op. A model handle is used by one thread at a time; it owns its worker
- * threads (n_threads) and its KV cache.
+ * destroy(NULL) is a no-op. Error messages: the constructors (mi_model_load,
+ * mi_model_create_random) write theirs to the context they are given; every call on a model
+ * writes its own to the model (mi_model_last_error). A model handle is used by one thread at a
+ * time; it owns its worker threads (n_threads) and its KV cache.
  *
  * Supported: architectures llama (LLaMA 2/3/3.1, SmolLM2, Mistral, with its sliding window) and
  * qwen2 (q/k/v biases);
@@ -91,11 +93,12 @@ MI_API mi_model_params mi_model_default_params(void);
 MI_API char *mi_model_default_path(void);
 
 /* Loads a .gguf file or a Hugging Face directory (config.json, *.safetensors with or without
- * model.safetensors.index.json, tokenizer.json). On failure *out is NULL and err (may be NULL)
- * holds a message: MI_STATUS_IO_ERROR (cannot open), MI_STATUS_PARSE_ERROR (truncated or corrupt
- * file), MI_STATUS_UNSUPPORTED (architecture, tensor type or tokenizer it cannot run). */
-MI_API mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out,
-                               char *err, size_t err_size);
+ * model.safetensors.index.json, tokenizer.json). On failure *out is NULL and ctx (may be NULL)
+ * holds the message (mi_context_last_error): MI_STATUS_IO_ERROR (cannot open),
+ * MI_STATUS_PARSE_ERROR (truncated or corrupt file), MI_STATUS_UNSUPPORTED (architecture, tensor
+ * type or tokenizer it cannot run). Calls on the model report to mi_model_last_error. */
+MI_API mi_status mi_model_load(mi_context *ctx, const char *path, const mi_model_params *params,
+                               mi_model **out);
 
 /* The shape of a llama-family model, for mi_model_create_random. */
 typedef struct mi_model_shape {
@@ -112,10 +115,11 @@ MI_API mi_model_shape mi_model_shape_llama3_8b(void);
 /* A model of the given shape with seeded random weights (bf16 on the host, scaled so that
  * activations keep unit size through the layers) and a byte-level vocabulary (the 256 bytes,
  * then filler tokens, then <|begin_of_text|> and <|end_of_text|>; vocab >= 258), for benchmarks
- * and tests that need a model of a size no file provides. Same seed, same weights. */
-MI_API mi_status mi_model_create_random(const mi_model_shape *shape, uint64_t seed,
-                                        const mi_model_params *params, mi_model **out, char *err,
-                                        size_t err_size);
+ * and tests that need a model of a size no file provides. Same seed, same weights. Errors as
+ * for mi_model_load. */
+MI_API mi_status mi_model_create_random(mi_context *ctx, const mi_model_shape *shape,
+                                        uint64_t seed, const mi_model_params *params,
+                                        mi_model **out);
 MI_API void mi_model_destroy(mi_model *model);
 /* Message of the last failed call on this model ("" if none). */
 MI_API const char *mi_model_last_error(const mi_model *model);

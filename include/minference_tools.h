@@ -75,8 +75,8 @@ MI_API mi_status mi_metrics_rel_l2(mi_context *ctx, const mi_tensor *out, const 
 /* Pattern search                                                                              */
 /*
  * Chooses a pattern and budget for every query head of one layer from that layer's post-RoPE
- * q/k/v on a sample prompt (spec §4). Everything is measured blockwise (mi_metrics_evaluate,
- * mi_prefill_attention), so memory stays O(L) per head at any sample length.
+ * q/k/v on a sample prompt (docs/algorithms.md §6). Everything is measured blockwise
+ * (mi_metrics_evaluate, mi_prefill_attention), so memory stays O(L) per head at any sample length.
  *
  * Candidates are pattern families: a candidate's budgets are its shape, and the search may scale
  * them by a factor s (VS: vertical_size and slash_size; A-/Tri-shape: n_local, and n_init when
@@ -114,9 +114,9 @@ typedef struct mi_search_params {
 
 MI_API mi_search_params mi_search_default_params(void);
 
-/* The original's candidates (spec §4.1): stream_llm (100, 800); VS (30, 800), (100, 750),
- * (500, 700), (3500, 100), (1000, 6096); block_sparse with top_k = 1/8 of the row blocks of a
- * sample of sample_len tokens (at least 1). out [capacity]; *count gets the number written (7). */
+/* The original's candidates (docs/algorithms.md §6): stream_llm (100, 800); VS (30, 800),
+ * (100, 750), (500, 700), (3500, 100), (1000, 6096); block_sparse with top_k = 1/8 of the row
+ * blocks of a sample of sample_len tokens (at least 1). out [capacity]; *count gets the number written (7). */
 MI_API mi_status mi_search_default_candidates(int64_t sample_len, mi_head_pattern *out,
                                               int32_t capacity, int32_t *count);
 
@@ -134,14 +134,14 @@ MI_API mi_status mi_search_layer(mi_context *ctx, const mi_tensor *q, const mi_t
                                  double *scores, mi_head_metrics *metrics);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Evaluation: answer checks, perplexity and haystacks (spec §8)                               */
+/* Evaluation: answer checks, perplexity and haystacks (docs/algorithms.md §7)                 */
 /*
  * Pure string and number helpers for the accuracy harnesses. They take no context: a NULL
  * argument returns MI_STATUS_INVALID_ARGUMENT. Outputs are written only on success.
  */
 
-/* Needle-in-a-haystack (spec §8.1): *match = 1 when the digits of answer appear, in one run,
- * among the digits of output (non-digits of output are skipped, so "1 234 567" matches
+/* Needle-in-a-haystack (docs/algorithms.md §7): *match = 1 when the digits of answer appear, in one
+ * run, among the digits of output (non-digits of output are skipped, so "1 234 567" matches
  * "1234567"; an answer without digits never matches). */
 MI_API mi_status mi_eval_needle_match(const char *output, const char *answer, int *match);
 /* Passkey (InfiniteBench): *match = 1 when the first integer in output equals answer's. */

@@ -1,7 +1,7 @@
 /*
  * cmd_eval.c: `minference eval TASK`: accuracy of sparse prefill against dense on one model.
  *
- * Tasks (spec §8):
+ * Tasks (docs/algorithms.md §7):
  *   passkey       a pass key in repeated filler (InfiniteBench / LongLLaMA style); first integer
  *   niah          "The special magic {city} number is: N." in real text (needle in a haystack);
  *                 the answer's digits must appear in the output
@@ -675,10 +675,13 @@ int mi_cmd_eval(int argc, char **argv) {
     mp.device = strcmp(device, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
     mp.n_threads = threads;
     mi_model *model = NULL;
-    char err[512] = "";
-    mi_status st = mi_model_load(path, &mp, &model, err, sizeof err);
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
+    mi_status st = mi_model_load(ectx, path, &mp, &model);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference eval: %s: %s\n", path, mi_context_last_error(ectx));
+    mi_context_destroy(ectx);
     if (st != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "minference eval: %s: %s\n", path, err[0] ? err : mi_status_string(st));
         free(path);
         return 1;
     }

@@ -218,17 +218,18 @@ int mi_cmd_generate(int argc, char **argv) {
     int32_t *tokens = NULL;
     float *logits = NULL;
     mi_sampler *smp = NULL;
-    char err[512] = "";
     mi_model_params mp = mi_model_default_params();
     mp.device = device;
     mp.n_threads = threads;
     double t_load = tool_now_s();
-    mi_status st = mi_model_load(model_path, &mp, &model, err, sizeof(err));
-    if (st != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "minference generate: cannot load %s: %s (%s)\n", model_path, err,
-                mi_status_name(st));
-        goto done;
-    }
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
+    mi_status st = mi_model_load(ectx, model_path, &mp, &model);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference generate: cannot load %s: %s (%s)\n", model_path,
+                mi_context_last_error(ectx), mi_status_name(st));
+    mi_context_destroy(ectx);
+    if (st != MI_STATUS_SUCCESS) goto done;
     t_load = tool_now_s() - t_load;
     mi_model_info info;
     mi_model_get_info(model, &info);

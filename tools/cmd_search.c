@@ -1,8 +1,8 @@
 /*
- * cmd_search.c: `minference search`: the offline per-head pattern search (spec §4) on one sample
- * prompt. The model runs the sample densely, as the original does; at every layer the capture
- * hook hands over the post-RoPE q/k/v and mi_search_layer picks each head's pattern and budget.
- * The result is the original's JSON config, readable by `--config` everywhere.
+ * cmd_search.c: `minference search`: the offline per-head pattern search (docs/algorithms.md §6) on
+ * one sample prompt. The model runs the sample densely, as the original does; at every layer the
+ * capture hook hands over the post-RoPE q/k/v and mi_search_layer picks each head's pattern and
+ * budget. The result is the original's JSON config, readable by `--config` everywhere.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "minference.h"
@@ -209,12 +209,13 @@ int mi_cmd_search(int argc, char **argv) {
     mi_context *ctx = NULL;
     mi_config *config = NULL;
     int32_t *tok = NULL;
-    char err[512] = "";
-    mi_status st = mi_model_load(path, &mp, &model, err, sizeof err);
-    if (st != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "minference search: %s: %s\n", path, err[0] ? err : mi_status_string(st));
-        goto done;
-    }
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
+    mi_status st = mi_model_load(ectx, path, &mp, &model);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference search: %s: %s\n", path, mi_context_last_error(ectx));
+    mi_context_destroy(ectx);
+    if (st != MI_STATUS_SUCCESS) goto done;
     mi_model_info info;
     mi_model_get_info(model, &info);
     mi_context_params cp = mi_context_default_params();

@@ -56,7 +56,6 @@ def _attention_name(name):
 _ROPE_TYPES = {0: "none", 1: "linear", 2: "dynamic", 3: "llama3", 4: "yarn"}
 _CHAT_TEMPLATES = {"auto": L.MI_CHAT_AUTO, "chatml": L.MI_CHAT_CHATML, "llama3": L.MI_CHAT_LLAMA3}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_ERR_SIZE = 1024
 
 
 def default_model_path():
@@ -300,11 +299,11 @@ class Model(_Closing):
         path = os.fspath(path)
         lib = L.load_model()
         handle = ctypes.c_void_p()
-        err = ctypes.create_string_buffer(_ERR_SIZE)
-        st = lib.mi_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle), err,
-                               _ERR_SIZE)
+        ctx = get_context()  # receives the loader's message
+        st = lib.mi_model_load(ctx.handle, os.fsencode(path), ctypes.byref(params),
+                               ctypes.byref(handle))
         if st != 0:
-            msg = _decode(err.value)
+            msg = ctx.last_error
             raise MInferenceError(st, msg if path in msg else f"{path}: {msg}", "mi_model_load")
         self._init(lib, handle.value, path, params)
 
@@ -321,11 +320,11 @@ class Model(_Closing):
         seed = _int_arg(seed, "seed", L.c_uint64)
         lib = L.load_model()
         handle = ctypes.c_void_p()
-        err = ctypes.create_string_buffer(_ERR_SIZE)
-        st = lib.mi_model_create_random(ctypes.byref(s), seed, ctypes.byref(params),
-                                        ctypes.byref(handle), err, _ERR_SIZE)
+        ctx = get_context()  # receives the constructor's message
+        st = lib.mi_model_create_random(ctx.handle, ctypes.byref(s), seed, ctypes.byref(params),
+                                        ctypes.byref(handle))
         if st != 0:
-            raise MInferenceError(st, _decode(err.value), "mi_model_create_random")
+            raise MInferenceError(st, ctx.last_error, "mi_model_create_random")
         self = cls.__new__(cls)
         self._init(lib, handle.value, None, params)
         return self

@@ -136,8 +136,8 @@ def _per_head(x, H, name):
 
 
 def vs_estimate(q, k, vertical_size, slash_size, params=None, scale=None, seq_lens=None, ctx=None):
-    """Vertical-slash estimation (spec §3.1) for every (b, h): returns a VSIndex whose arrays live
-    on q's device. vertical_size / slash_size: one budget or one per query head."""
+    """Vertical-slash estimation (docs/algorithms.md §1) for every (b, h): returns a VSIndex whose
+    arrays live on q's device. vertical_size / slash_size: one budget or one per query head."""
     (dq, dk), c = _operands(q, k, None, ctx, ("q", "k"))
     B, H, Lq = (int(dq.desc.shape[i]) for i in range(3))
     vsz = _per_head(vertical_size, H, "vertical_size")
@@ -165,8 +165,8 @@ class _Like:
 
 
 def vs_build_index(length, index, seq_lens=None, ctx=None):
-    """Index conversion (spec §3.2): a VSIndex to the SparseIndex the sparse kernel consumes, for
-    sequences of padded length `length`."""
+    """Index conversion (docs/algorithms.md §2): a VSIndex to the SparseIndex the sparse kernel
+    consumes, for sequences of padded length `length`."""
     like = _Like(index.vertical_idx)
     c = ctx or get_context(like.device, like.device_id)
     if like.device == "cuda":
@@ -187,9 +187,10 @@ def vs_build_index(length, index, seq_lens=None, ctx=None):
 
 
 def block_sparse_estimate(q, k, top_k, seq_lens=None, ctx=None):
-    """Block-sparse estimation (spec §3.4): 64-row mean pooling, block-causal top-k per row block
-    (the diagonal block and block 0 always kept). bf16 / fp16 inputs rank the pooled scores at bf16
-    precision, equal ones lower block first. top_k: one value or one per query head."""
+    """Block-sparse estimation (docs/algorithms.md §4): 64-row mean pooling, block-causal top-k per
+    row block (the diagonal block and block 0 always kept). bf16 / fp16 inputs rank the pooled
+    scores at bf16 precision, equal ones lower block first. top_k: one value or one per query
+    head."""
     (dq, dk), c = _operands(q, k, None, ctx, ("q", "k"))
     B, H, Lq = (int(dq.desc.shape[i]) for i in range(3))
     R = (Lq + L.MI_BLOCK_SIZE - 1) // L.MI_BLOCK_SIZE

@@ -78,7 +78,7 @@ def _search_params(params, keep):
 
 
 def search_default_candidates(sample_len):
-    """The original's candidates for a sample of sample_len tokens (spec §4.1)."""
+    """The original's candidates for a sample of sample_len tokens (docs/algorithms.md §6)."""
     arr = (L.mi_head_pattern * 32)()
     n = ctypes.c_int32()
     _check(_lib().mi_search_default_candidates(int(sample_len), arr, 32, ctypes.byref(n)), None,
@@ -120,7 +120,7 @@ def search_layer(q, k, v, params=None, seq_lens=None, ctx=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation helpers (spec §8)
+# Evaluation helpers (docs/algorithms.md §7)
 
 EVAL_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and "
                "back again. ")

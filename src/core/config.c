@@ -1,5 +1,5 @@
 /*
- * config.c: per-model pattern configs in the original's JSON format (spec §4.3).
+ * config.c: per-model pattern configs in the original's JSON format (docs/algorithms.md §5).
  *
  *   [ { "<head>": [pattern, vertical_size, slash_size, score], ... },   <- layer 0
  *     ... ]
@@ -400,7 +400,8 @@ mi_status mi_config_layer(mi_context *ctx, const mi_config *config, int32_t laye
         patterns[h] = config->default_pattern;
         if (scores) scores[h] = NAN;
     }
-    /* A layer past the end of the file is a missing layer: defaults only (spec §4.3). */
+    /* A layer past the end of the file is a missing layer: defaults only (docs/algorithms.md
+     * §5). */
     if (layer >= config->n_layers) return MI_STATUS_SUCCESS;
     const config_layer *cl = &config->layers[layer];
     for (int32_t i = 0; i < cl->count && cl->entries[i].head < n_heads; i++) {

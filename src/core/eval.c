@@ -1,6 +1,6 @@
 /*
- * eval.c: the scoring rules and haystack builders of the accuracy harnesses (spec §8). Kept in
- * the library, apart from the CLI, so that tests pin each rule down on plain strings.
+ * eval.c: the scoring rules and haystack builders of the accuracy harnesses (docs/algorithms.md
+ * §7). Kept in the library, apart from the CLI, so that tests pin each rule down on plain strings.
  */
 #include "internal.h"
 

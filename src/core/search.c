@@ -1,6 +1,7 @@
 /*
- * search.c: offline per-head pattern search (spec §4), built only on the public metrics and
- * kernels, so it measures exactly what the runtime will compute and never holds an L x L matrix.
+ * search.c: offline per-head pattern search (docs/algorithms.md §6), built only on the public
+ * metrics and kernels, so it measures exactly what the runtime will compute and never holds an
+ * L x L matrix.
  *
  * Every mode runs the same loop: for each candidate family, choose a budget scale per head (fixed,
  * FLOPs-matched or recall-targeted), measuring all heads of the layer in one mi_metrics_evaluate

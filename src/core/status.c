@@ -48,3 +48,7 @@ void mi_clear_error(mi_context *ctx) {
 const char *mi_context_last_error(const mi_context *ctx) {
     return ctx ? ctx->last_error : "no context";
 }
+
+mi_status mi_context_set_error(mi_context *ctx, mi_status status, const char *message) {
+    return mi_fail(ctx, status, "%s", message ? message : mi_status_string(status));
+}

@@ -1,5 +1,5 @@
 /*
- * attn_sparse.c: attention over a compiled block index (spec §3.3, made causal-safe).
+ * attn_sparse.c: attention over a compiled block index (docs/algorithms.md §3, made causal-safe).
  *
  * q [B, H_q, L, D], k/v [B, H_kv, L, D], out like q, lse [B, H_q, L] (optional);
  * index: block_count [B, H_q, R], block_offset [B, H_q, R, max_blocks], column_count [B, H_q, R],

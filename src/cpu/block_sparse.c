@@ -1,5 +1,5 @@
 /*
- * block_sparse.c: block-sparse estimation (spec §3.4, with the fixes below).
+ * block_sparse.c: block-sparse estimation (docs/algorithms.md §4, with the fixes below).
  *
  * q [B, H_q, L, D], k [B, H_kv, L, D]; writes per (b, h): block_count [R], block_offset
  * [R, max_blocks] = 64 * selected key block, ascending, column_count [R] = 0.

@@ -1,5 +1,6 @@
 /*
- * vs_estimate.c: vertical-slash estimation (spec §3.1), per (b, h), all heads in parallel.
+ * vs_estimate.c: vertical-slash estimation (docs/algorithms.md §1), per (b, h), all heads in
+ * parallel.
  *
  * q [B, H_q, L, D], k [B, H_kv, L, D]; output per (b, h): vertical columns (ascending) and slash
  * distances d = i - j (descending) in an mi_vs_index.

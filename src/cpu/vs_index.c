@@ -1,5 +1,6 @@
 /*
- * vs_index.c: vertical/slash sets -> block index (spec §3.2), causal-safe for any input.
+ * vs_index.c: vertical/slash sets -> block index (docs/algorithms.md §2), causal-safe for any
+ * input.
  *
  * In:  per (b, h) verticals (key columns) and slashes (distances d = i - j), any order.
  * Out: block_count [B, H, R], block_offset [B, H, R, max_blocks], column_count [B, H, R],
@@ -19,7 +20,7 @@
  *   - every column is < start, so columns are causally visible to the whole row block;
  *   - writes never exceed max_blocks / max_columns.
  * With the same inputs as the original (sorted, in range, d = 0 present) the output is identical,
- * e.g. the worked example of spec §3.2.
+ * e.g. the worked example of docs/algorithms.md §2.
  */
 #include "cpu_common.h"
 

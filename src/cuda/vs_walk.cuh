@@ -1,8 +1,8 @@
 /*
- * vs_walk.cuh: the walk of the vertical-slash index build for one row block (spec §3.2), on the
- * host and the device alike: vs_index_kernel (vs_index.cu) runs it a thread per row block, and
- * the host test (tests/cuda/test_vs_walk.cu) checks it against the CPU builder, with and without
- * its shortcuts, where CI has no GPU.
+ * vs_walk.cuh: the walk of the vertical-slash index build for one row block (docs/algorithms.md
+ * §2), on the host and the device alike: vs_index_kernel (vs_index.cu) runs it a thread per row
+ * block, and the host test (tests/cuda/test_vs_walk.cu) checks it against the CPU builder, with and
+ * without its shortcuts, where CI has no GPU.
  *
  * The walk merges the 64-wide footprints of the diagonals left to right and keeps a vertical as
  * a gathered column only if it lies left of the current range. Every range starts at or before

@@ -600,8 +600,8 @@ static mi_status load_random(mi_model *m, const void *arg, char *err, size_t err
 static mi_status create_model(const mi_model_params *params, model_source_fn source,
                               const void *arg, mi_model **out, char *err, size_t err_size);
 
-mi_status mi_model_load(const char *path, const mi_model_params *params, mi_model **out, char *err,
-                        size_t err_size) {
+static mi_status load_model(const char *path, const mi_model_params *params, mi_model **out,
+                            char *err, size_t err_size) {
     if (!out) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     if (!path) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "path is NULL");
@@ -613,14 +613,29 @@ mi_status mi_model_load(const char *path, const mi_model_params *params, mi_mode
     return create_model(params, load_path, &ps, out, err, err_size);
 }
 
-mi_status mi_model_create_random(const mi_model_shape *shape, uint64_t seed,
-                                 const mi_model_params *params, mi_model **out, char *err,
-                                 size_t err_size) {
-    if (!out) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
-    *out = NULL;
-    if (!shape) return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "shape is NULL");
-    random_source rs = {shape, seed};
-    return create_model(params, load_random, &rs, out, err, err_size);
+/* The loaders write their messages into a buffer (no model exists yet); the caller's context
+ * gets it on failure. */
+mi_status mi_model_load(mi_context *ctx, const char *path, const mi_model_params *params,
+                        mi_model **out) {
+    char err[MIM_ERROR_CAPACITY] = "";
+    mi_status st = load_model(path, params, out, err, sizeof err);
+    return st == MI_STATUS_SUCCESS ? st : mi_context_set_error(ctx, st, err[0] ? err : NULL);
+}
+
+mi_status mi_model_create_random(mi_context *ctx, const mi_model_shape *shape, uint64_t seed,
+                                 const mi_model_params *params, mi_model **out) {
+    char err[MIM_ERROR_CAPACITY] = "";
+    mi_status st;
+    if (out) *out = NULL;
+    if (!out) {
+        st = mim_fail(err, sizeof err, MI_STATUS_INVALID_ARGUMENT, "out is NULL");
+    } else if (!shape) {
+        st = mim_fail(err, sizeof err, MI_STATUS_INVALID_ARGUMENT, "shape is NULL");
+    } else {
+        const random_source rs = {shape, seed};
+        st = create_model(params, load_random, &rs, out, err, sizeof err);
+    }
+    return st == MI_STATUS_SUCCESS ? st : mi_context_set_error(ctx, st, err[0] ? err : NULL);
 }
 
 static mi_status create_model(const mi_model_params *params, model_source_fn source,

@@ -1,8 +1,8 @@
 /*
  * test_cpu_vs.c: vertical-slash estimation (mi_vs_estimate) and index conversion
  * (mi_vs_build_index), then the sparse kernel on the built index.
- *  - spec §3.2's worked example, exactly, from clean and from messy (shuffled, duplicated,
- *    out-of-range) inputs;
+ *  - the worked example of docs/algorithms.md §2, exactly, from clean and from messy (shuffled,
+ *    duplicated, out-of-range) inputs;
  *  - random sets, with and without small distances: every column < its row block start, sorted,
  *    unique; every causal pair named by the sets is covered; the index equals a one-step-per-
  *    distance reference walk (also on bands of distances, which the library skips in runs); the
@@ -51,9 +51,9 @@ static void worked_example(mi_context *ctx, bool messy) {
     free(vb.mem);
 }
 
-/* The spec's merge (§3.2) one step per distance, the reference for the library's walk, which
- * skips runs of distances that change nothing. V ascending, S descending, both unique and within
- * the sequence. */
+/* The merge of docs/algorithms.md §2 one step per distance, the reference for the library's walk,
+ * which skips runs of distances that change nothing. V ascending, S descending, both unique and
+ * within the sequence. */
 static void ref_walk(const int32_t *V, int32_t nv, const int32_t *S, int32_t ns, int64_t start,
                      int32_t max_b, int32_t max_c, int32_t *offs, int32_t *bc, int32_t *cols,
                      int32_t *cc) {
@@ -229,7 +229,7 @@ static void random_sets(mi_context *ctx, const vs_case *c, rng *r) {
     free(vb.mem);
 }
 
-/* float64 column and diagonal sums of spec §3.1 for (b, h), forced entries +inf. */
+/* float64 column and diagonal sums of docs/algorithms.md §1 for (b, h), forced entries +inf. */
 static void ref_vs_sums(const tbuf *q, const tbuf *k, int64_t b, int64_t h, int64_t len,
                         const mi_vs_params *p, double *vert, double *slash) {
     const int64_t D = q->D, hk = h / (q->H / k->H), n = p->last_q < len ? p->last_q : len;

@@ -24,13 +24,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL PROMPT N_GEN LOGITS.f32 [TEXT...]\n", argv[0]);
         return 2;
     }
-    char err[512];
     mi_model *m = NULL;
     mi_model_params p = mi_model_default_params();
-    if (mi_model_load(argv[1], &p, &m, err, sizeof(err)) != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "load: %s\n", err);
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
+    if (mi_model_load(ectx, argv[1], &p, &m) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "load: %s\n", mi_context_last_error(ectx));
         return 1;
     }
+    mi_context_destroy(ectx);
     mi_model_set_attention(m, MI_ATTN_DENSE, NULL, -1);
     mi_model_info info;
     mi_model_get_info(m, &info);

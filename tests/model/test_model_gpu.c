@@ -27,12 +27,11 @@ static mi_model *create(const mi_model_shape *s, mi_device_type dev, mi_status *
     p.n_threads = 4;
     p.mlp_chunk = 256; /* several chunks per prompt */
     mi_model *m = NULL;
-    char err[256] = "";
-    mi_status st = mi_model_create_random(s, 5, &p, &m, err, sizeof(err));
+    mi_status st = mi_model_create_random(test_ctx(), s, 5, &p, &m);
     if (st_out) *st_out = st;
     else
         CHECK(st == MI_STATUS_SUCCESS, "create on %s: %s", dev == MI_DEVICE_CPU ? "cpu" : "cuda",
-              err);
+              TEST_ERR);
     return m;
 }
 
@@ -190,10 +189,9 @@ static void compare_smollm2(void) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = 8;
     mi_model *cpu = NULL, *gpu = NULL;
-    char err[256] = "";
-    CHECK(mi_model_load(path, &p, &cpu, err, sizeof(err)) == 0, "cpu load: %s", err);
+    CHECK(mi_model_load(test_ctx(), path, &p, &cpu) == 0, "cpu load: %s", TEST_ERR);
     p.device = MI_DEVICE_CUDA;
-    CHECK(mi_model_load(path, &p, &gpu, err, sizeof(err)) == 0, "gpu load: %s", err);
+    CHECK(mi_model_load(test_ctx(), path, &p, &gpu) == 0, "gpu load: %s", TEST_ERR);
     free(path);
     if (!cpu || !gpu) {
         mi_model_destroy(cpu);

@@ -72,10 +72,10 @@ static void test_truncation(void) {
     CHECK(tb_write(&tb, tpath), "write");
     mi_model *m = NULL;
     err[0] = 0;
-    mi_status st = mi_model_load(tpath, NULL, &m, err, sizeof(err));
+    mi_status st = mi_model_load(test_ctx(), tpath, NULL, &m);
     CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL, "truncated model: %s", mi_status_name(st));
-    CHECK(strstr(err, "truncated") != NULL, "message: %s", err);
-    printf("truncated file: %s\n", err);
+    CHECK(strstr(TEST_ERR, "truncated") != NULL, "message: %s", TEST_ERR);
+    printf("truncated file: %s\n", TEST_ERR);
     free(data);
 }
 
@@ -186,13 +186,14 @@ static void test_unsupported_type(void) {
     mim_gguf_close(g);
     free(d);
     mi_model *m = NULL;
-    mi_status st = mi_model_load(gpath, NULL, &m, err, sizeof(err));
+    mi_status st = mi_model_load(test_ctx(), gpath, NULL, &m);
     CHECK(st == MI_STATUS_UNSUPPORTED && !m, "status %s", mi_status_name(st));
-    CHECK(strstr(err, "Q3_K") && strstr(err, "blk.0.ffn_up.weight"), "message: %s", err);
-    printf("unsupported type: %s\n", err);
-    CHECK(mi_model_load("/nonexistent/x.gguf", NULL, &m, err, sizeof(err)) == MI_STATUS_IO_ERROR,
+    CHECK(strstr(TEST_ERR, "Q3_K") && strstr(TEST_ERR, "blk.0.ffn_up.weight"), "message: %s",
+          TEST_ERR);
+    printf("unsupported type: %s\n", TEST_ERR);
+    CHECK(mi_model_load(test_ctx(), "/nonexistent/x.gguf", NULL, &m) == MI_STATUS_IO_ERROR,
           "missing file");
-    CHECK(mi_model_load(NULL, NULL, &m, err, sizeof(err)) == MI_STATUS_INVALID_ARGUMENT, "NULL");
+    CHECK(mi_model_load(test_ctx(), NULL, NULL, &m) == MI_STATUS_INVALID_ARGUMENT, "NULL");
 }
 
 static float max_diff(const float *a, const float *b, int n) {
@@ -207,15 +208,15 @@ static float max_diff(const float *a, const float *b, int n) {
 static void test_formats_agree(bool qwen2, int rope) {
     static const mi_rope_type types[] = {MI_ROPE_NONE, MI_ROPE_LLAMA3, MI_ROPE_YARN,
                                          MI_ROPE_LINEAR};
-    char gpath[512], hdir[512], err[512];
+    char gpath[512], hdir[512];
     snprintf(gpath, sizeof(gpath), "%s/agree_%d%d.gguf", g_dir, qwen2, rope);
     snprintf(hdir, sizeof(hdir), "%s/agree_%d%d_hf", g_dir, qwen2, rope);
     CHECK(tm_write_ex(gpath, hdir, qwen2, rope, 99 + qwen2), "write");
     mi_model *a = NULL, *b = NULL;
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
-    CHECK(mi_model_load(gpath, &p, &a, err, sizeof(err)) == MI_STATUS_SUCCESS, "gguf: %s", err);
-    CHECK(mi_model_load(hdir, &p, &b, err, sizeof(err)) == MI_STATUS_SUCCESS, "hf: %s", err);
+    CHECK(mi_model_load(test_ctx(), gpath, &p, &a) == MI_STATUS_SUCCESS, "gguf: %s", TEST_ERR);
+    CHECK(mi_model_load(test_ctx(), hdir, &p, &b) == MI_STATUS_SUCCESS, "hf: %s", TEST_ERR);
     if (!a || !b) {
         mi_model_destroy(a);
         mi_model_destroy(b);
@@ -311,23 +312,23 @@ static void write_text(const char *path, const char *text) {
 
 /* Hugging Face directories that cannot load: a clear status and a message naming the cause. */
 static void test_hf_errors(void) {
-    char dir[512], path[600], err[512];
+    char dir[512], path[600];
     mi_model *m = NULL;
     snprintf(dir, sizeof(dir), "%s/hf_bad", g_dir);
     mkdir(dir, 0755);
     snprintf(path, sizeof(path), "%s/config.json", dir);
     write_text(path, "{\"model_type\": \"gpt_neox\", \"hidden_size\": 64}");
-    mi_status st = mi_model_load(dir, NULL, &m, err, sizeof(err));
-    CHECK(st == MI_STATUS_UNSUPPORTED && strstr(err, "gpt_neox"), "%s: %s", mi_status_name(st),
-          err);
+    mi_status st = mi_model_load(test_ctx(), dir, NULL, &m);
+    CHECK(st == MI_STATUS_UNSUPPORTED && strstr(TEST_ERR, "gpt_neox"), "%s: %s", mi_status_name(st),
+          TEST_ERR);
     write_text(path, "{\"model_type\": \"llama\", ");
-    st = mi_model_load(dir, NULL, &m, err, sizeof(err));
+    st = mi_model_load(test_ctx(), dir, NULL, &m);
     CHECK(st == MI_STATUS_PARSE_ERROR, "broken config.json: %s", mi_status_name(st));
     write_text(path, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, "
                      "\"num_attention_heads\": 5, \"num_key_value_heads\": 2, "
                      "\"intermediate_size\": 96}");
-    st = mi_model_load(dir, NULL, &m, err, sizeof(err));
-    CHECK(st == MI_STATUS_PARSE_ERROR && strstr(err, "dimensions"), "5/2 heads: %s", err);
+    st = mi_model_load(test_ctx(), dir, NULL, &m);
+    CHECK(st == MI_STATUS_PARSE_ERROR && strstr(TEST_ERR, "dimensions"), "5/2 heads: %s", TEST_ERR);
 
     /* A shard cut short: the tiny model's first shard loses its last bytes. */
     char good[512];
@@ -340,9 +341,9 @@ static void test_hf_errors(void) {
     long size = ftell(f);
     fclose(f);
     CHECK(truncate(path, size - 64) == 0, "truncate");
-    st = mi_model_load(good, NULL, &m, err, sizeof(err));
+    st = mi_model_load(test_ctx(), good, NULL, &m);
     CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL, "truncated shard: %s", mi_status_name(st));
-    printf("truncated shard: %s\n", err);
+    printf("truncated shard: %s\n", TEST_ERR);
 }
 
 /* config.json's sliding_window: Mistral's is used; Qwen2's only with use_sliding_window. */
@@ -358,7 +359,7 @@ static void test_sliding_window_config(void) {
         {true, "\"sliding_window\":300,\"use_sliding_window\":true,", 300},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        char gpath[512], hdir[512], path[600], err[512];
+        char gpath[512], hdir[512], path[600];
         snprintf(gpath, sizeof(gpath), "%s/window_%zu.gguf", g_dir, c);
         snprintf(hdir, sizeof(hdir), "%s/window_%zu_hf", g_dir, c);
         CHECK(tm_write(gpath, hdir, cases[c].qwen2, 11), "write");
@@ -374,8 +375,8 @@ static void test_sliding_window_config(void) {
         CHECK(f && fwrite(edited, 1, strlen(edited), f) == strlen(edited), "rewrite config");
         if (f) fclose(f);
         mi_model *m = NULL;
-        CHECK(mi_model_load(hdir, NULL, &m, err, sizeof(err)) == MI_STATUS_SUCCESS, "load: %s",
-              err);
+        CHECK(mi_model_load(test_ctx(), hdir, NULL, &m) == MI_STATUS_SUCCESS, "load: %s",
+              TEST_ERR);
         mi_model_info info;
         if (m && mi_model_get_info(m, &info) == MI_STATUS_SUCCESS)
             CHECK(info.sliding_window == cases[c].want, "case %zu: window %lld, want %lld", c,

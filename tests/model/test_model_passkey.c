@@ -50,8 +50,7 @@ int main(void) {
         return SKIP_CODE;
     }
     mi_model *m = NULL;
-    char err[512];
-    CHECK(mi_model_load(path, NULL, &m, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s", err);
+    CHECK(mi_model_load(test_ctx(), path, NULL, &m) == MI_STATUS_SUCCESS, "%s", TEST_ERR);
     free(path);
     if (!m) return test_finish("test_model_passkey");
     mi_model_info info;

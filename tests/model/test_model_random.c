@@ -26,9 +26,8 @@ static mi_model *create(const mi_model_shape *s, uint64_t seed) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
     mi_model *m = NULL;
-    char err[256] = "";
-    mi_status st = mi_model_create_random(s, seed, &p, &m, err, sizeof(err));
-    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), err);
+    mi_status st = mi_model_create_random(test_ctx(), s, seed, &p, &m);
+    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), TEST_ERR);
     return m;
 }
 
@@ -103,27 +102,26 @@ int main(void) {
 
     /* bad shapes and arguments */
     mi_model *bad = NULL;
-    char err[256] = "";
     mi_model_shape z = s;
     z.n_heads = 3; /* not a multiple of the 2 kv heads */
-    CHECK(mi_model_create_random(&z, 1, NULL, &bad, err, sizeof(err)) ==
+    CHECK(mi_model_create_random(test_ctx(), &z, 1, NULL, &bad) ==
                   MI_STATUS_INVALID_ARGUMENT &&
-              !bad && strstr(err, "heads"),
-          "bad head split accepted: %s", err);
+              !bad && strstr(TEST_ERR, "heads"),
+          "bad head split accepted: %s", TEST_ERR);
     z = s;
     z.vocab = 10;
-    CHECK(mi_model_create_random(&z, 1, NULL, &bad, err, sizeof(err)) ==
+    CHECK(mi_model_create_random(test_ctx(), &z, 1, NULL, &bad) ==
               MI_STATUS_INVALID_ARGUMENT,
           "tiny vocab accepted");
-    CHECK(mi_model_create_random(NULL, 1, NULL, &bad, err, sizeof(err)) ==
+    CHECK(mi_model_create_random(test_ctx(), NULL, 1, NULL, &bad) ==
               MI_STATUS_INVALID_ARGUMENT,
           "NULL shape");
-    CHECK(mi_model_create_random(&s, 1, NULL, NULL, err, sizeof(err)) ==
+    CHECK(mi_model_create_random(test_ctx(), &s, 1, NULL, NULL) ==
               MI_STATUS_INVALID_ARGUMENT,
           "NULL out");
     mi_model_params p = mi_model_default_params();
     p.device_id = -1;
-    CHECK(mi_model_create_random(&s, 1, &p, &bad, err, sizeof(err)) == MI_STATUS_INVALID_ARGUMENT,
+    CHECK(mi_model_create_random(test_ctx(), &s, 1, &p, &bad) == MI_STATUS_INVALID_ARGUMENT,
           "negative device id");
     mi_model_shape big = mi_model_shape_llama3_8b();
     CHECK(big.n_layers == 32 && big.hidden == 4096 && big.n_heads == 32 && big.n_kv_heads == 8 &&

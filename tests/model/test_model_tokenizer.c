@@ -303,8 +303,7 @@ static void test_smollm2(const char *fixture) {
     json_t *fx = json_load_file(fixture, 0, &jerr);
     CHECK(fx != NULL, "fixture %s: %s", fixture, jerr.text);
     mi_model *m = NULL;
-    char err[512];
-    CHECK(mi_model_load(path, NULL, &m, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s", err);
+    CHECK(mi_model_load(test_ctx(), path, NULL, &m) == MI_STATUS_SUCCESS, "%s", TEST_ERR);
     free(path);
     if (!fx || !m) {
         json_decref(fx);
