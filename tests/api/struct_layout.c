@@ -1,0 +1,143 @@
+/*
+ * struct_layout.c: the size of every public struct and the offset and size of each of its fields,
+ * as one JSON object, for the test that holds the Python package's ctypes declarations to the C
+ * headers (python/tests/test_struct_layout.py). A struct added to a public header is added here.
+ */
+#include "minference.h"
+#include "minference_model.h"
+#include "minference_tools.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+static int n_structs, n_fields;
+
+static void begin(const char *name, size_t size) {
+    printf("%s\n  \"%s\": {\"size\": %zu, \"fields\": {", n_structs++ ? "," : "", name, size);
+    n_fields = 0;
+}
+
+static void field(const char *name, size_t offset, size_t size) {
+    printf("%s\"%s\": [%zu, %zu]", n_fields++ ? ", " : "", name, offset, size);
+}
+
+static void end(void) { printf("}}"); }
+
+/* [offset, size] of field f of the struct T in scope. */
+#define F(f) field(#f, offsetof(T, f), sizeof(((T *)0)->f))
+
+int main(void) {
+    printf("{");
+    {
+        typedef mi_context_params T;
+        begin("mi_context_params", sizeof(T));
+        F(device); F(device_id); F(n_threads);
+        end();
+    }
+    {
+        typedef mi_tensor T;
+        begin("mi_tensor", sizeof(T));
+        F(data); F(dtype); F(device); F(shape); F(stride);
+        end();
+    }
+    {
+        typedef mi_head_pattern T;
+        begin("mi_head_pattern", sizeof(T));
+        F(type); F(vertical_size); F(slash_size); F(n_init); F(n_local); F(n_last); F(top_k);
+        end();
+    }
+    {
+        typedef mi_vs_params T;
+        begin("mi_vs_params", sizeof(T));
+        F(last_q); F(forced_columns); F(forced_diagonals); F(min_vertical); F(min_slash);
+        end();
+    }
+    {
+        typedef mi_prefill_params T;
+        begin("mi_prefill_params", sizeof(T));
+        F(softmax_scale); F(vs); F(dense_below);
+        end();
+    }
+    {
+        typedef mi_vs_index T;
+        begin("mi_vs_index", sizeof(T));
+        F(batch); F(heads); F(max_vertical); F(max_slash); F(vertical_count); F(vertical_idx);
+        F(slash_count); F(slash_idx);
+        end();
+    }
+    {
+        typedef mi_sparse_index T;
+        begin("mi_sparse_index", sizeof(T));
+        F(batch); F(heads); F(row_blocks); F(max_blocks); F(max_columns); F(block_count);
+        F(block_offset); F(column_count); F(column_index);
+        end();
+    }
+    {
+        typedef mi_synth_params T;
+        begin("mi_synth_params", sizeof(T));
+        F(seed); F(n_sinks); F(n_verticals); F(n_slashes); F(slash_distances); F(local_window);
+        F(n_needles); F(strength); F(noise);
+        end();
+    }
+    {
+        typedef mi_synth_truth T;
+        begin("mi_synth_truth", sizeof(T));
+        F(vertical_cols); F(slash_dists); F(needle_rows); F(needle_cols);
+        end();
+    }
+    {
+        typedef mi_head_metrics T;
+        begin("mi_head_metrics", sizeof(T));
+        F(recall); F(density); F(flops); F(dense_flops);
+        end();
+    }
+    {
+        typedef mi_search_params T;
+        begin("mi_search_params", sizeof(T));
+        F(candidates); F(n_candidates); F(mode); F(target_density); F(target_recall);
+        F(error_weight); F(max_scale); F(min_scale); F(iterations); F(prefill);
+        end();
+    }
+    {
+        typedef mi_rope_scaling T;
+        begin("mi_rope_scaling", sizeof(T));
+        F(type); F(factor); F(original_context); F(low_freq_factor); F(high_freq_factor);
+        F(beta_fast); F(beta_slow); F(attention_factor);
+        end();
+    }
+    {
+        typedef mi_model_params T;
+        begin("mi_model_params", sizeof(T));
+        F(device); F(n_threads); F(max_context); F(mlp_chunk); F(device_id);
+        end();
+    }
+    {
+        typedef mi_model_shape T;
+        begin("mi_model_shape", sizeof(T));
+        F(n_layers); F(hidden); F(n_heads); F(n_kv_heads); F(head_dim); F(ffn); F(vocab);
+        F(rope_theta); F(context_length); F(sliding_window); F(qkv_bias);
+        end();
+    }
+    {
+        typedef mi_model_info T;
+        begin("mi_model_info", sizeof(T));
+        F(arch); F(source); F(n_layers); F(n_heads); F(n_kv_heads); F(head_dim); F(hidden); F(ffn);
+        F(vocab); F(context_length); F(rope_theta); F(rms_eps); F(rope_scaling); F(tied_embeddings);
+        F(bos); F(eos); F(eot); F(weight_bytes); F(sliding_window);
+        end();
+    }
+    {
+        typedef mi_model_timing T;
+        begin("mi_model_timing", sizeof(T));
+        F(n_tokens); F(total_s); F(attention_s); F(gemm_s); F(device_bytes); F(device_peak_bytes);
+        end();
+    }
+    {
+        typedef mi_model_capture T;
+        begin("mi_model_capture", sizeof(T));
+        F(on_layer); F(user); F(token_log_probs);
+        end();
+    }
+    printf("\n}\n");
+    return 0;
+}
