@@ -14,21 +14,12 @@
 
 #include "minference.h"
 
+#include "check.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
-/* The tests' checks: each counted, a failed one printed */
-static int g_fail = 0, g_checks = 0;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        g_checks++;                                                                                \
-        if (!(cond)) {                                                                             \
-            g_fail++;                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
-        }                                                                                          \
-    } while (0)
 
 enum { CROSSOVER_MAX_LENGTHS = 32, CROSSOVER_MAX_SERIES = 32 };
 
@@ -141,8 +132,7 @@ static inline int crossover_test_main(int argc, char **argv, const char *name,
     }
     measured(argv[1]);
     properties();
-    printf("%s: %d checks, %d failed\n", name, g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return check_finish(name);
 }
 
 #endif /* MI_TEST_CROSSOVER_SERIES_H */

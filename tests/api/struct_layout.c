@@ -31,111 +31,205 @@ int main(void) {
     {
         typedef mi_context_params T;
         begin("mi_context_params", sizeof(T));
-        F(device); F(device_id); F(n_threads);
+        F(device);
+        F(device_id);
+        F(n_threads);
         end();
     }
     {
         typedef mi_tensor T;
         begin("mi_tensor", sizeof(T));
-        F(data); F(dtype); F(device); F(shape); F(stride);
+        F(data);
+        F(dtype);
+        F(device);
+        F(shape);
+        F(stride);
         end();
     }
     {
         typedef mi_head_pattern T;
         begin("mi_head_pattern", sizeof(T));
-        F(type); F(vertical_size); F(slash_size); F(n_init); F(n_local); F(n_last); F(top_k);
+        F(type);
+        F(vertical_size);
+        F(slash_size);
+        F(n_init);
+        F(n_local);
+        F(n_last);
+        F(top_k);
         end();
     }
     {
         typedef mi_vs_params T;
         begin("mi_vs_params", sizeof(T));
-        F(last_q); F(forced_columns); F(forced_diagonals); F(min_vertical); F(min_slash);
+        F(last_q);
+        F(forced_columns);
+        F(forced_diagonals);
+        F(min_vertical);
+        F(min_slash);
         end();
     }
     {
         typedef mi_prefill_params T;
         begin("mi_prefill_params", sizeof(T));
-        F(softmax_scale); F(vs); F(dense_below);
+        F(softmax_scale);
+        F(vs);
+        F(dense_below);
         end();
     }
     {
         typedef mi_vs_index T;
         begin("mi_vs_index", sizeof(T));
-        F(batch); F(heads); F(max_vertical); F(max_slash); F(vertical_count); F(vertical_idx);
-        F(slash_count); F(slash_idx);
+        F(batch);
+        F(heads);
+        F(max_vertical);
+        F(max_slash);
+        F(vertical_count);
+        F(vertical_idx);
+        F(slash_count);
+        F(slash_idx);
         end();
     }
     {
         typedef mi_sparse_index T;
         begin("mi_sparse_index", sizeof(T));
-        F(batch); F(heads); F(row_blocks); F(max_blocks); F(max_columns); F(block_count);
-        F(block_offset); F(column_count); F(column_index);
+        F(batch);
+        F(heads);
+        F(row_blocks);
+        F(max_blocks);
+        F(max_columns);
+        F(block_count);
+        F(block_offset);
+        F(column_count);
+        F(column_index);
         end();
     }
     {
         typedef mi_synth_params T;
         begin("mi_synth_params", sizeof(T));
-        F(seed); F(n_sinks); F(n_verticals); F(n_slashes); F(slash_distances); F(local_window);
-        F(n_needles); F(strength); F(noise);
+        F(seed);
+        F(n_sinks);
+        F(n_verticals);
+        F(n_slashes);
+        F(slash_distances);
+        F(local_window);
+        F(n_needles);
+        F(strength);
+        F(noise);
         end();
     }
     {
         typedef mi_synth_truth T;
         begin("mi_synth_truth", sizeof(T));
-        F(vertical_cols); F(slash_dists); F(needle_rows); F(needle_cols);
+        F(vertical_cols);
+        F(slash_dists);
+        F(needle_rows);
+        F(needle_cols);
         end();
     }
     {
         typedef mi_head_metrics T;
         begin("mi_head_metrics", sizeof(T));
-        F(recall); F(density); F(flops); F(dense_flops);
+        F(recall);
+        F(density);
+        F(flops);
+        F(dense_flops);
         end();
     }
     {
         typedef mi_search_params T;
         begin("mi_search_params", sizeof(T));
-        F(candidates); F(n_candidates); F(mode); F(target_density); F(target_recall);
-        F(error_weight); F(max_scale); F(min_scale); F(iterations); F(prefill);
+        F(candidates);
+        F(n_candidates);
+        F(mode);
+        F(target_density);
+        F(target_recall);
+        F(error_weight);
+        F(max_scale);
+        F(min_scale);
+        F(iterations);
+        F(prefill);
         end();
     }
     {
         typedef mi_rope_scaling T;
         begin("mi_rope_scaling", sizeof(T));
-        F(type); F(factor); F(original_context); F(low_freq_factor); F(high_freq_factor);
-        F(beta_fast); F(beta_slow); F(attention_factor);
+        F(type);
+        F(factor);
+        F(original_context);
+        F(low_freq_factor);
+        F(high_freq_factor);
+        F(beta_fast);
+        F(beta_slow);
+        F(attention_factor);
         end();
     }
     {
         typedef mi_model_params T;
         begin("mi_model_params", sizeof(T));
-        F(device); F(n_threads); F(max_context); F(mlp_chunk); F(device_id);
+        F(device);
+        F(n_threads);
+        F(max_context);
+        F(mlp_chunk);
+        F(device_id);
         end();
     }
     {
         typedef mi_model_shape T;
         begin("mi_model_shape", sizeof(T));
-        F(n_layers); F(hidden); F(n_heads); F(n_kv_heads); F(head_dim); F(ffn); F(vocab);
-        F(rope_theta); F(context_length); F(sliding_window); F(qkv_bias);
+        F(n_layers);
+        F(hidden);
+        F(n_heads);
+        F(n_kv_heads);
+        F(head_dim);
+        F(ffn);
+        F(vocab);
+        F(rope_theta);
+        F(context_length);
+        F(sliding_window);
+        F(qkv_bias);
         end();
     }
     {
         typedef mi_model_info T;
         begin("mi_model_info", sizeof(T));
-        F(arch); F(source); F(n_layers); F(n_heads); F(n_kv_heads); F(head_dim); F(hidden); F(ffn);
-        F(vocab); F(context_length); F(rope_theta); F(rms_eps); F(rope_scaling); F(tied_embeddings);
-        F(bos); F(eos); F(eot); F(weight_bytes); F(sliding_window);
+        F(arch);
+        F(source);
+        F(n_layers);
+        F(n_heads);
+        F(n_kv_heads);
+        F(head_dim);
+        F(hidden);
+        F(ffn);
+        F(vocab);
+        F(context_length);
+        F(rope_theta);
+        F(rms_eps);
+        F(rope_scaling);
+        F(tied_embeddings);
+        F(bos);
+        F(eos);
+        F(eot);
+        F(weight_bytes);
+        F(sliding_window);
         end();
     }
     {
         typedef mi_model_timing T;
         begin("mi_model_timing", sizeof(T));
-        F(n_tokens); F(total_s); F(attention_s); F(gemm_s); F(device_bytes); F(device_peak_bytes);
+        F(n_tokens);
+        F(total_s);
+        F(attention_s);
+        F(gemm_s);
+        F(device_bytes);
+        F(device_peak_bytes);
         end();
     }
     {
         typedef mi_model_capture T;
         begin("mi_model_capture", sizeof(T));
-        F(on_layer); F(user); F(token_log_probs);
+        F(on_layer);
+        F(user);
+        F(token_log_probs);
         end();
     }
     printf("\n}\n");

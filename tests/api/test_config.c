@@ -3,7 +3,7 @@
  * trips (ints stay ints), editing, shape checks, and every malformed input (right status, a
  * message naming the problem, no crash). argv[1]: the fixture directory.
  */
-#include "api_check.h"
+#include "../check.h"
 #include "minference.h"
 
 #include <math.h>
@@ -358,5 +358,5 @@ int main(int argc, char **argv) {
     test_create_edit(ctx);
     test_malformed(ctx);
     mi_context_destroy(ctx);
-    return API_SUMMARY("test_config");
+    return check_finish("test_config");
 }

@@ -4,7 +4,7 @@
  * reference, never read back from the generator's internals. Also: determinism, layouts, dtypes,
  * GQA, batch, and argument errors.
  */
-#include "api_check.h"
+#include "../check.h"
 #include "minference.h"
 #include "minference_tools.h"
 
@@ -287,5 +287,5 @@ int main(void) {
     test_structure(4159, 128, 1234);
     test_layouts_and_determinism();
     test_errors();
-    return API_SUMMARY("test_synth");
+    return check_finish("test_synth");
 }

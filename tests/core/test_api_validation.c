@@ -2,7 +2,7 @@
  * Bad input for every public entry point: each call must return the documented status, leave a
  * message on the context, and write nothing (outputs are poisoned first and compared after).
  */
-#include "check.h"
+#include "../check.h"
 #include "minference.h"
 #include "minference_cuda.h"
 #include "minference_tools.h"
@@ -410,5 +410,5 @@ int main(void) {
         test_accepts_valid_input(ctx);
     }
     mi_context_destroy(ctx);
-    return CHECK_SUMMARY("test_api_validation");
+    return check_finish("test_api_validation");
 }

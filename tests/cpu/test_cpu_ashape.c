@@ -33,8 +33,8 @@ static void run_ashape(mi_context *ctx, const ashape_case *c, rng *r) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 4321);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 4321);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     const ashape_case cases[] = {
         /* dt, blhd, B, Hq, Hkv, L, D, n_init, n_local, n_last, lens, use_lens */
@@ -56,5 +56,5 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_ashape(ctx, &cases[i], &r);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_ashape");
+    return check_finish("test_cpu_ashape");
 }

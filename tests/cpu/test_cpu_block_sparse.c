@@ -186,8 +186,8 @@ static void run_cut_ties(mi_context *ctx, mi_dtype dt) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 2024);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 2024);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     const int32_t tk4[4] = {0, 1, 3, 100};
     const int32_t tk8[8] = {0, 2, 3, 4, 5, 6, 7, 100};
@@ -209,5 +209,5 @@ int main(int argc, char **argv) {
     run_cut_ties(ctx, MI_DTYPE_BF16);
     run_cut_ties(ctx, MI_DTYPE_F16);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_block_sparse");
+    return check_finish("test_cpu_block_sparse");
 }

@@ -34,8 +34,8 @@ static void run_dense(mi_context *ctx, const dense_case *c, rng *r) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 1234);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 1234);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     const int64_t lens[] = {1, 63, 64, 65, 1000};
     const mi_dtype dts[] = {MI_DTYPE_F32, MI_DTYPE_F16, MI_DTYPE_BF16};
@@ -81,5 +81,5 @@ int main(int argc, char **argv) {
     dense_case l2 = {MI_DTYPE_BF16, true, 1, 2, 1, 4099, 64, {0, 0}, false, 0.0f};
     run_dense(ctx, &l2, &r);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_dense");
+    return check_finish("test_cpu_dense");
 }

@@ -125,8 +125,8 @@ static void test_default_per_head(mi_context *ctx, rng *r) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 99);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 99);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     const int64_t B = 2, Hq = 8, Hkv = 2, L = 720, D = 64;
     const int32_t lens[2] = {720, 450};
@@ -244,5 +244,5 @@ int main(int argc, char **argv) {
     }
     test_default_per_head(ctx, &r);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_prefill");
+    return check_finish("test_cpu_prefill");
 }

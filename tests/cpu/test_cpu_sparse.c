@@ -118,8 +118,8 @@ static void noncausal_columns(mi_context *ctx, rng *r) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 777);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 777);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     const sparse_case cases[] = {
         {MI_DTYPE_F32, false, 1, 1, 1, 1, 64, {0, 0}, false},
@@ -138,5 +138,5 @@ int main(int argc, char **argv) {
     full_equals_dense(ctx, MI_DTYPE_F16, 130, 64, &r);
     noncausal_columns(ctx, &r);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_sparse");
+    return check_finish("test_cpu_sparse");
 }

@@ -349,7 +349,7 @@ static void estimate_random(mi_context *ctx, mi_dtype dt, bool blhd, int64_t B, 
  * logits of about 8 each (balanced, so neither kind of structure hides the other). */
 static void planted(mi_context *ctx, mi_dtype dt) {
     const int64_t L = 1000, D = 64;
-    rng r = {g_seed + 99};
+    rng r = {check_seed + 99};
     tbuf q = tb_new(dt, false, 1, 2, L, D), k = tb_new(dt, false, 1, 1, L, D);
     const int32_t cols[3] = {137, 555, 800};
     const int64_t dslash = 300;
@@ -424,8 +424,8 @@ static void full_budget(mi_context *ctx, mi_dtype dt, int64_t L, rng *r) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 31337);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 31337);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     worked_example(ctx, false);
     worked_example(ctx, true);
@@ -467,5 +467,5 @@ int main(int argc, char **argv) {
     full_budget(ctx, MI_DTYPE_F32, 300, &r);
     full_budget(ctx, MI_DTYPE_F16, 65, &r);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_vs");
+    return check_finish("test_cpu_vs");
 }

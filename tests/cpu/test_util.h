@@ -9,6 +9,8 @@
 
 #include "minference.h"
 
+#include "../check.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -16,32 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_failures = 0; /* per test program */
-static int g_checks = 0;
-static uint64_t g_seed = 0;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        g_checks++;                                                                                \
-        if (!(cond)) {                                                                             \
-            g_failures++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d (seed %llu): ", __FILE__, __LINE__,                        \
-                    (unsigned long long)g_seed);                                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-
-#define CHECK_OK(expr)                                                                             \
-    do {                                                                                           \
-        const mi_status st_ = (expr);                                                              \
-        CHECK(st_ == MI_STATUS_SUCCESS, "%s -> %s", #expr, mi_status_name(st_));                   \
-    } while (0)
-
-static inline int test_finish(const char *name) {
-    printf("%s: %d checks, %d failures\n", name, g_checks, g_failures);
-    return g_failures ? 1 : 0;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* RNG (splitmix64)                                                                             */

@@ -1,12 +1,12 @@
 /*
  * host_expect.h: EXPECT for the host tests of the CUDA helpers (test_bs_chunks.cu,
  * test_bs_slots.cu, test_vs_walk.cu): a failed property counts in check_failures
- * (../core/check.h) and prints its case, the first few only; and their seeded random source.
+ * (../check.h) and prints its case, the first few only; and their seeded random source.
  */
 #ifndef MI_TEST_HOST_EXPECT_H
 #define MI_TEST_HOST_EXPECT_H
 
-#include "../core/check.h"
+#include "../check.h"
 
 #include <stdint.h>
 

@@ -133,5 +133,5 @@ int main() {
         for (int C = (group + 1 + BSS_SPLIT_MAX - 1) / BSS_SPLIT_MAX; C <= group; ++C)
             test_ranges(group, C);
     }
-    return CHECK_SUMMARY("bs_chunks");
+    return check_finish("bs_chunks");
 }

@@ -193,5 +193,5 @@ int main() {
     for (int n : rows)
         for (uint32_t s : key_spreads)
             for (int rep = 0; rep < 3; ++rep) test_summaries(rng, n, s);
-    return CHECK_SUMMARY("bs_scores");
+    return check_finish("bs_scores");
 }

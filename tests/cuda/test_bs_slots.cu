@@ -86,5 +86,5 @@ int main() {
                 own[t][nt >> 2] = 1u << bss_own_bit(nt, e);
                 test_quad(own, case_no++);
             }
-    return CHECK_SUMMARY("bs_slots");
+    return check_finish("bs_slots");
 }

@@ -199,5 +199,5 @@ int main(void) {
         snprintf(what, sizeof what, "round %d (B %d, H %d, L %d)", round, batch, heads, len);
         check_plan(k, what);
     }
-    return CHECK_SUMMARY("tri_split_plan");
+    return check_finish("tri_split_plan");
 }

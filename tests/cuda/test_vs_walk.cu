@@ -174,7 +174,7 @@ int main() {
     cp.n_threads = 1;
     mi_context *ctx = nullptr;
     CHECK_STATUS(mi_context_create(&cp, &ctx), MI_STATUS_SUCCESS);
-    if (!ctx) return CHECK_SUMMARY("test_vs_walk");
+    if (!ctx) return check_finish("test_vs_walk");
     bands(ctx, 30000, 53);
     bands(ctx, 30000, 9);
     bands(ctx, 4099, 3);
@@ -183,5 +183,5 @@ int main() {
     messy(ctx, 4099, 300, 700);
     messy(ctx, 70, 5, 8);
     mi_context_destroy(ctx);
-    return CHECK_SUMMARY("test_vs_walk");
+    return check_finish("test_vs_walk");
 }

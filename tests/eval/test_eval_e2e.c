@@ -5,7 +5,7 @@
  * load back. Exits 77 (skipped) when no model file is available.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "check.h"
+#include "../check.h"
 #include "cli.h"
 #include "minference.h"
 #include "minference_model.h"
@@ -119,5 +119,5 @@ int main(void) {
     remove(cfg);
     rmdir(dir);
     free(model);
-    return CHECK_SUMMARY("eval.e2e");
+    return check_finish("eval.e2e");
 }

@@ -1,5 +1,5 @@
 /* test_eval_scoring.c: the answer checks, perplexity and haystack builders of the harnesses. */
-#include "check.h"
+#include "../check.h"
 #include "minference.h"
 #include "minference_tools.h"
 
@@ -135,5 +135,5 @@ int main(void) {
     test_answer_checks();
     test_perplexity();
     test_haystacks();
-    return CHECK_SUMMARY("eval.scoring");
+    return check_finish("eval.scoring");
 }

@@ -7,6 +7,8 @@
 
 #include "minference_model.h"
 
+#include "../check.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -16,26 +18,6 @@
 
 #define SKIP_CODE 77
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            g_failures++;                                                                          \
-        }                                                                                          \
-    } while (0)
-
-static inline int test_finish(const char *name) {
-    if (g_failures) {
-        fprintf(stderr, "%s: %d check(s) failed\n", name, g_failures);
-        return 1;
-    }
-    printf("%s: all checks passed\n", name);
-    return 0;
-}
 
 /* Relative L2 distance of a from ref. */
 static inline double test_rel_l2(const float *a, const float *ref, int64_t n) {

@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     free(path);
     if (!m || !prompt) {
         json_decref(fx);
-        return test_finish("test_model_golden");
+        return check_finish("test_model_golden");
     }
     mi_model_info info;
     mi_model_get_info(m, &info);
@@ -67,5 +67,5 @@ int main(int argc, char **argv) {
     free(logits);
     mi_model_destroy(m);
     json_decref(fx);
-    return test_finish("test_model_golden");
+    return check_finish("test_model_golden");
 }

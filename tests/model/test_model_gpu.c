@@ -271,5 +271,5 @@ int main(void) {
     CHECK(st == MI_STATUS_UNSUPPORTED && !m, "head_dim 32 on CUDA: %s", mi_status_name(st));
     mi_model_destroy(m);
     compare_smollm2();
-    return test_finish("model.gpu");
+    return check_finish("model.gpu");
 }

@@ -403,5 +403,5 @@ int main(void) {
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-    return test_finish("test_model_load");
+    return check_finish("test_model_load");
 }

@@ -52,7 +52,7 @@ int main(void) {
     mi_model *m = NULL;
     CHECK(mi_model_load(test_ctx(), path, NULL, &m) == MI_STATUS_SUCCESS, "%s", TEST_ERR);
     free(path);
-    if (!m) return test_finish("test_model_passkey");
+    if (!m) return check_finish("test_model_passkey");
     mi_model_info info;
     mi_model_get_info(m, &info);
     char *prompt = passkey_prompt();
@@ -100,5 +100,5 @@ int main(void) {
     free(ids);
     free(prompt);
     mi_model_destroy(m);
-    return test_finish("test_model_passkey");
+    return check_finish("test_model_passkey");
 }

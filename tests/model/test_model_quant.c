@@ -139,5 +139,5 @@ int main(int argc, char **argv) {
     CHECK(strcmp(mim_type_name(14), "Q6_K") == 0 && strcmp(mim_type_name(30), "BF16") == 0,
           "type names");
     CHECK(strcmp(mim_type_name(1000), "unknown") == 0, "unknown type name");
-    return test_finish("test_model_quant");
+    return check_finish("test_model_quant");
 }

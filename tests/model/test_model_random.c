@@ -40,7 +40,7 @@ int main(void) {
 
     /* same seed, same model; another seed, another model */
     mi_model *m1 = create(&s, 11), *m2 = create(&s, 11), *m3 = create(&s, 12);
-    if (!m1 || !m2 || !m3) return test_finish("model.random");
+    if (!m1 || !m2 || !m3) return check_finish("model.random");
     mi_model_info info;
     CHECK(mi_model_get_info(m1, &info) == MI_STATUS_SUCCESS && info.vocab == V &&
               info.head_dim == 32 && strcmp(info.source, "random") == 0,
@@ -74,7 +74,7 @@ int main(void) {
     mi_model_shape sw = s;
     sw.sliding_window = 200;
     mi_model *w = create(&sw, 11);
-    if (!w) return test_finish("model.random");
+    if (!w) return check_finish("model.random");
     CHECK(mi_model_get_info(w, &info) == 0 && info.sliding_window == 200, "window in info");
     const mi_attn_mode modes[] = {MI_ATTN_DENSE, MI_ATTN_MINFERENCE, MI_ATTN_A_SHAPE};
     for (size_t k = 0; k < sizeof(modes) / sizeof(modes[0]); k++) {
@@ -165,5 +165,5 @@ int main(void) {
     CHECK(same, "top_k 1 / top_p 0.5 drew the weaker token");
     free(a);
     free(b);
-    return test_finish("model.random");
+    return check_finish("model.random");
 }

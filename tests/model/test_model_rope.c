@@ -117,5 +117,5 @@ int main(int argc, char **argv) {
     CHECK(n >= 7, "fixture has %d cases", n);
     json_decref(fx);
     test_layouts();
-    return test_finish("test_model_rope");
+    return check_finish("test_model_rope");
 }

@@ -391,5 +391,5 @@ int main(int argc, char **argv) {
     test_spm_gguf();
     test_json_pretok_detection();
     if (argc > 1) test_smollm2(argv[1]);
-    return test_finish("test_model_tokenizer");
+    return check_finish("test_model_tokenizer");
 }

@@ -9,7 +9,7 @@
  * softmax ignores: 2 alpha (i - d) j - alpha j^2. A key given its own coordinate gets a
  * fixed logit boost instead, so sinks and columns stay flat across all rows.
  */
-#include "check.h"
+#include "../check.h"
 #include "minference.h"
 #include "minference_tools.h"
 
@@ -255,7 +255,7 @@ int main(void) {
     mi_context *ctx = NULL;
     mi_context_params cp = mi_context_default_params();
     CHECK_STATUS(mi_context_create(&cp, &ctx), MI_STATUS_SUCCESS);
-    if (!ctx) return CHECK_SUMMARY("search");
+    if (!ctx) return check_finish("search");
     mi_tensor tq = mi_tensor_bhld(q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, L, D);
     mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, L, D);
     mi_tensor tv = mi_tensor_bhld(v, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, L, D);
@@ -264,5 +264,5 @@ int main(void) {
     test_fixed_and_bad_input(ctx, &tq, &tk, &tv);
     test_gqa_batch(ctx);
     mi_context_destroy(ctx);
-    return CHECK_SUMMARY("search");
+    return check_finish("search");
 }
