@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-PKGS="build-essential cmake ninja-build pkg-config libjansson-dev libopenblas-dev python3 python3-pip
-      python3-venv"
+PKGS="build-essential cmake ninja-build pkg-config libjansson-dev libopenblas-dev libpng-dev python3
+      python3-pip python3-venv"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
