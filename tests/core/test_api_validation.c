@@ -78,6 +78,13 @@ static void test_context(void) {
     CHECK(mi_context_device(ctx) == MI_DEVICE_CPU);
     CHECK_STATUS(mi_context_set_stream(ctx, NULL), MI_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(mi_context_synchronize(ctx), MI_STATUS_SUCCESS);
+    /* A library built on this one records its message on the context. */
+    CHECK_STATUS(mi_context_set_error(ctx, MI_STATUS_PARSE_ERROR, "bad file"),
+                 MI_STATUS_PARSE_ERROR);
+    CHECK(strcmp(mi_context_last_error(ctx), "bad file") == 0);
+    CHECK_STATUS(mi_context_set_error(ctx, MI_STATUS_IO_ERROR, NULL), MI_STATUS_IO_ERROR);
+    CHECK(strcmp(mi_context_last_error(ctx), mi_status_string(MI_STATUS_IO_ERROR)) == 0);
+    CHECK_STATUS(mi_context_set_error(NULL, MI_STATUS_IO_ERROR, "x"), MI_STATUS_IO_ERROR);
     mi_context_destroy(ctx);
 }
 
