@@ -44,11 +44,11 @@ typedef enum mi_kv_dtype {
     MI_KV_FP8_E4M3 = 3,
 } mi_kv_dtype;
 
-const char *mi_kv_dtype_name(mi_kv_dtype dtype);
+MI_API const char *mi_kv_dtype_name(mi_kv_dtype dtype);
 
 /* fp8 e4m3 conversions: round to nearest even, saturating at +-448; NaN stays NaN. */
-uint8_t mi_fp8_e4m3_from_f32(float x);
-float mi_fp8_e4m3_to_f32(uint8_t x);
+MI_API uint8_t mi_fp8_e4m3_from_f32(float x);
+MI_API float mi_fp8_e4m3_to_f32(uint8_t x);
 
 /* Metadata kinds a pool may keep per page, beside the rows (the row layout never changes). */
 #define MI_KV_META_KEY_MINMAX 1u /* per head and channel: min and max of the keys (Quest) */
@@ -102,16 +102,17 @@ typedef struct mi_kv_pool_params {
 
 typedef struct mi_kv_pool mi_kv_pool;
 
-mi_kv_pool_params mi_kv_pool_default_params(void);
-/* Creates an empty pool (pages are allocated on demand, in slabs). err (may be NULL) receives a
- * message when creation fails. */
-mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, char *err,
-                            size_t err_size);
+MI_API mi_kv_pool_params mi_kv_pool_default_params(void);
+/* Creates an empty pool (pages are allocated on demand, in slabs). ctx (may be NULL) receives
+ * the message when creation fails (mi_context_last_error); later calls on the pool and its
+ * sequences report to mi_kv_pool_last_error. */
+MI_API mi_status mi_kv_pool_create(mi_context *ctx, const mi_kv_pool_params *params,
+                                   mi_kv_pool **out);
 /* Drops the caller's reference; the memory goes with the last sequence. */
-void mi_kv_pool_destroy(mi_kv_pool *pool);
+MI_API void mi_kv_pool_destroy(mi_kv_pool *pool);
 /* The message of the last failed call on the pool or one of its sequences ("" if none). */
-const char *mi_kv_pool_last_error(const mi_kv_pool *pool);
-mi_status mi_kv_pool_layout(const mi_kv_pool *pool, mi_kv_page_layout *out);
+MI_API const char *mi_kv_pool_last_error(const mi_kv_pool *pool);
+MI_API mi_status mi_kv_pool_layout(const mi_kv_pool *pool, mi_kv_page_layout *out);
 
 typedef struct mi_kv_pool_stats {
     int64_t capacity_pages;   /* -1: no limit */
@@ -124,9 +125,9 @@ typedef struct mi_kv_pool_stats {
     int32_t live_sequences;
 } mi_kv_pool_stats;
 
-mi_status mi_kv_pool_stats_get(const mi_kv_pool *pool, mi_kv_pool_stats *out);
+MI_API mi_status mi_kv_pool_stats_get(const mi_kv_pool *pool, mi_kv_pool_stats *out);
 /* The base address of a page (see mi_kv_page_layout), NULL for an id that is not in use. */
-const void *mi_kv_pool_page_data(const mi_kv_pool *pool, int32_t page_id);
+MI_API const void *mi_kv_pool_page_data(const mi_kv_pool *pool, int32_t page_id);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sequence                                                                                    */
@@ -136,41 +137,42 @@ typedef struct mi_kv_seq mi_kv_seq;
 #define MI_KV_ALL_LAYERS (-1)
 
 /* An empty sequence: every layer has 0 rows. */
-mi_status mi_kv_seq_create(mi_kv_pool *pool, mi_kv_seq **out);
+MI_API mi_status mi_kv_seq_create(mi_kv_pool *pool, mi_kv_seq **out);
 /* Releases the sequence's pages (freed when no other sequence shares them). */
-void mi_kv_seq_destroy(mi_kv_seq *seq);
-mi_kv_pool *mi_kv_seq_pool(const mi_kv_seq *seq);
+MI_API void mi_kv_seq_destroy(mi_kv_seq *seq);
+MI_API mi_kv_pool *mi_kv_seq_pool(const mi_kv_seq *seq);
 
 /* A new sequence with the parent's rows, sharing its pages (no copy). Either may then append,
  * truncate or be destroyed independently: the other never sees it. */
-mi_status mi_kv_seq_fork(const mi_kv_seq *parent, mi_kv_seq **out);
+MI_API mi_status mi_kv_seq_fork(const mi_kv_seq *parent, mi_kv_seq **out);
 
 /* Appends a chunk of n >= 1 rows to one layer. k, v: [1, n_kv_heads, n, head_dim] on the CPU,
  * f32, f16 or bf16, any strides with the last dimension contiguous (both the model's
  * [B, L, H, D] rows and [B, H, L, D] work). Converts to the storage dtype; keeps the metadata.
  * MI_STATUS_OUT_OF_MEMORY when the pool's capacity or host memory runs out: nothing appended. */
-mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, const mi_tensor *v);
+MI_API mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k,
+                                  const mi_tensor *v);
 
 /* Copies rows start..start+count-1 of one layer out of the pages. k_out, v_out:
  * [1, n_kv_heads, count, head_dim] on the CPU, f32, f16 or bf16; either may be NULL. */
-mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int64_t count,
-                         mi_tensor *k_out, mi_tensor *v_out);
+MI_API mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int64_t count,
+                                mi_tensor *k_out, mi_tensor *v_out);
 
 /* Keeps the first len rows of one layer (or of every layer: MI_KV_ALL_LAYERS); len may not
  * exceed a layer's length. Pages past the end are released. Never allocates. */
-mi_status mi_kv_seq_truncate(mi_kv_seq *seq, int32_t layer, int64_t len);
+MI_API mi_status mi_kv_seq_truncate(mi_kv_seq *seq, int32_t layer, int64_t len);
 /* Drops the last n rows of every layer (n <= the shortest layer's length). */
-mi_status mi_kv_seq_rewind(mi_kv_seq *seq, int64_t n);
+MI_API mi_status mi_kv_seq_rewind(mi_kv_seq *seq, int64_t n);
 
 /* Rows of one layer; -1 for a NULL sequence or a layer out of range. */
-int64_t mi_kv_seq_length(const mi_kv_seq *seq, int32_t layer);
+MI_API int64_t mi_kv_seq_length(const mi_kv_seq *seq, int32_t layer);
 /* The longest layer's rows (the sequence's token count once every layer has its chunk). */
-int64_t mi_kv_seq_tokens(const mi_kv_seq *seq);
+MI_API int64_t mi_kv_seq_tokens(const mi_kv_seq *seq);
 
 /* Zero-copy access for kernels: the layer's page ids (row r is in page ids[r / page_tokens], at
  * row r % page_tokens), valid until the sequence next changes. */
-mi_status mi_kv_seq_page_table(const mi_kv_seq *seq, int32_t layer, const int32_t **ids,
-                               int64_t *n_pages);
+MI_API mi_status mi_kv_seq_page_table(const mi_kv_seq *seq, int32_t layer, const int32_t **ids,
+                                      int64_t *n_pages);
 
 typedef struct mi_kv_page_view {
     const void *data; /* the page's base (mi_kv_page_layout); read-only */
@@ -189,7 +191,8 @@ typedef struct mi_kv_page_view {
 } mi_kv_page_view;
 
 /* Page index (0..n_pages-1) of one layer. */
-mi_status mi_kv_seq_page(const mi_kv_seq *seq, int32_t layer, int64_t index, mi_kv_page_view *out);
+MI_API mi_status mi_kv_seq_page(const mi_kv_seq *seq, int32_t layer, int64_t index,
+                                mi_kv_page_view *out);
 
 typedef struct mi_kv_seq_stats {
     int64_t tokens;        /* mi_kv_seq_tokens */
@@ -199,7 +202,7 @@ typedef struct mi_kv_seq_stats {
     uint64_t shared_bytes; /* shared_pages * page bytes; bytes - shared_bytes are its own */
 } mi_kv_seq_stats;
 
-mi_status mi_kv_seq_stats_get(const mi_kv_seq *seq, mi_kv_seq_stats *out);
+MI_API mi_status mi_kv_seq_stats_get(const mi_kv_seq *seq, mi_kv_seq_stats *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Session files                                                                               */
@@ -212,12 +215,12 @@ typedef struct mi_kv_model_id {
 } mi_kv_model_id;
 
 /* 64-bit FNV-1a of n bytes, chained through seed (start with 0). */
-uint64_t mi_kv_hash64(uint64_t seed, const void *data, size_t n);
+MI_API uint64_t mi_kv_hash64(uint64_t seed, const void *data, size_t n);
 
 /* Writes the sequence to path atomically (a temporary file in the same folder, synced, then
  * renamed): the file is either complete or absent. id's shapes must match the pool's.
  * MI_STATUS_IO_ERROR with the system's reason on failure. */
-mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_model_id *id);
+MI_API mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_model_id *id);
 
 /* Replaces seq's contents with the file's (read into new pages of seq's pool, then swapped in).
  * On any error seq is unchanged:
@@ -227,7 +230,7 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
  *   MI_STATUS_INVALID_ARGUMENT written for another model (identity differs from id) or for
  *                            another pool geometry (dtype, page size);
  *   MI_STATUS_OUT_OF_MEMORY  the pool cannot hold it. */
-mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id *id);
+MI_API mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id *id);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 """The ctypes structs of minference/_lib.py against the C headers: every public struct's size and
 each field's offset and size as the C compiler lays them out (printed by the test helper
-tests/api/struct_layout.c, which CMake builds as mi_struct_layout).
+tests/api/struct_layout.c, which CMake builds as mi_struct_layout). Structs the package does not
+bind (yet) are printed too, so that binding one is checked at once.
 
 Under pytest the helper is $MINFERENCE_STRUCT_LAYOUT, else the one of the build that
 $MINFERENCE_LIBRARY comes from, else of ../build*; the test skips when there is none. ctest runs
@@ -45,8 +46,6 @@ def layout_errors(helper):
     errors = []
     for name in sorted(_header_structs() - set(c)):
         errors.append(f"{name}: declared in a public header, missing from struct_layout.c")
-    for name in sorted(set(c) - set(py)):
-        errors.append(f"{name}: no ctypes declaration in _lib.py")
     for name in sorted(set(py) - set(c)):
         errors.append(f"{name}: declared in _lib.py, unknown to struct_layout.c")
     for name in sorted(set(c) & set(py)):

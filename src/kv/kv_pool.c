@@ -97,8 +97,8 @@ static void default_free(void *user, void *ptr, size_t bytes) {
     free(ptr);
 }
 
-static void set_err(char *err, size_t err_size, const char *msg) {
-    if (err && err_size) snprintf(err, err_size, "%s", msg);
+static void set_err(mi_context *ctx, const char *msg) {
+    mi_context_set_error(ctx, MI_STATUS_SUCCESS, msg); /* only the message: the caller returns */
 }
 
 static int32_t elem_bytes_of(mi_kv_dtype dtype) {
@@ -111,11 +111,10 @@ static int32_t elem_bytes_of(mi_kv_dtype dtype) {
     return 0;
 }
 
-mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, char *err,
-                            size_t err_size) {
+mi_status mi_kv_pool_create(mi_context *ctx, const mi_kv_pool_params *params, mi_kv_pool **out) {
     char msg[256];
     if (!params || !out) {
-        set_err(err, err_size, "mi_kv_pool_create: params and out must not be NULL");
+        set_err(ctx, "mi_kv_pool_create: params and out must not be NULL");
         return MI_STATUS_INVALID_ARGUMENT;
     }
     const mi_kv_pool_params *p = params;
@@ -137,7 +136,7 @@ mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, c
     else if (!p->alloc != !p->free)
         snprintf(msg, sizeof msg, "alloc and free are given together or not at all");
     if (msg[0]) {
-        set_err(err, err_size, msg);
+        set_err(ctx, msg);
         return MI_STATUS_INVALID_ARGUMENT;
     }
 
@@ -165,7 +164,7 @@ mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, c
         L.meta_bytes = (size_t)p->n_kv_heads * 2 * (size_t)p->head_dim * sizeof(float);
     if (L.page_bytes > ((size_t)1 << 31)) {
         snprintf(msg, sizeof msg, "a page of %zu bytes is too large (at most 2 GiB)", L.page_bytes);
-        set_err(err, err_size, msg);
+        set_err(ctx, msg);
         return MI_STATUS_UNSUPPORTED;
     }
 
@@ -181,13 +180,13 @@ mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, c
     if (max_pages < 1) {
         snprintf(msg, sizeof msg, "capacity_bytes %llu holds no page of %zu bytes",
                  (unsigned long long)p->capacity_bytes, L.page_bytes + L.meta_bytes);
-        set_err(err, err_size, msg);
+        set_err(ctx, msg);
         return MI_STATUS_INVALID_ARGUMENT;
     }
 
     mi_kv_pool *pool = calloc(1, sizeof *pool);
     if (!pool) {
-        set_err(err, err_size, "out of memory for the KV pool");
+        set_err(ctx, "out of memory for the KV pool");
         return MI_STATUS_OUT_OF_MEMORY;
     }
     pool->params = *p;
@@ -203,7 +202,6 @@ mi_status mi_kv_pool_create(const mi_kv_pool_params *params, mi_kv_pool **out, c
     if (slab > max_pages) slab = max_pages;
     pool->slab_pages = (int32_t)slab;
     *out = pool;
-    set_err(err, err_size, "");
     return MI_STATUS_SUCCESS;
 }
 

@@ -4,6 +4,7 @@
  * headers (python/tests/test_struct_layout.py). A struct added to a public header is added here.
  */
 #include "minference.h"
+#include "minference_kv.h"
 #include "minference_model.h"
 #include "minference_tools.h"
 
@@ -230,6 +231,92 @@ int main(void) {
         F(on_layer);
         F(user);
         F(token_log_probs);
+        end();
+    }
+    {
+        typedef mi_kv_page_layout T;
+        begin("mi_kv_page_layout", sizeof(T));
+        F(dtype);
+        F(page_tokens);
+        F(n_kv_heads);
+        F(head_dim);
+        F(elem_bytes);
+        F(has_scales);
+        F(row_stride);
+        F(head_stride);
+        F(k_offset);
+        F(v_offset);
+        F(scale_offset);
+        F(page_bytes);
+        F(meta_kinds);
+        F(meta_bytes);
+        end();
+    }
+    {
+        typedef mi_kv_pool_params T;
+        begin("mi_kv_pool_params", sizeof(T));
+        F(n_layers);
+        F(n_kv_heads);
+        F(head_dim);
+        F(dtype);
+        F(page_tokens);
+        F(capacity_tokens);
+        F(capacity_bytes);
+        F(meta_kinds);
+        F(slab_pages);
+        F(alloc);
+        F(free);
+        F(alloc_user);
+        end();
+    }
+    {
+        typedef mi_kv_pool_stats T;
+        begin("mi_kv_pool_stats", sizeof(T));
+        F(capacity_pages);
+        F(allocated_pages);
+        F(used_pages);
+        F(shared_pages);
+        F(page_bytes);
+        F(allocated_bytes);
+        F(used_bytes);
+        F(live_sequences);
+        end();
+    }
+    {
+        typedef mi_kv_page_view T;
+        begin("mi_kv_page_view", sizeof(T));
+        F(data);
+        F(page_id);
+        F(rows);
+        F(meta_rows);
+        F(refcount);
+        F(first_row);
+        F(k_scale);
+        F(v_scale);
+        F(key_minmax);
+        end();
+    }
+    {
+        typedef mi_kv_seq_stats T;
+        begin("mi_kv_seq_stats", sizeof(T));
+        F(tokens);
+        F(pages);
+        F(shared_pages);
+        F(bytes);
+        F(shared_bytes);
+        end();
+    }
+    {
+        typedef mi_kv_model_id T;
+        begin("mi_kv_model_id", sizeof(T));
+        F(arch);
+        F(n_layers);
+        F(n_heads);
+        F(n_kv_heads);
+        F(head_dim);
+        F(hidden);
+        F(vocab);
+        F(weights_hash);
         end();
     }
     printf("\n}\n");

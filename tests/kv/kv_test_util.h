@@ -4,7 +4,7 @@
 #ifndef MI_KV_TEST_UTIL_H
 #define MI_KV_TEST_UTIL_H
 
-#include "../core/check.h"
+#include "../check.h"
 #include "minference_kv.h"
 
 #include <math.h>

@@ -27,7 +27,7 @@ static mi_kv_pool *make_pool(mi_kv_dtype dt, int32_t P) {
     p.n_layers = 3, p.n_kv_heads = 2, p.head_dim = 16, p.dtype = dt, p.page_tokens = P;
     p.meta_kinds = MI_KV_META_KEY_MINMAX;
     mi_kv_pool *pool = NULL;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, NULL, 0), MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &pool), MI_STATUS_SUCCESS);
     return pool;
 }
 
@@ -285,7 +285,7 @@ static void test_refusals(mi_kv_dtype dt) {
     mi_kv_pool_params p = mi_kv_pool_default_params();
     p.n_layers = 3, p.n_kv_heads = 2, p.head_dim = 16, p.dtype = dt, p.capacity_tokens = 128;
     mi_kv_pool *small;
-    CHECK_STATUS(mi_kv_pool_create(&p, &small, NULL, 0), MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &small), MI_STATUS_SUCCESS);
     o = make_seq(small, 20);
     mi_kv_seq_fork(o, &ocopy);
     expect_refused(o, ocopy, path, &id, MI_STATUS_OUT_OF_MEMORY, "full");
@@ -338,5 +338,5 @@ int main(void) {
         test_refusals(dts[i]);
     }
     rmdir(dir);
-    return CHECK_SUMMARY("kv.file");
+    return check_finish("kv.file");
 }

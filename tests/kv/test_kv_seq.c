@@ -17,8 +17,7 @@ static mi_kv_pool *make_pool(int32_t n_layers, int32_t H, int32_t D, mi_kv_dtype
     p.meta_kinds = meta;
     p.slab_pages = 5; /* several slabs even in small tests */
     mi_kv_pool *pool = NULL;
-    char err[256];
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &pool), MI_STATUS_SUCCESS);
     return pool;
 }
 
@@ -351,7 +350,7 @@ static void test_capacity(void) {
     p.n_layers = 1, p.n_kv_heads = 1, p.head_dim = 64; /* 64 * 64 * 4 * 2 = 32 KiB a page */
     p.capacity_bytes = 100 * 1024;
     mi_kv_pool *bp;
-    CHECK_STATUS(mi_kv_pool_create(&p, &bp, NULL, 0), MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &bp), MI_STATUS_SUCCESS);
     mi_kv_pool_stats_get(bp, &ps);
     CHECK(ps.capacity_pages == 3 && ps.page_bytes == 32768);
     mi_kv_pool_destroy(bp);
@@ -375,7 +374,7 @@ static void test_host_oom(void) {
     p.alloc = budget_alloc, p.free = budget_free;
     alloc_budget = 3; /* 6 pages */
     mi_kv_pool *pool;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, NULL, 0), MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &pool), MI_STATUS_SUCCESS);
     mi_kv_seq *s;
     mi_kv_seq_create(pool, &s);
     ref_seq *ref = ref_new(2, 2, 8);
@@ -424,28 +423,29 @@ static void test_fp8_codec(void) {
 
 /* Bad input: a status and a message, nothing changed. */
 static void test_bad_input(void) {
-    char err[256];
+    mi_context *ctx = NULL; /* receives the messages */
+    CHECK_OK(mi_context_create(NULL, &ctx));
     mi_kv_pool_params p = mi_kv_pool_default_params();
     mi_kv_pool *pool = NULL;
-    CHECK_STATUS(mi_kv_pool_create(NULL, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
-    CHECK(err[0] != 0 && pool == NULL);
+    CHECK_STATUS(mi_kv_pool_create(ctx, NULL, &pool), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
+    CHECK(mi_context_last_error(ctx)[0] != 0 && pool == NULL);
     p.n_layers = 2, p.n_kv_heads = 2, p.head_dim = 2000;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
-    CHECK(strstr(err, "head_dim") != NULL);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(mi_context_last_error(ctx), "head_dim") != NULL);
     p.head_dim = 8, p.dtype = (mi_kv_dtype)9;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
     p.dtype = MI_KV_F32, p.page_tokens = 0;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
     p.page_tokens = 64, p.meta_kinds = 0x80;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
     p.meta_kinds = 0, p.alloc = budget_alloc;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
     p.alloc = NULL, p.capacity_bytes = 100;
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, &pool), MI_STATUS_INVALID_ARGUMENT);
     p.capacity_bytes = 0;
-    CHECK_STATUS(mi_kv_pool_create(&p, NULL, err, sizeof err), MI_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(mi_kv_pool_create(&p, &pool, NULL, 0), MI_STATUS_SUCCESS);
+    CHECK_STATUS(mi_kv_pool_create(ctx, &p, NULL), MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &pool), MI_STATUS_SUCCESS);
 
     mi_kv_pool_destroy(NULL);
     mi_kv_seq_destroy(NULL);
@@ -523,6 +523,7 @@ static void test_bad_input(void) {
     mi_kv_pool_destroy(pool);
     CHECK(mi_kv_seq_tokens(s) == 10);
     mi_kv_seq_destroy(s);
+    mi_context_destroy(ctx);
 }
 
 /* Reads into every dtype and both layouts, and a window in the middle, agree with the f32 read. */
@@ -587,5 +588,5 @@ int main(void) {
     test_random(MI_KV_BF16, 64, 8, 128, 40); /* a real model's head shape */
     test_capacity();
     test_host_oom();
-    return CHECK_SUMMARY("kv.seq");
+    return check_finish("kv.seq");
 }
