@@ -117,9 +117,8 @@ MI_API mi_model_shape mi_model_shape_llama3_8b(void);
  * then filler tokens, then <|begin_of_text|> and <|end_of_text|>; vocab >= 258), for benchmarks
  * and tests that need a model of a size no file provides. Same seed, same weights. Errors as
  * for mi_model_load. */
-MI_API mi_status mi_model_create_random(mi_context *ctx, const mi_model_shape *shape,
-                                        uint64_t seed, const mi_model_params *params,
-                                        mi_model **out);
+MI_API mi_status mi_model_create_random(mi_context *ctx, const mi_model_shape *shape, uint64_t seed,
+                                        const mi_model_params *params, mi_model **out);
 MI_API void mi_model_destroy(mi_model *model);
 /* Message of the last failed call on this model ("" if none). */
 MI_API const char *mi_model_last_error(const mi_model *model);

@@ -217,8 +217,8 @@ static bool parse_entry(const json_t *arr, config_entry *e, char *why, size_t wh
             return false;
         }
     }
-    /* The original's mapping of the two sizes onto each pattern's parameters (spec §2.3): the
-     * pattern's table entry says which fields they carry. */
+    /* The original's mapping of the two sizes onto each pattern's parameters
+     * (docs/algorithms.md §5): the pattern's table entry says which fields they carry. */
     mi_head_pattern p;
     mi_head_pattern_from_sizes(type, vs, ss, &p);
     e->pattern = p;

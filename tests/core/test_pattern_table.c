@@ -3,7 +3,7 @@
  * the core plan: every name and alias round-trips, every pattern has its defaults, every pattern
  * survives a config JSON round trip and a "NAME:V1:V2" parse, and the plan follows the table.
  */
-#include "check.h"
+#include "../check.h"
 #include "minference.h"
 #include "pattern_table.h"
 
@@ -279,5 +279,5 @@ int main(void) {
     test_sizes();
     test_parse();
     test_plan();
-    return CHECK_SUMMARY("test_pattern_table");
+    return check_finish("test_pattern_table");
 }
