@@ -9,8 +9,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fz_write("model.gguf", data, size);
     mi_model_params params = fz_model_params();
     mi_model *model = NULL;
-    char err[512];
-    if (mi_model_load(path, &params, &model, err, sizeof(err)) == MI_STATUS_SUCCESS) {
+    if (mi_model_load(NULL, path, &params, &model) == MI_STATUS_SUCCESS) {
         fz_exercise_model(model);
         mi_model_destroy(model);
     } else if (model) {

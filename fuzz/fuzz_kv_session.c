@@ -67,12 +67,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         p.page_tokens = FZ_PAGE;
         p.capacity_tokens = FZ_MAX_ROWS;
         p.meta_kinds = MI_KV_META_KEY_MINMAX;
-        char err[256];
-        if (mi_kv_pool_create(&p, &pools[d], err, sizeof(err)) != MI_STATUS_SUCCESS ||
+        mi_context *ectx = NULL; /* receives the pool's message */
+        mi_context_create(NULL, &ectx);
+        if (mi_kv_pool_create(ectx, &p, &pools[d]) != MI_STATUS_SUCCESS ||
             mi_kv_seq_create(pools[d], &seqs[d]) != MI_STATUS_SUCCESS) {
-            fprintf(stderr, "fuzz_kv_session: %s\n", err);
+            fprintf(stderr, "fuzz_kv_session: %s\n", mi_context_last_error(ectx));
             abort();
         }
+        mi_context_destroy(ectx);
     }
     const char *tmp = getenv("TMPDIR");
     snprintf(path_in, sizeof(path_in), "%s/mi_fuzz_kv_%d.in", tmp && *tmp ? tmp : "/tmp",

@@ -20,26 +20,28 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     mi_model_params params = fz_model_params();
-    char err[512] = "";
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
     const char *env = getenv("MI_FUZZ_MODEL");
     char *path = env && *env ? strdup(env) : mi_model_default_path();
     check_roundtrip = !(env && *env);
     if (path && access(path, R_OK) == 0) {
-        if (mi_model_load(path, &params, &model, err, sizeof(err)) != MI_STATUS_SUCCESS) {
-            fprintf(stderr, "fuzz_tokenize: cannot load %s: %s\n", path, err);
+        if (mi_model_load(ectx, path, &params, &model) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "fuzz_tokenize: cannot load %s: %s\n", path,
+                    mi_context_last_error(ectx));
             abort();
         }
         fprintf(stderr, "fuzz_tokenize: model %s\n", path);
     } else {
         mi_model_shape shape = {1, 32, 2, 1, 16, 32, 300, 0, 256, 0, 0};
-        if (mi_model_create_random(&shape, 1, &params, &model, err, sizeof(err)) !=
-            MI_STATUS_SUCCESS) {
-            fprintf(stderr, "fuzz_tokenize: %s\n", err);
+        if (mi_model_create_random(ectx, &shape, 1, &params, &model) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "fuzz_tokenize: %s\n", mi_context_last_error(ectx));
             abort();
         }
         fprintf(stderr, "fuzz_tokenize: no model file; the built-in byte vocabulary\n");
     }
     free(path);
+    mi_context_destroy(ectx);
     if (mi_model_get_info(model, &info) != MI_STATUS_SUCCESS) abort();
     return 0;
 }
