@@ -43,35 +43,36 @@ typedef struct mi_session_params {
     uint64_t pool_bytes;
 } mi_session_params;
 
-mi_session_params mi_session_default_params(void);
+MI_API mi_session_params mi_session_default_params(void);
 
 /* An empty session over model (params may be NULL: defaults). A failure's message is in
  * mi_model_last_error(model); MI_STATUS_UNSUPPORTED on a CUDA model. */
-mi_status mi_session_create(mi_model *model, const mi_session_params *params, mi_session **out);
-void mi_session_destroy(mi_session *s);
+MI_API mi_status mi_session_create(mi_model *model, const mi_session_params *params,
+                                   mi_session **out);
+MI_API void mi_session_destroy(mi_session *s);
 /* Message of the last failed call on this session ("" if none). */
-const char *mi_session_last_error(const mi_session *s);
+MI_API const char *mi_session_last_error(const mi_session *s);
 
 /* Appends n tokens (a prompt, a follow-up turn or decoded tokens) and writes the last position's
  * logits [vocab] (may be NULL). prefill and decode are the same operation; the names say intent. */
-mi_status mi_session_prefill(mi_session *s, const int32_t *tokens, size_t n, float *logits);
-mi_status mi_session_decode(mi_session *s, const int32_t *tokens, size_t n, float *logits);
+MI_API mi_status mi_session_prefill(mi_session *s, const int32_t *tokens, size_t n, float *logits);
+MI_API mi_status mi_session_decode(mi_session *s, const int32_t *tokens, size_t n, float *logits);
 /* Tokens in the cache. */
-int64_t mi_session_n_past(const mi_session *s);
+MI_API int64_t mi_session_n_past(const mi_session *s);
 /* Drops the last n tokens (n <= n_past). */
-mi_status mi_session_rewind(mi_session *s, int64_t n);
+MI_API mi_status mi_session_rewind(mi_session *s, int64_t n);
 /* A new session with s's tokens, sharing its pages: no row is copied; either may then append,
  * rewind or be destroyed without the other seeing it. */
-mi_status mi_session_fork(const mi_session *s, mi_session **out);
+MI_API mi_status mi_session_fork(const mi_session *s, mi_session **out);
 
 /* Writes the cache to path atomically, with the model's identity (architecture, shapes and a
  * hash of the weights' types, shapes and leading bytes). */
-mi_status mi_session_save(const mi_session *s, const char *path);
+MI_API mi_status mi_session_save(const mi_session *s, const char *path);
 /* Replaces s's cache with the file's. MI_STATUS_IO_ERROR (cannot read), MI_STATUS_PARSE_ERROR
  * (not a session file, truncated, corrupt), MI_STATUS_UNSUPPORTED (newer format),
  * MI_STATUS_INVALID_ARGUMENT (another model, or more tokens than max_tokens),
  * MI_STATUS_OUT_OF_MEMORY (the pool cannot hold it); s is unchanged on every error. */
-mi_status mi_session_load(mi_session *s, const char *path);
+MI_API mi_status mi_session_load(mi_session *s, const char *path);
 
 typedef struct mi_session_stats {
     int64_t n_tokens;
@@ -85,7 +86,7 @@ typedef struct mi_session_stats {
     int32_t page_tokens;
 } mi_session_stats;
 
-mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out);
+MI_API mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out);
 
 #ifdef __cplusplus
 }

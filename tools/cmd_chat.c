@@ -278,15 +278,16 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_config *config = NULL;
     char *line = NULL;
     size_t line_cap = 0;
-    char err[512] = "";
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
-    mi_status st = mi_model_load(model_path, &mp, &c.model, err, sizeof(err));
-    if (st != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "minference chat: cannot load %s: %s (%s)\n", model_path, err,
-                mi_status_name(st));
-        goto done;
-    }
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
+    mi_status st = mi_model_load(ectx, model_path, &mp, &c.model);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference chat: cannot load %s: %s (%s)\n", model_path,
+                mi_context_last_error(ectx), mi_status_name(st));
+    mi_context_destroy(ectx);
+    if (st != MI_STATUS_SUCCESS) goto done;
     mi_model_get_info(c.model, &c.info);
     if (config_path && mi_config_load(NULL, config_path, &config) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference chat: cannot load config %s\n", config_path);

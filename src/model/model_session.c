@@ -60,10 +60,10 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
         pp.head_dim = m->hd;
         pp.dtype = MI_KV_F32; /* the forward pass's own precision: a session equals the model */
         pp.capacity_bytes = p.pool_bytes;
-        char err[256] = "";
-        mi_status st = mi_kv_pool_create(&pp, &m->kv_pool, err, sizeof(err));
+        mi_status st = mi_kv_pool_create(m->ctx, &pp, &m->kv_pool);
         if (st != MI_STATUS_SUCCESS)
-            return mim_model_fail(m, st, "cannot create the KV page pool: %s", err);
+            return mim_model_fail(m, st, "cannot create the KV page pool: %s",
+                                  mi_context_last_error(m->ctx));
     }
     mi_session *s = calloc(1, sizeof(*s));
     if (!s) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");

@@ -6,6 +6,7 @@
 #include "minference.h"
 #include "minference_kv.h"
 #include "minference_model.h"
+#include "minference_session.h"
 #include "minference_tools.h"
 
 #include <stddef.h>
@@ -317,6 +318,27 @@ int main(void) {
         F(hidden);
         F(vocab);
         F(weights_hash);
+        end();
+    }
+    {
+        typedef mi_session_params T;
+        begin("mi_session_params", sizeof(T));
+        F(max_tokens);
+        F(pool_bytes);
+        end();
+    }
+    {
+        typedef mi_session_stats T;
+        begin("mi_session_stats", sizeof(T));
+        F(n_tokens);
+        F(max_tokens);
+        F(bytes);
+        F(shared_bytes);
+        F(pool_used_bytes);
+        F(pool_allocated_bytes);
+        F(pool_capacity_bytes);
+        F(pool_sessions);
+        F(page_tokens);
         end();
     }
     printf("\n}\n");

@@ -45,9 +45,8 @@ static mi_model *create(const mi_model_shape *s, uint64_t seed) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
     mi_model *m = NULL;
-    char err[256] = "";
-    mi_status st = mi_model_create_random(s, seed, &p, &m, err, sizeof(err));
-    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), err);
+    mi_status st = mi_model_create_random(test_ctx(), s, seed, &p, &m);
+    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), TEST_ERR);
     if (m) CHECK(mi_model_set_attention(m, MI_ATTN_DENSE, NULL, -1) == 0, "set_attention");
     return m;
 }
@@ -349,9 +348,8 @@ static void test_smollm2(const char *path) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
     mi_model *m = NULL;
-    char err[256] = "";
-    if (mi_model_load(path, &p, &m, err, sizeof(err)) != MI_STATUS_SUCCESS) {
-        CHECK(0, "load %s: %s", path, err);
+    if (mi_model_load(test_ctx(), path, &p, &m) != MI_STATUS_SUCCESS) {
+        CHECK(0, "load %s: %s", path, TEST_ERR);
         return;
     }
     mi_model_info info;
@@ -385,8 +383,7 @@ static void test_smollm2(const char *path) {
 static int bench(const char *path, int n) {
     mi_model_params p = mi_model_default_params();
     mi_model *m = NULL;
-    char err[256] = "";
-    if (mi_model_load(path, &p, &m, err, sizeof(err)) != MI_STATUS_SUCCESS) return 1;
+    if (mi_model_load(NULL, path, &p, &m) != MI_STATUS_SUCCESS) return 1;
     mi_model_info info;
     mi_model_get_info(m, &info);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n + 16));
@@ -427,7 +424,7 @@ static int bench(const char *path, int n) {
     pp.n_layers = info.n_layers;
     pp.n_kv_heads = info.n_kv_heads;
     pp.head_dim = info.head_dim;
-    mi_kv_pool_create(&pp, &pool, NULL, 0);
+    mi_kv_pool_create(NULL, &pp, &pool);
     mi_kv_seq *seq = NULL;
     mi_kv_seq_create(pool, &seq);
     mi_tensor tk =
@@ -567,5 +564,5 @@ int main(int argc, char **argv) {
     else
         printf("SmolLM2 not installed: its part skipped\n");
     free(path);
-    return test_finish("model.session");
+    return check_finish("model.session");
 }
