@@ -341,6 +341,36 @@ int main(void) {
         F(page_tokens);
         end();
     }
+    {
+        typedef mi_tuning T;
+        begin("mi_tuning", sizeof(T));
+        F(cpu_engine);
+        F(sm90);
+        F(sm90_dense);
+        F(sm90_sparse);
+        F(sm90_a_shape);
+        F(sm90_column_copies);
+        F(sm90_plan_tiles);
+        F(sm90_tma_store);
+        F(tri_split);
+        F(vs_wgmma);
+        F(vs_score_tma);
+        F(vs_index_mask);
+        F(vs_index_shortcuts);
+        F(bs_scores);
+        F(bs_wgmma);
+        F(bs_score_tma);
+        F(bs_bound_slack);
+        F(bs_stream);
+        F(bs_rows);
+        F(bs_wide);
+        F(bs_bound);
+        F(bs_cap);
+        F(bs_split);
+        F(bs_mask_append);
+        F(bs_pool_vec);
+        end();
+    }
     printf("\n}\n");
     return 0;
 }

@@ -2,7 +2,7 @@
  * The tuning struct (include/minference.h): defaults, the text form, and validation. A bad name
  * or value is INVALID_ARGUMENT with a message naming the field, and changes nothing.
  */
-#include "check.h"
+#include "../check.h"
 #include "minference.h"
 
 #include <string.h>
@@ -168,5 +168,5 @@ int main(void) {
     CHECK(mi_tuning_format(NULL, buf, sizeof buf) == 0 && buf[0] == '\0');
 
     mi_context_destroy(ctx);
-    return CHECK_SUMMARY("core.tuning");
+    return check_finish("core.tuning");
 }
