@@ -186,8 +186,8 @@ int32_t mi_cpu_sort_unique(int32_t *a, int32_t n);
 
 /* Builds the block index of one (b, h) and all its row blocks (docs/algorithms.md §2, made
  * causal-safe). verticals / slashes: any order, duplicates and out-of-range entries allowed.
- * scratch holds nv + ns int32. Row blocks ending at or before position first (queries at an offset: no query
- * there) are left empty. */
+ * scratch holds nv + ns int32. Row blocks ending at or before position first (queries at an
+ * offset: no query there) are left empty. */
 void mi_cpu_vs_index_head(int64_t L, int64_t len, int64_t first, const int32_t *verticals,
                           int32_t nv, const int32_t *slashes, int32_t ns, int32_t *scratch,
                           int32_t *block_count, int32_t *block_offset, int64_t max_blocks,

@@ -142,8 +142,8 @@ static void refusals(mi_context *ctx, rng *r) {
 }
 
 int main(int argc, char **argv) {
-    g_seed = test_seed(argc, argv, 4711);
-    rng r = {g_seed};
+    check_seed = test_seed(argc, argv, 4711);
+    rng r = {check_seed};
     mi_context *ctx = test_context();
     static const int64_t lens[] = {200, 777, 2048};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
@@ -154,5 +154,5 @@ int main(int argc, char **argv) {
     run_case(ctx, MI_DTYPE_BF16, 1000, true, &r);
     refusals(ctx, &r);
     mi_context_destroy(ctx);
-    return test_finish("test_cpu_offset");
+    return check_finish("test_cpu_offset");
 }

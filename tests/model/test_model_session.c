@@ -479,8 +479,7 @@ static int bench_offset(const char *path, int n, int threads) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = threads;
     mi_model *m = NULL;
-    char err[256] = "";
-    if (mi_model_load(path, &p, &m, err, sizeof(err)) != MI_STATUS_SUCCESS) return 1;
+    if (mi_model_load(NULL, path, &p, &m) != MI_STATUS_SUCCESS) return 1;
     mi_model_info info;
     mi_model_get_info(m, &info);
     const int V = info.vocab;
