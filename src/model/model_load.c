@@ -457,6 +457,18 @@ static mi_status open_shards(mi_model *m, const char *dir, char *err, size_t cap
     return st;
 }
 
+/* One special-token id of config.json, checked against the tokenizer's n_tok tokens. */
+static mi_status config_token_id(const json_t *v, const char *field, int32_t n_tok, int32_t *out,
+                                 char *err, size_t cap) {
+    const json_int_t id = json_integer_value(v);
+    if (id < 0 || id >= n_tok)
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                        "config.json: %s %lld is outside the tokenizer's %d tokens", field,
+                        (long long)id, (int)n_tok);
+    *out = (int32_t)id;
+    return MI_STATUS_SUCCESS;
+}
+
 static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap) {
     char path[4096];
     size_t len;
@@ -547,18 +559,29 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap) {
     st = mim_tokenizer_from_json(text, len, &m->tok, err, cap);
     free(text);
     if (st != MI_STATUS_SUCCESS) goto done;
+    /* config.json's special ids must name tokens of the tokenizer: an id outside it would be
+     * emitted by tokenize (BOS) or never match (EOS), so the load is refused instead. */
+    const int32_t n_tok = m->tok->n_vocab;
     json_t *bos = json_object_get(cfg, "bos_token_id"), *eos = json_object_get(cfg, "eos_token_id");
-    if (json_is_integer(bos) && m->tok->bos < 0) m->tok->bos = (int32_t)json_integer_value(bos);
-    if (json_is_integer(eos)) m->tok->eos = (int32_t)json_integer_value(eos);
+    int32_t id = -1;
+    if (json_is_integer(bos) && m->tok->bos < 0) {
+        if ((st = config_token_id(bos, "bos_token_id", n_tok, &id, err, cap))) goto done;
+        m->tok->bos = id;
+    }
+    if (json_is_integer(eos)) {
+        if ((st = config_token_id(eos, "eos_token_id", n_tok, &id, err, cap))) goto done;
+        m->tok->eos = id;
+    }
     if (json_is_array(eos)) {
         size_t i;
         json_t *e;
         json_array_foreach(eos, i, e) {
             if (!json_is_integer(e)) continue;
+            if ((st = config_token_id(e, "eos_token_id", n_tok, &id, err, cap))) goto done;
             if (i == 0)
-                m->tok->eos = (int32_t)json_integer_value(e);
+                m->tok->eos = id;
             else if (m->n_extra_eog < 8)
-                m->extra_eog[m->n_extra_eog++] = (int32_t)json_integer_value(e);
+                m->extra_eog[m->n_extra_eog++] = id;
         }
     }
     m->smollm = mim_tokenizer_find(m->tok, "<|im_start|>") >= 0 &&

@@ -344,6 +344,35 @@ static void test_hf_errors(void) {
     st = mi_model_load(test_ctx(), good, NULL, &m);
     CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL, "truncated shard: %s", mi_status_name(st));
     printf("truncated shard: %s\n", TEST_ERR);
+
+    /* Special ids outside the tokenizer (bos, eos, an id of an eos list): refused, naming the
+     * field; an id inside it loads. */
+    snprintf(good, sizeof(good), "%s/ids_hf", g_dir);
+    snprintf(path, sizeof(path), "%s/ids_hf.gguf", g_dir);
+    CHECK(tm_write(path, good, false, 5), "write");
+    const char *ids[][2] = {{"\"bos_token_id\":99999", "bos_token_id"},
+                            {"\"bos_token_id\":-1", "bos_token_id"},
+                            {"\"eos_token_id\":[1,70000]", "eos_token_id"},
+                            {"\"eos_token_id\":[2,3]", NULL}};
+    snprintf(path, sizeof(path), "%s/config.json", good);
+    for (size_t c = 0; c < sizeof(ids) / sizeof(ids[0]); c++) {
+        char cfg[1024];
+        snprintf(cfg, sizeof(cfg),
+                 "{\"model_type\":\"llama\",\"hidden_size\":%d,\"intermediate_size\":%d,"
+                 "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+                 "\"rms_norm_eps\":1e-5,\"rope_theta\":10000.0,\"vocab_size\":%d,"
+                 "\"tie_word_embeddings\":true,%s}",
+                 TM_HIDDEN, TM_FFN, TM_LAYERS, TM_HEADS, TM_KV, TM_VOCAB, ids[c][0]);
+        write_text(path, cfg);
+        m = NULL;
+        st = mi_model_load(test_ctx(), good, NULL, &m);
+        if (ids[c][1])
+            CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL && strstr(TEST_ERR, ids[c][1]), "%s: %s",
+                  ids[c][0], TEST_ERR);
+        else
+            CHECK(st == MI_STATUS_SUCCESS && m != NULL, "%s: %s", ids[c][0], TEST_ERR);
+        mi_model_destroy(m);
+    }
 }
 
 /* config.json's sliding_window: Mistral's is used; Qwen2's only with use_sliding_window. */
