@@ -757,6 +757,16 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
         if (json_integer_value(id) + 1 > nv) nv = json_integer_value(id) + 1;
         total += strlen(content);
     }
+    /* Ids index per-token arrays, so the largest id sizes them: a few holes are normal (reserved
+     * ids), but a lone huge id would ask for gigabytes from a tiny file. */
+    const int64_t n_entries = (int64_t)json_object_size(vocab) + (int64_t)json_array_size(added);
+    if (nv > 2 * n_entries + 1024) {
+        st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                      "tokenizer.json: id %lld leaves more unused ids than the file has tokens "
+                      "(%lld)",
+                      (long long)(nv - 1), (long long)n_entries);
+        goto done;
+    }
     t = alloc_tokenizer((int32_t)nv, total * 2);
     if (!t) {
         st = mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");

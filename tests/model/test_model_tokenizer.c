@@ -250,6 +250,22 @@ static void test_json_pretok_detection(void) {
           "WordPiece: %s", err);
     CHECK(mim_tokenizer_from_json("{", 1, &t, err, sizeof(err)) == MI_STATUS_PARSE_ERROR,
           "broken JSON");
+    /* One added token with a huge id would size the vocabulary by itself: refused, while a few
+     * reserved holes (ids 2..999 unused) pass the size check (this vocabulary fails later, on
+     * its kind, which is not what is tested here). */
+    const char *huge = "{\"added_tokens\":[{\"id\":2147483646,\"content\":\"x\"}],"
+                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}";
+    CHECK(mim_tokenizer_from_json(huge, strlen(huge), &t, err, sizeof(err)) ==
+                  MI_STATUS_PARSE_ERROR &&
+              t == NULL && strstr(err, "2147483646"),
+          "huge added id: %s", err);
+    const char *holes = "{\"added_tokens\":[{\"id\":1000,\"content\":\"<s>\"}],"
+                        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]}}";
+    err[0] = '\0';
+    const mi_status hs = mim_tokenizer_from_json(holes, strlen(holes), &t, err, sizeof(err));
+    CHECK(!strstr(err, "unused ids"), "reserved holes: %s (%s)", err, mi_status_name(hs));
+    mim_tokenizer_free(t);
+    t = NULL;
 }
 
 /* ---- SentencePiece from GGUF metadata: merges by score ---- */
