@@ -28,13 +28,13 @@
 #include <string.h>
 #include <vector>
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 namespace {
@@ -127,7 +127,8 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     const cudaError_t dev = cudaGetDeviceProperties(&prop, 0);
     if (dev != cudaSuccess) {
-        fprintf(stderr, "bench_l2_bandwidth: no usable CUDA device (%s)\n", cudaGetErrorString(dev));
+        fprintf(stderr, "bench_l2_bandwidth: no usable CUDA device (%s)\n",
+                cudaGetErrorString(dev));
         return 1;
     }
     if (prop.major != 9 || prop.minor != 0) {
@@ -159,8 +160,8 @@ int main(int argc, char **argv) {
                 "(bench/l2_bandwidth.cu)\",\n \"gpu\": \"%s\",\n \"commit\": \"%s\",\n"
                 " \"sms\": %d,\n \"l2_bytes\": %d,\n \"rows\": [",
                 gpu ? gpu : prop.name, commit ? commit : "unknown", sms, prop.l2CacheSize);
-    printf("%-5s %8s %10s %12s %16s %17s\n", "load", "buffer", "ms", "TB/s",
-           "roof 64 FLOP/B", "roof 128 FLOP/B");
+    printf("%-5s %8s %10s %12s %16s %17s\n", "load", "buffer", "ms", "TB/s", "roof 64 FLOP/B",
+           "roof 128 FLOP/B");
     int row = 0;
     for (const size_t bytes : sizes) {
         for (const pattern &pt : pats) {

@@ -67,9 +67,9 @@ int main(int argc, char **argv) {
         {"decode", ARG_INT, &n_decode, 0, 1 << 20, NULL},
         {"warmup", ARG_INT, &warmup, 0, 1 << 24, NULL},
     };
-    args_result ar = args_parse("bench_model_ttft", usage_text, specs,
-                                (int)(sizeof specs / sizeof specs[0]), argc - 1, argv + 1, NULL, 0,
-                                NULL);
+    args_result ar =
+        args_parse("bench_model_ttft", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
+                   argc - 1, argv + 1, NULL, 0, NULL);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
     char lens_items[16][32], method_items[8][32];
     int n_lens = parse_list(lens_s, lens_items, 16);
@@ -142,7 +142,8 @@ int main(int argc, char **argv) {
         }
     } else {
         size_t text_len = 0;
-        char *text = text_path ? tool_read_file(text_path, &text_len) : tool_license_text(&text_len);
+        char *text =
+            text_path ? tool_read_file(text_path, &text_len) : tool_license_text(&text_len);
         size_t n_text = 0;
         if (!text ||
             mi_model_tokenize(model, text, text_len, 0, 0, NULL, 0, &n_text) !=
@@ -160,7 +161,8 @@ int main(int argc, char **argv) {
         free(text);
     }
 
-    fprintf(stderr, "model %s: %d layers, %d/%d heads of %d, hidden %d, ffn %d; %s; loaded in %.1f s\n",
+    fprintf(stderr,
+            "model %s: %d layers, %d/%d heads of %d, hidden %d, ffn %d; %s; loaded in %.1f s\n",
             random ? "random llama3-8b shape" : model_path, info.n_layers, info.n_heads,
             info.n_kv_heads, info.head_dim, info.hidden, info.ffn, device, t_load);
     if (warmup > 1) { /* kernels, cuBLAS heuristics and buffers of a first call */
@@ -169,14 +171,14 @@ int main(int argc, char **argv) {
     }
 
     json_t *rows = json_array();
-    printf("%9s %-12s %9s %9s %6s %9s %6s %9s %10s %9s\n", "tokens", "method", "TTFT s",
-           "attn s", "attn%", "GEMM s", "GEMM%", "other s", "decode t/s", "peak GiB");
+    printf("%9s %-12s %9s %9s %6s %9s %6s %9s %10s %9s\n", "tokens", "method", "TTFT s", "attn s",
+           "attn%", "GEMM s", "GEMM%", "other s", "decode t/s", "peak GiB");
     int failures = 0;
     for (int li = 0; li < n_lens; li++) {
         for (int mi = 0; mi < n_methods; mi++) {
             const int64_t L = lens[li];
-            if ((st = mi_model_set_attention(model, modes[mi],
-                                             modes[mi] == MI_ATTN_MINFERENCE ? config : NULL, -1))) {
+            if ((st = mi_model_set_attention(
+                     model, modes[mi], modes[mi] == MI_ATTN_MINFERENCE ? config : NULL, -1))) {
                 fprintf(stderr, "%s\n", mi_model_last_error(model));
                 return 1;
             }
@@ -218,7 +220,8 @@ int main(int argc, char **argv) {
             json_object_set_new(r, "gemm_share", json_real(tm.gemm_s / ttft));
             json_object_set_new(r, "decode_tokens_per_s", json_real(dec));
             json_object_set_new(r, "first_token", json_integer(first));
-            json_object_set_new(r, "device_peak_bytes", json_integer((json_int_t)tm.device_peak_bytes));
+            json_object_set_new(r, "device_peak_bytes",
+                                json_integer((json_int_t)tm.device_peak_bytes));
             json_array_append_new(rows, r);
         }
     }
@@ -232,8 +235,8 @@ int main(int argc, char **argv) {
         json_object_set_new(root, "commit", json_string(commit));
         json_object_set_new(root, "library", json_string(mi_version()));
         json_object_set_new(root, "device", json_string(device));
-        json_object_set_new(root, "model", json_string(random ? "random weights, LLaMA-3-8B shape"
-                                                              : model_path));
+        json_object_set_new(root, "model",
+                            json_string(random ? "random weights, LLaMA-3-8B shape" : model_path));
         json_t *shape = json_object();
         json_object_set_new(shape, "layers", json_integer(info.n_layers));
         json_object_set_new(shape, "hidden", json_integer(info.hidden));
@@ -242,7 +245,8 @@ int main(int argc, char **argv) {
         json_object_set_new(shape, "kv_heads", json_integer(info.n_kv_heads));
         json_object_set_new(shape, "head_dim", json_integer(info.head_dim));
         json_object_set_new(shape, "vocab", json_integer(info.vocab));
-        json_object_set_new(shape, "weights", json_string(mp.device == MI_DEVICE_CUDA ? "bf16" : "as stored"));
+        json_object_set_new(shape, "weights",
+                            json_string(mp.device == MI_DEVICE_CUDA ? "bf16" : "as stored"));
         json_object_set_new(root, "shape", shape);
         char prompt_desc[1200];
         if (random)
@@ -251,9 +255,11 @@ int main(int argc, char **argv) {
             snprintf(prompt_desc, sizeof prompt_desc, "the text of %s, tokenized and repeated",
                      text_path);
         else
-            snprintf(prompt_desc, sizeof prompt_desc, "system license texts, tokenized and repeated");
+            snprintf(prompt_desc, sizeof prompt_desc,
+                     "system license texts, tokenized and repeated");
         json_object_set_new(root, "prompt", json_string(prompt_desc));
-        json_object_set_new(root, "config", json_string(config_path ? config_path : "default budgets"));
+        json_object_set_new(root, "config",
+                            json_string(config_path ? config_path : "default budgets"));
         json_object_set_new(root, "decode_tokens", json_integer(n_decode));
         json_object_set_new(root, "rows", rows);
         if (json_dump_file(root, json_path, JSON_INDENT(1)) != 0) {

@@ -34,8 +34,8 @@ int main(void) {
     params.dense_below = 0; /* always sparse, even at this short length */
 
     if (st == MI_STATUS_SUCCESS)
-        st = mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, patterns, &params, &tout, NULL, NULL,
-                                  0);
+        st =
+            mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, patterns, &params, &tout, NULL, NULL, 0);
     if (st == MI_STATUS_SUCCESS)
         st = mi_attention_dense(ctx, &tq, &tk, &tv, NULL, 0.0f, &tref, NULL);
     double err = 0.0;

@@ -204,11 +204,11 @@ MI_API int64_t mi_model_n_past(const mi_model *model);
  * GPU the parts are CUDA-event times of the work queued on the model's stream. */
 typedef struct mi_model_timing {
     int64_t n_tokens;
-    double total_s;              /* the whole call, wall clock */
-    double attention_s;          /* prefill attention: estimation, index building and kernels */
-    double gemm_s;               /* projections, MLP and LM-head matrix products */
-    uint64_t device_bytes;       /* device memory the model holds now; 0 on the CPU */
-    uint64_t device_peak_bytes;  /* the most it has held */
+    double total_s;             /* the whole call, wall clock */
+    double attention_s;         /* prefill attention: estimation, index building and kernels */
+    double gemm_s;              /* projections, MLP and LM-head matrix products */
+    uint64_t device_bytes;      /* device memory the model holds now; 0 on the CPU */
+    uint64_t device_peak_bytes; /* the most it has held */
 } mi_model_timing;
 
 MI_API mi_status mi_model_last_timing(const mi_model *model, mi_model_timing *out);

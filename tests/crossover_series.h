@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 enum { CROSSOVER_MAX_LENGTHS = 32, CROSSOVER_MAX_SERIES = 32 };
 
 /* The measured rows of one pattern and head count, ascending in length. */

@@ -173,8 +173,7 @@ static bool select_methods(const char *list, result *res) {
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         mi_pattern_type t;
-        if (mi_pattern_from_name(tok, &t) != MI_STATUS_SUCCESS || (int)t >= N_METHODS)
-            return false;
+        if (mi_pattern_from_name(tok, &t) != MI_STATUS_SUCCESS || (int)t >= N_METHODS) return false;
         res[t].run = true;
     }
     return true;
@@ -319,8 +318,8 @@ static void json_row(FILE *f, const bench_setup *b, const char *date, const char
             ", \"benchmark\": \"minference-bench\", \"shape\": {\"device\": \"%s\", "
             "\"len\": %d, \"heads\": %d, \"kv_heads\": %d, \"dim\": %d, \"dtype\": \"%s\", "
             "\"threads\": %d}, \"method\": ",
-            b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim,
-            mi_dtype_name(b->dtype), b->threads);
+            b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim, mi_dtype_name(b->dtype),
+            b->threads);
     json_string(f, method);
     fprintf(f, ", \"metric\": \"%s\", \"value\": ", metric);
     json_number(f, value);
@@ -483,7 +482,7 @@ int mi_cmd_bench(int argc, char **argv) {
 #endif
         mi_context_params gp = mi_context_default_params();
         gp.device = MI_DEVICE_CUDA;
-        const char *why = !built                        ? "this build has no CUDA backend"
+        const char *why = !built                       ? "this build has no CUDA backend"
                           : mi_cuda_device_count() < 1 ? "no usable CUDA device"
                           : (st = mi_context_create(&gp, &gpu_ctx)) != MI_STATUS_SUCCESS
                               ? mi_status_string(st)

@@ -167,9 +167,9 @@ int mi_cmd_generate(int argc, char **argv) {
     if (strcmp(attn, "minference") != 0 &&
         mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("generate", usage_text, "unknown --attn '%s'", attn);
-    const char *attn_shown =
-        mi_attn_mode_from_name(attn, &attn_mode) == MI_STATUS_SUCCESS ? mi_attn_mode_name(attn_mode)
-                                                                      : attn;
+    const char *attn_shown = mi_attn_mode_from_name(attn, &attn_mode) == MI_STATUS_SUCCESS
+                                 ? mi_attn_mode_name(attn_mode)
+                                 : attn;
     mi_device_type device = MI_DEVICE_CPU;
     if (strcmp(device_name, "cuda") == 0)
         device = MI_DEVICE_CUDA;

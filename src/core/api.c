@@ -138,9 +138,10 @@ static mi_status check_attention_at(mi_context *ctx, const mi_tensor *q, const m
     const mi_status st = check_attention(ctx, q, k, v, out, seq_lens, true, shape);
     if (st != MI_STATUS_SUCCESS) return st;
     if (shape->q_off != 0 && shape->device == MI_DEVICE_CUDA)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
-                       "prefill: queries at an offset (q_len %lld < k_len %lld) run on the CPU only",
-                       (long long)(shape->len - shape->q_off), (long long)shape->len);
+        return mi_fail(
+            ctx, MI_STATUS_UNSUPPORTED,
+            "prefill: queries at an offset (q_len %lld < k_len %lld) run on the CPU only",
+            (long long)(shape->len - shape->q_off), (long long)shape->len);
     return MI_STATUS_SUCCESS;
 }
 

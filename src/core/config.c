@@ -177,11 +177,13 @@ static bool parse_entry(const json_t *arr, config_entry *e, char *why, size_t wh
         return false;
     }
     if (mi_pattern_from_name(json_string_value(name), &type) != MI_STATUS_SUCCESS) {
-        int n_out = snprintf(why, why_size, "unknown pattern \"%.64s\" (expected",
-                             json_string_value(name));
+        int n_out =
+            snprintf(why, why_size, "unknown pattern \"%.64s\" (expected", json_string_value(name));
         for (int32_t t = 0; t < mi_pattern_count() && n_out > 0 && (size_t)n_out < why_size; t++)
             n_out += snprintf(why + n_out, why_size - (size_t)n_out, "%s %s",
-                              t == 0 ? "" : t + 1 == mi_pattern_count() ? " or" : ",",
+                              t == 0                        ? ""
+                              : t + 1 == mi_pattern_count() ? " or"
+                                                            : ",",
                               mi_pattern_name((mi_pattern_type)t));
         if (n_out > 0 && (size_t)n_out < why_size)
             snprintf(why + n_out, why_size - (size_t)n_out, ")");

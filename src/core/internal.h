@@ -21,7 +21,7 @@ extern "C" {
 struct mi_context {
     mi_context_params params;
     int n_threads;
-    void *stream; /* cudaStream_t on CUDA contexts */
+    void *stream;     /* cudaStream_t on CUDA contexts */
     mi_tuning tuning; /* the backends' choices (zero: their own heuristics) */
     char last_error[MI_ERROR_CAPACITY];
 };
@@ -38,7 +38,7 @@ void mi_clear_error(mi_context *ctx);
 /* The validated geometry of an attention call. */
 typedef struct mi_attn_shape {
     int64_t batch, heads_q, heads_kv, len, head_dim; /* len: keys (and query positions) */
-    int64_t group; /* heads_q / heads_kv */
+    int64_t group;                                   /* heads_q / heads_kv */
     mi_dtype dtype;
     mi_device_type device;
     /* Queries at an offset (mi_prefill_attention only): q holds the last len - q_off positions,

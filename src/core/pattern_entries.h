@@ -10,8 +10,7 @@
 #include <math.h>
 #include <stddef.h>
 
-#define MI_PT_FIELD(f, d)                                                                          \
-    { #f, offsetof(mi_head_pattern, f), d }
+#define MI_PT_FIELD(f, d) {#f, offsetof(mi_head_pattern, f), d}
 #define MI_PT_OFF(f) offsetof(mi_head_pattern, f)
 
 /* The search never scales a budget beyond this (keeps int32 arithmetic safe). */
@@ -92,8 +91,7 @@ static inline void mi_pt_block_plan(const mi_head_pattern *p, const mi_prefill_p
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* Sizes the original's files hold for VS-like and unused entries: written back as read. */
-#define MI_PT_SIZES_AS_READ                                                                        \
-    { MI_PT_OFF(vertical_size), MI_PT_OFF(slash_size) }
+#define MI_PT_SIZES_AS_READ {MI_PT_OFF(vertical_size), MI_PT_OFF(slash_size)}
 
 static const mi_pattern_traits mi_pattern_table[MI_PATTERN_TYPES] = {
     {

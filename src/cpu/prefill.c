@@ -95,8 +95,8 @@ static layout make_layout(const mi_context *ctx, const mi_attn_shape *s,
     lay.ws_floats_off = 0;
     lay.sets_off = ALIGN64(est_floats * sizeof(float));
     /* vertical set, slash set, and the index builder's scratch (both again) */
-    lay.per_thread = lay.sets_off +
-                     ALIGN64(2 * ((size_t)plan->max_vertical + (size_t)plan->max_slash + 1) * 4);
+    lay.per_thread =
+        lay.sets_off + ALIGN64(2 * ((size_t)plan->max_vertical + (size_t)plan->max_slash + 1) * 4);
     /* + 64: a caller's workspace need not be aligned; the plan aligns its start */
     lay.total = lay.threads + (size_t)nt * lay.per_thread + 64;
     return lay;
@@ -133,8 +133,8 @@ static void estimate_job(mi_tile *tile, const mi_attn_shape *s, const mi_tensor 
         int32_t *sset = vset + j->max_columns;
         int32_t *scratch = sset + j->max_blocks;
         int32_t nv = 0, ns = 0;
-        mi_cpu_vs_estimate_head(tile, s, q, k, j->b, j->h, j->len, p->vertical_size,
-                                p->slash_size, &pp->vs, scale, est, vset, &nv, sset, &ns);
+        mi_cpu_vs_estimate_head(tile, s, q, k, j->b, j->h, j->len, p->vertical_size, p->slash_size,
+                                &pp->vs, scale, est, vset, &nv, sset, &ns);
         mi_cpu_vs_index_head(L, j->len, s->q_off, vset, nv, sset, ns, scratch,
                              (int32_t *)j->block_count, (int32_t *)j->block_offset, j->max_blocks,
                              (int32_t *)j->column_count, (int32_t *)j->column_index,
@@ -224,8 +224,8 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
     if (!heads) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
     mi_prefill_plan plan;
     plan_heads(s, seq_lens, patterns, &pp, heads, &plan);
-    const mi_status st = plan_jobs(ctx, s, q, k, seq_lens, patterns, &pp, &plan, workspace,
-                                   jobs_out);
+    const mi_status st =
+        plan_jobs(ctx, s, q, k, seq_lens, patterns, &pp, &plan, workspace, jobs_out);
     free(heads);
     return st;
 }

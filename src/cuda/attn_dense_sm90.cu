@@ -292,8 +292,8 @@ static cudaError_t launch_dense(const dense_sm90_args &a, int batch, bool bf16, 
     return cudaGetLastError();
 }
 
-cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa,
-                                  int64_t z, cudaStream_t st, bool *used) {
+cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa, int64_t z,
+                                  cudaStream_t st, bool *used) {
     *used = false;
     static thread_local dense_sm90_args a; /* tensor maps: off the stack */
     const bool bf16 = p.dtype == MI_DTYPE_BF16;
@@ -304,10 +304,11 @@ cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_
     if (!encode_qkv_maps(&a.tm_q, &a.tm_k, &a.tm_v, &p, DS_BM, 128)) return cudaSuccess;
     dense_args_of(a, p); /* (the chunks write their own scratch, not o or lse) */
     *used = true;
-    auto kern = d == 64 ? (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 64>
-                                : tri_chunk_sm90_kernel<__half, 64>)
-                        : (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 128>
-                                : tri_chunk_sm90_kernel<__half, 128>);
+    auto kern =
+        d == 64
+            ? (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 64> : tri_chunk_sm90_kernel<__half, 64>)
+            : (bf16 ? tri_chunk_sm90_kernel<__nv_bfloat16, 128>
+                    : tri_chunk_sm90_kernel<__half, 128>);
     const size_t smem = d == 64 ? ds_smem<128, 64>() : ds_smem<128, 128>();
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -42,8 +42,8 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *qs = reinterpret_cast<T *>(smem_raw);
-    T *ks = qs + BM * PITCH;         /* [2][BN][PITCH] */
-    T *vs = ks + 2 * BN * PITCH;     /* [2][BN][PITCH] */
+    T *ks = qs + BM * PITCH;                                  /* [2][BN][PITCH] */
+    T *vs = ks + 2 * BN * PITCH;                              /* [2][BN][PITCH] */
     int *kpos = reinterpret_cast<int *>(vs + 2 * BN * PITCH); /* [2][BN] */
 
     const int tid = threadIdx.x;
@@ -306,9 +306,9 @@ __global__ void __launch_bounds__(BM * 2)
  * left to itself ptxas gives it more, and one CTA an SM. The sm_80 build keeps ptxas's choice:
  * held to 128 registers it spills 44 bytes. D = 128 keeps ptxas's choice everywhere. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM)*2, 256 / (BM))
+#define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM) * 2, 256 / (BM))
 #else
-#define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM)*2)
+#define MI_ATTN_D64_BOUNDS(BM) __launch_bounds__((BM) * 2)
 #endif
 template <typename T, int BM>
 __global__ void MI_ATTN_D64_BOUNDS(BM)
@@ -370,8 +370,8 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
     static_assert(sizeof(__half) == sizeof(__nv_bfloat16), "one shared-memory size for both");
     const size_t smem = (size_t)(BM + 4 * BN) * PITCH * sizeof(__half) + 2 * BN * sizeof(int);
     auto kern = bf16 ? attn_kernel<__nv_bfloat16, D, BM>() : attn_kernel<__half, D, BM>();
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((p.len + BM - 1) / BM, p.batch * p.heads);
     kern<<<grid, BM * 2, smem, st>>>(p);
@@ -405,8 +405,7 @@ using namespace mi_cuda;
 /* The launch as it was asked for (see tri_split_plan for the Tri-shape rows). */
 static mi_status attn_launch(mi_context *ctx, const mi_cuda_attn_params *p, int block_m);
 
-extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p,
-                                      int block_m) {
+extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p, int block_m) {
     if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
     static thread_local tri_split_args sa;
     int64_t z = 0;
@@ -488,8 +487,8 @@ extern "C" mi_status mi_cuda_fill_attn_params(mi_context *ctx, const mi_attn_sha
                                               const int32_t *seq_lens, float scale, float *lse,
                                               mi_cuda_attn_params *p) {
     if (s->dtype != MI_DTYPE_BF16 && s->dtype != MI_DTYPE_F16)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
-                       "CUDA kernels take bf16 or fp16 tensors, not %s", mi_dtype_name(s->dtype));
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA kernels take bf16 or fp16 tensors, not %s",
+                       mi_dtype_name(s->dtype));
     if (s->head_dim != 64 && s->head_dim != 128)
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                        "CUDA kernels support head_dim 64 or 128, not %lld", (long long)s->head_dim);

@@ -244,8 +244,8 @@ static cudaError_t launch_sm90(const mi_cuda_attn_params &p, cudaStream_t st) {
     auto kern = D == 128 ? attn_fwd_sm90_ring_kernel<T> : attn_fwd_sm90_ring_d64_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((p.len + 63) / 64, p.batch * p.heads);
     kern<<<grid, 128, smem, st>>>(p);

@@ -38,9 +38,9 @@ __host__ __device__ __forceinline__ bool window_keeps(const a_shape_window &w, i
  * kernels' per-tile steps need no branch on the mode. */
 struct tile_plan {
     int mode;
-    bool windowed;      /* A-/Tri-shape: keys outside sinks + window are masked */
-    int n_a, n_b;       /* range tiles, column tiles */
-    int sink_tiles;     /* A-shape: tiles [0, sink_tiles) then window tiles from win_start */
+    bool windowed;  /* A-/Tri-shape: keys outside sinks + window are masked */
+    int n_a, n_b;   /* range tiles, column tiles */
+    int sink_tiles; /* A-shape: tiles [0, sink_tiles) then window tiles from win_start */
     int win_start;
     const int32_t *offsets; /* sparse: block_offset row */
     const int32_t *cols;    /* sparse: column_index row */
@@ -188,8 +188,8 @@ __device__ __forceinline__ bool tri_rows_of(const mi_cuda_attn_params &p, const 
  * made for it (tri_split_knobs::pairs: a usable sm_90a device, chunk_tiles even); *used = false
  * (and cudaSuccess) where it does not apply: a sequence shorter than the launch, or tensors TMA
  * cannot address. */
-cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa,
-                                  int64_t z, cudaStream_t st, bool *used);
+cudaError_t tri_split_sm90_launch(const mi_cuda_attn_params &p, const tri_split_args &sa, int64_t z,
+                                  cudaStream_t st, bool *used);
 
 } // namespace mi_cuda
 

@@ -66,11 +66,10 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <typename T>
-static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
+template <typename T> static cudaError_t launch_sparse(const sparse_sm90_args &a, cudaStream_t st) {
     auto kern = attn_sparse_sm90_kernel<T>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)SP_SMEM);
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SP_SMEM);
     if (e != cudaSuccess) return e;
     /* persistent: one CTA per SM walks the work items, so that an item's start (reading the
      * index, the first loads) overlaps the previous item's end */
@@ -99,7 +98,7 @@ struct column_copies {
     int rows;       /* 0: no copies */
 };
 /* (ROUTE_SCAN and ROUTE_MIN_CANDIDATES serve device code only, which some passes leave out) */
-constexpr int ROUTE_SAMPLES = 16; /* row blocks sampled per (b, h) */
+constexpr int ROUTE_SAMPLES = 16;                 /* row blocks sampled per (b, h) */
 [[maybe_unused]] constexpr int ROUTE_SCAN = 1024; /* starts read per sampled row block, at most */
 /* fewer starts with a successor: the ring kernel */
 [[maybe_unused]] constexpr int ROUTE_MIN_CANDIDATES = 16;
@@ -175,7 +174,8 @@ __global__ void __launch_bounds__(32 * ROUTE_SAMPLES)
         for (int i = threadIdx.x; i < fill * 16; i += blockDim.x) {
             const int r = i / 16;
             uint4 x = make_uint4(0, 0, 0, 0);
-            if (r < n) x = __ldg(reinterpret_cast<const uint4 *>(src + __ldg(cols + r) * rs) + i % 16);
+            if (r < n)
+                x = __ldg(reinterpret_cast<const uint4 *>(src + __ldg(cols + r) * rs) + i % 16);
             dst[i] = x;
         }
     }

@@ -232,7 +232,7 @@ static int bsr_chunk_tiles(int64_t groups, int64_t pairs) {
     int64_t ctas = 0;
     for (int64_t g = 0; g < groups; ++g) ctas += (g + BSR_CHUNK_TILES) / BSR_CHUNK_TILES;
     return ctas * pairs >= 2 * 3 * (int64_t)mi_cuda_sm_count() ? BSR_CHUNK_TILES
-                                                                : BSR_CHUNK_TILES / 2;
+                                                               : BSR_CHUNK_TILES / 2;
 }
 
 /* The scores path's scratch where it is on; else enough for any number of streaming heads (the
@@ -262,8 +262,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
                                              const uint8_t *active, int32_t dense_below,
                                              void *scratch, mi_sparse_index *index) {
     mi_cuda_attn_params ap;
-    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, nullptr, nullptr, seq_lens, 1.0f,
-                                            nullptr, &ap);
+    mi_status st =
+        mi_cuda_fill_attn_params(ctx, s, q, k, nullptr, nullptr, seq_lens, 1.0f, nullptr, &ap);
     if (st != MI_STATUS_SUCCESS) return st;
     const int64_t R = (s->len + 63) / 64;
     if (index->batch != s->batch || index->heads != s->heads_q || index->row_blocks < R)
@@ -325,9 +325,8 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
      * (fewer compactions near the diagonal) and from 0.25 to 0.27 on random ones; at 1M x 1
      * (640 chunks) from 0.50 to 0.73 on random inputs and 0.50 to 0.51 on position-coded ones */
     const int64_t narrow_ctas = (int64_t)mi_cuda_sm_count() * (chunk_tiles > 0 ? 3 : 1);
-    const bool narrow_on =
-        cap_env == BSS_CAP_NARROW ||
-        (cap_env != BSS_CAP_WIDE && (stream_ctas > narrow_ctas || !wide_fits));
+    const bool narrow_on = cap_env == BSS_CAP_NARROW ||
+                           (cap_env != BSS_CAP_WIDE && (stream_ctas > narrow_ctas || !wide_fits));
     bool all_narrow = true;
     for (int64_t h = 0; h < s->heads_q; ++h)
         if (to_stream[h] && !(narrow_on && narrow_ok && top_k[h] <= BSS_NARROW_MAX_K))

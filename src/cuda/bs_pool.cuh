@@ -51,8 +51,7 @@ __device__ __forceinline__ bool pool_block_of(const pool_params &p, const pool_t
 }
 
 /* A thread per (block, d). */
-template <typename T>
-__global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
+template <typename T> __global__ void bs_pool_kernel(const __grid_constant__ pool_params p) {
     const pool_tensor &pt = p.t[blockIdx.z];
     const int m = blockIdx.x, bh = blockIdx.y;
     const int d = threadIdx.x;

@@ -32,8 +32,8 @@ struct bs_select_params {
      * chunk_tiles 0: a CTA per row group. groups_r: the row groups with key tiles, split_items:
      * their chunks; split_heads: the streaming heads, split_slot[h]: h's rank among them. */
     int32_t chunk_tiles, groups_r, split_items, split_heads;
-    int32_t groups, bh; /* the index's row groups; the (b, h) pairs (all heads) */
-    int32_t mask_append; /* bs_stream_kernel's plain tiles appended at once where they can be */
+    int32_t groups, bh;     /* the index's row groups; the (b, h) pairs (all heads) */
+    int32_t mask_append;    /* bs_stream_kernel's plain tiles appended at once where they can be */
     uint16_t *split_maxima; /* [split_heads, split rows, BSB_SLOTS] the chunks' group maxima */
     int32_t *split_count;   /* [split_heads, split rows, BSS_SPLIT_MAX] each chunk's candidates */
     uint64_t *split_cand;   /* [split_heads, split rows, BSS_SPLIT_MAX, BSS_MAX_K] */

@@ -49,7 +49,6 @@ __device__ uint32_t bsr_warp_kth_largest(KeyFn key, int n, int k, uint32_t lo, u
                                   n_ge_lo >= 0 ? n_ge_lo : count_ge(lo));
 }
 
-
 /* Writes the top k of n candidate blocks as ascending offsets, by one warp: key(i) ranks
  * candidate i, block(i) is its block, ascending in i; every key of the top k lies in [lo, hi].
  * The k-th largest key, then every key above it and the first of those equal to it (lower
@@ -273,9 +272,8 @@ __global__ void __launch_bounds__(32 * BSR_WARPS, BSR_CTAS_PER_SM)
     /* Too many keys reach the bound (short rows with fewer than k summary values, many near
      * ones): the k-th largest of those listed is reached by k distinct keys, a higher bound. */
     if (over && n_cand >= k && p.score_raise) {
-        const uint32_t raised =
-            bsr_warp_kth_largest([&](int i) { return wk[i]; }, n_cand, k, bound, hi, n_cand,
-                                 kth_list);
+        const uint32_t raised = bsr_warp_kth_largest([&](int i) { return wk[i]; }, n_cand, k, bound,
+                                                     hi, n_cand, kth_list);
         __syncwarp();
         if (raised > bound) {
             bound = raised;

@@ -257,8 +257,8 @@ __device__ __forceinline__ void bsb_group_max(V (&key)[8], Max mx) {
  * slots), each keeping the largest. */
 template <int G>
 __device__ __forceinline__ void bsb_tile_maxima(const float (&acc)[8][4], bool plain, int j0,
-                                                const int (&m)[2], int t, uint16_t *rows,
-                                                int first, int mask) {
+                                                const int (&m)[2], int t, uint16_t *rows, int first,
+                                                int mask) {
     constexpr int lane_groups = G >= 4 ? G / 4 : 1, span = 8 / lane_groups;
     const bool lane_on = G >= 4 || (t & (4 / G - 1)) == 0;
     const int group0 = G >= 4 ? t * lane_groups : G == 2 ? t >> 1 : 0;
@@ -372,8 +372,7 @@ __global__ void __launch_bounds__(BSS_NT, 2)
          * writes its window, an empty chunk zeros) */
         __syncwarp();
         for (int rr = 0; rr < 16; ++rr) {
-            const uint4 *src =
-                reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_ROW);
+            const uint4 *src = reinterpret_cast<const uint4 *>(maxima + (16 * warp + rr) * BSB_ROW);
             uint4 *dst = reinterpret_cast<uint4 *>(
                 p.split_maxima + bss_split_row(p, b, h, wm0 + rr) * BSB_SLOTS + w.chunk * window);
             for (int i = lane; i < window / 8; i += 32) dst[i] = src[i];
@@ -471,7 +470,7 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
     bs_stream_kernel(const __grid_constant__ bs_select_params p) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int KS = bss_key_stride<D>();
-    uint64_t *cand = reinterpret_cast<uint64_t *>(smem);               /* [BSS_ROWS][CROW] */
+    uint64_t *cand = reinterpret_cast<uint64_t *>(smem); /* [BSS_ROWS][CROW] */
     constexpr int CROW = bss_cand_row(CAP);
     T *kbuf = reinterpret_cast<T *>(smem + (size_t)BSS_ROWS * CROW * 8); /* [2][64][KS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -507,8 +506,8 @@ __global__ void __launch_bounds__(BSS_NT, CAP == BSS_CAP_NARROW ? 2 : 1)
             const unsigned need = __ballot_sync(
                 0xffffffffu, t == 0 && th.sel[r] && cnt[r] > (limit < 0 ? th.kk[r] : limit));
             if (need) {
-                const bss_row_state now = bss_keep_top<CAP>(
-                    cand + (16 * warp + 8 * r) * CROW, need, {cnt[r], thr[r]}, th.kk[r], scratch);
+                const bss_row_state now = bss_keep_top<CAP>(cand + (16 * warp + 8 * r) * CROW, need,
+                                                            {cnt[r], thr[r]}, th.kk[r], scratch);
                 cnt[r] = now.cnt;
                 thr[r] = now.thr;
             }

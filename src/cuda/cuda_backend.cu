@@ -50,8 +50,8 @@ extern "C" mi_status mi_cuda_context_init(mi_context *ctx) {
                        ctx->params.device_id, n - 1);
     e = cudaSetDevice(ctx->params.device_id);
     if (e != cudaSuccess)
-        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "cudaSetDevice(%d): %s",
-                       ctx->params.device_id, cudaGetErrorString(e));
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "cudaSetDevice(%d): %s", ctx->params.device_id,
+                       cudaGetErrorString(e));
     /* Calls without a workspace take scratch from the device's default stream-ordered pool.
      * With its default release threshold (0) the pool hands memory back at every synchronize
      * and the next call maps it again (milliseconds); keep it instead. */
@@ -114,8 +114,7 @@ void plan_heads(const mi_context *ctx, const mi_attn_shape *s, const int32_t *se
                 const mi_head_pattern *patterns, const mi_prefill_params *pp, mi_head_plan *heads,
                 mi_prefill_plan *plan) {
     const int sm90 = mi_cuda_sm90_on(ctx->tuning);
-    mi_prefill_plan_build(s, seq_lens, patterns, pp, mi_cuda_dense_below_rule, &sm90, heads,
-                          plan);
+    mi_prefill_plan_build(s, seq_lens, patterns, pp, mi_cuda_dense_below_rule, &sm90, heads, plan);
 }
 
 /* Index and scratch memory for the plan's estimates: one index of the largest budgets. */
@@ -197,8 +196,7 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
                                                const mi_tensor *v, const int32_t *seq_lens,
                                                const mi_head_pattern *patterns,
                                                const mi_prefill_params *params, mi_tensor *out,
-                                               float *lse, void *workspace,
-                                               size_t workspace_size) {
+                                               float *lse, void *workspace, size_t workspace_size) {
     const float scale = mi_resolve_scale(params->softmax_scale, s->head_dim);
     mi_cuda_attn_params p;
     mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, v, out, seq_lens, scale, lse, &p);
@@ -240,10 +238,9 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         st = mi_vs_index_init(&vsi, B, H, lo.max_v, lo.max_s, base + lo.off_vs,
                               mi_vs_index_bytes(B, H, lo.max_v, lo.max_s));
     if (st == MI_STATUS_SUCCESS && (lo.any_vs || lo.any_bs))
-        st = mi_sparse_index_init(&spi, B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols,
-                                  base + lo.off_sp,
-                                  mi_sparse_index_bytes(B, H, (int32_t)lo.R, lo.max_blocks,
-                                                        lo.max_cols));
+        st = mi_sparse_index_init(
+            &spi, B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols, base + lo.off_sp,
+            mi_sparse_index_bytes(B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols));
     void *scratch = base + lo.off_scratch;
 
     uint8_t act_vs[MI_CUDA_MAX_HEADS], act_bs[MI_CUDA_MAX_HEADS];

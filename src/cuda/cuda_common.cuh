@@ -76,8 +76,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *p) {
 /* 16-byte async copy; src_bytes = 0 zero-fills the destination (used for keys that do not exist,
  * so that masked probabilities never meet garbage V values). */
 __device__ __forceinline__ void cp_async_16(void *dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(src_bytes));
 }
 /* The same with the shared-memory address already in the shared window (saves the conversion,
  * which the compiler may otherwise redo at every copy). */
@@ -117,7 +117,7 @@ __device__ __forceinline__ float warp_max_xor(float v, int lane_mask) {
 
 /* The mode of head h: its own in a launch of mixed heads, else the launch's. */
 __host__ __device__ __forceinline__ mi_cuda_head_mode head_mode_of(const mi_cuda_attn_params &p,
-                                                                  int h) {
+                                                                   int h) {
     return p.use_head_modes ? p.head_modes[h] : p.mode;
 }
 

@@ -36,7 +36,7 @@ typedef struct mi_cuda_head_mode {
 typedef struct mi_cuda_attn_params {
     const void *q, *k, *v;
     void *o;
-    float *lse; /* [B, H, L] or NULL */
+    float *lse;                                                 /* [B, H, L] or NULL */
     int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* b, h, l in elements */
     int32_t batch, heads, heads_kv, group, len, head_dim;
     mi_dtype dtype;
@@ -81,9 +81,8 @@ size_t mi_cuda_vs_scratch_bytes(int64_t batch, int64_t heads, int64_t len);
 mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const int32_t *seq_lens,
                                   const int32_t *vertical_size, const int32_t *slash_size,
-                                  const mi_vs_params *params, float scale,
-                                  const uint8_t *active, int32_t dense_below, void *scratch,
-                                  mi_vs_index *index);
+                                  const mi_vs_params *params, float scale, const uint8_t *active,
+                                  int32_t dense_below, void *scratch, mi_vs_index *index);
 
 /* Index conversion; `sorted` = the vs sets are known ascending / descending, unique, in range
  * (as the estimator writes them), which skips the sort. active: host [H] or NULL. */
@@ -95,9 +94,9 @@ mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_le
 size_t mi_cuda_bs_scratch_bytes(const mi_context *ctx, int64_t batch, int64_t heads,
                                 int64_t heads_kv, int64_t len, int64_t head_dim);
 mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
-                                  const mi_tensor *k, const int32_t *seq_lens,
-                                  const int32_t *top_k, const uint8_t *active,
-                                  int32_t dense_below, void *scratch, mi_sparse_index *index);
+                                  const mi_tensor *k, const int32_t *seq_lens, const int32_t *top_k,
+                                  const uint8_t *active, int32_t dense_below, void *scratch,
+                                  mi_sparse_index *index);
 
 #ifdef __cplusplus
 }

@@ -82,12 +82,12 @@
 #define MI_CUDA_DENSE_BELOW_VS_FEWEST 40960 /* fewer than 8 */
 #define MI_CUDA_DENSE_BELOW_BS_FLOOR 6144   /* block-sparse, 16 or more (b, h) pairs */
 #define MI_CUDA_DENSE_BELOW_BS_FLOOR_FEW 12288
-#define MI_CUDA_DENSE_BELOW_D64_VS_FEWEST 49152    /* D = 64: vertical-slash, below 8 pairs */
-#define MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW 8192  /* D = 64: block-sparse, below 16 pairs */
-#define MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR 3072 /* D = 64: A-shape */
-#define MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR 2048    /* sm_80 kernels: A-/Tri-shape */
-#define MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR 4096 /* sm_80: block-sparse */
-#define MI_CUDA_DENSE_BELOW_PORTABLE_VS 24576      /* sm_80: vertical-slash, 8+ (b, h) pairs */
+#define MI_CUDA_DENSE_BELOW_D64_VS_FEWEST 49152      /* D = 64: vertical-slash, below 8 pairs */
+#define MI_CUDA_DENSE_BELOW_D64_BS_FLOOR_FEW 8192    /* D = 64: block-sparse, below 16 pairs */
+#define MI_CUDA_DENSE_BELOW_D64_A_SHAPE_FLOOR 3072   /* D = 64: A-shape */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_FLOOR 2048      /* sm_80 kernels: A-/Tri-shape */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR 4096   /* sm_80: block-sparse */
+#define MI_CUDA_DENSE_BELOW_PORTABLE_VS 24576        /* sm_80: vertical-slash, 8+ (b, h) pairs */
 #define MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST 32768 /* sm_80: vertical-slash, fewer than 8 */
 
 /* The (b, h) pairs of a launch that run each dynamic pattern: their estimates' fixed costs are
@@ -142,7 +142,7 @@ static inline int64_t mi_cuda_rule_vs(const mi_head_pattern *p, const mi_fallbac
     (void)p, (void)arg;
     const int32_t fewest =
         env->head_dim == 64 ? MI_CUDA_DENSE_BELOW_D64_VS_FEWEST : MI_CUDA_DENSE_BELOW_VS_FEWEST;
-    return env->pairs < 8 ? fewest
+    return env->pairs < 8    ? fewest
            : env->pairs < 16 ? MI_CUDA_DENSE_BELOW_VS_FEW
                              : MI_CUDA_DENSE_BELOW_VS;
 }
@@ -157,8 +157,7 @@ static inline int64_t mi_cuda_portable_rule_a_shape(const mi_head_pattern *p,
     return mi_cuda_portable_rule_window(p, 2);
 }
 static inline int64_t mi_cuda_portable_rule_tri_shape(const mi_head_pattern *p,
-                                                      const mi_fallback_env *env,
-                                                      const void *arg) {
+                                                      const mi_fallback_env *env, const void *arg) {
     (void)env, (void)arg;
     return mi_cuda_portable_rule_window(p, 3);
 }
@@ -167,8 +166,8 @@ static inline int64_t mi_cuda_portable_rule_block(const mi_head_pattern *p,
     (void)env, (void)arg;
     return mi_cuda_max64(2 * mi_kept_keys(p), MI_CUDA_DENSE_BELOW_PORTABLE_BS_FLOOR);
 }
-static inline int64_t mi_cuda_portable_rule_vs(const mi_head_pattern *p,
-                                               const mi_fallback_env *env, const void *arg) {
+static inline int64_t mi_cuda_portable_rule_vs(const mi_head_pattern *p, const mi_fallback_env *env,
+                                               const void *arg) {
     (void)p, (void)arg;
     return env->pairs < 8 ? MI_CUDA_DENSE_BELOW_PORTABLE_VS_FEWEST
                           : MI_CUDA_DENSE_BELOW_PORTABLE_VS;

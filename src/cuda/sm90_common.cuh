@@ -111,8 +111,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
 /* An arrive-on the mbarrier once this thread's earlier cp.async have landed; it adds one pending
  * arrival first, so the barrier's expected count is unchanged. */
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *b) {
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(b))
-                 : "memory");
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(b)) : "memory");
 }
 /* Brings the 128-byte line of p into L2 (no register, no wait). */
 __device__ __forceinline__ void prefetch_l2(const void *p) {
@@ -454,8 +453,8 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     if (!looked) {
         void *f = nullptr;
         cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                             cudaEnableDefault, &q) == cudaSuccess &&
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
             fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
         looked = 1;
@@ -483,9 +482,8 @@ static inline bool encode_tma_map(CUtensorMap *map, const void *base, const int6
         if (strides[i] == 0 || strides[i] % 16 || strides[i] >= ((cuuint64_t)1 << 40)) return false;
     cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estride[4] = {1, 1, 1, 1};
     return enc(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-               const_cast<void *>(base), dims, strides, box, estride,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               const_cast<void *>(base), dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

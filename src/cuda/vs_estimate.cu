@@ -45,8 +45,8 @@ struct vs_params {
     int64_t q_stride[3], k_stride[3];
     int32_t heads, group, len, nchunks;
     float scale_log2;
-    float *vert, *slash;   /* [B*H, len] */
-    float2 *stats;         /* [B*H, nchunks, 64]: (max, sum) base 2 */
+    float *vert, *slash; /* [B*H, len] */
+    float2 *stats;       /* [B*H, nchunks, 64]: (max, sum) base 2 */
     int32_t dense_below;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -80,8 +80,8 @@ template <int PASS> struct vs_chunk_rows {
     /* edge: a tile whose keys all lie below it needs no mask (every key before c1 and at or
      * before the first row's position) */
     int tid, cq, qr0, qr1, qpos0, qpos1, c0, c1, n, ns, edge;
-    row_softmax sm;                                           /* pass 1: running max, sum */
-    float lse0 = 0.f, lse1 = 0.f;                             /* pass 2: row log-sum-exp */
+    row_softmax sm;               /* pass 1: running max, sum */
+    float lse0 = 0.f, lse1 = 0.f; /* pass 2: row log-sum-exp */
     /* pass 2: the running sum of the diagonal this thread finishes in the next tile (threads
      * 0..63; see step) */
     float carry = 0.f;
@@ -776,8 +776,8 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
                                              int32_t dense_below, void *scratch,
                                              mi_vs_index *index) {
     mi_cuda_attn_params ap;
-    mi_status st = mi_cuda_fill_attn_params(ctx, s, q, k, nullptr, nullptr, seq_lens, scale,
-                                            nullptr, &ap);
+    mi_status st =
+        mi_cuda_fill_attn_params(ctx, s, q, k, nullptr, nullptr, seq_lens, scale, nullptr, &ap);
     if (st != MI_STATUS_SUCCESS) return st;
     if (index->batch != s->batch || index->heads != s->heads_q)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index is [%d, %d], q is [%lld, %lld]",
@@ -855,8 +855,7 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     }
     e = launch_select(sp, (int)(2 * BH), stream);
     if (e != cudaSuccess)
-        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs selection: %s",
-                       cudaGetErrorString(e));
+        return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs selection: %s", cudaGetErrorString(e));
     return MI_STATUS_SUCCESS;
 }
 

@@ -233,9 +233,8 @@ struct seg_end {
 using namespace mi_cuda;
 
 extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_lens,
-                                          const mi_vs_index *vs, int sorted,
-                                          const uint8_t *active, int32_t dense_below,
-                                          mi_sparse_index *index) {
+                                          const mi_vs_index *vs, int sorted, const uint8_t *active,
+                                          int32_t dense_below, mi_sparse_index *index) {
     const int64_t R = (L + 63) / 64;
     if (vs->batch != index->batch || vs->heads != index->heads)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index and sparse index disagree on B, H");
@@ -247,8 +246,7 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA index: too many heads or batches");
     const int64_t BH = (int64_t)vs->batch * vs->heads;
     if (BH <= 0 || index->row_blocks <= 0) return MI_STATUS_SUCCESS;
-    if (BH > 65535)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA index: B*H exceeds 65535");
+    if (BH > 65535) return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA index: B*H exceeds 65535");
     cudaStream_t stream = mi_stream(ctx);
 
     index_params p;

@@ -288,8 +288,7 @@ static void apply_window(const mi_model *m, int64_t n, mi_head_pattern *pat) {
     const int32_t w = m->sliding_window > INT32_MAX ? INT32_MAX : (int32_t)m->sliding_window;
     for (int32_t h = 0; h < m->n_heads; h++) {
         int32_t local = w;
-        if (reads_field(pat[h].type, "n_local") && pat[h].n_local < w)
-            local = pat[h].n_local;
+        if (reads_field(pat[h].type, "n_local") && pat[h].n_local < w) local = pat[h].n_local;
         pat[h] = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
         pat[h].n_init = 0;
         pat[h].n_local = local;
@@ -481,8 +480,9 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
             t_attn += mim_now_s() - t0;
             if (st != MI_STATUS_SUCCESS) break;
         } else {
-            cont_job j = {b.q,    m->k_cache[l], m->v_cache[l], b.att, n,
-                          n_past, m->n_heads,    m->n_kv,       m->hd, scale, m->sliding_window};
+            cont_job j = {b.q,   m->k_cache[l], m->v_cache[l],    b.att,
+                          n,     n_past,        m->n_heads,       m->n_kv,
+                          m->hd, scale,         m->sliding_window};
             mim_pool_run(m->pool, n * m->n_heads, cont_task, &j);
         }
         t0 = mim_now_s();

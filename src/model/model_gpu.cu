@@ -38,10 +38,10 @@ namespace {
 /* State                                                                                       */
 
 struct gpu_layer {
-    bf16 *wqkv; /* [qd + 2 kvd, hidden] */
-    bf16 *wo;   /* [hidden, qd] */
-    bf16 *wgu;  /* [2 ffn, hidden] */
-    bf16 *wd;   /* [hidden, ffn] */
+    bf16 *wqkv;  /* [qd + 2 kvd, hidden] */
+    bf16 *wo;    /* [hidden, qd] */
+    bf16 *wgu;   /* [2 ffn, hidden] */
+    bf16 *wd;    /* [hidden, ffn] */
     float *bqkv; /* [qd + 2 kvd] or NULL */
     float *attn_norm, *ffn_norm;
 };
@@ -63,23 +63,23 @@ struct gpu_state {
     bf16 **k_cache, **v_cache; /* [n_layers][cache_cap * kvd] */
     int64_t cache_cap;
     /* per-prompt buffers, grown on demand */
-    int64_t rows_cap;   /* x, q, att, rope */
-    float *x;           /* [rows, hidden] */
-    bf16 *q, *att;      /* [rows, qd] */
-    float2 *rope;       /* [rows, rope_dim / 2] (cos, sin) * mscale */
-    int32_t *tokens;    /* [rows] */
-    int64_t chunk_cap;  /* h, qkv, gu, act */
-    bf16 *h;            /* [chunk, max(hidden, qd)] */
-    float *qkv;         /* [chunk, qd + 2 kvd] */
-    float *gu;          /* [chunk, 2 ffn] */
-    bf16 *act;          /* [chunk, ffn] */
-    float *logits;      /* [head_rows, vocab] */
+    int64_t rows_cap;  /* x, q, att, rope */
+    float *x;          /* [rows, hidden] */
+    bf16 *q, *att;     /* [rows, qd] */
+    float2 *rope;      /* [rows, rope_dim / 2] (cos, sin) * mscale */
+    int32_t *tokens;   /* [rows] */
+    int64_t chunk_cap; /* h, qkv, gu, act */
+    bf16 *h;           /* [chunk, max(hidden, qd)] */
+    float *qkv;        /* [chunk, qd + 2 kvd] */
+    float *gu;         /* [chunk, 2 ffn] */
+    bf16 *act;         /* [chunk, ffn] */
+    float *logits;     /* [head_rows, vocab] */
     int64_t head_rows_cap;
-    double *log_probs;  /* [head_rows] */
-    float *inv_freq;    /* [rope_dim / 2] */
-    float *dec_part;    /* decode partials */
+    double *log_probs; /* [head_rows] */
+    float *inv_freq;   /* [rope_dim / 2] */
+    float *dec_part;   /* decode partials */
     size_t dec_part_bytes;
-    void *workspace;    /* mi_prefill_attention */
+    void *workspace; /* mi_prefill_attention */
     size_t workspace_bytes;
     size_t bytes, peak; /* device memory held by this model */
     event_log attn_ev, gemm_ev;
@@ -98,9 +98,9 @@ const int DEC_SPLIT = 1024;
 const size_t DEC_PART_MAX = (size_t)256 << 20;
 
 mi_status cuda_fail(mi_model *m, cudaError_t e, const char *what) {
-    return mim_model_fail(m, e == cudaErrorMemoryAllocation ? MI_STATUS_OUT_OF_MEMORY
-                                                            : MI_STATUS_DEVICE_ERROR,
-                          "%s: %s", what, cudaGetErrorString(e));
+    return mim_model_fail(
+        m, e == cudaErrorMemoryAllocation ? MI_STATUS_OUT_OF_MEMORY : MI_STATUS_DEVICE_ERROR,
+        "%s: %s", what, cudaGetErrorString(e));
 }
 
 template <typename T> cudaError_t dev_alloc(gpu_state *g, T **p, size_t count) {
@@ -365,14 +365,14 @@ void ev_free(event_log *log) {
 }
 
 /* out [n, ldo] (columns 0..rows) = x [n, k] . W^T (+ out when accumulate); W [rows, k] bf16. */
-cublasStatus_t gemm(gpu_state *g, const bf16 *x, int64_t n, int64_t k, const bf16 *w,
-                    int64_t rows, float *out, int64_t ldo, bool accumulate) {
+cublasStatus_t gemm(gpu_state *g, const bf16 *x, int64_t n, int64_t k, const bf16 *w, int64_t rows,
+                    float *out, int64_t ldo, bool accumulate) {
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     ev_mark(g, &g->gemm_ev);
-    cublasStatus_t s = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k,
-                                    &alpha, w, CUDA_R_16BF, (int)k, x, CUDA_R_16BF, (int)k, &beta,
-                                    out, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, w,
+                     CUDA_R_16BF, (int)k, x, CUDA_R_16BF, (int)k, &beta, out, CUDA_R_32F, (int)ldo,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     ev_mark(g, &g->gemm_ev);
     return s;
 }
@@ -412,8 +412,7 @@ mi_status attach(mi_model *m) {
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     /* the device is current: mim_gpu_attach selected it */
     cudaError_t e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
-    if (e != cudaSuccess)
-        return cuda_fail(m, e, "stream");
+    if (e != cudaSuccess) return cuda_fail(m, e, "stream");
     if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS)
         return mim_model_fail(m, MI_STATUS_DEVICE_ERROR, "cannot create a cuBLAS handle");
     cublasSetStream(g->blas, g->stream);
@@ -610,9 +609,8 @@ mi_status blas_check(mi_model *m, cublasStatus_t s, const char *what) {
 mi_status continue_attention(mi_model *m, int layer, int64_t pos0, int64_t n, float scale) {
     gpu_state *g = GPU(m);
     const int hd = m->hd;
-    const int64_t span = m->sliding_window > 0 && pos0 + n > m->sliding_window
-                             ? m->sliding_window
-                             : pos0 + n;
+    const int64_t span =
+        m->sliding_window > 0 && pos0 + n > m->sliding_window ? m->sliding_window : pos0 + n;
     const int n_splits = (int)((span + DEC_SPLIT - 1) / DEC_SPLIT);
     const size_t per_row = (size_t)m->n_heads * n_splits * (hd + 2) * sizeof(float);
     int64_t rows_per = (int64_t)(DEC_PART_MAX / per_row);
@@ -652,10 +650,10 @@ mi_status prefill_attention(mi_model *m, int layer, int64_t n, const mi_prefill_
     mi_status st = mim_layer_patterns(m, layer, n, pat);
     if (st != MI_STATUS_SUCCESS) return st;
     mi_tensor tq = mi_tensor_blhd(g->q, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_heads, n, m->hd);
-    mi_tensor tk = mi_tensor_blhd(g->k_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n,
-                                  m->hd);
-    mi_tensor tv = mi_tensor_blhd(g->v_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n,
-                                  m->hd);
+    mi_tensor tk =
+        mi_tensor_blhd(g->k_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n, m->hd);
+    mi_tensor tv =
+        mi_tensor_blhd(g->v_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n, m->hd);
     mi_tensor to = mi_tensor_blhd(g->att, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_heads, n, m->hd);
     size_t ws = 0;
     st = mi_prefill_workspace_size(m->ctx, &tq, &tk, pat, pp, &ws);
@@ -729,12 +727,12 @@ mi_status capture_log_probs(mi_model *m, int64_t n, double *out) {
     for (int64_t r0 = 0; r0 + 1 < n; r0 += step) {
         const int64_t c = n - 1 - r0 < step ? n - 1 - r0 : step;
         rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->x + r0 * D, g->out_norm, g->h, D,
-                                                          m->eps);
+                                                           m->eps);
         mi_status st = blas_check(
             m, gemm(g, g->h, c, D, g->output, m->vocab, g->logits, m->vocab, false), "LM head");
         if (st != MI_STATUS_SUCCESS) return st;
         log_prob_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->logits, g->tokens + r0 + 1,
-                                                           g->log_probs, m->vocab);
+                                                            g->log_probs, m->vocab);
         cudaError_t e = cudaMemcpyAsync(out + r0, g->log_probs, (size_t)c * sizeof(double),
                                         cudaMemcpyDeviceToHost, g->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
@@ -862,15 +860,15 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
     cudaError_t e = cudaMemcpyAsync(g->inv_freq, inv_freq, (size_t)half * sizeof(float),
                                     cudaMemcpyHostToDevice, g->stream);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(g->tokens, tokens, (size_t)n * sizeof(int32_t),
-                            cudaMemcpyHostToDevice, g->stream);
+        e = cudaMemcpyAsync(g->tokens, tokens, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            g->stream);
     /* the host copies are pageable: they complete before the calls return, so inv_freq can go */
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
     free(inv_freq);
     if (e != cudaSuccess) return cuda_fail(m, e, "upload of the prompt");
     if (half > 0)
-        rope_table_kernel<<<grid_for(n * half, 256), 256, 0, g->stream>>>(g->inv_freq, mscale,
-                                                                          half, n_past, n, g->rope);
+        rope_table_kernel<<<grid_for(n * half, 256), 256, 0, g->stream>>>(g->inv_freq, mscale, half,
+                                                                          n_past, n, g->rope);
     embed_kernel<<<(unsigned)n, 128, 0, g->stream>>>(g->tokens, g->embd, g->x, D);
     if ((st = launch_check(m, "embedding")) != MI_STATUS_SUCCESS) return st;
 
@@ -885,15 +883,15 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
         /* q, k, v for every row, chunk by chunk */
         for (int64_t c0 = 0; c0 < n && st == MI_STATUS_SUCCESS; c0 += chunk) {
             const int64_t c = n - c0 < chunk ? n - c0 : chunk;
-            rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->x + c0 * D, G->attn_norm, g->h,
-                                                              D, m->eps);
-            st = blas_check(m, gemm(g, g->h, c, D, G->wqkv, qd + 2 * kvd, g->qkv, qd + 2 * kvd,
-                                    false),
+            rmsnorm_kernel<<<(unsigned)c, 256, 0, g->stream>>>(g->x + c0 * D, G->attn_norm, g->h, D,
+                                                               m->eps);
+            st = blas_check(m,
+                            gemm(g, g->h, c, D, G->wqkv, qd + 2 * kvd, g->qkv, qd + 2 * kvd, false),
                             "q/k/v projection");
             if (st != MI_STATUS_SUCCESS) break;
             qkv_finish_kernel<<<(unsigned)c, 256, 0, g->stream>>>(
-                g->qkv, G->bqkv, g->rope + c0 * half, g->q + c0 * qd, kc + c0 * kvd,
-                vc + c0 * kvd, m->n_heads, m->n_kv, m->hd, m->rope.dim, m->rope.neox ? 1 : 0);
+                g->qkv, G->bqkv, g->rope + c0 * half, g->q + c0 * qd, kc + c0 * kvd, vc + c0 * kvd,
+                m->n_heads, m->n_kv, m->hd, m->rope.dim, m->rope.neox ? 1 : 0);
         }
         if (st == MI_STATUS_SUCCESS) st = launch_check(m, "q/k/v");
         if (st == MI_STATUS_SUCCESS && capture && capture->on_layer)
@@ -916,8 +914,8 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
             if (st != MI_STATUS_SUCCESS) break;
             silu_mul_kernel<<<grid_for(c * m->ffn, 256), 256, 0, g->stream>>>(g->gu, g->act, c,
                                                                               m->ffn);
-            st = blas_check(m, gemm(g, g->act, c, m->ffn, G->wd, D, xc, D, true),
-                            "down projection");
+            st =
+                blas_check(m, gemm(g, g->act, c, m->ffn, G->wd, D, xc, D, true), "down projection");
         }
         if (st == MI_STATUS_SUCCESS) st = launch_check(m, "MLP");
         if (st == MI_STATUS_SUCCESS && m->progress && fresh) {
@@ -930,8 +928,7 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
     }
     free(pat);
     if (st == MI_STATUS_SUCCESS && logits) {
-        rmsnorm_kernel<<<1, 256, 0, g->stream>>>(g->x + (n - 1) * D, g->out_norm, g->h, D,
-                                                 m->eps);
+        rmsnorm_kernel<<<1, 256, 0, g->stream>>>(g->x + (n - 1) * D, g->out_norm, g->h, D, m->eps);
         st = blas_check(m, gemm(g, g->h, 1, D, g->output, m->vocab, g->logits, m->vocab, false),
                         "LM head");
         if (st == MI_STATUS_SUCCESS) {

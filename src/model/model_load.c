@@ -606,8 +606,7 @@ typedef struct path_source {
 
 static mi_status load_path(mi_model *m, const void *arg, char *err, size_t err_size) {
     const path_source *ps = arg;
-    return ps->is_dir ? load_hf(m, ps->path, err, err_size)
-                      : load_gguf(m, ps->path, err, err_size);
+    return ps->is_dir ? load_hf(m, ps->path, err, err_size) : load_gguf(m, ps->path, err, err_size);
 }
 
 typedef struct random_source {
@@ -697,7 +696,8 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
         st = m->pool ? source(m, arg, err, err_size)
                      : mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "cannot start threads");
     }
-    if (st == MI_STATUS_SUCCESS && p.device == MI_DEVICE_CUDA) st = mim_gpu_attach(m, err, err_size);
+    if (st == MI_STATUS_SUCCESS && p.device == MI_DEVICE_CUDA)
+        st = mim_gpu_attach(m, err, err_size);
     if (st != MI_STATUS_SUCCESS) {
         mi_model_destroy(m);
         return st;

@@ -60,8 +60,8 @@ static void fill_task(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
-static mi_status random_matrix(mi_model *m, mim_weight *w, int64_t rows, int64_t cols,
-                               uint64_t key, char *err, size_t cap) {
+static mi_status random_matrix(mi_model *m, mim_weight *w, int64_t rows, int64_t cols, uint64_t key,
+                               char *err, size_t cap) {
     uint16_t *d = mim_model_own(m, (size_t)(rows * cols) * sizeof(uint16_t));
     if (!d)
         return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory for a %lld x %lld weight",
@@ -141,8 +141,8 @@ mi_status mim_random_weights(mi_model *m, const mi_model_shape *s, uint64_t seed
     if (s->n_layers <= 0 || s->hidden <= 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 ||
         s->head_dim <= 0 || s->head_dim % 2 != 0 || s->ffn <= 0 || s->vocab < 258 ||
         s->n_heads % s->n_kv_heads != 0 || s->sliding_window < 0 || s->n_layers > 4096 ||
-        s->hidden > (1 << 20) || s->ffn > (1 << 22) || s->head_dim > 1024 ||
-        s->n_heads > 4096 || s->vocab > (1 << 24))
+        s->hidden > (1 << 20) || s->ffn > (1 << 22) || s->head_dim > 1024 || s->n_heads > 4096 ||
+        s->vocab > (1 << 24))
         return mim_fail(err, cap, MI_STATUS_INVALID_ARGUMENT,
                         "bad model shape: %d layers, hidden %d, %d/%d heads of %d, ffn %d, vocab "
                         "%d, window %lld (all positive, heads a multiple of kv heads, even "

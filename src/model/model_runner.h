@@ -102,8 +102,8 @@ mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, in
 
 /* Dense attention of n query rows at positions n_past.. over the first n_past + n rows of one
  * layer of seq, read from the pages in place (model_session.c). q, out: [n, n_heads * hd]. */
-mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer,
-                            const float *q, int64_t n, int64_t n_past, float scale, float *out);
+mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, const float *q,
+                            int64_t n, int64_t n_past, float scale, float *out);
 
 /* The layer's patterns (the model's attention mode) for n query rows at positions n_past.. over
  * the first n_past + n rows of one layer of seq, through mi_prefill_attention with the queries

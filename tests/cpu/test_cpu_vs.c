@@ -208,7 +208,7 @@ static void random_sets(mi_context *ctx, const vs_case *c, rng *r) {
         for (int32_t i = 0; i < c->ns; i++) {
             int64_t d = rng_int(r, c->L + 20) - 10;
             if (c->band && rng_int(r, 8) != 0) d = i; /* a band with a few strays */
-            if (c->small_d && i < 3) d = i; /* 0, 1, 2 */
+            if (c->small_d && i < 3) d = i;           /* 0, 1, 2 */
             if (!c->small_d && d >= 0 && d < 64) d += 64;
             vb.x.slash_idx[bh * c->ns + i] = (int32_t)d;
         }

@@ -63,8 +63,8 @@ static void test_work_items(int groups, int groups_r, int C) {
     int last_group = groups;
     for (int x = 0; x < items; ++x) {
         const bss_work w = bss_work_of(plan, x);
-        const bool ok = w.group >= 0 && w.group < groups && w.chunk >= 0 &&
-                        w.chunk < w.chunks && w.chunks >= 1 && w.chunks <= BSS_SPLIT_MAX;
+        const bool ok = w.group >= 0 && w.group < groups && w.chunk >= 0 && w.chunk < w.chunks &&
+                        w.chunks >= 1 && w.chunks <= BSS_SPLIT_MAX;
         EXPECT(ok, fmt, groups, groups_r, C, x);
         if (!ok) continue;
         const int want = C > 0 && w.group < groups_r ? bss_group_chunks(w.group, C) : 1;

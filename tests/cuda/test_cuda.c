@@ -679,9 +679,8 @@ static void test_sparse_random(const shape *s, int subset) {
             }
         }
     }
-    sparse_check_and_free(&in, &si,
-                          subset ? "sparse random index (columns of one set)" : "sparse random index",
-                          s);
+    sparse_check_and_free(
+        &in, &si, subset ? "sparse random index (columns of one set)" : "sparse random index", s);
 }
 
 /* A band of adjacent 64-key pieces ending at the block that starts at r0 (a run of slash
@@ -1410,9 +1409,9 @@ int main(int argc, char **argv) {
             const int64_t L = Le[li];
             shape s1 = {1, 8, 2, L, di ? 64 : 128, dts[di], di, {0, 0}};
             shape s2 = {2, 4, 1, L, 128, dts[di], 0, {(int32_t)L, (int32_t)(L * 3 / 5 + 1)}};
-            test_vs(&s1, 0, 0, 1);                       /* minimum budgets 30 / 50 */
-            test_vs(&s1, 200, 300, 1);                   /* structured */
-            test_vs(&s2, 100, 500, 0);                   /* random, varlen */
+            test_vs(&s1, 0, 0, 1);     /* minimum budgets 30 / 50 */
+            test_vs(&s1, 200, 300, 1); /* structured */
+            test_vs(&s2, 100, 500, 0); /* random, varlen */
             /* batch 2 of full length: the warp-specialised sparse kernel's batch coordinate */
             shape s3 = {2, 4, 2, L, 128, dts[di], di, {(int32_t)L, (int32_t)L}};
             test_vs(&s3, 100, 500, 0);

@@ -18,7 +18,6 @@
 
 #define SKIP_CODE 77
 
-
 /* Relative L2 distance of a from ref. */
 static inline double test_rel_l2(const float *a, const float *ref, int64_t n) {
     double num = 0, den = 0;

@@ -28,7 +28,8 @@ static mi_model *create(const mi_model_shape *s, mi_device_type dev, mi_status *
     p.mlp_chunk = 256; /* several chunks per prompt */
     mi_model *m = NULL;
     mi_status st = mi_model_create_random(test_ctx(), s, 5, &p, &m);
-    if (st_out) *st_out = st;
+    if (st_out)
+        *st_out = st;
     else
         CHECK(st == MI_STATUS_SUCCESS, "create on %s: %s", dev == MI_DEVICE_CPU ? "cpu" : "cuda",
               TEST_ERR);
@@ -49,8 +50,7 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
         c->n = q->shape[2];
         c->qd = q->shape[1] * q->shape[3];
         c->q[layer] = malloc(sizeof(float) * (size_t)(c->n * c->qd));
-        if (c->q[layer])
-            memcpy(c->q[layer], q->data, sizeof(float) * (size_t)(c->n * c->qd));
+        if (c->q[layer]) memcpy(c->q[layer], q->data, sizeof(float) * (size_t)(c->n * c->qd));
     }
     return MI_STATUS_SUCCESS;
 }
@@ -121,7 +121,8 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     /* a follow-up turn of several rows over the cache */
     CHECK(mi_model_decode(cpu, tok, 40, a) == 0 && mi_model_decode(gpu, tok, 40, b) == 0,
           "follow-up turn");
-    CHECK(test_rel_l2(b, a, V) < 0.03, "%s follow-up turn differs by %.4f", name, test_rel_l2(b, a, V));
+    CHECK(test_rel_l2(b, a, V) < 0.03, "%s follow-up turn differs by %.4f", name,
+          test_rel_l2(b, a, V));
 
     /* capture: q of every layer and the log-probabilities */
     cap_store cc = {0}, cg = {0};
@@ -160,8 +161,8 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     CHECK(tm.n_tokens == 1000 && tm.attention_s > 0 && tm.gemm_s > 0 &&
               tm.attention_s + tm.gemm_s < tm.total_s * 1.05 && tm.device_bytes > 0 &&
               tm.device_peak_bytes >= tm.device_bytes,
-          "%s timing: total %g attention %g gemm %g device %llu", name, tm.total_s,
-          tm.attention_s, tm.gemm_s, (unsigned long long)tm.device_bytes);
+          "%s timing: total %g attention %g gemm %g device %llu", name, tm.total_s, tm.attention_s,
+          tm.gemm_s, (unsigned long long)tm.device_bytes);
     /* a bad token leaves the model usable */
     int32_t badtok = V + 5;
     CHECK(mi_model_prefill(gpu, &badtok, 1, b) == MI_STATUS_INVALID_ARGUMENT, "bad token");
@@ -211,7 +212,8 @@ static void compare_smollm2(void) {
     CHECK(mi_model_tokenize(cpu, text, strlen(text), 1, 0, tok, n, &n) == 0, "tokenize");
     mi_model_info info;
     mi_model_get_info(cpu, &info);
-    float *a = malloc(sizeof(float) * (size_t)info.vocab), *b = malloc(sizeof(float) * (size_t)info.vocab);
+    float *a = malloc(sizeof(float) * (size_t)info.vocab),
+          *b = malloc(sizeof(float) * (size_t)info.vocab);
     const mi_attn_mode modes[] = {MI_ATTN_DENSE, MI_ATTN_MINFERENCE};
     for (int k = 0; k < 2; k++) {
         mi_model_set_attention(cpu, modes[k], NULL, 0);

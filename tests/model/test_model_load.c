@@ -404,8 +404,7 @@ static void test_sliding_window_config(void) {
         CHECK(f && fwrite(edited, 1, strlen(edited), f) == strlen(edited), "rewrite config");
         if (f) fclose(f);
         mi_model *m = NULL;
-        CHECK(mi_model_load(test_ctx(), hdir, NULL, &m) == MI_STATUS_SUCCESS, "load: %s",
-              TEST_ERR);
+        CHECK(mi_model_load(test_ctx(), hdir, NULL, &m) == MI_STATUS_SUCCESS, "load: %s", TEST_ERR);
         mi_model_info info;
         if (m && mi_model_get_info(m, &info) == MI_STATUS_SUCCESS)
             CHECK(info.sliding_window == cases[c].want, "case %zu: window %lld, want %lld", c,

@@ -52,7 +52,8 @@ int main(void) {
     CHECK(mi_model_prefill(m2, tok, 64, b) == 0, "prefill");
     CHECK(memcmp(a, b, sizeof(float) * (size_t)V) == 0, "the same seed gave different logits");
     CHECK(mi_model_prefill(m3, tok, 64, b) == 0, "prefill");
-    CHECK(test_rel_l2(a, b, V) > 0.1, "another seed gave the same model (diff %g)", test_rel_l2(a, b, V));
+    CHECK(test_rel_l2(a, b, V) > 0.1, "another seed gave the same model (diff %g)",
+          test_rel_l2(a, b, V));
     /* logits of a sane size: unit-RMS activations through a tied head of unit-RMS rows */
     double ss = 0;
     for (int i = 0; i < V; i++) ss += (double)a[i] * a[i];
@@ -95,7 +96,8 @@ int main(void) {
         /* and the window matters: without it the logits move */
         CHECK(mi_model_prefill(m1, tok, (size_t)n, b) == 0, "prefill");
         if (modes[k] == MI_ATTN_DENSE)
-            CHECK(test_rel_l2(a, b, V) > 1e-3, "the window had no effect (%g)", test_rel_l2(a, b, V));
+            CHECK(test_rel_l2(a, b, V) > 1e-3, "the window had no effect (%g)",
+                  test_rel_l2(a, b, V));
     }
     mi_model_destroy(w);
     mi_model_destroy(m1);
@@ -104,20 +106,16 @@ int main(void) {
     mi_model *bad = NULL;
     mi_model_shape z = s;
     z.n_heads = 3; /* not a multiple of the 2 kv heads */
-    CHECK(mi_model_create_random(test_ctx(), &z, 1, NULL, &bad) ==
-                  MI_STATUS_INVALID_ARGUMENT &&
+    CHECK(mi_model_create_random(test_ctx(), &z, 1, NULL, &bad) == MI_STATUS_INVALID_ARGUMENT &&
               !bad && strstr(TEST_ERR, "heads"),
           "bad head split accepted: %s", TEST_ERR);
     z = s;
     z.vocab = 10;
-    CHECK(mi_model_create_random(test_ctx(), &z, 1, NULL, &bad) ==
-              MI_STATUS_INVALID_ARGUMENT,
+    CHECK(mi_model_create_random(test_ctx(), &z, 1, NULL, &bad) == MI_STATUS_INVALID_ARGUMENT,
           "tiny vocab accepted");
-    CHECK(mi_model_create_random(test_ctx(), NULL, 1, NULL, &bad) ==
-              MI_STATUS_INVALID_ARGUMENT,
+    CHECK(mi_model_create_random(test_ctx(), NULL, 1, NULL, &bad) == MI_STATUS_INVALID_ARGUMENT,
           "NULL shape");
-    CHECK(mi_model_create_random(test_ctx(), &s, 1, NULL, NULL) ==
-              MI_STATUS_INVALID_ARGUMENT,
+    CHECK(mi_model_create_random(test_ctx(), &s, 1, NULL, NULL) == MI_STATUS_INVALID_ARGUMENT,
           "NULL out");
     mi_model_params p = mi_model_default_params();
     p.device_id = -1;
