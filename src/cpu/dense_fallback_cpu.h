@@ -1,31 +1,17 @@
 /*
  * dense_fallback_cpu.h: the length from which a head's sparse pattern pays on the CPU, used when
  * mi_prefill_params.dense_below < 0 (the default). A (b, h) whose sequence is shorter runs dense:
- * no estimation, no index. Plain C, so that the host test (tests/cpu/test_cpu_dense_fallback.c:
- * the rule against the measurements below) uses the rule the library uses. The CUDA backend has
- * its own (src/cuda/dense_fallback.h): a GPU's fixed costs are launches and latencies, a CPU's
- * are the estimates' passes over q and k, so the two crossovers differ.
+ * no estimation, no index. Plain C, so that the host test (tests/cpu/test_cpu_dense_fallback.c)
+ * uses the rule the library uses. The CUDA backend has its own (src/cuda/dense_fallback.h): a
+ * GPU's fixed costs are launches and latencies, a CPU's are the estimates' passes over q and k.
  *
- * Measured on a 2-core x86-64 machine (AMD EPYC, AVX-512 engine, 2 threads; bf16, D = 128, 4 / 1
- * heads; synthetic inputs with sinks, verticals, slashes and a local band; process CPU time,
- * median of 5; tests/cpu/bench_cpu_patterns; bench/results/2026-12-02-cpu-crossover-
- * patterns.json), speed-ups of the sparse prefill (estimation and index included) over dense:
- *   - A-shape 64 + 960: 0.96 at 1K, 1.19 at 2K, 2.02 at 4K; 128 + 3968: 0.93 at 4K, 1.07 at 6K,
- *     1.02 at 8K, 1.70 at 12K; Tri-shape 128 + 3968 + 100: 0.90 at 6K, 1.24 at 8K. No estimate,
- *     and the CPU engine's cost is its work: sparse pays from twice the keys a row keeps.
- *   - Block-sparse top 25 (1600 keys a row): 0.99 at 2K, 1.27 at 3K, 1.48 at 4K; top 100: 0.79
- *     at 6K, 1.16 at 8K, 1.43 at 12K: from one and a half times its blocks' keys.
- *   - Vertical-slash 1000 / 6096: 0.77 at 6K, 1.22 at 8K, 1.26 at 12K: 8192, as measured before
- *     (src/cpu/prefill.c, on one head in fp32, and at D = 64).
- * A first run of the same program in wall time (noisier on this shared machine) agreed: A-shape
- * 64 + 960 1.52x at 2K, block-sparse top 25 1.44x at 3K, top 100 0.97x at 8K and 1.25x at 12K.
- * No pattern runs sparse below 3072: at D = 64 (9 / 3 heads, the demo model's shape; -cpu-
- * crossover-patterns-d64-2threads.json and -1thread.json) A-shape 64 + 960 was 0.77-1.00x at 2K
- * and 1.44-1.61x at 3K. Those two D = 64 runs are too noisy here for crossovers of their own (the
- * default's dense calls against the same dense call: 0.6-1.4x); they agree with this rule but at
- * single lengths within that noise.
- * Before this rule every pattern ran dense below 8192, where A-shape 64 + 960 was 2.0-2.6x and
- * block-sparse top 25 1.4-1.5x faster sparse at 4K-6K.
+ * Fitted to speed-ups of the sparse prefill (estimation and index included) over dense on a
+ * 2-core x86-64 machine (bf16, D = 128; the measurements are
+ * tests/data/crossover/2026-12-02-cpu-crossover-patterns.json, which the test checks against):
+ *   - A-shape / Tri-shape: no estimate, so the work decides: sparse from twice the kept keys.
+ *   - Block-sparse: from one and a half times its blocks' keys.
+ *   - Vertical-slash: 8192 (below that its diagonals cover nearly the whole causal triangle).
+ *   - No pattern runs sparse below 3072, the prefill's own fixed costs.
  */
 #ifndef MI_CPU_DENSE_FALLBACK_H
 #define MI_CPU_DENSE_FALLBACK_H

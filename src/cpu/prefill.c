@@ -24,16 +24,7 @@
 #include <omp.h>
 
 /* Sequences shorter than a head's crossover run it dense when params->dense_below < 0: the rule
- * and its measurements are in dense_fallback_cpu.h. The vertical-slash crossover (8192) was first
- * measured here with tests/cpu/bench_cpu (fp32, D = 128, one head, process CPU time on a shared
- * 2-core Xeon, AVX-512 engine), VS speed-up = dense time / VS time (estimation + index + sparse):
- *   1 thread:   L 4096 0.96x, 6144 0.96x, 8192 1.04x, 12288 1.09x, 16384 1.22x
- *   2 threads:  L 4096 0.81x, 6144 0.89x, 8192 0.96x, 12288 1.06x, 16384 1.15x, 24576 1.81x,
- *               32768 2.06x, 49152 2.66x, 65536 2.73x  (run-to-run noise here is ~5%)
- * and at D = 64 (bench/results/2026-12-01-cpu-crossover-d64.json) VS ties dense from 8K to 12K as
- * well (0.96-0.99x at 8K, 0.94-1.14x at 12K, 1.13-1.30x at 16K over three runs), so one constant
- * serves both head sizes. Below ~8K the 6096 diagonals cover nearly the whole causal triangle
- * (index density >= 0.94), so VS does the dense work plus estimation. */
+ * and what it was fitted to are in dense_fallback_cpu.h. */
 
 #define ALIGN64(x) (((x) + 63) / 64 * 64)
 
