@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,18 @@ static mi_status check_dims(mi_model *m, char *err, size_t cap) {
     if (m->rope.dim <= 0 || m->rope.dim > m->hd || m->rope.dim % 2)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "bad rope dimension %d for head_dim %d",
                         m->rope.dim, m->hd);
+    /* Values with which every output would be NaN or nonsense: refused here, naming the field,
+     * rather than generating garbage with success. */
+    if (!(m->eps > 0.0f && m->eps < 1.0f))
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                        "rms_norm_eps %g is not a small positive number", (double)m->eps);
+    if (!(m->rope.theta > 0.0 && isfinite(m->rope.theta)))
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "rope_theta %g is not a positive number",
+                        m->rope.theta);
+    const mi_rope_scaling *sc = &m->rope.scaling;
+    if (sc->type != MI_ROPE_NONE && !(sc->factor >= 1e-3 && sc->factor <= 1e4))
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                        "rope scaling factor %g is outside [0.001, 10000]", sc->factor);
     return MI_STATUS_SUCCESS;
 }
 

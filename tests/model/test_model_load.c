@@ -350,6 +350,27 @@ static void test_hf_errors(void) {
     snprintf(good, sizeof(good), "%s/ids_hf", g_dir);
     snprintf(path, sizeof(path), "%s/ids_hf.gguf", g_dir);
     CHECK(tm_write(path, good, false, 5), "write");
+    /* Numbers that would make every output NaN: refused at load, naming the field. */
+    const char *nums[][2] = {{"\"rms_norm_eps\":0", "rms_norm_eps"},
+                             {"\"rms_norm_eps\":-1e-5", "rms_norm_eps"},
+                             {"\"rope_theta\":0", "rope_theta"},
+                             {"\"rope_theta\":-10000", "rope_theta"},
+                             {"\"rope_scaling\":{\"type\":\"linear\",\"factor\":0}", "factor"},
+                             {"\"rope_scaling\":{\"type\":\"linear\",\"factor\":1e9}", "factor"}};
+    snprintf(path, sizeof(path), "%s/config.json", good);
+    for (size_t c = 0; c < sizeof(nums) / sizeof(nums[0]); c++) {
+        char cfg[1024];
+        snprintf(cfg, sizeof(cfg),
+                 "{\"model_type\":\"llama\",\"hidden_size\":%d,\"intermediate_size\":%d,"
+                 "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+                 "\"vocab_size\":%d,\"tie_word_embeddings\":true,%s}",
+                 TM_HIDDEN, TM_FFN, TM_LAYERS, TM_HEADS, TM_KV, TM_VOCAB, nums[c][0]);
+        write_text(path, cfg);
+        m = NULL;
+        st = mi_model_load(test_ctx(), good, NULL, &m);
+        CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL && strstr(TEST_ERR, nums[c][1]), "%s: %s",
+              nums[c][0], TEST_ERR);
+    }
     const char *ids[][2] = {{"\"bos_token_id\":99999", "bos_token_id"},
                             {"\"bos_token_id\":-1", "bos_token_id"},
                             {"\"eos_token_id\":[1,70000]", "eos_token_id"},
