@@ -226,7 +226,8 @@ typedef struct mi_sampler mi_sampler;
 MI_API mi_status mi_sampler_create(double temperature, int32_t top_k, double top_p, uint64_t seed,
                                    int32_t vocab, mi_sampler **out);
 MI_API void mi_sampler_destroy(mi_sampler *sampler);
-/* The next token from logits [n] (n <= vocab); -1 on bad arguments. */
+/* The next token from logits [n] (n <= vocab); -1 on bad arguments or when a logit is NaN or
+ * +inf (a broken forward pass: callers stop with an error). */
 MI_API int32_t mi_sampler_sample(mi_sampler *sampler, const float *logits, int32_t n);
 
 /* ------------------------------------------------------------------------------------------ */

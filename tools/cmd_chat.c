@@ -120,6 +120,11 @@ static int do_turn(chat *c, const char *user) {
     bool ended = false;
     for (int i = 0; i < c->max_new; i++) {
         int32_t next = mi_sampler_sample(c->smp, c->logits, c->info.vocab);
+        if (next < 0) {
+            fprintf(stderr, "\nchat: the model produced NaN or infinite logits\n");
+            st = MI_STATUS_INTERNAL;
+            break;
+        }
         const bool eog = mi_model_token_is_eog(c->model, next);
         size_t len = 0;
         if (!eog && !mi_model_token_is_control(c->model, next) &&

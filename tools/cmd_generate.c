@@ -315,6 +315,10 @@ int mi_cmd_generate(int argc, char **argv) {
     for (long long i = 0; i < max_new; i++) {
         int32_t next = mi_sampler_sample(smp, logits, info.vocab);
         if (i == 0) ttft = tool_now_s() - t0;
+        if (next < 0) {
+            fprintf(stderr, "\nminference generate: the model produced NaN or infinite logits\n");
+            goto done;
+        }
         if (mi_model_token_is_eog(model, next)) {
             /* a saved conversation keeps its end of turn */
             if (sess && mi_session_decode(sess, &next, 1, NULL) != MI_STATUS_SUCCESS) goto done;

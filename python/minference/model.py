@@ -250,8 +250,12 @@ class _Sampler:
 
     def __call__(self, logits):
         logits = np.ascontiguousarray(logits, dtype=np.float32)
-        return int(self._lib.mi_sampler_sample(
+        token = int(self._lib.mi_sampler_sample(
             self._h, logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), logits.size))
+        if token < 0:
+            raise ValueError("cannot sample: logits hold NaN or +inf, or their size exceeds the "
+                             "vocabulary")
+        return token
 
     def __del__(self):
         if getattr(self, "_h", None) and self._h.value:

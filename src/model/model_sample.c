@@ -73,6 +73,9 @@ static double uniform(mi_sampler *s) {
 
 int32_t mi_sampler_sample(mi_sampler *s, const float *logits, int32_t n) {
     if (!s || !logits || n <= 0 || n > s->vocab) return -1;
+    /* NaN or +inf logits mean the forward pass broke down: no token is a right answer. */
+    for (int32_t i = 0; i < n; i++)
+        if (isnan(logits[i]) || logits[i] == INFINITY) return -1;
     if (s->temperature <= 0.0) return mi_argmax(logits, n);
     for (int32_t i = 0; i < n; i++) s->cands[i] = (mim_cand){logits[i], i};
     qsort(s->cands, (size_t)n, sizeof(*s->cands), cand_cmp);

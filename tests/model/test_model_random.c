@@ -138,6 +138,10 @@ int main(void) {
     CHECK(mi_sampler_create(0.0, 0, 1.0, 1, 2, &sm) == 0 && mi_sampler_sample(sm, two, 2) == 1,
           "temperature 0 is greedy");
     CHECK(mi_sampler_sample(sm, two, 3) == -1, "n above the vocabulary accepted");
+    const float nan2[2] = {NAN, 1.0f}, inf2[2] = {0.0f, INFINITY}, ninf2[2] = {-INFINITY, 1.0f};
+    CHECK(mi_sampler_sample(sm, nan2, 2) == -1, "NaN logit sampled");
+    CHECK(mi_sampler_sample(sm, inf2, 2) == -1, "+inf logit sampled");
+    CHECK(mi_sampler_sample(sm, ninf2, 2) == 1, "-inf logit (a masked token) refused");
     mi_sampler_destroy(sm);
     int ones = 0, draws = 4000, seq1[16], same = 1;
     CHECK(mi_sampler_create(1.0, 0, 1.0, 42, 2, &sm) == 0, "create");
