@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
     } else {
         size_t text_len = 0;
         char *text =
-            text_path ? tool_read_file(text_path, &text_len) : tool_license_text(&text_len);
+            text_path ? tool_read_file(text_path, &text_len, NULL) : tool_license_text(&text_len);
         size_t n_text = 0;
         if (!text ||
             mi_model_tokenize(model, text, text_len, 0, 0, NULL, 0, &n_text) !=

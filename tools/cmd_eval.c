@@ -392,9 +392,10 @@ int mi_cmd_eval(int argc, char **argv) {
         }
     }
     if (text_path) {
-        text = tool_read_file(text_path, &text_len);
+        const char *why = NULL;
+        text = tool_read_file(text_path, &text_len, &why);
         if (!text) {
-            fprintf(stderr, "minference eval: cannot read %s\n", text_path);
+            fprintf(stderr, "minference eval: cannot read %s: %s\n", text_path, why);
             goto out;
         }
     } else if (strcmp(task, "passkey") != 0 && strcmp(task, "kv-retrieval") != 0) {

@@ -192,9 +192,17 @@ int mi_cmd_generate(int argc, char **argv) {
         return args_error("generate", usage_text, "give exactly one of --prompt and --prompt-file");
     char *prompt_buf = NULL;
     if (prompt_file) {
-        prompt_buf = tool_read_file(prompt_file, NULL);
+        size_t prompt_len = 0;
+        const char *why = NULL;
+        prompt_buf = tool_read_file(prompt_file, &prompt_len, &why);
         if (!prompt_buf) {
-            fprintf(stderr, "minference generate: cannot read %s\n", prompt_file);
+            fprintf(stderr, "minference generate: cannot read %s: %s\n", prompt_file, why);
+            return 1;
+        }
+        if (strlen(prompt_buf) != prompt_len) {
+            fprintf(stderr, "minference generate: %s holds a NUL byte at offset %zu\n", prompt_file,
+                    strlen(prompt_buf));
+            free(prompt_buf);
             return 1;
         }
         prompt = prompt_buf;

@@ -195,10 +195,11 @@ int mi_cmd_search(int argc, char **argv) {
         return 1;
     }
     size_t text_len = 0;
-    char *text = sample ? tool_read_file(sample, &text_len) : tool_license_text(&text_len);
+    const char *why = "no text found";
+    char *text = sample ? tool_read_file(sample, &text_len, &why) : tool_license_text(&text_len);
     if (!text) {
-        fprintf(stderr, "minference search: cannot read %s\n",
-                sample ? sample : "/usr/share/common-licenses");
+        fprintf(stderr, "minference search: cannot read %s: %s\n",
+                sample ? sample : "/usr/share/common-licenses", why);
         free(path);
         return 1;
     }

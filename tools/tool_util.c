@@ -3,9 +3,12 @@
 
 #include "minference_model.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 double tool_now_s(void) {
@@ -20,27 +23,46 @@ char *tool_default_model(void) {
     return mi_model_default_path();
 }
 
-char *tool_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
+char *tool_read_file(const char *path, size_t *len, const char **why) {
+    const char *dummy;
+    if (!why) why = &dummy;
+    if (len) *len = 0;
+    /* Only regular files: a FIFO would block forever and /dev/zero would never end. */
+    struct stat stt;
+    if (stat(path, &stt) != 0) {
+        *why = strerror(errno);
+        return NULL;
     }
+    if (S_ISDIR(stt.st_mode)) {
+        *why = "is a directory";
+        return NULL;
+    }
+    if (!S_ISREG(stt.st_mode)) {
+        *why = "is not a regular file";
+        return NULL;
+    }
+    if ((uint64_t)stt.st_size > TOOL_MAX_FILE_BYTES) {
+        *why = "is larger than 1 GiB";
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *why = strerror(errno);
+        return NULL;
+    }
+    const size_t size = (size_t)stt.st_size;
+    char *buf = malloc(size + 1);
+    size_t n = buf ? fread(buf, 1, size, f) : 0;
+    const int failed = !buf || ferror(f) || n != size;
+    const int err = errno;
     fclose(f);
-    if (buf) buf[n] = '\0';
-    if (len) *len = buf ? n : 0;
+    if (failed) {
+        *why = !buf ? "out of memory" : n != size ? "changed while being read" : strerror(err);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len) *len = n;
     return buf;
 }
 
@@ -53,7 +75,7 @@ char *tool_license_text(size_t *len) {
         char path[256];
         snprintf(path, sizeof path, "/usr/share/common-licenses/%s", files[i]);
         size_t n = 0;
-        char *t = tool_read_file(path, &n);
+        char *t = tool_read_file(path, &n, NULL);
         if (!t) continue;
         char *p = realloc(out, total + n + 3);
         if (!p) {

@@ -3,12 +3,15 @@
 #define MI_TOOL_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Monotonic wall-clock seconds. */
 double tool_now_s(void);
 
-/* The whole file, NUL-terminated, malloc'ed (NULL if it cannot be read); *len gets its size. */
-char *tool_read_file(const char *path, size_t *len);
+/* The whole of a regular file of at most TOOL_MAX_FILE_BYTES, NUL-terminated, malloc'ed; *len
+ * gets its size. NULL if it cannot be read, with *why (may be NULL) saying why. */
+#define TOOL_MAX_FILE_BYTES ((uint64_t)1 << 30)
+char *tool_read_file(const char *path, size_t *len, const char **why);
 
 /* The model a subcommand loads when none is given: $MI_MODEL when set, else the demo model
  * (mi_model_default_path). malloc'ed, or NULL. */

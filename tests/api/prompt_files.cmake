@@ -1,0 +1,20 @@
+# generate --prompt-file refuses what is not a whole regular text file, each with its own reason,
+# before loading a model: a directory, a FIFO (which would block forever), a device such as
+# /dev/zero (which would never end), a missing file, and a file holding a NUL byte.
+set(dir ${WORK}/prompt_files)
+file(REMOVE_RECURSE ${dir})
+file(MAKE_DIRECTORY ${dir})
+execute_process(COMMAND mkfifo ${dir}/fifo)
+execute_process(COMMAND printf "ab\\0cd" OUTPUT_FILE ${dir}/nul.txt)
+foreach(case "${dir}|is a directory" "${dir}/fifo|is not a regular file"
+        "/dev/zero|is not a regular file" "${dir}/missing|No such file"
+        "${dir}/nul.txt|NUL byte at offset 2")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 path)
+  list(GET parts 1 want)
+  execute_process(COMMAND timeout 20 ${CLI} generate --prompt-file ${path} --max-new-tokens 1
+                  RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "${want}")
+    message(FATAL_ERROR "generate --prompt-file ${path}: status ${rc}, stderr: ${err}")
+  endif()
+endforeach()
