@@ -28,7 +28,7 @@ static const char usage_text[] =
     "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "           [--seed S] [--session FILE] [--quiet]\n"
+    "           [--seed S] [--session FILE] [--allow-long-context] [--quiet]\n"
     "\n"
     "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
     "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -48,6 +48,10 @@ static const char usage_text[] =
     "  --seed         sampling seed (default 0); the same seed gives the same text\n"
     "  --session      continue the KV cache saved in FILE when it exists (the prompt is\n"
     "                 then a follow-up turn), and save the cache there afterwards\n"
+    "  --allow-long-context\n"
+    "                 run a prompt longer than the model's trained context (its RoPE\n"
+    "                 scaling, where it has one, decides how well that goes); refused\n"
+    "                 otherwise\n"
     "  --quiet        no progress or statistics on stderr\n"
     "Output streams to stdout; statistics go to stderr.\n";
 
@@ -134,7 +138,7 @@ int mi_cmd_generate(int argc, char **argv) {
     int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0;
     double temperature = 0.0, top_p = 1.0;
-    bool chat = false, quiet = false;
+    bool chat = false, quiet = false, long_context = false;
 
     mi_cli_prepare_runtime();
 
@@ -157,6 +161,7 @@ int mi_cmd_generate(int argc, char **argv) {
         {"chat", ARG_OPT_STR, &chat_name, 0, 0, &chat},
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
         {"session", ARG_STR, &session_path, 0, 0, NULL},
+        {"allow-long-context", ARG_BOOL, &long_context, 0, 0, NULL},
     };
     args_result ar = args_parse("generate", usage_text, specs,
                                 (int)(sizeof specs / sizeof specs[0]), argc, argv, NULL, 0, NULL);
@@ -297,6 +302,15 @@ int mi_cmd_generate(int argc, char **argv) {
     st = mi_model_tokenize(model, text, strlen(text), add_bos, 1, tokens, n_tok, &n_tok);
     if (st != MI_STATUS_SUCCESS || n_tok == 0) {
         fprintf(stderr, "minference generate: the prompt has no tokens\n");
+        goto done;
+    }
+    const long long past = sess ? (long long)mi_session_n_past(sess) : 0;
+    if (!long_context && info.context_length > 0 &&
+        past + (long long)n_tok > (long long)info.context_length) {
+        fprintf(stderr,
+                "minference generate: %lld prompt tokens exceed the model's context of %lld "
+                "(--allow-long-context runs them anyway)\n",
+                past + (long long)n_tok, (long long)info.context_length);
         goto done;
     }
     if (!quiet)

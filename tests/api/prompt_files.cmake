@@ -18,3 +18,16 @@ foreach(case "${dir}|is a directory" "${dir}/fifo|is not a regular file"
     message(FATAL_ERROR "generate --prompt-file ${path}: status ${rc}, stderr: ${err}")
   endif()
 endforeach()
+
+# A prompt longer than the model's context is refused up front (the demo model's is 8192 tokens),
+# unless --allow-long-context; skipped where the demo model is not installed.
+string(REPEAT "word " 9000 long_text)
+file(WRITE ${dir}/long.txt "${long_text}")
+execute_process(COMMAND timeout 120 ${CLI} generate --prompt-file ${dir}/long.txt
+                        --max-new-tokens 1 --quiet
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(err MATCHES "no --model given")
+  message(STATUS "long prompt: skipped, no demo model")
+elseif(NOT rc EQUAL 1 OR NOT err MATCHES "exceed the model's context of")
+  message(FATAL_ERROR "generate with a 9000-token prompt: status ${rc}, stderr: ${err}")
+endif()
