@@ -68,7 +68,7 @@ typedef struct search_state {
     mi_context *ctx;
     mi_config *config;
     const mi_search_params *params;
-    const char *out_path;
+    const char *out_path, *partial_path;
     int32_t n_layers, n_heads;
     double t_layer;
     double recall_sum, density_sum;
@@ -104,8 +104,10 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
     }
     s->recall_sum += rs;
     s->density_sum += ds;
-    /* Saved after every layer, as the original does, so a long search can be stopped early. */
-    st = mi_config_save(s->ctx, s->config, s->out_path);
+    /* Saved after every layer, as the original does, so that a long search stopped early keeps
+     * its layers; but as OUT.partial, so that only a finished search writes a file that
+     * validates as a whole config. */
+    st = mi_config_save(s->ctx, s->config, s->partial_path);
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference search: %s\n", mi_context_last_error(s->ctx));
         return st;
@@ -123,6 +125,7 @@ int mi_cmd_search(int argc, char **argv) {
     const char *recall_s = "0.95", *density_s = "0.1", *weight_s = "0", *cands_s = NULL;
     const char *device = "cpu";
     int len = 4096, threads = 0, iterations = 5;
+    char *partial = NULL; /* OUT.partial: the layers searched so far */
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
         {"sample", ARG_STR, &sample, 0, 0, NULL},
@@ -243,6 +246,13 @@ int mi_cmd_search(int argc, char **argv) {
     s.config = config;
     s.params = &sp;
     s.out_path = out;
+    partial = malloc(strlen(out) + sizeof ".partial");
+    if (!partial) {
+        fprintf(stderr, "minference search: out of memory\n");
+        goto done;
+    }
+    sprintf(partial, "%s.partial", out);
+    s.partial_path = partial;
     s.n_layers = info.n_layers;
     s.n_heads = info.n_heads;
     fprintf(stderr, "search: %s, %d layers x %d heads, sample %zu tokens, mode %s", path,
@@ -261,6 +271,11 @@ int mi_cmd_search(int argc, char **argv) {
         fprintf(stderr, "minference search: %s\n", mi_model_last_error(model));
         goto done;
     }
+    if (mi_config_save(ctx, config, out) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "minference search: %s\n", mi_context_last_error(ctx));
+        goto done;
+    }
+    remove(partial);
     const double heads = (double)info.n_layers * info.n_heads;
     fprintf(stderr, "done in %.1f s: ", tool_now_s() - t0);
     print_counts(s.counts, ", ");
@@ -269,6 +284,7 @@ int mi_cmd_search(int argc, char **argv) {
     rc = 0;
 
 done:
+    free(partial);
     free(tok);
     free(text);
     free(path);

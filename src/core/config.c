@@ -13,6 +13,7 @@
  * its JSON kind: an integer stays an integer, a real stays a real, an absent or null score is NaN
  * and is written as null.
  */
+#include "atomic_file.h"
 #include "internal.h"
 #include "pattern_table.h"
 
@@ -596,17 +597,9 @@ mi_status mi_config_save(mi_context *ctx, const mi_config *config, const char *p
                        "mi_config_save: config and path are required");
     mi_status st = mi_config_to_json(ctx, config, &text);
     if (st != MI_STATUS_SUCCESS) return st;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        int e = errno;
-        free(text);
-        return mi_fail(ctx, MI_STATUS_IO_ERROR, "%s: %s", path, strerror(e));
-    }
-    size_t n = strlen(text);
-    bool ok = fwrite(text, 1, n, f) == n;
-    int e = errno;
-    ok = (fclose(f) == 0) && ok;
+    /* Atomically: an interrupted or failed save leaves the old file as it was. */
+    const int e = mi_atomic_write(path, text, strlen(text), 0666);
     free(text);
-    if (!ok) return mi_fail(ctx, MI_STATUS_IO_ERROR, "%s: write failed: %s", path, strerror(e));
+    if (e) return mi_fail(ctx, MI_STATUS_IO_ERROR, "%s: cannot write: %s", path, strerror(e));
     return MI_STATUS_SUCCESS;
 }

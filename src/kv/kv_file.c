@@ -9,6 +9,7 @@
  * loading reads into a new sequence and swaps it in only when everything checked out.
  */
 #include "kv_internal.h"
+#include "atomic_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -211,24 +212,6 @@ static void wr(writer *w, const void *p, size_t n, bool checksum) {
     if (checksum) crc_update(&w->crc, p, n);
 }
 
-/* Best effort: the rename is durable once the folder's entry is on disk. */
-static void sync_dir_of(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return;
-    const int fd = open(dir, O_RDONLY);
-    if (fd < 0) return;
-    (void)fsync(fd);
-    close(fd);
-}
-
 mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_model_id *id) {
     if (!seq) return MI_STATUS_INVALID_ARGUMENT;
     const mi_kv_pool *pool = seq->pool;
@@ -250,63 +233,44 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
     unsigned char hb[KV_HEADER_BYTES];
     header_encode(&h, hb);
 
-    const size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
     unsigned char *img = malloc(image_bytes(L, P));
-    if (!tmp || !img) {
-        free(tmp);
+    if (!img) return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "%s: out of memory", fn);
+    /* owner-only: a cache holds the text of the conversation */
+    mi_atomic_file af;
+    const int oe = mi_atomic_open(&af, path, 0600);
+    if (oe) {
         free(img);
-        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "%s: out of memory", fn);
-    }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    const int fd = mkstemp(tmp);
-    if (fd < 0) {
-        const int e = errno;
-        free(img);
-        free(tmp);
         return kv_fail(pool, MI_STATUS_IO_ERROR, "%s: cannot create a temporary file for %s: %s",
-                       fn, path, strerror(e));
+                       fn, path, strerror(oe));
     }
     writer w;
     memset(&w, 0, sizeof w);
     crc_init(&w.crc);
-    w.f = fdopen(fd, "wb");
-    if (!w.f) {
-        w.err = errno;
-        close(fd);
-    } else {
-        wr(&w, hb, sizeof hb, false);
-        for (int32_t l = 0; l < pool->params.n_layers && !w.err; l++) {
-            const kv_layer *ly = &seq->layers[l];
-            unsigned char rb[8];
-            put64(rb, (uint64_t)ly->len);
-            wr(&w, rb, 8, true);
-            for (int64_t i = 0; i < ly->n_pages && !w.err; i++) {
-                const int32_t rows = (int32_t)(ly->len - i * P < P ? ly->len - i * P : P);
-                page_to_image(L, kv_page(pool, ly->pages[i]), rows, img);
-                wr(&w, img, image_bytes(L, rows), true);
-            }
+    w.f = af.f;
+    wr(&w, hb, sizeof hb, false);
+    for (int32_t l = 0; l < pool->params.n_layers && !w.err; l++) {
+        const kv_layer *ly = &seq->layers[l];
+        unsigned char rb[8];
+        put64(rb, (uint64_t)ly->len);
+        wr(&w, rb, 8, true);
+        for (int64_t i = 0; i < ly->n_pages && !w.err; i++) {
+            const int32_t rows = (int32_t)(ly->len - i * P < P ? ly->len - i * P : P);
+            page_to_image(L, kv_page(pool, ly->pages[i]), rows, img);
+            wr(&w, img, image_bytes(L, rows), true);
         }
-        unsigned char cb[4];
-        put32(cb, crc_final(&w.crc));
-        wr(&w, cb, 4, false);
-        if (!w.err && fflush(w.f) != 0) w.err = errno;
-        if (!w.err && fsync(fileno(w.f)) != 0) w.err = errno;
-        /* fclose's own failure (a deferred write error) counts too; errno is read before
-         * anything else can change it */
-        if (fclose(w.f) != 0 && !w.err) w.err = errno ? errno : EIO;
     }
-    if (!w.err && rename(tmp, path) != 0) w.err = errno;
-    if (w.err) {
-        const int e = w.err;
-        unlink(tmp);
-        free(img);
-        free(tmp);
-        return kv_fail(pool, MI_STATUS_IO_ERROR, "%s: cannot write %s: %s", fn, path, strerror(e));
-    }
-    sync_dir_of(path);
+    unsigned char cb[4];
+    put32(cb, crc_final(&w.crc));
+    wr(&w, cb, 4, false);
     free(img);
-    free(tmp);
+    if (w.err) {
+        mi_atomic_abort(&af);
+    } else {
+        w.err = mi_atomic_commit(&af);
+    }
+    if (w.err)
+        return kv_fail(pool, MI_STATUS_IO_ERROR, "%s: cannot write %s: %s", fn, path,
+                       strerror(w.err));
     return MI_STATUS_SUCCESS;
 }
 

@@ -8,9 +8,12 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *data_dir = ".";
 
@@ -127,6 +130,25 @@ static void test_good_file(mi_context *ctx) {
         remove(tmp);
     }
     CHECK_STATUS(mi_config_save(ctx, cfg, "/nonexistent-dir/x.json"), MI_STATUS_IO_ERROR);
+    /* the message names the real cause (errno read where the call failed) */
+    CHECK(strstr(mi_context_last_error(ctx), "No such file or directory") != NULL);
+    /* A save that fails (here: the target is a folder, so the final rename fails) leaves what
+     * was there, and no temporary file beside it. */
+    char dir[] = "/tmp/mi_config_dir_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char target[64];
+    snprintf(target, sizeof target, "%s/cfg.json", dir);
+    CHECK(mkdir(target, 0755) == 0);
+    CHECK_STATUS(mi_config_save(ctx, cfg, target), MI_STATUS_IO_ERROR);
+    struct stat st;
+    CHECK(stat(target, &st) == 0 && S_ISDIR(st.st_mode));
+    DIR *d = opendir(dir);
+    int entries = 0;
+    for (struct dirent *e; d && (e = readdir(d));) entries += e->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECK(entries == 1);
+    rmdir(target);
+    rmdir(dir);
     mi_config_destroy(cfg);
 }
 

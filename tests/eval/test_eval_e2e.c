@@ -98,6 +98,11 @@ int main(void) {
     char *se[] = {"search",       "--model", model,       "--len", "256",   "--recall", "0.9",
                   "--iterations", "3",       "--threads", "2",     "--out", cfg,        NULL};
     CHECK(run(se) == 0);
+    /* A finished search leaves the config and no OUT.partial (which holds the layers done so
+     * far while it runs, so that an interrupted search never leaves a whole-looking config). */
+    char partial[600];
+    snprintf(partial, sizeof partial, "%s.partial", cfg);
+    CHECK(access(partial, F_OK) != 0);
     mi_config *c = NULL;
     CHECK_STATUS(mi_config_load(NULL, cfg, &c), MI_STATUS_SUCCESS);
     if (c) {
