@@ -117,6 +117,24 @@ static config_entry *layer_upsert(config_layer *layer, int32_t head) {
     return e;
 }
 
+/* Appends e unsorted (the parser sorts each layer once); false when out of memory. */
+static bool layer_append(config_layer *layer, const config_entry *e) {
+    if (layer->count == layer->capacity) {
+        int32_t cap = layer->capacity ? layer->capacity * 2 : 8;
+        config_entry *n = realloc(layer->entries, (size_t)cap * sizeof *n);
+        if (!n) return false;
+        layer->entries = n;
+        layer->capacity = cap;
+    }
+    layer->entries[layer->count++] = *e;
+    return true;
+}
+
+static int cmp_entry(const void *a, const void *b) {
+    const int32_t x = ((const config_entry *)a)->head, y = ((const config_entry *)b)->head;
+    return (x > y) - (x < y);
+}
+
 static bool pattern_valid(const mi_head_pattern *p) { return mi_pattern_valid(p); }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -265,15 +283,24 @@ static mi_status parse_root(mi_context *ctx, const json_t *root, const char *ori
                 return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu, head %d: %s", origin, l,
                                (int)head, why);
             }
-            config_entry *e = layer_upsert(&c->layers[l], head);
-            if (!e) {
+            parsed.head = head;
+            if (!layer_append(&c->layers[l], &parsed)) {
                 mi_config_destroy(c);
                 return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "%s: out of memory", origin);
             }
-            parsed.head = head;
-            *e = parsed;
             if (head + 1 > c->n_heads) c->n_heads = head + 1;
         }
+        /* Sorted once per layer (an insertion per key was quadratic in the heads when the keys
+         * come in descending order); two keys for one head ("1", "01") are refused. */
+        config_layer *cl = &c->layers[l];
+        if (cl->count > 1) qsort(cl->entries, (size_t)cl->count, sizeof *cl->entries, cmp_entry);
+        for (int32_t i = 1; i < cl->count; i++)
+            if (cl->entries[i].head == cl->entries[i - 1].head) {
+                const int head = (int)cl->entries[i].head;
+                mi_config_destroy(c);
+                return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu: head %d given twice",
+                               origin, l, head);
+            }
     }
     *out = c;
     return MI_STATUS_SUCCESS;

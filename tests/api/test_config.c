@@ -152,6 +152,30 @@ static void test_good_file(mi_context *ctx) {
     mi_config_destroy(cfg);
 }
 
+/* Head keys in any order (here descending, which an insertion per key made quadratic) give the
+ * same config as in ascending order. */
+static void test_key_order(mi_context *ctx) {
+    char json[4096];
+    size_t n = (size_t)snprintf(json, sizeof json, "[{");
+    for (int h = 63; h >= 0; h--)
+        n += (size_t)snprintf(json + n, sizeof json - n,
+                              "\"%d\": [\"vertical_and_slash\", %d, %d, 0.5]%s", h, 100 + h,
+                              1000 + h, h ? ", " : "");
+    snprintf(json + n, sizeof json - n, "}]");
+    mi_config *c = NULL;
+    CHECK_STATUS(mi_config_parse(ctx, json, strlen(json), &c), MI_STATUS_SUCCESS);
+    CHECK(c && mi_config_n_heads(c) == 64);
+    mi_head_pattern pat[64];
+    double sc[64];
+    if (c) CHECK_STATUS(mi_config_layer(ctx, c, 0, 64, pat, sc), MI_STATUS_SUCCESS);
+    int ok = c != NULL;
+    for (int h = 0; c && h < 64; h++)
+        ok &= pat[h].type == MI_PATTERN_VERTICAL_SLASH && pat[h].vertical_size == 100 + h &&
+              pat[h].slash_size == 1000 + h;
+    CHECK(ok);
+    mi_config_destroy(c);
+}
+
 static void test_create_edit(mi_context *ctx) {
     mi_config *cfg = NULL;
     CHECK_STATUS(mi_config_create(ctx, 2, 4, NULL, &cfg), MI_STATUS_SUCCESS);
@@ -377,6 +401,7 @@ int main(int argc, char **argv) {
     }
     test_good_file(ctx);
     test_block_sparse_budget(ctx);
+    test_key_order(ctx);
     test_create_edit(ctx);
     test_malformed(ctx);
     mi_context_destroy(ctx);
