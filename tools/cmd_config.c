@@ -106,7 +106,7 @@ static int cmp_budget(const void *x, const void *y) {
 }
 
 static void print_budgets(budget *list, int n) {
-    qsort(list, (size_t)n, sizeof *list, cmp_budget);
+    if (n > 1) qsort(list, (size_t)n, sizeof *list, cmp_budget); /* list is NULL when n == 0 */
     for (int i = 0; i < n; i++) {
         const char *name = mi_pattern_name(list[i].type);
         if (list[i].type == MI_PATTERN_VERTICAL_SLASH)

@@ -51,8 +51,9 @@ struct mi_config {
     config_layer *layers; /* [n_layers] */
 };
 
-/* Head ids are kept below this so that n_heads = id + 1 stays an int32. */
-#define MI_CONFIG_MAX_HEAD (INT32_MAX - 1)
+/* Head ids beyond this are surely a corrupt file: readers size per-head arrays by the largest
+ * id, so a lone huge id would ask for gigabytes (real models have at most a few hundred). */
+#define MI_CONFIG_MAX_HEAD ((1 << 20) - 1)
 /* Layers beyond this are surely a corrupt file, and the layer table is dense. */
 #define MI_CONFIG_MAX_LAYERS (1 << 20)
 
@@ -167,8 +168,7 @@ static bool parse_head_key(const char *key, int32_t *out) {
         if (key[i] < '0' || key[i] > '9') return false;
         v = v * 10 + (key[i] - '0');
     }
-    if (v > MI_CONFIG_MAX_HEAD) return false;
-    *out = (int32_t)v;
+    *out = v > MI_CONFIG_MAX_HEAD ? -1 : (int32_t)v; /* -1: well formed, but too large */
     return true;
 }
 
@@ -278,6 +278,12 @@ static mi_status parse_root(mi_context *ctx, const json_t *root, const char *ori
                                "integer",
                                origin, l, key);
             }
+            if (head < 0) {
+                mi_config_destroy(c);
+                return mi_fail(ctx, MI_STATUS_PARSE_ERROR,
+                               "%s: layer %zu, head %.32s: more than the %d heads a layer may have",
+                               origin, l, key, MI_CONFIG_MAX_HEAD + 1);
+            }
             if (!parse_entry(value, &parsed, why, sizeof why)) {
                 mi_config_destroy(c);
                 return mi_fail(ctx, MI_STATUS_PARSE_ERROR, "%s: layer %zu, head %d: %s", origin, l,
@@ -375,7 +381,8 @@ mi_status mi_config_create(mi_context *ctx, int32_t n_layers, int32_t n_heads,
     mi_clear_error(ctx);
     if (!out) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "mi_config_create: out is NULL");
     *out = NULL;
-    if (n_layers < 0 || n_layers > MI_CONFIG_MAX_LAYERS || n_heads < 0)
+    if (n_layers < 0 || n_layers > MI_CONFIG_MAX_LAYERS || n_heads < 0 ||
+        n_heads > MI_CONFIG_MAX_HEAD + 1)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
                        "mi_config_create: invalid shape %d layers x %d heads", (int)n_layers,
                        (int)n_heads);
