@@ -330,6 +330,10 @@ int mi_cmd_eval(int argc, char **argv) {
             nm++;
         }
         free(list);
+        if (nm == 0) {
+            fprintf(stderr, "minference eval: --methods names no method\n\n%s", usage_text);
+            return 2;
+        }
     }
 
     if (png_path && !heatmap_png_supported()) {

@@ -101,9 +101,13 @@ void mi_cli_prepare_runtime(void) {
     fclose(f);
     if (n == 0 || n >= sizeof(buf) - 1) return;
     buf[n] = 0;
+    /* every argument or none: a command cut short would run something else; without the
+     * re-exec the command only runs slower */
     char *args[1024];
     int na = 0;
-    for (size_t i = 0; i < n && na < 1023; i += strlen(buf + i) + 1) args[na++] = buf + i;
+    size_t i = 0;
+    for (; i < n && na < 1023; i += strlen(buf + i) + 1) args[na++] = buf + i;
+    if (i < n) return;
     args[na] = NULL;
     execv("/proc/self/exe", args);
     /* exec failed: carry on with the settings as they are */

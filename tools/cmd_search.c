@@ -206,6 +206,13 @@ int mi_cmd_search(int argc, char **argv) {
         free(path);
         return 1;
     }
+    /* patterns searched on a few tokens mean nothing for long prompts */
+    if (text_len == 0) {
+        fprintf(stderr, "minference search: the sample %s is empty\n", sample ? sample : "text");
+        free(text);
+        free(path);
+        return 1;
+    }
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
     mp.device = strcmp(device, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
