@@ -115,6 +115,12 @@ static mi_status get_tensor(mi_model *m, const char *name, int64_t rows, int64_t
     return MI_STATUS_SUCCESS;
 }
 
+static bool all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return false;
+    return true;
+}
+
 static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t cols,
                             mim_weight *w, char *err, size_t cap) {
     tref t;
@@ -122,6 +128,18 @@ static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t
     if (st != MI_STATUS_SUCCESS) return st;
     uint64_t rb = 0;
     mim_type_row_bytes(t.type, (uint64_t)cols, &rb);
+    /* A cheap look for broken files: the first and last rows (the whole matrix is mapped, not
+     * read, at load; vectors are checked whole in get_vector). */
+    float *row = malloc((size_t)cols * sizeof *row);
+    if (!row) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    bool finite = true;
+    for (int64_t r = 0; r < rows && finite; r += rows - 1 > 0 ? rows - 1 : 1) {
+        mim_dequant_row(t.type, (const unsigned char *)t.data + (size_t)r * (size_t)rb, row, cols);
+        finite = all_finite(row, cols);
+    }
+    free(row);
+    if (!finite)
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tensor '%s' holds NaN or inf", name);
     w->data = t.data;
     w->type = t.type;
     w->rows = rows;
@@ -156,6 +174,8 @@ static mi_status get_vector(mi_model *m, const char *name, int64_t n, bool requi
     float *f = own_floats(m, (size_t)n);
     if (!f) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     mim_dequant_row(t.type, t.data, f, n);
+    if (!all_finite(f, n))
+        return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tensor '%s' holds NaN or inf", name);
     *out = f;
     return MI_STATUS_SUCCESS;
 }

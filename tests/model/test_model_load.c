@@ -350,6 +350,47 @@ static void test_hf_errors(void) {
     snprintf(good, sizeof(good), "%s/ids_hf", g_dir);
     snprintf(path, sizeof(path), "%s/ids_hf.gguf", g_dir);
     CHECK(tm_write(path, good, false, 5), "write");
+    /* A NaN in a weight (the final norm: its first bytes set to all ones, a NaN in f32, f16
+     * and bf16 alike) is refused at load, naming the tensor. */
+    {
+        char shard[600];
+        snprintf(path, sizeof(path), "%s/nan_hf.gguf", g_dir);
+        char nan_dir[512];
+        snprintf(nan_dir, sizeof(nan_dir), "%s/nan_hf", g_dir);
+        CHECK(tm_write(path, nan_dir, false, 5), "write");
+        bool poisoned = false;
+        for (int k = 1; k <= 2 && !poisoned; k++) {
+            snprintf(shard, sizeof(shard), "%s/model-0000%d-of-00002.safetensors", nan_dir, k);
+            FILE *sf = fopen(shard, "r+b");
+            unsigned char hl[8];
+            if (!sf || fread(hl, 1, 8, sf) != 8) {
+                if (sf) fclose(sf);
+                continue;
+            }
+            uint64_t hlen = 0;
+            for (int b = 7; b >= 0; b--) hlen = hlen << 8 | hl[b];
+            char *hdr = calloc(1, (size_t)hlen + 1);
+            const char *hit = NULL;
+            if (hdr && fread(hdr, 1, (size_t)hlen, sf) == (size_t)hlen)
+                hit = strstr(hdr, "\"model.norm.weight\"");
+            const char *offs = hit ? strstr(hit, "\"data_offsets\"") : NULL;
+            if (offs) {
+                const long begin = strtol(strchr(offs, '[') + 1, NULL, 10);
+                const unsigned char ones[4] = {0xff, 0xff, 0xff, 0xff};
+                poisoned = fseek(sf, (long)(8 + hlen) + begin, SEEK_SET) == 0 &&
+                           fwrite(ones, 1, 4, sf) == 4;
+            }
+            free(hdr);
+            fclose(sf);
+        }
+        CHECK(poisoned, "model.norm.weight not found in the shards");
+        m = NULL;
+        st = mi_model_load(test_ctx(), nan_dir, NULL, &m);
+        CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL && strstr(TEST_ERR, "model.norm.weight") &&
+                  strstr(TEST_ERR, "NaN"),
+              "NaN weight: %s", TEST_ERR);
+    }
+
     /* Numbers that would make every output NaN: refused at load, naming the field. */
     const char *nums[][2] = {{"\"rms_norm_eps\":0", "rms_norm_eps"},
                              {"\"rms_norm_eps\":-1e-5", "rms_norm_eps"},
