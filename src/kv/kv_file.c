@@ -326,13 +326,15 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         const int64_t n_pages = pages_of_rows((int64_t)rows, P);
         if (n_pages == 0) continue;
         /* nor can a short file make us take pages for rows it does not hold */
-        const uint64_t bytes = (uint64_t)(rows / (uint64_t)P) * image_bytes(L, P) +
-                               image_bytes(L, (int32_t)(rows % (uint64_t)P));
-        if (bytes > r->size - r->pos) {
-            st =
-                kv_fail(pool, MI_STATUS_PARSE_ERROR,
-                        "mi_kv_seq_load: %s is truncated (layer %d needs %llu bytes, %llu remain)",
-                        path, l, (unsigned long long)bytes, (unsigned long long)(r->size - r->pos));
+        /* (compared without forming the product, which a huge count would overflow) */
+        const uint64_t remain = r->size - r->pos, full = rows / (uint64_t)P;
+        const uint64_t page_bytes = image_bytes(L, P);
+        if (full > remain / page_bytes ||
+            full * page_bytes + image_bytes(L, (int32_t)(rows % (uint64_t)P)) > remain) {
+            st = kv_fail(pool, MI_STATUS_PARSE_ERROR,
+                         "mi_kv_seq_load: %s is truncated (layer %d claims %llu rows, %llu bytes "
+                         "remain)",
+                         path, l, (unsigned long long)rows, (unsigned long long)remain);
             break;
         }
         ly->pages = malloc((size_t)n_pages * sizeof(int32_t));
