@@ -48,8 +48,7 @@ int mi_atomic_open(mi_atomic_file *af, const char *path, mode_t mode) {
     /* open(O_EXCL) rather than mkstemp, so that the umask applies to mode as for any new file */
     int fd = -1, e = 0;
     for (int attempt = 0; attempt < 64 && fd < 0; attempt++) {
-        snprintf(af->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(),
-                 atomic_fetch_add(&counter, 1u));
+        snprintf(af->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
         fd = open(af->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
         e = fd < 0 ? errno : 0;
         if (fd < 0 && e != EEXIST) break;
