@@ -695,26 +695,8 @@ class Model(_Closing):
         wraps the prompt in the model's chat template, with system as the system message.
         stream(text) is called with each piece of text as it is generated. Control tokens are
         left out of the text."""
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        parts = []
-
-        def on_token(t):
-            if self.is_control(t):
-                return
-            piece = decoder.decode(self.token_to_piece(t))
-            if piece:
-                parts.append(piece)
-                if stream is not None:
-                    stream(piece)
-
-        self.generate_tokens(prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,
-                             system, on_token)
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            parts.append(tail)
-            if stream is not None:
-                stream(tail)
-        return "".join(parts)
+        return _generate_text(self, self, prompt, max_new_tokens, chat, temperature, top_k, top_p,
+                              seed, stream, system)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -885,23 +867,29 @@ class Session(_Closing):
     def generate(self, prompt, max_new_tokens=64, chat=False, temperature=0.0, top_k=0,
                  top_p=1.0, seed=0, stream=None, system=None):
         """As Model.generate, continuing this session (see generate_tokens)."""
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        parts = []
+        return _generate_text(self, self.model, prompt, max_new_tokens, chat, temperature, top_k,
+                              top_p, seed, stream, system)
 
-        def on_token(t):
-            if self.model.is_control(t):
-                return
-            piece = decoder.decode(self.model.token_to_piece(t))
-            if piece:
-                parts.append(piece)
-                if stream is not None:
-                    stream(piece)
 
-        self.generate_tokens(prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,
-                             system, on_token)
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            parts.append(tail)
+def _generate_text(generator, model, prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,
+                   stream, system):
+    """The text of generator.generate_tokens (a Model or a Session; model gives the pieces),
+    decoded incrementally so that UTF-8 split across tokens comes out whole; stream(piece) gets
+    each piece as it is decoded. Control tokens are left out."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    parts = []
+
+    def emit(piece):
+        if piece:
+            parts.append(piece)
             if stream is not None:
-                stream(tail)
-        return "".join(parts)
+                stream(piece)
+
+    def on_token(t):
+        if not model.is_control(t):
+            emit(decoder.decode(model.token_to_piece(t)))
+
+    generator.generate_tokens(prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,
+                              system, on_token)
+    emit(decoder.decode(b"", final=True))
+    return "".join(parts)

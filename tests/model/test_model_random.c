@@ -9,37 +9,16 @@
  */
 #include "model_test_util.h"
 
-static mi_model_shape small_shape(void) {
-    mi_model_shape s;
-    memset(&s, 0, sizeof(s));
-    s.n_layers = 2;
-    s.hidden = 128;
-    s.n_heads = 4;
-    s.n_kv_heads = 2;
-    s.head_dim = 32;
-    s.ffn = 256;
-    s.vocab = 300;
-    return s;
-}
-
-static mi_model *create(const mi_model_shape *s, uint64_t seed) {
-    mi_model_params p = mi_model_default_params();
-    p.n_threads = 2;
-    mi_model *m = NULL;
-    mi_status st = mi_model_create_random(test_ctx(), s, seed, &p, &m);
-    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), TEST_ERR);
-    return m;
-}
-
 int main(void) {
-    mi_model_shape s = small_shape();
+    mi_model_shape s = test_small_shape();
     const int V = s.vocab, n = 600;
     int32_t tok[600];
     test_byte_tokens(tok, n, 3);
     float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
 
     /* same seed, same model; another seed, another model */
-    mi_model *m1 = create(&s, 11), *m2 = create(&s, 11), *m3 = create(&s, 12);
+    mi_model *m1 = test_random_model(&s, 11), *m2 = test_random_model(&s, 11),
+             *m3 = test_random_model(&s, 12);
     if (!m1 || !m2 || !m3) return check_finish("model.random");
     mi_model_info info;
     CHECK(mi_model_get_info(m1, &info) == MI_STATUS_SUCCESS && info.vocab == V &&
@@ -74,7 +53,7 @@ int main(void) {
     /* sliding window of 200 keys */
     mi_model_shape sw = s;
     sw.sliding_window = 200;
-    mi_model *w = create(&sw, 11);
+    mi_model *w = test_random_model(&sw, 11);
     if (!w) return check_finish("model.random");
     CHECK(mi_model_get_info(w, &info) == 0 && info.sliding_window == 200, "window in info");
     const mi_attn_mode modes[] = {MI_ATTN_DENSE, MI_ATTN_MINFERENCE, MI_ATTN_A_SHAPE};

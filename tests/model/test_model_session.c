@@ -28,25 +28,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static mi_model_shape small_shape(void) {
-    mi_model_shape s;
-    memset(&s, 0, sizeof(s));
-    s.n_layers = 2;
-    s.hidden = 128;
-    s.n_heads = 4;
-    s.n_kv_heads = 2;
-    s.head_dim = 32;
-    s.ffn = 256;
-    s.vocab = 300;
-    return s;
-}
-
 static mi_model *create(const mi_model_shape *s, uint64_t seed) {
-    mi_model_params p = mi_model_default_params();
-    p.n_threads = 2;
-    mi_model *m = NULL;
-    mi_status st = mi_model_create_random(test_ctx(), s, seed, &p, &m);
-    CHECK(st == MI_STATUS_SUCCESS, "create_random: %s (%s)", mi_status_name(st), TEST_ERR);
+    mi_model *m = test_random_model(s, seed);
     if (m) CHECK(mi_model_set_attention(m, MI_ATTN_DENSE, NULL, -1) == 0, "set_attention");
     return m;
 }
@@ -104,7 +87,7 @@ static void check_intact(mi_session *s, int64_t n, int32_t next, const float *re
 }
 
 static void test_random(void) {
-    mi_model_shape sh = small_shape();
+    mi_model_shape sh = test_small_shape();
     const int V = sh.vocab, N = 300;
     int32_t tok[400];
     test_byte_tokens(tok, 400, 5);
