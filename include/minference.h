@@ -90,8 +90,12 @@ typedef enum mi_device_type {
 typedef struct mi_context_params {
     mi_device_type device; /* where the data lives and the kernels run */
     int device_id;         /* CUDA device ordinal (ignored on the CPU) */
-    int n_threads;         /* CPU worker threads; <= 0 means all online cores */
+    int n_threads;         /* CPU worker threads; <= 0 means all online cores; at most
+                              MI_MAX_THREADS (more: MI_STATUS_INVALID_ARGUMENT) */
 } mi_context_params;
+
+/* The most CPU worker threads a context or a model takes, everywhere (library, CLI, Python). */
+#define MI_MAX_THREADS 1024
 
 typedef struct mi_context mi_context;
 

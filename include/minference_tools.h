@@ -184,6 +184,17 @@ MI_API mi_status mi_eval_needle_offset(const char *hay, size_t hay_len, double d
 MI_API mi_status mi_eval_insert_needle(const char *hay, size_t hay_len, const char *needle,
                                        double depth, char **out, size_t *offset);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Output files                                                                                */
+
+/* data [n] as the file path, whole or not at all: written to a temporary file in path's folder,
+ * flushed, synced and renamed over path. On any failure path is left as it was (the old file,
+ * or none) and ctx (may be NULL) gets a message naming the cause (MI_STATUS_IO_ERROR). Results,
+ * heat maps and configs are written this way so that an interrupted run never leaves half a
+ * file that a later step would read as complete. */
+MI_API mi_status mi_file_write_atomic(mi_context *ctx, const char *path, const void *data,
+                                      size_t n);
+
 #ifdef __cplusplus
 }
 #endif

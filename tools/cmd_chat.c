@@ -239,7 +239,7 @@ int mi_cmd_chat(int argc, char **argv) {
         {"session", ARG_STR, &session_path, 0, 0, NULL},
         {"max-new-tokens", ARG_INT, &max_new, 1, 1 << 30, NULL},
         {"max-context", ARG_INT64, &max_context, 0, INT64_MAX, NULL},
-        {"threads", ARG_INT, &threads, 0, 1 << 30, NULL},
+        {"threads", ARG_INT, &threads, 0, MI_MAX_THREADS, NULL},
         {"dense-below", ARG_INT, &dense_below, -1, 1 << 30, NULL},
         {"top-k", ARG_INT, &top_k, 0, 1 << 30, NULL},
         {"seed", ARG_INT64, &seed, 0, INT64_MAX, NULL},
@@ -294,10 +294,7 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_context_destroy(ectx);
     if (st != MI_STATUS_SUCCESS) goto done;
     mi_model_get_info(c.model, &c.info);
-    if (config_path && mi_config_load(NULL, config_path, &config) != MI_STATUS_SUCCESS) {
-        fprintf(stderr, "minference chat: cannot load config %s\n", config_path);
-        goto done;
-    }
+    if (config_path && !(config = tool_load_config("chat", config_path))) goto done;
     if (mi_model_set_attention_name(c.model, attn, config, (int32_t)dense_below) !=
         MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference chat: %s\n", mi_model_last_error(c.model));

@@ -248,12 +248,15 @@ static bool write_json(const eval_state *e, const char *task, bool retrieval, co
         retrieval                  ? "scores[length][depth] = fraction correct"
         : strcmp(task, "ppl") == 0 ? "scores[length][0] = perplexity"
                                    : "scores[length][0] = mean attention recall");
-    if (!root || json_dump_file(root, json_path, JSON_INDENT(1)) != 0) {
-        fprintf(stderr, "minference eval: cannot write %s\n", json_path);
-        json_decref(root);
+    char *text = root ? json_dumps(root, JSON_INDENT(1)) : NULL;
+    json_decref(root);
+    if (!text) {
+        fprintf(stderr, "minference eval: out of memory for %s\n", json_path);
         return false;
     }
-    json_decref(root);
+    const bool ok = tool_write_file("eval", json_path, text, strlen(text));
+    free(text);
+    if (!ok) return false;
     fprintf(stderr, "wrote %s\n", json_path);
     return true;
 }
@@ -276,7 +279,7 @@ int mi_cmd_eval(int argc, char **argv) {
         {"text", ARG_STR, &text_path, 0, 0, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
         {"png", ARG_STR, &png_path, 0, 0, NULL},
-        {"threads", ARG_INT, &threads, 0, 1024, NULL},
+        {"threads", ARG_INT, &threads, 0, MI_MAX_THREADS, NULL},
         {"dense-below", ARG_INT, &dense_below, 0, 1 << 30, NULL},
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
     };

@@ -155,7 +155,7 @@ int mi_cmd_generate(int argc, char **argv) {
         {"config", ARG_STR, &config_path, 0, 0, NULL},
         {"system", ARG_STR, &system, 0, 0, NULL},
         {"max-new-tokens", ARG_INT, &max_new, 0, 1 << 30, NULL},
-        {"threads", ARG_INT, &threads, 0, 1 << 30, NULL},
+        {"threads", ARG_INT, &threads, 0, MI_MAX_THREADS, NULL},
         {"dense-below", ARG_INT, &dense_below, -1, 1 << 30, NULL},
         {"top-k", ARG_INT, &top_k, 0, 1 << 30, NULL},
         {"seed", ARG_INT64, &seed, 0, INT64_MAX, NULL},
@@ -251,10 +251,9 @@ int mi_cmd_generate(int argc, char **argv) {
     mi_model_info info;
     mi_model_get_info(model, &info);
     if (config_path) {
-        st = mi_config_load(NULL, config_path, &config);
-        if (st != MI_STATUS_SUCCESS) {
-            fprintf(stderr, "minference generate: cannot load config %s: %s\n", config_path,
-                    mi_status_string(st));
+        config = tool_load_config("generate", config_path);
+        if (!config) {
+            st = MI_STATUS_PARSE_ERROR;
             goto done;
         }
     }

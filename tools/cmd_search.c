@@ -137,7 +137,7 @@ int mi_cmd_search(int argc, char **argv) {
         {"error-weight", ARG_STR, &weight_s, 0, 0, NULL},
         {"iterations", ARG_INT, &iterations, 0, 64, NULL},
         {"candidates", ARG_STR, &cands_s, 0, 0, NULL},
-        {"threads", ARG_INT, &threads, 0, 1024, NULL},
+        {"threads", ARG_INT, &threads, 0, MI_MAX_THREADS, NULL},
         {"device", ARG_STR, &device, 0, 0, NULL},
     };
     int npos = 0;

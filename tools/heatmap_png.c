@@ -3,6 +3,7 @@
  * lengths and depths drawn in a 3x5 pixel font, written as an 8-bit RGB PNG by libpng.
  */
 #include "heatmap_png.h"
+#include "tool_util.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -29,9 +30,16 @@ static bool png_write(const char *path, const unsigned char *rgb, uint32_t w, ui
     img.width = w;
     img.height = h;
     img.format = PNG_FORMAT_RGB;
-    const int ok = png_image_write_to_file(&img, path, 0, rgb, 0, NULL);
+    /* encoded in memory, then written whole (tool_write_file), so a failed or interrupted
+     * run never leaves a truncated image */
+    png_alloc_size_t size = 0;
+    bool ok = png_image_write_get_memory_size(img, size, 0, rgb, 0, NULL) != 0;
+    void *mem = ok ? malloc(size) : NULL;
+    ok = mem && png_image_write_to_memory(&img, mem, &size, 0, rgb, 0, NULL) != 0;
     png_image_free(&img);
-    return ok != 0;
+    if (ok) ok = tool_write_file("png", path, mem, (size_t)size);
+    free(mem);
+    return ok;
 #else
     (void)path, (void)rgb, (void)w, (void)h;
     return false;

@@ -2,6 +2,7 @@
 #include "tool_util.h"
 
 #include "minference_model.h"
+#include "minference_tools.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 double tool_now_s(void) {
     struct timespec ts;
@@ -92,4 +94,50 @@ char *tool_license_text(size_t *len) {
     }
     if (len) *len = total;
     return out;
+}
+
+bool tool_write_file(const char *cmd, const char *path, const void *data, size_t n) {
+    mi_context *ctx = NULL;
+    mi_context_create(NULL, &ctx); /* only for the message: without one the cause is lost */
+    const mi_status st = mi_file_write_atomic(ctx, path, data, n);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference %s: cannot write %s: %s\n", cmd, path,
+                ctx ? mi_context_last_error(ctx) : mi_status_string(st));
+    mi_context_destroy(ctx);
+    return st == MI_STATUS_SUCCESS;
+}
+
+bool tool_append_file(const char *cmd, const char *path, const void *data, size_t n) {
+    size_t old_n = 0;
+    const char *why = NULL;
+    char *old = tool_read_file(path, &old_n, &why);
+    if (!old && access(path, F_OK) == 0) {
+        fprintf(stderr, "minference %s: cannot append to %s: it %s\n", cmd, path,
+                why ? why : "cannot be read");
+        return false;
+    }
+    char *all = malloc(old_n + n + 1);
+    if (!all) {
+        free(old);
+        fprintf(stderr, "minference %s: out of memory appending to %s\n", cmd, path);
+        return false;
+    }
+    if (old_n) memcpy(all, old, old_n);
+    if (n) memcpy(all + old_n, data, n);
+    free(old);
+    const bool ok = tool_write_file(cmd, path, all, old_n + n);
+    free(all);
+    return ok;
+}
+
+mi_config *tool_load_config(const char *cmd, const char *path) {
+    mi_context *ctx = NULL;
+    mi_context_create(NULL, &ctx); /* for the loader's message */
+    mi_config *config = NULL;
+    const mi_status st = mi_config_load(ctx, path, &config);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference %s: cannot load config %s: %s\n", cmd, path,
+                ctx ? mi_context_last_error(ctx) : mi_status_string(st));
+    mi_context_destroy(ctx);
+    return config;
 }

@@ -2,6 +2,7 @@
 #ifndef MI_TOOL_UTIL_H
 #define MI_TOOL_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,5 +21,18 @@ char *tool_default_model(void);
 /* Real English text present on every Debian system: the license texts of
  * /usr/share/common-licenses, concatenated with blank lines between them. NULL if none. */
 char *tool_license_text(size_t *len);
+
+/* A pattern config; on failure prints "minference CMD: cannot load config PATH: reason" with the
+ * loader's detailed reason and returns NULL. */
+typedef struct mi_config mi_config;
+mi_config *tool_load_config(const char *cmd, const char *path);
+
+/* data [n] as path, whole or not at all (mi_file_write_atomic); on failure prints
+ * "minference CMD: cannot write PATH: reason" and returns false. */
+bool tool_write_file(const char *cmd, const char *path, const void *data, size_t n);
+
+/* Appends data [n] to path the same way: the old contents and the new rows are written as a new
+ * file that replaces the old one only when complete (a missing file starts empty). */
+bool tool_append_file(const char *cmd, const char *path, const void *data, size_t n);
 
 #endif

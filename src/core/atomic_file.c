@@ -1,5 +1,7 @@
 /* atomic_file.c: temporary file, fsync, rename (see atomic_file.h). */
 #include "atomic_file.h"
+#include "internal.h"
+#include "minference_tools.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -101,4 +103,14 @@ int mi_atomic_write(const char *path, const void *data, size_t n, mode_t mode) {
         return e;
     }
     return mi_atomic_commit(&af);
+}
+
+mi_status mi_file_write_atomic(mi_context *ctx, const char *path, const void *data, size_t n) {
+    mi_clear_error(ctx);
+    if (!path || !path[0] || (!data && n))
+        return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
+                       "mi_file_write_atomic: a path and the data are required");
+    const int e = mi_atomic_write(path, data ? data : "", n, 0666);
+    if (e) return mi_fail(ctx, MI_STATUS_IO_ERROR, "%s: cannot write: %s", path, strerror(e));
+    return MI_STATUS_SUCCESS;
 }

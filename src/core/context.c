@@ -25,7 +25,7 @@ mi_status mi_context_create(const mi_context_params *params, mi_context **out) {
     *out = NULL;
     mi_context_params p = params ? *params : mi_context_default_params();
     if (p.device != MI_DEVICE_CPU && p.device != MI_DEVICE_CUDA) return MI_STATUS_INVALID_ARGUMENT;
-    if (p.device_id < 0) return MI_STATUS_INVALID_ARGUMENT;
+    if (p.device_id < 0 || p.n_threads > MI_MAX_THREADS) return MI_STATUS_INVALID_ARGUMENT;
     mi_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return MI_STATUS_OUT_OF_MEMORY;
     ctx->params = p;

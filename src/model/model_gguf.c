@@ -275,6 +275,15 @@ static mi_status parse(mim_gguf *g, char *err, size_t cap) {
         }
     }
     free(offsets);
+    if (st == MI_STATUS_SUCCESS && g->n_tensors > 1) {
+        mim_region *r = malloc(g->n_tensors * sizeof *r);
+        if (!r) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+        for (uint64_t i = 0; i < g->n_tensors; i++)
+            r[i] = (mim_region){g->tensors[i].data, g->tensors[i].nbytes, g->tensors[i].name,
+                                (int)g->tensors[i].name_len};
+        st = mim_check_regions(r, g->n_tensors, "GGUF", err, cap);
+        free(r);
+    }
     return st;
 }
 

@@ -25,6 +25,18 @@ mi_status mim_fail(char *buf, size_t cap, mi_status status, const char *fmt, ...
 #endif
     ;
 
+/* Tensor data regions of one file: two tensors whose bytes overlap mean a corrupt or crafted
+ * file (a write into one would change the other, and the formats forbid it). Sorts r by start;
+ * MI_STATUS_PARSE_ERROR naming both tensors when any two non-empty regions overlap. */
+typedef struct mim_region {
+    const unsigned char *begin;
+    uint64_t nbytes;
+    const char *name;
+    int name_len;
+} mim_region;
+
+mi_status mim_check_regions(mim_region *r, size_t n, const char *format, char *err, size_t cap);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Unicode                                                                                     */
 

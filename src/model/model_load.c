@@ -240,8 +240,37 @@ static const names hf_names = {
     "model.layers.%d.self_attn.v_proj.bias",
 };
 
+/* A tensor of a layer the header does not count means the layer count is wrong (the model
+ * would run without those layers and print nonsense), so it is refused. */
+static mi_status check_layer_count(const mi_model *m, const names *nm, char *err, size_t cap) {
+    const char *pct = strstr(nm->q, "%d");
+    const size_t plen = (size_t)(pct - nm->q);
+    const char *field = m->gguf ? "block_count" : "num_hidden_layers";
+    const int n_files = m->gguf ? 1 : m->n_shards;
+    for (int s = 0; s < n_files; s++) {
+        const int64_t n = m->gguf ? (int64_t)m->gguf->n_tensors : m->shards[s].n_tensors;
+        for (int64_t i = 0; i < n; i++) {
+            const char *name = m->gguf ? m->gguf->tensors[i].name : m->shards[s].tensors[i].name;
+            const size_t len = m->gguf ? m->gguf->tensors[i].name_len : strlen(name);
+            if (len <= plen || memcmp(name, nm->q, plen) != 0) continue;
+            int64_t layer = 0;
+            size_t j = plen;
+            for (; j < len && j < plen + 10 && name[j] >= '0' && name[j] <= '9'; j++)
+                layer = layer * 10 + (name[j] - '0');
+            if (j == plen || j >= len || name[j] != '.') continue;
+            if (layer >= m->n_layers)
+                return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                                "%s is %d but tensor '%.*s' belongs to layer %lld", field,
+                                (int)m->n_layers, (int)(len < 120 ? len : 120), name,
+                                (long long)layer);
+        }
+    }
+    return MI_STATUS_SUCCESS;
+}
+
 static mi_status load_weights(mi_model *m, const names *nm, char *err, size_t cap) {
-    mi_status st;
+    mi_status st = check_layer_count(m, nm, err, cap);
+    if (st != MI_STATUS_SUCCESS) return st;
     const int64_t qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     tref emb = lookup(m, nm->embd);
     if (!emb.found)
@@ -707,6 +736,10 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
     if (p.device_id < 0)
         return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT, "device_id %d is negative",
                         p.device_id);
+    if (p.n_threads > MI_MAX_THREADS)
+        return mim_fail(err, err_size, MI_STATUS_INVALID_ARGUMENT,
+                        "n_threads %d is more than MI_MAX_THREADS (%d)", p.n_threads,
+                        MI_MAX_THREADS);
     if (p.mlp_chunk <= 0) p.mlp_chunk = 4096;
     mi_model *m = calloc(1, sizeof(*m));
     if (!m) return mim_fail(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory");

@@ -116,6 +116,15 @@ static mi_status parse_header(mim_st_file *f, char *err, size_t cap) {
         t->data = data + json_integer_value(b);
     }
     json_decref(root);
+    if (st == MI_STATUS_SUCCESS && f->n_tensors > 1) {
+        mim_region *r = malloc((size_t)f->n_tensors * sizeof *r);
+        if (!r) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+        for (size_t i = 0; i < (size_t)f->n_tensors; i++)
+            r[i] = (mim_region){f->tensors[i].data, f->tensors[i].nbytes, f->tensors[i].name,
+                                (int)strlen(f->tensors[i].name)};
+        st = mim_check_regions(r, (size_t)f->n_tensors, "safetensors", err, cap);
+        free(r);
+    }
     return st;
 }
 

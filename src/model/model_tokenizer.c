@@ -14,6 +14,7 @@
 #include "model_internal.h"
 
 #include <float.h>
+#include <stddef.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -676,15 +677,26 @@ mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *
             }
         }
     }
-    int64_t v;
-    if (mim_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &v) && v >= 0 && v < nv)
-        t->bos = (int32_t)v;
-    if (mim_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &v) && v >= 0 && v < nv)
-        t->eos = (int32_t)v;
-    if (mim_gguf_get_i64(g, "tokenizer.ggml.eot_token_id", &v) && v >= 0 && v < nv)
-        t->eot = (int32_t)v;
-    if (mim_gguf_get_i64(g, "tokenizer.ggml.unknown_token_id", &v) && v >= 0 && v < nv)
-        t->unk = (int32_t)v;
+    /* A special id outside the vocabulary would be emitted as a token the model has no row
+     * for, so it is refused; -1 is the "none" other writers use. */
+    static const struct {
+        const char *key;
+        size_t field;
+    } special[] = {{"tokenizer.ggml.bos_token_id", offsetof(mim_tokenizer, bos)},
+                   {"tokenizer.ggml.eos_token_id", offsetof(mim_tokenizer, eos)},
+                   {"tokenizer.ggml.eot_token_id", offsetof(mim_tokenizer, eot)},
+                   {"tokenizer.ggml.unknown_token_id", offsetof(mim_tokenizer, unk)}};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+        int64_t v;
+        if (!mim_gguf_get_i64(g, special[i].key, &v) || v == -1) continue;
+        if (v < 0 || v >= nv) {
+            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                          "GGUF corrupt: %s is %lld, outside the vocabulary of %d tokens",
+                          special[i].key, (long long)v, (int)nv);
+            goto fail;
+        }
+        *(int32_t *)((char *)t + special[i].field) = (int32_t)v;
+    }
     bool b;
     t->add_bos = kind == MIM_TOK_SPM || t->pre == MIM_PRE_LLAMA3;
     if (mim_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b)) t->add_bos = b;
@@ -863,7 +875,15 @@ mi_status mim_tokenizer_from_json(const char *text, size_t tlen, mim_tokenizer *
         }
     }
     json_t *unk = json_object_get(model, "unk_token");
-    if (json_is_string(unk)) t->unk = mim_tokenizer_find(t, json_string_value(unk));
+    if (json_is_string(unk)) {
+        t->unk = mim_tokenizer_find(t, json_string_value(unk));
+        if (t->unk < 0) {
+            st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                          "tokenizer.json: model.unk_token '%.64s' is not in the vocabulary",
+                          json_string_value(unk));
+            goto done;
+        }
+    }
     /* BOS: a TemplateProcessing post-processor that starts "single" with a special token. */
     json_t *post = json_object_get(root, "post_processor");
     json_t *single = json_object_get(post, "single");

@@ -313,3 +313,22 @@ char *mi_model_default_path(void) {
     fclose(f);
     return strdup(line);
 }
+
+static int region_cmp(const void *a, const void *b) {
+    const mim_region *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+mi_status mim_check_regions(mim_region *r, size_t n, const char *format, char *err, size_t cap) {
+    if (n > 1) qsort(r, n, sizeof *r, region_cmp);
+    const mim_region *prev = NULL; /* the non-empty region reaching furthest so far */
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].nbytes == 0) continue;
+        if (prev && (uint64_t)(r[i].begin - prev->begin) < prev->nbytes)
+            return mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                            "%s corrupt: the data of tensors '%.*s' and '%.*s' overlap", format,
+                            prev->name_len, prev->name, r[i].name_len, r[i].name);
+        if (!prev || r[i].begin + r[i].nbytes > prev->begin + prev->nbytes) prev = &r[i];
+    }
+    return MI_STATUS_SUCCESS;
+}

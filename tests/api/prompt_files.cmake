@@ -31,3 +31,15 @@ if(err MATCHES "no --model given")
 elseif(NOT rc EQUAL 1 OR NOT err MATCHES "exceed the model's context of")
   message(FATAL_ERROR "generate with a 9000-token prompt: status ${rc}, stderr: ${err}")
 endif()
+
+# A config that does not load: generate and chat keep the loader's detailed reason.
+foreach(cmd "generate;--prompt;hi" chat)
+  execute_process(COMMAND timeout 60 ${CLI} ${cmd} --max-new-tokens 1
+                          --config ${DATA}/bad_pattern.json
+                  RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err INPUT_FILE /dev/null)
+  if(err MATCHES "no --model given")
+    message(STATUS "${cmd} --config: skipped, no demo model")
+  elseif(rc EQUAL 0 OR NOT err MATCHES "unknown pattern \"diagonal_magic\"")
+    message(FATAL_ERROR "${cmd} --config bad_pattern.json: status ${rc}, stderr: ${err}")
+  endif()
+endforeach()

@@ -71,6 +71,16 @@ static void test_context(void) {
     mi_context_destroy(NULL);
     CHECK(strcmp(mi_context_last_error(NULL), "no context") == 0);
 
+    /* one thread cap everywhere */
+    p = mi_context_default_params();
+    p.n_threads = MI_MAX_THREADS + 1;
+    CHECK_STATUS(mi_context_create(&p, &ctx), MI_STATUS_INVALID_ARGUMENT);
+    CHECK(ctx == NULL);
+    p.n_threads = MI_MAX_THREADS;
+    CHECK_STATUS(mi_context_create(&p, &ctx), MI_STATUS_SUCCESS);
+    CHECK(mi_context_n_threads(ctx) == MI_MAX_THREADS);
+    mi_context_destroy(ctx);
+
     p = mi_context_default_params();
     p.n_threads = 3;
     CHECK_STATUS(mi_context_create(&p, &ctx), MI_STATUS_SUCCESS);

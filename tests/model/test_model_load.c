@@ -159,6 +159,96 @@ static void test_corrupt_fields(void) {
     free(w.kv.p);
 }
 
+/* Two tensors whose data overlap: refused, naming both (the formats forbid it, and a file built
+ * that way can alias one weight into another). */
+static void test_overlapping_tensors(void) {
+    char err[512];
+    gguf_writer w;
+    memset(&w, 0, sizeof(w));
+    gw_str(&w, "general.architecture", "llama");
+    float va[32] = {0}, vb[32] = {0};
+    gw_tensor_add(&w, "a", 0, 32, 0, va, sizeof(va));
+    gw_tensor_add(&w, "b", 0, 32, 0, vb, sizeof(vb));
+    size_t data_start;
+    tbuf b = gw_finish(&w, &data_start);
+    CHECK(open_prefix(b.p, b.n, err, sizeof(err)) == MI_STATUS_SUCCESS, "valid: %s", err);
+    mim_gguf *g = NULL;
+    CHECK(mim_gguf_open_memory(b.p, b.n, &g, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s", err);
+    const mim_gguf_tensor *t = g ? mim_gguf_find_tensor(g, "b") : NULL;
+    CHECK(t != NULL, "tensor b");
+    if (t) {
+        /* b's data offset field: after its name, n_dims, one ne and the type */
+        size_t at = (size_t)((const unsigned char *)t->name - b.p) + t->name_len + 4 + 8 + 4;
+        CHECK(rd64(b.p + at) == 128, "layout of the test file changed");
+        mim_gguf_close(g);
+        for (uint64_t off = 0; off < 128; off += 32) { /* inside a, from its start to its end */
+            memcpy(b.p + at, &off, 8);
+            err[0] = 0;
+            CHECK(open_prefix(b.p, b.n, err, sizeof(err)) == MI_STATUS_PARSE_ERROR &&
+                      strstr(err, "overlap") && strstr(err, "'a'") && strstr(err, "'b'"),
+                  "offset %llu: %s", (unsigned long long)off, err);
+        }
+        printf("overlapping tensors: %s\n", err);
+    }
+    free(b.p);
+    free(w.kv.p);
+}
+
+/* Rewrites the u32 value of one GGUF key of the tiny model into a copy and loads the copy. */
+static mi_status load_with_u32(const char *src, const char *key, uint32_t value) {
+    FILE *f = fopen(src, "rb");
+    CHECK(f != NULL, "open %s", src);
+    if (!f) return MI_STATUS_IO_ERROR;
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *d = malloc(size);
+    CHECK(fread(d, 1, size, f) == size, "read");
+    fclose(f);
+    const size_t kl = strlen(key);
+    unsigned char *at = NULL;
+    for (size_t i = 8; i + kl + 8 < size && !at; i++)
+        if (rd64(d + i - 8) == kl && memcmp(d + i, key, kl) == 0) at = d + i + kl;
+    CHECK(at != NULL, "key %s not in the tiny model", key);
+    uint32_t type = 0;
+    if (at) memcpy(&type, at, 4);
+    CHECK(type == 4, "%s is not a u32", key); /* GGUF type 4: uint32 */
+    if (at) memcpy(at + 4, &value, 4);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/patched.gguf", g_dir);
+    tbuf tb = {d, size, 0};
+    CHECK(tb_write(&tb, path), "write");
+    free(d);
+    mi_model *m = NULL;
+    mi_status st = mi_model_load(test_ctx(), path, NULL, &m);
+    CHECK((st == MI_STATUS_SUCCESS) == (m != NULL), "status and model disagree");
+    mi_model_destroy(m);
+    return st;
+}
+
+/* Header values that disagree with the file: a block count lower than the layers present, and
+ * special token ids outside the vocabulary. Each refused, naming the key. */
+static void test_gguf_header_refusals(void) {
+    char gpath[512], hdir[512];
+    snprintf(gpath, sizeof(gpath), "%s/tiny_hdr.gguf", g_dir);
+    snprintf(hdir, sizeof(hdir), "%s/tiny_hf_hdr", g_dir);
+    CHECK(tm_write(gpath, hdir, false, 5), "write");
+    CHECK(load_with_u32(gpath, "llama.block_count", TM_LAYERS) == MI_STATUS_SUCCESS,
+          "as written: %s", TEST_ERR);
+    CHECK(load_with_u32(gpath, "llama.block_count", TM_LAYERS - 1) == MI_STATUS_PARSE_ERROR &&
+              strstr(TEST_ERR, "block_count"),
+          "fewer blocks: %s", TEST_ERR);
+    printf("block count: %s\n", TEST_ERR);
+    CHECK(load_with_u32(gpath, "tokenizer.ggml.bos_token_id", TM_VOCAB) == MI_STATUS_PARSE_ERROR &&
+              strstr(TEST_ERR, "bos_token_id"),
+          "bos: %s", TEST_ERR);
+    CHECK(load_with_u32(gpath, "tokenizer.ggml.eos_token_id", 0x7FFFFFFEu) ==
+                  MI_STATUS_PARSE_ERROR &&
+              strstr(TEST_ERR, "eos_token_id"),
+          "eos: %s", TEST_ERR);
+    printf("special id: %s\n", TEST_ERR);
+}
+
 /* A needed tensor of a type this runner does not read is named in the error. */
 static void test_unsupported_type(void) {
     char gpath[512], hdir[512], err[512];
@@ -404,7 +494,9 @@ static void test_hf_errors(void) {
                               {"\"bos_token_id\":99999", "bos_token_id"},
                               {"\"bos_token_id\":-1", "bos_token_id"},
                               {"\"eos_token_id\":[1,70000]", "eos_token_id"},
-                              {"\"eos_token_id\":[2,3]", NULL}};
+                              {"\"eos_token_id\":[2,3]", NULL},
+                              /* fewer layers than the shards hold (the later key wins) */
+                              {"\"num_hidden_layers\":1", "num_hidden_layers"}};
     snprintf(path, sizeof(path), "%s/config.json", good);
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         char cfg[1024];
@@ -468,6 +560,8 @@ int main(void) {
     mkdir(g_dir, 0755);
     test_truncation();
     test_corrupt_fields();
+    test_overlapping_tensors();
+    test_gguf_header_refusals();
     test_unsupported_type();
     test_formats_agree(false, 0);
     test_formats_agree(true, 0);
