@@ -204,6 +204,8 @@ MI_API mi_status mi_context_set_tuning(mi_context *ctx, const mi_tuning *tuning)
 MI_API mi_status mi_context_get_tuning(const mi_context *ctx, mi_tuning *tuning);
 /* mi_tuning_parse applied to ctx's tuning (for bindings that do not declare the struct). */
 MI_API mi_status mi_context_parse_tuning(mi_context *ctx, const char *spec);
+/* mi_tuning_format of ctx's tuning (the same, for bindings); -1 for a NULL ctx. */
+MI_API int mi_context_format_tuning(const mi_context *ctx, char *buf, size_t size);
 
 /* Build features, for `minference info`: a static string such as "cpu openblas cuda(sm_90a,sm_80)". */
 MI_API const char *mi_build_features(void);

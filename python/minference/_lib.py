@@ -206,6 +206,8 @@ PROTOTYPES = {
     "mi_context_last_error": (c_char_p, [CTX]),
     "mi_context_set_error": (ST, [CTX, ST, c_char_p]),
     "mi_context_n_threads": (c_int, [CTX]),
+    "mi_context_parse_tuning": (ST, [CTX, c_char_p]),
+    "mi_context_format_tuning": (c_int, [CTX, c_char_p, c_size_t]),
     "mi_context_device": (c_int, [CTX]),
     "mi_build_features": (c_char_p, []),
     "mi_build_commit": (c_char_p, []),

@@ -167,6 +167,38 @@ class Context(_Closing):
     def last_error(self):
         return _decode(_lib().mi_context_last_error(self.handle))
 
+    @property
+    def tuning(self):
+        """The kernel-path choices of this context, as "name=value,..." (fields that differ from
+        "auto"; "" when none). See mi_tuning in minference.h for the names."""
+        lib = _lib()
+        n = lib.mi_context_format_tuning(self.handle, None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.mi_context_format_tuning(self.handle, buf, n + 1)
+        return _decode(buf.value)
+
+    @tuning.setter
+    def tuning(self, spec):
+        """Replaces the tuning by spec ("name=value,..."; "" or None: every field auto). A bad
+        name or value raises and leaves the tuning as it was."""
+        spec = spec or ""
+        if not isinstance(spec, str):
+            raise TypeError(f"tuning must be a str like 'sm90_sparse=1', not {type(spec).__name__}")
+        old = self.tuning
+        reset = ",".join(f"{kv.split('=')[0]}=auto" for kv in old.split(",") if kv)
+        lib = _lib()
+        # validate first on a scratch context, so that a bad spec changes nothing
+        probe = Context(self.device if self.device == "cpu" else "cpu")
+        try:
+            _check(lib.mi_context_parse_tuning(probe.handle, spec.encode()), probe.handle,
+                   "mi_context_parse_tuning")
+        finally:
+            probe.close()
+        _check(lib.mi_context_parse_tuning(self.handle, reset.encode()), self.handle,
+               "mi_context_parse_tuning")
+        _check(lib.mi_context_parse_tuning(self.handle, spec.encode()), self.handle,
+               "mi_context_parse_tuning")
+
     def set_stream(self, stream):
         """CUDA stream (an int handle, a torch.cuda.Stream, or None for the legacy default)."""
         if stream is not None and not isinstance(stream, int):

@@ -56,6 +56,30 @@ def test_context_threads():
         assert e.value.status_name == "MI_STATUS_INVALID_ARGUMENT"
 
 
+def test_context_tuning():
+    """Kernel-path choices set from Python: replaced whole, validated first, results unchanged."""
+    rng = np.random.default_rng(1)
+    q, k, v = qkv(rng, 1, 2, 2, 130, 32)
+    with mi.Context("cpu", n_threads=1) as ctx:
+        assert ctx.tuning == ""
+        ref = mi.dense_attention(q, k, v, ctx=ctx)
+        ctx.tuning = "cpu_engine=base,sm90_sparse=1"  # CUDA fields are accepted on the CPU
+        assert set(ctx.tuning.split(",")) == {"cpu_engine=1", "sm90_sparse=1"}
+        out = mi.dense_attention(q, k, v, ctx=ctx)
+        np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-4)
+        with pytest.raises(MInferenceError) as e:
+            ctx.tuning = "no_such_field=1"
+        assert e.value.status_name == "MI_STATUS_INVALID_ARGUMENT"
+        assert "no_such_field" in str(e.value)
+        assert set(ctx.tuning.split(",")) == {"cpu_engine=1", "sm90_sparse=1"}  # unchanged
+        ctx.tuning = "bs_split=-1"  # replaces, does not add
+        assert ctx.tuning == "bs_split=-1"
+        ctx.tuning = None
+        assert ctx.tuning == ""
+        with pytest.raises(TypeError):
+            ctx.tuning = 3
+
+
 # ---- configs -----------------------------------------------------------------------------------
 
 ORIGINAL_STYLE = [

@@ -204,3 +204,11 @@ mi_status mi_context_parse_tuning(mi_context *ctx, const char *spec) {
     if (!ctx) return MI_STATUS_INVALID_ARGUMENT;
     return mi_tuning_parse(ctx, spec, &ctx->tuning);
 }
+
+int mi_context_format_tuning(const mi_context *ctx, char *buf, size_t size) {
+    if (!ctx) {
+        if (buf && size) buf[0] = '\0';
+        return -1;
+    }
+    return mi_tuning_format(&ctx->tuning, buf, size);
+}

@@ -119,6 +119,11 @@ int main(void) {
     CHECK_STATUS(mi_context_parse_tuning(ctx, "bs_cap=128"), MI_STATUS_SUCCESS);
     CHECK_STATUS(mi_context_get_tuning(ctx, &u), MI_STATUS_SUCCESS);
     CHECK(u.bs_cap == 128 && u.sm90 == -1);
+    /* the same text as mi_tuning_format of the struct, for bindings */
+    char a[512], b[512];
+    CHECK(mi_context_format_tuning(ctx, a, sizeof a) == mi_tuning_format(&u, b, sizeof b));
+    CHECK(strcmp(a, b) == 0 && strstr(a, "bs_cap=128") != NULL, "%s / %s", a, b);
+    CHECK(mi_context_format_tuning(NULL, a, sizeof a) == -1 && a[0] == 0);
 
     /* bad names and values */
     expect_bad(ctx, "no_such_field=1", "no_such_field");
