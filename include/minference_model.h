@@ -82,6 +82,10 @@ typedef struct mi_model_params {
     int64_t max_context; /* KV cache capacity in tokens; <= 0: grows on demand */
     int64_t mlp_chunk;   /* prefill rows per projection / MLP chunk; <= 0: 4096 */
     int device_id;       /* CUDA device ordinal */
+    /* NaN/inf in the weights is refused at load. 0: vectors whole, the first and last row of
+     * each matrix (fast: the file stays mapped, not read); 1: every element of every matrix
+     * (reads the whole file once, in parallel). */
+    int check_weights;
 } mi_model_params;
 
 MI_API mi_model_params mi_model_default_params(void);

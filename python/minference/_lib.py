@@ -345,6 +345,7 @@ class mi_model_params(ctypes.Structure):
         ("max_context", c_int64),
         ("mlp_chunk", c_int64),
         ("device_id", c_int),
+        ("check_weights", c_int),
     ]
 
 

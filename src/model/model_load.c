@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,29 @@ static bool all_finite(const float *x, int64_t n) {
     return true;
 }
 
+typedef struct finite_job {
+    const unsigned char *data;
+    uint32_t type;
+    int64_t cols;
+    size_t row_bytes;
+    atomic_int bad; /* 1: a row with NaN/inf was seen; 2: no memory for a scratch row */
+} finite_job;
+
+static void finite_rows(void *arg, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    finite_job *j = arg;
+    float *row = malloc((size_t)j->cols * sizeof *row);
+    if (!row) {
+        atomic_store(&j->bad, 2);
+        return;
+    }
+    for (int64_t r = b; r < e && !atomic_load_explicit(&j->bad, memory_order_relaxed); r++) {
+        mim_dequant_row(j->type, j->data + (size_t)r * j->row_bytes, row, j->cols);
+        if (!all_finite(row, j->cols)) atomic_store(&j->bad, 1);
+    }
+    free(row);
+}
+
 static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t cols,
                             mim_weight *w, char *err, size_t cap) {
     tref t;
@@ -128,16 +152,25 @@ static mi_status get_weight(mi_model *m, const char *name, int64_t rows, int64_t
     if (st != MI_STATUS_SUCCESS) return st;
     uint64_t rb = 0;
     mim_type_row_bytes(t.type, (uint64_t)cols, &rb);
-    /* A cheap look for broken files: the first and last rows (the whole matrix is mapped, not
-     * read, at load; vectors are checked whole in get_vector). */
-    float *row = malloc((size_t)cols * sizeof *row);
-    if (!row) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     bool finite = true;
-    for (int64_t r = 0; r < rows && finite; r += rows - 1 > 0 ? rows - 1 : 1) {
-        mim_dequant_row(t.type, (const unsigned char *)t.data + (size_t)r * (size_t)rb, row, cols);
-        finite = all_finite(row, cols);
+    if (m->params.check_weights) {
+        finite_job j = {t.data, t.type, cols, (size_t)rb, 0};
+        mim_pool_run(m->pool, rows, finite_rows, &j);
+        if (atomic_load(&j.bad) == 2)
+            return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory checking '%s'", name);
+        finite = !atomic_load(&j.bad);
+    } else {
+        /* A cheap look for broken files: the first and last rows (the whole matrix is mapped,
+         * not read, at load; vectors are checked whole in get_vector). */
+        float *row = malloc((size_t)cols * sizeof *row);
+        if (!row) return mim_fail(err, cap, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+        for (int64_t r = 0; r < rows && finite; r += rows - 1 > 0 ? rows - 1 : 1) {
+            mim_dequant_row(t.type, (const unsigned char *)t.data + (size_t)r * (size_t)rb, row,
+                            cols);
+            finite = all_finite(row, cols);
+        }
+        free(row);
     }
-    free(row);
     if (!finite)
         return mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "tensor '%s' holds NaN or inf", name);
     w->data = t.data;

@@ -173,6 +173,7 @@ int main(void) {
         F(max_context);
         F(mlp_chunk);
         F(device_id);
+        F(check_weights);
         end();
     }
     {

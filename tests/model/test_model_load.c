@@ -249,6 +249,52 @@ static void test_gguf_header_refusals(void) {
     printf("special id: %s\n", TEST_ERR);
 }
 
+/* NaN inside a matrix, away from its first and last rows: the default check samples those rows
+ * and loads; check_weights = 1 reads every row and refuses, naming the tensor. */
+static void test_check_weights(void) {
+    char gpath[512], hdir[512], err[512];
+    snprintf(gpath, sizeof(gpath), "%s/tiny_nan_mid.gguf", g_dir);
+    snprintf(hdir, sizeof(hdir), "%s/tiny_hf_nan_mid", g_dir);
+    CHECK(tm_write(gpath, hdir, false, 9), "write");
+    FILE *f = fopen(gpath, "r+b");
+    CHECK(f != NULL, "open");
+    if (!f) return;
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    unsigned char *d = malloc(size);
+    fseek(f, 0, SEEK_SET);
+    CHECK(fread(d, 1, size, f) == size, "read");
+    mim_gguf *g = NULL;
+    CHECK(mim_gguf_open_memory(d, size, &g, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s", err);
+    const mim_gguf_tensor *t = g ? mim_gguf_find_tensor(g, "blk.1.ffn_down.weight") : NULL;
+    CHECK(t != NULL && t->ne[1] >= 3, "tensor");
+    if (t && t->ne[1] >= 3) {
+        /* the first bytes of a middle row: an f32/f16/bf16 value or a block's f16 scale, all
+         * ones is NaN in each */
+        const size_t row_bytes = (size_t)(t->nbytes / t->ne[1]);
+        const size_t at = (size_t)((const unsigned char *)t->data - d) + row_bytes * (t->ne[1] / 2);
+        const unsigned char ones[4] = {0xff, 0xff, 0xff, 0xff};
+        fseek(f, (long)at, SEEK_SET);
+        CHECK(fwrite(ones, 1, 4, f) == 4, "poison");
+    }
+    fclose(f);
+    mim_gguf_close(g);
+    free(d);
+    mi_model *m = NULL;
+    CHECK_OK(mi_model_load(test_ctx(), gpath, NULL, &m));
+    mi_model_destroy(m);
+    mi_model_params p = mi_model_default_params();
+    CHECK(p.check_weights == 0, "the default samples rows");
+    p.check_weights = 1;
+    m = NULL;
+    mi_status st = mi_model_load(test_ctx(), gpath, &p, &m);
+    CHECK(st == MI_STATUS_PARSE_ERROR && !m && strstr(TEST_ERR, "blk.1.ffn_down.weight") &&
+              strstr(TEST_ERR, "NaN"),
+          "full check: %s (%s)", mi_status_name(st), TEST_ERR);
+    mi_model_destroy(m);
+    printf("full weight check: %s\n", TEST_ERR);
+}
+
 /* A needed tensor of a type this runner does not read is named in the error. */
 static void test_unsupported_type(void) {
     char gpath[512], hdir[512], err[512];
@@ -562,6 +608,7 @@ int main(void) {
     test_corrupt_fields();
     test_overlapping_tensors();
     test_gguf_header_refusals();
+    test_check_weights();
     test_unsupported_type();
     test_formats_agree(false, 0);
     test_formats_agree(true, 0);
