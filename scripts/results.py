@@ -243,7 +243,7 @@ def rows_of_run(run):
 
 
 SHAPE_KEYS = {"L", "heads", "heads_kv", "kv_heads", "head_dim", "inputs", "set", "band",
-              "columns", "kind", "round", "pattern", "top_k"}
+              "columns", "kind", "round", "pattern", "top_k", "tuning"}
 
 
 def rows_of_variants(run, benchmark, entries):

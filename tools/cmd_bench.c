@@ -296,7 +296,8 @@ typedef struct bench_setup {
     int threads, len, heads, kv_heads, dim, seed, repeats;
     mi_dtype dtype;
     bool metrics;
-    double sgemm; /* GFLOP/s; NAN on the GPU */
+    double sgemm;     /* GFLOP/s; NAN on the GPU */
+    char tuning[512]; /* the run's tuning as mi_tuning_format writes it; "" for auto */
 } bench_setup;
 
 /* One row of the results store (scripts/results.py: one JSON object a line, one schema): the
@@ -317,9 +318,15 @@ static void json_row(FILE *f, const bench_setup *b, const char *date, const char
     fprintf(f,
             ", \"benchmark\": \"minference-bench\", \"shape\": {\"device\": \"%s\", "
             "\"len\": %d, \"heads\": %d, \"kv_heads\": %d, \"dim\": %d, \"dtype\": \"%s\", "
-            "\"threads\": %d}, \"method\": ",
+            "\"threads\": %d",
             b->gpu ? "cuda" : "cpu", b->len, b->heads, b->kv_heads, b->dim, mi_dtype_name(b->dtype),
             b->threads);
+    /* a forced kernel path is part of what was measured: rows of other tunings stay apart */
+    if (b->tuning[0]) {
+        fputs(", \"tuning\": ", f);
+        json_string(f, b->tuning);
+    }
+    fputs("}, \"method\": ", f);
     json_string(f, method);
     fprintf(f, ", \"metric\": \"%s\", \"value\": ", metric);
     json_number(f, value);
@@ -647,7 +654,9 @@ int mi_cmd_bench(int argc, char **argv) {
                      heads,   kv_heads,
                      dim,     seed,
                      repeats, dtype,
-                     metrics, NAN};
+                     metrics, NAN,
+                     ""};
+    mi_context_format_tuning(run_ctx, b.tuning, sizeof b.tuning);
     if (!gpu) {
         /* After the attention runs: OpenBLAS's worker threads keep spinning for a while after a
          * call and would steal cores from the library's threads. */
