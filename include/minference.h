@@ -508,6 +508,20 @@ MI_API mi_status mi_config_save(mi_context *ctx, const mi_config *config, const 
 /* Frees memory the library returned to the caller. */
 MI_API void mi_free(void *ptr);
 
+/* The original's per-model configs, shipped with the library (data/configs, installed under
+ * <datadir>/minference/configs; data/configs/README.md lists them). Models are named by their
+ * Hugging Face ids, in the original's order: mi_config_model_name(0 .. count - 1). */
+MI_API int32_t mi_config_model_count(void);
+MI_API const char *mi_config_model_name(int32_t i);
+/* The config file name for model: a model id (case-insensitive), else the id whose name (the
+ * part after "owner/") a path or file name holds, the longest such name ('-', '_' and ' ' read
+ * alike, so ".../Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf" finds the LLaMA-3.1-8B config). NULL
+ * when none. */
+MI_API const char *mi_config_model_file(const char *model);
+/* The shipped file's full path for model (installed copy first, then the source tree the
+ * library was built from): malloc'ed (release with mi_free), NULL when none is found. */
+MI_API char *mi_config_model_path(const char *model);
+
 #ifdef __cplusplus
 }
 #endif

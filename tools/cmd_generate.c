@@ -38,7 +38,8 @@ static const char usage_text[] =
     "                 vertical_and_slash 1000/6096 for every head), or one pattern with its\n"
     "                 default budget for every head: dense, a_shape, tri_shape, block_sparse\n"
     "                 or any name `minference info` lists\n"
-    "  --config       per-head patterns in the original's JSON (with --attn minference)\n"
+    "  --config       per-head patterns in the original's JSON (with --attn minference);\n"
+    "                 auto: the shipped config of the model its path names\n"
     "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
     "  --dense-below  prompts shorter than this run dense attention (default: the\n"
     "                 library's crossover; 0: always sparse)\n"
@@ -231,6 +232,7 @@ int mi_cmd_generate(int argc, char **argv) {
     int rc = 1;
     mi_model *model = NULL;
     mi_config *config = NULL;
+    char *auto_config = NULL; /* --config auto */
     char *chat_text = NULL;
     int32_t *tokens = NULL;
     float *logits = NULL;
@@ -250,6 +252,7 @@ int mi_cmd_generate(int argc, char **argv) {
     t_load = tool_now_s() - t_load;
     mi_model_info info;
     mi_model_get_info(model, &info);
+    config_path = tool_config_path(config_path, model_path, "generate", &auto_config);
     if (config_path) {
         config = tool_load_config("generate", config_path);
         if (!config) {
@@ -420,6 +423,7 @@ done:
     mi_sampler_destroy(smp);
     free(chat_text);
     mi_config_destroy(config);
+    free(auto_config);
     mi_session_destroy(sess);
     mi_model_destroy(model);
     free(model_buf);

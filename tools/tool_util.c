@@ -141,3 +141,29 @@ mi_config *tool_load_config(const char *cmd, const char *path) {
     mi_context_destroy(ctx);
     return config;
 }
+
+const char *tool_config_path(const char *arg, const char *model_path, const char *cmd,
+                             char **owned) {
+    *owned = NULL;
+    if (!arg || strcmp(arg, "auto") != 0) return arg;
+    const char *file = model_path ? mi_config_model_file(model_path) : NULL;
+    const char *dir = getenv("MI_CONFIG_DIR");
+    if (file && dir && *dir) {
+        const size_t n = strlen(dir) + strlen(file) + 2;
+        char *path = malloc(n);
+        struct stat stt;
+        if (path) {
+            snprintf(path, n, "%s/%s", dir, file);
+            if (stat(path, &stt) == 0) return *owned = path;
+            free(path);
+        }
+    }
+    if (file) *owned = mi_config_model_path(model_path);
+    if (!*owned)
+        fprintf(stderr,
+                "minference %s: --config auto: %s for %s; every head keeps the default "
+                "pattern\n",
+                cmd, file ? "the shipped config file is not installed" : "no shipped config",
+                model_path ? model_path : "(no model)");
+    return *owned;
+}

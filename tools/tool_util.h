@@ -35,4 +35,12 @@ bool tool_write_file(const char *cmd, const char *path, const void *data, size_t
  * file that replaces the old one only when complete (a missing file starts empty). */
 bool tool_append_file(const char *cmd, const char *path, const void *data, size_t n);
 
+/* The config a model command loads for --config ARG: ARG itself, or for "auto" the shipped config
+ * of the model at model_path (its path names the model: mi_config_model_file), looked up first
+ * in $MI_CONFIG_DIR, then where the library finds it. *owned gets what to free (may be NULL).
+ * NULL when arg is NULL, or for "auto" when no shipped config names this model (a note to
+ * stderr under cmd's name says so: every head keeps the default pattern). */
+const char *tool_config_path(const char *arg, const char *model_path, const char *cmd,
+                             char **owned);
+
 #endif

@@ -277,6 +277,10 @@ PROTOTYPES = {
     "mi_config_to_json": (ST, [CTX, CFG, P(c_void_p)]),
     "mi_config_save": (ST, [CTX, CFG, c_char_p]),
     "mi_free": (None, [c_void_p]),
+    "mi_config_model_count": (c_int32, []),
+    "mi_config_model_name": (c_char_p, [c_int32]),
+    "mi_config_model_file": (c_char_p, [c_char_p]),
+    "mi_config_model_path": (c_void_p, [c_char_p]),
     "mi_synth_default_params": (mi_synth_params, []),
     "mi_synth_generate": (ST, [CTX, P(mi_synth_params), T, T, T, P(mi_synth_truth)]),
     "mi_metrics_evaluate": (

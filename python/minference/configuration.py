@@ -1,15 +1,16 @@
 """MInferenceConfig: the original's attention / KV-cache type lists, model names and config
 resolution, and what this package implements of them."""
 
+import ctypes
 import os
 import warnings
 
-__all__ = ["MInferenceConfig", "MODEL2PATH", "get_support_models"]
+__all__ = ["MInferenceConfig", "MODEL2PATH", "get_support_models", "shipped_config_path"]
 
-# The original's MODEL2PATH: Hugging Face model ids and the pattern config files shipped with the
-# original package. Those JSON files are not part of this package: pass config_path= (a file from
-# the original package, or one written by `minference search`), or set MINFERENCE_CONFIG_DIR to a
-# folder that holds them under these names.
+# The original's MODEL2PATH: Hugging Face model ids and their pattern config files. The files are
+# shipped with the library (data/configs in the repository, installed under
+# <datadir>/minference/configs, with the original's MIT notice); the library's own map
+# (mi_config_model_name / mi_config_model_file) is the same, and a test keeps the two equal.
 MODEL2PATH = {
     "gradientai/Llama-3-8B-Instruct-262k": "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
     "gradientai/Llama-3-8B-Instruct-Gradient-1048k": "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
@@ -31,16 +32,50 @@ MODEL2PATH = {
     "gradientai/Llama-3-70B-Instruct-Gradient-1048k": "Llama_3_70B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json",
 }
 
-NO_SHIPPED_CONFIGS = (
-    "this package does not ship the original's per-model pattern configs: pass "
-    "config_path= (a config JSON from the original package, or one written by `minference "
-    "search`), or set MINFERENCE_CONFIG_DIR to a folder holding the original files")
+NO_SHIPPED_CONFIG = (
+    "no shipped config is found for it: pass config_path= (a config JSON, e.g. one written by "
+    "`minference search`), or set MINFERENCE_CONFIG_DIR to a folder holding the original files")
 
 
 def get_support_models():
-    """The model ids the original ships pattern configs for (MODEL2PATH keys). Their JSON files are
-    not included here; see MODEL2PATH."""
+    """The model ids a pattern config is shipped for (the original's MODEL2PATH keys)."""
     return list(MODEL2PATH.keys())
+
+
+def shipped_config_path(model_name):
+    """The shipped config file of model_name (an id of get_support_models(), or a path or name
+    that holds one's name), or None: MINFERENCE_CONFIG_DIR first, then where libminference finds
+    its data/configs (installed, or the source tree it was built from), then this repository's
+    data/configs."""
+    if not model_name:
+        return None
+    from . import _lib as L
+
+    name = os.fspath(model_name)
+    file = MODEL2PATH.get(name)
+    lib = None
+    try:
+        lib = L.load()
+    except Exception:  # the lookup still works from MODEL2PATH and the folders below
+        lib = None
+    if file is None and lib is not None:
+        f = lib.mi_config_model_file(os.fsencode(name))
+        file = f.decode() if f else None
+    if file is None:
+        return None
+    folder = os.environ.get("MINFERENCE_CONFIG_DIR")
+    if folder and os.path.isfile(os.path.join(folder, file)):
+        return os.path.join(folder, file)
+    if lib is not None:
+        p = lib.mi_config_model_path(os.fsencode(name))
+        if p:
+            try:
+                return os.fsdecode(ctypes.string_at(p))
+            finally:
+                lib.mi_free(p)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "configs")
+    path = os.path.normpath(os.path.join(here, file))
+    return path if os.path.isfile(path) else None
 
 
 class MInferenceConfig:
@@ -133,8 +168,8 @@ class MInferenceConfig:
         return self.attn_type in self.MINFERENCE_ATTENTION_TYPES
 
     def update_config_path(self, config_path, model_name):
-        """The config file for the MInference types: config_path when given, else the original's
-        file for model_name found in MINFERENCE_CONFIG_DIR, else None (default budgets)."""
+        """The config file for the MInference types: config_path when given, else the shipped
+        file for model_name (shipped_config_path), else None (default budgets)."""
         if not self.uses_config:
             return None
         if self.is_search:
@@ -143,20 +178,15 @@ class MInferenceConfig:
             if not os.path.isfile(config_path):
                 raise FileNotFoundError(f"pattern config {config_path!r} does not exist")
             return os.fspath(config_path)
-        folder = os.environ.get("MINFERENCE_CONFIG_DIR")
-        if model_name in MODEL2PATH and folder:
-            path = os.path.join(folder, MODEL2PATH[model_name])
-            if os.path.isfile(path):
-                return path
-            warnings.warn(f"MINFERENCE_CONFIG_DIR has no {MODEL2PATH[model_name]} for {model_name}",
-                          stacklevel=3)
-        return None
+        path = shipped_config_path(model_name)
+        if path is None and model_name in MODEL2PATH:
+            warnings.warn(f"the shipped config {MODEL2PATH[model_name]} of {model_name} is not found "
+                          "(MINFERENCE_CONFIG_DIR, the library's data/configs)", stacklevel=3)
+        return path
 
     def missing_config_message(self, what):
-        known = (f"{self.model_name} is one of the original's supported models, but "
-                 if self.model_name in MODEL2PATH else "")
         return (f"MInference: no pattern config for {what}: every head uses the default budget "
-                f"(vertical_and_slash, 1000 vertical / 6096 slash). {known}{NO_SHIPPED_CONFIGS}. "
+                f"(vertical_and_slash, 1000 vertical / 6096 slash); {NO_SHIPPED_CONFIG}. "
                 "Run `minference search` on the model to find per-head patterns.")
 
     def __repr__(self):

@@ -252,7 +252,9 @@ def test_minference_constructor():
     with pytest.raises(FileNotFoundError):
         MInference("minference", config_path="/nonexistent/config.json")
     m = MInference("minference", "meta-llama/Llama-3.1-8B-Instruct")
-    assert m.config.config_path is None  # not shipped: default budgets (with a warning at patch)
+    assert m.config.config_path.endswith(mi.MODEL2PATH["meta-llama/Llama-3.1-8B-Instruct"])
+    m = MInference("minference", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert m.config.config_path is None  # none shipped: default budgets (with a warning at patch)
     assert "minference search" in m.config.missing_config_message("x")
     assert MInference("minference_with_dense").config.attn_type == "dense"
     tm = MInference("tri_mix", attn_kwargs={"last_n": 64})
@@ -260,6 +262,28 @@ def test_minference_constructor():
     assert MInference("a_shape").config.attn_kwargs["n_local"] == 3968
     model = object()
     assert MInference("hf")(model) is model
+
+
+def test_shipped_configs():
+    """Every supported model's shipped config loads with its model's shape; the library's map is
+    the Python one; a path holding a model's name finds its config."""
+    from minference import _lib as L
+    from minference.configuration import shipped_config_path
+
+    lib = L.load()
+    names = [lib.mi_config_model_name(i).decode() for i in range(lib.mi_config_model_count())]
+    assert names == mi.get_support_models()
+    for name in names:
+        assert lib.mi_config_model_file(name.encode()).decode() == mi.MODEL2PATH[name]
+        path = shipped_config_path(name)
+        assert path and path.endswith(mi.MODEL2PATH[name])
+        cfg = mi.Config.load(path)
+        assert cfg.n_layers in (28, 32, 40, 48, 64, 80) and cfg.n_heads in (28, 32, 40, 64)
+        assert MInferenceConfig("minference", name).config_path == path
+    p = shipped_config_path("/models/Qwen2.5-7B-Instruct-1M-Q4_K_M.gguf")
+    assert p and p.endswith("Qwen2.5_7B_Instruct_1M.json")
+    assert shipped_config_path("/models/SmolLM2-135M-Instruct.gguf") is None
+    assert MInferenceConfig("dense", names[0]).config_path is None  # no config for dense
 
 
 def test_config_dir_lookup(tmp_path, monkeypatch):

@@ -637,3 +637,118 @@ mi_status mi_config_save(mi_context *ctx, const mi_config *config, const char *p
     if (e) return mi_fail(ctx, MI_STATUS_IO_ERROR, "%s: cannot write: %s", path, strerror(e));
     return MI_STATUS_SUCCESS;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* The original's per-model configs, shipped in data/configs                                   */
+
+typedef struct model_config {
+    const char *model; /* Hugging Face model id */
+    const char *file;  /* in data/configs */
+} model_config;
+
+#define MI_L3_8B "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json"
+#define MI_L3_70B "Llama_3_70B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json"
+#define MI_L31_8B "Llama_3.1_8B_Instruct_128k_kv_out_v32_fit_o_best_pattern_v2.json"
+#define MI_L31_70B "Llama_3.1_70B_Instruct_128k_kv_out_v32_fit_o_best_pattern_v2.json"
+
+/* The original's model-name map (minference/configs/model2path.py), in its order. */
+static const model_config model_configs[] = {
+    {"gradientai/Llama-3-8B-Instruct-262k", MI_L3_8B},
+    {"gradientai/Llama-3-8B-Instruct-Gradient-1048k", MI_L3_8B},
+    {"gradientai/Llama-3-8B-Instruct-Gradient-4194k", MI_L3_8B},
+    {"01-ai/Yi-9B-200K", "Yi_9B_200k_kv_out_v32_fit_o_best_pattern.json"},
+    {"microsoft/Phi-3-mini-128k-instruct",
+     "Phi_3_mini_128k_instruct_kv_out_v32_fit_o_best_pattern.json"},
+    {"Qwen/Qwen2-7B-Instruct",
+     "Qwen2_7B_Instruct_128k_instruct_kv_out_v32_fit_o_best_pattern.json"},
+    {"Qwen/Qwen2.5-7B-Instruct",
+     "Qwen2.5_7B_Instruct_128k_instruct_kv_out_v32_fit_o_best_pattern.json"},
+    {"Qwen/Qwen2.5-32B-Instruct", "Qwen2.5_32B_Instruct_128k_kv_out_v32_fit_o_best_pattern.json"},
+    {"Qwen/Qwen2.5-72B-Instruct", "Qwen2.5_72B_Instruct_128k_kv_out_v32_fit_o_best_pattern.json"},
+    {"Qwen/Qwen2.5-7B-Instruct-1M", "Qwen2.5_7B_Instruct_1M.json"},
+    {"Qwen/Qwen2.5-14B-Instruct-1M", "Qwen2.5_14B_Instruct_1M.json"},
+    {"THUDM/glm-4-9b-chat-1m", "GLM_4_9B_1M_instruct_kv_out_v32_fit_o_best_pattern.json"},
+    {"meta-llama/Meta-Llama-3.1-8B-Instruct", MI_L31_8B},
+    {"meta-llama/Meta-Llama-3.1-70B-Instruct", MI_L31_70B},
+    {"meta-llama/Llama-3.1-8B-Instruct", MI_L31_8B},
+    {"meta-llama/Llama-3.1-70B-Instruct", MI_L31_70B},
+    {"gradientai/Llama-3-70B-Instruct-Gradient-262k", MI_L3_70B},
+    {"gradientai/Llama-3-70B-Instruct-Gradient-1048k", MI_L3_70B},
+};
+
+#define N_MODEL_CONFIGS ((int32_t)(sizeof model_configs / sizeof model_configs[0]))
+
+int32_t mi_config_model_count(void) { return N_MODEL_CONFIGS; }
+
+const char *mi_config_model_name(int32_t i) {
+    return i >= 0 && i < N_MODEL_CONFIGS ? model_configs[i].model : NULL;
+}
+
+/* Case-folded, with '_' and ' ' read as '-': file and folder names write a model's name with
+ * any of the three. */
+static int name_char(char c) {
+    if (c == '_' || c == ' ') return '-';
+    return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : (unsigned char)c;
+}
+
+static bool name_equal(const char *a, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (name_char(a[i]) != name_char(b[i])) return false;
+    return true;
+}
+
+static bool name_contains(const char *hay, const char *needle) {
+    const size_t n = strlen(needle), h = strlen(hay);
+    for (size_t i = 0; i + n <= h; i++)
+        if (name_equal(hay + i, needle, n)) return true;
+    return false;
+}
+
+const char *mi_config_model_file(const char *model) {
+    if (!model || !*model) return NULL;
+    for (int32_t i = 0; i < N_MODEL_CONFIGS; i++)
+        if (strlen(model) == strlen(model_configs[i].model) &&
+            name_equal(model, model_configs[i].model, strlen(model)))
+            return model_configs[i].file;
+    /* A path or file name that holds a model's name (the part after the owner): the longest
+     * such name wins, so "Qwen2.5-7B-Instruct-1M" is not read as "Qwen2.5-7B-Instruct". */
+    const char *best = NULL;
+    size_t best_len = 0;
+    for (int32_t i = 0; i < N_MODEL_CONFIGS; i++) {
+        const char *slash = strchr(model_configs[i].model, '/');
+        const char *name = slash ? slash + 1 : model_configs[i].model;
+        if (strlen(name) > best_len && name_contains(model, name)) {
+            best = model_configs[i].file;
+            best_len = strlen(name);
+        }
+    }
+    return best;
+}
+
+#ifndef MI_CONFIG_INSTALL_DIR
+#define MI_CONFIG_INSTALL_DIR ""
+#endif
+#ifndef MI_CONFIG_SOURCE_DIR
+#define MI_CONFIG_SOURCE_DIR ""
+#endif
+
+char *mi_config_model_path(const char *model) {
+    const char *file = mi_config_model_file(model);
+    if (!file) return NULL;
+    /* installed first, then the source tree this library was built from */
+    const char *dirs[] = {MI_CONFIG_INSTALL_DIR, MI_CONFIG_SOURCE_DIR};
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+        if (!dirs[d][0]) continue;
+        const size_t n = strlen(dirs[d]) + 1 + strlen(file) + 1;
+        char *path = malloc(n);
+        if (!path) return NULL;
+        snprintf(path, n, "%s/%s", dirs[d], file);
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            fclose(f);
+            return path;
+        }
+        free(path);
+    }
+    return NULL;
+}
