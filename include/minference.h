@@ -265,6 +265,10 @@ typedef enum mi_pattern_type {
     MI_PATTERN_TRI_SHAPE = 2,      /* A-shape + the last n_last query rows dense */
     MI_PATTERN_VERTICAL_SLASH = 3, /* "vertical_and_slash" */
     MI_PATTERN_BLOCK_SPARSE = 4,   /* "block_sparse": top_k 64x64 blocks per row block */
+    MI_PATTERN_DILATED = 5,        /* "dilated": sinks + every stride-th key of a local span */
+    MI_PATTERN_STRIDED = 6,        /* "strided": the last stride keys + every stride-th key */
+    MI_PATTERN_XATTENTION = 7,     /* "xattention": antidiagonal block scores, threshold */
+    MI_PATTERN_FLEXPREFILL = 8,    /* "flexprefill": query-aware or vertical-slash blocks */
 } mi_pattern_type;
 
 /* The patterns are numbered 0 .. mi_pattern_count() - 1; names, aliases and fields come from
@@ -291,10 +295,17 @@ typedef struct mi_head_pattern {
     int32_t n_local;       /* A-/Tri-shape: local window, including the diagonal */
     int32_t n_last;        /* Tri-shape: dense query rows at the end (clamped to L-1) */
     int32_t top_k;         /* block-sparse: 64-key blocks per 64-query block */
+    int32_t stride;        /* XAttention: antidiagonal stride; dilated: the dilation; strided:
+                              the period */
+    int32_t threshold;     /* XAttention: block-mass threshold; FlexPrefill: gamma (per mille) */
+    int32_t tau;           /* FlexPrefill: sqrt-JS-divergence threshold (per mille) */
+    int32_t dense_local;   /* dilated: the local keys kept densely before the dilated span */
 } mi_head_pattern;
 
 /* Defaults of the original: VS (1000, 6096); A-shape (128, 3968); Tri-shape n_last 100;
- * block-sparse top_k 100. */
+ * block-sparse top_k 100; dilated as its dilated1 (1024 sinks, 8192-key span, dilation 2);
+ * XAttention stride 8, threshold 900; FlexPrefill gamma 900, tau 100; strided period 128
+ * (docs/prefill-methods.md says where each comes from). */
 MI_API mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
 /* A config entry [name, size1, size2] as a head pattern: what the two sizes carry is the
  * pattern's (VS: vertical_size, slash_size; stream_llm and tri_shape: n_init, n_local;

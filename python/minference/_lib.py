@@ -91,6 +91,10 @@ class mi_head_pattern(ctypes.Structure):
         ("n_local", c_int32),
         ("n_last", c_int32),
         ("top_k", c_int32),
+        ("stride", c_int32),
+        ("threshold", c_int32),
+        ("tau", c_int32),
+        ("dense_local", c_int32),
     ]
 
 

@@ -4,6 +4,7 @@
  * device. Backends may assume what is checked here.
  */
 #include "backend.h"
+#include "pattern_table.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -378,6 +379,12 @@ mi_status mi_check_patterns(mi_context *ctx, const mi_head_pattern *patterns, in
             p->n_last < 0 || p->top_k < 0)
             return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "head %lld has a negative budget",
                            (long long)h);
+        if (!mi_pattern_valid(p))
+            return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT,
+                           "head %lld: %s with stride %d, threshold %d, tau %d, dense_local %d: "
+                           "docs/prefill-methods.md gives the valid values",
+                           (long long)h, mi_pattern_name(p->type), (int)p->stride,
+                           (int)p->threshold, (int)p->tau, (int)p->dense_local);
     }
     return MI_STATUS_SUCCESS;
 }

@@ -88,6 +88,79 @@ static inline void mi_pt_block_plan(const mi_head_pattern *p, const mi_prefill_p
     plan->top_k = p->top_k;
 }
 
+/* ---- dilated and strided: a fixed key set per row (docs/prefill-methods.md) ------------------ */
+
+static inline int64_t mi_pt_dilated_kept_keys(const mi_head_pattern *p) {
+    const int64_t span = mi_pt_nonneg(p->n_local) - mi_pt_nonneg(p->dense_local);
+    const int64_t step = p->stride > 1 ? p->stride : 1;
+    return (int64_t)mi_pt_nonneg(p->n_init) + mi_pt_nonneg(p->dense_local) +
+           (span > 0 ? (span + step - 1) / step : 0);
+}
+
+static inline void mi_pt_dilated_scale(const mi_head_pattern *base, double s,
+                                       mi_head_pattern *out) {
+    out->n_local = mi_pt_scale_budget(base->n_local, s, 1);
+    out->dense_local = mi_pt_scale_budget(base->dense_local, s, 0);
+    if (s < 1.0) out->n_init = mi_pt_scale_budget(base->n_init, s, base->n_init > 0 ? 1 : 0);
+}
+
+static inline void mi_pt_dilated_plan(const mi_head_pattern *p, const mi_prefill_params *pp,
+                                      int64_t L, mi_head_plan *plan) {
+    (void)pp;
+    (void)L;
+    plan->n_init = p->n_init;
+    plan->n_local = p->n_local;
+    plan->dense_local = p->dense_local;
+    plan->stride = p->stride > 1 ? p->stride : 1;
+}
+
+static inline bool mi_pt_dilated_valid(const mi_head_pattern *p) { return p->stride >= 1; }
+
+static inline void mi_pt_strided_plan(const mi_head_pattern *p, const mi_prefill_params *pp,
+                                      int64_t L, mi_head_plan *plan) {
+    (void)pp;
+    (void)L;
+    plan->stride = p->stride;
+    plan->strided = true;
+}
+
+/* ---- XAttention and FlexPrefill: thresholds on estimated block mass ------------------------- */
+
+/* A threshold t (per mille) scaled as a budget: the mass left out, 1000 - t, shrinks by s. */
+static inline int32_t mi_pt_scale_threshold(int32_t t, double s) {
+    const double out = 1000.0 - (1000.0 - (double)t) / s;
+    return out < 0.0 ? 0 : out > 1000.0 ? 1000 : (int32_t)lround(out);
+}
+
+static inline void mi_pt_threshold_scale(const mi_head_pattern *base, double s,
+                                         mi_head_pattern *out) {
+    out->threshold = mi_pt_scale_threshold(base->threshold, s);
+}
+
+static inline void mi_pt_xattn_plan(const mi_head_pattern *p, const mi_prefill_params *pp,
+                                    int64_t L, mi_head_plan *plan) {
+    (void)pp;
+    (void)L;
+    plan->stride = p->stride;
+    plan->threshold = p->threshold;
+}
+
+/* The stride splits a 64-row block evenly into antidiagonal groups. */
+static inline bool mi_pt_xattn_valid(const mi_head_pattern *p) {
+    return p->stride >= 1 && p->stride <= MI_BLOCK_SIZE && MI_BLOCK_SIZE % p->stride == 0 &&
+           p->threshold <= 1000;
+}
+
+static inline void mi_pt_flex_plan(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
+                                   mi_head_plan *plan) {
+    (void)pp;
+    (void)L;
+    plan->threshold = p->threshold;
+    plan->tau = p->tau;
+}
+
+static inline bool mi_pt_flex_valid(const mi_head_pattern *p) { return p->threshold <= 1000; }
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* Sizes the original's files hold for VS-like and unused entries: written back as read. */
@@ -149,6 +222,52 @@ static const mi_pattern_traits mi_pattern_table[MI_PATTERN_TYPES] = {
         .kept_keys = mi_pt_block_kept_keys,
         .scale = mi_pt_block_scale,
         .plan = mi_pt_block_plan,
+    },
+    {
+        .type = MI_PATTERN_DILATED,
+        .name = "dilated",
+        /* the original's dilated1; its dilated2 is dilated:1024:6144:2:2048 */
+        .fields = {MI_PT_FIELD(n_init, 1024), MI_PT_FIELD(n_local, 8192), MI_PT_FIELD(stride, 2),
+                   MI_PT_FIELD(dense_local, 0)},
+        .config_field = {MI_PT_OFF(n_init), MI_PT_OFF(n_local)},
+        .kernel = MI_PLAN_KERNEL_ROWMASK,
+        .kept_keys = mi_pt_dilated_kept_keys,
+        .scale = mi_pt_dilated_scale,
+        .plan = mi_pt_dilated_plan,
+        .valid = mi_pt_dilated_valid,
+    },
+    {
+        .type = MI_PATTERN_STRIDED,
+        .name = "strided",
+        .fields = {MI_PT_FIELD(stride, 128)},
+        .config_field = {MI_PT_OFF(stride), MI_PT_OFF(slash_size)},
+        .zero_is_default = {true, false},
+        .kernel = MI_PLAN_KERNEL_ROWMASK,
+        .plan = mi_pt_strided_plan,
+        .valid = mi_pt_dilated_valid,
+    },
+    {
+        .type = MI_PATTERN_XATTENTION,
+        .name = "xattention",
+        .fields = {MI_PT_FIELD(stride, 8), MI_PT_FIELD(threshold, 900)},
+        .config_field = {MI_PT_OFF(stride), MI_PT_OFF(threshold)},
+        .zero_is_default = {true, false},
+        .kernel = MI_PLAN_KERNEL_INDEX,
+        .estimate = MI_PLAN_ESTIMATE_XATTN,
+        .scale = mi_pt_threshold_scale,
+        .plan = mi_pt_xattn_plan,
+        .valid = mi_pt_xattn_valid,
+    },
+    {
+        .type = MI_PATTERN_FLEXPREFILL,
+        .name = "flexprefill",
+        .fields = {MI_PT_FIELD(threshold, 900), MI_PT_FIELD(tau, 100)},
+        .config_field = {MI_PT_OFF(threshold), MI_PT_OFF(tau)},
+        .kernel = MI_PLAN_KERNEL_INDEX,
+        .estimate = MI_PLAN_ESTIMATE_FLEX,
+        .scale = mi_pt_threshold_scale,
+        .plan = mi_pt_flex_plan,
+        .valid = mi_pt_flex_valid,
     },
 };
 

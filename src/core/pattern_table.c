@@ -10,8 +10,10 @@
 #include <string.h>
 
 bool mi_pattern_valid(const mi_head_pattern *p) {
-    return mi_pattern_traits_of(p->type) && p->vertical_size >= 0 && p->slash_size >= 0 &&
-           p->n_init >= 0 && p->n_local >= 0 && p->n_last >= 0 && p->top_k >= 0;
+    const mi_pattern_traits *t = mi_pattern_traits_of(p->type);
+    return t && p->vertical_size >= 0 && p->slash_size >= 0 && p->n_init >= 0 && p->n_local >= 0 &&
+           p->n_last >= 0 && p->top_k >= 0 && p->stride >= 0 && p->threshold >= 0 && p->tau >= 0 &&
+           p->dense_local >= 0 && (!t->valid || t->valid(p));
 }
 
 /* ---- public: names, fields, defaults, config sizes ------------------------------------------ */
@@ -53,14 +55,20 @@ mi_status mi_pattern_from_name(const char *name, mi_pattern_type *out) {
 mi_head_pattern mi_head_pattern_default(mi_pattern_type type) {
     mi_head_pattern p;
     memset(&p, 0, sizeof p);
-    /* Every field carries its default whatever the type, so switching the type keeps sane
-     * budgets; the type's own entry is applied last. */
+    /* Every field carries a default whatever the type, so switching the type keeps sane
+     * budgets: the first entry's that reads it (A-shape's n_init, not dilated's); the type's own
+     * entry is applied last. */
+    bool set[sizeof p / sizeof(int32_t)] = {false};
     for (int i = 0; i <= MI_PATTERN_TYPES; i++) {
         const mi_pattern_traits *t =
             i < MI_PATTERN_TYPES ? &mi_pattern_table[i] : mi_pattern_traits_of(type);
         if (!t) break;
-        for (int f = 0; f < MI_PATTERN_MAX_FIELDS && t->fields[f].name; f++)
+        for (int f = 0; f < MI_PATTERN_MAX_FIELDS && t->fields[f].name; f++) {
+            const size_t slot = t->fields[f].offset / sizeof(int32_t);
+            if (set[slot] && i < MI_PATTERN_TYPES) continue;
+            set[slot] = true;
             *mi_pattern_field_at(&p, t->fields[f].offset) = t->fields[f].default_value;
+        }
     }
     p.type = type;
     return p;

@@ -25,15 +25,17 @@ extern "C" {
 #endif
 
 /* Number of entries (== the public mi_pattern_count()); types are 0 .. MI_PATTERN_TYPES - 1. */
-#define MI_PATTERN_TYPES 5
+#define MI_PATTERN_TYPES 9
 #define MI_PATTERN_MAX_ALIASES 3
 #define MI_PATTERN_MAX_FIELDS 4
 
-/* The kernel a head runs (each backend implements all three). */
+/* The kernel a head runs (each backend implements the first three; a backend without one of
+ * the others refuses the pattern with MI_STATUS_UNSUPPORTED). */
 typedef enum mi_plan_kernel {
-    MI_PLAN_KERNEL_DENSE = 0,  /* every causal key */
-    MI_PLAN_KERNEL_WINDOW = 1, /* n_init sinks + an n_local window; the last n_last rows dense */
-    MI_PLAN_KERNEL_INDEX = 2,  /* a block index (64-key ranges + gathered columns) */
+    MI_PLAN_KERNEL_DENSE = 0,   /* every causal key */
+    MI_PLAN_KERNEL_WINDOW = 1,  /* n_init sinks + an n_local window; the last n_last rows dense */
+    MI_PLAN_KERNEL_INDEX = 2,   /* a block index (64-key ranges + gathered columns) */
+    MI_PLAN_KERNEL_ROWMASK = 3, /* a fixed per-row key set (dilated, strided): each row its own */
 } mi_plan_kernel;
 
 /* How an index head's index is found from q/k (each backend implements every one). */
@@ -41,7 +43,9 @@ typedef enum mi_plan_estimate {
     MI_PLAN_ESTIMATE_NONE = 0,
     MI_PLAN_ESTIMATE_VS = 1,    /* vertical and slash sets from the last queries, then the index */
     MI_PLAN_ESTIMATE_BLOCK = 2, /* mean-pooled 64-block scores, top-k per row block */
-    MI_PLAN_ESTIMATES = 3,
+    MI_PLAN_ESTIMATE_XATTN = 3, /* antidiagonal block mass, cumulative threshold per row block */
+    MI_PLAN_ESTIMATE_FLEX = 4,  /* FlexPrefill: query-aware or vertical-slash blocks */
+    MI_PLAN_ESTIMATES = 5,
 } mi_plan_estimate;
 
 /* One head's plan: what it runs on sequences of at least dense_below tokens (shorter ones run
@@ -54,6 +58,11 @@ typedef struct mi_head_plan {
     int32_t n_init, n_local, n_last; /* MI_PLAN_KERNEL_WINDOW (n_last 0: A-shape) */
     int32_t vertical, slash;         /* MI_PLAN_ESTIMATE_VS: budgets after the minimums, <= L */
     int32_t top_k;                   /* MI_PLAN_ESTIMATE_BLOCK: blocks per row block, as given */
+    int32_t stride;      /* XATTN: antidiagonal stride; ROWMASK: dilation or period (>= 1) */
+    int32_t threshold;   /* XATTN: tau, FLEX: gamma (per mille, <= 1000) */
+    int32_t tau;         /* FLEX: the sqrt-JS-divergence threshold (per mille) */
+    int32_t dense_local; /* ROWMASK, dilated: dense local keys before the dilated span */
+    bool strided;        /* ROWMASK: the strided rule (else the dilated one) */
 } mi_head_plan;
 
 /* A mi_head_pattern field a pattern reads, with its default (the original's). */
@@ -85,6 +94,8 @@ typedef struct mi_pattern_traits {
     /* Fills the pattern's fields of plan (window or budgets) for sequences of padded length L. */
     void (*plan)(const mi_head_pattern *p, const mi_prefill_params *pp, int64_t L,
                  mi_head_plan *plan);
+    /* Whether the pattern's own fields hold values it can run (NULL: any non-negative ones). */
+    bool (*valid)(const mi_head_pattern *p);
 } mi_pattern_traits;
 
 #include "pattern_entries.h"

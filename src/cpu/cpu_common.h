@@ -217,6 +217,51 @@ void mi_cpu_bs_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor
                              int64_t row_blocks, int32_t top_k, float *ws, int32_t *block_count,
                              int32_t *block_offset, int64_t max_blocks, int32_t *column_count);
 
+/* XAttention estimation of one (b, h) (xattn_estimate.c) into its index slices, with max_blocks
+ * >= the row blocks; t is a tile for head_dim * stride; ws: mi_cpu_xattn_ws_floats floats,
+ * 64-byte aligned. mass_out (optional, [nb][nb]) receives each row block's block mass. */
+size_t mi_cpu_xattn_ws_floats(int64_t len, int64_t D, int32_t stride);
+void mi_cpu_xattn_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
+                                const mi_tensor *k, int64_t b, int64_t h, int64_t len,
+                                int64_t row_blocks, int32_t stride, int32_t threshold, float scale,
+                                float *ws, int32_t *block_count, int32_t *block_offset,
+                                int64_t max_blocks, int32_t *column_count, double *mass_out);
+/* Row block m's threshold selection from its block mass a [m + 1]: block 0 and block m, then
+ * the others by descending mass (ties: lower block first) while the mass kept is below
+ * threshold / 1000 of the total; all blocks for threshold >= 1000. Writes 64 * block to offs
+ * ascending, returns the count. scratch: 16 * (m + 1) bytes. */
+int32_t mi_cpu_threshold_select(const double *a, int64_t m, int32_t threshold, void *scratch,
+                                int32_t *offs, int64_t max_blocks);
+
+/* FlexPrefill estimation of one (b, h) (flex_estimate.c) into its index slices (max_blocks >=
+ * the row blocks); t is a tile for head_dim; *query_aware (optional) gets the decision. */
+void mi_cpu_flex_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tensor *q,
+                               const mi_tensor *k, int64_t b, int64_t h, int64_t len,
+                               int64_t row_blocks, int32_t gamma_pm, int32_t tau_pm, float scale,
+                               int32_t *block_count, int32_t *block_offset, int64_t max_blocks,
+                               int32_t *column_count, int *query_aware);
+/* sqrt of the Jensen-Shannon divergence (natural log) of two distributions [n]. */
+double mi_cpu_sqrt_js(const double *p, const double *q, int64_t n);
+
+/* Dilated and strided heads (rowmask.c): the keys of the row at absolute position p under head
+ * plan hp, and the run of every such (b, h) of a call. */
+struct mi_head_plan;
+int64_t mi_cpu_rowmask_keys(const struct mi_head_plan *hp, int64_t p, int32_t *keys);
+/* The metrics of rows [r0, r0 + nr) of a row-mask (b, h) (as mi_cpu_job_mass): mass[i] of the
+ * dense softmax on the row's keys, *visited += the keys visited. */
+void mi_cpu_rowmask_mass(const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
+                         const struct mi_head_plan *hp, int64_t b, int64_t h, int64_t len,
+                         int64_t r0, int64_t nr, float scale, double *mass, double *visited);
+/* The CPU's plan of a prefill call (prefill.c): heads [H_q]. */
+struct mi_prefill_plan;
+void mi_cpu_plan_heads(const mi_attn_shape *s, const int32_t *seq_lens,
+                       const mi_head_pattern *patterns, const mi_prefill_params *pp,
+                       struct mi_head_plan *heads, struct mi_prefill_plan *plan);
+mi_status mi_cpu_rowmask_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                             const mi_tensor *k, const mi_tensor *v, const int32_t *seq_lens,
+                             const struct mi_head_plan *heads, float scale, mi_tensor *out,
+                             float *lse);
+
 /* Prefill planning (prefill.c): lays the jobs and their indices out in workspace (of
  * mi_cpu_prefill_workspace_size bytes) and runs the estimators. *jobs_out: B * H_q jobs. */
 mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,

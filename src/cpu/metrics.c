@@ -10,6 +10,7 @@
  * pairs. Memory is O(64 x 64) per thread; no L x L matrix.
  */
 #include "cpu_common.h"
+#include "pattern_table.h"
 
 #include <math.h>
 #include <omp.h>
@@ -31,6 +32,12 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
     ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, 0, tiles, NULL) && ok;
     mi_status st = ok ? MI_STATUS_SUCCESS : MI_STATUS_OUT_OF_MEMORY;
     mi_attn_job *jobs = NULL;
+    /* row-mask heads (dilated, strided) have a key set per row, which their own pass measures */
+    mi_head_plan *heads = malloc((size_t)s->heads_q * sizeof *heads);
+    mi_prefill_plan plan;
+    if (heads) mi_cpu_plan_heads(s, seq_lens, patterns, &pp, heads, &plan);
+    ok = ok && heads;
+    if (!ok) st = MI_STATUS_OUT_OF_MEMORY;
     if (ok) st = mi_cpu_prefill_plan(ctx, s, q, k, seq_lens, patterns, &pp, ws, &jobs);
     if (st == MI_STATUS_SUCCESS) {
         double *visited = mass + n_jobs * R;
@@ -41,8 +48,19 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
             double row_mass[MI_BS];
             mass[it] = visited[it] = 0.0;
             if (r0 >= j->len) continue;
-            mi_cpu_job_mass(tiles[omp_get_thread_num()], s, q, k, j, scale, r0, row_mass,
-                            &visited[it]);
+            const mi_head_plan *hp = &heads[j->h];
+            if (hp->kernel == MI_PLAN_KERNEL_ROWMASK && !mi_head_plan_dense_at(hp, j->len)) {
+                /* rows from the first query on (queries at an offset) */
+                const int64_t a = mi_cpu_max64(r0, s->q_off);
+                const int64_t nr = mi_cpu_min64(MI_BS, j->len - r0) - (a - r0);
+                for (int64_t i = 0; i < MI_BS; i++) row_mass[i] = 0.0;
+                if (nr > 0)
+                    mi_cpu_rowmask_mass(s, q, k, hp, j->b, j->h, j->len, a, nr, scale,
+                                        row_mass + (a - r0), &visited[it]);
+            } else {
+                mi_cpu_job_mass(tiles[omp_get_thread_num()], s, q, k, j, scale, r0, row_mass,
+                                &visited[it]);
+            }
             const int64_t nr = mi_cpu_min64(MI_BS, j->len - r0);
             for (int64_t i = 0; i < nr; i++) mass[it] += row_mass[i];
         }
@@ -62,6 +80,7 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
         }
     }
     mi_cpu_scratch_free(nt, tiles, NULL);
+    free(heads);
     free(mass);
     free(ws);
     if (st == MI_STATUS_OUT_OF_MEMORY) return mi_fail(ctx, st, "metrics: out of memory");

@@ -34,11 +34,12 @@ static mi_prefill_params resolve_params(const mi_prefill_params *params) {
 }
 
 /* The call's plan (src/core/prefill_plan.c) under the CPU's crossovers; heads [H_q]. */
-static void plan_heads(const mi_attn_shape *s, const int32_t *seq_lens,
+void mi_cpu_plan_heads(const mi_attn_shape *s, const int32_t *seq_lens,
                        const mi_head_pattern *patterns, const mi_prefill_params *pp,
                        mi_head_plan *heads, mi_prefill_plan *plan) {
     mi_prefill_plan_build(s, seq_lens, patterns, pp, mi_cpu_dense_below_rule, NULL, heads, plan);
 }
+#define plan_heads mi_cpu_plan_heads
 
 /* int32 count of one (b, h)'s index for head plan hp at padded length L: the columns (nv) and
  * 64-key ranges (maxb) per row block its estimate fills. */
@@ -53,9 +54,16 @@ static size_t head_index_ints(const mi_head_plan *hp, int64_t L, int32_t *nv, in
     case MI_PLAN_ESTIMATE_BLOCK:
         *maxb = (int32_t)mi_cpu_min64(mi_cpu_max64(hp->top_k, 2), R);
         return (size_t)R * (2 + (size_t)*maxb);
+    case MI_PLAN_ESTIMATE_XATTN:
+    case MI_PLAN_ESTIMATE_FLEX:
+        /* a threshold may keep any number of blocks */
+        *maxb = (int32_t)R;
+        return (size_t)R * (2 + (size_t)R);
     case MI_PLAN_ESTIMATE_NONE:
     case MI_PLAN_ESTIMATES: break;
     }
+    /* row-mask heads run as empty index jobs (their own kernel writes the rows after) */
+    if (hp->kernel == MI_PLAN_KERNEL_ROWMASK) return (size_t)R * 2;
     return 0;
 }
 
@@ -79,6 +87,12 @@ static layout make_layout(const mi_context *ctx, const mi_attn_shape *s,
     if (plan->pairs[MI_PLAN_ESTIMATE_BLOCK] &&
         mi_cpu_bs_ws_floats(s->len, s->head_dim) > est_floats) {
         est_floats = mi_cpu_bs_ws_floats(s->len, s->head_dim);
+    }
+    for (int64_t h = 0; h < s->heads_q; h++) {
+        const mi_head_plan *hp = &plan->head[h];
+        if (hp->estimate != MI_PLAN_ESTIMATE_XATTN) continue;
+        const size_t x = mi_cpu_xattn_ws_floats(s->len, s->head_dim, hp->stride);
+        if (x > est_floats) est_floats = x;
     }
     lay.jobs = 0;
     lay.indices = ALIGN64((size_t)(s->batch * s->heads_q) * sizeof(mi_attn_job));
@@ -106,8 +120,9 @@ mi_status mi_cpu_prefill_workspace_size(mi_context *ctx, const mi_attn_shape *s,
     return MI_STATUS_SUCCESS;
 }
 
-/* Estimates the index of sparse job j (its slices laid out by the plan) on thread scratch. */
-static void estimate_job(mi_tile *tile, const mi_attn_shape *s, const mi_tensor *q,
+/* Estimates the index of sparse job j (its slices laid out by the plan) on thread scratch; xtile
+ * is the thread's tile for XAttention's reshaped rows. */
+static void estimate_job(mi_tile *tile, mi_tile *xtile, const mi_attn_shape *s, const mi_tensor *q,
                          const mi_tensor *k, const mi_head_plan *hp, const mi_head_pattern *p,
                          const mi_prefill_params *pp, float scale, const layout *lay, char *mine,
                          mi_attn_job *j) {
@@ -132,6 +147,17 @@ static void estimate_job(mi_tile *tile, const mi_attn_shape *s, const mi_tensor 
                              j->max_columns);
         break;
     }
+    case MI_PLAN_ESTIMATE_XATTN:
+        mi_cpu_xattn_estimate_head(xtile, s, q, k, j->b, j->h, j->len, R, hp->stride, hp->threshold,
+                                   scale, est, (int32_t *)j->block_count,
+                                   (int32_t *)j->block_offset, j->max_blocks,
+                                   (int32_t *)j->column_count, NULL);
+        break;
+    case MI_PLAN_ESTIMATE_FLEX:
+        mi_cpu_flex_estimate_head(tile, s, q, k, j->b, j->h, j->len, R, hp->threshold, hp->tau,
+                                  scale, (int32_t *)j->block_count, (int32_t *)j->block_offset,
+                                  j->max_blocks, (int32_t *)j->column_count, NULL);
+        break;
     case MI_PLAN_ESTIMATE_NONE:
     case MI_PLAN_ESTIMATES: break;
     }
@@ -179,6 +205,13 @@ static mi_status plan_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_ten
                     need_estimate = 1;
                     break;
                 }
+                case MI_PLAN_KERNEL_ROWMASK:
+                    /* no keys here: mi_cpu_rowmask_run writes these rows after the engine */
+                    j->kind = MI_JOB_SPARSE;
+                    memset(idx, 0, 2 * (size_t)R * sizeof(int32_t));
+                    j->block_count = j->block_offset = j->column_index = idx;
+                    j->column_count = idx + R;
+                    break;
                 case MI_PLAN_KERNEL_DENSE: break;
                 }
             }
@@ -186,8 +219,14 @@ static mi_status plan_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_ten
         }
     }
     if (need_estimate) {
-        mi_tile *tiles[nt];
-        const int ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, 0, tiles, NULL);
+        mi_tile *tiles[nt], *xtiles[nt];
+        int64_t xd = 0; /* XAttention's reshaped row width: the largest stride * D */
+        for (int64_t h = 0; h < Hq; h++)
+            if (plan->head[h].estimate == MI_PLAN_ESTIMATE_XATTN)
+                xd = mi_cpu_max64(xd, (int64_t)plan->head[h].stride * s->head_dim);
+        int ok = mi_cpu_scratch_alloc(ctx, nt, s->head_dim, 0, tiles, NULL);
+        for (int i = 0; i < nt; i++) xtiles[i] = NULL;
+        if (xd > 0) ok = mi_cpu_scratch_alloc(ctx, nt, xd, 0, xtiles, NULL) && ok;
         if (ok) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
             for (int64_t it = 0; it < n_jobs; it++) {
@@ -195,11 +234,13 @@ static mi_status plan_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_ten
                 if (j->kind != MI_JOB_SPARSE) continue;
                 const int tid = omp_get_thread_num();
                 char *mine = ws + lay.threads + (size_t)tid * lay.per_thread;
-                estimate_job(tiles[tid], s, q, k, &plan->head[j->h], &patterns[j->h], pp, scale,
-                             &lay, mine, j);
+                if (plan->head[j->h].kernel != MI_PLAN_KERNEL_INDEX) continue;
+                estimate_job(tiles[tid], xtiles[tid], s, q, k, &plan->head[j->h], &patterns[j->h],
+                             pp, scale, &lay, mine, j);
             }
         }
         mi_cpu_scratch_free(nt, tiles, NULL);
+        if (xd > 0) mi_cpu_scratch_free(nt, xtiles, NULL);
         if (!ok) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
     }
     *jobs_out = jobs;
@@ -241,8 +282,18 @@ mi_status mi_cpu_prefill_attention(mi_context *ctx, const mi_attn_shape *s, cons
     mi_status st = mi_cpu_prefill_plan(ctx, s, q, k, seq_lens, patterns, params, workspace, &jobs);
     if (st == MI_STATUS_SUCCESS) {
         const mi_prefill_params pp = resolve_params(params);
-        st = mi_cpu_run_jobs(ctx, s, q, k, v, jobs, s->batch * s->heads_q,
-                             mi_resolve_scale(pp.softmax_scale, s->head_dim), out, lse);
+        const float scale = mi_resolve_scale(pp.softmax_scale, s->head_dim);
+        st = mi_cpu_run_jobs(ctx, s, q, k, v, jobs, s->batch * s->heads_q, scale, out, lse);
+        mi_head_plan *heads =
+            st == MI_STATUS_SUCCESS ? malloc((size_t)s->heads_q * sizeof *heads) : NULL;
+        if (st == MI_STATUS_SUCCESS && !heads)
+            st = mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
+        if (heads) {
+            mi_prefill_plan plan;
+            plan_heads(s, seq_lens, patterns, &pp, heads, &plan);
+            st = mi_cpu_rowmask_run(ctx, s, q, k, v, seq_lens, heads, scale, out, lse);
+            free(heads);
+        }
     }
     free(owned);
     return st;

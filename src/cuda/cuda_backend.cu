@@ -167,10 +167,29 @@ mi_cuda_head_mode head_mode_of_plan(const mi_head_plan &hp) {
         m.n_last = hp.n_last;
         break;
     case MI_PLAN_KERNEL_INDEX: m.mode = MI_CUDA_MODE_SPARSE; break;
+    case MI_PLAN_KERNEL_ROWMASK: /* refused before (cuda_refused) */
     case MI_PLAN_KERNEL_DENSE: m.mode = MI_CUDA_MODE_DENSE; break;
     }
     m.dense_below = hp.dense_below;
     return m;
+}
+
+/* The plan steps this backend has no kernel for (dilated and strided's per-row keys, XAttention's
+ * and FlexPrefill's estimates): MI_STATUS_UNSUPPORTED naming the first such head's pattern, when
+ * it would run sparse (only_if_sparse: as the plan's any_sparse_run says), never a wrong result. */
+mi_status cuda_refused(mi_context *ctx, const mi_prefill_plan &plan, bool only_if_sparse) {
+    for (int64_t h = 0; h < plan.heads; ++h) {
+        const mi_head_plan &hp = plan.head[h];
+        const bool missing = hp.kernel == MI_PLAN_KERNEL_ROWMASK ||
+                             hp.estimate == MI_PLAN_ESTIMATE_XATTN ||
+                             hp.estimate == MI_PLAN_ESTIMATE_FLEX;
+        if (missing && (!only_if_sparse || plan.any_sparse_run))
+            return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
+                           "pattern \"%s\" (head %lld) has no CUDA kernel yet: run it with the "
+                           "CPU backend",
+                           mi_pattern_name(hp.type), (long long)h);
+    }
+    return MI_STATUS_SUCCESS;
 }
 
 } // namespace
@@ -184,11 +203,12 @@ extern "C" mi_status mi_cuda_prefill_workspace_size(mi_context *ctx, const mi_at
     if (heads == nullptr) return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
     mi_prefill_plan plan;
     mi_prefill_plan_build(s, nullptr, patterns, params, nullptr, nullptr, heads, &plan);
+    const mi_status refused = cuda_refused(ctx, plan, false);
     prefill_layout lo;
     layout_prefill(ctx, s, &plan, &lo);
     free(heads);
     *bytes = lo.total;
-    return MI_STATUS_SUCCESS;
+    return refused;
 }
 
 extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_shape *s,
@@ -207,6 +227,7 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     mi_head_plan heads[MI_CUDA_MAX_HEADS];
     mi_prefill_plan plan;
     plan_heads(ctx, s, p.seq_lens, patterns, params, heads, &plan);
+    if ((st = cuda_refused(ctx, plan, true)) != MI_STATUS_SUCCESS) return st;
     prefill_layout lo;
     layout_prefill(ctx, s, &plan, &lo);
     cudaStream_t stream = mi_stream(ctx);

@@ -58,6 +58,10 @@ int main(void) {
         F(n_local);
         F(n_last);
         F(top_k);
+        F(stride);
+        F(threshold);
+        F(tau);
+        F(dense_local);
         end();
     }
     {

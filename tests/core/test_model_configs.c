@@ -17,10 +17,10 @@ static void expect_shape(const char *id, int32_t *layers, int32_t *heads) {
         const char *key;
         int32_t layers, heads;
     } shapes[] = {
-        {"Llama-3-8B", 32, 32},   {"Llama-3.1-8B", 32, 32}, {"Llama-3-70B", 80, 64},
+        {"Llama-3-8B", 32, 32},    {"Llama-3.1-8B", 32, 32}, {"Llama-3-70B", 80, 64},
         {"Llama-3.1-70B", 80, 64}, {"Yi-9B", 48, 32},        {"Phi-3-mini", 32, 32},
-        {"Qwen2-7B", 28, 28},     {"Qwen2.5-7B", 28, 28},   {"Qwen2.5-14B", 48, 40},
-        {"Qwen2.5-32B", 64, 40},  {"Qwen2.5-72B", 80, 64},  {"glm-4-9b", 40, 32},
+        {"Qwen2-7B", 28, 28},      {"Qwen2.5-7B", 28, 28},   {"Qwen2.5-14B", 48, 40},
+        {"Qwen2.5-32B", 64, 40},   {"Qwen2.5-72B", 80, 64},  {"glm-4-9b", 40, 32},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (strstr(id, shapes[i].key)) {

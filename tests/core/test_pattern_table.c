@@ -17,6 +17,10 @@ static int32_t field_value(const mi_head_pattern *p, const char *field) {
     if (!strcmp(field, "n_local")) return p->n_local;
     if (!strcmp(field, "n_last")) return p->n_last;
     if (!strcmp(field, "top_k")) return p->top_k;
+    if (!strcmp(field, "stride")) return p->stride;
+    if (!strcmp(field, "threshold")) return p->threshold;
+    if (!strcmp(field, "tau")) return p->tau;
+    if (!strcmp(field, "dense_local")) return p->dense_local;
     return -1;
 }
 
@@ -27,6 +31,10 @@ static void set_field(mi_head_pattern *p, const char *field, int32_t v) {
     if (!strcmp(field, "n_local")) p->n_local = v;
     if (!strcmp(field, "n_last")) p->n_last = v;
     if (!strcmp(field, "top_k")) p->top_k = v;
+    if (!strcmp(field, "stride")) p->stride = v;
+    if (!strcmp(field, "threshold")) p->threshold = v;
+    if (!strcmp(field, "tau")) p->tau = v;
+    if (!strcmp(field, "dense_local")) p->dense_local = v;
 }
 
 static void test_names(void) {
@@ -98,11 +106,17 @@ static void test_defaults(void) {
         const mi_head_pattern p = mi_head_pattern_default(type);
         const mi_pattern_traits *tr = mi_pattern_traits_of(type);
         CHECK(p.type == type);
-        /* every field the pattern reads has a positive default; a pattern with a budget or an
-         * estimate reads at least one */
+        /* every field the pattern reads has a known, non-negative default (0 only where it
+         * switches a part off: dilated's dense_local), and the default is valid; a pattern with
+         * a budget or an estimate reads at least one */
         int n_fields = 0;
-        for (int32_t f = 0; mi_pattern_field(type, f); f++, n_fields++)
-            CHECK(field_value(&p, mi_pattern_field(type, f)) > 0);
+        for (int32_t f = 0; mi_pattern_field(type, f); f++, n_fields++) {
+            const char *name = mi_pattern_field(type, f);
+            CHECK(field_value(&p, name) > 0 ||
+                      (field_value(&p, name) == 0 && !strcmp(name, "dense_local")),
+                  "%s.%s", mi_pattern_name(type), name);
+        }
+        CHECK(mi_pattern_valid(&p), "%s", mi_pattern_name(type));
         CHECK(n_fields > 0 || (tr->kernel == MI_PLAN_KERNEL_DENSE && !tr->scale));
         CHECK((tr->kernel == MI_PLAN_KERNEL_INDEX) == (tr->estimate != MI_PLAN_ESTIMATE_NONE));
         CHECK(tr->kernel == MI_PLAN_KERNEL_DENSE || tr->plan != NULL);
@@ -118,6 +132,11 @@ static mi_head_pattern distinct(mi_pattern_type type, int32_t base) {
     mi_head_pattern p = mi_head_pattern_default(type);
     for (int32_t f = 0; mi_pattern_field(type, f); f++)
         set_field(&p, mi_pattern_field(type, f), base + 7 * f);
+    /* values the pattern refuses made valid, still not its defaults: XAttention's stride must
+     * split a 64-row block, thresholds are per mille */
+    if (!mi_pattern_valid(&p) && p.stride > 0) p.stride = base % 2 ? 4 : 16;
+    if (!mi_pattern_valid(&p) && p.threshold > 1000) p.threshold = 1 + base % 997;
+    CHECK(mi_pattern_valid(&p), "%s from %d", mi_pattern_name(type), base);
     return p;
 }
 
