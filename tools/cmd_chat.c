@@ -251,7 +251,9 @@ int mi_cmd_chat(int argc, char **argv) {
                                 argc, argv, NULL, 0, NULL);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
     mi_pattern_type attn_type;
-    if (strcmp(attn, "minference") != 0 &&
+    int tri_minf;
+    int32_t tri_first;
+    if (strcmp(attn, "minference") != 0 && tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
         mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("chat", usage_text, "unknown --attn '%s'", attn);
     mi_chat_template tmpl = MI_CHAT_AUTO;
@@ -298,8 +300,16 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_model_get_info(c.model, &c.info);
     config_path = tool_config_path(config_path, model_path, "chat", &auto_config);
     if (config_path && !(config = tool_load_config("chat", config_path))) goto done;
-    if (mi_model_set_attention_name(c.model, attn, config, (int32_t)dense_below) !=
-        MI_STATUS_SUCCESS) {
+    int tri_mix = 0;
+    int32_t tri_start = 0;
+    const int tri = tool_tri_mix_parse(attn, &tri_mix, &tri_start);
+    if (tri < 0 || (tri > 0 && tool_tri_mix_config(tri_mix, tri_start, c.info.n_layers,
+                                                   c.info.n_heads, &config) != 0)) {
+        fprintf(stderr, "minference chat: bad --attn %s\n", attn);
+        goto done;
+    }
+    if (mi_model_set_attention_name(c.model, tri > 0 ? "minference" : attn, config,
+                                    (int32_t)dense_below) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference chat: %s\n", mi_model_last_error(c.model));
         goto done;
     }

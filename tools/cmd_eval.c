@@ -53,6 +53,7 @@ static const char usage_text[] =
     "                 a_shape[:N_INIT:N_LOCAL] | tri_shape[:N_INIT:N_LOCAL[:N_LAST]]\n"
     "                 block_sparse[:TOP_K] | vs:VERTICAL:SLASH | any pattern `minference\n"
     "                 info` lists, alone or with its fields\n"
+    "                 tri_mix[:START] | tri_mix_minference[:START] (TriangleMix)\n"
     "  --lengths    prompt lengths in tokens (default 1024,2048,4096; ppl/recall 2048,4096)\n"
     "  --depths     needle depths in percent (default 0,50,100)\n"
     "  --samples    prompts per (length, depth) (default 1)\n"
@@ -87,6 +88,14 @@ bool parse_method(const char *spec, method *m) {
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", spec);
     mi_pattern_type t = MI_PATTERN_VERTICAL_SLASH;
+    int tri_minference = 0;
+    const int tri = tool_tri_mix_parse(spec, &tri_minference, &m->tri_start);
+    if (tri < 0) return false;
+    if (tri > 0) {
+        m->tri_mix = 1 + tri_minference;
+        m->mode = MI_ATTN_MINFERENCE;
+        return true;
+    }
     if (strchr(spec, ':')) {
         if (mi_head_pattern_parse(spec, &m->pattern) != MI_STATUS_SUCCESS) return false;
         const mi_head_pattern *p = &m->pattern;
@@ -387,7 +396,13 @@ int mi_cmd_eval(int argc, char **argv) {
 
     for (int m = 0; m < nm; m++) {
         method *me = &methods[m];
-        if (me->custom) {
+        if (me->tri_mix) {
+            if (me->tri_mix == 2 && config_path) st = mi_config_load(ctx, config_path, &me->config);
+            if (st == MI_STATUS_SUCCESS &&
+                tool_tri_mix_config(me->tri_mix == 2, me->tri_start, e.info.n_layers,
+                                    e.info.n_heads, &me->config) != 0)
+                st = MI_STATUS_OUT_OF_MEMORY;
+        } else if (me->custom) {
             st = mi_config_create(ctx, e.info.n_layers, e.info.n_heads, &me->pattern, &me->config);
         } else if (me->mode == MI_ATTN_MINFERENCE && config_path) {
             st = mi_config_load(ctx, config_path, &me->config);

@@ -23,6 +23,8 @@ typedef struct method {
     bool custom; /* one pattern for every head, through a generated config */
     mi_head_pattern pattern;
     mi_config *config; /* custom or --config (borrowed by the model) */
+    int tri_mix;       /* 1: tri_mix, 2: tri_mix_minference (tri_start: first Tri-shape layer) */
+    int32_t tri_start;
 } method;
 
 /* "minference", a pattern name or alias (its default budget on every head), or

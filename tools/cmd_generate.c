@@ -37,7 +37,9 @@ static const char usage_text[] =
     "  --attn         prefill attention (default minference: the --config patterns, or\n"
     "                 vertical_and_slash 1000/6096 for every head), or one pattern with its\n"
     "                 default budget for every head: dense, a_shape, tri_shape, block_sparse\n"
-    "                 or any name `minference info` lists\n"
+    "                 or any name `minference info` lists; tri_mix[:START] (dense below\n"
+    "                 layer START, 16 by default, Tri-shape 8/512/128 from it) and\n"
+    "                 tri_mix_minference[:START] (the --config patterns below START)\n"
     "  --config       per-head patterns in the original's JSON (with --attn minference);\n"
     "                 auto: the shipped config of the model its path names\n"
     "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
@@ -174,7 +176,9 @@ int mi_cmd_generate(int argc, char **argv) {
     /* "minference" or a pattern's name; shown as the model's mode name where it has one */
     mi_pattern_type attn_type;
     mi_attn_mode attn_mode;
-    if (strcmp(attn, "minference") != 0 &&
+    int tri_minf;
+    int32_t tri_first;
+    if (strcmp(attn, "minference") != 0 && tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
         mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("generate", usage_text, "unknown --attn '%s'", attn);
     const char *attn_shown = mi_attn_mode_from_name(attn, &attn_mode) == MI_STATUS_SUCCESS
@@ -260,7 +264,17 @@ int mi_cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
-    st = mi_model_set_attention_name(model, attn, config, (int32_t)dense_below);
+    int tri_mix = 0;
+    int32_t tri_start = 0;
+    const int tri = tool_tri_mix_parse(attn, &tri_mix, &tri_start);
+    if (tri < 0 || (tri > 0 && tool_tri_mix_config(tri_mix, tri_start, info.n_layers, info.n_heads,
+                                                   &config) != 0)) {
+        fprintf(stderr, "minference generate: bad --attn %s\n", attn);
+        st = MI_STATUS_INVALID_ARGUMENT;
+        goto done;
+    }
+    st = mi_model_set_attention_name(model, tri > 0 ? "minference" : attn, config,
+                                     (int32_t)dense_below);
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
         goto done;

@@ -5,6 +5,7 @@
 #include "minference_tools.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,4 +167,64 @@ const char *tool_config_path(const char *arg, const char *model_path, const char
                 cmd, file ? "the shipped config file is not installed" : "no shipped config",
                 model_path ? model_path : "(no model)");
     return *owned;
+}
+
+int tool_tri_mix_parse(const char *spec, int *minference, int32_t *start) {
+    const char *rest;
+    if (!spec) return 0;
+    if (strncmp(spec, "tri_mix_minference", 18) == 0) {
+        *minference = 1;
+        rest = spec + 18;
+    } else if (strncmp(spec, "tri_mix", 7) == 0) {
+        *minference = 0;
+        rest = spec + 7;
+    } else {
+        return 0;
+    }
+    *start = 16;
+    if (!*rest) return 1;
+    if (*rest != ':') return 0; /* another name that starts alike */
+    char *end;
+    errno = 0;
+    const long v = strtol(rest + 1, &end, 10);
+    if (end == rest + 1 || *end || errno || v < 0 || v > (1 << 20)) return -1;
+    *start = (int32_t)v;
+    return 1;
+}
+
+int tool_tri_mix_config(int minference, int32_t start, int32_t n_layers, int32_t n_heads,
+                        mi_config **config) {
+    mi_config *out = NULL;
+    mi_head_pattern *lower = malloc((size_t)n_heads * sizeof *lower);
+    mi_head_pattern tri = mi_head_pattern_default(MI_PATTERN_TRI_SHAPE);
+    tri.n_init = 8;
+    tri.n_local = 512;
+    tri.n_last = 128;
+    if (!lower || mi_config_create(NULL, n_layers, n_heads, &tri, &out) != MI_STATUS_SUCCESS) {
+        free(lower);
+        return -1;
+    }
+    int ok = 1;
+    for (int32_t l = 0; ok && l < n_layers && l < start; l++) {
+        if (minference && *config) {
+            ok = mi_config_layer(NULL, *config, l, n_heads, lower, NULL) == MI_STATUS_SUCCESS;
+        } else {
+            for (int32_t h = 0; h < n_heads; h++)
+                lower[h] = mi_head_pattern_default(minference ? MI_PATTERN_VERTICAL_SLASH
+                                                              : MI_PATTERN_DENSE);
+        }
+        for (int32_t h = 0; ok && h < n_heads; h++)
+            ok = mi_config_set_head(NULL, out, l, h, &lower[h], NAN) == MI_STATUS_SUCCESS;
+    }
+    for (int32_t l = start; ok && l < n_layers; l++)
+        for (int32_t h = 0; ok && h < n_heads; h++)
+            ok = mi_config_set_head(NULL, out, l, h, &tri, NAN) == MI_STATUS_SUCCESS;
+    free(lower);
+    if (!ok) {
+        mi_config_destroy(out);
+        return -1;
+    }
+    mi_config_destroy(*config);
+    *config = out;
+    return 0;
 }

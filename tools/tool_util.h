@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct mi_config;
+
 /* Monotonic wall-clock seconds. */
 double tool_now_s(void);
 
@@ -42,5 +44,16 @@ bool tool_append_file(const char *cmd, const char *path, const void *data, size_
  * stderr under cmd's name says so: every head keeps the default pattern). */
 const char *tool_config_path(const char *arg, const char *model_path, const char *cmd,
                              char **owned);
+
+/* TriangleMix (the original's tri_mix and tri_mix_minference): "tri_mix[:START]" or
+ * "tri_mix_minference[:START]", START the first Tri-shape layer (default 16, as the original's
+ * scripts). Returns 1 when spec names one (*minference, *start set), 0 when it names none, -1
+ * when it is malformed. */
+int tool_tri_mix_parse(const char *spec, int *minference, int32_t *start);
+/* The per-layer config of TriangleMix: layers below start dense (tri_mix) or as *config has them
+ * (tri_mix_minference; NULL: vertical-slash 1000/6096), the others Tri-shape with n_init 8,
+ * n_local 512, n_last 128 (the original's TriangleMix defaults). Replaces *config. */
+int tool_tri_mix_config(int minference, int32_t start, int32_t n_layers, int32_t n_heads,
+                        struct mi_config **config);
 
 #endif
