@@ -91,7 +91,10 @@ class MInferenceConfig:
     ATTENTION_ALIASES = {"minference_with_dense": "dense"}
 
     SUPPORTED_ATTENTION_TYPES = ["minference", "tri_mix_minference", "hf", "dense", "a_shape",
-                                 "tri_shape", "tri_mix"]
+                                 "tri_shape", "tri_mix", "xattention", "flexprefill", "dilated1",
+                                 "dilated2"]
+    # The types that run one library pattern on every head (head_pattern()).
+    PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
     SUPPORTED_KV_TYPES = ["dense"]
 
     # Per-type defaults (the original's), set onto attn_kwargs unless the caller gave them.
@@ -100,6 +103,12 @@ class MInferenceConfig:
         "tri_shape": {"n_init": 128, "n_local": 3968, "n_last": 100},
         "tri_mix": {"n_init": 8, "n_local": 512, "n_last": 128, "starting_layer": 16},
         "tri_mix_minference": {"n_init": 8, "n_local": 512, "n_last": 128, "starting_layer": 16},
+        # the original's xattention_forward / flexprefill_forward defaults
+        "xattention": {"stride": 8, "threshold": 0.9, "norm": 1},
+        "flexprefill": {"gamma": 0.9, "tau": 0.1},
+        # the original's dilated1 / dilated2 layouts
+        "dilated1": {"n_init": 1024, "n_local": 8192, "stride": 2, "dense_local": 0},
+        "dilated2": {"n_init": 1024, "n_local": 6144, "stride": 2, "dense_local": 2048},
     }
 
     def __init__(self, attn_type="minference", model_name=None, config_path=None,
@@ -183,6 +192,29 @@ class MInferenceConfig:
             warnings.warn(f"the shipped config {MODEL2PATH[model_name]} of {model_name} is not found "
                           "(MINFERENCE_CONFIG_DIR, the library's data/configs)", stacklevel=3)
         return path
+
+    def head_pattern(self):
+        """The pattern every head runs for the PATTERN_ATTENTION_TYPES (a core.HeadPattern).
+        Options of the original these kernels do not have (XAttention's norm other than 1 and
+        block_size other than 64, FlexPrefill's budgets and block_size) raise ValueError."""
+        from .core import HeadPattern
+
+        kw, t = self.attn_kwargs, self.attn_type
+        if t == "xattention":
+            if float(kw.get("norm", 1)) != 1.0 or int(kw.get("block_size", 64)) != 64:
+                raise ValueError("xattention runs with norm 1 and 64-token blocks here")
+            return HeadPattern.xattention(int(kw["stride"]), float(kw["threshold"]))
+        if t == "flexprefill":
+            for key in ("min_budget", "max_budget"):
+                if kw.get(key) is not None:
+                    raise ValueError(f"flexprefill's {key} is not supported here")
+            if int(kw.get("block_size", 64)) != 64:
+                raise ValueError("flexprefill runs with 64-token blocks here")
+            return HeadPattern.flexprefill(float(kw["gamma"]), float(kw["tau"]))
+        if t in ("dilated1", "dilated2"):
+            return HeadPattern.dilated(int(kw["n_init"]), int(kw["n_local"]), int(kw["stride"]),
+                                       int(kw["dense_local"]))
+        raise ValueError(f"attn_type {t!r} is not one pattern on every head")
 
     def missing_config_message(self, what):
         return (f"MInference: no pattern config for {what}: every head uses the default budget "

@@ -477,7 +477,8 @@ def _pattern_code(t):
     return t
 
 
-_FIELDS = ("vertical_size", "slash_size", "n_init", "n_local", "n_last", "top_k")
+_FIELDS = ("vertical_size", "slash_size", "n_init", "n_local", "n_last", "top_k", "stride",
+           "threshold", "tau", "dense_local")
 
 
 @dataclass
@@ -494,6 +495,10 @@ class HeadPattern:
     n_local: int = None
     n_last: int = None
     top_k: int = None
+    stride: int = None
+    threshold: int = None  # per mille
+    tau: int = None  # per mille
+    dense_local: int = None
 
     @classmethod
     def default(cls, type="vertical_and_slash"):
@@ -530,9 +535,33 @@ class HeadPattern:
         return cls("block_sparse", top_k=top_k)
 
     @classmethod
+    def xattention(cls, stride=8, threshold=0.9):
+        """XAttention: antidiagonal block scores with this stride, blocks kept per row block up
+        to the cumulative threshold (a fraction, stored per mille)."""
+        return cls("xattention", stride=stride, threshold=_per_mille(threshold, "threshold"))
+
+    @classmethod
+    def flexprefill(cls, gamma=0.9, tau=0.1):
+        """FlexPrefill: query-aware or vertical-slash by the sqrt-JS distance against tau,
+        blocks up to the cumulative mass gamma (fractions, stored per mille)."""
+        return cls("flexprefill", threshold=_per_mille(gamma, "gamma"), tau=_per_mille(tau, "tau"))
+
+    @classmethod
+    def dilated(cls, n_init=1024, n_local=8192, stride=2, dense_local=0):
+        """Sinks, the dense_local nearest keys, every stride-th key of the n_local span (the
+        original's dilated1; dilated2 is n_local=6144, dense_local=2048)."""
+        return cls("dilated", n_init=n_init, n_local=n_local, stride=stride,
+                   dense_local=dense_local)
+
+    @classmethod
+    def strided(cls, stride=128):
+        """Sparse Transformer strided attention: the last stride keys and every stride-th."""
+        return cls("strided", stride=stride)
+
+    @classmethod
     def from_c(cls, p):
         return cls(pattern_names().get(p.type, p.type), p.vertical_size, p.slash_size, p.n_init,
-                   p.n_local, p.n_last, p.top_k)
+                   p.n_local, p.n_last, p.top_k, p.stride, p.threshold, p.tau, p.dense_local)
 
     @property
     def type_code(self):
@@ -559,6 +588,14 @@ class HeadPattern:
         c = self.to_c()
         args = "".join(f", {f}={getattr(c, f)}" for f in pattern_fields(self.type_code))
         return f"HeadPattern({self.name!r}{args})"
+
+
+def _per_mille(x, what):
+    """A fraction in [0, 1] as the library's per-mille integer."""
+    x = float(x)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{what} must be in [0, 1], not {x}")
+    return int(round(x * 1000))
 
 
 def _as_head_pattern(p):

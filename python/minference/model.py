@@ -463,6 +463,8 @@ class Model(_Closing):
             return "minference", HeadPattern.a_shape(kw["n_init"], kw["n_local"])
         if c.attn_type == "tri_shape":
             return "minference", HeadPattern.tri_shape(kw["n_init"], kw["n_local"], kw["n_last"])
+        if c.attn_type in c.PATTERN_ATTENTION_TYPES:
+            return "minference", c.head_pattern()
         raise ValueError(f"attn_type {c.attn_type!r} is not available in the model runner "
                          "(minference, dense, hf, a_shape, tri_shape are)")
 

@@ -353,6 +353,8 @@ def _build_patterns(cfg: MInferenceConfig, n_layers, n_heads, what):
     t = cfg.attn_type
     if t == "dense":
         return [dense] * n_layers
+    if t in cfg.PATTERN_ATTENTION_TYPES:
+        return [_uniform(n_heads, cfg.head_pattern().to_c())] * n_layers
     if t in ("a_shape", "tri_shape", "tri_mix", "tri_mix_minference"):
         p = lib.mi_head_pattern_default(
             L.MI_PATTERN_A_SHAPE if t == "a_shape" else L.MI_PATTERN_TRI_SHAPE)

@@ -47,7 +47,7 @@ def test_every_pattern_has_defaults_and_a_repr():
         p = mi.HeadPattern.default(name).to_c()
         assert p.type == code
         for f in mi.pattern_fields(code):
-            assert getattr(p, f) > 0
+            assert getattr(p, f) > 0 or (f == "dense_local" and getattr(p, f) == 0)
         # repr is an expression that rebuilds the pattern
         h = mi.HeadPattern.default(name)
         again = eval(repr(h), {"HeadPattern": mi.HeadPattern})
@@ -57,7 +57,8 @@ def test_every_pattern_has_defaults_and_a_repr():
 def test_config_entries_read_as_the_c_reader_reads_them():
     # every pattern, as a config entry with sizes, through the C config reader and through
     # patterns_array: the same mi_head_pattern
-    entries = {str(code): [name, 11 + code, 23 + code, 0.5]
+    # (first sizes that are powers of two: XAttention's stride must split a 64-row block)
+    entries = {str(code): [name, 2 ** (1 + code % 5), 23 + code, 0.5]
                for code, name in mi.pattern_names().items()}
     entries[str(len(entries))] = ["block_sparse", 0, 0]
     cfg = mi.Config.from_list([entries])
@@ -108,3 +109,56 @@ def test_python_sees_the_names_the_cli_lists():
             assert alias in line
         for f in mi.pattern_fields(code):
             assert f in line
+
+
+def test_method_patterns_of_the_original_attn_types():
+    """xattention, flexprefill, dilated1 and dilated2: one pattern per head, with the original's
+    defaults (thresholds per mille in the library), and options the kernels lack refused."""
+    from minference import MInferenceConfig
+
+    x = MInferenceConfig("xattention").head_pattern().to_c()
+    assert (x.type, x.stride, x.threshold) == (L.MI_PATTERN_XATTENTION, 8, 900)
+    x = MInferenceConfig("xattention", attn_kwargs={"stride": 16, "threshold": 0.95})
+    assert (x.head_pattern().to_c().stride, x.head_pattern().to_c().threshold) == (16, 950)
+    f = MInferenceConfig("flexprefill").head_pattern().to_c()
+    assert (f.type, f.threshold, f.tau) == (L.MI_PATTERN_FLEXPREFILL, 900, 100)
+    d1 = MInferenceConfig("dilated1").head_pattern().to_c()
+    d2 = MInferenceConfig("dilated2").head_pattern().to_c()
+    assert (d1.n_init, d1.n_local, d1.stride, d1.dense_local) == (1024, 8192, 2, 0)
+    assert (d2.n_init, d2.n_local, d2.stride, d2.dense_local) == (1024, 6144, 2, 2048)
+    with pytest.raises(ValueError):
+        MInferenceConfig("xattention", attn_kwargs={"norm": 2}).head_pattern()
+    with pytest.raises(ValueError):
+        MInferenceConfig("flexprefill", attn_kwargs={"max_budget": 4096}).head_pattern()
+    with pytest.raises(ValueError):
+        mi.HeadPattern.xattention(8, 1.5)
+
+
+@pytest.mark.parametrize("pattern", [
+    mi.HeadPattern.xattention(8, 1.0), mi.HeadPattern.flexprefill(1.0, 0.1),
+    mi.HeadPattern.dilated(0, 4096, 1, 0), mi.HeadPattern.strided(4096)])
+def test_method_patterns_covering_everything_are_dense(pattern):
+    """A budget covering every key gives dense attention (through ops.prefill_attention)."""
+    from conftest import qkv, reference_attention
+    import numpy as np
+
+    q, k, v = qkv(np.random.default_rng(7), 1, 2, 1, 700, 32)
+    params = mi.PrefillParams(dense_below=0)
+    out = mi.prefill_attention(q, k, v, [pattern, pattern], params=params)
+    ref = reference_attention(q, k, v)[0]
+    assert np.max(np.abs(out - ref)) < 2e-4
+
+
+def test_method_patterns_sparse_differ_from_dense():
+    """With real budgets the methods keep fewer keys: the output moves away from dense."""
+    from conftest import qkv, reference_attention
+    import numpy as np
+
+    q, k, v = qkv(np.random.default_rng(8), 1, 4, 2, 1500, 32)
+    pats = [mi.HeadPattern.xattention(8, 0.5), mi.HeadPattern.flexprefill(0.5, 0.1),
+            mi.HeadPattern.dilated(16, 256, 4, 32), mi.HeadPattern.strided(64)]
+    params = mi.PrefillParams(dense_below=0)
+    out = mi.prefill_attention(q, k, v, pats, params=params)
+    ref = reference_attention(q, k, v)[0]
+    for h in range(4):
+        assert np.max(np.abs(out[0, h] - ref[0, h])) > 1e-3
