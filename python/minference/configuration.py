@@ -92,7 +92,7 @@ class MInferenceConfig:
 
     SUPPORTED_ATTENTION_TYPES = ["minference", "tri_mix_minference", "hf", "dense", "a_shape",
                                  "tri_shape", "tri_mix", "xattention", "flexprefill", "dilated1",
-                                 "dilated2"]
+                                 "dilated2", "static"]
     # The types that run one library pattern on every head (head_pattern()).
     PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
     SUPPORTED_KV_TYPES = ["dense"]
@@ -174,7 +174,8 @@ class MInferenceConfig:
 
     @property
     def uses_config(self):
-        return self.attn_type in self.MINFERENCE_ATTENTION_TYPES
+        # "static" reads the config's sizes too (its sets are estimated once, then reused)
+        return self.attn_type in self.MINFERENCE_ATTENTION_TYPES or self.attn_type == "static"
 
     def update_config_path(self, config_path, model_name):
         """The config file for the MInference types: config_path when given, else the shipped

@@ -336,3 +336,47 @@ def prefill_attention(q, k, v, patterns, params=None, seq_lens=None, return_lse=
                                        ctypes.byref(do.desc), _ptr(lse), ws_ptr, ws_size),
            c.handle, "mi_prefill_attention")
     return _ret(out, lse, return_lse)
+
+
+class StaticVSAttention:
+    """MInference w/ static (the original's attn_type "static"): each head's vertical-slash sets
+    are estimated once, on the first input this object sees, and reused for every later input
+    (index conversion and the sparse kernel only, no estimate). One object per layer.
+
+    vertical_size / slash_size: one budget or one per query head (the layer's config sizes, read
+    as the original's static mode reads them whatever the head's pattern). params: VSParams; by
+    default the original's static estimate, which forces the last 30 diagonals (not 100). Slash
+    entries are distances and carry over to any length; vertical columns past a later input's
+    length are skipped by the index conversion. An input of another batch size reuses the sets
+    of the first input's sequence 0."""
+
+    def __init__(self, vertical_size=1000, slash_size=6096, params=None):
+        from .core import VSParams
+
+        self.vertical_size = vertical_size
+        self.slash_size = slash_size
+        self.params = params if params is not None else VSParams(forced_diagonals=30)
+        self.index = None
+        self.estimates = 0  # how many times the sets were estimated (1 after the first call)
+
+    def reset(self):
+        """Forgets the sets: the next call estimates them again."""
+        self.index = None
+
+    def _sets_for(self, B):
+        idx = self.index
+        if int(idx.vertical_idx.shape[0]) == B:
+            return idx
+        pick = [0] * B
+        return VSIndex(idx.vertical_count[pick], idx.vertical_idx[pick], idx.slash_count[pick],
+                       idx.slash_idx[pick])
+
+    def __call__(self, q, k, v, scale=None, seq_lens=None, return_lse=False, out=None, ctx=None):
+        if self.index is None:
+            self.index = vs_estimate(q, k, self.vertical_size, self.slash_size, self.params,
+                                     scale=scale, seq_lens=seq_lens, ctx=ctx)
+            self.estimates += 1
+        Lq = int(q.shape[2])
+        index = vs_build_index(Lq, self._sets_for(int(q.shape[0])), seq_lens=seq_lens, ctx=ctx)
+        return sparse_attention(q, k, v, index, scale=scale, seq_lens=seq_lens,
+                                return_lse=return_lse, out=out, ctx=ctx)

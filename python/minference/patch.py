@@ -241,8 +241,12 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     out_bhld = out.transpose(1, 2)
     from .ops import prefill_attention
 
+    static = _static_for(state, layer, patterns)
     try:
-        if info is None:
+        if static is not None and (info is None or info[0] == "right"):
+            static(query, key, value, scale=params.softmax_scale or None,
+                   seq_lens=None if info is None else info[1], out=out_bhld)
+        elif info is None:
             prefill_attention(query, key, value, patterns, params, out=out_bhld)
         elif info[0] == "right":
             prefill_attention(query, key, value, patterns, params, seq_lens=info[1], out=out_bhld)
@@ -262,6 +266,20 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
         raise
     state.calls["sparse"] += 1
     return out, None
+
+
+def _static_for(state, layer, patterns):
+    """attn_type "static": the layer's StaticVSAttention (sets estimated at its first prefill, with
+    the config's sizes); None for the other types. Left padding runs the dynamic estimate."""
+    if state.config.attn_type != "static":
+        return None
+    key = ("static", layer)
+    if key not in state.cache:
+        from .ops import StaticVSAttention
+
+        state.cache[key] = StaticVSAttention([p.vertical_size for p in patterns],
+                                             [p.slash_size for p in patterns])
+    return state.cache[key]
 
 
 def _window_patterns(state, window, n_heads):

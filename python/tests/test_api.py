@@ -228,7 +228,7 @@ def test_minference_config_lists():
     assert set(MInferenceConfig.get_supported_attn_types()) <= set(attn)
 
 
-@pytest.mark.parametrize("attn_type", ["inf_llm", "vllm", "vllm_minference", "static"])
+@pytest.mark.parametrize("attn_type", ["inf_llm", "vllm", "vllm_minference"])
 def test_unimplemented_attn_types(attn_type):
     with pytest.raises(NotImplementedError, match="not implemented"):
         MInference(attn_type)

@@ -162,3 +162,35 @@ def test_method_patterns_sparse_differ_from_dense():
     ref = reference_attention(q, k, v)[0]
     for h in range(4):
         assert np.max(np.abs(out[0, h] - ref[0, h])) > 1e-3
+
+
+def test_static_vs_estimates_once_and_reuses():
+    """MInference w/ static: the sets of the first input are reused for the next ones; on the
+    first input it is the dynamic vertical-slash prefill with the same estimate parameters, and
+    budgets covering everything are dense."""
+    from conftest import qkv, reference_attention
+    import numpy as np
+    from minference.ops import StaticVSAttention, sparse_attention, vs_build_index, vs_estimate
+
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng, 1, 4, 2, 1200, 32)
+    q2, k2, v2 = qkv(rng, 1, 4, 2, 1000, 32)
+    st = StaticVSAttention(64, 128)
+    first = st(q, k, v)
+    vs = mi.VSParams(forced_diagonals=30)
+    dyn = mi.prefill_attention(q, k, v, mi.HeadPattern.vertical_slash(64, 128),
+                               params=mi.PrefillParams(vs=vs, dense_below=0))
+    assert np.array_equal(first, dyn)
+    second = st(q2, k2, v2)
+    assert st.estimates == 1
+    sets = vs_estimate(q, k, 64, 128, vs)
+    want = sparse_attention(q2, k2, v2, vs_build_index(1000, sets))
+    assert np.array_equal(second, want)
+    # the second input's own estimate differs: the reuse is real
+    own = mi.prefill_attention(q2, k2, v2, mi.HeadPattern.vertical_slash(64, 128),
+                               params=mi.PrefillParams(vs=vs, dense_below=0))
+    assert not np.array_equal(second, own)
+    everything = StaticVSAttention(1200, 1200)
+    everything(q, k, v)
+    out = everything(q2, k2, v2)
+    assert np.max(np.abs(out - reference_attention(q2, k2, v2)[0])) < 2e-4
