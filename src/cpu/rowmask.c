@@ -45,13 +45,13 @@ static float dot(const float *a, const float *b, int64_t D) {
     return s;
 }
 
-/* Rows [r0, r1) (query rows, absolute position q_off + i) of (b, h). scratch: len int32 keys,
- * len scores, and 3 * D floats. */
-static void rows(const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k, const mi_tensor *v,
+/* Rows [r0, r1) (query rows, absolute position q_off + i) of (b, h), with the keys and values of
+ * its KV head in fp32 (kf, vf [len][D]). scratch: len int32 keys, len scores, 2 * D floats. */
+static void rows(const mi_attn_shape *s, const mi_tensor *q, const float *kf, const float *vf,
                  const mi_head_plan *hp, int64_t b, int64_t h, int64_t len, int64_t r0, int64_t r1,
                  float scale, mi_tensor *out, float *lse, int32_t *keys, float *sc, float *f) {
-    const int64_t D = s->head_dim, hk = h / s->group, Lq = s->len - s->q_off;
-    float *qr = f, *acc = f + D, *row = f + 2 * D;
+    const int64_t D = s->head_dim, Lq = s->len - s->q_off;
+    float *qr = f, *acc = f + D;
     for (int64_t i = r0; i < r1; i++) {
         const int64_t p = s->q_off + i;
         void *dst = (void *)mi_cpu_row(out, b, h, i);
@@ -66,17 +66,16 @@ static void rows(const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
         const int64_t n = mi_cpu_rowmask_keys(hp, p, keys);
         float m = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
-            mi_cpu_load_f32(row, mi_cpu_row(k, b, hk, keys[j]), k->dtype, D, 1.0f);
-            sc[j] = dot(qr, row, D);
+            sc[j] = dot(qr, kf + (size_t)keys[j] * (size_t)D, D);
             if (sc[j] > m) m = sc[j];
         }
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         double sum = 0.0;
         for (int64_t j = 0; j < n; j++) {
             const float e = expf(sc[j] - m);
+            const float *vr = vf + (size_t)keys[j] * (size_t)D;
             sum += e;
-            mi_cpu_load_f32(row, mi_cpu_row(v, b, hk, keys[j]), v->dtype, D, 1.0f);
-            for (int64_t d = 0; d < D; d++) acc[d] += e * row[d];
+            for (int64_t d = 0; d < D; d++) acc[d] += e * vr[d];
         }
         const float inv = (float)(1.0 / sum);
         for (int64_t d = 0; d < D; d++) acc[d] *= inv;
@@ -85,42 +84,53 @@ static void rows(const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
     }
 }
 
-/* Runs the row-mask heads of plan: every (b, h) whose head has MI_PLAN_KERNEL_ROWMASK and runs
- * sparse at its length (the others are left alone). */
 mi_status mi_cpu_rowmask_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                              const mi_tensor *k, const mi_tensor *v, const int32_t *seq_lens,
                              const mi_head_plan *heads, float scale, mi_tensor *out, float *lse) {
     const int nt = ctx->n_threads > 0 ? ctx->n_threads : 1;
-    const int64_t Lq = s->len - s->q_off, chunk = 256;
-    const int64_t n_chunks = (Lq + chunk - 1) / chunk, n_items = s->batch * s->heads_q * n_chunks;
+    const int64_t Lq = s->len - s->q_off, chunk = 128, D = s->head_dim, L = s->len;
+    const int64_t n_chunks = (Lq + chunk - 1) / chunk, G = s->group;
     int any = 0;
     for (int64_t h = 0; h < s->heads_q; h++) any |= heads[h].kernel == MI_PLAN_KERNEL_ROWMASK;
     if (!any) return MI_STATUS_SUCCESS;
-    int failed = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        int32_t *keys = malloc((size_t)s->len * sizeof(int32_t));
-        float *buf = malloc(((size_t)s->len + 3 * (size_t)s->head_dim) * sizeof(float));
-        if (!keys || !buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_items; it++) {
-            const int64_t bh = it / n_chunks, c = it % n_chunks;
-            const int64_t b = bh / s->heads_q, h = bh % s->heads_q;
-            const mi_head_plan *hp = &heads[h];
-            const int64_t len = mi_seq_len(seq_lens, b, s->len);
-            if (!keys || !buf || hp->kernel != MI_PLAN_KERNEL_ROWMASK ||
-                mi_head_plan_dense_at(hp, len))
-                continue;
-            rows(s, q, k, v, hp, b, h, len, c * chunk, mi_cpu_min64(c * chunk + chunk, Lq), scale,
-                 out, lse, keys, buf + 3 * s->head_dim, buf);
-        }
-        free(keys);
-        free(buf);
+    /* one KV head at a time: its keys and values in fp32 once, then every row of its query
+     * heads in parallel */
+    float *kf = malloc((size_t)(L * D) * sizeof(float)),
+          *vf = malloc((size_t)(L * D) * sizeof(float));
+    int32_t *keys = malloc((size_t)nt * (size_t)L * sizeof(int32_t));
+    float *buf = malloc((size_t)nt * ((size_t)L + 2 * (size_t)D) * sizeof(float));
+    if (!kf || !vf || !keys || !buf) {
+        free(kf), free(vf), free(keys), free(buf);
+        return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory");
     }
-    return failed ? mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "prefill: out of memory") : MI_STATUS_SUCCESS;
+    for (int64_t b = 0; b < s->batch; b++) {
+        const int64_t len = mi_seq_len(seq_lens, b, L);
+        for (int64_t hk = 0; hk < s->heads_kv; hk++) {
+            int needed = 0;
+            for (int64_t h = hk * G; h < hk * G + G; h++)
+                needed |= heads[h].kernel == MI_PLAN_KERNEL_ROWMASK &&
+                          !mi_head_plan_dense_at(&heads[h], len);
+            if (!needed) continue;
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int64_t j = 0; j < len; j++) {
+                mi_cpu_load_f32(kf + j * D, mi_cpu_row(k, b, hk, j), k->dtype, D, 1.0f);
+                mi_cpu_load_f32(vf + j * D, mi_cpu_row(v, b, hk, j), v->dtype, D, 1.0f);
+            }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+            for (int64_t it = 0; it < G * n_chunks; it++) {
+                const int64_t h = hk * G + it / n_chunks, c = it % n_chunks;
+                const mi_head_plan *hp = &heads[h];
+                if (hp->kernel != MI_PLAN_KERNEL_ROWMASK || mi_head_plan_dense_at(hp, len))
+                    continue;
+                const int tid = omp_get_thread_num();
+                float *mine = buf + (size_t)tid * ((size_t)L + 2 * (size_t)D);
+                rows(s, q, kf, vf, hp, b, h, len, c * chunk, mi_cpu_min64(c * chunk + chunk, Lq),
+                     scale, out, lse, keys + (size_t)tid * (size_t)L, mine + 2 * D, mine);
+            }
+        }
+    }
+    free(kf), free(vf), free(keys), free(buf);
+    return MI_STATUS_SUCCESS;
 }
 
 void mi_cpu_rowmask_mass(const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,

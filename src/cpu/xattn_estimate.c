@@ -130,7 +130,7 @@ void mi_cpu_xattn_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_ten
             if (mass_out)
                 for (int64_t n = 0; n <= m0; n++) mass_out[m0 * nb + n] = mass[n];
             block_count[m0] = mi_cpu_threshold_select(mass, m0, threshold, cand,
-                                                       block_offset + m0 * max_blocks, max_blocks);
+                                                      block_offset + m0 * max_blocks, max_blocks);
         }
     }
 }

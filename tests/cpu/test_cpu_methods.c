@@ -144,8 +144,8 @@ static void test_rowmask(mi_context *ctx, mi_dtype dt, rng *r) {
                 rec += kept / sum;
             }
             CHECK_NEAR(met[b * Hq + h].recall, rec / lens[b], 1e-4);
-            CHECK_NEAR(met[b * Hq + h].density,
-                       vis / ((double)lens[b] * (lens[b] + 1) / 2.0), 1e-9);
+            CHECK_NEAR(met[b * Hq + h].density, vis / ((double)lens[b] * (lens[b] + 1) / 2.0),
+                       1e-9);
         }
     free(s);
     /* a span (period) covering the sequence keeps every key: dense */
@@ -227,9 +227,8 @@ static void test_xattention(mi_context *ctx, mi_dtype dt, rng *r) {
         const int32_t S = pats[h].stride;
         mi_tile *tile = mi_cpu_tile_alloc(D * S);
         float *ws = aligned_alloc(64, (mi_cpu_xattn_ws_floats(L, D, S) * 4 + 63) / 64 * 64);
-        mi_cpu_xattn_estimate_head(tile, &s, &t.q.t, &t.k.t, 0, h, lens[0], R, S,
-                                   pats[h].threshold, 1.0f / sqrtf((float)D), ws, bc, bo, R, cc,
-                                   mass);
+        mi_cpu_xattn_estimate_head(tile, &s, &t.q.t, &t.k.t, 0, h, lens[0], R, S, pats[h].threshold,
+                                   1.0f / sqrtf((float)D), ws, bc, bo, R, cc, mass);
         ref_xattn_mass(&t, 0, h, lens[0], S, ref);
         double worst = 0.0;
         for (int64_t m = 0; m < nb; m++) {
@@ -239,12 +238,12 @@ static void test_xattention(mi_context *ctx, mi_dtype dt, rng *r) {
                 row += mass[m * nb + n];
             }
             /* each reshaped row's probabilities sum to one */
-            const int64_t per = 64 / S, rows_real = (mi_cpu_min64((m + 1) * 64, lens[0]) -
-                                                     m * 64 + S - 1) / S;
+            const int64_t per = 64 / S,
+                          rows_real = (mi_cpu_min64((m + 1) * 64, lens[0]) - m * 64 + S - 1) / S;
             CHECK_NEAR(row, (double)mi_cpu_min64(per, rows_real), 1e-6 * per);
         }
-        CHECK(worst < (dt == MI_DTYPE_F32 ? 1e-4 : 2e-2), "head %lld: mass off by %g",
-              (long long)h, worst);
+        CHECK(worst < (dt == MI_DTYPE_F32 ? 1e-4 : 2e-2), "head %lld: mass off by %g", (long long)h,
+              worst);
         for (int64_t m = 0; m < nb; m++) {
             rule_select(mass + m * nb, m, pats[h].threshold, keep);
             int32_t c = 0;
@@ -253,8 +252,8 @@ static void test_xattention(mi_context *ctx, mi_dtype dt, rng *r) {
                 if (keep[n]) same = same && c < bc[m] && bo[m * R + c++] == n * 64;
             CHECK(same && c == bc[m], "head %lld row block %lld", (long long)h, (long long)m);
             /* the planted block (5) is kept by the later row blocks with a threshold */
-            if (m > 5 && pats[h].threshold > 0) CHECK(keep[5], "head %lld row %lld", (long long)h,
-                                                      (long long)m);
+            if (m > 5 && pats[h].threshold > 0)
+                CHECK(keep[5], "head %lld row %lld", (long long)h, (long long)m);
         }
         free(ws);
         mi_cpu_tile_free(tile);
@@ -295,8 +294,10 @@ static int64_t ref_cover(const double *x, int64_t n, double gamma, bool *fragile
     for (int64_t i = 0; i < n; i++) {
         s += c[i];
         if (fabs(s - gamma) < 1e-5) *fragile = true;
-        if (s <= gamma) k = i + 1;
-        else break;
+        if (s <= gamma)
+            k = i + 1;
+        else
+            break;
     }
     free(c);
     return k + 1;
@@ -316,7 +317,10 @@ static void ref_top(const double *x, int64_t n, int64_t k, unsigned char *keep, 
     if (k < n && k > 1) {
         double lo = INFINITY, hi = -INFINITY;
         for (int64_t i = 1; i < n; i++)
-            if (keep[i]) lo = fmin(lo, c[i]); else hi = fmax(hi, c[i]);
+            if (keep[i])
+                lo = fmin(lo, c[i]);
+            else
+                hi = fmax(hi, c[i]);
         if (fabs(lo - hi) < 1e-6) *fragile = true;
     }
     free(c);
@@ -379,7 +383,8 @@ static flex_ref ref_flex(const qkvo *t, int64_t b, int64_t h, int64_t len, int32
     ref_top(vb, nb, nv, kv, &f.fragile_set);
     ref_top(sb, nb, ns, ks, &f.fragile_set);
     for (int64_t m = 0; m < nb; m++)
-        for (int64_t c = 0; c <= m; c++) f.keep[m * nb + c] = kv[c] || ks[m - c] || gamma_pm >= 1000;
+        for (int64_t c = 0; c <= m; c++)
+            f.keep[m * nb + c] = kv[c] || ks[m - c] || gamma_pm >= 1000;
     if (f.aware && gamma_pm < 1000) {
         /* query-aware pairs, by descending probability, until gamma * nb */
         const int64_t np = nb * (nb + 1) / 2;
@@ -431,8 +436,7 @@ static void test_flexprefill(mi_context *ctx, mi_dtype dt, rng *r) {
     for (int64_t i = 0; i < L; i++) tb_set(&t.q, 0, 0, i, 1, 3.0), tb_set(&t.q, 0, 1, i, 1, 3.0);
     for (int64_t j = 0; j < 8; j++) tb_set(&t.k, 0, 0, j, 1, 4.0);
     /* tau 1000 forces query-aware (the distance is at most sqrt(ln 2) < 1), 0 vertical-slash */
-    const mi_head_pattern pats[4] = {flex(900, 100), flex(950, 0), flex(900, 1000),
-                                     flex(700, 100)};
+    const mi_head_pattern pats[4] = {flex(900, 100), flex(950, 0), flex(900, 1000), flex(700, 100)};
     mi_attn_shape s = {B, Hq, Hkv, L, D, Hq / Hkv, dt, MI_DEVICE_CPU, 0};
     const int64_t R = (L + 63) / 64, nb = (lens[0] + 63) / 64;
     int32_t *bc = malloc((size_t)R * sizeof(int32_t)), *cc = malloc((size_t)R * sizeof(int32_t));
