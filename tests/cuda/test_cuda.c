@@ -1317,6 +1317,22 @@ static void test_errors(void) {
     st = mi_attention_dense(g_gpu, &q96, &k96, &v96, NULL, 0, &o96, NULL);
     check(st == MI_STATUS_UNSUPPORTED && strlen(mi_context_last_error(g_gpu)) > 0,
           mi_context_last_error(g_gpu), "D = 96 on CUDA is UNSUPPORTED");
+    /* the patterns without CUDA kernels are refused by name, never run wrong */
+    mi_tensor qb = mi_tensor_bhld(q32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_tensor kb = mi_tensor_bhld(k32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_tensor vb = mi_tensor_bhld(v32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    mi_tensor ob = mi_tensor_bhld(o32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
+    const mi_pattern_type refused[4] = {MI_PATTERN_XATTENTION, MI_PATTERN_FLEXPREFILL,
+                                        MI_PATTERN_DILATED, MI_PATTERN_STRIDED};
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    for (int i = 0; i < 4; i++) {
+        const mi_head_pattern p = mi_head_pattern_default(refused[i]);
+        st = mi_prefill_attention(g_gpu, &qb, &kb, &vb, NULL, &p, &pp, &ob, NULL, NULL, 0);
+        check(st == MI_STATUS_UNSUPPORTED &&
+                  strstr(mi_context_last_error(g_gpu), mi_pattern_name(refused[i])) != NULL,
+              mi_context_last_error(g_gpu), "a pattern without CUDA kernels is UNSUPPORTED");
+    }
     cudaFree(d);
 }
 
