@@ -28,10 +28,14 @@ int main(int argc, char **argv) {
     int n_lens = 0, D = 128, H = 1, threads = 2;
     mi_dtype dt = MI_DTYPE_BF16;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--len") && i + 1 < argc && n_lens < 8) lens[n_lens++] = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) D = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--heads") && i + 1 < argc) H = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--len") && i + 1 < argc && n_lens < 8)
+            lens[n_lens++] = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc)
+            D = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--heads") && i + 1 < argc)
+            H = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
             dt = !strcmp(argv[++i], "f32") ? MI_DTYPE_F32 : MI_DTYPE_BF16;
         else {
@@ -93,8 +97,8 @@ int main(int argc, char **argv) {
                     mi_cpu_prefill_plan(ctx, &s, &tq, &tk, NULL, pats, &pp, ws, &jobs);
                 est[r] = bench_now() - t0;
                 t0 = bench_now();
-                mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp,
-                                     m == 0 ? &tr : &to, NULL, ws, bytes);
+                mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, m == 0 ? &tr : &to, NULL,
+                                     ws, bytes);
                 tot[r] = bench_now() - t0;
             }
             free(ws);
