@@ -119,13 +119,18 @@ void mi_cpu_xattn_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_ten
             for (int64_t r = m0 * per; r < m0 * per + per; r++) {
                 /* rows of padding only carry no query (the original zeroes them too) */
                 if (r * S >= len || r * S + S - 1 < s->q_off) continue;
-                const float *row = rows + (r - r0) * nrp;
+                float *row = rows + (r - r0) * nrp;
                 float mx = -INFINITY;
                 for (int64_t j = 0; j <= r; j++) mx = row[j] > mx ? row[j] : mx;
                 double sum = 0.0;
-                for (int64_t j = 0; j <= r; j++) sum += exp((double)(row[j] - mx));
+                for (int64_t j = 0; j <= r; j++) sum += (row[j] = expf(row[j] - mx));
                 const double inv = 1.0 / sum;
-                for (int64_t j = 0; j <= r; j++) mass[j / per] += exp((double)(row[j] - mx)) * inv;
+                for (int64_t n = 0; n * per <= r; n++) {
+                    float part = 0.0f;
+                    const int64_t j1 = mi_cpu_min64(n * per + per, r + 1);
+                    for (int64_t j = n * per; j < j1; j++) part += row[j];
+                    mass[n] += (double)part * inv;
+                }
             }
             if (mass_out)
                 for (int64_t n = 0; n <= m0; n++) mass_out[m0 * nb + n] = mass[n];

@@ -3,7 +3,10 @@
  * prefill time of every prefill method next to dense, with recall, density and the output's
  * relative L2 error against dense, on the synthetic position-coded data (mi_synth_generate).
  *
- *   bench_cpu_methods [--len N]... [--dim D] [--heads H] [--threads T] [--dtype bf16|f32]
+ *   bench_cpu_methods [--len N]... [--method SPEC]... [--dim D] [--heads H] [--threads T]
+ *                     [--dtype bf16|f32]
+ *
+ * SPEC: a pattern spec (mi_head_pattern_parse); dense is always run first, as the baseline.
  *
  * Estimation is timed as the prefill's plan step (estimate and index, no attention kernel);
  * the total is mi_prefill_attention. Times are the median of 3 runs on the process CPU clock
@@ -25,11 +28,26 @@ static double median3(double a, double b, double c) {
 
 int main(int argc, char **argv) {
     int64_t lens[8] = {32768, 65536};
+    const char *defaults[] = {"dense",
+                              "vertical_and_slash:1000:6096",
+                              "block_sparse:100",
+                              "xattention:8:900",
+                              "xattention:8:950",
+                              "flexprefill:900:100",
+                              "flexprefill:950:100",
+                              "dilated:1024:8192:2:0",
+                              "dilated:1024:6144:2:2048",
+                              "strided:128",
+                              "stream_llm:128:3968"};
+    const char *methods[32] = {"dense"};
+    int nm = 1;
     int n_lens = 0, D = 128, H = 1, threads = 2;
     mi_dtype dt = MI_DTYPE_BF16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--len") && i + 1 < argc && n_lens < 8)
             lens[n_lens++] = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--method") && i + 1 < argc && nm < 32)
+            methods[nm++] = argv[++i];
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc)
             D = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--heads") && i + 1 < argc)
@@ -39,24 +57,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
             dt = !strcmp(argv[++i], "f32") ? MI_DTYPE_F32 : MI_DTYPE_BF16;
         else {
-            fprintf(stderr, "usage: bench_cpu_methods [--len N]... [--dim D] [--heads H] "
+            fprintf(stderr, "usage: bench_cpu_methods [--len N]... [--method SPEC]... [--dim D] "
+                            "[--heads H] "
                             "[--threads T] [--dtype bf16|f32]\n");
             return 2;
         }
     }
     if (n_lens == 0) n_lens = 2;
-    const char *methods[] = {"dense",
-                             "vertical_and_slash:1000:6096",
-                             "block_sparse:100",
-                             "xattention:8:900",
-                             "xattention:8:950",
-                             "flexprefill:900:100",
-                             "flexprefill:950:100",
-                             "dilated:1024:8192:2:0",
-                             "dilated:1024:6144:2:2048",
-                             "strided:128",
-                             "stream_llm:128:3968"};
-    const int nm = (int)(sizeof methods / sizeof methods[0]);
+    if (nm == 1)
+        for (size_t i = 1; i < sizeof defaults / sizeof defaults[0]; i++)
+            methods[nm++] = defaults[i];
     mi_context_params cp = mi_context_default_params();
     cp.n_threads = threads;
     mi_context *ctx = NULL;
