@@ -111,13 +111,26 @@ char *sc_default_icl_csv(void);
 /* ------------------------------------------------------------------------------------------ */
 /* Prompts (cmd_scbench.c)                                                                      */
 
-typedef enum sc_chat { SC_CHAT_NONE = 0, SC_CHAT_CHATML = 1, SC_CHAT_LLAMA3 = 2 } sc_chat;
+/* A chat template as three pieces: a first user message is prefix + text + tail (prefix holds
+ * the model's default system prompt), a later one (after an assistant answer ans) is
+ * ans + between + text + tail. NULL pieces: no chat formatting (the plain templates). */
+typedef struct sc_chat_fmt {
+    const char *prefix;
+    const char *between;
+    const char *tail;
+} sc_chat_fmt;
 
 /* The prompts of one example in the original's layout: prompts[0] the first prefill (multi-turn:
  * context + first question; multi-request: the context alone), then one per turn after it
- * (multi-turn) or per query (multi-request). malloc'ed strings in a malloc'ed array of *n. */
-char **sc_build_prompts(const char *task, const json_t *example, bool multi_request, sc_chat chat,
-                        int max_turns, int *n);
+ * (multi-turn) or one per query (multi-request). chat NULL: plain text. At most max_turns turns
+ * (<= 0: all). malloc'ed strings in a malloc'ed array of *n; NULL on a malformed example
+ * (*why says what). */
+char **sc_build_prompts(const char *task, const json_t *example, bool multi_request,
+                        const sc_chat_fmt *chat, int max_turns, int *n, const char **why);
 void sc_free_prompts(char **prompts, int n);
+
+/* The per-turn accuracy curves (cmd_scbench_plot.c): acc [n_panels][nm][nt] in [0, 1] (NaN: no
+ * point). false when the file cannot be written or the build has no libpng. */
+bool sc_write_curves_png(const char *path, const double *acc, int n_panels, int nm, int nt);
 
 #endif /* MI_TOOLS_CMD_SCBENCH_H */
