@@ -273,7 +273,7 @@ static int turn_max_new(const sc_run *r, const char *task, const json_t *turn) {
 
 /* One example in one mode with one method: fills the cell. false on an error that stops the
  * method (the session cannot be made). */
-static bool run_example(sc_run *r, const sc_method *m, const char *task, const json_t *ex,
+static bool run_example(sc_run *r, sc_method *m, const char *task, const json_t *ex,
                         bool multi_request, int max_turns, const needles *nd, sc_cell *c,
                         json_t *rec) {
     int np = 0;
@@ -303,8 +303,8 @@ static bool run_example(sc_run *r, const sc_method *m, const char *task, const j
         free(t0);
         sc_free_prompts(prompts, np);
         if (!t0) json_object_set_new(rec, "error", json_string("cannot tokenize the prompt"));
-        snprintf((char *)m->why, sizeof m->why, "%s", err);
-        return t0 == NULL;
+        snprintf(m->why, sizeof m->why, "%s", err);
+        return true;
     }
     const size_t before = n0;
     truncate_middle(t0, &n0, max_in > 64 ? max_in : 64);
@@ -672,8 +672,12 @@ int mi_cmd_scbench(int argc, char **argv) {
                         json_decref(rec);
                         goto out;
                     }
-                    if (m->why[0]) m->unsupported = true;
-                    json_array_append_new(r.runs, rec);
+                    if (m->why[0]) {
+                        m->unsupported = true; /* the library refused the method */
+                        json_decref(rec);
+                    } else {
+                        json_array_append_new(r.runs, rec);
+                    }
                 }
             }
             free(nd.v);
