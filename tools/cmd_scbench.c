@@ -60,7 +60,8 @@ static const char usage_text[] =
     "  --turns      turns (queries) per example (default 5, as the original's max_turns)\n"
     "  --examples   examples per task (default 1; with --data: the first N, 0 all)\n"
     "  --attn       prefill patterns, comma list (default dense): dense, minference, a_shape,\n"
-    "               tri_shape, block_sparse, or any name `minference info` lists\n"
+    "               tri_shape, block_sparse, any name `minference info` lists, or\n"
+    "               NAME:V1[:V2...] with the pattern's budgets (a_shape:64:512, vs:100:500)\n"
     "  --kv         KV-cache methods, comma list (default dense); each is passed to the\n"
     "               session as its kv spec (\"METHOD[:key=value,...]\"); one the library\n"
     "               refuses is reported as unsupported\n"
@@ -474,6 +475,205 @@ static bool is_dir(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* Everything measured so far (methods [0, nm)) to the table (print_table), --json, --png and
+ * --curves; called after each method so that a long run leaves results as it goes. */
+static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_names, int n_tasks,
+                const sc_cell *cells, int nm_all, int turns, bool do_mt, bool do_mr, bool reprefill,
+                const char *json_path, const char *png_path, const char *curves_path,
+                const char *model_path, long long length, long long seed, const char *data_dir,
+                bool print_table) {
+    const int n_modes = 2;
+#define CELL(md, m, t) cells[((size_t)(md) * nm_all + (m)) * n_tasks + (t)]
+    /* the table: per mode, methods down, tasks across (score x 100), then per turn */
+    for (int md = 0; md < n_modes && print_table; md++) {
+        if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
+        printf("\n%s (score x 100, mean over examples and turns)\n%-26s",
+               md ? "multi-request" : "multi-turn", "method");
+        for (int ti = 0; ti < n_tasks; ti++) printf(" %10.10s", task_names[ti] + 8);
+        printf(" %8s %9s\n", "mean", "time_s");
+        for (int mi = 0; mi < nm; mi++) {
+            char label[160];
+            method_label(&methods[mi], label, sizeof label);
+            printf("%-26.26s", label);
+            if (methods[mi].unsupported) {
+                printf(" unsupported: %.80s\n", methods[mi].why);
+                continue;
+            }
+            double tot = 0, time_s = 0;
+            for (int ti = 0; ti < n_tasks; ti++) {
+                const double v = cell_mean(&CELL(md, mi, ti));
+                printf(" %10.1f", 100 * v);
+                tot += v;
+                time_s += CELL(md, mi, ti).total_s;
+            }
+            printf(" %8.1f %9.1f\n", 100 * tot / n_tasks, time_s);
+        }
+        printf("%s per turn (score x 100, mean over tasks)\n%-26s",
+               md ? "multi-request" : "multi-turn", "method");
+        for (int t = 0; t < turns; t++) printf(" %6d", t + 1);
+        printf("\n");
+        for (int mi = 0; mi < nm; mi++) {
+            if (methods[mi].unsupported) continue;
+            char label[160];
+            method_label(&methods[mi], label, sizeof label);
+            printf("%-26.26s", label);
+            for (int t = 0; t < turns; t++) {
+                double s = 0;
+                int n = 0;
+                for (int ti = 0; ti < n_tasks; ti++) {
+                    const sc_cell *c = &CELL(md, mi, ti);
+                    if (c->turn_n[t]) s += c->turn_sum[t] / c->turn_n[t], n++;
+                }
+                if (n)
+                    printf(" %6.1f", 100 * s / n);
+                else
+                    printf(" %6s", "-");
+            }
+            printf("\n");
+        }
+        if (md == 1 && reprefill) {
+            printf("multi-request sharing: seconds for all queries (shared context vs the context "
+                   "prefilled per query)\n");
+            for (int mi = 0; mi < nm; mi++) {
+                if (methods[mi].unsupported) continue;
+                char label[160];
+                method_label(&methods[mi], label, sizeof label);
+                double a = 0, b = 0, sa = 0, sb = 0;
+                int na = 0, nb = 0;
+                for (int ti = 0; ti < n_tasks; ti++) {
+                    const sc_cell *c = &CELL(md, mi, ti);
+                    a += c->total_s, b += c->reprefill_s, sa += c->sum, na += c->n;
+                    sb += c->reprefill_sum, nb += c->reprefill_n;
+                }
+                printf("%-26.26s shared %8.1f s  re-prefill %8.1f s  (x%.2f)  score %.1f vs %.1f\n",
+                       label, a, b, a > 0 ? b / a : 0, na ? 100 * sa / na : 0,
+                       nb ? 100 * sb / nb : 0);
+            }
+        }
+    }
+
+    /* JSON */
+    json_t *root = json_object();
+    json_object_set_new(root, "model", json_string(model_path));
+    json_object_set_new(root, "length", json_integer(data_dir ? 0 : length));
+    json_object_set_new(root, "max_length", json_integer(r->max_length));
+    json_object_set_new(root, "turns", json_integer(turns));
+    json_object_set_new(root, "seed", json_integer(seed));
+    json_object_set_new(root, "data", json_string(data_dir ? data_dir : "generated"));
+    json_object_set_new(root, "chat", json_boolean(r->chat.prefix != NULL));
+    json_t *jt = json_array(), *jm = json_array(), *jres = json_array();
+    for (int ti = 0; ti < n_tasks; ti++) json_array_append_new(jt, json_string(task_names[ti]));
+    for (int mi = 0; mi < nm; mi++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "attn", json_string(methods[mi].attn));
+        json_object_set_new(o, "kv", json_string(methods[mi].kv));
+        json_object_set_new(o, "supported", json_boolean(!methods[mi].unsupported));
+        if (methods[mi].unsupported) json_object_set_new(o, "why", json_string(methods[mi].why));
+        json_array_append_new(jm, o);
+    }
+    for (int md = 0; md < n_modes; md++) {
+        if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
+        for (int mi = 0; mi < nm; mi++)
+            for (int ti = 0; ti < n_tasks; ti++) {
+                const sc_cell *c = &CELL(md, mi, ti);
+                if (methods[mi].unsupported) continue;
+                json_t *o = json_object(), *pt = json_array();
+                json_object_set_new(o, "mode", json_string(md ? "multi-request" : "multi-turn"));
+                json_object_set_new(o, "attn", json_string(methods[mi].attn));
+                json_object_set_new(o, "kv", json_string(methods[mi].kv));
+                json_object_set_new(o, "task", json_string(task_names[ti]));
+                json_object_set_new(o, "score", c->n ? json_real(cell_mean(c)) : json_null());
+                for (int t = 0; t < turns; t++)
+                    json_array_append_new(
+                        pt, c->turn_n[t] ? json_real(c->turn_sum[t] / c->turn_n[t]) : json_null());
+                json_object_set_new(o, "per_turn", pt);
+                json_object_set_new(o, "prefill_s", json_real(c->prefill_s));
+                json_object_set_new(o, "decode_s", json_real(c->decode_s));
+                json_object_set_new(o, "total_s", json_real(c->total_s));
+                json_object_set_new(o, "context_tokens", json_integer(c->tokens));
+                json_object_set_new(o, "errors", json_integer(c->errors));
+                if (c->reprefill_n) {
+                    json_object_set_new(o, "reprefill_total_s", json_real(c->reprefill_s));
+                    json_object_set_new(o, "reprefill_score",
+                                        json_real(c->reprefill_sum / c->reprefill_n));
+                }
+                json_array_append_new(jres, o);
+            }
+    }
+    json_object_set_new(root, "tasks", jt);
+    json_object_set_new(root, "methods", jm);
+    json_object_set_new(root, "results", jres);
+    json_object_set(root, "runs", r->runs);
+    int rc = 0;
+    if (json_path && !write_json_atomic(root, json_path)) {
+        fprintf(stderr, "minference scbench: cannot write %s\n", json_path);
+        rc = 1;
+    }
+    if (png_path || curves_path) {
+        if (!heatmap_png_supported()) {
+            fprintf(stderr, "minference scbench: this build writes no PNG (no libpng)\n");
+            rc = 1;
+        }
+    }
+    if (png_path && heatmap_png_supported()) {
+        /* panels: the modes; columns: methods (table order); rows: tasks (table order) */
+        double *g = malloc((size_t)n_modes * nm * n_tasks * sizeof *g);
+        long long *ml = malloc((size_t)nm * sizeof *ml), *tl = malloc((size_t)n_tasks * sizeof *tl);
+        int np = 0;
+        for (int md = 0; g && ml && tl && md < n_modes; md++) {
+            if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
+            for (int mi = 0; mi < nm; mi++)
+                for (int ti = 0; ti < n_tasks; ti++)
+                    g[((size_t)np * nm + mi) * n_tasks + ti] =
+                        methods[mi].unsupported ? NAN : cell_mean(&CELL(md, mi, ti));
+            np++;
+        }
+        for (int mi = 0; ml && mi < nm; mi++) ml[mi] = mi + 1;
+        for (int ti = 0; tl && ti < n_tasks; ti++) tl[ti] = ti + 1;
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.png", png_path, (long)getpid());
+        if (!g || !ml || !tl || !heatmap_write_png(tmp, g, np, nm, n_tasks, ml, tl) ||
+            rename(tmp, png_path) != 0) {
+            remove(tmp);
+            fprintf(stderr, "minference scbench: cannot write %s\n", png_path);
+            rc = 1;
+        }
+        free(g), free(ml), free(tl);
+    }
+    if (curves_path && heatmap_png_supported()) {
+        /* mean over tasks per turn: the modes side by side, one line per method */
+        const int nmodes_on = do_mt + do_mr;
+        double *acc = malloc((size_t)nmodes_on * nm * turns * sizeof *acc);
+        int p = 0;
+        for (int md = 0; acc && md < n_modes; md++) {
+            if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
+            for (int mi = 0; mi < nm; mi++)
+                for (int t = 0; t < turns; t++) {
+                    double s = 0;
+                    int n = 0;
+                    for (int ti = 0; ti < n_tasks && !methods[mi].unsupported; ti++) {
+                        const sc_cell *c = &CELL(md, mi, ti);
+                        if (c->turn_n[t]) s += c->turn_sum[t] / c->turn_n[t], n++;
+                    }
+                    acc[((size_t)p * nm + mi) * turns + t] = n ? s / n : NAN;
+                }
+            p++;
+        }
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.png", curves_path, (long)getpid());
+        if (!acc || !sc_write_curves_png(tmp, acc, nmodes_on, nm, turns) ||
+            rename(tmp, curves_path) != 0) {
+            remove(tmp);
+            fprintf(stderr, "minference scbench: cannot write %s\n", curves_path);
+            rc = 1;
+        }
+        free(acc);
+    }
+#undef CELL
+    json_decref(root);
+    return rc;
+}
+
 int mi_cmd_scbench(int argc, char **argv) {
     const char *model_path = NULL, *tasks_arg = NULL, *data_dir = NULL, *mode = "both";
     const char *attn_arg = "dense", *kv_arg = "dense", *config_path = NULL, *chat_name = "auto";
@@ -550,8 +750,10 @@ int mi_cmd_scbench(int argc, char **argv) {
     }
     for (int i = 0; i < n_attn; i++) {
         mi_pattern_type pt;
-        if (strcmp(attns[i], "minference") &&
-            mi_pattern_from_name(attns[i], &pt) != MI_STATUS_SUCCESS) {
+        mi_head_pattern hp;
+        if (strchr(attns[i], ':') ? mi_head_pattern_parse(attns[i], &hp) != MI_STATUS_SUCCESS
+                                  : strcmp(attns[i], "minference") &&
+                                        mi_pattern_from_name(attns[i], &pt) != MI_STATUS_SUCCESS) {
             args_error("scbench", usage_text, "unknown --attn '%s'", attns[i]);
             free(tasks_copy), free(attn_copy), free(kv_copy);
             return 2;
@@ -571,7 +773,8 @@ int mi_cmd_scbench(int argc, char **argv) {
     cp.n_threads = threads;
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
-    mi_config *config = NULL;
+    mi_config *config = NULL, *own_configs[MAX_LIST] = {0};
+    int n_own = 0;
     sc_run r = {0};
     r.quiet = quiet, r.reprefill = reprefill, r.max_new_cap = max_new;
     sc_method methods[MAX_LIST * MAX_LIST];
@@ -644,8 +847,26 @@ int mi_cmd_scbench(int argc, char **argv) {
 #define CELL(md, m, t) cells[((size_t)(md) * nm + (m)) * n_tasks + (t)]
     for (int mi = 0; mi < nm; mi++) {
         sc_method *m = &methods[mi];
-        if (mi_model_set_attention_name(r.model, m->attn, config, dense_below) !=
-            MI_STATUS_SUCCESS) {
+        /* "NAME:V1[:V2...]": that pattern with these budgets on every head, via a config */
+        mi_config *own = NULL;
+        mi_head_pattern hp;
+        mi_status ast;
+        if (strchr(m->attn, ':')) {
+            ast = mi_head_pattern_parse(m->attn, &hp);
+            if (ast == MI_STATUS_SUCCESS)
+                ast = mi_config_create(ctx, r.info.n_layers, r.info.n_heads, &hp, &own);
+            if (ast == MI_STATUS_SUCCESS)
+                ast = mi_model_set_attention(r.model, MI_ATTN_MINFERENCE, own, dense_below);
+        } else {
+            ast = mi_model_set_attention_name(r.model, m->attn, config, dense_below);
+        }
+        if (own) {
+            if (n_own < MAX_LIST)
+                own_configs[n_own++] = own; /* borrowed by the model */
+            else
+                mi_config_destroy(own), ast = MI_STATUS_INVALID_ARGUMENT;
+        }
+        if (ast != MI_STATUS_SUCCESS) {
             m->unsupported = true;
             snprintf(m->why, sizeof m->why, "%s", mi_model_last_error(r.model));
             continue;
@@ -684,193 +905,12 @@ int mi_cmd_scbench(int argc, char **argv) {
         }
         if (m->unsupported && !quiet)
             fprintf(stderr, "scbench: %s / %s unsupported: %s\n", m->attn, m->kv, m->why);
+        emit(&r, methods, mi + 1, task_names, n_tasks, cells, nm, turns, do_mt, do_mr, reprefill,
+             json_path, png_path, curves_path, model_path, length, seed, data_dir, false);
     }
 
-    /* the table: per mode, methods down, tasks across (score x 100), then per turn */
-    for (int md = 0; md < n_modes; md++) {
-        if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
-        printf("\n%s (score x 100, mean over examples and turns)\n%-26s",
-               md ? "multi-request" : "multi-turn", "method");
-        for (int ti = 0; ti < n_tasks; ti++) printf(" %10.10s", task_names[ti] + 8);
-        printf(" %8s %9s\n", "mean", "time_s");
-        for (int mi = 0; mi < nm; mi++) {
-            char label[160];
-            method_label(&methods[mi], label, sizeof label);
-            printf("%-26.26s", label);
-            if (methods[mi].unsupported) {
-                printf(" unsupported: %.80s\n", methods[mi].why);
-                continue;
-            }
-            double tot = 0, time_s = 0;
-            for (int ti = 0; ti < n_tasks; ti++) {
-                const double v = cell_mean(&CELL(md, mi, ti));
-                printf(" %10.1f", 100 * v);
-                tot += v;
-                time_s += CELL(md, mi, ti).total_s;
-            }
-            printf(" %8.1f %9.1f\n", 100 * tot / n_tasks, time_s);
-        }
-        printf("%s per turn (score x 100, mean over tasks)\n%-26s",
-               md ? "multi-request" : "multi-turn", "method");
-        for (int t = 0; t < turns; t++) printf(" %6d", t + 1);
-        printf("\n");
-        for (int mi = 0; mi < nm; mi++) {
-            if (methods[mi].unsupported) continue;
-            char label[160];
-            method_label(&methods[mi], label, sizeof label);
-            printf("%-26.26s", label);
-            for (int t = 0; t < turns; t++) {
-                double s = 0;
-                int n = 0;
-                for (int ti = 0; ti < n_tasks; ti++) {
-                    const sc_cell *c = &CELL(md, mi, ti);
-                    if (c->turn_n[t]) s += c->turn_sum[t] / c->turn_n[t], n++;
-                }
-                if (n)
-                    printf(" %6.1f", 100 * s / n);
-                else
-                    printf(" %6s", "-");
-            }
-            printf("\n");
-        }
-        if (md == 1 && reprefill) {
-            printf("multi-request sharing: seconds for all queries (shared context vs the context "
-                   "prefilled per query)\n");
-            for (int mi = 0; mi < nm; mi++) {
-                if (methods[mi].unsupported) continue;
-                char label[160];
-                method_label(&methods[mi], label, sizeof label);
-                double a = 0, b = 0, sa = 0, sb = 0;
-                int na = 0, nb = 0;
-                for (int ti = 0; ti < n_tasks; ti++) {
-                    const sc_cell *c = &CELL(md, mi, ti);
-                    a += c->total_s, b += c->reprefill_s, sa += c->sum, na += c->n;
-                    sb += c->reprefill_sum, nb += c->reprefill_n;
-                }
-                printf("%-26.26s shared %8.1f s  re-prefill %8.1f s  (x%.2f)  score %.1f vs %.1f\n",
-                       label, a, b, a > 0 ? b / a : 0, na ? 100 * sa / na : 0,
-                       nb ? 100 * sb / nb : 0);
-            }
-        }
-    }
-
-    /* JSON */
-    root = json_object();
-    json_object_set_new(root, "model", json_string(model_path));
-    json_object_set_new(root, "length", json_integer(data_dir ? 0 : length));
-    json_object_set_new(root, "max_length", json_integer(r.max_length));
-    json_object_set_new(root, "turns", json_integer(turns));
-    json_object_set_new(root, "seed", json_integer(seed));
-    json_object_set_new(root, "data", json_string(data_dir ? data_dir : "generated"));
-    json_object_set_new(root, "chat", json_boolean(r.chat.prefix != NULL));
-    json_t *jt = json_array(), *jm = json_array(), *jres = json_array();
-    for (int ti = 0; ti < n_tasks; ti++) json_array_append_new(jt, json_string(task_names[ti]));
-    for (int mi = 0; mi < nm; mi++) {
-        json_t *o = json_object();
-        json_object_set_new(o, "attn", json_string(methods[mi].attn));
-        json_object_set_new(o, "kv", json_string(methods[mi].kv));
-        json_object_set_new(o, "supported", json_boolean(!methods[mi].unsupported));
-        if (methods[mi].unsupported) json_object_set_new(o, "why", json_string(methods[mi].why));
-        json_array_append_new(jm, o);
-    }
-    for (int md = 0; md < n_modes; md++) {
-        if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
-        for (int mi = 0; mi < nm; mi++)
-            for (int ti = 0; ti < n_tasks; ti++) {
-                const sc_cell *c = &CELL(md, mi, ti);
-                if (methods[mi].unsupported) continue;
-                json_t *o = json_object(), *pt = json_array();
-                json_object_set_new(o, "mode", json_string(md ? "multi-request" : "multi-turn"));
-                json_object_set_new(o, "attn", json_string(methods[mi].attn));
-                json_object_set_new(o, "kv", json_string(methods[mi].kv));
-                json_object_set_new(o, "task", json_string(task_names[ti]));
-                json_object_set_new(o, "score", c->n ? json_real(cell_mean(c)) : json_null());
-                for (int t = 0; t < turns; t++)
-                    json_array_append_new(
-                        pt, c->turn_n[t] ? json_real(c->turn_sum[t] / c->turn_n[t]) : json_null());
-                json_object_set_new(o, "per_turn", pt);
-                json_object_set_new(o, "prefill_s", json_real(c->prefill_s));
-                json_object_set_new(o, "decode_s", json_real(c->decode_s));
-                json_object_set_new(o, "total_s", json_real(c->total_s));
-                json_object_set_new(o, "context_tokens", json_integer(c->tokens));
-                json_object_set_new(o, "errors", json_integer(c->errors));
-                if (c->reprefill_n) {
-                    json_object_set_new(o, "reprefill_total_s", json_real(c->reprefill_s));
-                    json_object_set_new(o, "reprefill_score",
-                                        json_real(c->reprefill_sum / c->reprefill_n));
-                }
-                json_array_append_new(jres, o);
-            }
-    }
-    json_object_set_new(root, "tasks", jt);
-    json_object_set_new(root, "methods", jm);
-    json_object_set_new(root, "results", jres);
-    json_object_set(root, "runs", r.runs);
-    rc = 0;
-    if (json_path && !write_json_atomic(root, json_path)) {
-        fprintf(stderr, "minference scbench: cannot write %s\n", json_path);
-        rc = 1;
-    }
-    if (png_path || curves_path) {
-        if (!heatmap_png_supported()) {
-            fprintf(stderr, "minference scbench: this build writes no PNG (no libpng)\n");
-            rc = 1;
-        }
-    }
-    if (png_path && heatmap_png_supported()) {
-        /* panels: the modes; columns: methods (table order); rows: tasks (table order) */
-        double *g = malloc((size_t)n_modes * nm * n_tasks * sizeof *g);
-        long long *ml = malloc((size_t)nm * sizeof *ml), *tl = malloc((size_t)n_tasks * sizeof *tl);
-        int np = 0;
-        for (int md = 0; g && ml && tl && md < n_modes; md++) {
-            if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
-            for (int mi = 0; mi < nm; mi++)
-                for (int ti = 0; ti < n_tasks; ti++)
-                    g[((size_t)np * nm + mi) * n_tasks + ti] =
-                        methods[mi].unsupported ? NAN : cell_mean(&CELL(md, mi, ti));
-            np++;
-        }
-        for (int mi = 0; ml && mi < nm; mi++) ml[mi] = mi + 1;
-        for (int ti = 0; tl && ti < n_tasks; ti++) tl[ti] = ti + 1;
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.png", png_path, (long)getpid());
-        if (!g || !ml || !tl || !heatmap_write_png(tmp, g, np, nm, n_tasks, ml, tl) ||
-            rename(tmp, png_path) != 0) {
-            remove(tmp);
-            fprintf(stderr, "minference scbench: cannot write %s\n", png_path);
-            rc = 1;
-        }
-        free(g), free(ml), free(tl);
-    }
-    if (curves_path && heatmap_png_supported()) {
-        /* mean over tasks per turn: the modes side by side, one line per method */
-        const int nmodes_on = do_mt + do_mr;
-        double *acc = malloc((size_t)nmodes_on * nm * turns * sizeof *acc);
-        int p = 0;
-        for (int md = 0; acc && md < n_modes; md++) {
-            if ((md == 0 && !do_mt) || (md == 1 && !do_mr)) continue;
-            for (int mi = 0; mi < nm; mi++)
-                for (int t = 0; t < turns; t++) {
-                    double s = 0;
-                    int n = 0;
-                    for (int ti = 0; ti < n_tasks && !methods[mi].unsupported; ti++) {
-                        const sc_cell *c = &CELL(md, mi, ti);
-                        if (c->turn_n[t]) s += c->turn_sum[t] / c->turn_n[t], n++;
-                    }
-                    acc[((size_t)p * nm + mi) * turns + t] = n ? s / n : NAN;
-                }
-            p++;
-        }
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.png", curves_path, (long)getpid());
-        if (!acc || !sc_write_curves_png(tmp, acc, nmodes_on, nm, turns) ||
-            rename(tmp, curves_path) != 0) {
-            remove(tmp);
-            fprintf(stderr, "minference scbench: cannot write %s\n", curves_path);
-            rc = 1;
-        }
-        free(acc);
-    }
+    rc = emit(&r, methods, nm, task_names, n_tasks, cells, nm, turns, do_mt, do_mr, reprefill,
+              json_path, png_path, curves_path, model_path, length, seed, data_dir, true);
 #undef CELL
 out:
     for (int i = 0; i < n_tasks; i++) json_decref(data[i]);
@@ -881,6 +921,7 @@ out:
     free(r.chat_prefix), free(r.chat_tail);
     mi_model_destroy(r.model);
     mi_config_destroy(config);
+    for (int i = 0; i < n_own; i++) mi_config_destroy(own_configs[i]);
     mi_context_destroy(ctx);
     free(default_model);
     free(tasks_copy), free(attn_copy), free(kv_copy);
