@@ -408,18 +408,11 @@ static bool run_example(sc_run *r, sc_method *m, const char *task, const json_t 
 /* ------------------------------------------------------------------------------------------ */
 /* Output                                                                                      */
 
-static bool write_json_atomic(json_t *root, const char *path) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (json_dump_file(root, tmp, JSON_INDENT(1)) != 0) {
-        remove(tmp);
-        return false;
-    }
-    if (rename(tmp, path) != 0) {
-        remove(tmp);
-        return false;
-    }
-    return true;
+static bool write_json(json_t *root, const char *path) {
+    char *text = json_dumps(root, JSON_INDENT(1));
+    const bool ok = text && tool_write_file("scbench", path, text, strlen(text));
+    free(text);
+    return ok;
 }
 
 static double cell_mean(const sc_cell *c) { return c->n ? c->sum / c->n : NAN; }
@@ -605,10 +598,7 @@ static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_n
     json_object_set_new(root, "results", jres);
     json_object_set(root, "runs", r->runs);
     int rc = 0;
-    if (json_path && !write_json_atomic(root, json_path)) {
-        fprintf(stderr, "minference scbench: cannot write %s\n", json_path);
-        rc = 1;
-    }
+    if (json_path && !write_json(root, json_path)) rc = 1;
     if (png_path || curves_path) {
         if (!heatmap_png_supported()) {
             fprintf(stderr, "minference scbench: this build writes no PNG (no libpng)\n");
@@ -630,14 +620,7 @@ static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_n
         }
         for (int mi = 0; ml && mi < nm; mi++) ml[mi] = mi + 1;
         for (int ti = 0; tl && ti < n_tasks; ti++) tl[ti] = ti + 1;
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.png", png_path, (long)getpid());
-        if (!g || !ml || !tl || !heatmap_write_png(tmp, g, np, nm, n_tasks, ml, tl) ||
-            rename(tmp, png_path) != 0) {
-            remove(tmp);
-            fprintf(stderr, "minference scbench: cannot write %s\n", png_path);
-            rc = 1;
-        }
+        if (!g || !ml || !tl || !heatmap_write_png(png_path, g, np, nm, n_tasks, ml, tl)) rc = 1;
         free(g), free(ml), free(tl);
     }
     if (curves_path && heatmap_png_supported()) {
@@ -659,14 +642,7 @@ static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_n
                 }
             p++;
         }
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.png", curves_path, (long)getpid());
-        if (!acc || !sc_write_curves_png(tmp, acc, nmodes_on, nm, turns) ||
-            rename(tmp, curves_path) != 0) {
-            remove(tmp);
-            fprintf(stderr, "minference scbench: cannot write %s\n", curves_path);
-            rc = 1;
-        }
+        if (!acc || !sc_write_curves_png(curves_path, acc, nmodes_on, nm, turns)) rc = 1;
         free(acc);
     }
 #undef CELL

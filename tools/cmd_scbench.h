@@ -102,7 +102,7 @@ bool sc_generate(const char *task, const sc_gen_params *p, json_t *out, const ch
 /* Reads a JSONL file of SCBench examples into a JSON array (blank lines skipped). NULL with
  * *why on an I/O or parse error, or a line without "context" and "multi_turns". */
 json_t *sc_read_jsonl(const char *path, int max_examples, char *why, size_t why_cap);
-/* Writes examples as JSONL, atomically (temp file + rename). */
+/* Writes examples as JSONL, whole or not at all (tool_write_file). */
 bool sc_write_jsonl(const json_t *examples, const char *path);
 /* The path of scikit-learn's iris.csv when the package is installed (asks python3 where the
  * package is, without importing it). malloc'ed or NULL. */

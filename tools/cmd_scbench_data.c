@@ -103,19 +103,30 @@ json_t *sc_read_jsonl(const char *path, int max_examples, char *why, size_t why_
 }
 
 bool sc_write_jsonl(const json_t *examples, const char *path) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return false;
-    bool ok = true;
+    size_t cap = 1 << 16, n = 0;
+    char *all = malloc(cap);
+    bool ok = all != NULL;
     for (size_t i = 0; ok && i < json_array_size(examples); i++) {
         char *s = json_dumps(json_array_get(examples, i), JSON_COMPACT | JSON_ENSURE_ASCII);
-        ok = s && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+        const size_t l = s ? strlen(s) : 0;
+        if (s && n + l + 2 > cap) {
+            while (n + l + 2 > cap) cap *= 2;
+            char *t = realloc(all, cap);
+            if (t)
+                all = t;
+            else
+                ok = false;
+        }
+        if (s && ok) {
+            memcpy(all + n, s, l);
+            n += l;
+            all[n++] = '\n';
+        }
+        ok = ok && s;
         free(s);
     }
-    ok = (fclose(f) == 0) && ok;
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) remove(tmp);
+    ok = ok && tool_write_file("scbench", path, all, n);
+    free(all);
     return ok;
 }
 

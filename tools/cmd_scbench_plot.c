@@ -4,6 +4,7 @@
  * order, numbered in the legend), written as an 8-bit RGB PNG by libpng.
  */
 #include "cmd_scbench.h"
+#include "tool_util.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -112,16 +113,22 @@ bool sc_write_curves_png(const char *path, const double *acc, int n_panels, int 
             for (int dx = 0; dx < 16; dx++) put(&c, lx + dx, ly + dy, palette[m % 10]);
         number(&c, lx + 22, ly, m + 1, 2);
     }
+    /* encoded in memory, then written whole (tool_write_file) */
     png_image img;
     memset(&img, 0, sizeof img);
     img.version = PNG_IMAGE_VERSION;
     img.width = (png_uint_32)c.w;
     img.height = (png_uint_32)c.h;
     img.format = PNG_FORMAT_RGB;
-    const int ok = png_image_write_to_file(&img, path, 0, c.rgb, 0, NULL);
+    png_alloc_size_t size = 0;
+    bool ok = png_image_write_get_memory_size(img, size, 0, c.rgb, 0, NULL) != 0;
+    void *mem = ok ? malloc(size) : NULL;
+    ok = mem && png_image_write_to_memory(&img, mem, &size, 0, c.rgb, 0, NULL) != 0;
     png_image_free(&img);
+    if (ok) ok = tool_write_file("scbench", path, mem, (size_t)size);
+    free(mem);
     free(c.rgb);
-    return ok != 0;
+    return ok;
 #else
     (void)path, (void)acc, (void)n_panels, (void)nm, (void)nt, (void)palette, (void)digits;
     return false;
