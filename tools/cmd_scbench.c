@@ -318,6 +318,10 @@ static bool run_example(sc_run *r, sc_method *m, const char *task, const json_t 
     double t = tool_now_s();
     mi_status st = mi_session_prefill(s, t0, n0, r->logits);
     prefill_s += tool_now_s() - t;
+    if (st != MI_STATUS_SUCCESS) { /* every turn then scores 0 */
+        json_object_set_new(rec, "error", json_string(mi_session_last_error(s)));
+        c->errors++;
+    }
     for (int i = 0; i < nt; i++) {
         const json_t *turn = json_array_get(turns, (size_t)i);
         const int max_new = turn_max_new(r, task, turn);
