@@ -62,9 +62,10 @@ static const char usage_text[] =
     "  --attn       prefill patterns, comma list (default dense): dense, minference, a_shape,\n"
     "               tri_shape, block_sparse, any name `minference info` lists, or\n"
     "               NAME:V1[:V2...] with the pattern's budgets (a_shape:64:512, vs:100:500)\n"
-    "  --kv         KV-cache methods, comma list (default dense); each is passed to the\n"
-    "               session as its kv spec (\"METHOD[:key=value,...]\"); one the library\n"
-    "               refuses is reported as unsupported\n"
+    "  --kv         KV-cache methods (default dense), separated by ';' or ',' (a ',' before\n"
+    "               key=value continues a spec); each is passed to the session as its kv\n"
+    "               spec (\"METHOD[:key=value,...]\"); one the library refuses is reported\n"
+    "               as unsupported\n"
     "  --max-new-tokens  cap on each turn's new tokens (default 0: the task's own)\n"
     "  --max-length the longest sequence (default: the model's context length); the first\n"
     "               prompt is cut in the middle to fit, as the original does\n"
@@ -435,6 +436,33 @@ static int split_list(char *s, char **out, int max) {
     return n;
 }
 
+/* KV specs: separated by ';', or by ',' where the next part starts a method (a part with '='
+ * and no ':' continues the previous spec's key=value list: "dense,snapkv:a=1,b=2"). In place. */
+static int split_kv_list(char *s, char **out, int max) {
+    int n = 0;
+    for (char *save = NULL, *piece = strtok_r(s, ";", &save); piece && n < max;
+         piece = strtok_r(NULL, ";", &save)) {
+        char *p = piece;
+        while (p && *p && n < max) {
+            char *start = p, *cut = NULL;
+            for (char *c = strchr(p, ','); c; c = strchr(c + 1, ',')) {
+                const char *next = c + 1;
+                const char *eq = strchr(next, '='), *colon = strchr(next, ':');
+                const char *end = strchr(next, ',');
+                const bool cont = eq && (!end || eq < end) && (!colon || colon > eq);
+                if (!cont) {
+                    cut = c;
+                    break;
+                }
+            }
+            if (cut) *cut = 0;
+            if (*start) out[n++] = start;
+            p = cut ? cut + 1 : NULL;
+        }
+    }
+    return n;
+}
+
 /* The chat pieces of the model's template. */
 static bool chat_setup(sc_run *r, const char *name) {
     if (!strcmp(name, "none")) return true;
@@ -712,7 +740,7 @@ int mi_cmd_scbench(int argc, char **argv) {
     (void)lists;
     const int n_tasks = split_list(tasks_copy, task_names, MAX_LIST * 2);
     const int n_attn = split_list(attn_copy, attns, MAX_LIST);
-    const int n_kv = split_list(kv_copy, kvs, MAX_LIST);
+    const int n_kv = split_kv_list(kv_copy, kvs, MAX_LIST);
     int rc = 1;
     if (!n_tasks || !n_attn || !n_kv) {
         free(tasks_copy), free(attn_copy), free(kv_copy);

@@ -62,13 +62,13 @@ def find_cli():
     return shutil.which("minference")
 
 
-def _names(value, what):
+def _names(value, what, sep=","):
     if isinstance(value, str):
         value = [value]
     value = [str(v) for v in value]
-    if not value or any(not v or "," in v for v in value):
-        raise ValueError(f"{what}: a non-empty list of names without commas")
-    return ",".join(value)
+    if not value or any(not v or sep in v for v in value):
+        raise ValueError(f"{what}: a non-empty list of names without '{sep}'")
+    return sep.join(value)
 
 
 def command(model=None, tasks=None, data=None, length=1024, turns=5, examples=1, seed=1,
@@ -90,7 +90,7 @@ def command(model=None, tasks=None, data=None, length=1024, turns=5, examples=1,
         raise ValueError("turns must be at most 64")
     args = ["scbench", "--length", str(length), "--turns", str(turns), "--examples",
             str(examples), "--seed", str(seed), "--mode", mode, "--attn", _names(attn, "attn"),
-            "--kv", _names(kv, "kv"), "--max-new-tokens", str(max_new_tokens), "--chat", chat,
+            "--kv", _names(kv, "kv", ";"), "--max-new-tokens", str(max_new_tokens), "--chat", chat,
             "--threads", str(threads), "--dense-below", str(dense_below)]
     if tasks is not None:
         args += ["--tasks", _names(tasks, "tasks")]

@@ -10,12 +10,14 @@ from minference import scbench
 
 def test_command_flags():
     args = scbench.command(tasks=["scbench_kv", "scbench_vt"], length=512, turns=2,
-                           attn=["dense", "a_shape:64:512"], kv="dense", reprefill=True,
+                           attn=["dense", "a_shape:64:512"],
+                           kv=["dense", "snapkv:max_capacity_prompt=512,window_size=16"],
+                           reprefill=True,
                            json_path="/tmp/x.json")
     assert args[0] == "scbench"
     assert args[args.index("--tasks") + 1] == "scbench_kv,scbench_vt"
     assert args[args.index("--attn") + 1] == "dense,a_shape:64:512"
-    assert args[args.index("--kv") + 1] == "dense"
+    assert args[args.index("--kv") + 1] == "dense;snapkv:max_capacity_prompt=512,window_size=16"
     assert args[args.index("--length") + 1] == "512"
     assert "--reprefill" in args and "--quiet" in args
     assert args[args.index("--json") + 1] == "/tmp/x.json"
@@ -28,7 +30,7 @@ def test_command_flags():
     {"turns": 0},
     {"turns": 65},
     {"attn": []},
-    {"kv": ["a,b"]},
+    {"kv": ["a;b"]},
     {"examples": -1},
     {"length": 1.5},
     {"tasks": ["scbench_qa_eng"]},  # a book task needs data=

@@ -81,7 +81,7 @@ int main(void) {
                     "--examples",
                     "1",
                     "--kv",
-                    "dense,no_such_kv_method",
+                    "dense,no_such_kv_method:a=1,b=2",
                     "--max-new-tokens",
                     "24",
                     "--reprefill",
@@ -102,6 +102,9 @@ int main(void) {
         CHECK_EQ((int)json_array_size(methods), 2);
         CHECK(json_is_true(json_object_get(json_array_get(methods, 0), "supported")));
         CHECK(json_is_false(json_object_get(json_array_get(methods, 1), "supported")));
+        /* "a=1,b=2" continues the second spec: two methods, not four */
+        CHECK(!strcmp(json_string_value(json_object_get(json_array_get(methods, 1), "kv")),
+                      "no_such_kv_method:a=1,b=2"));
         /* two tasks x two modes x one supported method, two turns each */
         json_t *runs = json_object_get(root, "runs");
         CHECK_EQ((int)json_array_size(runs), 4);
@@ -128,7 +131,7 @@ int main(void) {
         }
         json_t *mr = result(root, "multi-request", "dense", "scbench_kv");
         CHECK(mr && json_number_value(json_object_get(mr, "reprefill_total_s")) > 0);
-        CHECK(result(root, "multi-turn", "no_such_kv_method", "scbench_kv") == NULL);
+        CHECK(result(root, "multi-turn", "no_such_kv_method:a=1,b=2", "scbench_kv") == NULL);
         json_decref(root);
     }
 #ifdef MI_TOOLS_LIBPNG
