@@ -164,6 +164,15 @@ MI_API mi_status mi_kv_seq_truncate(mi_kv_seq *seq, int32_t layer, int64_t len);
 /* Drops the last n rows of every layer (n <= the shortest layer's length). */
 MI_API mi_status mi_kv_seq_rewind(mi_kv_seq *seq, int64_t n);
 
+/* Keeps, per KV head, a subset of one layer's rows: afterwards row i of head h holds what was
+ * row keep[h * count + i] (keep: [n_kv_heads][count], each head's rows strictly ascending and
+ * inside the layer; heads may keep different rows) and the layer has count rows. Pages up to the
+ * first moved row are kept; later rows go to fresh pages (shared pages are never written), so
+ * the rewritten part briefly needs its pages twice. All or nothing: MI_STATUS_OUT_OF_MEMORY
+ * leaves the sequence unchanged. Used by the KV methods that evict or select tokens. */
+MI_API mi_status mi_kv_seq_compact(mi_kv_seq *seq, int32_t layer, int64_t count,
+                                   const int64_t *keep);
+
 /* Rows of one layer; -1 for a NULL sequence or a layer out of range. */
 MI_API int64_t mi_kv_seq_length(const mi_kv_seq *seq, int32_t layer);
 /* The longest layer's rows (the sequence's token count once every layer has its chunk). */

@@ -18,6 +18,12 @@
  * exactly as mi_model_prefill); a later prefill or decode (a follow-up turn, queries at an
  * offset) attends densely to the whole cache, reading the pages in place.
  *
+ * KV methods (mi_session_params.kv, docs/kv-methods.md): a session may keep or read only part of
+ * its cache (StreamingLLM, SnapKV, PyramidKV, Quest). A method that evicts or compacts rows makes
+ * the tokens seen (mi_session_n_past, the next RoPE position) differ from the rows kept
+ * (mi_session_stats.kv_rows); such a session can rewind only the tokens still kept in order at
+ * its end and cannot be saved.
+ *
  * mi_model_prefill / mi_model_decode / mi_model_n_past keep working over the model's own
  * default sequence and do not touch sessions. Sessions are CPU only: on a CUDA model
  * mi_session_create returns MI_STATUS_UNSUPPORTED.
@@ -41,9 +47,22 @@ typedef struct mi_session_params {
      * pool is created, i.e. by the model's first session; 0: no limit. Running out is
      * MI_STATUS_OUT_OF_MEMORY and leaves the session unchanged. */
     uint64_t pool_bytes;
+    /* The KV method: NULL, "" or "dense": the full cache; else "METHOD[:key=value,...]" with the
+     * original's names (streamingllm, snapkv, pyramidkv, quest, retr_attn, kivi, leank) and keys
+     * (docs/kv-methods.md). A bad name, key or value is MI_STATUS_INVALID_ARGUMENT at create, a
+     * method not built MI_STATUS_UNSUPPORTED. Copied at create. */
+    const char *kv;
 } mi_session_params;
 
 MI_API mi_session_params mi_session_default_params(void);
+
+/* Checks a KV method spec without a model. MI_STATUS_SUCCESS writes the spec with every key and
+ * its value (defaults filled in) to msg; INVALID_ARGUMENT / UNSUPPORTED write the reason. msg may
+ * be NULL. */
+MI_API mi_status mi_session_kv_check(const char *spec, char *msg, size_t msg_size);
+/* The KV methods by index (0..count-1), the original's names; NULL past the end. */
+MI_API int32_t mi_session_kv_method_count(void);
+MI_API const char *mi_session_kv_method_name(int32_t i);
 
 /* An empty session over model (params may be NULL: defaults). A failure's message is in
  * mi_model_last_error(model); MI_STATUS_UNSUPPORTED on a CUDA model. */
@@ -57,9 +76,10 @@ MI_API const char *mi_session_last_error(const mi_session *s);
  * logits [vocab] (may be NULL). prefill and decode are the same operation; the names say intent. */
 MI_API mi_status mi_session_prefill(mi_session *s, const int32_t *tokens, size_t n, float *logits);
 MI_API mi_status mi_session_decode(mi_session *s, const int32_t *tokens, size_t n, float *logits);
-/* Tokens in the cache. */
+/* Tokens seen: the position of the next token (equal to the rows kept for a dense session). */
 MI_API int64_t mi_session_n_past(const mi_session *s);
-/* Drops the last n tokens (n <= n_past). */
+/* Drops the last n tokens (n <= n_past; with a KV method that compacted the cache, only tokens
+ * still kept in order at its end). */
 MI_API mi_status mi_session_rewind(mi_session *s, int64_t n);
 /* A new session with s's tokens, sharing its pages: no row is copied; either may then append,
  * rewind or be destroyed without the other seeing it. */
@@ -75,7 +95,7 @@ MI_API mi_status mi_session_save(const mi_session *s, const char *path);
 MI_API mi_status mi_session_load(mi_session *s, const char *path);
 
 typedef struct mi_session_stats {
-    int64_t n_tokens;
+    int64_t n_tokens;         /* tokens seen (mi_session_n_past) */
     int64_t max_tokens;       /* 0: no limit */
     uint64_t bytes;           /* this session's pages (every layer) */
     uint64_t shared_bytes;    /* of them, pages another session also holds (a fork's prefix) */
@@ -84,6 +104,8 @@ typedef struct mi_session_stats {
     uint64_t pool_capacity_bytes; /* 0: no limit */
     int32_t pool_sessions;        /* live sessions of the model */
     int32_t page_tokens;
+    int64_t kv_rows; /* rows kept per layer (the longest layer): n_tokens unless a KV method
+                      * evicted or compacted rows */
 } mi_session_stats;
 
 MI_API mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out);

@@ -466,7 +466,7 @@ MODEL_PROTOTYPES = {
 
 
 class mi_session_params(ctypes.Structure):
-    _fields_ = [("max_tokens", c_int64), ("pool_bytes", c_uint64)]
+    _fields_ = [("max_tokens", c_int64), ("pool_bytes", c_uint64), ("kv", c_char_p)]
 
 
 class mi_session_stats(ctypes.Structure):
@@ -480,6 +480,7 @@ class mi_session_stats(ctypes.Structure):
         ("pool_capacity_bytes", c_uint64),
         ("pool_sessions", c_int32),
         ("page_tokens", c_int32),
+        ("kv_rows", c_int64),
     ]
 
 
@@ -487,6 +488,9 @@ SESSION = c_void_p  # mi_session *
 
 MODEL_PROTOTYPES.update({
     "mi_session_default_params": (mi_session_params, []),
+    "mi_session_kv_check": (ST, [c_char_p, c_char_p, c_size_t]),
+    "mi_session_kv_method_count": (c_int32, []),
+    "mi_session_kv_method_name": (c_char_p, [c_int32]),
     "mi_session_create": (ST, [MODEL, P(mi_session_params), P(c_void_p)]),
     "mi_session_destroy": (None, [SESSION]),
     "mi_session_last_error": (c_char_p, [SESSION]),

@@ -15,6 +15,7 @@
  * The final norm and LM head run for the last position only.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "../kv/kv_method.h"
 #include "minference_kv.h"
 #include "model_gpu.h"
 
@@ -326,6 +327,8 @@ mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_patt
 typedef struct fwd_bufs {
     float *x, *h, *q, *att, *g, *u, *cos_t, *sin_t, *inv_freq;
     float *kn, *vn; /* a session's new K and V rows before they go into its pages */
+    float *qkeep;   /* a KV method's queries per layer: [n_layers][q_rows][n_heads * hd] */
+    int64_t q_rows;
     mi_head_pattern *pat;
 } fwd_bufs;
 
@@ -342,11 +345,33 @@ static void free_bufs(fwd_bufs *b) {
     free(b->pat);
     free(b->kn);
     free(b->vn);
+    free(b->qkeep);
 }
 
-/* seq NULL: the model's own cache (fresh: from position 0); else a session's pages, appended. */
-static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n, bool fresh,
-                         float *logits, const mi_model_capture *capture) {
+/* The KV method's compaction after a session's call, every layer: its queries (the last q_rows of
+ * the call, kept per layer) to after_prefill (calls of two or more tokens), then after_append
+ * (eviction). It runs once every layer has attended, so a failure inside the layers leaves no
+ * compacted layer behind. */
+static mi_status method_after_call(mi_model *m, mi_kv_seq *seq, kv_method *method,
+                                   const fwd_bufs *b, int64_t n) {
+    const int64_t qd = (int64_t)m->n_heads * m->hd;
+    const int64_t rows = n < b->q_rows ? n : b->q_rows;
+    for (int32_t l = 0; l < m->n_layers; l++) {
+        mi_status st = MI_STATUS_SUCCESS;
+        if (n >= 2 && b->qkeep)
+            st = kv_method_after_prefill(method, seq, l, b->qkeep + (int64_t)l * b->q_rows * qd,
+                                         rows);
+        if (st == MI_STATUS_SUCCESS) st = kv_method_after_append(method, seq, l, n);
+        if (st != MI_STATUS_SUCCESS) return mim_model_fail(m, st, "layer %d: %s", l, method->error);
+    }
+    return MI_STATUS_SUCCESS;
+}
+
+/* seq NULL: the model's own cache (fresh: from position 0); else a session's pages, appended,
+ * the first token at RoPE position pos, with an optional KV method. */
+static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t pos,
+                         const int32_t *tokens, int64_t n, bool fresh, float *logits,
+                         const mi_model_capture *capture) {
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab)
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
@@ -356,7 +381,10 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
     const double t_start = mim_now_s();
     double t_attn = 0.0, t_gemm = 0.0, t0;
     if (fresh && !seq) m->n_past = 0;
+    /* rows already in the cache, and the position of the first new token: the same except in a
+     * session whose KV method dropped rows */
     const int64_t n_past = seq ? mi_kv_seq_tokens(seq) : m->n_past;
+    if (!seq) pos = n_past;
     mi_status st = seq ? MI_STATUS_SUCCESS : ensure_cache(m, n_past + n);
     if (st != MI_STATUS_SUCCESS) return st;
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
@@ -388,15 +416,19 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
         b.kn = malloc((size_t)(n * kvd) * sizeof(float));
         b.vn = malloc((size_t)(n * kvd) * sizeof(float));
     }
+    if (method && method->q_rows > 0 && n >= 2) {
+        b.q_rows = n < method->q_rows ? n : method->q_rows;
+        b.qkeep = malloc((size_t)(m->n_layers * b.q_rows * qd) * sizeof(float));
+    }
     if (!b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
-        !b.pat || (seq && (!b.kn || !b.vn))) {
+        !b.pat || (seq && (!b.kn || !b.vn)) || (b.q_rows && !b.qkeep)) {
         free_bufs(&b);
         return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
                               "out of memory for the activations of %lld tokens", (long long)n);
     }
     float mscale;
-    mim_rope_freqs(&m->rope, n_past + n, b.inv_freq, &mscale);
-    mim_rope_table(b.inv_freq, mscale, m->rope.dim, n_past, n, b.cos_t, b.sin_t);
+    mim_rope_freqs(&m->rope, pos + n, b.inv_freq, &mscale);
+    mim_rope_table(b.inv_freq, mscale, m->rope.dim, pos, n, b.cos_t, b.sin_t);
     for (int64_t i = 0; i < n; i++)
         mim_dequant_row(m->tok_embd.type,
                         (const unsigned char *)m->tok_embd.data +
@@ -431,6 +463,9 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
                                mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
                 break;
             }
+            if (b.qkeep)
+                memcpy(b.qkeep + (int64_t)l * b.q_rows * qd, b.q + (n - b.q_rows) * qd,
+                       (size_t)(b.q_rows * qd) * sizeof(float));
         }
         if (capture && capture->on_layer) {
             /* a capture is a fresh prompt: the cache rows are this prompt's k and v */
@@ -476,7 +511,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
             if (st != MI_STATUS_SUCCESS) break;
         } else if (seq) {
             t0 = mim_now_s();
-            st = mim_seq_attention(m, seq, l, b.q, n, n_past, scale, b.att);
+            st = mim_seq_attention(m, seq, method, l, b.q, n, n_past, scale, b.att);
             t_attn += mim_now_s() - t0;
             if (st != MI_STATUS_SUCCESS) break;
         } else {
@@ -512,6 +547,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
     }
     if (st == MI_STATUS_SUCCESS && capture && capture->token_log_probs)
         st = mim_token_log_probs(m, b.x, tokens, n, capture->token_log_probs);
+
     if (st == MI_STATUS_SUCCESS) {
         /* a capture measures; it leaves no cache to continue from */
         if (!seq) m->n_past = capture ? 0 : n_past + n;
@@ -527,6 +563,13 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
             m->timing.attention_s = t_attn;
             m->timing.gemm_s = t_gemm;
         }
+        if (seq && method) {
+            /* every layer holds the call's rows and the logits are out; a compaction that fails
+             * here keeps the call's tokens (layers compacted before it cannot be restored): the
+             * session sees more rows than before the call and counts them */
+            kv_method_appended(method, n);
+            st = method_after_call(m, seq, method, &b, n);
+        }
     } else if (seq) {
         mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past); /* the session loses nothing */
     } else if (fresh) {
@@ -538,14 +581,14 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int
 
 mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                       const mi_model_capture *capture) {
-    return forward(m, NULL, tokens, n, fresh, logits, capture);
+    return forward(m, NULL, NULL, 0, tokens, n, fresh, logits, capture);
 }
 
-mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
-                          float *logits) {
+mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t pos,
+                          const int32_t *tokens, int64_t n, float *logits) {
     if (m->gpu)
         return mim_model_fail(m, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
-    return forward(m, seq, tokens, n, mi_kv_seq_tokens(seq) == 0, logits, NULL);
+    return forward(m, seq, method, pos, tokens, n, mi_kv_seq_tokens(seq) == 0, logits, NULL);
 }
 
 mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *logits) {

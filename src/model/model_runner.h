@@ -94,16 +94,22 @@ void mim_add_bias(float *x, const float *b, int64_t n, int64_t dim, int64_t ld);
 mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                       const mi_model_capture *capture);
 
-/* mim_forward for a session (model_session.c): appends the n tokens' K and V to seq (which the
- * model's pool holds) and attends over it; on failure every layer is cut back to its length
- * before the call. */
-mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
-                          float *logits);
+struct kv_method;
 
-/* Dense attention of n query rows at positions n_past.. over the first n_past + n rows of one
- * layer of seq, read from the pages in place (model_session.c). q, out: [n, n_heads * hd]. */
-mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, const float *q,
-                            int64_t n, int64_t n_past, float scale, float *out);
+/* mim_forward for a session (model_session.c): appends the n tokens' K and V to seq (which the
+ * model's pool holds) and attends over it; pos is the RoPE position of the first token (tokens
+ * seen, which differs from seq's rows once a KV method evicted or compacted rows); method (may
+ * be NULL: dense) selects the rows decode reads and compacts the cache after the call
+ * (src/kv/kv_method.h). On failure every layer is cut back to its length before the call. */
+mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, struct kv_method *method, int64_t pos,
+                          const int32_t *tokens, int64_t n, float *logits);
+
+/* Dense attention of n query rows (the last n rows) over the first n_past + n rows of one
+ * layer of seq, read from the pages in place (model_session.c). q, out: [n, n_heads * hd].
+ * With a method that selects, each (row, head) reads only the row spans it picks. */
+mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, struct kv_method *method,
+                            int32_t layer, const float *q, int64_t n, int64_t n_past, float scale,
+                            float *out);
 
 /* The layer's patterns (the model's attention mode) for n query rows at positions n_past.. over
  * the first n_past + n rows of one layer of seq, through mi_prefill_attention with the queries

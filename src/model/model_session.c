@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "minference_session.h"
 
+#include "../kv/kv_method.h"
 #include "minference_kv.h"
 #include "model_runner.h"
 
@@ -19,6 +20,8 @@
 struct mi_session {
     mi_model *model;
     mi_kv_seq *seq;
+    kv_method *method;  /* the KV method; NULL: dense */
+    int64_t n_pos;      /* tokens seen: the next RoPE position (rows kept may be fewer) */
     int64_t max_tokens; /* 0: no limit */
     char last_error[MIM_ERROR_CAPACITY];
 };
@@ -44,6 +47,26 @@ mi_session_params mi_session_default_params(void) {
     return p;
 }
 
+int32_t mi_session_kv_method_count(void) { return kv_method_count(); }
+
+const char *mi_session_kv_method_name(int32_t i) {
+    const kv_method_entry *e = kv_method_at(i);
+    return e ? e->name : NULL;
+}
+
+mi_status mi_session_kv_check(const char *spec, char *msg, size_t msg_size) {
+    kv_spec ks;
+    mi_status st = kv_spec_parse(spec, &ks, msg, msg_size);
+    if (st != MI_STATUS_SUCCESS) return st;
+    if (ks.entry->unsupported) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "kv method %s: %s", ks.entry->name, ks.entry->unsupported);
+        return MI_STATUS_UNSUPPORTED;
+    }
+    kv_spec_format(&ks, msg, msg_size);
+    return MI_STATUS_SUCCESS;
+}
+
 mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_session **out) {
     if (!out) return MI_STATUS_INVALID_ARGUMENT;
     *out = NULL;
@@ -53,6 +76,10 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
                               "sessions run on the CPU model only (the CUDA model keeps its own "
                               "cache: use mi_model_prefill / mi_model_decode)");
     mi_session_params p = params ? *params : mi_session_default_params();
+    kv_spec spec;
+    char err[KV_METHOD_ERROR_MAX];
+    mi_status kst = kv_spec_parse(p.kv, &spec, err, sizeof err);
+    if (kst != MI_STATUS_SUCCESS) return mim_model_fail(m, kst, "%s", err);
     if (!m->kv_pool) {
         mi_kv_pool_params pp = mi_kv_pool_default_params();
         pp.n_layers = m->n_layers;
@@ -60,19 +87,34 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
         pp.head_dim = m->hd;
         pp.dtype = MI_KV_F32; /* the forward pass's own precision: a session equals the model */
         pp.capacity_bytes = p.pool_bytes;
+        /* per-page key bounds for Quest: 2 * head_dim floats per KV head, 1.6 % of an f32 page */
+        pp.meta_kinds = MI_KV_META_KEY_MINMAX;
         mi_status st = mi_kv_pool_create(m->ctx, &pp, &m->kv_pool);
         if (st != MI_STATUS_SUCCESS)
             return mim_model_fail(m, st, "cannot create the KV page pool: %s",
                                   mi_context_last_error(m->ctx));
     }
+    mi_kv_page_layout lay;
+    mi_status st = mi_kv_pool_layout(m->kv_pool, &lay);
+    if (st != MI_STATUS_SUCCESS)
+        return mim_model_fail(m, st, "%s", mi_kv_pool_last_error(m->kv_pool));
+    const kv_geometry geo = {m->n_layers, m->n_heads, m->n_kv, m->hd, lay.page_tokens};
+    kv_method *method = NULL;
+    if ((st = kv_method_create(&spec, &geo, &method, err, sizeof err)) != MI_STATUS_SUCCESS)
+        return mim_model_fail(m, st, "%s", err);
     mi_session *s = calloc(1, sizeof(*s));
-    if (!s) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");
-    mi_status st = mi_kv_seq_create(m->kv_pool, &s->seq);
+    if (!s) {
+        kv_method_destroy(method);
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");
+    }
+    st = mi_kv_seq_create(m->kv_pool, &s->seq);
     if (st != MI_STATUS_SUCCESS) {
+        kv_method_destroy(method);
         free(s);
         return mim_model_fail(m, st, "cannot create a session: %s",
                               mi_kv_pool_last_error(m->kv_pool));
     }
+    s->method = method;
     s->model = m;
     s->max_tokens = p.max_tokens > 0 ? p.max_tokens : m->params.max_context;
     if (s->max_tokens < 0) s->max_tokens = 0;
@@ -82,6 +124,7 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
 
 void mi_session_destroy(mi_session *s) {
     if (!s) return;
+    kv_method_destroy(s->method);
     mi_kv_seq_destroy(s->seq);
     free(s);
 }
@@ -93,14 +136,18 @@ static mi_status run(mi_session *s, const int32_t *tokens, size_t n, float *logi
     if (!s) return MI_STATUS_INVALID_ARGUMENT;
     s->last_error[0] = 0;
     if (!tokens || n == 0) return sfail(s, MI_STATUS_INVALID_ARGUMENT, "no tokens to %s", what);
-    const int64_t past = mi_kv_seq_tokens(s->seq);
+    const int64_t past = s->n_pos;
     if (s->max_tokens > 0 && (int64_t)n > s->max_tokens - past)
         return sfail(s, MI_STATUS_INVALID_ARGUMENT,
                      "%lld + %zu tokens exceed the session's max_tokens = %lld", (long long)past, n,
                      (long long)s->max_tokens);
     mi_model *m = s->model;
     m->last_error[0] = 0;
-    mi_status st = mim_forward_seq(m, s->seq, tokens, (int64_t)n, logits);
+    const int64_t rows = mi_kv_seq_tokens(s->seq);
+    mi_status st = mim_forward_seq(m, s->seq, s->method, s->n_pos, tokens, (int64_t)n, logits);
+    /* a failure inside the layers cuts the rows back; one in the method's compaction after them
+     * keeps the call's tokens (model_forward.c), which the rows then show */
+    if (st == MI_STATUS_SUCCESS || mi_kv_seq_tokens(s->seq) > rows) s->n_pos += (int64_t)n;
     if (st != MI_STATUS_SUCCESS) sfail(s, st, "%s", m->last_error);
     return st;
 }
@@ -113,18 +160,26 @@ mi_status mi_session_decode(mi_session *s, const int32_t *tokens, size_t n, floa
     return run(s, tokens, n, logits, "decode");
 }
 
-int64_t mi_session_n_past(const mi_session *s) { return s ? mi_kv_seq_tokens(s->seq) : 0; }
+int64_t mi_session_n_past(const mi_session *s) { return s ? s->n_pos : 0; }
 
 mi_status mi_session_rewind(mi_session *s, int64_t n) {
     if (!s) return MI_STATUS_INVALID_ARGUMENT;
     s->last_error[0] = 0;
-    const int64_t past = mi_kv_seq_tokens(s->seq);
+    const int64_t past = s->n_pos;
     if (n < 0 || n > past)
         return sfail(s, MI_STATUS_INVALID_ARGUMENT, "cannot rewind %lld of %lld tokens",
                      (long long)n, (long long)past);
+    if (n > kv_method_rewindable(s->method))
+        return sfail(s, MI_STATUS_INVALID_ARGUMENT,
+                     "cannot rewind %lld tokens: kv method %s kept only the last %lld in order "
+                     "(the earlier ones were evicted or compacted)",
+                     (long long)n, s->method->entry->name,
+                     (long long)kv_method_rewindable(s->method));
     mi_status st = mi_kv_seq_rewind(s->seq, n);
     if (st != MI_STATUS_SUCCESS)
         return sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+    s->n_pos -= n;
+    kv_method_rewound(s->method, n);
     return st;
 }
 
@@ -134,12 +189,20 @@ mi_status mi_session_fork(const mi_session *s, mi_session **out) {
     if (!s) return MI_STATUS_INVALID_ARGUMENT;
     mi_session *c = calloc(1, sizeof(*c));
     if (!c) return sfail(s, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");
-    mi_status st = mi_kv_seq_fork(s->seq, &c->seq);
+    char err[KV_METHOD_ERROR_MAX];
+    mi_status st = kv_method_clone(s->method, &c->method, err, sizeof err);
     if (st != MI_STATUS_SUCCESS) {
+        free(c);
+        return sfail(s, st, "fork: %s", err);
+    }
+    st = mi_kv_seq_fork(s->seq, &c->seq);
+    if (st != MI_STATUS_SUCCESS) {
+        kv_method_destroy(c->method);
         free(c);
         return sfail(s, st, "fork: %s", mi_kv_pool_last_error(s->model->kv_pool));
     }
     c->model = s->model;
+    c->n_pos = s->n_pos;
     c->max_tokens = s->max_tokens;
     *out = c;
     return MI_STATUS_SUCCESS;
@@ -194,6 +257,13 @@ mi_status mi_session_save(const mi_session *s, const char *path) {
     if (!s) return MI_STATUS_INVALID_ARGUMENT;
     ((mi_session *)s)->last_error[0] = 0;
     if (!path) return sfail(s, MI_STATUS_INVALID_ARGUMENT, "no path to save to");
+    for (int32_t l = 0; l < s->model->n_layers; l++)
+        if (mi_kv_seq_length(s->seq, l) != s->n_pos)
+            return sfail(s, MI_STATUS_UNSUPPORTED,
+                         "kv method %s kept %lld rows of %lld tokens in layer %d: the session "
+                         "file stores one row per token, so a compacted cache cannot be saved",
+                         s->method ? s->method->entry->name : "dense",
+                         (long long)mi_kv_seq_length(s->seq, l), (long long)s->n_pos, l);
     mi_kv_model_id id;
     model_id(s->model, &id);
     mi_status st = mi_kv_seq_save(s->seq, path, &id);
@@ -231,6 +301,8 @@ mi_status mi_session_load(mi_session *s, const char *path) {
     }
     mi_kv_seq_destroy(s->seq);
     s->seq = tmp;
+    s->n_pos = n;
+    kv_method_reset_tails(s->method, s->seq);
     return MI_STATUS_SUCCESS;
 }
 
@@ -244,7 +316,8 @@ mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out) {
     if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_stats_get(s->model->kv_pool, &ps);
     if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_layout(s->model->kv_pool, &lay);
     if (st != MI_STATUS_SUCCESS) return st;
-    out->n_tokens = ss.tokens;
+    out->n_tokens = s->n_pos;
+    out->kv_rows = ss.tokens;
     out->max_tokens = s->max_tokens;
     out->bytes = ss.bytes;
     out->shared_bytes = ss.shared_bytes;
@@ -268,11 +341,20 @@ typedef struct seq_job {
     int32_t n_heads, n_kv, hd, pt;
     int64_t head_stride; /* floats between KV heads inside a page */
     float scale;
+    const kv_selection *sel; /* per (row, head): the row spans to read; NULL: every visible row */
 } seq_job;
 
-/* The same arithmetic, in the same order, as the contiguous cache's dense continuation
- * (model_forward.c), so a session and the model's own cache give equal logits; only the
- * addressing differs: key p is row p % pt of page p / pt. */
+/* The one place that turns a page and a row into K or V floats (head kvh, rows r.. of the
+ * page): the pages are f32 today; a storage format that is not floats decodes here. */
+static inline const float *seq_rows(const seq_job *j, int kv, int64_t page, int32_t kvh,
+                                    int64_t r) {
+    return (kv ? j->vp : j->kp)[page] + (int64_t)kvh * j->head_stride + r * j->hd;
+}
+
+/* Without a selection, the same arithmetic in the same order as the contiguous cache's dense
+ * continuation (model_forward.c), so a session and the model's own cache give equal logits; only
+ * the addressing differs: key p is row p % pt of page p / pt. With one, the keys are the spans'
+ * rows, in ascending order (a selection of every row is therefore bit for bit dense). */
 static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const seq_job *j = arg;
@@ -281,42 +363,61 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     float acc[1024];
     for (int64_t t = b; t < e; t++) {
         const int64_t row = t / j->n_heads;
-        const int32_t h = (int32_t)(t % j->n_heads);
+        const int32_t h = (int32_t)(t % j->n_heads), kvh = h / group;
         const float *q = j->q + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
         float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
-        const int64_t off = (int64_t)(h / group) * j->head_stride;
-        int64_t end = j->n_past + row + 1, first = 0;
+        const int64_t end = j->n_past + row + 1;
+        int64_t first = 0;
         if (j->window > 0 && end > j->window) first = end - j->window;
-        if (!sc) {
+        const int64_t whole[2] = {first, end};
+        const int64_t *spans = whole;
+        int64_t n_spans = 1;
+        if (j->sel) {
+            const int64_t a = j->sel->offsets[t], z = j->sel->offsets[t + 1];
+            spans = j->sel->spans + 2 * a;
+            n_spans = z - a;
+        }
+        if (!sc || n_spans == 0) { /* out of memory, or nothing selected: zeros, not a crash */
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
         }
         float mx = -INFINITY;
-        for (int64_t p = first; p < end;) {
-            const int64_t pg = p / j->pt, r0 = p % j->pt;
-            const int64_t stop = (pg + 1) * j->pt < end ? (pg + 1) * j->pt : end;
-            const float *k = j->kp[pg] + off + r0 * hd;
-            for (; p < stop; p++, k += hd) {
-                float v = mim_dot_row(MIM_TYPE_F32, k, q, hd) * j->scale;
-                sc[p - first] = v;
-                mx = v > mx ? v : mx;
+        int64_t n_keys = 0;
+        for (int64_t si = 0; si < n_spans; si++) {
+            const int64_t s1 = spans[2 * si + 1] < end ? spans[2 * si + 1] : end;
+            for (int64_t p = spans[2 * si]; p < s1;) {
+                const int64_t pg = p / j->pt, r0 = p % j->pt;
+                const int64_t stop = (pg + 1) * j->pt < s1 ? (pg + 1) * j->pt : s1;
+                const float *k = seq_rows(j, 0, pg, kvh, r0);
+                for (; p < stop; p++, k += hd) {
+                    float v = mim_dot_row(MIM_TYPE_F32, k, q, hd) * j->scale;
+                    sc[n_keys++] = v;
+                    mx = v > mx ? v : mx;
+                }
             }
         }
-        const int64_t n_keys = end - first;
         float sum = 0.0f;
         for (int64_t i = 0; i < n_keys; i++) {
             sc[i] = expf(sc[i] - mx);
             sum += sc[i];
         }
         for (int32_t d = 0; d < hd; d++) acc[d] = 0.0f;
-        for (int64_t p = first; p < end;) {
-            const int64_t pg = p / j->pt, r0 = p % j->pt;
-            const int64_t stop = (pg + 1) * j->pt < end ? (pg + 1) * j->pt : end;
-            const float *v = j->vp[pg] + off + r0 * hd;
-            for (; p < stop; p++, v += hd) {
-                const float w = sc[p - first];
-                for (int32_t d = 0; d < hd; d++) acc[d] += w * v[d];
+        int64_t i = 0;
+        for (int64_t si = 0; si < n_spans; si++) {
+            const int64_t s1 = spans[2 * si + 1] < end ? spans[2 * si + 1] : end;
+            for (int64_t p = spans[2 * si]; p < s1;) {
+                const int64_t pg = p / j->pt, r0 = p % j->pt;
+                const int64_t stop = (pg + 1) * j->pt < s1 ? (pg + 1) * j->pt : s1;
+                const float *v = seq_rows(j, 1, pg, kvh, r0);
+                for (; p < stop; p++, v += hd) {
+                    const float w = sc[i++];
+                    for (int32_t d = 0; d < hd; d++) acc[d] += w * v[d];
+                }
             }
+        }
+        if (n_keys == 0) {
+            memset(o, 0, (size_t)hd * sizeof(float));
+            continue;
         }
         const float inv = 1.0f / sum;
         for (int32_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
@@ -324,8 +425,8 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     free(sc);
 }
 
-mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, const float *q,
-                            int64_t n, int64_t n_past, float scale, float *out) {
+mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method, int32_t layer,
+                            const float *q, int64_t n, int64_t n_past, float scale, float *out) {
     mi_kv_page_layout lay;
     const int32_t *ids = NULL;
     int64_t n_pages = 0;
@@ -335,8 +436,26 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, co
     if (st != MI_STATUS_SUCCESS || lay.dtype != MI_KV_F32 || m->hd > 1024)
         return mim_model_fail(m, st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL,
                               "layer %d: unreadable KV pages", layer);
+    kv_selection sel;
+    kv_selection_init(&sel);
+    const bool selects = kv_method_selects(method);
+    if (selects) {
+        if ((st = kv_method_select(method, seq, layer, q, n, &sel)) != MI_STATUS_SUCCESS) {
+            kv_selection_free(&sel);
+            return mim_model_fail(m, st, "layer %d: %s", layer, method->error);
+        }
+        if (sel.n_lists != n * m->n_heads || sel.open != sel.n_lists) {
+            kv_selection_free(&sel);
+            return mim_model_fail(
+                m, MI_STATUS_INTERNAL, "layer %d: kv method %s selected %lld lists for %lld", layer,
+                method->entry->name, (long long)sel.open, (long long)(n * m->n_heads));
+        }
+    }
     const float **kp = malloc((size_t)(2 * (n_pages ? n_pages : 1)) * sizeof(float *));
-    if (!kp) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
+    if (!kp) {
+        kv_selection_free(&sel);
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
+    }
     const float **vp = kp + n_pages;
     for (int64_t i = 0; i < n_pages; i++) {
         const unsigned char *base = mi_kv_pool_page_data(pool, ids[i]);
@@ -355,8 +474,10 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, int32_t layer, co
                  m->hd,
                  lay.page_tokens,
                  (int64_t)(lay.head_stride / sizeof(float)),
-                 scale};
+                 scale,
+                 selects ? &sel : NULL};
     mim_pool_run(m->pool, n * m->n_heads, seq_task, &j);
     free(kp);
+    kv_selection_free(&sel);
     return MI_STATUS_SUCCESS;
 }

@@ -330,6 +330,7 @@ int main(void) {
         begin("mi_session_params", sizeof(T));
         F(max_tokens);
         F(pool_bytes);
+        F(kv);
         end();
     }
     {
@@ -344,6 +345,7 @@ int main(void) {
         F(pool_capacity_bytes);
         F(pool_sessions);
         F(page_tokens);
+        F(kv_rows);
         end();
     }
     {

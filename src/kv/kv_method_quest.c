@@ -1,0 +1,160 @@
+/*
+ * kv_method_quest.c: Quest (Tang et al., "Quest: Query-Aware Sparsity for Efficient Long-Context
+ * LLM Inference"). Per page, the pool keeps the channel-wise min and max of the keys
+ * (MI_KV_META_KEY_MINMAX); at each decode step, per query head, the page's upper bound of q.k is
+ * sum_d max(q_d min_d, q_d max_d); the top pages within the token budget are read, nothing else.
+ * Prefill and the first dense_layers layers attend densely, as in the original code.
+ *
+ * Defaults: token_budget 1024 and the first 2 layers dense (the original's). The page is the
+ * cache's own page (64 tokens), where the original uses 16-token chunks: the bounds are the
+ * metadata the pool already keeps per page, and a page is the unit an offloaded cache moves.
+ * The number of pages is max(3, token_budget / page) as in the original, capped at the pages
+ * there are; nothing is evicted (the cache stays whole, only reading is sparse).
+ */
+#include "kv_method.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const kv_param_def quest_params[] = {
+    {"token_budget", KV_PARAM_INT, 1024, 1, 1 << 30, NULL, "tokens read per head and step"},
+    {"chunk_size", KV_PARAM_INT, 64, 1, 1 << 16, NULL,
+     "tokens per page (must be the cache's page size)"},
+    {"dense_layers", KV_PARAM_INT, 2, 0, 1 << 16, NULL, "first layers that read every page"},
+};
+
+typedef struct quest_state {
+    int64_t budget, dense_layers;
+} quest_state;
+
+static mi_status quest_create(kv_method *m) {
+    const int64_t chunk = (int64_t)kv_spec_get(&m->spec, "chunk_size");
+    if (chunk != m->geo.page_tokens)
+        return kv_method_fail(m, MI_STATUS_INVALID_ARGUMENT,
+                              "kv method quest: chunk_size %lld must be the cache's page size "
+                              "(%d tokens): the bounds are kept per page",
+                              (long long)chunk, m->geo.page_tokens);
+    quest_state *st = malloc(sizeof(*st));
+    if (!st) return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    st->budget = (int64_t)kv_spec_get(&m->spec, "token_budget");
+    st->dense_layers = (int64_t)kv_spec_get(&m->spec, "dense_layers");
+    m->state = st;
+    return MI_STATUS_SUCCESS;
+}
+
+static void quest_destroy(kv_method *m) { free(m->state); }
+
+static mi_status quest_clone(const kv_method *m, kv_method *out) {
+    quest_state *st = malloc(sizeof(*st));
+    if (!st) return kv_method_fail(out, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    *st = *(const quest_state *)m->state;
+    out->state = st;
+    return MI_STATUS_SUCCESS;
+}
+
+float kv_quest_bound(const float *q, const float *minmax, int32_t hd) {
+    float u = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        const float a = q[d] * minmax[d], b = q[d] * minmax[hd + d];
+        u += a > b ? a : b;
+    }
+    return u;
+}
+
+typedef struct page_rank {
+    float bound;
+    int64_t page;
+} page_rank;
+
+static int by_bound(const void *a, const void *b) {
+    const page_rank *x = a, *y = b;
+    if (x->bound != y->bound) return x->bound > y->bound ? -1 : 1;
+    return x->page < y->page ? -1 : x->page > y->page;
+}
+
+static int by_page(const void *a, const void *b) {
+    const page_rank *x = a, *y = b;
+    return x->page < y->page ? -1 : x->page > y->page;
+}
+
+int64_t kv_quest_pages(int64_t budget, int32_t page_tokens, int64_t n_pages) {
+    int64_t k = budget / page_tokens;
+    if (k < 3) k = 3;
+    return k < n_pages ? k : n_pages;
+}
+
+static mi_status quest_select(kv_method *m, const mi_kv_seq *seq, int32_t layer, const float *q,
+                              int64_t n, kv_selection *sel) {
+    const quest_state *st = m->state;
+    const int32_t nh = m->geo.n_heads, hd = m->geo.head_dim, pt = m->geo.page_tokens;
+    const int32_t group = nh / m->geo.n_kv_heads;
+    const int64_t rows = mi_kv_seq_length(seq, layer);
+    const int64_t n_pages = (rows + pt - 1) / pt;
+    if (kv_selection_reset(sel, n * nh) != MI_STATUS_SUCCESS)
+        return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting pages");
+    const float **meta = NULL;
+    page_rank *rank = NULL;
+    mi_status s = MI_STATUS_SUCCESS;
+    const bool dense = layer < st->dense_layers;
+    if (!dense) {
+        meta = malloc((size_t)(n_pages ? n_pages : 1) * sizeof(*meta));
+        rank = malloc((size_t)(n_pages ? n_pages : 1) * sizeof(*rank));
+        if (!meta || !rank) {
+            s = kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting pages");
+            goto done;
+        }
+        for (int64_t p = 0; p < n_pages; p++) {
+            mi_kv_page_view v;
+            if ((s = mi_kv_seq_page(seq, layer, p, &v)) != MI_STATUS_SUCCESS || !v.key_minmax) {
+                s = kv_method_fail(m, s ? s : MI_STATUS_INTERNAL,
+                                   "kv method quest: layer %d page %lld has no key bounds", layer,
+                                   (long long)p);
+                goto done;
+            }
+            meta[p] = v.key_minmax;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t end = rows - n + i + 1, pages = (end + pt - 1) / pt;
+        for (int32_t h = 0; h < nh; h++) {
+            if (dense || end <= st->budget) {
+                if ((s = kv_selection_push(sel, 0, end)) != MI_STATUS_SUCCESS) break;
+                kv_selection_close(sel);
+                continue;
+            }
+            const float *qh = q + (i * nh + h) * (int64_t)hd;
+            const int32_t kh = h / group;
+            for (int64_t p = 0; p < pages; p++)
+                rank[p] = (page_rank){kv_quest_bound(qh, meta[p] + (int64_t)kh * 2 * hd, hd), p};
+            const int64_t k = kv_quest_pages(st->budget, pt, pages);
+            qsort(rank, (size_t)pages, sizeof(*rank), by_bound);
+            qsort(rank, (size_t)k, sizeof(*rank), by_page);
+            for (int64_t t = 0; t < k && s == MI_STATUS_SUCCESS; t++) {
+                const int64_t r0 = rank[t].page * pt, r1 = r0 + pt < end ? r0 + pt : end;
+                s = kv_selection_push(sel, r0, r1);
+            }
+            if (s != MI_STATUS_SUCCESS) break;
+            kv_selection_close(sel);
+        }
+        if (s != MI_STATUS_SUCCESS) {
+            s = kv_method_fail(m, s, "out of memory selecting pages");
+            break;
+        }
+    }
+done:
+    free(meta);
+    free(rank);
+    return s;
+}
+
+const kv_method_entry kv_method_quest_entry = {
+    .name = "quest",
+    .summary = "per decode step and head, the pages with the largest q.k upper bound",
+    .params = quest_params,
+    .n_params = (int32_t)(sizeof quest_params / sizeof quest_params[0]),
+    .create = quest_create,
+    .destroy = quest_destroy,
+    .clone = quest_clone,
+    .select = quest_select,
+};

@@ -1,0 +1,247 @@
+/*
+ * kv_method_snapkv.c: SnapKV (Li et al., "SnapKV: LLM Knows What You are Looking for Before
+ * Generation") and PyramidKV (Cai et al., "PyramidKV: Dynamic KV Cache Compression based on
+ * Pyramidal Information Funneling"), which shares SnapKV's selection and changes the budget per
+ * layer.
+ *
+ * After a prefill call, per layer: the observation window is the call's last window_size queries;
+ * each attends (causal softmax, scale 1/sqrt(head_dim)) to the layer's rows; the probabilities
+ * given to the rows before the window are summed over the window's queries, pooled along the rows
+ * (kernel_size, avgpool or maxpool, "same" padding), and each head keeps its top rows, plus the
+ * window itself. Defaults are the original code's: window_size 32, max_capacity_prompt 4096,
+ * kernel_size 5, avgpool; PyramidKV beta 20.
+ *
+ * Grouped-query attention: the original repeats each KV head for its query heads and keeps a
+ * selection per query head (the cache grows by the group size). Here the cache stays per KV head:
+ * a KV head ranks the rows by the sum of its query heads' pooled scores.
+ */
+#include "kv_method.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const kv_param_def snap_params[] = {
+    {"window_size", KV_PARAM_INT, 32, 1, 1 << 16, NULL, "observation window (last queries)"},
+    {"max_capacity_prompt", KV_PARAM_INT, 4096, 2, 1 << 26, NULL, "rows kept per head"},
+    {"kernel_size", KV_PARAM_INT, 5, 1, 255, NULL, "pooling kernel (odd)"},
+    {"pooling", KV_PARAM_ENUM, 0, 0, 1, "avgpool|maxpool", "pooling of the window's scores"},
+};
+
+static const kv_param_def pyramid_params[] = {
+    {"window_size", KV_PARAM_INT, 32, 1, 1 << 16, NULL, "observation window (last queries)"},
+    {"max_capacity_prompt", KV_PARAM_INT, 4096, 2, 1 << 26, NULL, "mean rows kept per head"},
+    {"kernel_size", KV_PARAM_INT, 5, 1, 255, NULL, "pooling kernel (odd)"},
+    {"pooling", KV_PARAM_ENUM, 0, 0, 1, "avgpool|maxpool", "pooling of the window's scores"},
+    {"beta", KV_PARAM_INT, 20, 1, 1 << 20, NULL, "top layer's share: (capacity - window) / beta"},
+};
+
+typedef struct snap_state {
+    int64_t window, capacity, kernel, beta;
+    int pooling; /* 0 avg, 1 max */
+    bool pyramid;
+} snap_state;
+
+int64_t kv_pyramid_prefix_budget(int64_t capacity, int64_t window, int64_t beta, int32_t n_layers,
+                                 int32_t layer, int64_t len) {
+    if (len < capacity) return -1; /* the original leaves shorter prompts alone */
+    const int64_t base = capacity - window;
+    if (len < 2 * base) return base; /* too short to shape: SnapKV's budget */
+    int64_t min_num = base / beta, max_num = 2 * base - min_num;
+    if (max_num >= len - window) {
+        max_num = len - window;
+        min_num = 2 * base - max_num;
+    }
+    const int64_t steps = n_layers > 1 ? (max_num - min_num) / (n_layers - 1) : 0;
+    int64_t keep = max_num - (int64_t)layer * steps;
+    if (keep < 0) keep = 0;
+    if (keep > len - window) keep = len - window;
+    return keep;
+}
+
+typedef struct rank_item {
+    float score;
+    int64_t row;
+} rank_item;
+
+static int by_score(const void *a, const void *b) {
+    const rank_item *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->row < y->row ? -1 : x->row > y->row;
+}
+
+static int by_row(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t len, int32_t n_heads,
+                           int32_t n_kv, int32_t hd, int64_t kernel, int pooling, int64_t n_keep,
+                           int64_t *keep) {
+    const int64_t prefix = len - w;
+    if (w < 1 || prefix < 0 || n_keep < 0 || n_keep > prefix || kernel < 1 || !(kernel & 1))
+        return MI_STATUS_INVALID_ARGUMENT;
+    const int32_t group = n_heads / n_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = malloc((size_t)(w * len) * sizeof(float));
+    float *sum = malloc((size_t)(prefix ? prefix : 1) * sizeof(float));
+    float *pooled = calloc((size_t)(n_kv * (prefix ? prefix : 1)), sizeof(float));
+    rank_item *items = malloc((size_t)(prefix ? prefix : 1) * sizeof(rank_item));
+    if (!sc || !sum || !pooled || !items) {
+        free(sc);
+        free(sum);
+        free(pooled);
+        free(items);
+        return MI_STATUS_OUT_OF_MEMORY;
+    }
+    for (int32_t h = 0; h < n_heads; h++) {
+        const int32_t kh = h / group;
+        /* scores of the window's queries against every row: [w, len] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)w, (int)len, hd, scale,
+                    q + (int64_t)h * hd, n_heads * hd, k + (int64_t)kh * len * hd, hd, 0.0f, sc,
+                    (int)len);
+        for (int64_t j = 0; j < prefix; j++) sum[j] = 0.0f;
+        for (int64_t i = 0; i < w; i++) {
+            float *row = sc + i * len;
+            const int64_t visible = prefix + i + 1; /* causal inside the window */
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
+            float z = 0.0f;
+            for (int64_t j = 0; j < visible; j++) z += expf(row[j] - mx);
+            const float inv = 1.0f / z;
+            for (int64_t j = 0; j < prefix; j++) sum[j] += expf(row[j] - mx) * inv;
+        }
+        float *pool = pooled + (int64_t)kh * prefix;
+        const int64_t half = kernel / 2;
+        for (int64_t j = 0; j < prefix; j++) {
+            float acc = pooling ? -INFINITY : 0.0f;
+            for (int64_t t = j - half; t <= j + half; t++) {
+                if (t < 0 || t >= prefix) continue; /* zero padding (avg), -inf (max) */
+                if (pooling)
+                    acc = sum[t] > acc ? sum[t] : acc;
+                else
+                    acc += sum[t];
+            }
+            pool[j] += pooling ? acc : acc / (float)kernel;
+        }
+    }
+    const int64_t count = n_keep + w;
+    for (int32_t kh = 0; kh < n_kv; kh++) {
+        const float *pool = pooled + (int64_t)kh * prefix;
+        int64_t *out = keep + (int64_t)kh * count;
+        for (int64_t j = 0; j < prefix; j++) items[j] = (rank_item){pool[j], j};
+        qsort(items, (size_t)prefix, sizeof(rank_item), by_score);
+        for (int64_t i = 0; i < n_keep; i++) out[i] = items[i].row;
+        qsort(out, (size_t)n_keep, sizeof(int64_t), by_row);
+        for (int64_t i = 0; i < w; i++) out[n_keep + i] = prefix + i;
+    }
+    free(sc);
+    free(sum);
+    free(pooled);
+    free(items);
+    return MI_STATUS_SUCCESS;
+}
+
+static mi_status snap_create_common(kv_method *m, bool pyramid) {
+    snap_state *st = calloc(1, sizeof(*st));
+    if (!st) return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    st->window = (int64_t)kv_spec_get(&m->spec, "window_size");
+    st->capacity = (int64_t)kv_spec_get(&m->spec, "max_capacity_prompt");
+    st->kernel = (int64_t)kv_spec_get(&m->spec, "kernel_size");
+    st->pooling = (int)kv_spec_get(&m->spec, "pooling");
+    st->beta = pyramid ? (int64_t)kv_spec_get(&m->spec, "beta") : 1;
+    st->pyramid = pyramid;
+    const char *name = m->entry->name;
+    if (st->capacity <= st->window) {
+        kv_method_fail(m, MI_STATUS_INVALID_ARGUMENT,
+                       "kv method %s: max_capacity_prompt (%lld) must exceed window_size (%lld)",
+                       name, (long long)st->capacity, (long long)st->window);
+        free(st);
+        return MI_STATUS_INVALID_ARGUMENT;
+    }
+    if (!(st->kernel & 1)) {
+        free(st);
+        return kv_method_fail(m, MI_STATUS_INVALID_ARGUMENT,
+                              "kv method %s: kernel_size must be odd (pooling keeps the length)",
+                              name);
+    }
+    m->state = st;
+    m->q_rows = st->window;
+    return MI_STATUS_SUCCESS;
+}
+
+static mi_status snap_create(kv_method *m) { return snap_create_common(m, false); }
+static mi_status pyramid_create(kv_method *m) { return snap_create_common(m, true); }
+static void snap_destroy(kv_method *m) { free(m->state); }
+
+static mi_status snap_clone(const kv_method *m, kv_method *out) {
+    snap_state *st = malloc(sizeof(*st));
+    if (!st) return kv_method_fail(out, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    *st = *(const snap_state *)m->state;
+    out->state = st;
+    return MI_STATUS_SUCCESS;
+}
+
+/* The prefix rows a layer of len rows keeps; -1: leave it whole. */
+static int64_t prefix_budget(const kv_method *m, int32_t layer, int64_t len, int64_t w) {
+    const snap_state *st = m->state;
+    if (st->pyramid)
+        return kv_pyramid_prefix_budget(st->capacity, w, st->beta, m->geo.n_layers, layer, len);
+    return len < st->capacity ? -1 : st->capacity - w;
+}
+
+static mi_status snap_compress(kv_method *m, mi_kv_seq *seq, int32_t layer, const float *q,
+                               int64_t n) {
+    const snap_state *st = m->state;
+    const int64_t len = mi_kv_seq_length(seq, layer);
+    /* a call shorter than the window observes with the queries it has */
+    const int64_t w = n < st->window ? n : st->window;
+    const int64_t n_keep = prefix_budget(m, layer, len, w);
+    if (n_keep < 0 || n_keep + w >= len) return MI_STATUS_SUCCESS;
+    const int32_t H = m->geo.n_kv_heads, hd = m->geo.head_dim;
+    float *k = malloc((size_t)(len * H * hd) * sizeof(float));
+    int64_t *keep = malloc((size_t)((n_keep + w) * H) * sizeof(int64_t));
+    if (!k || !keep) {
+        free(k);
+        free(keep);
+        return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory compressing %lld rows",
+                              (long long)len);
+    }
+    mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, len, hd);
+    mi_status s = mi_kv_seq_read(seq, layer, 0, len, &tk, NULL);
+    if (s != MI_STATUS_SUCCESS)
+        kv_method_fail(m, s, "reading layer %d: %s", layer,
+                       mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+    else if ((s = kv_snapkv_select(q + (n - w) * (int64_t)m->geo.n_heads * hd, w, k, len,
+                                   m->geo.n_heads, H, hd, st->kernel, st->pooling, n_keep, keep)) !=
+             MI_STATUS_SUCCESS)
+        kv_method_fail(m, s, "selecting rows of layer %d", layer);
+    else
+        s = kv_method_compact(m, seq, layer, n_keep + w, keep);
+    free(k);
+    free(keep);
+    return s;
+}
+
+const kv_method_entry kv_method_snapkv_entry = {
+    .name = "snapkv",
+    .summary = "after prefill, per head the rows most attended by the last queries, plus them",
+    .params = snap_params,
+    .n_params = (int32_t)(sizeof snap_params / sizeof snap_params[0]),
+    .create = snap_create,
+    .destroy = snap_destroy,
+    .clone = snap_clone,
+    .after_prefill = snap_compress,
+};
+
+const kv_method_entry kv_method_pyramidkv_entry = {
+    .name = "pyramidkv",
+    .summary = "SnapKV's selection with budgets shrinking from lower to upper layers",
+    .params = pyramid_params,
+    .n_params = (int32_t)(sizeof pyramid_params / sizeof pyramid_params[0]),
+    .create = pyramid_create,
+    .destroy = snap_destroy,
+    .clone = snap_clone,
+    .after_prefill = snap_compress,
+};
