@@ -24,6 +24,7 @@ static const char usage_text[] =
     "           [--attn minference|PATTERN] [--config CFG.json]\n"
     "           [--session FILE] [--max-new-tokens N] [--max-context N] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "           [--kv METHOD[:key=value,...]]\n"
     "\n"
     "A conversation with a model, one message per line on stdin. The KV cache is kept\n"
     "across turns: a turn prefills only its own tokens and attends to the whole history.\n"
@@ -40,6 +41,8 @@ static const char usage_text[] =
     "  --max-new-tokens  longest reply (default 256)\n"
     "  --max-context     most tokens the conversation may hold (default: no limit)\n"
     "  --temperature, --top-k, --top-p, --seed  sampling (default greedy)\n"
+    "  --kv              KV-cache method (default dense): streamingllm, snapkv, pyramidkv,\n"
+    "                    quest with the original's keys (docs/kv-methods.md)\n"
     "\n"
     "commands:\n"
     "  /save FILE    write the conversation's cache to FILE\n"
@@ -168,6 +171,8 @@ static void print_stats(chat *c) {
     const double mib = 1024.0 * 1024.0;
     printf("tokens: %lld", (long long)ss.n_tokens);
     if (ss.max_tokens > 0) printf(" of %lld", (long long)ss.max_tokens);
+    if (ss.kv_rows != ss.n_tokens)
+        printf(", %lld rows kept by the kv method", (long long)ss.kv_rows);
     printf("\ncache: %.2f MiB (%.2f MiB shared), pool %.2f MiB in use, %.2f MiB allocated, "
            "%d token pages\n",
            (double)ss.bytes / mib, (double)ss.shared_bytes / mib, (double)ss.pool_used_bytes / mib,
@@ -225,7 +230,7 @@ static int do_command(chat *c, char *line) {
 
 int mi_cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *config_path = NULL, *system = NULL, *session_path = NULL;
-    const char *attn = "minference", *tmpl_name = "auto";
+    const char *attn = "minference", *tmpl_name = "auto", *kv = NULL;
     int max_new = 256, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0, max_context = 0;
     double temperature = 0.0, top_p = 1.0;
@@ -246,6 +251,7 @@ int mi_cmd_chat(int argc, char **argv) {
         {"seed", ARG_INT64, &seed, 0, INT64_MAX, NULL},
         {"temperature", ARG_DOUBLE, &temperature, 0, 0, NULL},
         {"top-p", ARG_DOUBLE, &top_p, 0, 0, NULL},
+        {"kv", ARG_STR, &kv, 0, 0, NULL},
     };
     args_result ar = args_parse("chat", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
                                 argc, argv, NULL, 0, NULL);
@@ -256,6 +262,9 @@ int mi_cmd_chat(int argc, char **argv) {
     if (strcmp(attn, "minference") != 0 && tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
         mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("chat", usage_text, "unknown --attn '%s'", attn);
+    char kv_msg[1024];
+    if (kv && mi_session_kv_check(kv, kv_msg, sizeof kv_msg) != MI_STATUS_SUCCESS)
+        return args_error("chat", usage_text, "--kv: %s", kv_msg);
     mi_chat_template tmpl = MI_CHAT_AUTO;
     if (strcmp(tmpl_name, "chatml") == 0)
         tmpl = MI_CHAT_CHATML;
@@ -325,6 +334,7 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_free(probe);
     mi_session_params sp = mi_session_default_params();
     sp.max_tokens = max_context;
+    sp.kv = kv;
     c.logits = malloc((size_t)c.info.vocab * sizeof(float));
     if (!c.logits || mi_session_create(c.model, &sp, &c.s) != MI_STATUS_SUCCESS ||
         mi_sampler_create(temperature, top_k, top_p, (uint64_t)seed, c.info.vocab, &c.smp) !=

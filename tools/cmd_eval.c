@@ -19,6 +19,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "minference.h"
 #include "minference_model.h"
+#include "minference_session.h"
 #include "minference_tools.h"
 
 #include <ctype.h>
@@ -43,7 +44,7 @@ static const char usage_text[] =
     "usage: minference eval TASK [--model PATH] [--device cpu|cuda] [--methods LIST]\n"
     "           [--config CFG.json] [--lengths N,N,...] [--depths P,P,...] [--samples N]\n"
     "           [--seed N] [--text FILE] [--json FILE] [--png FILE] [--threads N]\n"
-    "           [--dense-below N] [--quiet]\n"
+    "           [--dense-below N] [--kv SPEC;SPEC;...] [--quiet]\n"
     "\n"
     "TASK: passkey, niah, kv-retrieval, ppl, recall.\n"
     "  --model      .gguf file or Hugging Face directory (default: $MI_MODEL, else the\n"
@@ -63,10 +64,55 @@ static const char usage_text[] =
     "  --png        write a heat map: one panel per method, left to right; in a panel,\n"
     "               columns are lengths (short to long) and rows depths (0% at the top);\n"
     "               red 0 .. yellow 0.5 .. green 1 (ppl: relative to dense, green = equal)\n"
-    "  --dense-below  prompts shorter than this run dense (default 0: always sparse)\n";
+    "  --dense-below  prompts shorter than this run dense (default 0: always sparse)\n"
+    "  --kv       KV-cache methods, ';'-separated (dense, streamingllm, snapkv, pyramidkv,\n"
+    "             quest with the original's keys, e.g. \"dense;snapkv:max_capacity_prompt=512\"):\n"
+    "             every task then runs in sessions, once per --methods x --kv pair (default\n"
+    "             --methods dense); ppl then scores the text's last 64 tokens one decode step\n"
+    "             at a time after prefilling the rest, so that the method's cache is what\n"
+    "             they read\n";
 
 /* ------------------------------------------------------------------------------------------ */
 /* Methods                                                                                     */
+
+/* Every attention method once per KV spec of list (';'-separated, each checked by the library):
+ * methods becomes the product, attention-major. */
+static bool expand_kv(const char *list, method *methods, int *nm) {
+    char specs[MAX_METHODS][256];
+    int nk = 0;
+    char *copy = strdup(list);
+    for (char *save = NULL, *tok = strtok_r(copy, ";", &save); tok;
+         tok = strtok_r(NULL, ";", &save)) {
+        char msg[512];
+        if (nk == MAX_METHODS || strlen(tok) >= sizeof specs[0] ||
+            mi_session_kv_check(tok, msg, sizeof msg) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference eval: --kv '%s': %s\n", tok,
+                    nk == MAX_METHODS ? "too many" : msg);
+            free(copy);
+            return false;
+        }
+        snprintf(specs[nk++], sizeof specs[0], "%s", tok);
+    }
+    free(copy);
+    if (nk == 0 || *nm * nk > MAX_METHODS) {
+        fprintf(stderr, "minference eval: --kv needs 1..%d methods x specs\n", MAX_METHODS);
+        return false;
+    }
+    method attn[MAX_METHODS];
+    memcpy(attn, methods, sizeof(method) * (size_t)*nm);
+    int n = 0;
+    for (int a = 0; a < *nm; a++)
+        for (int k = 0; k < nk; k++) {
+            method *m = &methods[n++];
+            *m = attn[a];
+            snprintf(m->kv, sizeof m->kv, "%.255s", specs[k]);
+            snprintf(m->name, sizeof m->name, "%.40s%s%.50s",
+                     strcmp(attn[a].name, "dense") ? attn[a].name : "",
+                     strcmp(attn[a].name, "dense") ? "+" : "", specs[k]);
+        }
+    *nm = n;
+    return true;
+}
 
 static bool parse_ints(const char *s, long long *out, int cap, int *n, long long lo, long long hi) {
     *n = 0;
@@ -139,6 +185,7 @@ int32_t *eval_tokenize(mi_model *model, const char *text, size_t len, int add_bo
 }
 
 mi_status eval_use_method(eval_state *e, const method *m) {
+    e->kv = m->kv[0] ? m->kv : NULL;
     return mi_model_set_attention(e->model, m->mode, m->config, e->dense_below);
 }
 
@@ -273,7 +320,7 @@ static bool write_json(const eval_state *e, const char *task, bool retrieval, co
 int mi_cmd_eval(int argc, char **argv) {
     const char *model_path = NULL, *device = "cpu", *methods_s = NULL, *config_path = NULL;
     const char *lengths_s = NULL, *depths_s = NULL, *text_path = NULL, *json_path = NULL;
-    const char *png_path = NULL;
+    const char *png_path = NULL, *kv_s = NULL;
     int samples = 1, seed = 1, threads = 0, dense_below = 0;
     bool quiet = false;
     const arg_spec specs[] = {
@@ -291,6 +338,7 @@ int mi_cmd_eval(int argc, char **argv) {
         {"threads", ARG_INT, &threads, 0, MI_MAX_THREADS, NULL},
         {"dense-below", ARG_INT, &dense_below, 0, 1 << 30, NULL},
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
+        {"kv", ARG_STR, &kv_s, 0, 0, NULL},
     };
     const char *pos[1];
     int npos = 0;
@@ -331,7 +379,9 @@ int mi_cmd_eval(int argc, char **argv) {
     method methods[MAX_METHODS];
     int nm = 0;
     {
-        char *list = strdup(methods_s ? methods_s : "dense,minference,a_shape:64:512,vs:100:500");
+        char *list = strdup(methods_s ? methods_s
+                            : kv_s    ? "dense"
+                                      : "dense,minference,a_shape:64:512,vs:100:500");
         for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
              tok = strtok_r(NULL, ",", &save)) {
             if (nm == MAX_METHODS || !parse_method(tok, &methods[nm])) {
@@ -347,6 +397,7 @@ int mi_cmd_eval(int argc, char **argv) {
             return 2;
         }
     }
+    if (kv_s && !expand_kv(kv_s, methods, &nm)) return 2;
 
     if (png_path && !heatmap_png_supported()) {
         fprintf(stderr, "minference eval: --png needs libpng, which this build lacks\n");

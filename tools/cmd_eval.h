@@ -18,13 +18,14 @@
 
 /* An attention method to compare: a model mode, or one pattern for every head. */
 typedef struct method {
-    char name[48];
+    char name[96];
     mi_attn_mode mode;
     bool custom; /* one pattern for every head, through a generated config */
     mi_head_pattern pattern;
     mi_config *config; /* custom or --config (borrowed by the model) */
     int tri_mix;       /* 1: tri_mix, 2: tri_mix_minference (tri_start: first Tri-shape layer) */
     int32_t tri_start;
+    char kv[256];      /* --kv: the session's KV method spec; "" runs the model's own cache */
 } method;
 
 /* "minference", a pattern name or alias (its default budget on every head), or
@@ -53,6 +54,7 @@ typedef struct eval_state {
     long long max_len; /* the longest of lengths */
     double *grid, *aux;
     json_t *runs;
+    const char *kv; /* the current method's KV spec (eval_use_method); NULL: no session */
 } eval_state;
 
 mi_status eval_use_method(eval_state *e, const method *m);

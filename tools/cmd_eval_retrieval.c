@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "minference.h"
 #include "minference_model.h"
+#include "minference_session.h"
 #include "minference_tools.h"
 
 #include <stdbool.h>
@@ -47,8 +48,18 @@ static mi_status answer(eval_state *e, const int32_t *tokens, size_t n, int max_
         return MI_STATUS_OUT_OF_MEMORY;
     }
     text[0] = '\0';
+    /* with --kv the prompt runs in a session with the method's cache */
+    mi_session *sess = NULL;
+    mi_status st = MI_STATUS_SUCCESS;
+    if (e->kv) {
+        mi_session_params sp = mi_session_default_params();
+        sp.kv = e->kv;
+        st = mi_session_create(e->model, &sp, &sess);
+    }
     double t0 = tool_now_s();
-    mi_status st = mi_model_prefill(e->model, tokens, n, logits);
+    if (st == MI_STATUS_SUCCESS)
+        st = sess ? mi_session_prefill(sess, tokens, n, logits)
+                  : mi_model_prefill(e->model, tokens, n, logits);
     *prefill_s = tool_now_s() - t0;
     for (int i = 0; i < max_new && st == MI_STATUS_SUCCESS; i++) {
         int32_t tok = mi_argmax(logits, e->info.vocab);
@@ -66,8 +77,12 @@ static mi_status answer(eval_state *e, const int32_t *tokens, size_t n, int max_
         }
         /* One line answers: a newline after some text ends the answer. */
         if (len > 0 && strchr(text, '\n') && strspn(text, " \n") < len) break;
-        st = mi_model_decode(e->model, &tok, 1, logits);
+        st = sess ? mi_session_decode(sess, &tok, 1, logits)
+                  : mi_model_decode(e->model, &tok, 1, logits);
     }
+    if (sess && st != MI_STATUS_SUCCESS) /* the message goes where the caller looks */
+        fprintf(stderr, "minference eval: kv %s: %s\n", e->kv, mi_session_last_error(sess));
+    mi_session_destroy(sess);
     free(logits);
     if (st != MI_STATUS_SUCCESS) {
         free(text);

@@ -28,7 +28,8 @@ static const char usage_text[] =
     "           [--config CFG.json] [--max-new-tokens N] [--device cpu|cuda]\n"
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "           [--seed S] [--session FILE] [--allow-long-context] [--quiet]\n"
+    "           [--seed S] [--session FILE] [--kv METHOD[:key=value,...]]\n"
+    "           [--allow-long-context] [--quiet]\n"
     "\n"
     "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
     "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -51,6 +52,9 @@ static const char usage_text[] =
     "  --seed         sampling seed (default 0); the same seed gives the same text\n"
     "  --session      continue the KV cache saved in FILE when it exists (the prompt is\n"
     "                 then a follow-up turn), and save the cache there afterwards\n"
+    "  --kv           KV-cache method of the session: dense (default), streamingllm,\n"
+    "                 snapkv, pyramidkv, quest, with the original's keys, e.g.\n"
+    "                 snapkv:max_capacity_prompt=1024 (docs/kv-methods.md)\n"
     "  --allow-long-context\n"
     "                 run a prompt longer than the model's trained context (its RoPE\n"
     "                 scaling, where it has one, decides how well that goes); refused\n"
@@ -140,8 +144,9 @@ static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_t
 int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
     const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
-    const char *session_path = NULL;
+    const char *session_path = NULL, *kv = NULL;
     mi_session *sess = NULL;
+    char kv_shown[1024] = "";
     int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0;
     double temperature = 0.0, top_p = 1.0;
@@ -168,11 +173,16 @@ int mi_cmd_generate(int argc, char **argv) {
         {"chat", ARG_OPT_STR, &chat_name, 0, 0, &chat},
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
         {"session", ARG_STR, &session_path, 0, 0, NULL},
+        {"kv", ARG_STR, &kv, 0, 0, NULL},
         {"allow-long-context", ARG_BOOL, &long_context, 0, 0, NULL},
     };
     args_result ar = args_parse("generate", usage_text, specs,
                                 (int)(sizeof specs / sizeof specs[0]), argc, argv, NULL, 0, NULL);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
+    if (kv && mi_session_kv_check(kv, kv_shown, sizeof kv_shown) != MI_STATUS_SUCCESS)
+        return args_error("generate", usage_text, "--kv: %s", kv_shown);
+    /* a KV method runs in a session: the model's own cache is the dense one */
+    const bool kv_method = kv && strncmp(kv_shown, "dense", 5) != 0;
     /* "minference" or a pattern's name; shown as the model's mode name where it has one */
     mi_pattern_type attn_type;
     mi_attn_mode attn_mode;
@@ -279,18 +289,22 @@ int mi_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
         goto done;
     }
-    if (session_path) {
-        if (mi_session_create(model, NULL, &sess) != MI_STATUS_SUCCESS) {
+    if (session_path || kv_method) {
+        mi_session_params sp = mi_session_default_params();
+        sp.kv = kv;
+        if (mi_session_create(model, &sp, &sess) != MI_STATUS_SUCCESS) {
             fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
             goto done;
         }
-        if (access(session_path, F_OK) == 0 && mi_session_load(sess, session_path) != 0) {
+        if (session_path && access(session_path, F_OK) == 0 &&
+            mi_session_load(sess, session_path) != 0) {
             fprintf(stderr, "minference generate: %s\n", mi_session_last_error(sess));
             goto done;
         }
-        if (!quiet)
+        if (!quiet && session_path)
             fprintf(stderr, "session %s: %lld tokens\n", session_path,
                     (long long)mi_session_n_past(sess));
+        if (!quiet && kv_method) fprintf(stderr, "kv method %s\n", kv_shown);
     }
     const char *text = prompt;
     int add_bos = sess && mi_session_n_past(sess) > 0 ? 0 : -1;
@@ -363,7 +377,8 @@ int mi_cmd_generate(int argc, char **argv) {
         }
         if (mi_model_token_is_eog(model, next)) {
             /* a saved conversation keeps its end of turn */
-            if (sess && mi_session_decode(sess, &next, 1, NULL) != MI_STATUS_SUCCESS) goto done;
+            if (session_path && mi_session_decode(sess, &next, 1, NULL) != MI_STATUS_SUCCESS)
+                goto done;
             break;
         }
         n_gen++;
@@ -373,7 +388,7 @@ int mi_cmd_generate(int argc, char **argv) {
             fwrite(piece, 1, len < sizeof(piece) ? len : sizeof(piece), stdout);
             fflush(stdout);
         }
-        if (i + 1 == max_new && sess && chat) {
+        if (i + 1 == max_new && session_path && chat) {
             /* a reply cut short still closes its turn in a saved conversation */
             int32_t close[4];
             size_t nc = 0;
@@ -384,7 +399,7 @@ int mi_cmd_generate(int argc, char **argv) {
                 break;
             }
         }
-        if (i + 1 == max_new && !sess) break;
+        if (i + 1 == max_new && !session_path) break;
         st = sess ? mi_session_decode(sess, &next, 1, logits)
                   : mi_model_decode(model, &next, 1, logits);
         n_dec++;
@@ -395,7 +410,7 @@ int mi_cmd_generate(int argc, char **argv) {
         }
     }
     double t_dec = tool_now_s() - t_dec0, c_dec = cpu_s() - c_dec0;
-    if (sess) {
+    if (session_path) {
         if (mi_session_save(sess, session_path) != MI_STATUS_SUCCESS) {
             fprintf(stderr, "\nminference generate: %s\n", mi_session_last_error(sess));
             goto done;
@@ -420,6 +435,11 @@ int mi_cmd_generate(int argc, char **argv) {
                 n_tok, t_prefill, (double)n_tok / (t_prefill > 0 ? t_prefill : 1e-9), c_prefill,
                 ttft, n_gen, dec_steps > 0 && t_dec > 0 ? dec_steps / t_dec : 0.0, c_dec,
                 (double)ru.ru_maxrss / 1024.0);
+        mi_session_stats ss;
+        if (sess && mi_session_stats_get(sess, &ss) == MI_STATUS_SUCCESS)
+            fprintf(stderr, "KV cache: %lld rows kept of %lld tokens, %.1f MiB (kv %s)\n",
+                    (long long)ss.kv_rows, (long long)ss.n_tokens,
+                    (double)ss.bytes / (1024.0 * 1024.0), kv_shown[0] ? kv_shown : "dense");
         mi_model_timing tm;
         if (mi_model_last_timing(model, &tm) == MI_STATUS_SUCCESS && tm.total_s > 0) {
             fprintf(stderr, "prefill parts: attention %.3f s (%.1f%%), GEMM %.3f s (%.1f%%)\n",
