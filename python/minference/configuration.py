@@ -95,7 +95,21 @@ class MInferenceConfig:
                                  "dilated2", "static"]
     # The types that run one library pattern on every head (head_pattern()).
     PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
-    SUPPORTED_KV_TYPES = ["dense"]
+    # KV types the C model runner's sessions run (Model.session(kv=...)); the transformers patch
+    # keeps transformers' own cache, so it runs only "dense".
+    SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest"]
+    # The attn_kwargs keys each KV type reads (the original's names), passed to the C runner's
+    # spec "kv_type:key=value,..."; the library checks the values and fills the defaults.
+    KV_KEYS = {
+        "dense": [],
+        "streamingllm": ["n_init", "n_local"],
+        "snapkv": ["window_size", "max_capacity_prompt", "kernel_size", "pooling"],
+        "pyramidkv": ["window_size", "max_capacity_prompt", "kernel_size", "pooling", "beta"],
+        "quest": ["token_budget", "chunk_size", "dense_layers"],
+        "retr_attn": ["top_k", "from_layer", "n_init", "n_local"],
+        "kivi": ["bits", "group_size", "residual_length"],
+        "leank": ["leank_path", "sink_size", "recent_size", "accumu_size", "round_to"],
+    }
 
     # Per-type defaults (the original's), set onto attn_kwargs unless the caller gave them.
     ATTENTION_DEFAULTS = {
@@ -127,8 +141,8 @@ class MInferenceConfig:
             raise ValueError(f"unknown kv_type {kv_type!r}; the available types are {self.KV_TYPES}")
         if kv_type not in self.SUPPORTED_KV_TYPES:
             raise NotImplementedError(
-                f"kv_type {kv_type!r} is not implemented by this minference yet; only 'dense' "
-                "(transformers' own cache, un-repeated K/V) is")
+                f"kv_type {kv_type!r} is not implemented by this minference yet; implemented (in "
+                f"the C model runner's sessions): {self.SUPPORTED_KV_TYPES}")
         if kv_cache_cpu:
             raise NotImplementedError("kv_cache_cpu is not implemented by this minference yet")
         if is_search and attn_type not in self.MINFERENCE_ATTENTION_TYPES:
@@ -154,6 +168,22 @@ class MInferenceConfig:
         self.starting_layer = int(kw["starting_layer"])
         self.attn_kwargs = kw
         self.config_path = self.update_config_path(config_path, model_name)
+
+    def kv_spec(self):
+        """The C runner's KV method spec ("snapkv:window_size=32,..."): kv_type with the
+        attn_kwargs it reads (KV_KEYS); None for dense."""
+        if self.kv_type == "dense":
+            return None
+        parts = []
+        for key in self.KV_KEYS.get(self.kv_type, []):
+            if key in self.attn_kwargs and self.attn_kwargs[key] is not None:
+                val = self.attn_kwargs[key]
+                if isinstance(val, bool) or not isinstance(val, (int, float, str)):
+                    raise ValueError(f"attn_kwargs[{key!r}] = {val!r} is not a number or a name")
+                if isinstance(val, str) and ("," in val or ":" in val and key != "leank_path"):
+                    raise ValueError(f"attn_kwargs[{key!r}] = {val!r} may not hold ',' or ':'")
+                parts.append(f"{key}={val}")
+        return self.kv_type + (":" + ",".join(parts) if parts else "")
 
     @classmethod
     def get_available_attn_types(cls):

@@ -347,6 +347,7 @@ class Model(_Closing):
         self.device = "cpu" if params.device == L.MI_DEVICE_CPU else f"cuda:{params.device_id}"
         self._config = None  # the borrowed mi_config of set_attention, kept alive here
         self._attention = ("minference", None, -1)
+        self._kv = None  # the KV method spec of generate and new sessions (set_kv)
         self._progress = None
         self._sessions = weakref.WeakSet()  # closed before the model
         info = L.mi_model_info()
@@ -422,6 +423,7 @@ class Model(_Closing):
         if isinstance(mode, MInferenceConfig):
             if config is not None:
                 raise ValueError("give the pattern config in the MInferenceConfig, not as config=")
+            self.set_kv(mode)
             mode, config = self._from_minference_config(mode)
         if not isinstance(mode, str):
             raise ValueError(f"mode must be 'minference' or a pattern name, not {mode!r}")
@@ -586,11 +588,26 @@ class Model(_Closing):
         """Tokens in the KV cache."""
         return int(self._lib.mi_model_n_past(self.handle))
 
-    def session(self, max_tokens=0, pool_bytes=0):
+    def session(self, max_tokens=0, pool_bytes=0, kv=None):
         """A new, empty Session over this model (CPU models only): a KV cache of its own in the
         model's page pool. max_tokens caps it (0: the model's max_context); pool_bytes caps the
-        pool shared by all the model's sessions, taken by the first one (0: no limit)."""
-        return Session(self, max_tokens, pool_bytes)
+        pool shared by all the model's sessions, taken by the first one (0: no limit). kv: the
+        KV method, a spec "METHOD[:key=value,...]" (dense, streamingllm, snapkv, pyramidkv,
+        quest with the original's keys, docs/kv-methods.md) or an MInferenceConfig (its kv_type
+        and attn_kwargs); None: the one set_kv / set_attention(MInferenceConfig) set, else
+        dense."""
+        return Session(self, max_tokens, pool_bytes, self._kv if kv is None else kv)
+
+    def set_kv(self, kv):
+        """The KV method of generate and of new sessions (a spec, an MInferenceConfig or None
+        for dense); checked now. With one set, generate runs in a fresh session with it (the
+        model's own cache is dense)."""
+        self._kv = _kv_spec(self._lib, kv)
+
+    @property
+    def kv(self):
+        """The KV method spec set by set_kv (None: dense)."""
+        return self._kv
 
     @property
     def last_timing(self):
@@ -671,6 +688,10 @@ class Model(_Closing):
                            self.vocab_size)
         if chat not in (False, True) and chat not in _CHAT_TEMPLATES:
             raise ValueError(f"chat must be a bool or one of {list(_CHAT_TEMPLATES)}, not {chat!r}")
+        if self._kv is not None:  # a KV method lives in a session
+            with self.session() as s:
+                return s.generate_tokens(prompt, max_new_tokens, chat, temperature, top_k, top_p,
+                                         seed, system, on_token)
         tokens = self._prompt_tokens(prompt, chat, system)
         out = []
         if max_new_tokens == 0:
@@ -714,10 +735,12 @@ class Session(_Closing):
     read a session file tied to the model; a failed call leaves the session as it was. Calls
     on sessions of one model are serialised with the model's."""
 
-    def __init__(self, model, max_tokens=0, pool_bytes=0):
+    def __init__(self, model, max_tokens=0, pool_bytes=0, kv=None):
         p = L.mi_session_params()
         p.max_tokens = _int_arg(max_tokens, "max_tokens", L.c_int64, minimum=0)
         p.pool_bytes = _int_arg(pool_bytes, "pool_bytes", L.c_uint64, minimum=0)
+        spec = _kv_spec(model._lib, kv)
+        p.kv = spec.encode() if spec is not None else None
         h = ctypes.c_void_p()
         with model._lock:
             st = model._lib.mi_session_create(model.handle, ctypes.byref(p), ctypes.byref(h))
@@ -773,7 +796,7 @@ class Session(_Closing):
 
     @property
     def n_past(self):
-        """Tokens in the session's cache."""
+        """Tokens seen (the next position; the rows kept are stats["kv_rows"])."""
         return int(self._lib.mi_session_n_past(self.handle))
 
     def rewind(self, n):
@@ -807,9 +830,10 @@ class Session(_Closing):
 
     @property
     def stats(self):
-        """n_tokens, max_tokens, bytes, shared_bytes (pages shared with a fork), and the
-        model's pool: pool_used_bytes, pool_allocated_bytes, pool_capacity_bytes,
-        pool_sessions; page_tokens."""
+        """n_tokens (tokens seen), max_tokens, bytes, shared_bytes (pages shared with a fork),
+        and the model's pool: pool_used_bytes, pool_allocated_bytes, pool_capacity_bytes,
+        pool_sessions; page_tokens; kv_rows (rows kept: fewer than n_tokens once a KV method
+        evicted or compacted the cache)."""
         st = L.mi_session_stats()
         with self.model._lock:
             self._check(self._lib.mi_session_stats_get(self.handle, ctypes.byref(st)),
@@ -871,6 +895,27 @@ class Session(_Closing):
         """As Model.generate, continuing this session (see generate_tokens)."""
         return _generate_text(self, self.model, prompt, max_new_tokens, chat, temperature, top_k,
                               top_p, seed, stream, system)
+
+
+def _kv_spec(lib, kv):
+    """kv (None, a spec string or an MInferenceConfig) as a spec checked by the library, or None
+    for dense. ValueError for a bad spec, NotImplementedError for a method not built."""
+    if kv is None:
+        return None
+    if isinstance(kv, MInferenceConfig):
+        kv = kv.kv_spec()
+        if kv is None:
+            return None
+    if not isinstance(kv, str):
+        raise ValueError(f"kv must be None, a spec string or an MInferenceConfig, not {kv!r}")
+    msg = ctypes.create_string_buffer(1024)
+    st = lib.mi_session_kv_check(kv.encode(), msg, len(msg))
+    text = msg.value.decode("utf-8", "replace")
+    if st == L.MI_STATUS_UNSUPPORTED:
+        raise NotImplementedError(text)
+    if st != 0:
+        raise ValueError(text)
+    return None if text.split(":", 1)[0] == "dense" else kv
 
 
 def _generate_text(generator, model, prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,

@@ -419,8 +419,11 @@ class MInference:
 
     attn_type: "minference" (per-head patterns from a config; heads missing from it, or every head
     without a config, get vertical_and_slash 1000/6096), "dense", "a_shape", "tri_shape",
-    "tri_mix", "tri_mix_minference", or "hf" (no patch). The original's other types and KV types
-    raise NotImplementedError. attn_kwargs: n_init, n_local, n_last, starting_layer,
+    "tri_mix", "tri_mix_minference", or "hf" (no patch). The original's other types raise
+    NotImplementedError. kv_type (the original's names, with their attn_kwargs): "dense" here;
+    "streamingllm", "snapkv", "pyramidkv", "quest" run in the C model runner: applied to a
+    minference.Model, MInference sets its attention and the KV method of its generate and
+    sessions; on a transformers model they raise NotImplementedError. attn_kwargs: n_init, n_local, n_last, starting_layer,
     minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
     library's crossover), last_q, forced_columns, forced_diagonals, min_vertical, min_slash.
 
@@ -440,6 +443,15 @@ class MInference:
 
     def patch_model(self, model):
         cfg = self.config
+        from .model import Model  # the C runner: its sessions run the KV methods
+        if isinstance(model, Model):
+            model.set_attention(cfg)
+            return model
+        if cfg.kv_type != "dense":
+            raise NotImplementedError(
+                f"kv_type {cfg.kv_type!r} runs in the C model runner only (minference.Model: "
+                f"MInference(...)(Model(path)) or Model.session(kv={cfg.kv_spec()!r})); the "
+                "transformers patch keeps transformers' own KV cache, so it runs kv_type 'dense'")
         if cfg.attn_type == "hf":
             return model
         try:

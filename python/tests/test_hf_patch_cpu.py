@@ -224,8 +224,8 @@ def test_unsupported_types_raise_before_touching_the_model():
     model = make_model("llama")
     with pytest.raises(NotImplementedError):
         mi.MInference("flexprefill")(model)
-    with pytest.raises(NotImplementedError):
-        mi.MInference("minference", kv_type="snapkv")
+    with pytest.raises(NotImplementedError, match="C model runner"):
+        mi.MInference("minference", kv_type="snapkv")(model)
     assert model.config._attn_implementation == "sdpa"
 
 
