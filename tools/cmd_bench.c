@@ -19,6 +19,8 @@
 #include "cli.h"
 #include "minference.h"
 #include "minference_cuda.h"
+#include "minference_model.h"
+#include "minference_session.h"
 #include "minference_tools.h"
 #include "tool_util.h"
 
@@ -60,7 +62,121 @@ static const char usage[] =
     "                 exactly on the CPU (about a dense attention pass there; always on the CPU)\n"
     "  --tuning T     the kernels' tuning as name=value,... (mi_tuning in minference.h; e.g.\n"
     "                 sm90_sparse=1 or cpu_engine=1; default: every choice automatic)\n"
-    "  --json FILE    also append the results to FILE as rows of the results store\n";
+    "  --json FILE    also append the results to FILE as rows of the results store\n"
+    "\n"
+    "KV methods (--kv SPEC;SPEC;...): decode on a model instead, per KV method: a session\n"
+    "prefills --len tokens of text (default 8000), then --decode greedy steps (default 32) are\n"
+    "timed; reported: prefill time, decode tokens/s (and CPU seconds), rows kept and KV bytes.\n"
+    "  --kv SPECS     ';'-separated, e.g. \"dense;quest:token_budget=1024\" (docs/kv-methods.md)\n"
+    "  --model PATH   the model (default: as generate)\n"
+    "  --decode N     decode steps timed per method\n";
+
+/* Process CPU seconds: next to wall time they show when other processes held the cores. */
+static double bench_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The --kv benchmark: decode speed and cache size of each KV method at one context length. */
+static int bench_kv(const char *specs_s, const char *model_arg, int len, int steps, int threads) {
+    char *path = model_arg ? strdup(model_arg) : tool_default_model();
+    if (!path) {
+        fprintf(stderr, "minference bench: no model: pass --model or set MI_MODEL\n");
+        return 1;
+    }
+    mi_model_params mp = mi_model_default_params();
+    mp.n_threads = threads;
+    mi_model *model = NULL;
+    mi_context *ectx = NULL;
+    mi_context_create(NULL, &ectx);
+    mi_status st = mi_model_load(ectx, path, &mp, &model);
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "minference bench: %s: %s\n", path, mi_context_last_error(ectx));
+    mi_context_destroy(ectx);
+    if (st != MI_STATUS_SUCCESS) {
+        free(path);
+        return 1;
+    }
+    mi_model_info info;
+    mi_model_get_info(model, &info);
+    /* real text, repeated to the length: the license texts every Debian system has */
+    size_t text_len = 0;
+    char *text = tool_license_text(&text_len);
+    size_t n_text = 0;
+    int32_t *tok = malloc(((size_t)len + (size_t)steps + 1) * sizeof(int32_t));
+    int32_t *text_tok = NULL;
+    float *logits = malloc((size_t)info.vocab * sizeof(float));
+    int rc = 1;
+    if (!text || !tok || !logits) {
+        fprintf(stderr, "minference bench: no text (/usr/share/common-licenses) or no memory\n");
+        goto out;
+    }
+    mi_model_tokenize(model, text, text_len, 1, 0, NULL, 0, &n_text);
+    text_tok = malloc((n_text + 1) * sizeof(int32_t));
+    if (!text_tok ||
+        mi_model_tokenize(model, text, text_len, 1, 0, text_tok, n_text, &n_text) !=
+            MI_STATUS_SUCCESS ||
+        n_text < 2) {
+        fprintf(stderr, "minference bench: cannot tokenize the text\n");
+        goto out;
+    }
+    for (int i = 0; i < len; i++) tok[i] = text_tok[i == 0 ? 0 : 1 + (i - 1) % (n_text - 1)];
+    mi_model_set_attention(model, MI_ATTN_DENSE, NULL, -1);
+    printf("decode with KV methods: %s, %d-token context, %d steps\n", path, len, steps);
+    printf("%-44s %10s %12s %9s %10s %10s\n", "kv", "prefill s", "decode tok/s", "cpu s",
+           "rows kept", "KV MiB");
+    char *list = strdup(specs_s);
+    rc = 0;
+    for (char *save = NULL, *spec = strtok_r(list, ";", &save); spec && rc == 0;
+         spec = strtok_r(NULL, ";", &save)) {
+        char msg[512];
+        if (mi_session_kv_check(spec, msg, sizeof msg) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference bench: --kv '%s': %s\n", spec, msg);
+            rc = 2;
+            break;
+        }
+        mi_session_params sp = mi_session_default_params();
+        sp.kv = spec;
+        mi_session *s = NULL;
+        if (mi_session_create(model, &sp, &s) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference bench: %s\n", mi_model_last_error(model));
+            rc = 1;
+            break;
+        }
+        double t0 = tool_now_s();
+        st = mi_session_prefill(s, tok, (size_t)len, logits);
+        const double t_prefill = tool_now_s() - t0;
+        t0 = tool_now_s();
+        const double c0 = bench_cpu_s();
+        for (int i = 0; i < steps && st == MI_STATUS_SUCCESS; i++) {
+            int32_t next = mi_argmax(logits, info.vocab);
+            st = mi_session_decode(s, &next, 1, logits);
+        }
+        const double t_dec = tool_now_s() - t0, c_dec = bench_cpu_s() - c0;
+        mi_session_stats ss;
+        if (st == MI_STATUS_SUCCESS) st = mi_session_stats_get(s, &ss);
+        if (st != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "minference bench: %s: %s\n", spec, mi_session_last_error(s));
+            rc = 1;
+        } else {
+            printf("%-44s %10.2f %12.2f %9.2f %10lld %10.1f\n", spec, t_prefill,
+                   t_dec > 0 ? steps / t_dec : 0.0, c_dec, (long long)ss.kv_rows,
+                   (double)ss.bytes / (1024.0 * 1024.0));
+            fflush(stdout);
+        }
+        mi_session_destroy(s);
+    }
+    free(list);
+out:
+    free(text);
+    free(text_tok);
+    free(tok);
+    free(logits);
+    mi_model_destroy(model);
+    free(path);
+    return rc;
+}
 
 /* The methods are the library's patterns in its order (dense first: the reference), each under
  * its short name (its first alias, else its config name): dense, a_shape, tri_shape,
@@ -418,7 +534,8 @@ static void print_table(const bench_setup *b, const result *res) {
 int mi_cmd_bench(int argc, char **argv) {
     int len = 32768, heads = 1, kv_heads = 0, dim = 128, threads = 0, seed = 1234, repeats = 3;
     const char *dtype_name = "bf16", *json_path = NULL, *method_list = NULL, *device_name = "cpu";
-    const char *tuning = NULL;
+    const char *tuning = NULL, *kv = NULL, *model_path = NULL;
+    int decode_steps = 32;
     bool len_seen = false, heads_seen = false, kv_seen = false, repeats_seen = false;
     bool metrics_flag = false;
     init_methods();
@@ -436,12 +553,20 @@ int mi_cmd_bench(int argc, char **argv) {
         {"methods", ARG_STR, &method_list, 0, 0, NULL},
         {"metrics", ARG_BOOL, &metrics_flag, 0, 0, NULL},
         {"tuning", ARG_STR, &tuning, 0, 0, NULL},
+        {"kv", ARG_STR, &kv, 0, 0, NULL},
+        {"model", ARG_STR, &model_path, 0, 0, NULL},
+        {"decode", ARG_INT, &decode_steps, 1, 1 << 20, NULL},
     };
     const char *pos[1];
     int np = 0;
     args_result ar = args_parse("bench", usage, specs, (int)(sizeof specs / sizeof specs[0]), argc,
                                 argv, pos, 0, &np);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
+    if (kv) {
+        if (strcmp(device_name, "cpu") != 0)
+            return args_error("bench", usage, "--kv runs on the CPU model (sessions)");
+        return bench_kv(kv, model_path, len_seen ? len : 8000, decode_steps, threads);
+    }
     const bool gpu = strcmp(device_name, "cuda") == 0;
     if (!gpu && strcmp(device_name, "cpu") != 0)
         return args_error("bench", usage, "bad value '%s' for '--device' (cpu or cuda)",
