@@ -329,6 +329,8 @@ typedef struct fwd_bufs {
     float *kn, *vn; /* a session's new K and V rows before they go into its pages */
     float *qkeep;   /* a KV method's queries per layer: [n_layers][q_rows][n_heads * hd] */
     int64_t q_rows;
+    int64_t *rows0; /* a session's rows per layer before the call (a KV method may make them
+                     * differ: PyramidKV) */
     mi_head_pattern *pat;
 } fwd_bufs;
 
@@ -346,6 +348,7 @@ static void free_bufs(fwd_bufs *b) {
     free(b->kn);
     free(b->vn);
     free(b->qkeep);
+    free(b->rows0);
 }
 
 /* The KV method's compaction after a session's call, every layer: its queries (the last q_rows of
@@ -371,7 +374,8 @@ static mi_status method_after_call(mi_model *m, mi_kv_seq *seq, kv_method *metho
  * the first token at RoPE position pos, with an optional KV method. */
 static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t pos,
                          const int32_t *tokens, int64_t n, bool fresh, float *logits,
-                         const mi_model_capture *capture) {
+                         const mi_model_capture *capture, bool *kept) {
+    if (kept) *kept = false;
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab)
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
@@ -415,13 +419,16 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
     if (seq) {
         b.kn = malloc((size_t)(n * kvd) * sizeof(float));
         b.vn = malloc((size_t)(n * kvd) * sizeof(float));
+        b.rows0 = malloc((size_t)m->n_layers * sizeof(int64_t));
+        if (b.rows0)
+            for (int32_t l = 0; l < m->n_layers; l++) b.rows0[l] = mi_kv_seq_length(seq, l);
     }
     if (method && method->q_rows > 0 && n >= 2) {
         b.q_rows = n < method->q_rows ? n : method->q_rows;
         b.qkeep = malloc((size_t)(m->n_layers * b.q_rows * qd) * sizeof(float));
     }
     if (!b.x || !b.h || !b.q || !b.att || !b.g || !b.u || !b.cos_t || !b.sin_t || !b.inv_freq ||
-        !b.pat || (seq && (!b.kn || !b.vn)) || (b.q_rows && !b.qkeep)) {
+        !b.pat || (seq && (!b.kn || !b.vn || !b.rows0)) || (b.q_rows && !b.qkeep)) {
         free_bufs(&b);
         return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
                               "out of memory for the activations of %lld tokens", (long long)n);
@@ -439,6 +446,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
 
     for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
         const mim_layer *L = &m->layers[l];
+        const int64_t lp = seq ? b.rows0[l] : n_past; /* this layer's rows before the call */
         float *kc = seq ? b.kn : m->k_cache[l] + n_past * kvd;
         float *vc = seq ? b.vn : m->v_cache[l] + n_past * kvd;
         mim_rmsnorm(b.x, L->attn_norm, b.h, n, D, m->eps);
@@ -498,7 +506,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
         } else if (n >= (m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM)) {
             t0 = mim_now_s();
             if (seq) {
-                st = mim_seq_prefill_attention(m, seq, l, b.q, n, n_past, b.att);
+                st = mim_seq_prefill_attention(m, seq, l, b.q, n, lp, b.att);
             } else {
                 const int64_t kl = n_past + n;
                 mi_tensor tk = mi_tensor_blhd(m->k_cache[l], MI_DTYPE_F32, MI_DEVICE_CPU, 1,
@@ -511,7 +519,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
             if (st != MI_STATUS_SUCCESS) break;
         } else if (seq) {
             t0 = mim_now_s();
-            st = mim_seq_attention(m, seq, method, l, b.q, n, n_past, scale, b.att);
+            st = mim_seq_attention(m, seq, method, l, b.q, n, lp, scale, b.att);
             t_attn += mim_now_s() - t0;
             if (st != MI_STATUS_SUCCESS) break;
         } else {
@@ -569,9 +577,11 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
              * session sees more rows than before the call and counts them */
             kv_method_appended(method, n);
             st = method_after_call(m, seq, method, &b, n);
+            if (kept) *kept = true;
         }
     } else if (seq) {
-        mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past); /* the session loses nothing */
+        for (int32_t l = 0; l < m->n_layers; l++) /* the session loses nothing */
+            mi_kv_seq_truncate(seq, l, b.rows0[l]);
     } else if (fresh) {
         m->n_past = 0;
     }
@@ -581,14 +591,15 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
 
 mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                       const mi_model_capture *capture) {
-    return forward(m, NULL, NULL, 0, tokens, n, fresh, logits, capture);
+    return forward(m, NULL, NULL, 0, tokens, n, fresh, logits, capture, NULL);
 }
 
 mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t pos,
-                          const int32_t *tokens, int64_t n, float *logits) {
+                          const int32_t *tokens, int64_t n, float *logits, bool *kept) {
+    if (kept) *kept = false;
     if (m->gpu)
         return mim_model_fail(m, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
-    return forward(m, seq, method, pos, tokens, n, mi_kv_seq_tokens(seq) == 0, logits, NULL);
+    return forward(m, seq, method, pos, tokens, n, mi_kv_seq_tokens(seq) == 0, logits, NULL, kept);
 }
 
 mi_status mi_model_prefill(mi_model *m, const int32_t *tokens, size_t n, float *logits) {

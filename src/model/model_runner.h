@@ -100,9 +100,11 @@ struct kv_method;
  * model's pool holds) and attends over it; pos is the RoPE position of the first token (tokens
  * seen, which differs from seq's rows once a KV method evicted or compacted rows); method (may
  * be NULL: dense) selects the rows decode reads and compacts the cache after the call
- * (src/kv/kv_method.h). On failure every layer is cut back to its length before the call. */
+ * (src/kv/kv_method.h). On failure every layer is cut back to its length before the call,
+ * except when the method's compaction after the layers fails: *kept (may be NULL) then says
+ * the call's tokens stay. Layers may differ in length (PyramidKV). */
 mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, struct kv_method *method, int64_t pos,
-                          const int32_t *tokens, int64_t n, float *logits);
+                          const int32_t *tokens, int64_t n, float *logits, bool *kept);
 
 /* Dense attention of n query rows (the last n rows) over the first n_past + n rows of one
  * layer of seq, read from the pages in place (model_session.c). q, out: [n, n_heads * hd].

@@ -143,11 +143,12 @@ static mi_status run(mi_session *s, const int32_t *tokens, size_t n, float *logi
                      (long long)s->max_tokens);
     mi_model *m = s->model;
     m->last_error[0] = 0;
-    const int64_t rows = mi_kv_seq_tokens(s->seq);
-    mi_status st = mim_forward_seq(m, s->seq, s->method, s->n_pos, tokens, (int64_t)n, logits);
+    bool kept = false;
+    mi_status st =
+        mim_forward_seq(m, s->seq, s->method, s->n_pos, tokens, (int64_t)n, logits, &kept);
     /* a failure inside the layers cuts the rows back; one in the method's compaction after them
-     * keeps the call's tokens (model_forward.c), which the rows then show */
-    if (st == MI_STATUS_SUCCESS || mi_kv_seq_tokens(s->seq) > rows) s->n_pos += (int64_t)n;
+     * keeps the call's tokens (model_forward.c) */
+    if (st == MI_STATUS_SUCCESS || kept) s->n_pos += (int64_t)n;
     if (st != MI_STATUS_SUCCESS) sfail(s, st, "%s", m->last_error);
     return st;
 }

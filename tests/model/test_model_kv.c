@@ -219,6 +219,18 @@ static void test_snapkv_compacts(mi_model *m, const int32_t *tok, int V) {
     CHECK_OK(mi_session_prefill(s, tok, 200, a));
     CHECK_OK(mi_session_stats_get(s, &st));
     CHECK(st.n_tokens == 200 && st.kv_rows < 200, "%lld rows", (long long)st.kv_rows);
+    /* the layers now differ in length: decode and a follow-up turn read each its own rows */
+    const int64_t rows = st.kv_rows;
+    for (int i = 0; i < 3; i++) CHECK_OK(mi_session_decode(s, tok + 200 + i, 1, a));
+    CHECK_OK(mi_session_prefill(s, tok + 203, 40, a));
+    CHECK_OK(mi_session_stats_get(s, &st));
+    CHECK(st.n_tokens == 243 && st.kv_rows <= rows + 43, "%lld tokens, %lld rows",
+          (long long)st.n_tokens, (long long)st.kv_rows);
+    finite = true;
+    for (int i = 0; i < V; i++) finite = finite && isfinite(a[i]);
+    CHECK(finite, "pyramidkv logits finite");
+    CHECK_OK(mi_session_rewind(s, 8));
+    CHECK_EQ(mi_session_n_past(s), 235);
     mi_session_destroy(s);
     free(a);
 }
