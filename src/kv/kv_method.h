@@ -28,8 +28,7 @@
 
 #include <stdbool.h>
 
-/* The functions below are exported from libminference (MI_API) for the model runner library,
- * which is built as a separate shared object; they are not part of the public headers. */
+/* Built into the model runner library (CMakeLists.txt), which calls them; internal to it. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -116,75 +115,75 @@ struct kv_method {
 
 /* The table, in the original's order: dense, streamingllm, snapkv, pyramidkv, quest, retr_attn,
  * kivi, leank. */
-MI_API int32_t kv_method_count(void);
-MI_API const kv_method_entry *kv_method_at(int32_t i);
-MI_API const kv_method_entry *kv_method_find(const char *name);
+int32_t kv_method_count(void);
+const kv_method_entry *kv_method_at(int32_t i);
+const kv_method_entry *kv_method_find(const char *name);
 
 /* Parses "METHOD[:key=value,...]" (NULL or "" is dense). On error writes a message to err. */
-MI_API mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_size);
+mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_size);
 /* The value of a key of the spec's method (must exist: a programming error otherwise aborts). */
-MI_API double kv_spec_get(const kv_spec *s, const char *key);
-MI_API const char *kv_spec_get_string(const kv_spec *s, const char *key);
-MI_API bool kv_spec_given(const kv_spec *s, const char *key);
+double kv_spec_get(const kv_spec *s, const char *key);
+const char *kv_spec_get_string(const kv_spec *s, const char *key);
+bool kv_spec_given(const kv_spec *s, const char *key);
 /* "METHOD:key=value,..." with every key, the defaults filled in. */
-MI_API void kv_spec_format(const kv_spec *s, char *buf, size_t size);
+void kv_spec_format(const kv_spec *s, char *buf, size_t size);
 
 /* An instance for one session; *out NULL for dense (no hooks at all). MI_STATUS_UNSUPPORTED for
  * an entry that is not built. err gets the message on failure. */
-MI_API mi_status kv_method_create(const kv_spec *spec, const kv_geometry *geo, kv_method **out,
-                                  char *err, size_t err_size);
-MI_API void kv_method_destroy(kv_method *m);
-MI_API mi_status kv_method_clone(const kv_method *m, kv_method **out, char *err, size_t err_size);
+mi_status kv_method_create(const kv_spec *spec, const kv_geometry *geo, kv_method **out, char *err,
+                           size_t err_size);
+void kv_method_destroy(kv_method *m);
+mi_status kv_method_clone(const kv_method *m, kv_method **out, char *err, size_t err_size);
 
 /* Hooks as the forward pass calls them (a NULL m or hook: nothing). Messages in m->error.
  * kv_method_appended first: every layer got n rows at its end. */
-MI_API void kv_method_appended(kv_method *m, int64_t n);
-MI_API mi_status kv_method_after_append(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t n_new);
-MI_API mi_status kv_method_after_prefill(kv_method *m, mi_kv_seq *seq, int32_t layer,
-                                         const float *q, int64_t n);
-MI_API bool kv_method_selects(const kv_method *m);
-MI_API mi_status kv_method_select(kv_method *m, const mi_kv_seq *seq, int32_t layer, const float *q,
-                                  int64_t n, kv_selection *sel);
+void kv_method_appended(kv_method *m, int64_t n);
+mi_status kv_method_after_append(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t n_new);
+mi_status kv_method_after_prefill(kv_method *m, mi_kv_seq *seq, int32_t layer, const float *q,
+                                  int64_t n);
+bool kv_method_selects(const kv_method *m);
+mi_status kv_method_select(kv_method *m, const mi_kv_seq *seq, int32_t layer, const float *q,
+                           int64_t n, kv_selection *sel);
 /* Rows the session may rewind: the shortest exact tail over the layers. */
-MI_API int64_t kv_method_rewindable(const kv_method *m);
+int64_t kv_method_rewindable(const kv_method *m);
 /* After a rewind / failed call truncated every layer by n rows. */
-MI_API void kv_method_rewound(kv_method *m, int64_t n);
+void kv_method_rewound(kv_method *m, int64_t n);
 /* After a load replaced the rows (every row is its token again). */
-MI_API void kv_method_reset_tails(kv_method *m, const mi_kv_seq *seq);
+void kv_method_reset_tails(kv_method *m, const mi_kv_seq *seq);
 
 /* Compacts a layer (mi_kv_seq_compact) and updates its exact tail. keep: [n_kv_heads][count]. */
-MI_API mi_status kv_method_compact(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t count,
-                                   const int64_t *keep);
-MI_API mi_status kv_method_fail(kv_method *m, mi_status st, const char *fmt, ...)
+mi_status kv_method_compact(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t count,
+                            const int64_t *keep);
+mi_status kv_method_fail(kv_method *m, mi_status st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
 /* Selection lists. */
-MI_API void kv_selection_init(kv_selection *sel);
-MI_API void kv_selection_free(kv_selection *sel);
+void kv_selection_init(kv_selection *sel);
+void kv_selection_free(kv_selection *sel);
 /* Empties sel for n_lists lists (allocation failure: MI_STATUS_OUT_OF_MEMORY). */
-MI_API mi_status kv_selection_reset(kv_selection *sel, int64_t n_lists);
+mi_status kv_selection_reset(kv_selection *sel, int64_t n_lists);
 /* Adds [start, end) to the open list (merged with the previous span when they touch); lists are
  * written in order: list i is closed by kv_selection_close. */
-MI_API mi_status kv_selection_push(kv_selection *sel, int64_t start, int64_t end);
-MI_API void kv_selection_close(kv_selection *sel);
+mi_status kv_selection_push(kv_selection *sel, int64_t start, int64_t end);
+void kv_selection_close(kv_selection *sel);
 
 /* The methods' rules, exposed for their reference tests. */
 /* SnapKV's selection: q [w][n_heads * hd] (the last w queries), k [n_kv][len][hd]; keep
  * [n_kv][n_keep + w] gets, per KV head, its n_keep highest-scoring rows of 0..len-w-1 ascending,
  * then the window's rows. pooling 0: avgpool, 1: maxpool; kernel odd. */
-MI_API mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t len,
-                                  int32_t n_heads, int32_t n_kv, int32_t hd, int64_t kernel,
-                                  int pooling, int64_t n_keep, int64_t *keep);
+mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t len, int32_t n_heads,
+                           int32_t n_kv, int32_t hd, int64_t kernel, int pooling, int64_t n_keep,
+                           int64_t *keep);
 /* PyramidKV's rows kept before the window in a layer of len rows; -1: the layer stays whole. */
-MI_API int64_t kv_pyramid_prefix_budget(int64_t capacity, int64_t window, int64_t beta,
-                                        int32_t n_layers, int32_t layer, int64_t len);
+int64_t kv_pyramid_prefix_budget(int64_t capacity, int64_t window, int64_t beta, int32_t n_layers,
+                                 int32_t layer, int64_t len);
 /* Quest's bound of q.k over a page: minmax [2][hd] (min then max). */
-MI_API float kv_quest_bound(const float *q, const float *minmax, int32_t hd);
+float kv_quest_bound(const float *q, const float *minmax, int32_t hd);
 /* Quest's page count for a token budget over n_pages pages. */
-MI_API int64_t kv_quest_pages(int64_t budget, int32_t page_tokens, int64_t n_pages);
+int64_t kv_quest_pages(int64_t budget, int32_t page_tokens, int64_t n_pages);
 
 /* The entries, each in its own file. */
 extern const kv_method_entry kv_method_dense_entry;
