@@ -80,6 +80,7 @@ static double bench_cpu_s(void) {
 
 /* The --kv benchmark: decode speed and cache size of each KV method at one context length. */
 static int bench_kv(const char *specs_s, const char *model_arg, int len, int steps, int threads) {
+    mi_cli_prepare_runtime(); /* as generate: sleeping OpenMP threads, the right BLAS kernels */
     char *path = model_arg ? strdup(model_arg) : tool_default_model();
     if (!path) {
         fprintf(stderr, "minference bench: no model: pass --model or set MI_MODEL\n");
