@@ -25,7 +25,7 @@ typedef struct method {
     mi_config *config; /* custom or --config (borrowed by the model) */
     int tri_mix;       /* 1: tri_mix, 2: tri_mix_minference (tri_start: first Tri-shape layer) */
     int32_t tri_start;
-    char kv[256];      /* --kv: the session's KV method spec; "" runs the model's own cache */
+    char kv[256]; /* --kv: the session's KV method spec; "" runs the model's own cache */
 } method;
 
 /* "minference", a pattern name or alias (its default budget on every head), or
