@@ -110,6 +110,49 @@ typedef struct mi_session_stats {
 
 MI_API mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out);
 
+/* ------------------------------------------------------------------------------------------ */
+/* CacheBlend: reusing the caches of text chunks at new positions                               */
+
+/* One chunk of a blended prompt: its tokens and a session of the same model whose rows
+ * cache_row..cache_row + n_tokens - 1 are those tokens' K and V, computed at those positions
+ * (cache_row 0 for a chunk prefilled alone). The session is only read. */
+typedef struct mi_blend_chunk {
+    const int32_t *tokens;
+    size_t n_tokens;
+    const mi_session *cache;
+    int64_t cache_row;
+} mi_blend_chunk;
+
+typedef struct mi_blend_params {
+    /* Fraction of the chunks' tokens recomputed in the layers after check_layer: those whose
+     * K and V deviate most from the cached ones at check_layer. Default 0.15; 1: every token
+     * (a full prefill); 0: none (the cached K and V as they are, re-rotated). */
+    float recompute_ratio;
+    /* Layers 0..check_layer recompute every token (and select at check_layer); default 1. */
+    int32_t check_layer;
+} mi_blend_params;
+
+typedef struct mi_blend_stats {
+    int64_t n_tokens;       /* chunks + suffix */
+    int64_t n_chunk_tokens; /* tokens that came from caches */
+    int64_t n_recomputed;   /* chunk tokens recomputed past check_layer */
+    double seconds;         /* the whole call */
+} mi_blend_stats;
+
+MI_API mi_blend_params mi_blend_default_params(void);
+
+/* Fills the empty session s with the chunks one after the other (chunk i at the positions
+ * after chunks 0..i-1) followed by n_suffix >= 1 new tokens (the question), and writes the
+ * last position's logits [vocab] (may be NULL). The chunks' cached keys are rotated (RoPE) from
+ * their cached positions to the new ones; every token is recomputed in layers 0..check_layer,
+ * then only the recompute_ratio of chunk tokens with the largest K and V deviation and the
+ * suffix (attention dense). params, stats may be NULL. MI_STATUS_UNSUPPORTED for a model with
+ * dynamic RoPE scaling (its frequencies depend on the length). */
+MI_API mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *chunks,
+                                          size_t n_chunks, const int32_t *suffix, size_t n_suffix,
+                                          const mi_blend_params *params, float *logits,
+                                          mi_blend_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #define MI_MODEL_RUNNER_H
 
 #include "minference_kv.h"
+#include "minference_session.h"
 #include "model_internal.h"
 
 typedef struct mim_layer {
@@ -138,5 +139,19 @@ mi_status mim_cache_capacity(mi_model *m, int64_t need, int64_t current, int64_t
 /* Prefill parameters for a prompt of n tokens: the head's softmax scale, the model's dense
  * threshold (never a dense fallback past a sliding window, which dense would ignore). */
 mi_prefill_params mim_prefill_params_for(const mi_model *m, int64_t n);
+
+/* A session's parts, for the session operations outside model_session.c (model_blend.c);
+ * mim_session_fail records msg as the session's last error and returns st. */
+mi_model *mim_session_model(const mi_session *s);
+mi_kv_seq *mim_session_seq(const mi_session *s);
+int64_t mim_session_max_tokens(const mi_session *s);
+mi_status mim_session_fail(const mi_session *s, mi_status st, const char *msg);
+
+/* CacheBlend's selection (model_blend.c): idx[0..k) = the indices of the k largest dev[0..n)
+ * (ties: the lower index first), in ascending order; idx has room for n. Returns min(k, n). */
+int64_t mim_blend_select(const double *dev, int64_t n, int64_t k, int64_t *idx);
+
+/* Rotates n key rows k [n, n_kv * hd] (RoPE applied at positions from..) to positions to.. */
+mi_status mim_rope_shift(mi_model *m, float *k, int64_t n, int64_t from, int64_t to);
 
 #endif /* MI_MODEL_RUNNER_H */

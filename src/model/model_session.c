@@ -482,3 +482,16 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
     kv_selection_free(&sel);
     return MI_STATUS_SUCCESS;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* For the session operations of other files (model_blend.c)                                    */
+
+mi_model *mim_session_model(const mi_session *s) { return s->model; }
+
+mi_kv_seq *mim_session_seq(const mi_session *s) { return s->seq; }
+
+int64_t mim_session_max_tokens(const mi_session *s) { return s->max_tokens; }
+
+mi_status mim_session_fail(const mi_session *s, mi_status st, const char *msg) {
+    return sfail(s, st, "%s", msg);
+}
