@@ -15,6 +15,7 @@
 #include "minference_kv.h"
 #include "model_runner.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,8 +30,12 @@ mi_blend_params mi_blend_default_params(void) {
     return p;
 }
 
-/* Dense causal attention of a subset of rows (positions pos[i]) over the layer's rows
- * k, v [N, n_kv * hd]; the arithmetic of the model's dense continuation. */
+/* Dense causal attention of a subset of rows (positions pos[i], ascending) over the layer's
+ * rows k, v [N, n_kv * hd]: blocks of SUB_ROWS rows per query head, scores and weighted values
+ * as two single-threaded sgemms over the keys the block's last row sees, then the causal (and
+ * sliding-window) mask. */
+#define SUB_ROWS 32
+
 typedef struct sub_job {
     const float *q; /* [n, n_heads * hd] */
     const float *k, *v;
@@ -44,47 +49,48 @@ typedef struct sub_job {
 static void sub_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const sub_job *j = arg;
-    const int64_t kvd = (int64_t)j->n_kv * j->hd;
+    const int64_t kvd = (int64_t)j->n_kv * j->hd, qd = (int64_t)j->n_heads * j->hd;
     const int32_t group = j->n_heads / j->n_kv, hd = j->hd;
-    int64_t most = 0;
-    for (int64_t t = b; t < e; t++)
-        if (j->pos[t / j->n_heads] + 1 > most) most = j->pos[t / j->n_heads] + 1;
-    float *sc = malloc((size_t)(most ? most : 1) * sizeof(float));
-    float acc[1024];
     for (int64_t t = b; t < e; t++) {
-        const int64_t row = t / j->n_heads;
+        const int64_t r0 = (t / j->n_heads) * SUB_ROWS;
+        const int64_t r1 = r0 + SUB_ROWS < j->n ? r0 + SUB_ROWS : j->n;
+        const int64_t nb = r1 - r0;
         const int32_t h = (int32_t)(t % j->n_heads);
-        const float *q = j->q + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
-        float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
-        const float *kb = j->k + (int64_t)(h / group) * hd;
-        const float *vb = j->v + (int64_t)(h / group) * hd;
-        int64_t first = 0, end = j->pos[row] + 1;
-        if (j->window > 0 && end > j->window) first = end - j->window;
-        if (!sc) {
-            memset(o, 0, (size_t)hd * sizeof(float));
+        int64_t first = 0;
+        const int64_t last = j->pos[r1 - 1];
+        if (j->window > 0 && j->pos[r0] + 1 > j->window) first = j->pos[r0] + 1 - j->window;
+        const int64_t nk = last + 1 - first;
+        float *sc = malloc((size_t)(nb * nk) * sizeof(float));
+        const float *q = j->q + r0 * qd + (int64_t)h * hd;
+        float *o = j->out + r0 * qd + (int64_t)h * hd;
+        const float *kb = j->k + first * kvd + (int64_t)(h / group) * hd;
+        const float *vb = j->v + first * kvd + (int64_t)(h / group) * hd;
+        if (!sc) { /* out of memory: rows of zeros rather than a crash */
+            for (int64_t i = 0; i < nb; i++) memset(o + i * qd, 0, (size_t)hd * sizeof(float));
             continue;
         }
-        float mx = -INFINITY;
-        for (int64_t p = first; p < end; p++) {
-            const float s = mim_dot_row(MIM_TYPE_F32, kb + p * kvd, q, hd) * j->scale;
-            sc[p - first] = s;
-            mx = s > mx ? s : mx;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nk, hd, j->scale, q,
+                    (int)qd, kb, (int)kvd, 0.0f, sc, (int)nk);
+        for (int64_t i = 0; i < nb; i++) {
+            float *row = sc + i * nk;
+            const int64_t end = j->pos[r0 + i] + 1 - first; /* keys 0..end-1 of the block */
+            int64_t beg = 0;
+            if (j->window > 0 && end + first > j->window) beg = end + first - j->window - first;
+            float mx = -INFINITY;
+            for (int64_t p = beg; p < end; p++) mx = row[p] > mx ? row[p] : mx;
+            float sum = 0.0f;
+            for (int64_t p = 0; p < nk; p++) {
+                const float w = p >= beg && p < end ? expf(row[p] - mx) : 0.0f;
+                row[p] = w;
+                sum += w;
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t p = beg; p < end; p++) row[p] *= inv;
         }
-        float sum = 0.0f;
-        for (int64_t p = 0; p < end - first; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        for (int32_t d = 0; d < hd; d++) acc[d] = 0.0f;
-        for (int64_t p = first; p < end; p++) {
-            const float *vp = vb + p * kvd;
-            const float w = sc[p - first];
-            for (int32_t d = 0; d < hd; d++) acc[d] += w * vp[d];
-        }
-        const float inv = 1.0f / sum;
-        for (int32_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, hd, (int)nk, 1.0f, sc,
+                    (int)nk, vb, (int)kvd, 0.0f, o, (int)qd);
+        free(sc);
     }
-    free(sc);
 }
 
 /* Rotates one row of n_heads heads by the angles whose cos / sin are c, s [dim / 2], in
@@ -411,7 +417,7 @@ mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *chunks, 
             sub_job j = {
                 b.q,        b.K,     b.V,   b.att,           b.act, n_act, m->sliding_window,
                 m->n_heads, m->n_kv, m->hd, pp.softmax_scale};
-            mim_pool_run(m->pool, n_act * m->n_heads, sub_task, &j);
+            mim_pool_run(m->pool, (n_act + SUB_ROWS - 1) / SUB_ROWS * m->n_heads, sub_task, &j);
         }
         mim_matmul(m, b.att, n_act, &L->wo, b.h, D);
         for (int64_t i = 0; i < n_act * D; i++) b.x[i] += b.h[i];

@@ -213,6 +213,20 @@ static void test_random(void) {
         }
     }
 
+    /* chunks cached in their own context (the full prefill's rows): nothing deviates, so at
+     * any ratio the selected rows' attention over the kept rows gives the full prefill's logits
+     * (up to the order of the sums) */
+    for (int r = 0; r < 3; r++) {
+        bp.recompute_ratio = ratios[r];
+        mi_blend_chunk own[2] = {{tok, NA, full, 0}, {tok + NA, NB, full, NA}};
+        s = new_session(m);
+        CHECK_OK(mi_session_prefill_blend(s, own, 2, tok + NA + NB, NS, &bp, lb, &bs));
+        const double d = test_rel_l2(lb, lf, V);
+        CHECK(d < 1e-5, "ratio %g, chunks in context: logits differ by %g", (double)ratios[r], d);
+        CHECK_EQ(mi_argmax(lb, V), mi_argmax(lf, V));
+        mi_session_destroy(s);
+    }
+
     /* refusals leave the session unchanged */
     s = new_session(m);
     bp = mi_blend_default_params();

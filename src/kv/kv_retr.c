@@ -1,0 +1,420 @@
+/*
+ * kv_retr.c: the inverted-file index over one head's keys, calibrated with query samples, and
+ * the log-sum-exp merge of RetrievalAttention (kv_retr.h).
+ */
+#include "kv_retr.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct retr_list {
+    float *keys; /* [cap, d] */
+    int64_t *ids;
+    int64_t len, cap;
+} retr_list;
+
+struct kv_retr_index {
+    int32_t d;
+    int64_t n_lists, size;
+    float *cent; /* [n_lists, d] */
+    retr_list *lists;
+    double scan_frac; /* of size; >= 1: scan everything */
+};
+
+kv_retr_params kv_retr_default_params(void) {
+    kv_retr_params p;
+    memset(&p, 0, sizeof(p));
+    p.list_size = 64;
+    p.kmeans_iters = 10;
+    p.train_max = 16384;
+    p.target_recall = 0.95f;
+    p.seed = 0x5eed;
+    return p;
+}
+
+static float dot(const float *a, const float *b, int32_t d) {
+    /* four partial sums: vectorises without reassociation flags */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int32_t i = 0;
+    for (; i + 4 <= d; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < d; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 17;
+}
+
+/* Nearest centroid by L2: argmax of x.c - |c|^2 / 2. */
+static int64_t nearest(const kv_retr_index *ix, const float *half_norm, const float *x) {
+    int64_t best = 0;
+    float bv = -INFINITY;
+    for (int64_t c = 0; c < ix->n_lists; c++) {
+        const float v = dot(x, ix->cent + c * ix->d, ix->d) - half_norm[c];
+        if (v > bv) {
+            bv = v;
+            best = c;
+        }
+    }
+    return best;
+}
+
+static bool list_push(retr_list *l, int32_t d, const float *key, int64_t id) {
+    if (l->len == l->cap) {
+        const int64_t cap = l->cap ? 2 * l->cap : 16;
+        float *k = realloc(l->keys, (size_t)(cap * d) * sizeof(float));
+        if (!k) return false;
+        l->keys = k;
+        int64_t *ids = realloc(l->ids, (size_t)cap * sizeof(int64_t));
+        if (!ids) return false;
+        l->ids = ids;
+        l->cap = cap;
+    }
+    memcpy(l->keys + l->len * d, key, (size_t)d * sizeof(float));
+    l->ids[l->len++] = id;
+    return true;
+}
+
+void kv_retr_free(kv_retr_index *ix) {
+    if (!ix) return;
+    if (ix->lists)
+        for (int64_t c = 0; c < ix->n_lists; c++) {
+            free(ix->lists[c].keys);
+            free(ix->lists[c].ids);
+        }
+    free(ix->lists);
+    free(ix->cent);
+    free(ix);
+}
+
+/* Lloyd's k-means over the training rows into ix->cent (initialised from distinct samples). */
+static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
+                   const kv_retr_params *p) {
+    const int32_t d = ix->d;
+    const int64_t K = ix->n_lists;
+    uint64_t rs = p->seed ? p->seed : 1;
+    int64_t nt = n < p->train_max ? n : p->train_max;
+    if (nt < K) nt = K;
+    if (nt > n) nt = n;
+    int64_t *train = malloc((size_t)n * sizeof(int64_t));
+    float *sum = malloc((size_t)(K * d) * sizeof(float));
+    float *hn = malloc((size_t)K * sizeof(float));
+    int64_t *cnt = malloc((size_t)K * sizeof(int64_t));
+    if (!train || !sum || !hn || !cnt) {
+        free(train);
+        free(sum);
+        free(hn);
+        free(cnt);
+        return false;
+    }
+    /* a seeded partial shuffle: the first nt entries are a uniform sample, the first K of them
+     * the initial centroids */
+    for (int64_t i = 0; i < n; i++) train[i] = i;
+    for (int64_t i = 0; i < nt; i++) {
+        const int64_t j = i + (int64_t)(rng_next(&rs) % (uint64_t)(n - i));
+        const int64_t t = train[i];
+        train[i] = train[j];
+        train[j] = t;
+    }
+    for (int64_t c = 0; c < K; c++)
+        memcpy(ix->cent + c * d, keys + train[c] * ld, (size_t)d * sizeof(float));
+    for (int32_t it = 0; it < p->kmeans_iters; it++) {
+        for (int64_t c = 0; c < K; c++) hn[c] = 0.5f * dot(ix->cent + c * d, ix->cent + c * d, d);
+        memset(sum, 0, (size_t)(K * d) * sizeof(float));
+        memset(cnt, 0, (size_t)K * sizeof(int64_t));
+        for (int64_t i = 0; i < nt; i++) {
+            const float *x = keys + train[i] * ld;
+            const int64_t c = nearest(ix, hn, x);
+            cnt[c]++;
+            for (int32_t k = 0; k < d; k++) sum[c * d + k] += x[k];
+        }
+        for (int64_t c = 0; c < K; c++) {
+            if (cnt[c] == 0) { /* an empty list takes a random training key */
+                const int64_t i = (int64_t)(rng_next(&rs) % (uint64_t)nt);
+                memcpy(ix->cent + c * d, keys + train[i] * ld, (size_t)d * sizeof(float));
+                continue;
+            }
+            for (int32_t k = 0; k < d; k++) ix->cent[c * d + k] = sum[c * d + k] / (float)cnt[c];
+        }
+    }
+    free(train);
+    free(sum);
+    free(hn);
+    free(cnt);
+    return true;
+}
+
+/* Min-heap of (score, id) of at most cap entries: the k largest seen. */
+typedef struct topk_heap {
+    float *s;
+    int64_t *id;
+    int64_t n, cap;
+} topk_heap;
+
+static void heap_offer(topk_heap *h, float s, int64_t id) {
+    int64_t i;
+    if (h->n < h->cap) {
+        i = h->n++;
+        while (i > 0) {
+            const int64_t up = (i - 1) / 2;
+            if (h->s[up] <= s) break;
+            h->s[i] = h->s[up];
+            h->id[i] = h->id[up];
+            i = up;
+        }
+        h->s[i] = s;
+        h->id[i] = id;
+        return;
+    }
+    if (!(s > h->s[0])) return;
+    i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && h->s[c + 1] < h->s[c]) c++;
+        if (h->s[c] >= s) break;
+        h->s[i] = h->s[c];
+        h->id[i] = h->id[c];
+        i = c;
+    }
+    h->s[i] = s;
+    h->id[i] = id;
+}
+
+int64_t kv_retr_exact_topk(const float *keys, int64_t n, int64_t ld, int32_t d, int64_t id0,
+                           const float *q, int32_t k, int64_t *ids, float *scores) {
+    topk_heap h = {scores, ids, 0, k < n ? k : n};
+    if (h.cap <= 0) return 0;
+    for (int64_t i = 0; i < n; i++) heap_offer(&h, dot(keys + i * ld, q, d), id0 + i);
+    return h.n;
+}
+
+/* Order of the lists by q.centroid, descending (an index sort; lists are few). */
+typedef struct rank_item {
+    float s;
+    int64_t c;
+} rank_item;
+
+static int rank_cmp(const void *a, const void *b) {
+    const rank_item *x = a, *y = b;
+    if (x->s > y->s) return -1;
+    if (x->s < y->s) return 1;
+    return x->c < y->c ? -1 : (x->c > y->c);
+}
+
+static void rank_lists(const kv_retr_index *ix, const float *q, rank_item *r) {
+    for (int64_t c = 0; c < ix->n_lists; c++) {
+        r[c].s = dot(q, ix->cent + c * ix->d, ix->d);
+        r[c].c = c;
+    }
+    qsort(r, (size_t)ix->n_lists, sizeof(rank_item), rank_cmp);
+}
+
+/* The smallest scan that gives each sample query the target recall of its exact top-k; the
+ * largest over the samples, as a fraction of the keys. */
+static bool calibrate(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
+                      const int64_t *assign, const float *queries, int64_t nq, int64_t ld_q,
+                      int32_t top_k, float target) {
+    int64_t *ids = malloc((size_t)top_k * sizeof(int64_t));
+    float *sc = malloc((size_t)top_k * sizeof(float));
+    int64_t *hits = malloc((size_t)ix->n_lists * sizeof(int64_t));
+    rank_item *r = malloc((size_t)ix->n_lists * sizeof(rank_item));
+    if (!ids || !sc || !hits || !r) {
+        free(ids);
+        free(sc);
+        free(hits);
+        free(r);
+        return false;
+    }
+    const int64_t need = (int64_t)ceil((double)target * (double)top_k);
+    int64_t most = 0;
+    for (int64_t i = 0; i < nq; i++) {
+        const float *q = queries + i * ld_q;
+        const int64_t got = kv_retr_exact_topk(keys, n, ld, ix->d, 0, q, top_k, ids, sc);
+        memset(hits, 0, (size_t)ix->n_lists * sizeof(int64_t));
+        for (int64_t j = 0; j < got; j++) hits[assign[ids[j]]]++;
+        rank_lists(ix, q, r);
+        int64_t scanned = 0, found = 0;
+        for (int64_t j = 0; j < ix->n_lists && found < need; j++) {
+            scanned += ix->lists[r[j].c].len;
+            found += hits[r[j].c];
+        }
+        if (scanned > most) most = scanned;
+    }
+    ix->scan_frac = n > 0 ? (double)most / (double)n : 1.0;
+    free(ids);
+    free(sc);
+    free(hits);
+    free(r);
+    return true;
+}
+
+kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d, int64_t id0,
+                             const float *queries, int64_t nq, int64_t ld_q, int32_t top_k,
+                             const kv_retr_params *params) {
+    const kv_retr_params p = params ? *params : kv_retr_default_params();
+    if (d <= 0 || n < 0 || (n > 0 && !keys) || p.list_size <= 0) return NULL;
+    kv_retr_index *ix = calloc(1, sizeof(*ix));
+    if (!ix) return NULL;
+    ix->d = d;
+    ix->n_lists = n > 0 ? (n + p.list_size - 1) / p.list_size : 1;
+    ix->scan_frac = 1.0;
+    ix->cent = calloc((size_t)(ix->n_lists * d), sizeof(float));
+    ix->lists = calloc((size_t)ix->n_lists, sizeof(retr_list));
+    int64_t *assign = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    float *hn = malloc((size_t)ix->n_lists * sizeof(float));
+    bool ok = ix->cent && ix->lists && assign && hn;
+    if (ok && n > 0 && ix->n_lists > 1) ok = kmeans(ix, keys, n, ld, &p);
+    if (ok && n > 0) {
+        for (int64_t c = 0; c < ix->n_lists; c++)
+            hn[c] = 0.5f * dot(ix->cent + c * d, ix->cent + c * d, d);
+        for (int64_t i = 0; i < n && ok; i++) {
+            assign[i] = ix->n_lists > 1 ? nearest(ix, hn, keys + i * ld) : 0;
+            ok = list_push(&ix->lists[assign[i]], d, keys + i * ld, id0 + i);
+        }
+        ix->size = n;
+        if (ok && ix->n_lists == 1) /* one list: its centroid is the mean (for later adds) */
+            for (int64_t i = 0; i < n; i++)
+                for (int32_t k = 0; k < d; k++) ix->cent[k] += keys[i * ld + k] / (float)n;
+    }
+    if (ok && queries && nq > 0 && top_k > 0 && top_k < n && ix->n_lists > 1)
+        ok = calibrate(ix, keys, n, ld, assign, queries, nq, ld_q, top_k, p.target_recall);
+    free(assign);
+    free(hn);
+    if (!ok) {
+        kv_retr_free(ix);
+        return NULL;
+    }
+    return ix;
+}
+
+bool kv_retr_add(kv_retr_index *ix, const float *key, int64_t id) {
+    int64_t best = 0;
+    float bv = -INFINITY;
+    for (int64_t c = 0; c < ix->n_lists && ix->n_lists > 1; c++) {
+        const float *ce = ix->cent + c * ix->d;
+        const float v = dot(key, ce, ix->d) - 0.5f * dot(ce, ce, ix->d);
+        if (v > bv) {
+            bv = v;
+            best = c;
+        }
+    }
+    if (!list_push(&ix->lists[best], ix->d, key, id)) return false;
+    ix->size++;
+    return true;
+}
+
+int64_t kv_retr_size(const kv_retr_index *ix) { return ix ? ix->size : 0; }
+int64_t kv_retr_lists(const kv_retr_index *ix) { return ix ? ix->n_lists : 0; }
+
+int64_t kv_retr_scan_keys(const kv_retr_index *ix, int32_t k) {
+    if (ix->scan_frac >= 1.0) return ix->size;
+    int64_t s = (int64_t)ceil(ix->scan_frac * (double)ix->size);
+    if (s < k) s = k;
+    return s < ix->size ? s : ix->size;
+}
+
+kv_retr_index *kv_retr_clone(const kv_retr_index *ix) {
+    kv_retr_index *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    *c = *ix;
+    c->cent = malloc((size_t)(ix->n_lists * ix->d) * sizeof(float));
+    c->lists = calloc((size_t)ix->n_lists, sizeof(retr_list));
+    if (!c->cent || !c->lists) {
+        c->n_lists = c->lists ? c->n_lists : 0;
+        kv_retr_free(c);
+        return NULL;
+    }
+    memcpy(c->cent, ix->cent, (size_t)(ix->n_lists * ix->d) * sizeof(float));
+    for (int64_t l = 0; l < ix->n_lists; l++) {
+        const retr_list *s = &ix->lists[l];
+        retr_list *t = &c->lists[l];
+        if (!s->len) continue;
+        t->keys = malloc((size_t)(s->len * ix->d) * sizeof(float));
+        t->ids = malloc((size_t)s->len * sizeof(int64_t));
+        if (!t->keys || !t->ids) {
+            kv_retr_free(c);
+            return NULL;
+        }
+        memcpy(t->keys, s->keys, (size_t)(s->len * ix->d) * sizeof(float));
+        memcpy(t->ids, s->ids, (size_t)s->len * sizeof(int64_t));
+        t->len = t->cap = s->len;
+    }
+    return c;
+}
+
+size_t kv_retr_scratch_floats(const kv_retr_index *ix) {
+    return (size_t)ix->n_lists * (sizeof(rank_item) / sizeof(float) + 1);
+}
+
+int64_t kv_retr_search(const kv_retr_index *ix, const float *q, int32_t k, int64_t *ids,
+                       float *scores, float *scratch) {
+    topk_heap h = {scores, ids, 0, k < ix->size ? k : ix->size};
+    if (h.cap <= 0) return 0;
+    const int64_t budget = kv_retr_scan_keys(ix, k);
+    const int32_t d = ix->d;
+    if (budget >= ix->size) {
+        for (int64_t c = 0; c < ix->n_lists; c++) {
+            const retr_list *l = &ix->lists[c];
+            for (int64_t i = 0; i < l->len; i++)
+                heap_offer(&h, dot(l->keys + i * d, q, d), l->ids[i]);
+        }
+        return h.n;
+    }
+    rank_item *r = (rank_item *)scratch;
+    rank_lists(ix, q, r);
+    int64_t scanned = 0;
+    for (int64_t j = 0; j < ix->n_lists && scanned < budget; j++) {
+        const retr_list *l = &ix->lists[r[j].c];
+        for (int64_t i = 0; i < l->len; i++) heap_offer(&h, dot(l->keys + i * d, q, d), l->ids[i]);
+        scanned += l->len;
+    }
+    return h.n;
+}
+
+void kv_retr_partial(const float *s, int64_t n, const float *const *vals, int32_t d, float *out,
+                     double *lse) {
+    for (int32_t k = 0; k < d; k++) out[k] = 0.0f;
+    if (n <= 0) {
+        *lse = -INFINITY;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float w = expf(s[i] - mx);
+        sum += w;
+        const float *v = vals[i];
+        for (int32_t k = 0; k < d; k++) out[k] += w * v[k];
+    }
+    const float inv = 1.0f / sum;
+    for (int32_t k = 0; k < d; k++) out[k] *= inv;
+    *lse = (double)mx + log((double)sum);
+}
+
+void kv_retr_merge(const float *out_a, double lse_a, const float *out_b, double lse_b, int32_t d,
+                   float *out, double *lse) {
+    if (lse_b == -INFINITY) { /* nothing on one side */
+        if (out != out_a) memcpy(out, out_a, (size_t)d * sizeof(float));
+        *lse = lse_a;
+        return;
+    }
+    if (lse_a == -INFINITY) {
+        if (out != out_b) memcpy(out, out_b, (size_t)d * sizeof(float));
+        *lse = lse_b;
+        return;
+    }
+    const double mx = lse_a > lse_b ? lse_a : lse_b;
+    const double wa = exp(lse_a - mx), wb = exp(lse_b - mx);
+    const double inv = 1.0 / (wa + wb);
+    for (int32_t k = 0; k < d; k++) out[k] = (float)((wa * out_a[k] + wb * out_b[k]) * inv);
+    *lse = mx + log(wa + wb);
+}
