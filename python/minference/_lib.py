@@ -504,6 +504,27 @@ MODEL_PROTOTYPES.update({
     "mi_session_stats_get": (ST, [SESSION, P(mi_session_stats)]),
 })
 
+
+class mi_blend_chunk(ctypes.Structure):
+    _fields_ = [("tokens", c_void_p), ("n_tokens", c_size_t), ("cache", c_void_p),
+                ("cache_row", c_int64)]
+
+
+class mi_blend_params(ctypes.Structure):
+    _fields_ = [("recompute_ratio", c_float), ("check_layer", c_int32)]
+
+
+class mi_blend_stats(ctypes.Structure):
+    _fields_ = [("n_tokens", c_int64), ("n_chunk_tokens", c_int64), ("n_recomputed", c_int64),
+                ("seconds", c_double)]
+
+
+MODEL_PROTOTYPES.update({
+    "mi_blend_default_params": (mi_blend_params, []),
+    "mi_session_prefill_blend": (ST, [SESSION, P(mi_blend_chunk), c_size_t, c_void_p, c_size_t,
+                                      P(mi_blend_params), c_void_p, P(mi_blend_stats)]),
+})
+
 class LibraryNotFound(ImportError):
     pass
 

@@ -828,6 +828,49 @@ class Session(_Closing):
             self._check(self._lib.mi_session_load(self.handle, os.fsencode(os.fspath(path))),
                         "mi_session_load")
 
+    def prefill_blend(self, chunks, suffix, recompute_ratio=0.15, check_layer=1,
+                      return_stats=False):
+        """CacheBlend (mi_session_prefill_blend): fills this empty session with text chunks
+        whose K and V were computed elsewhere, then the new tokens of suffix; returns the last
+        logits [vocab] (and a stats dict with return_stats=True).
+
+        chunks: a list of (tokens, cache) or (tokens, cache, cache_row), where cache is a
+        Session of the same model whose rows cache_row.. (default 0: the chunk prefilled alone)
+        hold those tokens. The cached keys are rotated to their new positions; every token is
+        recomputed in layers 0..check_layer, then only the recompute_ratio of chunk tokens whose
+        K and V deviate most, and the suffix. recompute_ratio 1 is a full prefill."""
+        suffix = _token_array(suffix, "prefill_blend suffix")
+        arrays, caches = [], []
+        arr_t = L.mi_blend_chunk * max(1, len(chunks))
+        c_chunks = arr_t()
+        for i, ch in enumerate(chunks):
+            if not isinstance(ch, (tuple, list)) or len(ch) not in (2, 3):
+                raise ValueError("each chunk is (tokens, cache) or (tokens, cache, cache_row)")
+            tokens, cache = ch[0], ch[1]
+            row = ch[2] if len(ch) == 3 else 0
+            if not isinstance(cache, Session) or cache.model is not self.model:
+                raise ValueError(f"chunk {i}: the cache must be a Session of the same model")
+            a = _token_array(tokens, f"prefill_blend chunk {i}")
+            arrays.append(a)
+            caches.append(cache)
+            c_chunks[i].tokens = a.ctypes.data
+            c_chunks[i].n_tokens = a.size
+            c_chunks[i].cache = cache.handle
+            c_chunks[i].cache_row = _int_arg(row, "cache_row", L.c_int64, minimum=0)
+        p = self._lib.mi_blend_default_params()
+        p.recompute_ratio = float(recompute_ratio)
+        p.check_layer = _int_arg(check_layer, "check_layer", L.c_int32, minimum=0)
+        logits = np.empty(self.model.vocab_size, dtype=np.float32)
+        st = L.mi_blend_stats()
+        with self.model._lock:
+            self._check(self._lib.mi_session_prefill_blend(
+                self.handle, c_chunks, len(chunks), suffix.ctypes.data, suffix.size,
+                ctypes.byref(p), logits.ctypes.data, ctypes.byref(st)),
+                "mi_session_prefill_blend")
+        if return_stats:
+            return logits, {name: getattr(st, name) for name, _ in L.mi_blend_stats._fields_}
+        return logits
+
     @property
     def stats(self):
         """n_tokens (tokens seen), max_tokens, bytes, shared_bytes (pages shared with a fork),

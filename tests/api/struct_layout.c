@@ -349,6 +349,31 @@ int main(void) {
         end();
     }
     {
+        typedef mi_blend_chunk T;
+        begin("mi_blend_chunk", sizeof(T));
+        F(tokens);
+        F(n_tokens);
+        F(cache);
+        F(cache_row);
+        end();
+    }
+    {
+        typedef mi_blend_params T;
+        begin("mi_blend_params", sizeof(T));
+        F(recompute_ratio);
+        F(check_layer);
+        end();
+    }
+    {
+        typedef mi_blend_stats T;
+        begin("mi_blend_stats", sizeof(T));
+        F(n_tokens);
+        F(n_chunk_tokens);
+        F(n_recomputed);
+        F(seconds);
+        end();
+    }
+    {
         typedef mi_tuning T;
         begin("mi_tuning", sizeof(T));
         F(cpu_engine);
