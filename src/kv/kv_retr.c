@@ -4,6 +4,7 @@
  */
 #include "kv_retr.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,18 +53,25 @@ static uint64_t rng_next(uint64_t *s) {
     return *s >> 17;
 }
 
-/* Nearest centroid by L2: argmax of x.c - |c|^2 / 2. */
-static int64_t nearest(const kv_retr_index *ix, const float *half_norm, const float *x) {
-    int64_t best = 0;
-    float bv = -INFINITY;
-    for (int64_t c = 0; c < ix->n_lists; c++) {
-        const float v = dot(x, ix->cent + c * ix->d, ix->d) - half_norm[c];
-        if (v > bv) {
-            bv = v;
-            best = c;
+/* best[i] = the nearest centroid of rows x [nb, d] (scores as one sgemm: sc [nb, n_lists]). */
+#define ASSIGN_ROWS 256
+static void assign_block(const kv_retr_index *ix, const float *half_norm, const float *x,
+                         int64_t nb, int32_t d, float *sc, int64_t *best) {
+    const int64_t K = ix->n_lists;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)K, d, 1.0f, x, d, ix->cent,
+                d, 0.0f, sc, (int)K);
+    for (int64_t i = 0; i < nb; i++) {
+        int64_t b = 0;
+        float bv = -INFINITY;
+        for (int64_t c = 0; c < K; c++) {
+            const float v = sc[i * K + c] - half_norm[c];
+            if (v > bv) {
+                bv = v;
+                b = c;
+            }
         }
+        best[i] = b;
     }
-    return best;
 }
 
 static bool list_push(retr_list *l, int32_t d, const float *key, int64_t id) {
@@ -107,11 +115,17 @@ static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
     float *sum = malloc((size_t)(K * d) * sizeof(float));
     float *hn = malloc((size_t)K * sizeof(float));
     int64_t *cnt = malloc((size_t)K * sizeof(int64_t));
-    if (!train || !sum || !hn || !cnt) {
+    float *xb = malloc((size_t)(ASSIGN_ROWS * d) * sizeof(float));
+    float *sc = malloc((size_t)(ASSIGN_ROWS * K) * sizeof(float));
+    int64_t *best = malloc((size_t)ASSIGN_ROWS * sizeof(int64_t));
+    if (!train || !sum || !hn || !cnt || !xb || !sc || !best) {
         free(train);
         free(sum);
         free(hn);
         free(cnt);
+        free(xb);
+        free(sc);
+        free(best);
         return false;
     }
     /* a seeded partial shuffle: the first nt entries are a uniform sample, the first K of them
@@ -129,11 +143,16 @@ static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
         for (int64_t c = 0; c < K; c++) hn[c] = 0.5f * dot(ix->cent + c * d, ix->cent + c * d, d);
         memset(sum, 0, (size_t)(K * d) * sizeof(float));
         memset(cnt, 0, (size_t)K * sizeof(int64_t));
-        for (int64_t i = 0; i < nt; i++) {
-            const float *x = keys + train[i] * ld;
-            const int64_t c = nearest(ix, hn, x);
-            cnt[c]++;
-            for (int32_t k = 0; k < d; k++) sum[c * d + k] += x[k];
+        for (int64_t i0 = 0; i0 < nt; i0 += ASSIGN_ROWS) {
+            const int64_t nb = nt - i0 < ASSIGN_ROWS ? nt - i0 : ASSIGN_ROWS;
+            for (int64_t i = 0; i < nb; i++)
+                memcpy(xb + i * d, keys + train[i0 + i] * ld, (size_t)d * sizeof(float));
+            assign_block(ix, hn, xb, nb, d, sc, best);
+            for (int64_t i = 0; i < nb; i++) {
+                const int64_t c = best[i];
+                cnt[c]++;
+                for (int32_t k = 0; k < d; k++) sum[c * d + k] += xb[i * d + k];
+            }
         }
         for (int64_t c = 0; c < K; c++) {
             if (cnt[c] == 0) { /* an empty list takes a random training key */
@@ -148,6 +167,9 @@ static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
     free(sum);
     free(hn);
     free(cnt);
+    free(xb);
+    free(sc);
+    free(best);
     return true;
 }
 
@@ -217,43 +239,77 @@ static void rank_lists(const kv_retr_index *ix, const float *q, rank_item *r) {
     qsort(r, (size_t)ix->n_lists, sizeof(rank_item), rank_cmp);
 }
 
-/* The smallest scan that gives each sample query the target recall of its exact top-k; the
- * largest over the samples, as a fraction of the keys. */
+#define CAL_ROWS 16
+
+/* The smallest scan (in keys, scanning whole lists in each query's order as a search does) at
+ * which the sample queries' mean recall of their exact top-k reaches the target; kept as a
+ * fraction of the keys. */
 static bool calibrate(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
                       const int64_t *assign, const float *queries, int64_t nq, int64_t ld_q,
                       int32_t top_k, float target) {
+    const int64_t L = ix->n_lists;
     int64_t *ids = malloc((size_t)top_k * sizeof(int64_t));
     float *sc = malloc((size_t)top_k * sizeof(float));
-    int64_t *hits = malloc((size_t)ix->n_lists * sizeof(int64_t));
-    rank_item *r = malloc((size_t)ix->n_lists * sizeof(rank_item));
-    if (!ids || !sc || !hits || !r) {
-        free(ids);
-        free(sc);
-        free(hits);
-        free(r);
-        return false;
-    }
-    const int64_t need = (int64_t)ceil((double)target * (double)top_k);
-    int64_t most = 0;
-    for (int64_t i = 0; i < nq; i++) {
+    int64_t *hits = malloc((size_t)L * sizeof(int64_t));
+    rank_item *r = malloc((size_t)L * sizeof(rank_item));
+    /* per sample, after each list in its order: keys scanned and top-k found */
+    int64_t *cum_s = malloc((size_t)(nq * L) * sizeof(int64_t));
+    int64_t *cum_f = malloc((size_t)(nq * L) * sizeof(int64_t));
+    int64_t *got_k = malloc((size_t)nq * sizeof(int64_t));
+    /* the samples' scores against every key, CAL_ROWS queries at a time, as one sgemm */
+    float *all = malloc((size_t)(CAL_ROWS * n) * sizeof(float));
+    bool ok = ids && sc && hits && r && cum_s && cum_f && got_k && all;
+    for (int64_t i = 0; ok && i < nq; i++) {
         const float *q = queries + i * ld_q;
-        const int64_t got = kv_retr_exact_topk(keys, n, ld, ix->d, 0, q, top_k, ids, sc);
-        memset(hits, 0, (size_t)ix->n_lists * sizeof(int64_t));
-        for (int64_t j = 0; j < got; j++) hits[assign[ids[j]]]++;
-        rank_lists(ix, q, r);
-        int64_t scanned = 0, found = 0;
-        for (int64_t j = 0; j < ix->n_lists && found < need; j++) {
-            scanned += ix->lists[r[j].c].len;
-            found += hits[r[j].c];
+        if (i % CAL_ROWS == 0) {
+            const int64_t nb = nq - i < CAL_ROWS ? nq - i : CAL_ROWS;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)n, ix->d, 1.0f, q,
+                        (int)ld_q, keys, (int)ld, 0.0f, all, (int)n);
         }
-        if (scanned > most) most = scanned;
+        {
+            topk_heap h = {sc, ids, 0, top_k < n ? top_k : n};
+            const float *row = all + (i % CAL_ROWS) * n;
+            for (int64_t j = 0; j < n; j++) heap_offer(&h, row[j], j);
+            got_k[i] = h.n;
+        }
+        memset(hits, 0, (size_t)L * sizeof(int64_t));
+        for (int64_t j = 0; j < got_k[i]; j++) hits[assign[ids[j]]]++;
+        rank_lists(ix, q, r);
+        int64_t s = 0, f = 0;
+        for (int64_t j = 0; j < L; j++) {
+            s += ix->lists[r[j].c].len;
+            f += hits[r[j].c];
+            cum_s[i * L + j] = s;
+            cum_f[i * L + j] = f;
+        }
     }
-    ix->scan_frac = n > 0 ? (double)most / (double)n : 1.0;
+    if (ok) {
+        /* binary search on the scan budget: a search stops after the list that reaches it */
+        int64_t lo = top_k, hi = n;
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            double rec = 0;
+            for (int64_t i = 0; i < nq; i++) {
+                int64_t j = 0;
+                while (j < L - 1 && cum_s[i * L + j] < mid) j++;
+                rec += got_k[i] ? (double)cum_f[i * L + j] / (double)got_k[i] : 1.0;
+            }
+            if (rec / (double)nq >= (double)target)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        ix->scan_frac = n > 0 ? (double)lo / (double)n : 1.0;
+    }
     free(ids);
     free(sc);
     free(hits);
     free(r);
-    return true;
+    free(cum_s);
+    free(cum_f);
+    free(got_k);
+    free(all);
+    return ok;
 }
 
 kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d, int64_t id0,
@@ -275,10 +331,19 @@ kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d
     if (ok && n > 0) {
         for (int64_t c = 0; c < ix->n_lists; c++)
             hn[c] = 0.5f * dot(ix->cent + c * d, ix->cent + c * d, d);
-        for (int64_t i = 0; i < n && ok; i++) {
-            assign[i] = ix->n_lists > 1 ? nearest(ix, hn, keys + i * ld) : 0;
-            ok = list_push(&ix->lists[assign[i]], d, keys + i * ld, id0 + i);
+        float *xb = malloc((size_t)(ASSIGN_ROWS * d) * sizeof(float));
+        float *sc = malloc((size_t)(ASSIGN_ROWS * ix->n_lists) * sizeof(float));
+        ok = xb && sc;
+        for (int64_t i0 = 0; i0 < n && ok; i0 += ASSIGN_ROWS) {
+            const int64_t nb = n - i0 < ASSIGN_ROWS ? n - i0 : ASSIGN_ROWS;
+            for (int64_t i = 0; i < nb; i++)
+                memcpy(xb + i * d, keys + (i0 + i) * ld, (size_t)d * sizeof(float));
+            assign_block(ix, hn, xb, nb, d, sc, assign + i0);
+            for (int64_t i = 0; i < nb && ok; i++)
+                ok = list_push(&ix->lists[assign[i0 + i]], d, keys + (i0 + i) * ld, id0 + i0 + i);
         }
+        free(xb);
+        free(sc);
         ix->size = n;
         if (ok && ix->n_lists == 1) /* one list: its centroid is the mean (for later adds) */
             for (int64_t i = 0; i < n; i++)
