@@ -97,7 +97,7 @@ class MInferenceConfig:
     PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
     # KV types the C model runner's sessions run (Model.session(kv=...)); the transformers patch
     # keeps transformers' own cache, so it runs only "dense".
-    SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest"]
+    SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn"]
     # The attn_kwargs keys each KV type reads (the original's names), passed to the C runner's
     # spec "kv_type:key=value,..."; the library checks the values and fills the defaults.
     KV_KEYS = {
@@ -106,7 +106,7 @@ class MInferenceConfig:
         "snapkv": ["window_size", "max_capacity_prompt", "kernel_size", "pooling"],
         "pyramidkv": ["window_size", "max_capacity_prompt", "kernel_size", "pooling", "beta"],
         "quest": ["token_budget", "chunk_size", "dense_layers"],
-        "retr_attn": ["top_k", "from_layer", "n_init", "n_local"],
+        "retr_attn": ["top_k", "from_layer", "n_init", "n_local", "list_size", "recall", "samples"],
         "kivi": ["bits", "group_size", "residual_length"],
         "leank": ["leank_path", "sink_size", "recent_size", "accumu_size", "round_to"],
     }

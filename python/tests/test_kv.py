@@ -113,4 +113,4 @@ def test_hf_patch_refuses_kv_methods():
     with pytest.raises(NotImplementedError, match="C model runner"):
         MInference("dense", kv_type="quest")(FakeHF())
     with pytest.raises(NotImplementedError, match="not implemented"):
-        MInferenceConfig(attn_type="dense", kv_type="retr_attn")
+        MInferenceConfig(attn_type="dense", kv_type="kivi")

@@ -1,22 +1,258 @@
 /*
- * kv_method_retr_attn.c: RetrievalAttention (old tokens in host memory behind a vector index,
- * a static part of sinks and window, top-k retrieved keys merged by log-sum-exp). The keys and
- * defaults are the original's; the method itself is not built yet: a session asking for it gets
- * MI_STATUS_UNSUPPORTED.
+ * kv_method_retr_attn.c: RetrievalAttention (Liu et al., "RetrievalAttention: Accelerating
+ * Long-Context LLM Inference via Vector Retrieval"). The cache stays whole in host memory; per
+ * layer and KV head, the keys of the old tokens (past the n_init sinks, before the n_local
+ * recent ones) go into a vector index (kv_retr.h) built when the prompt has been prefilled and
+ * calibrated with the prompt's last queries, since queries and keys follow different
+ * distributions. Each decode step, per query head, attends to the static part (the sinks and
+ * every row after the indexed ones: the window and the tokens decoded since) and to the top_k
+ * keys the index retrieves, in one softmax over their union: the log-sum-exp merge of the two
+ * parts, done in one pass because both live in host memory here (kv_retr_merge is the merge
+ * for parts computed apart). Rows leave the window into the index as tokens arrive.
+ *
+ * Defaults are the original's: top_k 4096 and from_layer 0 (its patch defaults), 128 sinks and
+ * 512 recent tokens (its cache's start_size and recent_size). The index parameters
+ * (list_size, recall, samples) are this implementation's: docs/kv-methods.md.
+ * Prefill calls (and follow-up calls of 32 tokens or more) attend densely, as the original's.
  */
 #include "kv_method.h"
+#include "kv_retr.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 static const kv_param_def retr_params[] = {
     {"top_k", KV_PARAM_INT, 4096, 1, 1 << 24, NULL, "keys retrieved per head and step"},
     {"from_layer", KV_PARAM_INT, 0, 0, 1 << 16, NULL, "first layer that retrieves"},
     {"n_init", KV_PARAM_INT, 128, 0, 1 << 20, NULL, "sink tokens of the static part"},
     {"n_local", KV_PARAM_INT, 512, 0, 1 << 24, NULL, "recent tokens of the static part"},
+    {"list_size", KV_PARAM_INT, 64, 1, 1 << 20, NULL, "keys per index list (k-means lists)"},
+    {"recall", KV_PARAM_FLOAT, 0.95, 0.0, 1.0, NULL,
+     "top-k recall the prompt's query samples calibrate the index scan to"},
+    {"samples", KV_PARAM_INT, 64, 1, 1 << 16, NULL, "last prompt queries used as samples"},
 };
+
+typedef struct retr_layer {
+    kv_retr_index **ix; /* [n_kv_heads]; NULL: no index yet */
+    int64_t boundary;   /* rows n_init..boundary-1 are in the index */
+} retr_layer;
+
+typedef struct retr_state {
+    int64_t top_k, from_layer, n_init, n_local;
+    kv_retr_params ip;
+    retr_layer *layers;
+} retr_state;
+
+static void drop_layer(const kv_method *m, retr_layer *L) {
+    if (L->ix)
+        for (int32_t h = 0; h < m->geo.n_kv_heads; h++) kv_retr_free(L->ix[h]);
+    free(L->ix);
+    L->ix = NULL;
+    L->boundary = 0;
+}
+
+static void retr_destroy(kv_method *m) {
+    retr_state *st = m->state;
+    if (!st) return;
+    if (st->layers)
+        for (int32_t l = 0; l < m->geo.n_layers; l++) drop_layer(m, &st->layers[l]);
+    free(st->layers);
+    free(st);
+    m->state = NULL;
+}
+
+static mi_status retr_create(kv_method *m) {
+    retr_state *st = calloc(1, sizeof(*st));
+    if (!st) return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    st->layers = calloc((size_t)m->geo.n_layers, sizeof(retr_layer));
+    if (!st->layers) {
+        free(st);
+        return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    m->state = st;
+    st->top_k = (int64_t)kv_spec_get(&m->spec, "top_k");
+    st->from_layer = (int64_t)kv_spec_get(&m->spec, "from_layer");
+    st->n_init = (int64_t)kv_spec_get(&m->spec, "n_init");
+    st->n_local = (int64_t)kv_spec_get(&m->spec, "n_local");
+    st->ip = kv_retr_default_params();
+    st->ip.list_size = (int32_t)kv_spec_get(&m->spec, "list_size");
+    st->ip.target_recall = (float)kv_spec_get(&m->spec, "recall");
+    m->q_rows = (int64_t)kv_spec_get(&m->spec, "samples");
+    return MI_STATUS_SUCCESS;
+}
+
+static mi_status retr_clone(const kv_method *m, kv_method *out) {
+    const retr_state *src = m->state;
+    retr_state *st = calloc(1, sizeof(*st));
+    if (!st) return kv_method_fail(out, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    *st = *src;
+    st->layers = calloc((size_t)m->geo.n_layers, sizeof(retr_layer));
+    out->state = st;
+    bool ok = st->layers != NULL;
+    for (int32_t l = 0; ok && l < m->geo.n_layers; l++) {
+        const retr_layer *a = &src->layers[l];
+        retr_layer *b = &st->layers[l];
+        if (!a->ix) continue;
+        b->ix = calloc((size_t)m->geo.n_kv_heads, sizeof(*b->ix));
+        ok = b->ix != NULL;
+        b->boundary = a->boundary;
+        for (int32_t h = 0; ok && h < m->geo.n_kv_heads; h++)
+            ok = (b->ix[h] = kv_retr_clone(a->ix[h])) != NULL;
+    }
+    if (!ok) { /* the framework frees the instance, not its state */
+        retr_destroy(out);
+        return kv_method_fail(out, MI_STATUS_OUT_OF_MEMORY, "out of memory for a fork's index");
+    }
+    return MI_STATUS_SUCCESS;
+}
+
+/* Rows r0..r1-1 of a layer's keys, head-major: [n_kv][r1 - r0][hd]. */
+static float *read_keys(kv_method *m, const mi_kv_seq *seq, int32_t layer, int64_t r0, int64_t r1) {
+    const int64_t n = r1 - r0;
+    float *k = malloc((size_t)(n * m->geo.n_kv_heads * m->geo.head_dim) * sizeof(float));
+    if (!k) return NULL;
+    mi_tensor t =
+        mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->geo.n_kv_heads, n, m->geo.head_dim);
+    if (mi_kv_seq_read(seq, layer, r0, n, &t, NULL) != MI_STATUS_SUCCESS) {
+        free(k);
+        return NULL;
+    }
+    return k;
+}
+
+/* Builds a layer's indexes over rows n_init..end-1; q: nq sample queries [nq, n_heads * hd]
+ * (post-RoPE), each KV head calibrated with its group's query heads. */
+static mi_status build_layer(kv_method *m, const mi_kv_seq *seq, int32_t layer, int64_t end,
+                             const float *q, int64_t nq) {
+    retr_state *st = m->state;
+    retr_layer *L = &st->layers[layer];
+    const int32_t n_kv = m->geo.n_kv_heads, hd = m->geo.head_dim, nh = m->geo.n_heads;
+    const int32_t group = nh / n_kv;
+    const int64_t n = end - st->n_init;
+    float *k = read_keys(m, seq, layer, st->n_init, end);
+    float *qs = nq > 0 ? malloc((size_t)(nq * group * hd) * sizeof(float)) : NULL;
+    L->ix = calloc((size_t)n_kv, sizeof(*L->ix));
+    mi_status s = MI_STATUS_SUCCESS;
+    if (!k || !L->ix || (nq > 0 && !qs)) s = MI_STATUS_OUT_OF_MEMORY;
+    for (int32_t h = 0; h < n_kv && s == MI_STATUS_SUCCESS; h++) {
+        for (int64_t i = 0; i < nq; i++)
+            for (int32_t g = 0; g < group; g++)
+                memcpy(qs + (i * group + g) * hd, q + (i * nh + h * group + g) * (int64_t)hd,
+                       (size_t)hd * sizeof(float));
+        L->ix[h] = kv_retr_build(k + (int64_t)h * n * hd, n, hd, hd, st->n_init, qs, nq * group, hd,
+                                 (int32_t)(st->top_k < n ? st->top_k : n), &st->ip);
+        if (!L->ix[h]) s = MI_STATUS_OUT_OF_MEMORY;
+    }
+    free(k);
+    free(qs);
+    if (s != MI_STATUS_SUCCESS) {
+        drop_layer(m, L);
+        return kv_method_fail(m, s, "kv method retr_attn: out of memory building layer %d's index",
+                              layer);
+    }
+    L->boundary = end;
+    return MI_STATUS_SUCCESS;
+}
+
+/* After a prompt: the index over the old rows, calibrated with the call's last queries. */
+static mi_status retr_after_prefill(kv_method *m, mi_kv_seq *seq, int32_t layer, const float *q,
+                                    int64_t n) {
+    retr_state *st = m->state;
+    const int64_t end = mi_kv_seq_length(seq, layer) - st->n_local;
+    if (layer < st->from_layer || st->layers[layer].ix || end <= st->n_init)
+        return MI_STATUS_SUCCESS;
+    return build_layer(m, seq, layer, end, q, n);
+}
+
+/* Rows that left the window go into the index (built, uncalibrated, when there is none). */
+static mi_status retr_after_append(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t n_new) {
+    (void)n_new;
+    retr_state *st = m->state;
+    retr_layer *L = &st->layers[layer];
+    const int64_t end = mi_kv_seq_length(seq, layer) - st->n_local;
+    if (layer < st->from_layer) return MI_STATUS_SUCCESS;
+    if (L->ix && end < L->boundary) drop_layer(m, L); /* rewound into indexed rows */
+    if (end <= st->n_init) return MI_STATUS_SUCCESS;
+    if (!L->ix) return build_layer(m, seq, layer, end, NULL, 0);
+    if (end == L->boundary) return MI_STATUS_SUCCESS;
+    float *k = read_keys(m, seq, layer, L->boundary, end);
+    if (!k) return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    const int64_t cnt = end - L->boundary;
+    const int32_t hd = m->geo.head_dim;
+    for (int32_t h = 0; h < m->geo.n_kv_heads; h++)
+        for (int64_t i = 0; i < cnt; i++)
+            if (!kv_retr_add(L->ix[h], k + ((int64_t)h * cnt + i) * hd, L->boundary + i)) {
+                free(k);
+                /* a partly grown index cannot stay: rebuilt at the next call */
+                drop_layer(m, L);
+                return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for an index");
+            }
+    free(k);
+    L->boundary = end;
+    return MI_STATUS_SUCCESS;
+}
+
+static int cmp_id(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : (x > y);
+}
+
+static mi_status retr_select(kv_method *m, const mi_kv_seq *seq, int32_t layer, const float *q,
+                             int64_t n, kv_selection *sel) {
+    retr_state *st = m->state;
+    retr_layer *L = &st->layers[layer];
+    const int32_t nh = m->geo.n_heads, hd = m->geo.head_dim;
+    const int32_t group = nh / m->geo.n_kv_heads;
+    const int64_t rows = mi_kv_seq_length(seq, layer);
+    if (L->ix && L->boundary > rows - n) drop_layer(m, L); /* rewound: rebuilt after this call */
+    if (kv_selection_reset(sel, n * nh) != MI_STATUS_SUCCESS)
+        return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting keys");
+    /* top_k covering every indexed key: all rows, i.e. dense attention */
+    const bool dense = !L->ix || st->top_k >= kv_retr_size(L->ix[0]);
+    int64_t *ids = NULL;
+    float *sc = NULL, *scratch = NULL;
+    if (!dense) {
+        ids = malloc((size_t)st->top_k * sizeof(int64_t));
+        sc = malloc((size_t)st->top_k * sizeof(float));
+        scratch = malloc(kv_retr_scratch_floats(L->ix[0]) * sizeof(float));
+    }
+    mi_status s = (!dense && (!ids || !sc || !scratch)) ? MI_STATUS_OUT_OF_MEMORY : 0;
+    for (int64_t i = 0; i < n && s == MI_STATUS_SUCCESS; i++) {
+        const int64_t end = rows - n + i + 1;
+        for (int32_t h = 0; h < nh && s == MI_STATUS_SUCCESS; h++) {
+            if (dense) {
+                s = kv_selection_push(sel, 0, end);
+            } else {
+                const kv_retr_index *ix = L->ix[h / group];
+                const int64_t got = kv_retr_search(ix, q + (i * nh + h) * (int64_t)hd,
+                                                   (int32_t)st->top_k, ids, sc, scratch);
+                qsort(ids, (size_t)got, sizeof(int64_t), cmp_id);
+                s = kv_selection_push(sel, 0, st->n_init < end ? st->n_init : end);
+                for (int64_t t = 0; t < got && s == MI_STATUS_SUCCESS; t++)
+                    s = kv_selection_push(sel, ids[t], ids[t] + 1);
+                if (s == MI_STATUS_SUCCESS) s = kv_selection_push(sel, L->boundary, end);
+            }
+            kv_selection_close(sel);
+        }
+    }
+    free(ids);
+    free(sc);
+    free(scratch);
+    if (s != MI_STATUS_SUCCESS)
+        return kv_method_fail(m, s, "kv method retr_attn: out of memory selecting keys");
+    return MI_STATUS_SUCCESS;
+}
 
 const kv_method_entry kv_method_retr_attn_entry = {
     .name = "retr_attn",
     .summary = "top-k keys from a vector index over the host-resident cache, plus sinks and window",
     .params = retr_params,
     .n_params = (int32_t)(sizeof retr_params / sizeof retr_params[0]),
-    .unsupported = "not built yet",
+    .create = retr_create,
+    .destroy = retr_destroy,
+    .clone = retr_clone,
+    .after_append = retr_after_append,
+    .after_prefill = retr_after_prefill,
+    .select = retr_select,
 };

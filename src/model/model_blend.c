@@ -220,7 +220,10 @@ mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *chunks, 
     if (p.check_layer < 0 || p.check_layer >= m->n_layers)
         return bfail(s, MI_STATUS_INVALID_ARGUMENT, "check_layer %d is not in [0, %d)",
                      p.check_layer, m->n_layers);
-    if (mi_kv_seq_tokens(seq) != 0)
+    if (!mim_session_dense(s))
+        return bfail(s, MI_STATUS_UNSUPPORTED,
+                     "CacheBlend fills a session without a KV method (its rows are its tokens)");
+    if (mi_kv_seq_tokens(seq) != 0 || mi_session_n_past(s) != 0)
         return bfail(s, MI_STATUS_INVALID_ARGUMENT,
                      "CacheBlend fills an empty session; this one holds %lld tokens",
                      (long long)mi_kv_seq_tokens(seq));
@@ -232,6 +235,10 @@ mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *chunks, 
         if (ch->cache == s || mim_session_model(ch->cache) != m)
             return bfail(s, MI_STATUS_INVALID_ARGUMENT,
                          "chunk %zu: the cache must be another session of the same model", c);
+        if (!mim_session_dense(ch->cache))
+            return bfail(s, MI_STATUS_UNSUPPORTED,
+                         "chunk %zu: its cache session has a KV method (rows are not positions)",
+                         c);
         const int64_t have = mi_kv_seq_tokens(mim_session_seq(ch->cache));
         if (ch->cache_row < 0 || ch->cache_row > have ||
             (int64_t)ch->n_tokens > have - ch->cache_row)
@@ -449,7 +456,10 @@ mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *chunks, 
         mim_rmsnorm(b.x + (n_act - 1) * D, m->out_norm, b.h, 1, D, m->eps);
         mim_matmul(m, b.h, 1, &m->output, logits, m->vocab);
     }
-    if (st != MI_STATUS_SUCCESS) mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, 0);
+    if (st != MI_STATUS_SUCCESS)
+        mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, 0);
+    else
+        mim_session_set_n_pos(s, N);
     free_blend(&b);
     if (st == MI_STATUS_SUCCESS && stats) {
         stats->n_tokens = N;

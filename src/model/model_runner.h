@@ -145,6 +145,9 @@ mi_prefill_params mim_prefill_params_for(const mi_model *m, int64_t n);
 mi_model *mim_session_model(const mi_session *s);
 mi_kv_seq *mim_session_seq(const mi_session *s);
 int64_t mim_session_max_tokens(const mi_session *s);
+/* true without a KV method (every row is its token); the position after the last token */
+bool mim_session_dense(const mi_session *s);
+void mim_session_set_n_pos(mi_session *s, int64_t n_pos);
 mi_status mim_session_fail(const mi_session *s, mi_status st, const char *msg);
 
 /* CacheBlend's selection (model_blend.c): idx[0..k) = the indices of the k largest dev[0..n)

@@ -492,6 +492,10 @@ mi_kv_seq *mim_session_seq(const mi_session *s) { return s->seq; }
 
 int64_t mim_session_max_tokens(const mi_session *s) { return s->max_tokens; }
 
+bool mim_session_dense(const mi_session *s) { return s->method == NULL; }
+
+void mim_session_set_n_pos(mi_session *s, int64_t n_pos) { s->n_pos = n_pos; }
+
 mi_status mim_session_fail(const mi_session *s, mi_status st, const char *msg) {
     return sfail(s, st, "%s", msg);
 }
