@@ -349,7 +349,9 @@ kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d
             for (int64_t i = 0; i < n; i++)
                 for (int32_t k = 0; k < d; k++) ix->cent[k] += keys[i * ld + k] / (float)n;
     }
-    if (ok && queries && nq > 0 && top_k > 0 && top_k < n && ix->n_lists > 1)
+    /* a target of 1 asks for the exact top-k: the whole index is scanned */
+    if (ok && queries && nq > 0 && top_k > 0 && top_k < n && ix->n_lists > 1 &&
+        p.target_recall < 1.0f)
         ok = calibrate(ix, keys, n, ld, assign, queries, nq, ld_q, top_k, p.target_recall);
     free(assign);
     free(hn);

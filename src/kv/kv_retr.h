@@ -25,7 +25,7 @@ typedef struct kv_retr_params {
     int32_t list_size;    /* keys per list on average (lists = ceil(n / list_size)); 64 */
     int32_t kmeans_iters; /* Lloyd iterations; 10 */
     int32_t train_max;    /* k-means trains on at most this many sampled keys; 16384 */
-    float target_recall;  /* calibration target for the samples' top-k; 0.95 */
+    float target_recall;  /* calibration target for the samples' top-k; 0.95 (1: exact) */
     uint64_t seed;
 } kv_retr_params;
 

@@ -6,11 +6,17 @@
  *    for), and the scan it needed;
  *  - the log-sum-exp merge of two disjoint parts against float64 softmax over their union;
  *  - top-k >= the indexed keys: static part + retrieval equals dense attention;
- *  - adds, clones, refusals.
+ *  - adds, clones, refusals;
+ *  - the retr_attn method on a paged sequence: per decode step and head, the rows it selects are
+ *    the sinks, the brute-force top-k of the indexed rows (recall target 1: the scan is exact)
+ *    and every row after them; rows leaving the window join the index; a rewind into indexed
+ *    rows falls back to every row; a fork selects what its parent does.
  *
  * `test_kv_retr --bench N D K` times the build and search on N keys of D channels.
  */
+#include "../../src/kv/kv_method.h"
 #include "../../src/kv/kv_retr.h"
+#include "minference_kv.h"
 
 #include "../check.h"
 
@@ -343,6 +349,124 @@ static void test_dense_when_covered(void) {
     check_seed = 0;
 }
 
+/* Appends rows [n, n_kv * d] of K (V: the same) to every layer. */
+static void append_rows(mi_kv_seq *seq, int32_t layers, const float *k, int64_t n, int32_t n_kv,
+                        int32_t d) {
+    mi_tensor t = mi_tensor_blhd((void *)k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, n_kv, n, d);
+    for (int32_t l = 0; l < layers; l++) CHECK_OK(mi_kv_seq_append(seq, l, &t, &t));
+}
+
+/* The spans of list i of a selection, as a row mask over [0, end). */
+static void spans_mask(const kv_selection *sel, int64_t i, int64_t end, char *mask) {
+    memset(mask, 0, (size_t)end);
+    for (int64_t s = sel->offsets[i]; s < sel->offsets[i + 1]; s++)
+        for (int64_t r = sel->spans[2 * s]; r < sel->spans[2 * s + 1] && r < end; r++) mask[r] = 1;
+}
+
+static void test_method(void) {
+    rs = check_seed = 51;
+    enum { L = 2, NH = 4, NKV = 2, D = 16, N0 = 900, NI = 8, NL = 40, TOPK = 30 };
+    const int32_t group = NH / NKV;
+    mi_kv_pool_params pp = mi_kv_pool_default_params();
+    pp.n_layers = L;
+    pp.n_kv_heads = NKV;
+    pp.head_dim = D;
+    mi_kv_pool *pool = NULL;
+    mi_kv_seq *seq = NULL;
+    CHECK_OK(mi_kv_pool_create(NULL, &pp, &pool));
+    CHECK_OK(mi_kv_seq_create(pool, &seq));
+    const int64_t total = N0 + 5;
+    float *k = malloc(sizeof(float) * (size_t)(total * NKV * D));
+    float *q = malloc(sizeof(float) * (size_t)(total * NH * D));
+    for (int64_t i = 0; i < total * NKV * D; i++) k[i] = (float)nrand();
+    for (int64_t i = 0; i < total * NH * D; i++) q[i] = (float)(1.5 * nrand());
+    char text[160], err[256];
+    snprintf(text, sizeof text, "retr_attn:top_k=%d,n_init=%d,n_local=%d,list_size=16,recall=1",
+             TOPK, NI, NL);
+    kv_spec spec;
+    CHECK_OK(kv_spec_parse(text, &spec, err, sizeof err));
+    const kv_geometry geo = {L, NH, NKV, D, 64};
+    kv_method *m = NULL;
+    CHECK_OK(kv_method_create(&spec, &geo, &m, err, sizeof err));
+    if (!m) return;
+    CHECK_EQ(m->q_rows, 64);
+    /* the prompt, then its hooks as the forward pass calls them */
+    append_rows(seq, L, k, N0, NKV, D);
+    kv_method_appended(m, N0);
+    for (int32_t l = 0; l < L; l++) {
+        CHECK_OK(kv_method_after_prefill(m, seq, l, q + (N0 - 64) * NH * D, 64));
+        CHECK_OK(kv_method_after_append(m, seq, l, N0));
+    }
+    char *mask = malloc((size_t)total), *want = malloc((size_t)total);
+    int64_t ids[TOPK];
+    float sc[TOPK];
+    kv_selection sel;
+    kv_selection_init(&sel);
+    kv_method *fork = NULL;
+    for (int64_t step = 0; step < 5; step++) {
+        const int64_t rows = N0 + step + 1, boundary = N0 + step - NL;
+        append_rows(seq, L, k + (rows - 1) * NKV * D, 1, NKV, D);
+        if (step == 3) CHECK_OK(kv_method_clone(m, &fork, err, sizeof err));
+        for (int32_t l = 0; l < L; l++) {
+            const float *qr = q + (rows - 1) * NH * D;
+            CHECK_OK(kv_method_select(m, seq, l, qr, 1, &sel));
+            CHECK_EQ(sel.n_lists, NH);
+            kv_selection fs;
+            kv_selection_init(&fs);
+            if (fork) {
+                CHECK_OK(kv_method_select(fork, seq, l, qr, 1, &fs));
+                CHECK(fs.n_spans == sel.n_spans &&
+                          memcmp(fs.spans, sel.spans, sizeof(int64_t) * 2 * (size_t)sel.n_spans) ==
+                              0,
+                      "the fork selects otherwise");
+            }
+            kv_selection_free(&fs);
+            for (int32_t h = 0; h < NH; h++) {
+                spans_mask(&sel, h, rows, mask);
+                /* brute force: sinks, the top-k of rows NI..boundary-1 by q.k, the rest after */
+                memset(want, 0, (size_t)rows);
+                for (int64_t r = 0; r < NI; r++) want[r] = 1;
+                for (int64_t r = boundary; r < rows; r++) want[r] = 1;
+                float *keys = malloc(sizeof(float) * (size_t)((boundary - NI) * D));
+                for (int64_t r = NI; r < boundary; r++)
+                    memcpy(keys + (r - NI) * D, k + (r * NKV + h / group) * D, sizeof(float) * D);
+                const int64_t got =
+                    kv_retr_exact_topk(keys, boundary - NI, D, D, NI, qr + h * D, TOPK, ids, sc);
+                for (int64_t t = 0; t < got; t++) want[ids[t]] = 1;
+                free(keys);
+                CHECK(memcmp(mask, want, (size_t)rows) == 0,
+                      "step %lld layer %d head %d: selected rows differ from brute force",
+                      (long long)step, l, h);
+            }
+        }
+        kv_method_appended(m, 1);
+        if (fork) kv_method_appended(fork, 1);
+        for (int32_t l = 0; l < L; l++) {
+            CHECK_OK(kv_method_after_append(m, seq, l, 1));
+            if (fork) CHECK_OK(kv_method_after_append(fork, seq, l, 1));
+        }
+    }
+    /* a rewind into the indexed rows: every row is read, until the index is rebuilt */
+    CHECK_OK(mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, 300));
+    kv_method_rewound(m, total - 300);
+    append_rows(seq, L, k + 300 * NKV * D, 1, NKV, D);
+    CHECK_OK(kv_method_select(m, seq, 0, q, 1, &sel));
+    CHECK(sel.offsets[1] == 1 && sel.spans[0] == 0 && sel.spans[1] == 301, "after a rewind");
+    CHECK_OK(kv_method_after_append(m, seq, 0, 1));
+    CHECK_OK(kv_method_select(m, seq, 0, q, 1, &sel));
+    CHECK(sel.offsets[1] > 2, "no index rebuilt after the rewind");
+    kv_selection_free(&sel);
+    kv_method_destroy(m);
+    kv_method_destroy(fork);
+    mi_kv_seq_destroy(seq);
+    mi_kv_pool_destroy(pool);
+    free(k);
+    free(q);
+    free(mask);
+    free(want);
+    check_seed = 0;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -387,5 +511,6 @@ int main(int argc, char **argv) {
     test_recall();
     test_merge();
     test_dense_when_covered();
+    test_method();
     return check_finish("kv.retr");
 }
