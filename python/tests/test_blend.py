@@ -48,3 +48,18 @@ def test_blend_matches_full_prefill_at_ratio_1():
             m.session().prefill_blend([(a, "not a session")], q)
         with pytest.raises(ValueError):
             m.session().prefill_blend([(a, ca)], [])
+
+
+def test_retr_attn_session_from_config():
+    toks = tokens(300, 5)
+    with Model.random(SMALL, seed=6, threads=2) as m:
+        m.set_attention("dense")
+        cfg = mi.MInferenceConfig(attn_type="dense", kv_type="retr_attn",
+                                  attn_kwargs={"top_k": 16, "n_init": 4, "n_local": 32})
+        assert cfg.kv_spec() == "retr_attn:top_k=16,n_init=4,n_local=32"
+        s = m.session(kv=cfg)
+        s.prefill(toks[:280])
+        for t in toks[280:290]:
+            logits = s.decode(t)
+        assert np.isfinite(logits).all() and s.n_past == 290
+        assert s.stats["kv_rows"] == 290  # the cache stays whole; only reading is sparse

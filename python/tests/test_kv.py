@@ -49,7 +49,8 @@ def test_session_kv_budget_covers_is_dense():
         ref = m.session()
         want = [ref.prefill(toks[:150])] + [ref.decode(t) for t in toks[150:160]]
         for spec in ("snapkv:window_size=8,max_capacity_prompt=100000",
-                     "streamingllm:n_init=4,n_local=100000", "quest:token_budget=100000"):
+                     "streamingllm:n_init=4,n_local=100000", "quest:token_budget=100000",
+                     "retr_attn:top_k=100000,n_init=4,n_local=8"):
             s = m.session(kv=spec)
             got = [s.prefill(toks[:150])] + [s.decode(t) for t in toks[150:160]]
             for a, b in zip(got, want):
