@@ -210,35 +210,56 @@ static mi_status retr_select(kv_method *m, const mi_kv_seq *seq, int32_t layer, 
         return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting keys");
     /* top_k covering every indexed key: all rows, i.e. dense attention */
     const bool dense = !L->ix || st->top_k >= kv_retr_size(L->ix[0]);
-    int64_t *ids = NULL;
-    float *sc = NULL, *scratch = NULL;
+    const int64_t lists = n * nh, k = st->top_k;
+    int64_t *ids = NULL, *got = NULL;
+    mi_status s = MI_STATUS_SUCCESS;
     if (!dense) {
-        ids = malloc((size_t)st->top_k * sizeof(int64_t));
-        sc = malloc((size_t)st->top_k * sizeof(float));
-        scratch = malloc(kv_retr_scratch_floats(L->ix[0]) * sizeof(float));
+        ids = malloc((size_t)(lists * k) * sizeof(int64_t));
+        got = malloc((size_t)lists * sizeof(int64_t));
+        if (!ids || !got) s = MI_STATUS_OUT_OF_MEMORY;
     }
-    mi_status s = (!dense && (!ids || !sc || !scratch)) ? MI_STATUS_OUT_OF_MEMORY : 0;
+    /* the searches, in parallel over (row, head); the spans are then written in order */
+    if (!dense && s == MI_STATUS_SUCCESS) {
+        int failed = 0;
+#pragma omp parallel
+        {
+            float *sc = malloc((size_t)k * sizeof(float));
+            float *scratch = malloc(kv_retr_scratch_floats(L->ix[0]) * sizeof(float));
+            if (!sc || !scratch) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < lists; t++) {
+                if (!sc || !scratch) continue;
+                const int64_t i = t / nh;
+                const int32_t h = (int32_t)(t % nh);
+                got[t] = kv_retr_search(L->ix[h / group], q + (i * nh + h) * (int64_t)hd,
+                                        (int32_t)k, ids + t * k, sc, scratch);
+                qsort(ids + t * k, (size_t)got[t], sizeof(int64_t), cmp_id);
+            }
+            free(sc);
+            free(scratch);
+        }
+        if (failed) s = MI_STATUS_OUT_OF_MEMORY;
+    }
     for (int64_t i = 0; i < n && s == MI_STATUS_SUCCESS; i++) {
         const int64_t end = rows - n + i + 1;
         for (int32_t h = 0; h < nh && s == MI_STATUS_SUCCESS; h++) {
             if (dense) {
                 s = kv_selection_push(sel, 0, end);
             } else {
-                const kv_retr_index *ix = L->ix[h / group];
-                const int64_t got = kv_retr_search(ix, q + (i * nh + h) * (int64_t)hd,
-                                                   (int32_t)st->top_k, ids, sc, scratch);
-                qsort(ids, (size_t)got, sizeof(int64_t), cmp_id);
+                const int64_t t = i * nh + h, *id = ids + t * k;
                 s = kv_selection_push(sel, 0, st->n_init < end ? st->n_init : end);
-                for (int64_t t = 0; t < got && s == MI_STATUS_SUCCESS; t++)
-                    s = kv_selection_push(sel, ids[t], ids[t] + 1);
+                for (int64_t j = 0; j < got[t] && s == MI_STATUS_SUCCESS; j++)
+                    s = kv_selection_push(sel, id[j], id[j] + 1);
                 if (s == MI_STATUS_SUCCESS) s = kv_selection_push(sel, L->boundary, end);
             }
             kv_selection_close(sel);
         }
     }
     free(ids);
-    free(sc);
-    free(scratch);
+    free(got);
     if (s != MI_STATUS_SUCCESS)
         return kv_method_fail(m, s, "kv method retr_attn: out of memory selecting keys");
     return MI_STATUS_SUCCESS;

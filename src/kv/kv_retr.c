@@ -21,6 +21,7 @@ struct kv_retr_index {
     float *cent; /* [n_lists, d] */
     retr_list *lists;
     double scan_frac; /* of size; >= 1: scan everything */
+    int64_t max_len;  /* the longest list */
 };
 
 kv_retr_params kv_retr_default_params(void) {
@@ -345,6 +346,8 @@ kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d
         free(xb);
         free(sc);
         ix->size = n;
+        for (int64_t c = 0; c < ix->n_lists; c++)
+            if (ix->lists[c].len > ix->max_len) ix->max_len = ix->lists[c].len;
         if (ok && ix->n_lists == 1) /* one list: its centroid is the mean (for later adds) */
             for (int64_t i = 0; i < n; i++)
                 for (int32_t k = 0; k < d; k++) ix->cent[k] += keys[i * ld + k] / (float)n;
@@ -374,6 +377,7 @@ bool kv_retr_add(kv_retr_index *ix, const float *key, int64_t id) {
         }
     }
     if (!list_push(&ix->lists[best], ix->d, key, id)) return false;
+    if (ix->lists[best].len > ix->max_len) ix->max_len = ix->lists[best].len;
     ix->size++;
     return true;
 }
@@ -421,29 +425,78 @@ size_t kv_retr_scratch_floats(const kv_retr_index *ix) {
     return (size_t)ix->n_lists * (sizeof(rank_item) / sizeof(float) + 1);
 }
 
+/* Moves the k largest of s[0..n) (with their ids) to the front, in no order (quickselect). */
+static void select_top(float *s, int64_t *id, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const float pivot = s[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (s[i] > pivot) i++;
+            while (s[j] < pivot) j--;
+            if (i <= j) {
+                const float ts = s[i];
+                s[i] = s[j];
+                s[j] = ts;
+                const int64_t ti = id[i];
+                id[i] = id[j];
+                id[j] = ti;
+                i++;
+                j--;
+            }
+        }
+        /* [lo, j] >= pivot >= [i, hi] */
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            break;
+    }
+}
+
 int64_t kv_retr_search(const kv_retr_index *ix, const float *q, int32_t k, int64_t *ids,
                        float *scores, float *scratch) {
-    topk_heap h = {scores, ids, 0, k < ix->size ? k : ix->size};
-    if (h.cap <= 0) return 0;
+    const int64_t cap = k < ix->size ? k : ix->size;
+    if (cap <= 0) return 0;
     const int64_t budget = kv_retr_scan_keys(ix, k);
     const int32_t d = ix->d;
-    if (budget >= ix->size) {
-        for (int64_t c = 0; c < ix->n_lists; c++) {
-            const retr_list *l = &ix->lists[c];
+    rank_item *r = (rank_item *)scratch;
+    const bool all = budget >= ix->size;
+    if (!all) rank_lists(ix, q, r);
+    /* every scanned key's score (one sgemv per list), then the top k of them */
+    int64_t most = all ? ix->size : budget + ix->max_len;
+    float *s = malloc((size_t)most * sizeof(float));
+    int64_t *id = malloc((size_t)most * sizeof(int64_t));
+    if (!s || !id) { /* out of memory: the heap over the same keys, no buffer needed */
+        free(s);
+        free(id);
+        topk_heap h = {scores, ids, 0, cap};
+        int64_t scanned = 0;
+        for (int64_t j = 0; j < ix->n_lists && (all || scanned < budget); j++) {
+            const retr_list *l = &ix->lists[all ? j : r[j].c];
             for (int64_t i = 0; i < l->len; i++)
                 heap_offer(&h, dot(l->keys + i * d, q, d), l->ids[i]);
+            scanned += l->len;
         }
         return h.n;
     }
-    rank_item *r = (rank_item *)scratch;
-    rank_lists(ix, q, r);
-    int64_t scanned = 0;
-    for (int64_t j = 0; j < ix->n_lists && scanned < budget; j++) {
-        const retr_list *l = &ix->lists[r[j].c];
-        for (int64_t i = 0; i < l->len; i++) heap_offer(&h, dot(l->keys + i * d, q, d), l->ids[i]);
-        scanned += l->len;
+    int64_t n = 0;
+    for (int64_t j = 0; j < ix->n_lists && (all || n < budget); j++) {
+        const retr_list *l = &ix->lists[all ? j : r[j].c];
+        if (!l->len) continue;
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)l->len, d, 1.0f, l->keys, d, q, 1, 0.0f,
+                    s + n, 1);
+        memcpy(id + n, l->ids, (size_t)l->len * sizeof(int64_t));
+        n += l->len;
     }
-    return h.n;
+    const int64_t got = cap < n ? cap : n;
+    if (got < n) select_top(s, id, n, got);
+    memcpy(scores, s, (size_t)got * sizeof(float));
+    memcpy(ids, id, (size_t)got * sizeof(int64_t));
+    free(s);
+    free(id);
+    return got;
 }
 
 void kv_retr_partial(const float *s, int64_t n, const float *const *vals, int32_t d, float *out,
