@@ -36,6 +36,9 @@ static const kv_param_def retr_params[] = {
 typedef struct retr_layer {
     kv_retr_index **ix; /* [n_kv_heads]; NULL: no index yet */
     int64_t boundary;   /* rows n_init..boundary-1 are in the index */
+    /* the keys of the first and last indexed rows ([2][n_kv * hd]) when the index took them: a
+     * loaded cache that differs there gets a new index */
+    float *mark;
 } retr_layer;
 
 typedef struct retr_state {
@@ -48,7 +51,9 @@ static void drop_layer(const kv_method *m, retr_layer *L) {
     if (L->ix)
         for (int32_t h = 0; h < m->geo.n_kv_heads; h++) kv_retr_free(L->ix[h]);
     free(L->ix);
+    free(L->mark);
     L->ix = NULL;
+    L->mark = NULL;
     L->boundary = 0;
 }
 
@@ -97,6 +102,8 @@ static mi_status retr_clone(const kv_method *m, kv_method *out) {
         b->ix = calloc((size_t)m->geo.n_kv_heads, sizeof(*b->ix));
         ok = b->ix != NULL;
         b->boundary = a->boundary;
+        const size_t mb = (size_t)(2 * m->geo.n_kv_heads * m->geo.head_dim) * sizeof(float);
+        if (ok && (ok = (b->mark = malloc(mb)) != NULL)) memcpy(b->mark, a->mark, mb);
         for (int32_t h = 0; ok && h < m->geo.n_kv_heads; h++)
             ok = (b->ix[h] = kv_retr_clone(a->ix[h])) != NULL;
     }
@@ -121,6 +128,33 @@ static float *read_keys(kv_method *m, const mi_kv_seq *seq, int32_t layer, int64
     return k;
 }
 
+/* Whether the layer's rows n_init and boundary - 1 still hold the keys the index took (a
+ * session load replaces the rows; a rewind is seen by the row count). */
+static bool marks_hold(kv_method *m, const mi_kv_seq *seq, int32_t layer) {
+    const retr_state *st = m->state;
+    const retr_layer *L = &st->layers[layer];
+    const int64_t per = (int64_t)m->geo.n_kv_heads * m->geo.head_dim;
+    const int64_t rows[2] = {st->n_init, L->boundary - 1};
+    if (L->boundary > mi_kv_seq_length(seq, layer)) return false;
+    for (int i = 0; i < 2; i++) {
+        float *k = read_keys(m, seq, layer, rows[i], rows[i] + 1);
+        const bool same = k && memcmp(k, L->mark + i * per, (size_t)per * sizeof(float)) == 0;
+        free(k);
+        if (!same) return false;
+    }
+    return true;
+}
+
+/* Records the keys of rows n_init and boundary - 1 (k_first / k_last: [n_kv][hd] rows of a
+ * head-major read, stride between heads in rows). */
+static void set_mark(kv_method *m, retr_layer *L, int slot, const float *k, int64_t stride) {
+    const int32_t hd = m->geo.head_dim;
+    const int64_t per = (int64_t)m->geo.n_kv_heads * hd;
+    for (int32_t h = 0; h < m->geo.n_kv_heads; h++)
+        memcpy(L->mark + slot * per + (int64_t)h * hd, k + (int64_t)h * stride * hd,
+               (size_t)hd * sizeof(float));
+}
+
 /* Builds a layer's indexes over rows n_init..end-1; q: nq sample queries [nq, n_heads * hd]
  * (post-RoPE), each KV head calibrated with its group's query heads. */
 static mi_status build_layer(kv_method *m, const mi_kv_seq *seq, int32_t layer, int64_t end,
@@ -133,8 +167,9 @@ static mi_status build_layer(kv_method *m, const mi_kv_seq *seq, int32_t layer, 
     float *k = read_keys(m, seq, layer, st->n_init, end);
     float *qs = nq > 0 ? malloc((size_t)(nq * group * hd) * sizeof(float)) : NULL;
     L->ix = calloc((size_t)n_kv, sizeof(*L->ix));
+    L->mark = malloc((size_t)(2 * n_kv * hd) * sizeof(float));
     mi_status s = MI_STATUS_SUCCESS;
-    if (!k || !L->ix || (nq > 0 && !qs)) s = MI_STATUS_OUT_OF_MEMORY;
+    if (!k || !L->ix || !L->mark || (nq > 0 && !qs)) s = MI_STATUS_OUT_OF_MEMORY;
     for (int32_t h = 0; h < n_kv && s == MI_STATUS_SUCCESS; h++) {
         for (int64_t i = 0; i < nq; i++)
             for (int32_t g = 0; g < group; g++)
@@ -143,6 +178,10 @@ static mi_status build_layer(kv_method *m, const mi_kv_seq *seq, int32_t layer, 
         L->ix[h] = kv_retr_build(k + (int64_t)h * n * hd, n, hd, hd, st->n_init, qs, nq * group, hd,
                                  (int32_t)(st->top_k < n ? st->top_k : n), &st->ip);
         if (!L->ix[h]) s = MI_STATUS_OUT_OF_MEMORY;
+    }
+    if (s == MI_STATUS_SUCCESS) {
+        set_mark(m, L, 0, k, n);
+        set_mark(m, L, 1, k + (n - 1) * hd, n);
     }
     free(k);
     free(qs);
@@ -159,9 +198,10 @@ static mi_status build_layer(kv_method *m, const mi_kv_seq *seq, int32_t layer, 
 static mi_status retr_after_prefill(kv_method *m, mi_kv_seq *seq, int32_t layer, const float *q,
                                     int64_t n) {
     retr_state *st = m->state;
+    retr_layer *L = &st->layers[layer];
     const int64_t end = mi_kv_seq_length(seq, layer) - st->n_local;
-    if (layer < st->from_layer || st->layers[layer].ix || end <= st->n_init)
-        return MI_STATUS_SUCCESS;
+    if (L->ix && (end < L->boundary || !marks_hold(m, seq, layer))) drop_layer(m, L);
+    if (layer < st->from_layer || L->ix || end <= st->n_init) return MI_STATUS_SUCCESS;
     return build_layer(m, seq, layer, end, q, n);
 }
 
@@ -172,7 +212,8 @@ static mi_status retr_after_append(kv_method *m, mi_kv_seq *seq, int32_t layer, 
     retr_layer *L = &st->layers[layer];
     const int64_t end = mi_kv_seq_length(seq, layer) - st->n_local;
     if (layer < st->from_layer) return MI_STATUS_SUCCESS;
-    if (L->ix && end < L->boundary) drop_layer(m, L); /* rewound into indexed rows */
+    if (L->ix && (end < L->boundary || !marks_hold(m, seq, layer)))
+        drop_layer(m, L); /* rewound into indexed rows, or another cache loaded */
     if (end <= st->n_init) return MI_STATUS_SUCCESS;
     if (!L->ix) return build_layer(m, seq, layer, end, NULL, 0);
     if (end == L->boundary) return MI_STATUS_SUCCESS;
@@ -188,6 +229,7 @@ static mi_status retr_after_append(kv_method *m, mi_kv_seq *seq, int32_t layer, 
                 drop_layer(m, L);
                 return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for an index");
             }
+    set_mark(m, L, 1, k + (cnt - 1) * hd, cnt);
     free(k);
     L->boundary = end;
     return MI_STATUS_SUCCESS;
@@ -205,7 +247,8 @@ static mi_status retr_select(kv_method *m, const mi_kv_seq *seq, int32_t layer, 
     const int32_t nh = m->geo.n_heads, hd = m->geo.head_dim;
     const int32_t group = nh / m->geo.n_kv_heads;
     const int64_t rows = mi_kv_seq_length(seq, layer);
-    if (L->ix && L->boundary > rows - n) drop_layer(m, L); /* rewound: rebuilt after this call */
+    /* rewound into indexed rows, or another cache loaded: every row now, rebuilt after */
+    if (L->ix && (L->boundary > rows - n || !marks_hold(m, seq, layer))) drop_layer(m, L);
     if (kv_selection_reset(sel, n * nh) != MI_STATUS_SUCCESS)
         return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting keys");
     /* top_k covering every indexed key: all rows, i.e. dense attention */

@@ -455,6 +455,17 @@ static void test_method(void) {
     CHECK_OK(kv_method_after_append(m, seq, 0, 1));
     CHECK_OK(kv_method_select(m, seq, 0, q, 1, &sel));
     CHECK(sel.offsets[1] > 2, "no index rebuilt after the rewind");
+    /* another cache of the same length in its place (a session load): every row, then a new
+     * index */
+    CHECK_OK(mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, 0));
+    for (int64_t i = 0; i < 301 * NKV * D; i++) k[i] = (float)nrand();
+    append_rows(seq, L, k, 301, NKV, D);
+    append_rows(seq, L, k + 301 * NKV * D, 1, NKV, D);
+    CHECK_OK(kv_method_select(m, seq, 0, q, 1, &sel));
+    CHECK(sel.offsets[1] == 1 && sel.spans[0] == 0 && sel.spans[1] == 302, "after a load");
+    CHECK_OK(kv_method_after_append(m, seq, 0, 1));
+    CHECK_OK(kv_method_select(m, seq, 0, q, 1, &sel));
+    CHECK(sel.offsets[1] > 2, "no index rebuilt after the load");
     kv_selection_free(&sel);
     kv_method_destroy(m);
     kv_method_destroy(fork);
