@@ -12,7 +12,7 @@
  *
  * Defaults are the original's: top_k 4096 and from_layer 0 (its patch defaults), 128 sinks and
  * 512 recent tokens (its cache's start_size and recent_size). The index parameters
- * (list_size, recall, samples) are this implementation's: docs/kv-methods.md.
+ * (list_size, recall, samples) are this implementation's: docs/kv-retrieval.md.
  * Prefill calls (and follow-up calls of 32 tokens or more) attend densely, as the original's.
  */
 #include "kv_method.h"

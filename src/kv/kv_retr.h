@@ -2,7 +2,7 @@
  * kv_retr.h: RetrievalAttention's pieces on the CPU: a vector index over one head's keys that is
  * searched for the keys with the largest q.k (maximum inner product), and attention over two
  * disjoint key sets (the static part: sinks and recent window; the retrieved top-k) merged
- * exactly by log-sum-exp. docs/kv-methods.md (RetrievalAttention) describes the method, its
+ * exactly by log-sum-exp. docs/kv-retrieval.md (RetrievalAttention) describes the method, its
  * defaults and why the index is written here rather than taken from an ANN library.
  *
  * The index is an inverted file: k-means over the keys gives lists of about list_size keys, each

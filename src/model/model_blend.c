@@ -5,7 +5,7 @@
  * (0..check_layer), and past check_layer only the chunk tokens whose K and V deviate most from
  * the cache (they are the ones whose attention to earlier chunks matters) and the new tokens go
  * on through the layers; the others keep their cached K and V. Method and defaults:
- * docs/kv-methods.md (CacheBlend).
+ * docs/kv-retrieval.md (CacheBlend).
  *
  * Where every token is recomputed the layer runs as the forward pass of a fresh prompt does
  * (the same GEMMs, RoPE table and attention call), so a recompute ratio of 1 is a full prefill.
