@@ -293,6 +293,41 @@ static void test_random(void) {
     mi_model_destroy(m);
 }
 
+/* A sliding-window model: the selected rows' attention sees only the window, as the full
+ * prefill's does (chunks cached in their own context, so nothing else differs). */
+static void test_window(void) {
+    mi_model_shape shape = test_small_shape();
+    shape.n_layers = 3;
+    shape.sliding_window = 24;
+    mi_model *m = test_random_model(&shape, 9);
+    if (!m) return;
+    CHECK_OK(mi_model_set_attention(m, MI_ATTN_DENSE, NULL, -1));
+    mi_model_info info;
+    mi_model_get_info(m, &info);
+    const int V = info.vocab;
+    enum { NA = 50, NB = 61, NS = 5, N = NA + NB + NS };
+    int32_t tok[N];
+    test_byte_tokens(tok, N, 17);
+    mi_session *full = new_session(m);
+    float *lf = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    CHECK_OK(mi_session_prefill(full, tok, N, lf));
+    const float ratios[] = {0.15f, 0.5f};
+    for (int r = 0; r < 2; r++) {
+        mi_blend_params bp = mi_blend_default_params();
+        bp.recompute_ratio = ratios[r];
+        mi_blend_chunk own[2] = {{tok, NA, full, 0}, {tok + NA, NB, full, NA}};
+        mi_session *s = new_session(m);
+        CHECK_OK(mi_session_prefill_blend(s, own, 2, tok + NA + NB, NS, &bp, lb, NULL));
+        const double d = test_rel_l2(lb, lf, V);
+        CHECK(d < 1e-5, "window, ratio %g: logits differ by %g", (double)ratios[r], d);
+        mi_session_destroy(s);
+    }
+    mi_session_destroy(full);
+    free(lf);
+    free(lb);
+    mi_model_destroy(m);
+}
+
 static mi_model *load(const char *path) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
@@ -463,6 +498,7 @@ int main(int argc, char **argv) {
     }
     test_select();
     test_random();
+    test_window();
     if (path)
         test_smollm2(path);
     else
