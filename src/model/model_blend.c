@@ -310,9 +310,10 @@ mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *chunks, 
     mi_status st = MI_STATUS_SUCCESS;
     for (int64_t i = 0; i < N; i++)
         if (b.tok[i] < 0 || b.tok[i] >= m->vocab) {
+            const int32_t bad = b.tok[i];
             free_blend(&b);
             return bfail(s, MI_STATUS_INVALID_ARGUMENT,
-                         "token %d at %lld is outside the vocabulary (%d)", b.tok[i], (long long)i,
+                         "token %d at %lld is outside the vocabulary (%d)", bad, (long long)i,
                          m->vocab);
         }
     float mscale;
