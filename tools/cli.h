@@ -5,13 +5,13 @@
 
 int mi_cmd_bench(int argc, char **argv);
 int mi_cmd_info(int argc, char **argv);
+int mi_cmd_blend(int argc, char **argv);
 int mi_cmd_config(int argc, char **argv);
 int mi_cmd_generate(int argc, char **argv);
 int mi_cmd_search(int argc, char **argv);
 int mi_cmd_eval(int argc, char **argv);
 int mi_cmd_chat(int argc, char **argv);
 int mi_cmd_scbench(int argc, char **argv);
-int mi_cmd_blend(int argc, char **argv);
 
 /* The OpenMP wait policy and OpenBLAS kernels the model commands need (cmd_generate.c); may
  * re-execute the tool with them set. */

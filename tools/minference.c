@@ -19,11 +19,11 @@ static const char usage[] =
     "  info       library version, build features, CUDA devices, threads\n"
     "  config     validate or summarise a per-head pattern config (JSON)\n"
     "  generate   run a model: prefill a prompt with sparse attention, decode greedily\n"
+    "  blend      CacheBlend: reuse the caches of text chunks in front of a prompt\n"
     "  chat       a conversation with a model, its KV cache kept across turns\n"
     "  search     offline per-head pattern search on a sample prompt; writes a config\n"
     "  eval       accuracy tasks (needle, passkey, ...) with each attention method\n"
     "  scbench    SCBench: shared-context tasks, multi-turn and multi-request, per method\n"
-    "  blend      CacheBlend: reuse the caches of text chunks in front of a prompt\n"
     "\n"
     "options:\n"
     "  -h, --help     this message (SUBCOMMAND --help: that subcommand's options)\n"
@@ -48,11 +48,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "info") == 0) return mi_cmd_info(argc - 2, argv + 2);
     if (strcmp(cmd, "config") == 0) return mi_cmd_config(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return mi_cmd_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "blend") == 0) return mi_cmd_blend(argc - 2, argv + 2);
     if (strcmp(cmd, "chat") == 0) return mi_cmd_chat(argc - 2, argv + 2);
     if (strcmp(cmd, "search") == 0) return mi_cmd_search(argc - 2, argv + 2);
     if (strcmp(cmd, "eval") == 0) return mi_cmd_eval(argc - 2, argv + 2);
     if (strcmp(cmd, "scbench") == 0) return mi_cmd_scbench(argc - 2, argv + 2);
-    if (strcmp(cmd, "blend") == 0) return mi_cmd_blend(argc - 2, argv + 2);
     /* Options without a subcommand belong to the default one. */
     if (cmd[0] == '-') return mi_cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "minference: unknown subcommand '%s'\n\n%s", cmd, usage);
