@@ -42,6 +42,11 @@ typedef enum mi_kv_dtype {
      * 2^-9 scale (2^-10 scale for one rounding; growing a power-of-two scale re-rounds only the
      * values that become subnormal, by at most 2^-10 of each new scale). */
     MI_KV_FP8_E4M3 = 3,
+    /* KIVI: 2- or 4-bit asymmetric codes with f16 scales and minima in groups (K per channel
+     * over group_size tokens, V per token over group_size channels); the newest rows stay in f32
+     * (the residual). See "KIVI quantized pages" at the end of this header. */
+    MI_KV_KIVI2 = 4,
+    MI_KV_KIVI4 = 5,
 } mi_kv_dtype;
 
 MI_API const char *mi_kv_dtype_name(mi_kv_dtype dtype);
@@ -74,6 +79,15 @@ typedef struct mi_kv_page_layout {
     size_t page_bytes;   /* bytes of one page, a multiple of 256 */
     uint32_t meta_kinds; /* MI_KV_META_* kept by the pool */
     size_t meta_bytes;   /* metadata bytes per page (beside it) */
+    /* KIVI (bits 2 or 4, else 0): codes are packed little-endian inside each row (channel d at
+     * bit d * bits of the row); row_stride = head_dim * bits / 8. The f16 (scale, min) pairs:
+     *   K of head h, token group g (rows g*group_size..), channel d:
+     *       base + k_param_offset + ((h * page_tokens / group_size + g) * head_dim + d) * 4
+     *   V of head h, row r, channel group c:
+     *       base + v_param_offset + ((h * page_tokens + r) * (head_dim / group_size) + c) * 4
+     * x = code * scale + min. */
+    int32_t bits, group_size;
+    size_t k_param_offset, v_param_offset;
 } mi_kv_page_layout;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -98,6 +112,10 @@ typedef struct mi_kv_pool_params {
     mi_kv_alloc_fn alloc; /* NULL: aligned_alloc / free */
     mi_kv_free_fn free;
     void *alloc_user;
+    /* KIVI dtypes only (0: the defaults): tokens per key group and channels per value group
+     * (default 32; divides page_tokens and head_dim, a multiple of 4), and the rows kept in f32
+     * (default 32; the residual holds residual_length..residual_length + group_size - 1 rows). */
+    int32_t quant_group, quant_residual;
 } mi_kv_pool_params;
 
 typedef struct mi_kv_pool mi_kv_pool;
@@ -240,6 +258,99 @@ MI_API mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi
  *                            another pool geometry (dtype, page size);
  *   MI_STATUS_OUT_OF_MEMORY  the pool cannot hold it. */
 MI_API mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id *id);
+
+/* ------------------------------------------------------------------------------------------ */
+/* KIVI quantized pages and reading any page format                                            */
+
+/*
+ * A pool of dtype MI_KV_KIVI2 / MI_KV_KIVI4 stores a layer's rows 0..quantized-1 in quantized
+ * pages (the page table covers only them) and its newest rows quantized..length-1 in f32, in a
+ * residual beside the table (per sequence, copied on fork). An append quantizes whole groups
+ * of group_size rows once the residual would exceed residual_length rows; truncating into
+ * quantized rows moves the rows of the last partial group back into the residual (with their
+ * quantized values). mi_kv_seq_read, truncate, rewind, fork, save and load work for every
+ * dtype. Pools of these dtypes keep no metadata (meta_kinds must be 0).
+ */
+
+/* Rows of a layer held in quantized pages (a multiple of group_size); the rest are in the
+ * residual. For the other dtypes: the layer's length. -1 for a bad sequence or layer. */
+MI_API int64_t mi_kv_seq_quantized_rows(const mi_kv_seq *seq, int32_t layer);
+
+/* The residual of a KIVI layer: rows first_row..first_row+rows-1, f32, K and V of head h,
+ * row i at k[(h * stride_rows + i) * head_dim]. rows 0 and NULL pointers for the other dtypes. */
+typedef struct mi_kv_residual_view {
+    int64_t first_row;
+    int32_t rows, stride_rows;
+    const float *k, *v;
+} mi_kv_residual_view;
+
+MI_API mi_status mi_kv_seq_residual(const mi_kv_seq *seq, int32_t layer,
+                                    mi_kv_residual_view *out);
+
+/* The page reader: rows start..start+count-1 of one KV head's K (kv = 0) or V (kv = 1) of a
+ * layer, decoded to f32 into dst [count, head_dim], from whatever holds them (pages of any
+ * dtype, the residual). count <= 1 << 20 per call. */
+MI_API mi_status mi_kv_seq_read_tile(const mi_kv_seq *seq, int32_t layer, int32_t kv_head, int kv,
+                                     int64_t start, int64_t count, float *dst);
+
+/* One query's attention over rows first..end-1 of one KV head, reading the pages in their own
+ * format (f32/f16/bf16/fp8 rows, KIVI codes with the scale and min folded into the query and
+ * the softmax weights: no row is dequantized into a buffer) and the residual.
+ *   out[d] = sum_r softmax_r(scale * q . k_r) v_r[d]
+ * LeanK: when channel_mask ([head_dim], 1 keep, 0 prune) is given, rows mask_first..mask_end-1
+ * score with the kept channels only; a head whose mask keeps no channel skips those rows.
+ * scores: scratch of end - first floats. */
+typedef struct mi_kv_attend_params {
+    int64_t first, end;
+    float scale;
+    const uint8_t *channel_mask; /* NULL: every channel */
+    int64_t mask_first, mask_end;
+} mi_kv_attend_params;
+
+MI_API mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
+                                  const float *q, const mi_kv_attend_params *params, float *scores,
+                                  float *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* LeanK key-channel masks                                                                     */
+
+/*
+ * A static mask per layer and KV head over the head_dim key channels (docs/kv-methods.md,
+ * "LeanK"). File format (JSON, UTF-8):
+ *   {"format": "minference-leank-mask", "version": 1,
+ *    "n_layers": L, "n_kv_heads": H, "head_dim": D,
+ *    "masks": [["1011...", ... H strings], ... L lists]}
+ * masks[l][h] has exactly D characters '0' or '1'; character d is channel d (1: kept). Other
+ * keys (e.g. "keep_fraction", "source") are informational and ignored.
+ */
+typedef struct mi_leank_mask mi_leank_mask;
+
+/* A mask with every channel kept. */
+MI_API mi_status mi_leank_mask_create(mi_context *ctx, int32_t n_layers, int32_t n_kv_heads,
+                                      int32_t head_dim, mi_leank_mask **out);
+/* Reads and validates a mask file (MI_STATUS_IO_ERROR, MI_STATUS_PARSE_ERROR with the reason). */
+MI_API mi_status mi_leank_mask_load(mi_context *ctx, const char *path, mi_leank_mask **out);
+MI_API mi_status mi_leank_mask_parse(mi_context *ctx, const char *json, size_t length,
+                                     mi_leank_mask **out);
+/* Writes the file atomically. */
+MI_API mi_status mi_leank_mask_save(mi_context *ctx, const mi_leank_mask *mask, const char *path);
+MI_API void mi_leank_mask_destroy(mi_leank_mask *mask);
+MI_API void mi_leank_mask_shape(const mi_leank_mask *mask, int32_t *n_layers, int32_t *n_kv_heads,
+                                int32_t *head_dim);
+/* [head_dim] bytes, 1 kept / 0 pruned; NULL for an index out of range. */
+MI_API const uint8_t *mi_leank_mask_head(const mi_leank_mask *mask, int32_t layer,
+                                         int32_t kv_head);
+MI_API mi_status mi_leank_mask_set(mi_leank_mask *mask, int32_t layer, int32_t kv_head,
+                                   const uint8_t *keep);
+/* Kept channels over all heads (0..1). */
+MI_API double mi_leank_mask_keep_fraction(const mi_leank_mask *mask);
+/* Learning from importances [n_layers][n_kv_heads][head_dim] (e.g. the calibration run's
+ * sqrt(sum q_d^2) * sqrt(sum k_d^2) per channel): per head the round(keep * head_dim / align)
+ * * align most important channels (at least align, ties to the lower channel). */
+MI_API mi_status mi_leank_mask_from_importance(mi_context *ctx, int32_t n_layers,
+                                               int32_t n_kv_heads, int32_t head_dim,
+                                               const double *importance, double keep,
+                                               int32_t align, mi_leank_mask **out);
 
 #ifdef __cplusplus
 }

@@ -27,7 +27,10 @@
 #endif
 
 #define KV_MAGIC "MIKVSEQ" /* 8 bytes with its NUL */
-#define KV_VERSION 1u
+/* 1: rows in the pages' element format; 2: the same plus the KIVI dtypes (group size and
+ * residual length in the header, per layer the quantized row count and the f32 residual).
+ * Caches of the other dtypes are still written as version 1. */
+#define KV_VERSION 2u
 #define KV_HEADER_BYTES 128
 
 uint64_t mi_kv_hash64(uint64_t seed, const void *data, size_t n) {
@@ -110,6 +113,7 @@ typedef struct kv_header {
     mi_kv_model_id id;
     uint32_t dtype, page_tokens;
     uint64_t n_tokens;
+    uint32_t quant_group, quant_residual; /* version 2, KIVI; else 0 */
 } kv_header;
 
 static void header_encode(const kv_header *h, unsigned char *b) {
@@ -128,7 +132,9 @@ static void header_encode(const kv_header *h, unsigned char *b) {
     put32(b + 80, h->dtype);
     put32(b + 84, h->page_tokens);
     put64(b + 88, h->n_tokens);
-    /* 96..123 reserved, zero */
+    put32(b + 96, h->quant_group);
+    put32(b + 100, h->quant_residual);
+    /* 104..123 reserved, zero */
     put32(b + 124, crc_of(b, 124));
 }
 
@@ -147,6 +153,10 @@ static void header_decode(const unsigned char *b, kv_header *h) {
     h->dtype = get32(b + 80);
     h->page_tokens = get32(b + 84);
     h->n_tokens = get64(b + 88);
+    if (h->version >= 2) {
+        h->quant_group = get32(b + 96);
+        h->quant_residual = get32(b + 100);
+    }
 }
 
 static mi_status check_id(const mi_kv_pool *pool, const mi_kv_model_id *id, const char *fn) {
@@ -169,9 +179,26 @@ static int64_t pages_of_rows(int64_t rows, int32_t P) { return (rows + P - 1) / 
 /* ------------------------------------------------------------------------------------------ */
 /* Page images: the valid rows of every head, K then V, then the fp8 scales                    */
 
+/* KIVI: per head, the f16 pairs of its key groups and of its value rows. */
+static size_t k_params_bytes(const mi_kv_page_layout *L, int32_t rows) {
+    return L->bits ? (size_t)(rows / L->group_size) * (size_t)L->head_dim * 4 : 0;
+}
+static size_t v_params_bytes(const mi_kv_page_layout *L, int32_t rows) {
+    return L->bits ? (size_t)rows * (size_t)(L->head_dim / L->group_size) * 4 : 0;
+}
+
 static size_t image_bytes(const mi_kv_page_layout *L, int32_t rows) {
     return 2 * (size_t)L->n_kv_heads * (size_t)rows * L->row_stride +
-           (L->has_scales ? 2 * (size_t)L->n_kv_heads * sizeof(float) : 0);
+           (L->has_scales ? 2 * (size_t)L->n_kv_heads * sizeof(float) : 0) +
+           (size_t)L->n_kv_heads * (k_params_bytes(L, rows) + v_params_bytes(L, rows));
+}
+
+/* KIVI parameter regions of head h (contiguous per head: groups, then rows, in order). */
+static size_t k_params_at(const mi_kv_page_layout *L, int32_t h) {
+    return L->k_param_offset + (size_t)h * k_params_bytes(L, L->page_tokens);
+}
+static size_t v_params_at(const mi_kv_page_layout *L, int32_t h) {
+    return L->v_param_offset + (size_t)h * v_params_bytes(L, L->page_tokens);
 }
 
 static void page_to_image(const mi_kv_page_layout *L, const unsigned char *page, int32_t rows,
@@ -182,6 +209,12 @@ static void page_to_image(const mi_kv_page_layout *L, const unsigned char *page,
             memcpy(img, page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride, n);
     if (L->has_scales)
         memcpy(img, page + L->scale_offset, 2 * (size_t)L->n_kv_heads * sizeof(float));
+    for (int32_t h = 0; L->bits && h < L->n_kv_heads; h++) {
+        memcpy(img, page + k_params_at(L, h), k_params_bytes(L, rows));
+        img += k_params_bytes(L, rows);
+        memcpy(img, page + v_params_at(L, h), v_params_bytes(L, rows));
+        img += v_params_bytes(L, rows);
+    }
 }
 
 static void image_to_page(const mi_kv_page_layout *L, const unsigned char *img, int32_t rows,
@@ -192,6 +225,12 @@ static void image_to_page(const mi_kv_page_layout *L, const unsigned char *img, 
             memcpy(page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride, img, n);
     if (L->has_scales)
         memcpy(page + L->scale_offset, img, 2 * (size_t)L->n_kv_heads * sizeof(float));
+    for (int32_t h = 0; L->bits && h < L->n_kv_heads; h++) {
+        memcpy(page + k_params_at(L, h), img, k_params_bytes(L, rows));
+        img += k_params_bytes(L, rows);
+        memcpy(page + v_params_at(L, h), img, v_params_bytes(L, rows));
+        img += v_params_bytes(L, rows);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -225,7 +264,12 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
 
     kv_header h;
     memset(&h, 0, sizeof h);
-    h.version = KV_VERSION;
+    const bool quant = kv_is_quant(pool);
+    h.version = quant ? 2u : 1u;
+    if (quant) {
+        h.quant_group = (uint32_t)pool->params.quant_group;
+        h.quant_residual = (uint32_t)pool->params.quant_residual;
+    }
     h.id = *id;
     h.dtype = (uint32_t)L->dtype;
     h.page_tokens = (uint32_t)P;
@@ -253,11 +297,20 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
         unsigned char rb[8];
         put64(rb, (uint64_t)ly->len);
         wr(&w, rb, 8, true);
+        const int64_t paged = quant ? ly->qlen : ly->len;
+        if (quant) {
+            put64(rb, (uint64_t)paged);
+            wr(&w, rb, 8, true);
+        }
         for (int64_t i = 0; i < ly->n_pages && !w.err; i++) {
-            const int32_t rows = (int32_t)(ly->len - i * P < P ? ly->len - i * P : P);
+            const int32_t rows = (int32_t)(paged - i * P < P ? paged - i * P : P);
             page_to_image(L, kv_page(pool, ly->pages[i]), rows, img);
             wr(&w, img, image_bytes(L, rows), true);
         }
+        for (int kv = 0; quant && kv < 2; kv++)
+            for (int32_t hh = 0; hh < L->n_kv_heads && ly->len > paged; hh++)
+                wr(&w, kv_resid_row(pool, ly, kv, hh, 0),
+                   (size_t)(ly->len - paged) * (size_t)L->head_dim * sizeof(float), true);
     }
     unsigned char cb[4];
     put32(cb, crc_final(&w.crc));
@@ -323,22 +376,47 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         }
         if (rows > most) most = rows;
         kv_layer *ly = &seq->layers[l];
-        const int64_t n_pages = pages_of_rows((int64_t)rows, P);
-        if (n_pages == 0) continue;
+        const bool quant = kv_is_quant(pool);
+        uint64_t paged = rows, resid_bytes = 0;
+        if (quant) {
+            if ((st = rd(pool, r, rb, 8, true, path, "a layer's quantized row count")) !=
+                MI_STATUS_SUCCESS)
+                break;
+            paged = get64(rb);
+            if (paged > rows || paged % (uint64_t)L->group_size != 0 ||
+                rows - paged > (uint64_t)pool->q_resid_cap) {
+                st = kv_fail(pool, MI_STATUS_PARSE_ERROR,
+                             "mi_kv_seq_load: %s is corrupt (layer %d: %llu quantized of %llu "
+                             "rows)",
+                             path, l, (unsigned long long)paged, (unsigned long long)rows);
+                break;
+            }
+            resid_bytes = 2 * (uint64_t)L->n_kv_heads * (rows - paged) * (uint64_t)L->head_dim *
+                          sizeof(float);
+            if (rows > 0 && !(ly->resid = malloc(kv_quant_resid_bytes(pool)))) {
+                st = kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "mi_kv_seq_load: out of memory");
+                break;
+            }
+            ly->len = (int64_t)rows;
+            ly->qlen = (int64_t)paged;
+        }
+        const int64_t n_pages = pages_of_rows((int64_t)paged, P);
+        if (n_pages == 0 && resid_bytes == 0) continue;
         /* nor can a short file make us take pages for rows it does not hold */
         /* (compared without forming the product, which a huge count would overflow) */
-        const uint64_t remain = r->size - r->pos, full = rows / (uint64_t)P;
+        const uint64_t remain = r->size - r->pos, full = paged / (uint64_t)P;
         const uint64_t page_bytes = image_bytes(L, P);
         if (full > remain / page_bytes ||
-            full * page_bytes + image_bytes(L, (int32_t)(rows % (uint64_t)P)) > remain) {
+            full * page_bytes + image_bytes(L, (int32_t)(paged % (uint64_t)P)) + resid_bytes >
+                remain) {
             st = kv_fail(pool, MI_STATUS_PARSE_ERROR,
                          "mi_kv_seq_load: %s is truncated (layer %d claims %llu rows, %llu bytes "
                          "remain)",
                          path, l, (unsigned long long)rows, (unsigned long long)remain);
             break;
         }
-        ly->pages = malloc((size_t)n_pages * sizeof(int32_t));
-        if (!ly->pages) {
+        ly->pages = n_pages ? malloc((size_t)n_pages * sizeof(int32_t)) : NULL;
+        if (n_pages && !ly->pages) {
             st = kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "mi_kv_seq_load: out of memory");
             break;
         }
@@ -347,7 +425,7 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         ly->n_pages = n_pages; /* owned from here: released with the sequence on failure */
         ly->len = (int64_t)rows;
         for (int64_t i = 0; i < n_pages && st == MI_STATUS_SUCCESS; i++) {
-            const int32_t n = (int32_t)((int64_t)rows - i * P < P ? (int64_t)rows - i * P : P);
+            const int32_t n = (int32_t)((int64_t)paged - i * P < P ? (int64_t)paged - i * P : P);
             if ((st = rd(pool, r, img, image_bytes(L, n), true, path, "a page")) !=
                 MI_STATUS_SUCCESS)
                 break;
@@ -355,6 +433,12 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
             image_to_page(L, img, n, kv_page(pool, id));
             pool->info[id].fill = n;
         }
+        for (int kv = 0; quant && kv < 2 && st == MI_STATUS_SUCCESS; kv++)
+            for (int32_t hh = 0; hh < L->n_kv_heads && rows > paged; hh++)
+                if ((st = rd(pool, r, kv_resid_row(pool, ly, kv, hh, 0),
+                             (size_t)(rows - paged) * (size_t)L->head_dim * sizeof(float), true,
+                             path, "a residual")) != MI_STATUS_SUCCESS)
+                    break;
     }
     free(img);
     if (st == MI_STATUS_SUCCESS && most != h->n_tokens)
@@ -417,6 +501,14 @@ mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id 
                      h.id.head_dim, h.id.hidden, h.id.vocab, (unsigned long long)h.id.weights_hash,
                      id->arch, id->n_layers, id->n_heads, id->n_kv_heads, id->head_dim, id->hidden,
                      id->vocab, (unsigned long long)id->weights_hash);
+    if (st == MI_STATUS_SUCCESS && kv_is_quant(pool) && h.dtype == (uint32_t)pool->layout.dtype &&
+        (h.quant_group != (uint32_t)pool->params.quant_group ||
+         h.quant_residual != (uint32_t)pool->params.quant_residual))
+        st = kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
+                     "%s: %s stores KIVI groups of %u with a residual of %u; the pool's are %d "
+                     "and %d",
+                     fn, path, h.quant_group, h.quant_residual, pool->params.quant_group,
+                     pool->params.quant_residual);
     if (st == MI_STATUS_SUCCESS && (h.dtype != (uint32_t)pool->layout.dtype ||
                                     h.page_tokens != (uint32_t)pool->layout.page_tokens))
         st = kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,

@@ -35,6 +35,7 @@ struct mi_kv_pool {
     int32_t *free_ids;  /* stack of free page ids */
     int32_t n_free;
     int64_t allocated; /* pages backed by slabs */
+    int32_t q_resid_cap; /* KIVI: residual rows a layer may hold (residual + group - 1) */
     int64_t used;      /* pages with refs > 0 */
     char last_error[MI_KV_ERROR_CAPACITY];
 };
@@ -47,6 +48,11 @@ typedef struct kv_layer {
      * Ada-KV): per-head row counts [n_kv_heads], each head compacted to the front of its tiles.
      * NULL means every head has len rows, the only case implemented. */
     int32_t *head_len;
+    /* KIVI: rows 0..qlen-1 are in the pages (n_pages = ceil(qlen / page_tokens)), rows
+     * qlen..len-1 in resid: f32 [2 (K, V)][n_kv_heads][q_resid_cap][head_dim], own to the
+     * sequence (NULL until the first append). Other dtypes: qlen and resid unused. */
+    int64_t qlen;
+    float *resid;
 } kv_layer;
 
 struct mi_kv_seq {
@@ -97,5 +103,25 @@ void kv_meta_extend(mi_kv_pool *pool, int32_t id, int32_t h, int32_t r0, int32_t
 mi_kv_seq *kv_seq_new(mi_kv_pool *pool);
 /* Releases every page of every layer and frees the tables; leaves an unusable shell. */
 void kv_seq_clear(mi_kv_seq *seq);
+
+/* KIVI (kv_quant.c). */
+static inline bool kv_is_quant(const mi_kv_pool *pool) {
+    return pool->layout.dtype == MI_KV_KIVI2 || pool->layout.dtype == MI_KV_KIVI4;
+}
+/* Row i of head h's K (kv = 0) or V residual of a layer. */
+static inline float *kv_resid_row(const mi_kv_pool *pool, const kv_layer *L, int kv, int32_t h,
+                                  int64_t i) {
+    return L->resid +
+           (((size_t)kv * pool->layout.n_kv_heads + (size_t)h) * (size_t)pool->q_resid_cap +
+            (size_t)i) * (size_t)pool->layout.head_dim;
+}
+void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                          int32_t r0, int32_t r1, float *dst);
+mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, const mi_tensor *v,
+                          int64_t n);
+mi_status kv_quant_truncate(mi_kv_seq *seq, int32_t layer, int64_t len);
+/* Copies src's residual into dst (a fork): MI_STATUS_OUT_OF_MEMORY with a message on failure. */
+mi_status kv_quant_fork_layer(mi_kv_pool *pool, const kv_layer *src, kv_layer *dst);
+size_t kv_quant_resid_bytes(const mi_kv_pool *pool);
 
 #endif /* MI_KV_INTERNAL_H */

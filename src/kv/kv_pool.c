@@ -38,6 +38,8 @@ const char *mi_kv_dtype_name(mi_kv_dtype dtype) {
     case MI_KV_F16: return "f16";
     case MI_KV_BF16: return "bf16";
     case MI_KV_FP8_E4M3: return "fp8_e4m3";
+    case MI_KV_KIVI2: return "kivi2";
+    case MI_KV_KIVI4: return "kivi4";
     }
     return "unknown";
 }
@@ -107,6 +109,8 @@ static int32_t elem_bytes_of(mi_kv_dtype dtype) {
     case MI_KV_F16:
     case MI_KV_BF16: return 2;
     case MI_KV_FP8_E4M3: return 1;
+    case MI_KV_KIVI2:
+    case MI_KV_KIVI4: return 1; /* codes are sub-byte: the layout says 0 */
     }
     return 0;
 }
@@ -135,6 +139,25 @@ mi_status mi_kv_pool_create(mi_context *ctx, const mi_kv_pool_params *params, mi
         snprintf(msg, sizeof msg, "unknown metadata kinds 0x%x", p->meta_kinds);
     else if (!p->alloc != !p->free)
         snprintf(msg, sizeof msg, "alloc and free are given together or not at all");
+    const bool kivi = p->dtype == MI_KV_KIVI2 || p->dtype == MI_KV_KIVI4;
+    /* KIVI defaults: the original's group size 32 and residual length 32 */
+    const int32_t qg = p->quant_group > 0 ? p->quant_group : 32;
+    const int32_t qr = p->quant_residual > 0 ? p->quant_residual : 32;
+    if (!msg[0] && kivi) {
+        if (p->quant_group < 0 || p->quant_residual < 0 || qr > 65536)
+            snprintf(msg, sizeof msg,
+                     "quant_group (%d) and quant_residual (%d) must be 0 (default) or positive, "
+                     "quant_residual at most 65536",
+                     p->quant_group, p->quant_residual);
+        else if (qg % 4 != 0 || p->page_tokens % qg != 0 || p->head_dim % qg != 0)
+            snprintf(msg, sizeof msg,
+                     "KIVI group size %d must be a multiple of 4 dividing page_tokens (%d) and "
+                     "head_dim (%d)",
+                     qg, p->page_tokens, p->head_dim);
+        else if (p->meta_kinds)
+            snprintf(msg, sizeof msg, "KIVI pools keep no metadata (meta_kinds 0x%x)",
+                     p->meta_kinds);
+    }
     if (msg[0]) {
         set_err(ctx, msg);
         return MI_STATUS_INVALID_ARGUMENT;
@@ -146,13 +169,26 @@ mi_status mi_kv_pool_create(mi_context *ctx, const mi_kv_pool_params *params, mi
     L.page_tokens = p->page_tokens;
     L.n_kv_heads = p->n_kv_heads;
     L.head_dim = p->head_dim;
-    L.elem_bytes = eb;
+    L.elem_bytes = kivi ? 0 : eb;
     L.row_stride = (size_t)p->head_dim * (size_t)eb;
+    if (kivi) {
+        L.bits = p->dtype == MI_KV_KIVI2 ? 2 : 4;
+        L.group_size = qg;
+        L.row_stride = (size_t)p->head_dim * (size_t)L.bits / 8;
+    }
     L.head_stride = (size_t)p->page_tokens * L.row_stride;
     L.k_offset = 0;
     /* regions start on 16 bytes (vector loads, aligned float scales) */
     L.v_offset = ((size_t)p->n_kv_heads * L.head_stride + 15) / 16 * 16;
     size_t end = L.v_offset + (size_t)p->n_kv_heads * L.head_stride;
+    if (kivi) {
+        /* f16 (scale, min) pairs: K per head, token group and channel; V per head, row and
+         * channel group */
+        L.k_param_offset = end = (end + 15) / 16 * 16;
+        end += (size_t)p->n_kv_heads * (size_t)(p->page_tokens / qg) * (size_t)p->head_dim * 4;
+        L.v_param_offset = end = (end + 15) / 16 * 16;
+        end += (size_t)p->n_kv_heads * (size_t)p->page_tokens * (size_t)(p->head_dim / qg) * 4;
+    }
     if (p->dtype == MI_KV_FP8_E4M3) {
         L.has_scales = 1;
         L.scale_offset = end = (end + 15) / 16 * 16;
@@ -195,6 +231,11 @@ mi_status mi_kv_pool_create(mi_context *ctx, const mi_kv_pool_params *params, mi
         pool->params.free = default_free;
     }
     pool->layout = L;
+    if (kivi) {
+        pool->params.quant_group = qg;
+        pool->params.quant_residual = qr;
+        pool->q_resid_cap = qr + qg - 1;
+    }
     pool->refs = 1;
     pool->max_pages = max_pages;
     int64_t slab = p->slab_pages > 0 ? p->slab_pages : (int64_t)(((size_t)4 << 20) / L.page_bytes);
@@ -396,6 +437,8 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
         case MI_KV_FP8_E4M3:
             for (int32_t d = 0; d < hd; d++) dst[d] = mi_fp8_e4m3_to_f32(row[d]) * s;
             break;
+        case MI_KV_KIVI2:
+        case MI_KV_KIVI4: kv_quant_decode_rows(pool, page, kv, h, r, r + 1, dst); break;
         }
     }
 }
@@ -420,6 +463,8 @@ static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *
         /* s == 0: every value so far was zero */
         for (int32_t d = 0; d < hd; d++) row[d] = s > 0.0f ? mi_fp8_e4m3_from_f32(src[d] / s) : 0;
         break;
+    case MI_KV_KIVI2:
+    case MI_KV_KIVI4: break; /* whole groups are written by kv_quant.c */
     }
 }
 
@@ -508,6 +553,7 @@ void kv_seq_clear(mi_kv_seq *seq) {
         for (int64_t i = 0; i < L->n_pages; i++) kv_page_release(seq->pool, L->pages[i]);
         free(L->pages);
         free(L->head_len);
+        free(L->resid);
         memset(L, 0, sizeof *L);
     }
 }

@@ -111,6 +111,11 @@ mi_status mi_kv_seq_fork(const mi_kv_seq *parent, mi_kv_seq **out) {
     for (int32_t l = 0; l < pool->params.n_layers; l++) {
         const kv_layer *src = &parent->layers[l];
         kv_layer *dst = &seq->layers[l];
+        if (kv_is_quant(pool) && kv_quant_fork_layer(pool, src, dst) != MI_STATUS_SUCCESS) {
+            mi_kv_seq_destroy(seq);
+            return MI_STATUS_OUT_OF_MEMORY;
+        }
+        dst->len = src->len; /* KIVI: rows in the residual need no pages */
         if (src->n_pages == 0) continue;
         dst->pages = malloc((size_t)src->n_pages * sizeof(int32_t));
         if (!dst->pages) {
@@ -119,7 +124,6 @@ mi_status mi_kv_seq_fork(const mi_kv_seq *parent, mi_kv_seq **out) {
         }
         memcpy(dst->pages, src->pages, (size_t)src->n_pages * sizeof(int32_t));
         dst->n_pages = dst->cap_pages = src->n_pages;
-        dst->len = src->len;
         for (int64_t i = 0; i < src->n_pages; i++) pool->info[src->pages[i]].refs++;
     }
     *out = seq;
@@ -146,6 +150,7 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
     if (st == MI_STATUS_SUCCESS) st = check_rows(pool, fn, "k", k, -1, &n);
     if (st == MI_STATUS_SUCCESS) st = check_rows(pool, fn, "v", v, n, NULL);
     if (st != MI_STATUS_SUCCESS) return st;
+    if (kv_is_quant(pool)) return kv_quant_append(seq, layer, k, v, n);
 
     const int32_t P = pool->params.page_tokens, H = pool->params.n_kv_heads,
                   hd = pool->params.head_dim;
@@ -249,6 +254,13 @@ mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int
     float buf[MI_KV_MAX_HEAD_DIM];
     for (int64_t i = 0; i < count; i++) {
         const int64_t row = start + i;
+        if (kv_is_quant(pool) && row >= L->qlen) { /* the KIVI residual */
+            for (int32_t h = 0; h < H; h++) {
+                if (k_out) store_row(k_out, h, i, kv_resid_row(pool, L, 0, h, row - L->qlen), hd);
+                if (v_out) store_row(v_out, h, i, kv_resid_row(pool, L, 1, h, row - L->qlen), hd);
+            }
+            continue;
+        }
         const unsigned char *page = kv_page(pool, L->pages[row / P]);
         const int32_t r = (int32_t)(row % P);
         for (int32_t h = 0; h < H; h++)
@@ -280,6 +292,10 @@ mi_status mi_kv_seq_truncate(mi_kv_seq *seq, int32_t layer, int64_t len) {
                            (long long)len, l, (long long)seq->layers[l].len);
     const int32_t P = pool->params.page_tokens;
     for (int32_t l = l0; l < l1; l++) {
+        if (kv_is_quant(pool)) {
+            kv_quant_truncate(seq, l, len);
+            continue;
+        }
         kv_layer *L = &seq->layers[l];
         const int64_t keep = pages_for(len, P);
         for (int64_t i = keep; i < L->n_pages; i++) kv_page_release(pool, L->pages[i]);
@@ -363,7 +379,8 @@ mi_status mi_kv_seq_page(const mi_kv_seq *seq, int32_t layer, int64_t index, mi_
     v.data = page;
     v.page_id = id;
     v.first_row = index * P;
-    v.rows = (int32_t)(L->len - v.first_row < P ? L->len - v.first_row : P);
+    const int64_t paged = kv_is_quant(pool) ? L->qlen : L->len; /* KIVI: the quantized rows */
+    v.rows = (int32_t)(paged - v.first_row < P ? paged - v.first_row : P);
     v.meta_rows = pool->info[id].fill;
     v.refcount = (int32_t)pool->info[id].refs;
     if (pool->layout.has_scales) {
@@ -390,6 +407,9 @@ mi_status mi_kv_seq_stats_get(const mi_kv_seq *seq, mi_kv_seq_stats *out) {
     }
     const uint64_t pb = pool->layout.page_bytes + pool->layout.meta_bytes;
     s.bytes = (uint64_t)s.pages * pb;
+    if (kv_is_quant(pool)) /* each layer's f32 residual, the sequence's own */
+        for (int32_t l = 0; l < pool->params.n_layers; l++)
+            if (seq->layers[l].resid) s.bytes += kv_quant_resid_bytes(pool);
     s.shared_bytes = (uint64_t)s.shared_pages * pb;
     *out = s;
     return MI_STATUS_SUCCESS;

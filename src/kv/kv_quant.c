@@ -1,0 +1,376 @@
+/*
+ * kv_quant.c: KIVI pages (2- or 4-bit asymmetric codes). Keys are quantized per channel over a
+ * group of group_size tokens, values per token over a group of group_size channels, each group
+ * with an f16 scale and minimum: x' = code * scale + min, code = round((x - min) / scale)
+ * clamped to 0..2^bits-1. The newest rows stay in an f32 residual per layer and are quantized a
+ * whole group at a time once the residual would hold more than residual_length rows, so a key
+ * group is always complete when it is quantized (its min and max are final).
+ *
+ * Also here: the page reader (any dtype, one head's rows to f32) and the fused kernels the
+ * attention uses on quantized pages (scores from codes, value accumulation from codes).
+ */
+#include "kv_internal.h"
+#include "kv_quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t pages_for(int64_t rows, int32_t P) { return (rows + P - 1) / P; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Codec                                                                                       */
+
+static float f16_at(const unsigned char *p) {
+    uint16_t u;
+    memcpy(&u, p, 2);
+    return mi_f16_to_f32(u);
+}
+
+/* Rounds to f16 without overflowing to infinity (KV values beyond f16 saturate). */
+static uint16_t f16_of(float x) {
+    if (!(x == x)) x = 0.0f;
+    if (x > 65504.0f) x = 65504.0f;
+    if (x < -65504.0f) x = -65504.0f;
+    return mi_f32_to_f16(x);
+}
+
+static void put_pair(unsigned char *p, float scale, float mn) {
+    const uint16_t s = f16_of(scale), z = f16_of(mn);
+    memcpy(p, &s, 2);
+    memcpy(p + 2, &z, 2);
+}
+
+static inline int code_at(const unsigned char *row, int32_t d, int bits) {
+    if (bits == 2) return (row[d >> 2] >> ((d & 3) * 2)) & 3;
+    return (row[d >> 1] >> ((d & 1) * 4)) & 15;
+}
+
+/* Scale and min of one group from its min and max: the stored (f16-rounded) values. */
+static void group_params(float mn, float mx, int bits, float *scale, float *zero) {
+    const float maxq = (float)((1 << bits) - 1);
+    unsigned char pair[4];
+    put_pair(pair, (mx - mn) / maxq, mn);
+    *scale = f16_at(pair);
+    *zero = f16_at(pair + 2);
+}
+
+static inline int quant_one(float x, float scale, float zero, int maxq) {
+    if (!(scale > 0.0f)) return 0;
+    const float c = rintf((x - zero) / scale);
+    if (!(c > 0.0f)) return 0; /* also NaN */
+    return c > (float)maxq ? maxq : (int)c;
+}
+
+static void minmax(const float *x, int64_t n, int64_t stride, float *mn, float *mx) {
+    float a = INFINITY, b = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i * stride];
+        if (!isfinite(v)) continue;
+        a = v < a ? v : a;
+        b = v > b ? v : b;
+    }
+    if (a > b) a = b = 0.0f; /* no finite value */
+    *mn = a, *mx = b;
+}
+
+static unsigned char *code_row(const mi_kv_page_layout *L, unsigned char *page, int kv, int32_t h,
+                               int32_t r) {
+    return page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
+           (size_t)r * L->row_stride;
+}
+
+static unsigned char *k_param(const mi_kv_page_layout *L, const unsigned char *page, int32_t h,
+                              int32_t g, int32_t d) {
+    const size_t groups = (size_t)(L->page_tokens / L->group_size);
+    return (unsigned char *)page + L->k_param_offset +
+           (((size_t)h * groups + (size_t)g) * (size_t)L->head_dim + (size_t)d) * 4;
+}
+
+static unsigned char *v_param(const mi_kv_page_layout *L, const unsigned char *page, int32_t h,
+                              int32_t r, int32_t c) {
+    const size_t groups = (size_t)(L->head_dim / L->group_size);
+    return (unsigned char *)page + L->v_param_offset +
+           (((size_t)h * (size_t)L->page_tokens + (size_t)r) * groups + (size_t)c) * 4;
+}
+
+/* Keys rows r0..r0+G-1 of head h (rows[i]: head_dim floats) as one group per channel. */
+static void quant_k_group(const mi_kv_page_layout *L, unsigned char *page, int32_t h, int32_t r0,
+                          const float *const *rows) {
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, maxq = (1 << bits) - 1;
+    float scale[MI_KV_MAX_HEAD_DIM], zero[MI_KV_MAX_HEAD_DIM];
+    for (int32_t d = 0; d < hd; d++) {
+        float mn = INFINITY, mx = -INFINITY;
+        for (int32_t i = 0; i < G; i++) {
+            const float v = rows[i][d];
+            if (!isfinite(v)) continue;
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        if (mn > mx) mn = mx = 0.0f;
+        group_params(mn, mx, bits, &scale[d], &zero[d]);
+        put_pair(k_param(L, page, h, r0 / G, d), scale[d], zero[d]);
+    }
+    for (int32_t i = 0; i < G; i++) {
+        unsigned char *row = code_row(L, page, 0, h, r0 + i);
+        memset(row, 0, L->row_stride);
+        for (int32_t d = 0; d < hd; d++) {
+            const int c = quant_one(rows[i][d], scale[d], zero[d], maxq);
+            row[d * bits / 8] |= (unsigned char)(c << ((d * bits) % 8));
+        }
+    }
+}
+
+/* Value row r of head h: one group per group_size channels. */
+static void quant_v_row(const mi_kv_page_layout *L, unsigned char *page, int32_t h, int32_t r,
+                        const float *x) {
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, maxq = (1 << bits) - 1;
+    unsigned char *row = code_row(L, page, 1, h, r);
+    memset(row, 0, L->row_stride);
+    for (int32_t c0 = 0; c0 < hd; c0 += G) {
+        float mn, mx, scale, zero;
+        minmax(x + c0, G, 1, &mn, &mx);
+        group_params(mn, mx, bits, &scale, &zero);
+        put_pair(v_param(L, page, h, r, c0 / G), scale, zero);
+        for (int32_t d = c0; d < c0 + G; d++) {
+            const int c = quant_one(x[d], scale, zero, maxq);
+            row[d * bits / 8] |= (unsigned char)(c << ((d * bits) % 8));
+        }
+    }
+}
+
+void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                          int32_t r0, int32_t r1, float *dst) {
+    const mi_kv_page_layout *L = &pool->layout;
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits;
+    for (int32_t r = r0; r < r1; r++, dst += hd) {
+        const unsigned char *row = code_row(L, (unsigned char *)page, kv, h, r);
+        for (int32_t d = 0; d < hd; d++) {
+            const unsigned char *p = kv ? v_param(L, page, h, r, d / G) : k_param(L, page, h, r / G, d);
+            dst[d] = (float)code_at(row, d, bits) * f16_at(p) + f16_at(p + 2);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fused kernels over one page's rows of one head                                              */
+
+void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
+                     int32_t r1, const float *q, float scale, float *out) {
+    const mi_kv_page_layout *L = &pool->layout;
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits;
+    float qs[MI_KV_MAX_HEAD_DIM];
+    for (int32_t r = r0; r < r1;) {
+        /* the group's scale and min folded into the query: q.k = sum qs_d c_d + sum q_d min_d */
+        const int32_t g = r / G, stop = (g + 1) * G < r1 ? (g + 1) * G : r1;
+        float qz = 0.0f;
+        for (int32_t d = 0; d < hd; d++) {
+            const unsigned char *p = k_param(L, page, h, g, d);
+            qs[d] = q[d] * f16_at(p);
+            qz += q[d] * f16_at(p + 2);
+        }
+        for (; r < stop; r++) {
+            const unsigned char *row = code_row(L, (unsigned char *)page, 0, h, r);
+            float acc = qz;
+            if (bits == 2) {
+                for (int32_t j = 0; j < hd / 4; j++) {
+                    const unsigned b = row[j];
+                    const float *w = qs + 4 * j;
+                    acc += w[0] * (float)(b & 3) + w[1] * (float)((b >> 2) & 3) +
+                           w[2] * (float)((b >> 4) & 3) + w[3] * (float)(b >> 6);
+                }
+            } else {
+                for (int32_t j = 0; j < hd / 2; j++) {
+                    const unsigned b = row[j];
+                    acc += qs[2 * j] * (float)(b & 15) + qs[2 * j + 1] * (float)(b >> 4);
+                }
+            }
+            out[r - r0] = acc * scale;
+        }
+    }
+}
+
+void kv_quant_accum(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
+                    int32_t r1, const float *w, float *acc) {
+    const mi_kv_page_layout *L = &pool->layout;
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits;
+    for (int32_t r = r0; r < r1; r++) {
+        const float wr = w[r - r0];
+        if (wr == 0.0f) continue;
+        const unsigned char *row = code_row(L, (unsigned char *)page, 1, h, r);
+        for (int32_t c0 = 0; c0 < hd; c0 += G) {
+            const unsigned char *p = v_param(L, page, h, r, c0 / G);
+            const float ws = wr * f16_at(p), wz = wr * f16_at(p + 2);
+            for (int32_t d = c0; d < c0 + G; d++)
+                acc[d] += ws * (float)code_at(row, d, bits) + wz;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Append                                                                                      */
+
+static const unsigned char *t_elem(const mi_tensor *t, int64_t h, int64_t i) {
+    return (const unsigned char *)t->data +
+           (size_t)(h * t->stride[1] + i * t->stride[2]) * mi_dtype_size(t->dtype);
+}
+
+/* Row i of head h of t as floats: its own memory (f32) or converted into buf. */
+static const float *t_row(const mi_tensor *t, int64_t h, int64_t i, int32_t hd, float *buf) {
+    const unsigned char *row = t_elem(t, h, i);
+    if (t->dtype == MI_DTYPE_F32) return (const float *)row;
+    for (int32_t d = 0; d < hd; d++) {
+        uint16_t u;
+        memcpy(&u, row + 2 * d, 2);
+        buf[d] = t->dtype == MI_DTYPE_F16 ? mi_f16_to_f32(u) : mi_bf16_to_f32(u);
+    }
+    return buf;
+}
+
+size_t kv_quant_resid_bytes(const mi_kv_pool *pool) {
+    return 2 * (size_t)pool->layout.n_kv_heads * (size_t)pool->q_resid_cap *
+           (size_t)pool->layout.head_dim * sizeof(float);
+}
+
+mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, const mi_tensor *v,
+                          int64_t n) {
+    mi_kv_pool *pool = seq->pool;
+    const mi_kv_page_layout *Lay = &pool->layout;
+    const int32_t P = Lay->page_tokens, H = Lay->n_kv_heads, hd = Lay->head_dim,
+                  G = Lay->group_size, R = pool->params.quant_residual;
+    kv_layer *L = &seq->layers[layer];
+    if (n > INT64_MAX / 2 - L->len)
+        return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_seq_append: %lld rows are too many",
+                       (long long)n);
+    const int64_t len0 = L->len, q0 = L->qlen, len1 = len0 + n;
+    int64_t q1 = len1 > R ? (len1 - R) / G * G : 0;
+    if (q1 < q0) q1 = q0;
+    const int64_t have = pages_for(q0, P), want = pages_for(q1, P);
+    const int32_t off = (int32_t)(q0 % P);
+    const int32_t last = off ? L->pages[have - 1] : -1;
+    const bool cow = q1 > q0 && off && pool->info[last].refs > 1;
+    const int64_t fresh = want - have, need = fresh + (cow ? 1 : 0);
+
+    if (L->n_pages + need > L->cap_pages) {
+        int64_t cap = L->cap_pages ? 2 * L->cap_pages : 16;
+        if (cap < L->n_pages + need) cap = L->n_pages + need;
+        int32_t *pages = realloc(L->pages, (size_t)cap * sizeof *pages);
+        if (!pages) return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
+        L->pages = pages;
+        L->cap_pages = cap;
+    }
+    if (!L->resid) {
+        L->resid = malloc(kv_quant_resid_bytes(pool));
+        if (!L->resid)
+            return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for the KIVI residual");
+    }
+    /* a group's rows (converted where the source is not f32) and a row buffer */
+    float *buf = malloc(((size_t)G + 1) * (size_t)hd * sizeof(float));
+    const float **rows = malloc((size_t)G * sizeof *rows);
+    if (!buf || !rows) {
+        free(buf);
+        free(rows);
+        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory quantizing %lld rows",
+                       (long long)n);
+    }
+    int32_t *slots = L->pages + L->n_pages;
+    mi_status st = kv_pages_acquire(pool, need, slots);
+    if (st != MI_STATUS_SUCCESS) {
+        free(buf);
+        free(rows);
+        return st;
+    }
+
+    /* From here on nothing fails. */
+    if (cow) {
+        const int32_t copy = slots[fresh];
+        memcpy(kv_page(pool, copy), kv_page(pool, last), Lay->page_bytes);
+        pool->info[copy].fill = off;
+        kv_page_release(pool, last);
+        L->pages[have - 1] = copy;
+    } else if (off && q1 > q0) {
+        pool->info[last].fill = off; /* truncated while shared, now our own */
+    }
+    L->n_pages += fresh;
+
+    for (int64_t g0 = q0; g0 < q1; g0 += G) {
+        const int32_t id = L->pages[g0 / P], r0 = (int32_t)(g0 % P);
+        unsigned char *page = kv_page(pool, id);
+        for (int32_t h = 0; h < H; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                const mi_tensor *t = kv ? v : k;
+                for (int32_t i = 0; i < G; i++) {
+                    const int64_t row = g0 + i;
+                    rows[i] = row < len0 ? kv_resid_row(pool, L, kv, h, row - q0)
+                                         : t_row(t, h, row - len0, hd, buf + (size_t)i * hd);
+                }
+                if (kv == 0)
+                    quant_k_group(Lay, page, h, r0, rows);
+                else
+                    for (int32_t i = 0; i < G; i++) quant_v_row(Lay, page, h, r0 + i, rows[i]);
+            }
+        pool->info[id].fill = r0 + G;
+    }
+    /* the residual becomes rows q1..len1-1 */
+    for (int kv = 0; kv < 2; kv++)
+        for (int32_t h = 0; h < H; h++) {
+            if (q1 < len0)
+                memmove(kv_resid_row(pool, L, kv, h, 0), kv_resid_row(pool, L, kv, h, q1 - q0),
+                        (size_t)(len0 - q1) * (size_t)hd * sizeof(float));
+            const mi_tensor *t = kv ? v : k;
+            for (int64_t row = q1 > len0 ? q1 : len0; row < len1; row++) {
+                const float *src = t_row(t, h, row - len0, hd, buf);
+                memcpy(kv_resid_row(pool, L, kv, h, row - q1), src, (size_t)hd * sizeof(float));
+            }
+        }
+    L->qlen = q1;
+    L->len = len1;
+    free(buf);
+    free(rows);
+    return MI_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Truncate, fork                                                                              */
+
+mi_status kv_quant_truncate(mi_kv_seq *seq, int32_t layer, int64_t len) {
+    mi_kv_pool *pool = seq->pool;
+    kv_layer *L = &seq->layers[layer];
+    const int32_t P = pool->layout.page_tokens, G = pool->layout.group_size,
+                  H = pool->layout.n_kv_heads;
+    if (len >= L->qlen) {
+        L->len = len;
+        return MI_STATUS_SUCCESS;
+    }
+    /* the rows of the last partial group come back into the residual with their quantized
+     * values (the residual always has room: fewer than group_size rows) */
+    const int64_t qn = len / G * G;
+    for (int64_t row = qn; row < len; row++) {
+        const unsigned char *page = kv_page(pool, L->pages[row / P]);
+        for (int kv = 0; kv < 2; kv++)
+            for (int32_t h = 0; h < H; h++)
+                kv_quant_decode_rows(pool, page, kv, h, (int32_t)(row % P), (int32_t)(row % P) + 1,
+                                     kv_resid_row(pool, L, kv, h, row - qn));
+    }
+    const int64_t keep = pages_for(qn, P);
+    for (int64_t i = keep; i < L->n_pages; i++) kv_page_release(pool, L->pages[i]);
+    L->n_pages = keep;
+    const int32_t off = (int32_t)(qn % P);
+    if (off) {
+        const int32_t id = L->pages[keep - 1];
+        if (pool->info[id].refs == 1) pool->info[id].fill = off;
+    }
+    L->qlen = qn;
+    L->len = len;
+    return MI_STATUS_SUCCESS;
+}
+
+mi_status kv_quant_fork_layer(mi_kv_pool *pool, const kv_layer *src, kv_layer *dst) {
+    dst->qlen = src->qlen;
+    if (!src->resid) return MI_STATUS_SUCCESS;
+    dst->resid = malloc(kv_quant_resid_bytes(pool));
+    if (!dst->resid)
+        return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for a KIVI residual");
+    memcpy(dst->resid, src->resid, kv_quant_resid_bytes(pool));
+    return MI_STATUS_SUCCESS;
+}
