@@ -222,7 +222,7 @@ static void test_refusals(mi_kv_dtype dt) {
         const uint32_t version = (uint32_t)good[8] | (uint32_t)good[9] << 8 |
                                  (uint32_t)good[10] << 16 | (uint32_t)good[11] << 24;
         expect_refused(target, copy, bad, &id,
-                       version > 1 ? MI_STATUS_UNSUPPORTED : MI_STATUS_PARSE_ERROR, NULL);
+                       version > 2 ? MI_STATUS_UNSUPPORTED : MI_STATUS_PARSE_ERROR, NULL);
         good[at] = orig;
     }
     spit(bad, good, n);
@@ -273,9 +273,9 @@ static void test_refusals(mi_kv_dtype dt) {
     expect_refused(target, copy, bad, &id, MI_STATUS_PARSE_ERROR, "not a KV session file");
     free(good);
     good = slurp(path, &n);
-    good[8] = 2;
+    good[8] = 3;
     spit(bad, good, n);
-    expect_refused(target, copy, bad, &id, MI_STATUS_UNSUPPORTED, "version 2");
+    expect_refused(target, copy, bad, &id, MI_STATUS_UNSUPPORTED, "version 3");
     snprintf(bad, sizeof bad, "%s/missing.kv", dir);
     expect_refused(target, copy, bad, &id, MI_STATUS_IO_ERROR, "No such file");
     expect_refused(target, copy, dir, &id, MI_STATUS_IO_ERROR, NULL); /* a folder */
