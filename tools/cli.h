@@ -12,6 +12,7 @@ int mi_cmd_search(int argc, char **argv);
 int mi_cmd_eval(int argc, char **argv);
 int mi_cmd_chat(int argc, char **argv);
 int mi_cmd_scbench(int argc, char **argv);
+int mi_cmd_leank_learn(int argc, char **argv);
 
 /* The OpenMP wait policy and OpenBLAS kernels the model commands need (cmd_generate.c); may
  * re-execute the tool with them set. */

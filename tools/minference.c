@@ -24,6 +24,7 @@ static const char usage[] =
     "  search     offline per-head pattern search on a sample prompt; writes a config\n"
     "  eval       accuracy tasks (needle, passkey, ...) with each attention method\n"
     "  scbench    SCBench: shared-context tasks, multi-turn and multi-request, per method\n"
+    "  leank-learn  a LeanK key-channel mask from calibration text on a model\n"
     "\n"
     "options:\n"
     "  -h, --help     this message (SUBCOMMAND --help: that subcommand's options)\n"
@@ -53,6 +54,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "search") == 0) return mi_cmd_search(argc - 2, argv + 2);
     if (strcmp(cmd, "eval") == 0) return mi_cmd_eval(argc - 2, argv + 2);
     if (strcmp(cmd, "scbench") == 0) return mi_cmd_scbench(argc - 2, argv + 2);
+    if (strcmp(cmd, "leank-learn") == 0) return mi_cmd_leank_learn(argc - 2, argv + 2);
     /* Options without a subcommand belong to the default one. */
     if (cmd[0] == '-') return mi_cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "minference: unknown subcommand '%s'\n\n%s", cmd, usage);
