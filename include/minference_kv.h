@@ -284,8 +284,7 @@ typedef struct mi_kv_residual_view {
     const float *k, *v;
 } mi_kv_residual_view;
 
-MI_API mi_status mi_kv_seq_residual(const mi_kv_seq *seq, int32_t layer,
-                                    mi_kv_residual_view *out);
+MI_API mi_status mi_kv_seq_residual(const mi_kv_seq *seq, int32_t layer, mi_kv_residual_view *out);
 
 /* The page reader: rows start..start+count-1 of one KV head's K (kv = 0) or V (kv = 1) of a
  * layer, decoded to f32 into dst [count, head_dim], from whatever holds them (pages of any
@@ -338,8 +337,7 @@ MI_API void mi_leank_mask_destroy(mi_leank_mask *mask);
 MI_API void mi_leank_mask_shape(const mi_leank_mask *mask, int32_t *n_layers, int32_t *n_kv_heads,
                                 int32_t *head_dim);
 /* [head_dim] bytes, 1 kept / 0 pruned; NULL for an index out of range. */
-MI_API const uint8_t *mi_leank_mask_head(const mi_leank_mask *mask, int32_t layer,
-                                         int32_t kv_head);
+MI_API const uint8_t *mi_leank_mask_head(const mi_leank_mask *mask, int32_t layer, int32_t kv_head);
 MI_API mi_status mi_leank_mask_set(mi_leank_mask *mask, int32_t layer, int32_t kv_head,
                                    const uint8_t *keep);
 /* Kept channels over all heads (0..1). */
@@ -349,8 +347,8 @@ MI_API double mi_leank_mask_keep_fraction(const mi_leank_mask *mask);
  * * align most important channels (at least align, ties to the lower channel). */
 MI_API mi_status mi_leank_mask_from_importance(mi_context *ctx, int32_t n_layers,
                                                int32_t n_kv_heads, int32_t head_dim,
-                                               const double *importance, double keep,
-                                               int32_t align, mi_leank_mask **out);
+                                               const double *importance, double keep, int32_t align,
+                                               mi_leank_mask **out);
 
 #ifdef __cplusplus
 }

@@ -111,8 +111,9 @@ int mi_cmd_leank_learn(int argc, char **argv) {
     char *end;
     const double keep = strtod(keep_s, &end);
     if (!out || *end || !(keep > 0.0 && keep <= 1.0)) {
-        fprintf(stderr, "minference leank-learn: --out is required and --keep must be in (0, 1]\n"
-                        "\n%s",
+        fprintf(stderr,
+                "minference leank-learn: --out is required and --keep must be in (0, 1]\n"
+                "\n%s",
                 usage_text);
         return 2;
     }
@@ -168,7 +169,8 @@ int mi_cmd_leank_learn(int argc, char **argv) {
         n = (size_t)info.context_length;
     fprintf(stderr, "leank-learn: %s, %d layers x %d KV heads x %d channels, %zu tokens\n", path,
             s.n_layers, s.n_kv, s.hd, n);
-    if ((st = mi_model_set_attention(model, MI_ATTN_DENSE, NULL, 0)) != MI_STATUS_SUCCESS) goto done;
+    if ((st = mi_model_set_attention(model, MI_ATTN_DENSE, NULL, 0)) != MI_STATUS_SUCCESS)
+        goto done;
     mi_model_capture cap = {on_layer, &s, NULL};
     const double t0 = tool_now_s();
     if ((st = mi_model_prefill_capture(model, tok, n, &cap)) != MI_STATUS_SUCCESS) {

@@ -34,9 +34,9 @@ struct mi_kv_pool {
     kv_page_info *info; /* [allocated] */
     int32_t *free_ids;  /* stack of free page ids */
     int32_t n_free;
-    int64_t allocated; /* pages backed by slabs */
+    int64_t allocated;   /* pages backed by slabs */
     int32_t q_resid_cap; /* KIVI: residual rows a layer may hold (residual + group - 1) */
-    int64_t used;      /* pages with refs > 0 */
+    int64_t used;        /* pages with refs > 0 */
     char last_error[MI_KV_ERROR_CAPACITY];
 };
 
@@ -113,7 +113,8 @@ static inline float *kv_resid_row(const mi_kv_pool *pool, const kv_layer *L, int
                                   int64_t i) {
     return L->resid +
            (((size_t)kv * pool->layout.n_kv_heads + (size_t)h) * (size_t)pool->q_resid_cap +
-            (size_t)i) * (size_t)pool->layout.head_dim;
+            (size_t)i) *
+               (size_t)pool->layout.head_dim;
 }
 void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
                           int32_t r0, int32_t r1, float *dst);

@@ -31,8 +31,7 @@ static mi_status mask_alloc(mi_context *ctx, int32_t L, int32_t H, int32_t D, mi
     char msg[160];
     if (L < 1 || H < 1 || D < 1 || D > 1024 || (int64_t)L * H > LEANK_MAX_HEADS) {
         snprintf(msg, sizeof msg,
-                 "LeanK mask shape %d layers x %d KV heads x head_dim %d is out of range", L, H,
-                 D);
+                 "LeanK mask shape %d layers x %d KV heads x head_dim %d is out of range", L, H, D);
         return fail(ctx, MI_STATUS_INVALID_ARGUMENT, msg);
     }
     mi_leank_mask *m = calloc(1, sizeof *m);
@@ -67,8 +66,7 @@ void mi_leank_mask_shape(const mi_leank_mask *mask, int32_t *n_layers, int32_t *
 }
 
 const uint8_t *mi_leank_mask_head(const mi_leank_mask *mask, int32_t layer, int32_t kv_head) {
-    if (!mask || layer < 0 || layer >= mask->n_layers || kv_head < 0 ||
-        kv_head >= mask->n_kv_heads)
+    if (!mask || layer < 0 || layer >= mask->n_layers || kv_head < 0 || kv_head >= mask->n_kv_heads)
         return NULL;
     return mask->keep + ((size_t)layer * mask->n_kv_heads + (size_t)kv_head) * mask->head_dim;
 }

@@ -146,7 +146,8 @@ void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int
     for (int32_t r = r0; r < r1; r++, dst += hd) {
         const unsigned char *row = code_row(L, (unsigned char *)page, kv, h, r);
         for (int32_t d = 0; d < hd; d++) {
-            const unsigned char *p = kv ? v_param(L, page, h, r, d / G) : k_param(L, page, h, r / G, d);
+            const unsigned char *p =
+                kv ? v_param(L, page, h, r, d / G) : k_param(L, page, h, r / G, d);
             dst[d] = (float)code_at(row, d, bits) * f16_at(p) + f16_at(p + 2);
         }
     }
@@ -201,8 +202,7 @@ void kv_quant_accum(const mi_kv_pool *pool, const unsigned char *page, int32_t h
         for (int32_t c0 = 0; c0 < hd; c0 += G) {
             const unsigned char *p = v_param(L, page, h, r, c0 / G);
             const float ws = wr * f16_at(p), wz = wr * f16_at(p + 2);
-            for (int32_t d = c0; d < c0 + G; d++)
-                acc[d] += ws * (float)code_at(row, d, bits) + wz;
+            for (int32_t d = c0; d < c0 + G; d++) acc[d] += ws * (float)code_at(row, d, bits) + wz;
         }
     }
 }

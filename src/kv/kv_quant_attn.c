@@ -33,7 +33,8 @@ mi_status mi_kv_seq_residual(const mi_kv_seq *seq, int32_t layer, mi_kv_residual
     kv_clear_error(seq->pool);
     mi_status st = check_layer(seq, layer, "mi_kv_seq_residual");
     if (st != MI_STATUS_SUCCESS) return st;
-    if (!out) return kv_fail(seq->pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_seq_residual: out is NULL");
+    if (!out)
+        return kv_fail(seq->pool, MI_STATUS_INVALID_ARGUMENT, "mi_kv_seq_residual: out is NULL");
     const kv_layer *L = &seq->layers[layer];
     memset(out, 0, sizeof *out);
     out->first_row = paged_rows(seq->pool, L);
@@ -56,8 +57,8 @@ mi_status mi_kv_seq_read_tile(const mi_kv_seq *seq, int32_t layer, int32_t kv_he
     if (st != MI_STATUS_SUCCESS) return st;
     const kv_layer *L = &seq->layers[layer];
     if (kv_head < 0 || kv_head >= pool->layout.n_kv_heads || (kv != 0 && kv != 1))
-        return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: head %d or kv %d is out of range",
-                       fn, kv_head, kv);
+        return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: head %d or kv %d is out of range", fn,
+                       kv_head, kv);
     if (start < 0 || count < 0 || count > (1 << 20) || start > L->len || count > L->len - start)
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
                        "%s: rows %lld..%lld are outside layer %d's %lld rows (or over 2^20)", fn,
@@ -165,7 +166,8 @@ mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
                 kv_quant_scores(pool, page, kv_head, a, b, qq, p->scale, sc);
             } else if (f32) {
                 const float *k = (const float *)(page + Lay->k_offset + kv_head * Lay->head_stride);
-                for (int32_t i = a; i < b; i++) sc[i - a] = dot(k + (size_t)i * hd, qq, hd) * p->scale;
+                for (int32_t i = a; i < b; i++)
+                    sc[i - a] = dot(k + (size_t)i * hd, qq, hd) * p->scale;
             } else {
                 for (int32_t i = a; i < b; i++) {
                     kv_rows_decode(pool, page, 0, kv_head, i, i + 1, buf);

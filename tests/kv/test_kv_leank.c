@@ -13,8 +13,9 @@ static mi_leank_mask *parse(mi_context *ctx, const char *json, mi_status want, c
     mi_leank_mask *m = NULL;
     const mi_status st = mi_leank_mask_parse(ctx, json, strlen(json), &m);
     CHECK(st == want, "%s: status %d, %s", json, (int)st, mi_context_last_error(ctx));
-    if (why) CHECK(strstr(mi_context_last_error(ctx), why) != NULL, "%s lacks \"%s\"",
-                   mi_context_last_error(ctx), why);
+    if (why)
+        CHECK(strstr(mi_context_last_error(ctx), why) != NULL, "%s lacks \"%s\"",
+              mi_context_last_error(ctx), why);
     return m;
 }
 
@@ -82,8 +83,8 @@ static void test_file(mi_context *ctx) {
          "out of range"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const mi_status want =
-            strcmp(bad[i].why, "out of range") == 0 ? MI_STATUS_INVALID_ARGUMENT : MI_STATUS_PARSE_ERROR;
+        const mi_status want = strcmp(bad[i].why, "out of range") == 0 ? MI_STATUS_INVALID_ARGUMENT
+                                                                       : MI_STATUS_PARSE_ERROR;
         CHECK(parse(ctx, bad[i].json, want, bad[i].why) == NULL);
     }
     CHECK_STATUS(mi_leank_mask_parse(ctx, NULL, 0, &m), MI_STATUS_INVALID_ARGUMENT);
@@ -100,8 +101,8 @@ static void test_from_importance(mi_context *ctx) {
     } cases[] = {{0.3, 8, 16}, {0.5, 1, 32}, {1.0, 16, 64}, {0.01, 8, 8}, {0.7, 32, 32}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         mi_leank_mask *m = NULL;
-        CHECK_OK(mi_leank_mask_from_importance(ctx, L, H, D, imp, cases[c].keep, cases[c].align,
-                                               &m));
+        CHECK_OK(
+            mi_leank_mask_from_importance(ctx, L, H, D, imp, cases[c].keep, cases[c].align, &m));
         for (int32_t l = 0; l < L; l++)
             for (int32_t h = 0; h < H; h++) {
                 const double *x = imp + ((size_t)l * H + h) * D;

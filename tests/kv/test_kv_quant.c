@@ -109,8 +109,8 @@ static double check_layer(const mi_kv_seq *seq, const ref_seq *ref, int32_t l) {
                                           (((size_t)h * (P / G) + gi) * D + d) * 4;
                 const double s = f16v(pp), z = f16v(pp + 2);
                 if (!f16_close(s, (mx - mn) / maxq) || !f16_close(z, mn)) bad++;
-                const double bound = fmax(fmax(s / 2, z - mn), mx - (z + maxq * s)) +
-                                     1e-6 * (fabs(mn) + fabs(mx));
+                const double bound =
+                    fmax(fmax(s / 2, z - mn), mx - (z + maxq * s)) + 1e-6 * (fabs(mn) + fabs(mx));
                 for (int32_t i = 0; i < G; i++) {
                     const size_t at = ((size_t)(g0 + i) * H + h) * D + d;
                     const double e = fabs((double)k[at] - (double)rl->k[at]);
@@ -417,12 +417,13 @@ static void test_attend(mi_kv_dtype dt) {
             worst = fmax(worst, fabs(out[d] - want[d]) / (1e-3 + fabs(want[d])));
         /* a tile read equals the gathered rows */
         float tile[64 * 70];
-        CHECK_OK(mi_kv_seq_read_tile(seq, 0, h, trial & 1, first, end - first < 70 ? end - first : 70,
-                                     tile));
+        CHECK_OK(mi_kv_seq_read_tile(seq, 0, h, trial & 1, first,
+                                     end - first < 70 ? end - first : 70, tile));
         int bad = 0;
         for (int64_t r = 0; r < (end - first < 70 ? end - first : 70); r++)
             for (int32_t d = 0; d < D; d++)
-                bad += tile[r * D + d] != (trial & 1 ? v : k)[((size_t)(first + r) * H + h) * D + d];
+                bad +=
+                    tile[r * D + d] != (trial & 1 ? v : k)[((size_t)(first + r) * H + h) * D + d];
         CHECK(bad == 0, "tile differs in %d values", bad);
     }
     CHECK(worst < 2e-4, "attention over %s pages vs float64 over the dequantized rows: %g",
