@@ -24,6 +24,8 @@ mi_status mi_kv_seq_compact(mi_kv_seq *seq, int32_t layer, int64_t count, const 
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: layer %d is outside 0..%d", fn, layer,
                        pool->params.n_layers - 1);
     kv_layer *L = &seq->layers[layer];
+    if (kv_is_quant(pool)) /* quantized groups span rows: a subset would need requantizing */
+        return kv_fail(pool, MI_STATUS_UNSUPPORTED, "%s: KIVI pages cannot be compacted", fn);
     if (L->head_len)
         return kv_fail(pool, MI_STATUS_UNSUPPORTED, "%s: per-head row counts are not supported",
                        fn);

@@ -99,6 +99,13 @@ typedef struct kv_method_entry {
      * n * n_heads lists (kv_selection_begin / push / end). */
     mi_status (*select)(kv_method *m, const mi_kv_seq *seq, int32_t layer, const float *q,
                         int64_t n, kv_selection *sel);
+    /* Storage of the session's cache (KIVI): adjusts the pool parameters and returns true when
+     * the session needs a pool of its own (another dtype than the model's pool). */
+    bool (*storage)(const kv_method *m, mi_kv_pool_params *pp);
+    /* LeanK: the key channels a KV head keeps ([head_dim] 1/0) for rows sink..len - recent - 1
+     * of a layer of len rows; NULL: every channel. */
+    const uint8_t *(*key_channels)(const kv_method *m, int32_t layer, int32_t kv_head,
+                                   int64_t *sink, int64_t *recent);
 } kv_method_entry;
 
 struct kv_method {

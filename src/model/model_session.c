@@ -107,12 +107,25 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
         kv_method_destroy(method);
         return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a session");
     }
-    st = mi_kv_seq_create(m->kv_pool, &s->seq);
+    /* a storage method (KIVI) gets a pool of its own format; its sequence keeps it alive */
+    mi_kv_pool *pool = m->kv_pool;
+    mi_kv_pool_params qp = mi_kv_pool_default_params();
+    qp.n_layers = m->n_layers, qp.n_kv_heads = m->n_kv, qp.head_dim = m->hd;
+    qp.dtype = MI_KV_F32, qp.page_tokens = lay.page_tokens, qp.capacity_bytes = p.pool_bytes;
+    const bool own = method && method->entry->storage && method->entry->storage(method, &qp);
+    if (own && (st = mi_kv_pool_create(m->ctx, &qp, &pool)) != MI_STATUS_SUCCESS) {
+        kv_method_destroy(method);
+        free(s);
+        return mim_model_fail(m, st, "cannot create the session's KV pool: %s",
+                              mi_context_last_error(m->ctx));
+    }
+    st = mi_kv_seq_create(pool, &s->seq);
+    if (own) mi_kv_pool_destroy(pool); /* the sequence holds it now */
     if (st != MI_STATUS_SUCCESS) {
         kv_method_destroy(method);
         free(s);
         return mim_model_fail(m, st, "cannot create a session: %s",
-                              mi_kv_pool_last_error(m->kv_pool));
+                              own ? "out of memory" : mi_kv_pool_last_error(m->kv_pool));
     }
     s->method = method;
     s->model = m;
@@ -178,7 +191,7 @@ mi_status mi_session_rewind(mi_session *s, int64_t n) {
                      (long long)kv_method_rewindable(s->method));
     mi_status st = mi_kv_seq_rewind(s->seq, n);
     if (st != MI_STATUS_SUCCESS)
-        return sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+        return sfail(s, st, "%s", mi_kv_pool_last_error(mi_kv_seq_pool(s->seq)));
     s->n_pos -= n;
     kv_method_rewound(s->method, n);
     return st;
@@ -200,7 +213,7 @@ mi_status mi_session_fork(const mi_session *s, mi_session **out) {
     if (st != MI_STATUS_SUCCESS) {
         kv_method_destroy(c->method);
         free(c);
-        return sfail(s, st, "fork: %s", mi_kv_pool_last_error(s->model->kv_pool));
+        return sfail(s, st, "fork: %s", mi_kv_pool_last_error(mi_kv_seq_pool(s->seq)));
     }
     c->model = s->model;
     c->n_pos = s->n_pos;
@@ -269,7 +282,7 @@ mi_status mi_session_save(const mi_session *s, const char *path) {
     model_id(s->model, &id);
     mi_status st = mi_kv_seq_save(s->seq, path, &id);
     if (st != MI_STATUS_SUCCESS)
-        return sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+        return sfail(s, st, "%s", mi_kv_pool_last_error(mi_kv_seq_pool(s->seq)));
     return st;
 }
 
@@ -281,10 +294,10 @@ mi_status mi_session_load(mi_session *s, const char *path) {
     model_id(s->model, &id);
     /* loaded into a scratch sequence first, so that max_tokens can refuse it unchanged */
     mi_kv_seq *tmp = NULL;
-    mi_status st = mi_kv_seq_create(s->model->kv_pool, &tmp);
+    mi_status st = mi_kv_seq_create(mi_kv_seq_pool(s->seq), &tmp);
     if (st == MI_STATUS_SUCCESS) st = mi_kv_seq_load(tmp, path, &id);
     if (st != MI_STATUS_SUCCESS) {
-        sfail(s, st, "%s", mi_kv_pool_last_error(s->model->kv_pool));
+        sfail(s, st, "%s", mi_kv_pool_last_error(mi_kv_seq_pool(s->seq)));
         mi_kv_seq_destroy(tmp);
         return st;
     }
@@ -314,8 +327,8 @@ mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out) {
     mi_kv_pool_stats ps;
     mi_kv_page_layout lay;
     mi_status st = mi_kv_seq_stats_get(s->seq, &ss);
-    if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_stats_get(s->model->kv_pool, &ps);
-    if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_layout(s->model->kv_pool, &lay);
+    if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_stats_get(mi_kv_seq_pool(s->seq), &ps);
+    if (st == MI_STATUS_SUCCESS) st = mi_kv_pool_layout(mi_kv_seq_pool(s->seq), &lay);
     if (st != MI_STATUS_SUCCESS) return st;
     out->n_tokens = s->n_pos;
     out->kv_rows = ss.tokens;
@@ -343,6 +356,12 @@ typedef struct seq_job {
     int64_t head_stride; /* floats between KV heads inside a page */
     float scale;
     const kv_selection *sel; /* per (row, head): the row spans to read; NULL: every visible row */
+    /* pages that are not f32 (KIVI) or a method that prunes key channels (LeanK): every row is
+     * read through mi_kv_seq_attend, which reads each storage format in place */
+    const mi_kv_seq *seq;
+    const kv_method *method;
+    int32_t layer;
+    bool reader;
 } seq_job;
 
 /* The one place that turns a page and a row into K or V floats (head kvh, rows r.. of the
@@ -381,6 +400,22 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
         if (!sc || n_spans == 0) { /* out of memory, or nothing selected: zeros, not a crash */
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
+        }
+        if (j->reader) {
+            mi_kv_attend_params ap = {first, end, j->scale, NULL, 0, 0};
+            if (j->method && j->method->entry->key_channels) {
+                int64_t sink = 0, recent = 0;
+                ap.channel_mask =
+                    j->method->entry->key_channels(j->method, j->layer, kvh, &sink, &recent);
+                ap.mask_first = sink;
+                ap.mask_end = end - recent;
+            }
+            /* a head that keeps every channel of f32 pages reads them as dense does */
+            if (ap.channel_mask || !j->kp) {
+                if (mi_kv_seq_attend(j->seq, j->layer, kvh, q, &ap, sc, o) != MI_STATUS_SUCCESS)
+                    memset(o, 0, (size_t)hd * sizeof(float)); /* arguments checked before */
+                continue;
+            }
         }
         float mx = -INFINITY;
         int64_t n_keys = 0;
@@ -434,7 +469,10 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
     mi_kv_pool *pool = mi_kv_seq_pool(seq);
     mi_status st = mi_kv_pool_layout(pool, &lay);
     if (st == MI_STATUS_SUCCESS) st = mi_kv_seq_page_table(seq, layer, &ids, &n_pages);
-    if (st != MI_STATUS_SUCCESS || lay.dtype != MI_KV_F32 || m->hd > 1024)
+    const bool reader = lay.dtype != MI_KV_F32 || (method && method->entry->key_channels);
+    if (st == MI_STATUS_SUCCESS && reader && kv_method_selects(method))
+        st = MI_STATUS_UNSUPPORTED; /* no method both selects rows and stores or prunes them */
+    if (st != MI_STATUS_SUCCESS || m->hd > 1024)
         return mim_model_fail(m, st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL,
                               "layer %d: unreadable KV pages", layer);
     kv_selection sel;
@@ -458,14 +496,14 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
         return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
     }
     const float **vp = kp + n_pages;
-    for (int64_t i = 0; i < n_pages; i++) {
+    for (int64_t i = 0; i < n_pages && lay.dtype == MI_KV_F32; i++) {
         const unsigned char *base = mi_kv_pool_page_data(pool, ids[i]);
         kp[i] = (const float *)(base + lay.k_offset);
         vp[i] = (const float *)(base + lay.v_offset);
     }
     seq_job j = {q,
                  out,
-                 kp,
+                 lay.dtype == MI_KV_F32 ? kp : NULL,
                  vp,
                  n,
                  n_past,
@@ -476,7 +514,11 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
                  lay.page_tokens,
                  (int64_t)(lay.head_stride / sizeof(float)),
                  scale,
-                 selects ? &sel : NULL};
+                 selects ? &sel : NULL,
+                 seq,
+                 method,
+                 layer,
+                 reader};
     mim_pool_run(m->pool, n * m->n_heads, seq_task, &j);
     free(kp);
     kv_selection_free(&sel);
