@@ -105,17 +105,6 @@ static void test_specs(void) {
     parse_bad("quest:token_budget=-1", "outside");
     parse_bad("dense:x=1", "no key 'x'");
 
-    /* the methods not built are named, parsed, and refused at create */
-    const kv_geometry geo = {2, 4, 2, 8, 64};
-    const char *unbuilt[] = {"kivi", "leank"};
-    for (int i = 0; i < 2; i++) {
-        kv_spec u = parse_ok(unbuilt[i]);
-        kv_method *m = (kv_method *)1;
-        char err[256] = "";
-        CHECK_STATUS(kv_method_create(&u, &geo, &m, err, sizeof err), MI_STATUS_UNSUPPORTED);
-        CHECK(m == NULL && strstr(err, "not built yet") && strstr(err, unbuilt[i]), "%s: %s",
-              unbuilt[i], err);
-    }
     /* a method's own constraints */
     kv_method *m = NULL;
     char err[256] = "";
