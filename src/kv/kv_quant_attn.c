@@ -128,19 +128,20 @@ mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: scores is NULL", fn);
 
     /* LeanK: the masked query for the middle rows; a head without channels skips them */
-    float qm[MI_KV_MAX_HEAD_DIM];
+    float qm[MI_KV_MAX_HEAD_DIM], qk[MI_KV_MAX_HEAD_DIM];
+    int32_t idx[MI_KV_MAX_HEAD_DIM], kept = 0;
     int64_t m0 = 0, m1 = 0;
     bool skip_mid = false;
     if (p->channel_mask) {
-        int32_t kept = 0;
         for (int32_t d = 0; d < hd; d++) {
             qm[d] = p->channel_mask[d] ? q[d] : 0.0f;
-            kept += p->channel_mask[d] != 0;
+            if (p->channel_mask[d]) qk[kept] = q[d], idx[kept++] = d;
         }
         m0 = p->mask_first > p->first ? p->mask_first : p->first;
         m1 = p->mask_end < p->end ? p->mask_end : p->end;
         if (m1 < m0) m1 = m0;
         skip_mid = kept == 0;
+        if (kept == hd) m0 = m1 = 0; /* nothing pruned: no middle */
     }
     const int64_t paged = paged_rows(pool, L);
     const bool quant = kv_is_quant(pool), f32 = Lay->dtype == MI_KV_F32;
@@ -164,6 +165,14 @@ mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
             const int32_t a = (int32_t)(r % P), b = (int32_t)(a + (stop - r));
             if (quant) {
                 kv_quant_scores(pool, page, kv_head, a, b, qq, p->scale, sc);
+            } else if (f32 && mid) { /* LeanK: only the kept channels are multiplied */
+                const float *k = (const float *)(page + Lay->k_offset + kv_head * Lay->head_stride);
+                for (int32_t i = a; i < b; i++) {
+                    const float *kr = k + (size_t)i * hd;
+                    float acc = 0.0f;
+                    for (int32_t c = 0; c < kept; c++) acc += qk[c] * kr[idx[c]];
+                    sc[i - a] = acc * p->scale;
+                }
             } else if (f32) {
                 const float *k = (const float *)(page + Lay->k_offset + kv_head * Lay->head_stride);
                 for (int32_t i = a; i < b; i++)
