@@ -21,11 +21,7 @@ static int64_t pages_for(int64_t rows, int32_t P) { return (rows + P - 1) / P; }
 /* ------------------------------------------------------------------------------------------ */
 /* Codec                                                                                       */
 
-static float f16_at(const unsigned char *p) {
-    uint16_t u;
-    memcpy(&u, p, 2);
-    return mi_f16_to_f32(u);
-}
+static float f16_at(const unsigned char *p) { return kv_f16(p); }
 
 /* Rounds to f16 without overflowing to infinity (KV values beyond f16 saturate). */
 static uint16_t f16_of(float x) {
@@ -156,37 +152,63 @@ void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int
 /* ------------------------------------------------------------------------------------------ */
 /* Fused kernels over one page's rows of one head                                              */
 
+/* Both kernels work in the codes' planar order: byte j of a row holds channels cpb * j + i
+ * (i < cpb = 8 / bits), so the query (or the accumulator) is permuted once into
+ * [i][j] = channel cpb * j + i and every pass over a row is an element-wise loop over its
+ * bytes, which vectorizes. */
+static float sum_lanes(const float *a, int32_t n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j];
+    float t = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) t += a[i];
+    return t;
+}
+
+/* One row's sum_d qs_d c_d over its nb bytes; nb is a constant where it is inlined with one, so
+ * the passes unroll into a few vector instructions. */
+static inline __attribute__((always_inline)) float
+row_dot(const float *restrict qs, const unsigned char *restrict row, int32_t nb, int bits) {
+    const int32_t cpb = 8 / bits;
+    const unsigned mask = (1u << bits) - 1u;
+    float a[MI_KV_MAX_HEAD_DIM];
+    for (int32_t j = 0; j < nb; j++) a[j] = qs[j] * (float)(row[j] & mask);
+    for (int32_t i = 1; i < cpb; i++)
+        for (int32_t j = 0; j < nb; j++)
+            a[j] += qs[i * nb + j] * (float)((row[j] >> (bits * i)) & mask);
+    return sum_lanes(a, nb);
+}
+
 void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
                      int32_t r1, const float *q, float scale, float *out) {
     const mi_kv_page_layout *L = &pool->layout;
-    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits;
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, cpb = 8 / bits;
+    const int32_t nb = hd / cpb;
     float qs[MI_KV_MAX_HEAD_DIM];
     for (int32_t r = r0; r < r1;) {
         /* the group's scale and min folded into the query: q.k = sum qs_d c_d + sum q_d min_d */
         const int32_t g = r / G, stop = (g + 1) * G < r1 ? (g + 1) * G : r1;
+        const unsigned char *p = k_param(L, page, h, g, 0);
         float qz = 0.0f;
         for (int32_t d = 0; d < hd; d++) {
-            const unsigned char *p = k_param(L, page, h, g, d);
-            qs[d] = q[d] * f16_at(p);
-            qz += q[d] * f16_at(p + 2);
+            qs[(d % cpb) * nb + d / cpb] = q[d] * f16_at(p + 4 * d);
+            qz += q[d] * f16_at(p + 4 * d + 2);
         }
         for (; r < stop; r++) {
             const unsigned char *row = code_row(L, (unsigned char *)page, 0, h, r);
-            float acc = qz;
-            if (bits == 2) {
-                for (int32_t j = 0; j < hd / 4; j++) {
-                    const unsigned b = row[j];
-                    const float *w = qs + 4 * j;
-                    acc += w[0] * (float)(b & 3) + w[1] * (float)((b >> 2) & 3) +
-                           w[2] * (float)((b >> 4) & 3) + w[3] * (float)(b >> 6);
-                }
-            } else {
-                for (int32_t j = 0; j < hd / 2; j++) {
-                    const unsigned b = row[j];
-                    acc += qs[2 * j] * (float)(b & 15) + qs[2 * j + 1] * (float)(b >> 4);
-                }
-            }
-            out[r - r0] = acc * scale;
+            float dotv;
+            if (bits == 2 && nb == 16)
+                dotv = row_dot(qs, row, 16, 2); /* head_dim 64 */
+            else if (bits == 2 && nb == 32)
+                dotv = row_dot(qs, row, 32, 2); /* head_dim 128 */
+            else if (bits == 4 && nb == 32)
+                dotv = row_dot(qs, row, 32, 4);
+            else if (bits == 4 && nb == 64)
+                dotv = row_dot(qs, row, 64, 4);
+            else
+                dotv = row_dot(qs, row, nb, bits);
+            out[r - r0] = (dotv + qz) * scale;
         }
     }
 }
@@ -194,17 +216,29 @@ void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t 
 void kv_quant_accum(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
                     int32_t r1, const float *w, float *acc) {
     const mi_kv_page_layout *L = &pool->layout;
-    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits;
+    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, cpb = 8 / bits;
+    const int32_t nb = hd / cpb, groups = hd / G, bpg = G / cpb; /* bytes per channel group */
+    const unsigned mask = (1u << bits) - 1u;
+    float ap[MI_KV_MAX_HEAD_DIM], zs[MI_KV_MAX_HEAD_DIM], ws[MI_KV_MAX_HEAD_DIM];
+    memset(ap, 0, (size_t)hd * sizeof(float));
+    memset(zs, 0, (size_t)groups * sizeof(float));
     for (int32_t r = r0; r < r1; r++) {
         const float wr = w[r - r0];
         if (wr == 0.0f) continue;
-        const unsigned char *row = code_row(L, (unsigned char *)page, 1, h, r);
-        for (int32_t c0 = 0; c0 < hd; c0 += G) {
-            const unsigned char *p = v_param(L, page, h, r, c0 / G);
-            const float ws = wr * f16_at(p), wz = wr * f16_at(p + 2);
-            for (int32_t d = c0; d < c0 + G; d++) acc[d] += ws * (float)code_at(row, d, bits) + wz;
+        const unsigned char *restrict row = code_row(L, (unsigned char *)page, 1, h, r);
+        const unsigned char *p = v_param(L, page, h, r, 0);
+        for (int32_t g = 0; g < groups; g++, p += 4) {
+            const float s = wr * f16_at(p);
+            for (int32_t j = g * bpg; j < (g + 1) * bpg; j++) ws[j] = s;
+            zs[g] += wr * f16_at(p + 2);
+        }
+        for (int32_t i = 0; i < cpb; i++) {
+            float *ai = ap + i * nb;
+            const int sh = bits * i;
+            for (int32_t j = 0; j < nb; j++) ai[j] += ws[j] * (float)((row[j] >> sh) & mask);
         }
     }
+    for (int32_t d = 0; d < hd; d++) acc[d] += ap[(d % cpb) * nb + d / cpb] + zs[d / G];
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -7,6 +7,34 @@
 
 #include "kv_internal.h"
 
+#include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* An f16 stored at p as float (exact either way; the F16C instruction where built for it). */
+static inline float kv_f16(const unsigned char *p) {
+    uint16_t u;
+    memcpy(&u, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(u);
+#else
+    return mi_f16_to_f32(u);
+#endif
+}
+
+/* sum a[i] * b[i] in eight interleaved partial sums (vectorizes without reassociation flags;
+ * the order is fixed, so equal inputs give equal results everywhere it is used). */
+static inline float kv_dot(const float *a, const float *b, int32_t n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float t = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
 /* out[r - r0] = scale * q . k_r for rows r0..r1-1 of head h of a KIVI page, from the codes (the
  * group's scale and min are folded into q once per group). */
 void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,

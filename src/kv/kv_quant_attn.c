@@ -86,11 +86,7 @@ mi_status mi_kv_seq_read_tile(const mi_kv_seq *seq, int32_t layer, int32_t kv_he
 /* ------------------------------------------------------------------------------------------ */
 /* Attention                                                                                   */
 
-static float dot(const float *a, const float *b, int32_t n) {
-    float s = 0.0f;
-    for (int32_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+static float dot(const float *a, const float *b, int32_t n) { return kv_dot(a, b, n); }
 
 /* The next segment from r: rows inside one page (or the residual) and one mask region. */
 static int64_t segment_end(int64_t r, int64_t end, int64_t paged, int32_t P, int64_t m0,
