@@ -97,7 +97,8 @@ class MInferenceConfig:
     PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
     # KV types the C model runner's sessions run (Model.session(kv=...)); the transformers patch
     # keeps transformers' own cache, so it runs only "dense".
-    SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn"]
+    SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn",
+                          "kivi", "leank"]
     # The attn_kwargs keys each KV type reads (the original's names), passed to the C runner's
     # spec "kv_type:key=value,..."; the library checks the values and fills the defaults.
     KV_KEYS = {

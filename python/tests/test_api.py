@@ -234,13 +234,8 @@ def test_unimplemented_attn_types(attn_type):
         MInference(attn_type)
 
 
-@pytest.mark.parametrize("kv_type", ["kivi", "leank"])
-def test_unimplemented_kv_types(kv_type):
-    with pytest.raises(NotImplementedError, match="kv_type"):
-        MInference("minference", kv_type=kv_type)
-
-
-@pytest.mark.parametrize("kv_type", ["snapkv", "pyramidkv", "quest", "streamingllm", "retr_attn"])
+@pytest.mark.parametrize("kv_type", ["snapkv", "pyramidkv", "quest", "streamingllm", "retr_attn",
+                                     "kivi", "leank"])
 def test_runner_kv_types(kv_type):  # the C runner's sessions run them (python/tests/test_kv.py)
     assert MInference("minference", kv_type=kv_type).config.kv_spec() == kv_type
 

@@ -82,6 +82,26 @@ def test_session_kv_compacts_and_counts_positions():
         assert w.n_past == 220 and 36 < most <= 36 + w.stats["page_tokens"]
 
 
+def test_session_kivi_and_leank():
+    toks = prompt(420, seed=6)
+    with small() as m:
+        ref = m.session()
+        want = [ref.prefill(toks[:400])] + [ref.decode(t) for t in toks[400:410]]
+        # bits=16 keeps the f32 pages: dense, bit for bit
+        s = m.session(kv=Cfg(attn_type="dense", kv_type="kivi", attn_kwargs={"bits": 16}))
+        got = [s.prefill(toks[:400])] + [s.decode(t) for t in toks[400:410]]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+        # 4 bits: near dense, a fraction of its bytes
+        q = m.session(kv="kivi:bits=4")
+        got = [q.prefill(toks[:400])] + [q.decode(t) for t in toks[400:410]]
+        assert np.array_equal(got[0], want[0])  # the prefill reads its own f32 rows
+        rel = max(np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(got[1:], want[1:]))
+        assert 0 < rel < 1
+        assert q.stats["bytes"] < 0.4 * ref.stats["bytes"]
+        with pytest.raises(ValueError, match="leank"):
+            m.session(kv="leank")  # no mask file
+
+
 def test_bad_specs():
     with small() as m:
         with pytest.raises(ValueError, match="no key 'window'"):
@@ -89,7 +109,7 @@ def test_bad_specs():
         with pytest.raises(ValueError, match="unknown kv method"):
             m.session(kv="h2o")
         with pytest.raises(NotImplementedError, match="not built yet"):
-            m.session(kv="kivi")
+            m.session(kv="retr_attn")
         with pytest.raises(ValueError):
             m.session(kv=42)
 
