@@ -256,6 +256,10 @@ int main(void) {
         F(page_bytes);
         F(meta_kinds);
         F(meta_bytes);
+        F(bits);
+        F(group_size);
+        F(k_param_offset);
+        F(v_param_offset);
         end();
     }
     {
@@ -273,6 +277,8 @@ int main(void) {
         F(alloc);
         F(free);
         F(alloc_user);
+        F(quant_group);
+        F(quant_residual);
         end();
     }
     {
@@ -323,6 +329,27 @@ int main(void) {
         F(hidden);
         F(vocab);
         F(weights_hash);
+        end();
+    }
+    {
+        typedef mi_kv_residual_view T;
+        begin("mi_kv_residual_view", sizeof(T));
+        F(first_row);
+        F(rows);
+        F(stride_rows);
+        F(k);
+        F(v);
+        end();
+    }
+    {
+        typedef mi_kv_attend_params T;
+        begin("mi_kv_attend_params", sizeof(T));
+        F(first);
+        F(end);
+        F(scale);
+        F(channel_mask);
+        F(mask_first);
+        F(mask_end);
         end();
     }
     {
