@@ -393,10 +393,14 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
             }
             resid_bytes = 2 * (uint64_t)L->n_kv_heads * (rows - paged) * (uint64_t)L->head_dim *
                           sizeof(float);
-            if (rows > 0 && !(ly->resid = malloc(kv_quant_resid_bytes(pool)))) {
+            /* at least a group of room, as after an append (truncation needs it) */
+            int32_t cap = (int32_t)(rows - paged);
+            if (cap < L->group_size) cap = L->group_size;
+            if (rows > 0 && !(ly->resid = malloc(kv_quant_resid_bytes(pool, cap)))) {
                 st = kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "mi_kv_seq_load: out of memory");
                 break;
             }
+            if (rows > 0) ly->resid_cap = cap;
             ly->len = (int64_t)rows;
             ly->qlen = (int64_t)paged;
         }

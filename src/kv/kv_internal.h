@@ -49,10 +49,12 @@ typedef struct kv_layer {
      * NULL means every head has len rows, the only case implemented. */
     int32_t *head_len;
     /* KIVI: rows 0..qlen-1 are in the pages (n_pages = ceil(qlen / page_tokens)), rows
-     * qlen..len-1 in resid: f32 [2 (K, V)][n_kv_heads][q_resid_cap][head_dim], own to the
-     * sequence (NULL until the first append). Other dtypes: qlen and resid unused. */
+     * qlen..len-1 in resid: f32 [2 (K, V)][n_kv_heads][resid_cap][head_dim], own to the
+     * sequence (NULL until the first append; resid_cap grows from group_size up to the pool's
+     * q_resid_cap, so truncating into a quantized group always has room). Other dtypes: unused. */
     int64_t qlen;
     float *resid;
+    int32_t resid_cap;
 } kv_layer;
 
 struct mi_kv_seq {
@@ -112,7 +114,7 @@ static inline bool kv_is_quant(const mi_kv_pool *pool) {
 static inline float *kv_resid_row(const mi_kv_pool *pool, const kv_layer *L, int kv, int32_t h,
                                   int64_t i) {
     return L->resid +
-           (((size_t)kv * pool->layout.n_kv_heads + (size_t)h) * (size_t)pool->q_resid_cap +
+           (((size_t)kv * pool->layout.n_kv_heads + (size_t)h) * (size_t)L->resid_cap +
             (size_t)i) *
                (size_t)pool->layout.head_dim;
 }
@@ -123,6 +125,7 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
 mi_status kv_quant_truncate(mi_kv_seq *seq, int32_t layer, int64_t len);
 /* Copies src's residual into dst (a fork): MI_STATUS_OUT_OF_MEMORY with a message on failure. */
 mi_status kv_quant_fork_layer(mi_kv_pool *pool, const kv_layer *src, kv_layer *dst);
-size_t kv_quant_resid_bytes(const mi_kv_pool *pool);
+/* Bytes of a residual of cap rows. */
+size_t kv_quant_resid_bytes(const mi_kv_pool *pool, int32_t cap);
 
 #endif /* MI_KV_INTERNAL_H */

@@ -261,8 +261,8 @@ static const float *t_row(const mi_tensor *t, int64_t h, int64_t i, int32_t hd, 
     return buf;
 }
 
-size_t kv_quant_resid_bytes(const mi_kv_pool *pool) {
-    return 2 * (size_t)pool->layout.n_kv_heads * (size_t)pool->q_resid_cap *
+size_t kv_quant_resid_bytes(const mi_kv_pool *pool, int32_t cap) {
+    return 2 * (size_t)pool->layout.n_kv_heads * (size_t)cap *
            (size_t)pool->layout.head_dim * sizeof(float);
 }
 
@@ -293,9 +293,16 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
         L->pages = pages;
         L->cap_pages = cap;
     }
-    if (!L->resid) {
-        L->resid = malloc(kv_quant_resid_bytes(pool));
-        if (!L->resid)
+    /* room for the new residual (rows q1..len1-1): grown by doubling, from one group up to
+     * residual + group - 1 rows; swapped in once nothing can fail */
+    float *grown = NULL;
+    int32_t grown_cap = L->resid_cap;
+    if (!L->resid || len1 - q1 > L->resid_cap) {
+        grown_cap = L->resid_cap ? 2 * L->resid_cap : G;
+        if (grown_cap < len1 - q1) grown_cap = (int32_t)(len1 - q1);
+        if (grown_cap > pool->q_resid_cap) grown_cap = pool->q_resid_cap;
+        grown = malloc(kv_quant_resid_bytes(pool, grown_cap));
+        if (!grown)
             return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for the KIVI residual");
     }
     /* a group's rows (converted where the source is not f32) and a row buffer */
@@ -304,6 +311,7 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
     if (!buf || !rows) {
         free(buf);
         free(rows);
+        free(grown);
         return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory quantizing %lld rows",
                        (long long)n);
     }
@@ -312,10 +320,23 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
     if (st != MI_STATUS_SUCCESS) {
         free(buf);
         free(rows);
+        free(grown);
         return st;
     }
 
     /* From here on nothing fails. */
+    if (grown) { /* the waiting rows move to the larger residual, at the same indices */
+        float *old = L->resid;
+        const int32_t old_cap = L->resid_cap;
+        L->resid = grown;
+        L->resid_cap = grown_cap;
+        for (int kv = 0; old && kv < 2; kv++)
+            for (int32_t h = 0; h < H; h++)
+                memcpy(kv_resid_row(pool, L, kv, h, 0),
+                       old + ((size_t)kv * H + (size_t)h) * (size_t)old_cap * (size_t)hd,
+                       (size_t)(len0 - q0) * (size_t)hd * sizeof(float));
+        free(old);
+    }
     if (cow) {
         const int32_t copy = slots[fresh];
         memcpy(kv_page(pool, copy), kv_page(pool, last), Lay->page_bytes);
@@ -402,9 +423,10 @@ mi_status kv_quant_truncate(mi_kv_seq *seq, int32_t layer, int64_t len) {
 mi_status kv_quant_fork_layer(mi_kv_pool *pool, const kv_layer *src, kv_layer *dst) {
     dst->qlen = src->qlen;
     if (!src->resid) return MI_STATUS_SUCCESS;
-    dst->resid = malloc(kv_quant_resid_bytes(pool));
+    dst->resid = malloc(kv_quant_resid_bytes(pool, src->resid_cap));
     if (!dst->resid)
         return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for a KIVI residual");
-    memcpy(dst->resid, src->resid, kv_quant_resid_bytes(pool));
+    dst->resid_cap = src->resid_cap;
+    memcpy(dst->resid, src->resid, kv_quant_resid_bytes(pool, src->resid_cap));
     return MI_STATUS_SUCCESS;
 }

@@ -40,7 +40,7 @@ mi_status mi_kv_seq_residual(const mi_kv_seq *seq, int32_t layer, mi_kv_residual
     out->first_row = paged_rows(seq->pool, L);
     if (kv_is_quant(seq->pool) && L->resid) {
         out->rows = (int32_t)(L->len - L->qlen);
-        out->stride_rows = seq->pool->q_resid_cap;
+        out->stride_rows = L->resid_cap;
         out->k = L->resid;
         out->v = kv_resid_row(seq->pool, L, 1, 0, 0);
     }

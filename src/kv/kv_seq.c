@@ -409,7 +409,8 @@ mi_status mi_kv_seq_stats_get(const mi_kv_seq *seq, mi_kv_seq_stats *out) {
     s.bytes = (uint64_t)s.pages * pb;
     if (kv_is_quant(pool)) /* each layer's f32 residual, the sequence's own */
         for (int32_t l = 0; l < pool->params.n_layers; l++)
-            if (seq->layers[l].resid) s.bytes += kv_quant_resid_bytes(pool);
+            if (seq->layers[l].resid)
+                s.bytes += kv_quant_resid_bytes(pool, seq->layers[l].resid_cap);
     s.shared_bytes = (uint64_t)s.shared_pages * pb;
     *out = s;
     return MI_STATUS_SUCCESS;
