@@ -114,8 +114,7 @@ static inline bool kv_is_quant(const mi_kv_pool *pool) {
 static inline float *kv_resid_row(const mi_kv_pool *pool, const kv_layer *L, int kv, int32_t h,
                                   int64_t i) {
     return L->resid +
-           (((size_t)kv * pool->layout.n_kv_heads + (size_t)h) * (size_t)L->resid_cap +
-            (size_t)i) *
+           (((size_t)kv * pool->layout.n_kv_heads + (size_t)h) * (size_t)L->resid_cap + (size_t)i) *
                (size_t)pool->layout.head_dim;
 }
 void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,

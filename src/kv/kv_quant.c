@@ -262,8 +262,8 @@ static const float *t_row(const mi_tensor *t, int64_t h, int64_t i, int32_t hd, 
 }
 
 size_t kv_quant_resid_bytes(const mi_kv_pool *pool, int32_t cap) {
-    return 2 * (size_t)pool->layout.n_kv_heads * (size_t)cap *
-           (size_t)pool->layout.head_dim * sizeof(float);
+    return 2 * (size_t)pool->layout.n_kv_heads * (size_t)cap * (size_t)pool->layout.head_dim *
+           sizeof(float);
 }
 
 mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, const mi_tensor *v,
