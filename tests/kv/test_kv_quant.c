@@ -453,6 +453,14 @@ static void test_residual_is_dense(void) {
     append_all(both, 2, 0, 700, H, D);
     append_all(both, 2, 0, 1, H, D);
     CHECK_EQ(mi_kv_seq_quantized_rows(qs, 0), 0);
+    /* the residual's room grows with its rows (doubling), not to residual_length at once */
+    mi_kv_seq_stats st;
+    CHECK_OK(mi_kv_seq_stats_get(qs, &st));
+    CHECK(st.pages == 0 && st.bytes <= 2 * (uint64_t)H * D * sizeof(float) * 2 * 701,
+          "%llu bytes for 701 rows", (unsigned long long)st.bytes);
+    mi_kv_residual_view rv;
+    CHECK_OK(mi_kv_seq_residual(qs, 0, &rv));
+    CHECK(rv.first_row == 0 && rv.rows == 701 && rv.stride_rows >= 701 && rv.k && rv.v);
     float q[32], a[32], b[32], *scores = malloc(701 * 4);
     for (int32_t d = 0; d < D; d++) q[d] = rng_value(2.0f);
     mi_kv_attend_params p = {0, 701, 0.17f, NULL, 0, 0};
