@@ -1,9 +1,11 @@
 /*
  * cmd_leank.c: `minference leank-learn`: a LeanK key-channel mask from calibration text
  * (docs/kv-methods.md, "LeanK"). The model runs the text densely; at every layer the capture hook
- * hands over the post-RoPE q and k, and each key channel of each KV head gets the importance
- * sqrt(sum_t q_d^2) * sqrt(sum_t k_d^2) (summed over the query heads of the group): the
- * Cauchy-Schwarz bound of that channel's share of q . k over the text. The two channels one RoPE
+ * hands over the post-RoPE q and k, and each key channel of each KV head gets an importance,
+ * summed over the query heads of its group: by default (--score attention) the channel's share of
+ * the scores that matter, sum_i sum_j softmax_j(q_i . k_j) |q_id k_jd| over the last --window
+ * queries (the channels the attended keys are found by); or (--score norms) the Cauchy-Schwarz
+ * bound sqrt(sum_t q_d^2) * sqrt(sum_t k_d^2) over the text. The two channels one RoPE
  * frequency rotates together score as one (their sum), so a frequency is kept or pruned whole.
  * Per head the top --keep fraction (rounded to --align channels) is kept. This replaces the
  * paper's trained channel scales (two stages of gradient descent with an L1 penalty), which need
@@ -26,14 +28,17 @@
 
 static const char usage_text[] =
     "usage: minference leank-learn --out MASK.json [--model PATH] [--sample FILE] [--len N]\n"
-    "           [--keep F] [--align N] [--no-pairs] [--threads N]\n"
+    "           [--keep F] [--align N] [--score attention|norms] [--window N] [--no-pairs]\n"
+    "           [--threads N]\n"
     "\n"
     "  --out      the mask file to write (format: docs/kv-methods.md, LeanK)\n"
     "  --model    .gguf file or Hugging Face directory (default: $MI_MODEL, else the demo model)\n"
     "  --sample   calibration text (default: the license texts under /usr/share/common-licenses)\n"
     "  --len      calibration tokens (default 4096, at most the text and the model's context)\n"
-    "  --keep     fraction of key channels kept per KV head (default 0.5)\n"
+    "  --keep     fraction of key channels kept per KV head (default 0.75)\n"
     "  --align    kept channels per head are a multiple of this (default 8)\n"
+    "  --score    attention (default): attention-weighted |q_d k_d| of the last --window\n"
+    "             queries (default 64); norms: sqrt(sum q_d^2) * sqrt(sum k_d^2) over the text\n"
     "  --no-pairs score each channel alone instead of with its RoPE partner\n"
     "Use it: minference generate --kv leank:leank_path=MASK.json ...\n";
 
@@ -41,7 +46,38 @@ typedef struct learn_state {
     int32_t n_layers, n_heads, n_kv, hd;
     double *importance; /* [n_layers][n_kv][hd] */
     int pairs;
+    int attention;  /* 1: attention-weighted |q_d k_d| of the last queries; 0: the norm bound */
+    int32_t window; /* queries scored with --score attention */
 } learn_state;
+
+/* Channel d's share of the scores that matter: sum over the last `window` queries i and the keys
+ * j <= i of softmax_j(q_i . k_j / sqrt(hd)) * |q_id k_jd|. */
+static void attention_importance(const learn_state *s, const mi_tensor *q, const mi_tensor *k,
+                                 int64_t n, double *imp, double *a) {
+    const int32_t hd = s->hd, group = s->n_heads / s->n_kv;
+    const double scale = 1.0 / sqrt((double)hd);
+    const int64_t i0 = n > s->window ? n - s->window : 0;
+    for (int32_t h = 0; h < s->n_heads; h++) {
+        const int32_t g = h / group;
+        for (int64_t i = i0; i < n; i++) {
+            const float *qi = (const float *)q->data + h * q->stride[1] + i * q->stride[2];
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j <= i; j++) {
+                const float *kj = (const float *)k->data + g * k->stride[1] + j * k->stride[2];
+                double dot = 0.0;
+                for (int32_t d = 0; d < hd; d++) dot += (double)qi[d] * kj[d];
+                a[j] = dot * scale;
+                mx = a[j] > mx ? a[j] : mx;
+            }
+            for (int64_t j = 0; j <= i; j++) sum += (a[j] = exp(a[j] - mx));
+            for (int64_t j = 0; j <= i; j++) {
+                const float *kj = (const float *)k->data + g * k->stride[1] + j * k->stride[2];
+                const double w = a[j] / sum;
+                for (int32_t d = 0; d < hd; d++) imp[g * hd + d] += w * fabs((double)qi[d] * kj[d]);
+            }
+        }
+    }
+}
 
 static double elem(const mi_tensor *t, int64_t h, int64_t i, int64_t d) {
     return ((const float *)t->data)[h * t->stride[1] + i * t->stride[2] + d];
@@ -56,8 +92,9 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
     double *imp = s->importance + (size_t)layer * s->n_kv * hd;
     double *qn = calloc((size_t)s->n_heads * hd, sizeof(double));
     double *kn = calloc((size_t)s->n_kv * hd, sizeof(double));
-    if (!qn || !kn) {
-        free(qn), free(kn);
+    double *a = s->attention ? malloc((size_t)n * sizeof(double)) : NULL;
+    if (!qn || !kn || (s->attention && !a)) {
+        free(qn), free(kn), free(a);
         return MI_STATUS_OUT_OF_MEMORY;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -76,8 +113,10 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
         for (int32_t d = 0; d < hd; d++) {
             double qs = 0.0;
             for (int32_t g = 0; g < group; g++) qs += sqrt(qn[(h * group + g) * hd + d]);
-            imp[h * hd + d] = qs * sqrt(kn[h * hd + d]);
+            imp[h * hd + d] = s->attention ? 0.0 : qs * sqrt(kn[h * hd + d]);
         }
+    if (s->attention) attention_importance(s, q, k, n, imp, a);
+    free(a);
     if (s->pairs && hd % 2 == 0)
         for (int32_t h = 0; h < s->n_kv; h++)
             for (int32_t d = 0; d < hd / 2; d++) {
@@ -90,7 +129,9 @@ static mi_status on_layer(void *user, int32_t layer, const mi_tensor *q, const m
 }
 
 int mi_cmd_leank_learn(int argc, char **argv) {
-    const char *model_path = NULL, *sample = NULL, *out = NULL, *keep_s = "0.5";
+    const char *model_path = NULL, *sample = NULL, *out = NULL, *keep_s = "0.75";
+    const char *score = "attention";
+    int window = 64;
     int len = 4096, threads = 0, align = 8;
     bool no_pairs = false;
     const arg_spec specs[] = {
@@ -101,6 +142,8 @@ int mi_cmd_leank_learn(int argc, char **argv) {
         {"keep", ARG_STR, &keep_s, 0, 0, NULL},
         {"align", ARG_INT, &align, 1, 1024, NULL},
         {"no-pairs", ARG_BOOL, &no_pairs, 0, 0, NULL},
+        {"score", ARG_STR, &score, 0, 0, NULL},
+        {"window", ARG_INT, &window, 1, 1 << 20, NULL},
         {"threads", ARG_INT, &threads, 0, 1024, NULL},
     };
     int npos = 0;
@@ -110,10 +153,12 @@ int mi_cmd_leank_learn(int argc, char **argv) {
     if (ar == ARGS_ERROR) return 2;
     char *end;
     const double keep = strtod(keep_s, &end);
-    if (!out || *end || !(keep > 0.0 && keep <= 1.0)) {
+    const bool by_attention = strcmp(score, "attention") == 0;
+    if (!out || *end || !(keep > 0.0 && keep <= 1.0) ||
+        (!by_attention && strcmp(score, "norms") != 0)) {
         fprintf(stderr,
-                "minference leank-learn: --out is required and --keep must be in (0, 1]\n"
-                "\n%s",
+                "minference leank-learn: --out is required, --keep must be in (0, 1] and --score "
+                "attention or norms\n\n%s",
                 usage_text);
         return 2;
     }
@@ -152,6 +197,7 @@ int mi_cmd_leank_learn(int argc, char **argv) {
     mi_model_get_info(model, &info);
     s.n_layers = info.n_layers, s.n_heads = info.n_heads, s.n_kv = info.n_kv_heads;
     s.hd = info.head_dim, s.pairs = !no_pairs;
+    s.attention = by_attention, s.window = window;
     if (align > s.hd) {
         fprintf(stderr, "minference leank-learn: --align %d exceeds head_dim %d\n", align, s.hd);
         goto done;
