@@ -106,6 +106,7 @@ static void test_specs(void) {
     parse_bad("dense:x=1", "no key 'x'");
 
     /* a method's own constraints */
+    const kv_geometry geo = {2, 4, 2, 8, 64};
     kv_method *m = NULL;
     char err[256] = "";
     s = parse_ok("snapkv:window_size=64,max_capacity_prompt=64");
