@@ -20,6 +20,15 @@ fi
 if [ -x scripts/fetch_model.sh ]; then scripts/fetch_model.sh >/dev/null || \
     echo "setup: the demo model could not be fetched; model tests will be skipped" >&2; fi
 
+# The many-shot task of `minference scbench` reads the labelled iris.csv that scikit-learn's wheel
+# ships; only that file is needed, so the package goes in without its dependencies (as above).
+if ! python3 -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('sklearn') else 1)" \
+    2>/dev/null; then
+    python3 -m pip install --quiet --no-deps scikit-learn >&2 2>/dev/null ||
+        python3 -m pip install --quiet --no-deps --user --break-system-packages scikit-learn >&2 ||
+        echo "setup: scikit-learn could not be installed; scbench's many-shot task will need --icl-csv" >&2
+fi
+
 # With nvcc: cuobjdump for the SASS check of the CUDA build (tests/cuda/check_sass.py).
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
     scripts/fetch_sass_tools.sh >/dev/null || \

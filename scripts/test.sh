@@ -23,7 +23,7 @@ exclude=()
 if [ "$mode" = "--sanitize" ]; then
     # The end-to-end model runs take minutes even optimised; their code paths are exercised
     # under the sanitizers by the smaller model tests.
-    exclude=(-E "model\.passkey|eval\.e2e")
+    exclude=(-E "model\.passkey|eval\.e2e|eval\.scbench_e2e")
 fi
 ctest --test-dir "$BUILD_DIR" --output-on-failure -LE gpu "${exclude[@]}" -j"$(nproc)"
 

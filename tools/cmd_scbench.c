@@ -186,16 +186,7 @@ static char *generate(sc_run *r, mi_session *s, int max_new, double *decode_s) {
 static mi_session *new_session(sc_run *r, const sc_method *m, char *why, size_t cap) {
     mi_session_params sp = mi_session_default_params();
     sp.max_tokens = r->max_length;
-    const bool dense_kv = !m->kv[0] || !strcmp(m->kv, "dense");
-#ifdef MI_HAVE_SESSION_KV
     sp.kv = m->kv;
-#else
-    if (!dense_kv) {
-        snprintf(why, cap, "this build's sessions have no KV methods (only dense)");
-        return NULL;
-    }
-#endif
-    (void)dense_kv;
     mi_session *s = NULL;
     if (mi_session_create(r->model, &sp, &s) != MI_STATUS_SUCCESS) {
         snprintf(why, cap, "%s", mi_model_last_error(r->model));
