@@ -52,6 +52,14 @@ typedef struct mi_session_params {
      * (docs/kv-methods.md). A bad name, key or value is MI_STATUS_INVALID_ARGUMENT at create, a
      * method not built MI_STATUS_UNSUPPORTED. Copied at create. */
     const char *kv;
+    /* The storage of the session's pages, an mi_kv_dtype (minference_kv.h): MI_KV_F32 (0, the
+     * default: the forward pass's own precision, so a session equals the model bit for bit),
+     * MI_KV_F16, MI_KV_BF16 or MI_KV_FP8_E4M3 (a scale per page, head and K/V). The rows a call
+     * appends are attended in f32 by that call; later calls read the stored rows in place.
+     * Other dtypes get a pool of their own (not shared with the model's f32 sessions, so a fork
+     * shares pages only with sessions of its own lineage). Not with kivi (its own format), quest
+     * or retr_attn (they read f32 pages): MI_STATUS_INVALID_ARGUMENT / MI_STATUS_UNSUPPORTED. */
+    int32_t kv_dtype;
 } mi_session_params;
 
 MI_API mi_session_params mi_session_default_params(void);

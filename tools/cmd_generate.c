@@ -29,7 +29,7 @@ static const char usage_text[] =
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
     "           [--seed S] [--session FILE] [--kv METHOD[:key=value,...]]\n"
-    "           [--allow-long-context] [--quiet]\n"
+    "           [--kv-dtype f32|f16|bf16|fp8] [--chunk N] [--allow-long-context] [--quiet]\n"
     "\n"
     "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
     "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -55,6 +55,11 @@ static const char usage_text[] =
     "  --kv           KV-cache method of the session: dense (default), streamingllm,\n"
     "                 snapkv, pyramidkv, quest, with the original's keys, e.g.\n"
     "                 snapkv:max_capacity_prompt=1024 (docs/kv-methods.md)\n"
+    "  --kv-dtype     storage of the session's KV pages: f32 (default, the model's own\n"
+    "                 precision), f16, bf16 or fp8 (e4m3, a scale per page and head)\n"
+    "  --chunk        prefill the prompt in chunks of N tokens through a session (the\n"
+    "                 activations then take O(N) memory; later chunks attend to the cache\n"
+    "                 with the same patterns); default 0: one prefill\n"
     "  --allow-long-context\n"
     "                 run a prompt longer than the model's trained context (its RoPE\n"
     "                 scaling, where it has one, decides how well that goes); refused\n"
@@ -144,7 +149,8 @@ static void on_progress(void *user, int32_t layer, int32_t n_layers, int64_t n_t
 int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
     const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
-    const char *session_path = NULL, *kv = NULL;
+    const char *session_path = NULL, *kv = NULL, *kv_dtype_name = "f32";
+    int chunk = 0;
     mi_session *sess = NULL;
     char kv_shown[1024] = "";
     int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
@@ -174,6 +180,8 @@ int mi_cmd_generate(int argc, char **argv) {
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
         {"session", ARG_STR, &session_path, 0, 0, NULL},
         {"kv", ARG_STR, &kv, 0, 0, NULL},
+        {"kv-dtype", ARG_STR, &kv_dtype_name, 0, 0, NULL},
+        {"chunk", ARG_INT, &chunk, 0, 1 << 30, NULL},
         {"allow-long-context", ARG_BOOL, &long_context, 0, 0, NULL},
     };
     args_result ar = args_parse("generate", usage_text, specs,
@@ -183,6 +191,13 @@ int mi_cmd_generate(int argc, char **argv) {
         return args_error("generate", usage_text, "--kv: %s", kv_shown);
     /* a KV method runs in a session: the model's own cache is the dense one */
     const bool kv_method = kv && strncmp(kv_shown, "dense", 5) != 0;
+    static const char *const kv_dtypes[] = {"f32", "f16", "bf16", "fp8"};
+    int kv_dtype = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(kv_dtype_name, kv_dtypes[i]) == 0) kv_dtype = i; /* mi_kv_dtype's order */
+    if (kv_dtype < 0)
+        return args_error("generate", usage_text, "--kv-dtype '%s' is not f32, f16, bf16 or fp8",
+                          kv_dtype_name);
     /* "minference" or a pattern's name; shown as the model's mode name where it has one */
     mi_pattern_type attn_type;
     mi_attn_mode attn_mode;
@@ -289,9 +304,10 @@ int mi_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
         goto done;
     }
-    if (session_path || kv_method) {
+    if (session_path || kv_method || kv_dtype != 0 || chunk > 0) {
         mi_session_params sp = mi_session_default_params();
         sp.kv = kv;
+        sp.kv_dtype = kv_dtype;
         if (mi_session_create(model, &sp, &sess) != MI_STATUS_SUCCESS) {
             fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
             goto done;
@@ -356,8 +372,15 @@ int mi_cmd_generate(int argc, char **argv) {
     progress_state ps = {tool_now_s(), isatty(2) != 0};
     if (!quiet) mi_model_set_progress(model, on_progress, &ps);
     double t0 = tool_now_s(), c0 = cpu_s();
-    st = sess ? mi_session_prefill(sess, tokens, n_tok, logits)
-              : mi_model_prefill(model, tokens, n_tok, logits);
+    if (sess && chunk > 0) {
+        for (size_t at = 0; at < n_tok && st == MI_STATUS_SUCCESS; at += (size_t)chunk) {
+            const size_t n = n_tok - at < (size_t)chunk ? n_tok - at : (size_t)chunk;
+            st = mi_session_prefill(sess, tokens + at, n, at + n == n_tok ? logits : NULL);
+        }
+    } else {
+        st = sess ? mi_session_prefill(sess, tokens, n_tok, logits)
+                  : mi_model_prefill(model, tokens, n_tok, logits);
+    }
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: prefill failed: %s\n",
                 sess ? mi_session_last_error(sess) : mi_model_last_error(model));

@@ -466,7 +466,8 @@ MODEL_PROTOTYPES = {
 
 
 class mi_session_params(ctypes.Structure):
-    _fields_ = [("max_tokens", c_int64), ("pool_bytes", c_uint64), ("kv", c_char_p)]
+    _fields_ = [("max_tokens", c_int64), ("pool_bytes", c_uint64), ("kv", c_char_p),
+                ("kv_dtype", c_int32)]
 
 
 class mi_session_stats(ctypes.Structure):

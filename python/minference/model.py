@@ -588,15 +588,16 @@ class Model(_Closing):
         """Tokens in the KV cache."""
         return int(self._lib.mi_model_n_past(self.handle))
 
-    def session(self, max_tokens=0, pool_bytes=0, kv=None):
+    def session(self, max_tokens=0, pool_bytes=0, kv=None, kv_dtype="f32"):
         """A new, empty Session over this model (CPU models only): a KV cache of its own in the
         model's page pool. max_tokens caps it (0: the model's max_context); pool_bytes caps the
         pool shared by all the model's sessions, taken by the first one (0: no limit). kv: the
         KV method, a spec "METHOD[:key=value,...]" (dense, streamingllm, snapkv, pyramidkv,
         quest with the original's keys, docs/kv-methods.md) or an MInferenceConfig (its kv_type
         and attn_kwargs); None: the one set_kv / set_attention(MInferenceConfig) set, else
-        dense."""
-        return Session(self, max_tokens, pool_bytes, self._kv if kv is None else kv)
+        dense. kv_dtype: the pages' storage, "f32" (the model's own precision), "f16", "bf16" or
+        "fp8" (e4m3 with a scale per page and head)."""
+        return Session(self, max_tokens, pool_bytes, self._kv if kv is None else kv, kv_dtype)
 
     def set_kv(self, kv):
         """The KV method of generate and of new sessions (a spec, an MInferenceConfig or None
@@ -735,10 +736,15 @@ class Session(_Closing):
     read a session file tied to the model; a failed call leaves the session as it was. Calls
     on sessions of one model are serialised with the model's."""
 
-    def __init__(self, model, max_tokens=0, pool_bytes=0, kv=None):
+    KV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "fp8": 3, "fp8_e4m3": 3}
+
+    def __init__(self, model, max_tokens=0, pool_bytes=0, kv=None, kv_dtype="f32"):
         p = L.mi_session_params()
         p.max_tokens = _int_arg(max_tokens, "max_tokens", L.c_int64, minimum=0)
         p.pool_bytes = _int_arg(pool_bytes, "pool_bytes", L.c_uint64, minimum=0)
+        if kv_dtype not in self.KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {sorted(self.KV_DTYPES)}, not {kv_dtype!r}")
+        p.kv_dtype = self.KV_DTYPES[kv_dtype]
         spec = _kv_spec(model._lib, kv)
         p.kv = spec.encode() if spec is not None else None
         h = ctypes.c_void_p()

@@ -102,6 +102,21 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
     kv_method *method = NULL;
     if ((st = kv_method_create(&spec, &geo, &method, err, sizeof err)) != MI_STATUS_SUCCESS)
         return mim_model_fail(m, st, "%s", err);
+    if (p.kv_dtype != MI_KV_F32) {
+        const char *why = NULL;
+        st = MI_STATUS_INVALID_ARGUMENT;
+        if (p.kv_dtype != MI_KV_F16 && p.kv_dtype != MI_KV_BF16 && p.kv_dtype != MI_KV_FP8_E4M3)
+            why = "is not f32 (0), f16 (1), bf16 (2) or fp8_e4m3 (3)";
+        else if (method && method->entry->storage)
+            why = "with a kv method that keeps its own storage format";
+        else if (kv_method_selects(method))
+            why = "with a kv method that reads selected rows (of f32 pages only)",
+            st = MI_STATUS_UNSUPPORTED;
+        if (why) {
+            kv_method_destroy(method);
+            return mim_model_fail(m, st, "kv_dtype %d %s", (int)p.kv_dtype, why);
+        }
+    }
     mi_session *s = calloc(1, sizeof(*s));
     if (!s) {
         kv_method_destroy(method);
@@ -112,7 +127,11 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
     mi_kv_pool_params qp = mi_kv_pool_default_params();
     qp.n_layers = m->n_layers, qp.n_kv_heads = m->n_kv, qp.head_dim = m->hd;
     qp.dtype = MI_KV_F32, qp.page_tokens = lay.page_tokens, qp.capacity_bytes = p.pool_bytes;
-    const bool own = method && method->entry->storage && method->entry->storage(method, &qp);
+    bool own = method && method->entry->storage && method->entry->storage(method, &qp);
+    if (p.kv_dtype != MI_KV_F32) { /* pages of another precision: a pool of that dtype */
+        qp.dtype = (mi_kv_dtype)p.kv_dtype;
+        own = true;
+    }
     if (own && (st = mi_kv_pool_create(m->ctx, &qp, &pool)) != MI_STATUS_SUCCESS) {
         kv_method_destroy(method);
         free(s);

@@ -358,6 +358,7 @@ int main(void) {
         F(max_tokens);
         F(pool_bytes);
         F(kv);
+        F(kv_dtype);
         end();
     }
     {
