@@ -147,28 +147,9 @@ static uint64_t rng_next(rng *r) {
 static uint64_t rng_below(rng *r, uint64_t n) { return n ? rng_next(r) % n : 0; }
 
 /* A growable string. */
-typedef struct sbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
+typedef tool_buf sbuf;
 
-static void sb_addn(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *t = realloc(b->s, c);
-        if (!t) {
-            b->oom = true;
-            return;
-        }
-        b->s = t, b->cap = c;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
+static void sb_addn(sbuf *b, const char *s, size_t n) { tool_buf_addn(b, s, n); }
 
 static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
 

@@ -8,35 +8,16 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cmd_scbench.h"
+#include "tool_util.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A growable string (local to this file). */
-typedef struct pbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} pbuf;
+typedef tool_buf pbuf;
 
-static void pb_add(pbuf *b, const char *s) {
-    const size_t n = strlen(s);
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *t = realloc(b->s, c);
-        if (!t) {
-            b->oom = true;
-            return;
-        }
-        b->s = t, b->cap = c;
-    }
-    memcpy(b->s + b->n, s, n + 1);
-    b->n += n;
-}
+static void pb_add(pbuf *b, const char *s) { tool_buf_addn(b, s, strlen(s)); }
 
 static char *pb_take(pbuf *b) {
     if (b->oom) {

@@ -228,3 +228,20 @@ int tool_tri_mix_config(int minference, int32_t start, int32_t n_layers, int32_t
     *config = out;
     return 0;
 }
+
+void tool_buf_addn(tool_buf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *t = realloc(b->s, c);
+        if (!t) {
+            b->oom = true;
+            return;
+        }
+        b->s = t, b->cap = c;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}

@@ -8,6 +8,14 @@
 
 struct mi_config;
 
+/* A growable NUL-terminated string; oom is set (and later appends ignored) when memory ran out. */
+typedef struct tool_buf {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} tool_buf;
+void tool_buf_addn(tool_buf *b, const char *s, size_t n);
+
 /* Monotonic wall-clock seconds. */
 double tool_now_s(void);
 

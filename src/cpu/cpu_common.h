@@ -272,4 +272,17 @@ mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_
 static inline int64_t mi_cpu_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t mi_cpu_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* a . b in f32 with eight partial sums (vectorizes without -ffast-math); the estimators'
+ * and the row-mask kernel's dot product */
+static inline float mi_cpu_dot8(const float *a, const float *b, int64_t D) {
+    float acc[8] = {0};
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[d + u] * b[d + u];
+    float s = 0.0f;
+    for (; d < D; d++) s += a[d] * b[d];
+    for (int u = 0; u < 8; u++) s += acc[u];
+    return s;
+}
+
 #endif /* MI_CPU_COMMON_H */

@@ -51,17 +51,6 @@ static int desc_pair(const void *a, const void *b) {
     return (x->n > y->n) - (x->n < y->n);
 }
 
-static float dot(const float *a, const float *b, int64_t D) {
-    float acc[8] = {0};
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[d + u] * b[d + u];
-    float s = 0.0f;
-    for (; d < D; d++) s += a[d] * b[d];
-    for (int u = 0; u < 8; u++) s += acc[u];
-    return s;
-}
-
 /* Mean of rows [r0, r1) of (b, hh) of t (rows from off on), times mul, into p [D]. */
 static void mean_rows(const mi_tensor *t, int64_t b, int64_t hh, int64_t off, int64_t r0,
                       int64_t r1, int64_t D, float mul, float *p, float *row) {
@@ -127,7 +116,7 @@ void mi_cpu_flex_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tens
         for (int64_t n = 0; n < nb; n++) {
             mean_rows(k, b, hk, 0, n * MI_BS, mi_cpu_min64(n * MI_BS + MI_BS, len), D, 1.0f,
                       kp + n * D, row);
-            avg[n] = dot(qm, kp + n * D, D);
+            avg[n] = mi_cpu_dot8(qm, kp + n * D, D);
             mx = avg[n] > mx ? avg[n] : mx;
         }
         for (int64_t n = 0; n < nb; n++) sum += (avg[n] = exp(avg[n] - mx));
@@ -162,7 +151,7 @@ void mi_cpu_flex_estimate_head(mi_tile *t, const mi_attn_shape *s, const mi_tens
                 const int64_t w0 = w;
                 float rm = -INFINITY;
                 for (int64_t n = 0; n <= m; n++) {
-                    pairs[w] = (pair){dot(qp, kp + n * D, D), (int32_t)m, (int32_t)n};
+                    pairs[w] = (pair){mi_cpu_dot8(qp, kp + n * D, D), (int32_t)m, (int32_t)n};
                     rm = pairs[w].v > rm ? pairs[w].v : rm;
                     w++;
                 }

@@ -34,17 +34,6 @@ int64_t mi_cpu_rowmask_keys(const mi_head_plan *hp, int64_t p, int32_t *keys) {
     return n;
 }
 
-static float dot(const float *a, const float *b, int64_t D) {
-    float acc[8] = {0};
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[d + u] * b[d + u];
-    float s = 0.0f;
-    for (; d < D; d++) s += a[d] * b[d];
-    for (int u = 0; u < 8; u++) s += acc[u];
-    return s;
-}
-
 /* Rows [r0, r1) (query rows, absolute position q_off + i) of (b, h), with the keys and values of
  * its KV head in fp32 (kf, vf [len][D]). scratch: len int32 keys, len scores, 2 * D floats. */
 static void rows(const mi_attn_shape *s, const mi_tensor *q, const float *kf, const float *vf,
@@ -66,7 +55,7 @@ static void rows(const mi_attn_shape *s, const mi_tensor *q, const float *kf, co
         const int64_t n = mi_cpu_rowmask_keys(hp, p, keys);
         float m = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
-            sc[j] = dot(qr, kf + (size_t)keys[j] * (size_t)D, D);
+            sc[j] = mi_cpu_dot8(qr, kf + (size_t)keys[j] * (size_t)D, D);
             if (sc[j] > m) m = sc[j];
         }
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
@@ -153,7 +142,7 @@ void mi_cpu_rowmask_mass(const mi_attn_shape *s, const mi_tensor *q, const mi_te
         float m = -INFINITY;
         for (int64_t j = 0; j <= p; j++) {
             mi_cpu_load_f32(row, mi_cpu_row(k, b, hk, j), k->dtype, D, 1.0f);
-            sc[j] = dot(qr, row, D);
+            sc[j] = mi_cpu_dot8(qr, row, D);
             m = sc[j] > m ? sc[j] : m;
         }
         double sum = 0.0;
