@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
     esac
 done
-all=(fuzz_gguf fuzz_hf fuzz_tokenizer_json fuzz_config fuzz_tokenize fuzz_kv_session)
+all=(fuzz_gguf fuzz_hf fuzz_tokenizer_json fuzz_config fuzz_tokenize fuzz_kv_session fuzz_leank_mask)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 
 BUILD_DIR="${BUILD_DIR:-build-fuzz}"
@@ -49,6 +49,7 @@ dict_for() {
     fuzz_tokenizer_json | fuzz_tokenize) echo fuzz/dict/tokenizer_json.dict ;;
     fuzz_config) echo fuzz/dict/config.dict ;;
     fuzz_kv_session) echo fuzz/dict/kv_session.dict ;;
+    fuzz_leank_mask) echo fuzz/dict/leank_mask.dict ;;
     esac
 }
 
