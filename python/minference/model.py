@@ -119,7 +119,7 @@ def _parse_device(device, device_id):
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
 
 
-def _params(device, threads, max_context, mlp_chunk, device_id):
+def _params(device, threads, max_context, mlp_chunk, device_id, check_weights=False):
     dev, ordinal = _parse_device(device, device_id)
     p = L.mi_model_params()
     p.device = dev
@@ -127,6 +127,7 @@ def _params(device, threads, max_context, mlp_chunk, device_id):
     p.n_threads = _int_arg(threads, "threads", L.c_int, minimum=0)
     p.max_context = _int_arg(max_context, "max_context", L.c_int64, minimum=0)
     p.mlp_chunk = _int_arg(mlp_chunk, "mlp_chunk", L.c_int64, minimum=0)
+    p.check_weights = 1 if check_weights else 0
     return p
 
 
@@ -289,11 +290,12 @@ class Model(_Closing):
 
     device "cpu" or "cuda" ("cuda:N"; bf16 weights on the GPU); threads <= 0 uses every core;
     max_context caps the KV cache (0: grows on demand); mlp_chunk is the prefill rows per
-    projection / MLP chunk (0: 4096)."""
+    projection / MLP chunk (0: 4096); check_weights=True checks every weight for NaN/inf at load
+    (reads the whole file; by default vectors whole and each matrix's first and last row)."""
 
     def __init__(self, path=None, device="cpu", threads=0, max_context=0, mlp_chunk=0,
-                 device_id=0):
-        params = _params(device, threads, max_context, mlp_chunk, device_id)
+                 device_id=0, check_weights=False):
+        params = _params(device, threads, max_context, mlp_chunk, device_id, check_weights)
         if path is None:
             path = default_model_path()
             if path is None:

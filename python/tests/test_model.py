@@ -329,6 +329,24 @@ def cli_generate(*args):
 
 
 @needs_smol
+def test_check_weights(tmp_path):
+    """check_weights=True reads every weight: a NaN inside a matrix (here the middle of the
+    embedding, a row the default sampling skips) is refused, naming the tensor."""
+    data = bytearray(Path(SMOL).read_bytes())
+    with Model(SMOL, threads=2, check_weights=True) as m:  # the real file is clean
+        assert m.info.vocab == 49152
+    # a third into the file: inside the data of one of the weight matrices, far from its first
+    # and last rows (the embedding alone is a third of this file)
+    mid = len(data) // 3
+    data[mid:mid + 64] = b"\xff" * 64  # NaN in f16/bf16/f32 and in a quantized block's scale
+    bad = tmp_path / "nan.gguf"
+    bad.write_bytes(bytes(data))
+    Model(bad, threads=2).close()  # the default sampling does not look there
+    with pytest.raises(MInferenceError, match="NaN"):
+        Model(bad, threads=2, check_weights=True)
+
+
+@needs_smol
 def test_smollm2_generates_paris(smol):
     assert smol.info.arch == "llama" and smol.info.source == "gguf"
     assert smol.info.vocab == 49152
