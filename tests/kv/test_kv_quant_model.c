@@ -15,27 +15,9 @@
 #include "minference_session.h"
 #include "model_runner.h"
 #include "model_test_util.h"
+#include "session_test_util.h"
 
 #include <unistd.h>
-
-static mi_session *open_kv(mi_model *m, const char *kv) {
-    mi_session_params p = mi_session_default_params();
-    p.kv = kv;
-    mi_session *s = NULL;
-    mi_status st = mi_session_create(m, &p, &s);
-    CHECK(st == MI_STATUS_SUCCESS, "session kv=%s: %s", kv, mi_model_last_error(m));
-    return s;
-}
-
-/* Prefill n0, a follow-up turn of n1, then `steps` decode steps; every call's logits to out. */
-static mi_status script(mi_session *s, const int32_t *tok, int n0, int n1, int steps, float *out,
-                        int V) {
-    mi_status st = mi_session_prefill(s, tok, (size_t)n0, out);
-    if (st == MI_STATUS_SUCCESS) st = mi_session_prefill(s, tok + n0, (size_t)n1, out + V);
-    for (int i = 0; i < steps && st == MI_STATUS_SUCCESS; i++)
-        st = mi_session_decode(s, tok + n0 + n1 + i, 1, out + (size_t)(2 + i) * V);
-    return st;
-}
 
 /* A mask file for the model: every channel kept, or every third channel of every head pruned
  * (and head 0 of layer 0 pruned whole). */
