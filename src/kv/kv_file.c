@@ -174,7 +174,7 @@ static mi_status check_id(const mi_kv_pool *pool, const mi_kv_model_id *id, cons
     return MI_STATUS_SUCCESS;
 }
 
-static int64_t pages_of_rows(int64_t rows, int32_t P) { return (rows + P - 1) / P; }
+static int64_t pages_of_rows(int64_t rows, int32_t P) { return rows / P + (rows % P != 0); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Page images: the valid rows of every head, K then V, then the fp8 scales                    */
@@ -519,6 +519,13 @@ mi_status mi_kv_seq_load(mi_kv_seq *seq, const char *path, const mi_kv_model_id 
                      "%s: %s stores %s pages of %u tokens; the pool keeps %s pages of %d", fn, path,
                      mi_kv_dtype_name((mi_kv_dtype)h.dtype), h.page_tokens,
                      mi_kv_dtype_name(pool->layout.dtype), pool->layout.page_tokens);
+    /* every stored row takes at least a byte, so a count beyond the file's size is corrupt
+     * (and would overflow the page arithmetic further on) */
+    if (st == MI_STATUS_SUCCESS && h.n_tokens > r.size)
+        st = kv_fail(pool, MI_STATUS_PARSE_ERROR,
+                     "%s: %s is truncated or corrupt (its header claims %llu tokens, but the file "
+                     "holds %llu bytes)",
+                     fn, path, (unsigned long long)h.n_tokens, (unsigned long long)r.size);
     if (st == MI_STATUS_SUCCESS && !(fresh = kv_seq_new(pool)))
         st = kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "%s: out of memory for a KV sequence", fn);
     if (st == MI_STATUS_SUCCESS) st = load_body(pool, &r, &h, path, fresh);

@@ -185,6 +185,20 @@ static void expect_refused(mi_kv_seq *target, const mi_kv_seq *same, const char 
     CHECK(after.used_pages == before.used_pages); /* the partial load gave its pages back */
 }
 
+/* CRC32C, to forge files whose header checksum still holds */
+static uint32_t crc32c(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1)));
+    }
+    return ~c;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
 static void test_refusals(mi_kv_dtype dt) {
     char path[128], bad[128];
     snprintf(path, sizeof path, "%s/good.kv", dir);
@@ -276,6 +290,17 @@ static void test_refusals(mi_kv_dtype dt) {
     good[8] = 3;
     spit(bad, good, n);
     expect_refused(target, copy, bad, &id, MI_STATUS_UNSUPPORTED, "version 3");
+    /* a huge token count behind a valid header checksum (and rows to match): refused before
+     * any page arithmetic on it */
+    good[8] = 1;
+    for (int huge = 0; huge < 2; huge++) {
+        const uint64_t count = huge ? 0x7FFFFFFFFFFFFFFFull : (uint64_t)n + 1;
+        put_le(good + 88, count, 8);
+        put_le(good + 128, count, 8);
+        put_le(good + 124, crc32c(good, 124), 4);
+        spit(bad, good, n);
+        expect_refused(target, copy, bad, &id, MI_STATUS_PARSE_ERROR, "claims");
+    }
     snprintf(bad, sizeof bad, "%s/missing.kv", dir);
     expect_refused(target, copy, bad, &id, MI_STATUS_IO_ERROR, "No such file");
     expect_refused(target, copy, dir, &id, MI_STATUS_IO_ERROR, NULL); /* a folder */
