@@ -19,6 +19,9 @@
 typedef struct kv_page_info {
     uint32_t refs; /* sequences referencing the page; 0: on the free list */
     int32_t fill;  /* rows written (and covered by the metadata) */
+    /* changes when the page is taken and whenever its fill drops (a truncation whose rows may
+     * then be written over); appends leave it: rows below an earlier fill keep their values */
+    uint64_t version;
 } kv_page_info;
 
 struct mi_kv_pool {
@@ -37,6 +40,7 @@ struct mi_kv_pool {
     int64_t allocated;   /* pages backed by slabs */
     int32_t q_resid_cap; /* KIVI: residual rows a layer may hold (residual + group - 1) */
     int64_t used;        /* pages with refs > 0 */
+    uint64_t versions;   /* the last page version handed out */
     char last_error[MI_KV_ERROR_CAPACITY];
 };
 
@@ -85,6 +89,12 @@ static inline float *kv_page_meta(const mi_kv_pool *pool, int32_t id) {
 /* Takes n pages (refs = 1, fill = 0, empty metadata) into ids, all or none: on failure a
  * message and MI_STATUS_OUT_OF_MEMORY, nothing taken. */
 mi_status kv_pages_acquire(mi_kv_pool *pool, int64_t n, int32_t *ids);
+/* Sets a page's fill; a lower fill gives the page a new version (see kv_page_info). */
+static inline void kv_page_set_fill(mi_kv_pool *pool, int32_t id, int32_t fill) {
+    if (fill < pool->info[id].fill) pool->info[id].version = ++pool->versions;
+    pool->info[id].fill = fill;
+}
+
 /* Drops one reference; the page returns to the free list at zero. */
 void kv_page_release(mi_kv_pool *pool, int32_t id);
 

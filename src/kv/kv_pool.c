@@ -381,6 +381,7 @@ mi_status kv_pages_acquire(mi_kv_pool *pool, int64_t n, int32_t *ids) {
         const int32_t id = pool->free_ids[--pool->n_free];
         pool->info[id].refs = 1;
         pool->info[id].fill = 0;
+        pool->info[id].version = ++pool->versions;
         meta_reset(pool, id);
         if (pool->layout.has_scales) /* a page's scales describe its own rows only */
             memset(kv_page(pool, id) + pool->layout.scale_offset, 0,

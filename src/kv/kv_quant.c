@@ -344,7 +344,7 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
         kv_page_release(pool, last);
         L->pages[have - 1] = copy;
     } else if (off && q1 > q0) {
-        pool->info[last].fill = off; /* truncated while shared, now our own */
+        kv_page_set_fill(pool, last, off); /* truncated while shared, now our own */
     }
     L->n_pages += fresh;
 
@@ -413,7 +413,7 @@ mi_status kv_quant_truncate(mi_kv_seq *seq, int32_t layer, int64_t len) {
     const int32_t off = (int32_t)(qn % P);
     if (off) {
         const int32_t id = L->pages[keep - 1];
-        if (pool->info[id].refs == 1) pool->info[id].fill = off;
+        if (pool->info[id].refs == 1) kv_page_set_fill(pool, id, off);
     }
     L->qlen = qn;
     L->len = len;

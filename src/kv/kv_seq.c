@@ -203,7 +203,7 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
     } else if (off && pool->info[last].fill != off) {
         /* a page this sequence truncated while it was shared, now its own: drop the rows past
          * our end from the metadata before writing over them */
-        pool->info[last].fill = off;
+        kv_page_set_fill(pool, last, off);
         kv_meta_recompute(pool, last);
     }
     L->n_pages += fresh;
@@ -306,7 +306,7 @@ mi_status mi_kv_seq_truncate(mi_kv_seq *seq, int32_t layer, int64_t len) {
             const int32_t id = L->pages[keep - 1];
             /* a shared page keeps its rows (another sequence sees them) and its wider metadata */
             if (pool->info[id].refs == 1 && pool->info[id].fill != off) {
-                pool->info[id].fill = off;
+                kv_page_set_fill(pool, id, off);
                 kv_meta_recompute(pool, id);
             }
         }
@@ -383,6 +383,7 @@ mi_status mi_kv_seq_page(const mi_kv_seq *seq, int32_t layer, int64_t index, mi_
     v.rows = (int32_t)(paged - v.first_row < P ? paged - v.first_row : P);
     v.meta_rows = pool->info[id].fill;
     v.refcount = (int32_t)pool->info[id].refs;
+    v.version = pool->info[id].version;
     if (pool->layout.has_scales) {
         v.k_scale = (const float *)(page + pool->layout.scale_offset);
         v.v_scale = v.k_scale + pool->layout.n_kv_heads;

@@ -573,6 +573,71 @@ static void test_read_formats(void) {
     mi_kv_pool_destroy(pool);
 }
 
+/* The page version's promise, checked as a device mirror uses it: one mirror slot per page index
+ * (like a contiguous device cache) records a page id, its version and a copy of its rows; after
+ * random appends, rewinds, forks and destroys over three sequences, a slot whose id and version
+ * still match must hold the page's current values in the rows both have. */
+static void test_versions(void) {
+    enum { H = 2, D = 4, P = 8, SLOTS = 64, N_SEQ = 3 };
+    mi_kv_pool *pool = make_pool(1, H, D, MI_KV_BF16, P, 0, 0);
+    typedef struct slot {
+        int32_t id, rows;
+        uint64_t version;
+        float k[P * H * D];
+    } slot;
+    slot *mirror = calloc(SLOTS, sizeof *mirror);
+    for (int i = 0; i < SLOTS; i++) mirror[i].id = -1;
+    mi_kv_seq *seqs[N_SEQ] = {NULL};
+    float rows[20 * H * D], now[P * H * D];
+    int64_t checked = 0, refreshed = 0;
+    for (int step = 0; step < 600; step++) {
+        const int s = (int)rng_int(0, N_SEQ - 1);
+        if (!seqs[s]) {
+            const int from = (int)rng_int(0, N_SEQ - 1);
+            if (seqs[from]) CHECK_STATUS(mi_kv_seq_fork(seqs[from], &seqs[s]), MI_STATUS_SUCCESS);
+            else CHECK_STATUS(mi_kv_seq_create(pool, &seqs[s]), MI_STATUS_SUCCESS);
+        }
+        const int64_t len = mi_kv_seq_length(seqs[s], 0);
+        const int op = (int)rng_int(0, 9);
+        if (op < 6 && len < (SLOTS - 3) * P) {
+            const int64_t c = rng_int(1, 20);
+            for (int64_t i = 0; i < c * H * D; i++) rows[i] = (float)rng_int(-100, 100);
+            mi_tensor t = mi_tensor_blhd(rows, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, c, D);
+            CHECK_STATUS(mi_kv_seq_append(seqs[s], 0, &t, &t), MI_STATUS_SUCCESS);
+        } else if (op < 9) {
+            CHECK_STATUS(mi_kv_seq_rewind(seqs[s], rng_int(0, len)), MI_STATUS_SUCCESS);
+        } else {
+            mi_kv_seq_destroy(seqs[s]);
+            seqs[s] = NULL;
+            continue;
+        }
+        /* now and then (so that changes pile up between syncs), bring the mirror up to this
+         * sequence, checking every slot it keeps */
+        if (rng_int(0, 2) == 0) continue;
+        const int64_t n = mi_kv_seq_length(seqs[s], 0);
+        for (int64_t i = 0; i * P < n; i++) {
+            mi_kv_page_view pv;
+            CHECK_STATUS(mi_kv_seq_page(seqs[s], 0, i, &pv), MI_STATUS_SUCCESS);
+            mi_tensor t = mi_tensor_blhd(now, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, pv.rows, D);
+            CHECK_STATUS(mi_kv_seq_read(seqs[s], 0, i * P, pv.rows, &t, NULL), MI_STATUS_SUCCESS);
+            slot *m = &mirror[i];
+            if (m->id == pv.page_id && m->version == pv.version) {
+                const int32_t both = m->rows < pv.rows ? m->rows : pv.rows;
+                CHECK(memcmp(m->k, now, (size_t)both * H * D * sizeof(float)) == 0);
+                checked += both;
+            } else {
+                refreshed++;
+            }
+            m->id = pv.page_id, m->version = pv.version, m->rows = pv.rows;
+            memcpy(m->k, now, (size_t)pv.rows * H * D * sizeof(float));
+        }
+    }
+    CHECK(checked > 1000 && refreshed > 50); /* both branches ran, many times */
+    for (int i = 0; i < N_SEQ; i++) mi_kv_seq_destroy(seqs[i]);
+    free(mirror);
+    mi_kv_pool_destroy(pool);
+}
+
 int main(void) {
     rng_state = 20261206;
     fprintf(stderr, "seed %llu\n", (unsigned long long)rng_state);
@@ -588,5 +653,6 @@ int main(void) {
     test_random(MI_KV_BF16, 64, 8, 128, 40); /* a real model's head shape */
     test_capacity();
     test_host_oom();
+    test_versions();
     return check_finish("kv.seq");
 }
