@@ -594,8 +594,10 @@ static void test_versions(void) {
         const int s = (int)rng_int(0, N_SEQ - 1);
         if (!seqs[s]) {
             const int from = (int)rng_int(0, N_SEQ - 1);
-            if (seqs[from]) CHECK_STATUS(mi_kv_seq_fork(seqs[from], &seqs[s]), MI_STATUS_SUCCESS);
-            else CHECK_STATUS(mi_kv_seq_create(pool, &seqs[s]), MI_STATUS_SUCCESS);
+            if (seqs[from])
+                CHECK_STATUS(mi_kv_seq_fork(seqs[from], &seqs[s]), MI_STATUS_SUCCESS);
+            else
+                CHECK_STATUS(mi_kv_seq_create(pool, &seqs[s]), MI_STATUS_SUCCESS);
         }
         const int64_t len = mi_kv_seq_length(seqs[s], 0);
         const int op = (int)rng_int(0, 9);
