@@ -25,8 +25,15 @@
  * its end and cannot be saved.
  *
  * mi_model_prefill / mi_model_decode / mi_model_n_past keep working over the model's own
- * default sequence and do not touch sessions. Sessions are CPU only: on a CUDA model
- * mi_session_create returns MI_STATUS_UNSUPPORTED.
+ * default sequence and do not touch sessions.
+ *
+ * On a CUDA model a session keeps its rows in bf16 host pages (the device cache's precision)
+ * that the device cache mirrors: before a call, only the pages the device does not already hold
+ * are uploaded (a session that runs again, or a fork of the session that ran last, uploads almost
+ * nothing; switching to an unrelated session uploads its rows), and after it the call's new rows
+ * are downloaded into the pages. There the full cache only (kv NULL or "dense"; other methods
+ * are MI_STATUS_UNSUPPORTED), kv_dtype f32 or bf16 (both mean bf16 pages), no CacheBlend; and a
+ * session's call empties the model's own default sequence, which shares the device cache.
  */
 #ifndef MINFERENCE_SESSION_H
 #define MINFERENCE_SESSION_H

@@ -381,6 +381,11 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
             return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT,
                                   "token %d at %lld is outside the vocabulary (%d)", tokens[i],
                                   (long long)i, m->vocab);
+    if (m->gpu && seq) {
+        if (method) /* mi_session_create refuses them: this is a second line of defence */
+            return mim_model_fail(m, MI_STATUS_UNSUPPORTED, "kv methods run on the CPU model only");
+        return mim_gpu_forward_seq(m, seq, tokens, n, logits);
+    }
     if (m->gpu) return mim_gpu_forward(m, tokens, n, fresh, logits, capture);
     const double t_start = mim_now_s();
     double t_attn = 0.0, t_gemm = 0.0, t0;
@@ -597,8 +602,6 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
 mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t pos,
                           const int32_t *tokens, int64_t n, float *logits, bool *kept) {
     if (kept) *kept = false;
-    if (m->gpu)
-        return mim_model_fail(m, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
     return forward(m, seq, method, pos, tokens, n, mi_kv_seq_tokens(seq) == 0, logits, NULL, kept);
 }
 

@@ -8,6 +8,8 @@
  *   add into x with beta = 1, so no separate residual add runs.
  *   The KV cache is bf16 [position][n_kv * hd] per layer, the [B, L, H, D] layout that
  *   mi_tensor_blhd describes, so prefill attention reads it in place.
+ *   Sessions keep their rows in host pages; the device cache mirrors the pages of whichever
+ *   session ran last (see "Sessions" below).
  *   A fresh prompt goes through mi_prefill_attention (our CUDA kernels) with the layer's
  *   per-head patterns; rows that continue a sequence use a split-K decode kernel over the cache.
  *   Norms, projections and the MLP run in chunks of mlp_chunk rows, so the [n, ffn]
@@ -46,6 +48,13 @@ struct gpu_layer {
     float *attn_norm, *ffn_norm;
 };
 
+/* What rows i*P.. of the device cache hold, per layer: rows of page `id` at `version`
+ * (mi_kv_page_view), or nothing (id -1). */
+struct page_slot {
+    int32_t id, rows;
+    uint64_t version;
+};
+
 /* Start/stop event pairs of one category, recorded during a prefill and summed after it. */
 struct event_log {
     cudaEvent_t *ev;
@@ -82,11 +91,20 @@ struct gpu_state {
     void *workspace; /* mi_prefill_attention */
     size_t workspace_bytes;
     size_t bytes, peak; /* device memory held by this model */
+    /* sessions: the pages the device cache mirrors, and a pinned host buffer for the copies */
+    page_slot *slots; /* [n_layers][slot_cap] */
+    int64_t slot_cap;
+    int32_t slot_tokens;         /* rows per page (the session pool's) */
+    const mi_kv_pool *slot_pool; /* the pool whose page ids the slots name */
+    void *stage;                 /* pinned */
+    size_t stage_bytes;
     event_log attn_ev, gemm_ev;
     bool timing;
 };
 
 #define GPU(m) ((gpu_state *)(m)->gpu)
+
+void slots_drop_from(mi_model *m, int64_t row); /* Sessions, below */
 
 /* Elements per host slice when expanding weights: 64 MiB of fp32. */
 const int64_t STAGE_FLOATS = 16 << 20;
@@ -505,8 +523,9 @@ mi_status ensure_cache(mi_model *m, int64_t need) {
         bf16 *k = NULL, *v = NULL;
         cudaError_t e = dev_alloc(g, &k, (size_t)(cap * kvd));
         if (e == cudaSuccess) e = dev_alloc(g, &v, (size_t)(cap * kvd));
-        if (e == cudaSuccess && m->n_past > 0) {
-            const size_t used = (size_t)(m->n_past * kvd) * sizeof(bf16);
+        /* every row, not only the model's own n_past: the rows may mirror a session's pages */
+        if (e == cudaSuccess && g->cache_cap > 0) {
+            const size_t used = (size_t)(g->cache_cap * kvd) * sizeof(bf16);
             e = cudaMemcpyAsync(k, g->k_cache[l], used, cudaMemcpyDeviceToDevice, g->stream);
             if (e == cudaSuccess)
                 e = cudaMemcpyAsync(v, g->v_cache[l], used, cudaMemcpyDeviceToDevice, g->stream);
@@ -823,6 +842,8 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     dev_free(g, &g->inv_freq, (size_t)(m->rope.dim / 2));
     dev_free(g, &g->dec_part, g->dec_part_bytes / sizeof(float));
     dev_free(g, (char **)&g->workspace, g->workspace_bytes);
+    free(g->slots);
+    if (g->stage) cudaFreeHost(g->stage);
     ev_free(&g->attn_ev);
     ev_free(&g->gemm_ev);
     if (g->blas) cublasDestroy(g->blas);
@@ -841,6 +862,7 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
     cudaSetDevice(g->device);
     if (fresh) m->n_past = 0;
     const int64_t n_past = m->n_past;
+    slots_drop_from(m, n_past); /* this call writes the cache rows from n_past on */
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
     const int half = m->rope.dim / 2;
@@ -959,5 +981,215 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
     m->timing.device_bytes = g->bytes;
     m->timing.device_peak_bytes = g->peak;
     g->timing = false;
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sessions                                                                                    */
+/*
+ * A session on the CUDA model keeps its rows in host pages of bf16 (the device cache's own
+ * precision, so the copies are exact). The device cache mirrors pages: slot i of a layer says
+ * which page's rows i*P.. it holds (page_slot). Before a session's call, the slots that differ
+ * from the session's pages are uploaded: a session that runs again uploads nothing, a fork of the
+ * session that ran last uploads only the pages it does not share (its copy-on-write tail), an
+ * unrelated session uploads its rows. After the call, its new rows are downloaded into its pages.
+ * The model's own sequence (mi_model_prefill) writes the same rows and drops the slots it
+ * overwrites; a session's call in turn leaves the model's own sequence empty.
+ */
+
+namespace {
+
+/* Slots from the one holding `row` on: that one keeps its rows before `row`, later ones go. */
+void slots_drop_from(mi_model *m, int64_t row) {
+    gpu_state *g = GPU(m);
+    if (!g->slots || g->slot_tokens <= 0) return;
+    const int64_t first = row / g->slot_tokens;
+    const int32_t keep = (int32_t)(row % g->slot_tokens);
+    for (int l = 0; l < m->n_layers; l++)
+        for (int64_t i = first; i < g->slot_cap; i++) {
+            page_slot *s = &g->slots[(int64_t)l * g->slot_cap + i];
+            if (i == first && s->rows > keep)
+                s->rows = keep;
+            else if (i > first)
+                s->id = -1, s->rows = 0;
+        }
+}
+
+/* Room for `pages` slots per layer, for the page ids of `pool` (another pool: every slot goes). */
+mi_status slots_ensure(mi_model *m, const mi_kv_pool *pool, int32_t page_tokens, int64_t pages) {
+    gpu_state *g = GPU(m);
+    if (pool != g->slot_pool || page_tokens != g->slot_tokens) {
+        for (int64_t i = 0; i < g->slot_cap * m->n_layers; i++) g->slots[i].id = -1;
+        g->slot_pool = pool;
+        g->slot_tokens = page_tokens;
+    }
+    if (pages <= g->slot_cap) return MI_STATUS_SUCCESS;
+    const int64_t cap = pages > 2 * g->slot_cap ? pages : 2 * g->slot_cap;
+    page_slot *s = (page_slot *)malloc((size_t)(cap * m->n_layers) * sizeof(page_slot));
+    if (!s) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for page slots");
+    for (int l = 0; l < m->n_layers; l++)
+        for (int64_t i = 0; i < cap; i++) {
+            page_slot *d = &s[(int64_t)l * cap + i];
+            if (i < g->slot_cap) {
+                *d = g->slots[(int64_t)l * g->slot_cap + i];
+            } else {
+                d->id = -1, d->rows = 0, d->version = 0;
+            }
+        }
+    free(g->slots);
+    g->slots = s;
+    g->slot_cap = cap;
+    return MI_STATUS_SUCCESS;
+}
+
+/* The pinned buffer, at least `bytes`. */
+mi_status stage_ensure(mi_model *m, size_t bytes) {
+    gpu_state *g = GPU(m);
+    if (bytes <= g->stage_bytes) return MI_STATUS_SUCCESS;
+    if (g->stage) cudaFreeHost(g->stage);
+    g->stage = NULL;
+    g->stage_bytes = 0;
+    cudaError_t e = cudaMallocHost(&g->stage, bytes);
+    if (e != cudaSuccess) {
+        g->stage = NULL;
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY,
+                              "out of pinned host memory for a %zu-byte staging buffer (%s)", bytes,
+                              cudaGetErrorString(e));
+    }
+    g->stage_bytes = bytes;
+    return MI_STATUS_SUCCESS;
+}
+
+bool slot_holds(const page_slot *s, const mi_kv_page_view *v) {
+    return s->id == v->page_id && s->version == v->version && s->rows >= v->rows;
+}
+
+/* Makes the device cache hold rows 0..rows-1 of every layer of seq. */
+mi_status mirror_upload(mi_model *m, const mi_kv_seq *seq, int64_t rows, int64_t stage_rows) {
+    gpu_state *g = GPU(m);
+    const int64_t kvd = (int64_t)m->n_kv * m->hd, P = g->slot_tokens;
+    const int64_t pages = (rows + P - 1) / P;
+    bf16 *sk = (bf16 *)g->stage, *sv = sk + stage_rows * kvd;
+    for (int l = 0; l < m->n_layers; l++) {
+        page_slot *slots = g->slots + (int64_t)l * g->slot_cap;
+        for (int64_t i = 0; i < pages;) {
+            mi_kv_page_view v;
+            if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS)
+                return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: page %lld of %lld", l,
+                                      (long long)i, (long long)pages);
+            if (slot_holds(&slots[i], &v)) {
+                i++;
+                continue;
+            }
+            /* a run of pages to upload: consecutive rows, as many as the stage holds */
+            const int64_t first = i, row0 = i * P;
+            int64_t count = 0;
+            while (i < pages && count + P <= stage_rows) {
+                if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS) break;
+                if (i > first && slot_holds(&slots[i], &v)) break;
+                count += v.rows;
+                i++;
+            }
+            mi_tensor tk =
+                mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, count, m->hd);
+            mi_tensor tv =
+                mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, count, m->hd);
+            if (mi_kv_seq_read(seq, l, row0, count, &tk, &tv) != MI_STATUS_SUCCESS)
+                return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: reading the session: %s", l,
+                                      mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+            const size_t bytes = (size_t)(count * kvd) * sizeof(bf16);
+            cudaError_t e = cudaMemcpyAsync(g->k_cache[l] + row0 * kvd, sk, bytes,
+                                            cudaMemcpyHostToDevice, g->stream);
+            if (e == cudaSuccess)
+                e = cudaMemcpyAsync(g->v_cache[l] + row0 * kvd, sv, bytes, cudaMemcpyHostToDevice,
+                                    g->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream); /* the stage is reused */
+            if (e != cudaSuccess) {
+                for (int64_t j = first; j < i; j++) slots[j].id = -1;
+                return cuda_fail(m, e, "upload of a session's rows");
+            }
+            for (int64_t j = first; j < i; j++) {
+                mi_kv_seq_page(seq, l, j, &v);
+                slots[j].id = v.page_id, slots[j].version = v.version, slots[j].rows = v.rows;
+            }
+        }
+    }
+    return MI_STATUS_SUCCESS;
+}
+
+/* Appends device rows row0..row0+n-1 of every layer to seq and records their pages. */
+mi_status mirror_download(mi_model *m, mi_kv_seq *seq, int64_t row0, int64_t n,
+                          int64_t stage_rows) {
+    gpu_state *g = GPU(m);
+    const int64_t kvd = (int64_t)m->n_kv * m->hd, P = g->slot_tokens;
+    bf16 *sk = (bf16 *)g->stage, *sv = sk + stage_rows * kvd;
+    for (int l = 0; l < m->n_layers; l++)
+        for (int64_t c0 = 0; c0 < n;) {
+            const int64_t c = n - c0 < stage_rows ? n - c0 : stage_rows;
+            const size_t bytes = (size_t)(c * kvd) * sizeof(bf16);
+            cudaError_t e = cudaMemcpyAsync(sk, g->k_cache[l] + (row0 + c0) * kvd, bytes,
+                                            cudaMemcpyDeviceToHost, g->stream);
+            if (e == cudaSuccess)
+                e = cudaMemcpyAsync(sv, g->v_cache[l] + (row0 + c0) * kvd, bytes,
+                                    cudaMemcpyDeviceToHost, g->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+            if (e != cudaSuccess) return cuda_fail(m, e, "download of the new rows");
+            mi_tensor tk = mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
+            mi_tensor tv = mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
+            mi_status st = mi_kv_seq_append(seq, l, &tk, &tv);
+            if (st != MI_STATUS_SUCCESS)
+                return mim_model_fail(m, st, "layer %d: storing the new rows: %s", l,
+                                      mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+            c0 += c;
+        }
+    /* the device rows now mirror the session's pages (the first may be a fresh copy-on-write) */
+    for (int l = 0; l < m->n_layers; l++)
+        for (int64_t i = row0 / P; i * P < row0 + n; i++) {
+            mi_kv_page_view v;
+            page_slot *s = &g->slots[(int64_t)l * g->slot_cap + i];
+            if (mi_kv_seq_page(seq, l, i, &v) == MI_STATUS_SUCCESS)
+                s->id = v.page_id, s->version = v.version, s->rows = v.rows;
+            else
+                s->id = -1, s->rows = 0;
+        }
+    return MI_STATUS_SUCCESS;
+}
+
+} // namespace
+
+extern "C" mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens,
+                                         int64_t n, float *logits) {
+    gpu_state *g = GPU(m);
+    cudaSetDevice(g->device);
+    const int64_t n_past = mi_kv_seq_tokens(seq);
+    mi_kv_page_layout lay;
+    mi_status st = mi_kv_pool_layout(mi_kv_seq_pool(seq), &lay);
+    if (st != MI_STATUS_SUCCESS) return mim_model_fail(m, st, "the session's pool");
+    if (lay.dtype != MI_KV_BF16)
+        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
+                              "a session on the CUDA model keeps bf16 pages, not %s",
+                              mi_kv_dtype_name(lay.dtype));
+    const int64_t kvd = (int64_t)m->n_kv * m->hd, P = lay.page_tokens;
+    /* rows per copy: the runner's chunk (its unit of bounded buffers), whole pages */
+    int64_t stage_rows = m->params.mlp_chunk / P * P;
+    if (stage_rows < P) stage_rows = P;
+    m->n_past = 0; /* the model's own sequence goes: the rows become the session's */
+    if ((st = ensure_cache(m, n_past + n)) != MI_STATUS_SUCCESS) return st;
+    if ((st = slots_ensure(m, mi_kv_seq_pool(seq), (int32_t)P, (n_past + n + P - 1) / P)) !=
+        MI_STATUS_SUCCESS)
+        return st;
+    if ((st = stage_ensure(m, (size_t)(2 * stage_rows * kvd) * sizeof(bf16))) != MI_STATUS_SUCCESS)
+        return st;
+    if ((st = mirror_upload(m, seq, n_past, stage_rows)) != MI_STATUS_SUCCESS) return st;
+    m->n_past = n_past;
+    st = mim_gpu_forward(m, tokens, n, n_past == 0, logits, NULL);
+    if (st == MI_STATUS_SUCCESS) {
+        st = mirror_download(m, seq, n_past, n, stage_rows);
+        if (st != MI_STATUS_SUCCESS) { /* all or nothing: the session keeps its rows */
+            mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past);
+            slots_drop_from(m, n_past);
+        }
+    }
+    m->n_past = 0;
     return st;
 }

@@ -30,6 +30,13 @@ void mim_gpu_detach(mi_model *m);
 mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                           const mi_model_capture *capture);
 
+/* A session's call (model_session.c): the device cache is first made to hold the session's
+ * rows (only the pages it does not already mirror are uploaded from seq's bf16 host pages), then
+ * the forward runs at positions mi_kv_seq_tokens(seq).., then the new rows are appended to seq.
+ * All or nothing: on failure seq keeps its rows. Leaves the model's own sequence empty. */
+mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
+                              float *logits);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,3 +21,12 @@ mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fr
     (void)capture;
     return mim_model_fail(m, MI_STATUS_NOT_BUILT, "this build has no CUDA support");
 }
+
+mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
+                              float *logits) {
+    (void)seq;
+    (void)tokens;
+    (void)n;
+    (void)logits;
+    return mim_model_fail(m, MI_STATUS_NOT_BUILT, "this build has no CUDA support");
+}

@@ -71,24 +71,35 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
     if (!out) return MI_STATUS_INVALID_ARGUMENT;
     *out = NULL;
     if (!m) return MI_STATUS_INVALID_ARGUMENT;
-    if (m->gpu)
-        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
-                              "sessions run on the CPU model only (the CUDA model keeps its own "
-                              "cache: use mi_model_prefill / mi_model_decode)");
     mi_session_params p = params ? *params : mi_session_default_params();
     kv_spec spec;
     char err[KV_METHOD_ERROR_MAX];
     mi_status kst = kv_spec_parse(p.kv, &spec, err, sizeof err);
     if (kst != MI_STATUS_SUCCESS) return mim_model_fail(m, kst, "%s", err);
+    /* On the CUDA model a session's pages are bf16 host pages that the device cache mirrors
+     * (model_gpu.cu): the full cache only, in the device cache's precision. */
+    if (m->gpu && strcmp(spec.entry->name, "dense") != 0)
+        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
+                              "kv method %s runs on the CPU model only (a session on the CUDA "
+                              "model keeps the full cache)",
+                              spec.entry->name);
+    if (m->gpu && p.kv_dtype != MI_KV_F32 && p.kv_dtype != MI_KV_BF16)
+        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
+                              "kv_dtype %d: a session on the CUDA model keeps bf16 pages (the "
+                              "device cache's precision)",
+                              (int)p.kv_dtype);
+    if (m->gpu) p.kv_dtype = MI_KV_F32; /* the model's own precision: bf16 pages below */
     if (!m->kv_pool) {
         mi_kv_pool_params pp = mi_kv_pool_default_params();
         pp.n_layers = m->n_layers;
         pp.n_kv_heads = m->n_kv;
         pp.head_dim = m->hd;
-        pp.dtype = MI_KV_F32; /* the forward pass's own precision: a session equals the model */
+        /* the forward pass's own precision: a session equals the model */
+        pp.dtype = m->gpu ? MI_KV_BF16 : MI_KV_F32;
         pp.capacity_bytes = p.pool_bytes;
-        /* per-page key bounds for Quest: 2 * head_dim floats per KV head, 1.6 % of an f32 page */
-        pp.meta_kinds = MI_KV_META_KEY_MINMAX;
+        /* per-page key bounds for Quest: 2 * head_dim floats per KV head, 1.6 % of an f32 page
+         * (the CUDA model runs no method that reads them) */
+        pp.meta_kinds = m->gpu ? 0 : MI_KV_META_KEY_MINMAX;
         mi_status st = mi_kv_pool_create(m->ctx, &pp, &m->kv_pool);
         if (st != MI_STATUS_SUCCESS)
             return mim_model_fail(m, st, "cannot create the KV page pool: %s",

@@ -10,8 +10,11 @@
  * keys at near-ties), greedy decode steps, the window, the capture hook's q/k/v and
  * log-probabilities, the timing report, and errors. Exit 77 without a GPU.
  */
+#include "minference_kv.h"
 #include "minference_session.h"
 #include "model_test_util.h"
+
+#include <unistd.h>
 
 /* How many logits of a beat a's value at ref's top token (0: a agrees on the top token). */
 static int rank_of_top(const float *a, const float *ref, int n) {
@@ -167,14 +170,131 @@ static void compare_model(const char *name, const mi_model_shape *s) {
     int32_t badtok = V + 5;
     CHECK(mi_model_prefill(gpu, &badtok, 1, b) == MI_STATUS_INVALID_ARGUMENT, "bad token");
     CHECK(mi_model_prefill(gpu, tok, 10, b) == 0, "prefill after an error");
-    /* sessions are CPU only: a clear refusal, and the model's own cache is untouched */
-    mi_session *sess = (mi_session *)1;
-    CHECK(mi_session_create(gpu, NULL, &sess) == MI_STATUS_UNSUPPORTED && sess == NULL,
-          "a session on a CUDA model");
-    CHECK(mi_model_n_past(gpu) == 10, "n_past after a refused session");
     free(tok);
     free(a);
     free(b);
+    mi_model_destroy(cpu);
+    mi_model_destroy(gpu);
+}
+
+/* Sessions on the CUDA model: the device cache mirrors the sessions' bf16 host pages. Checked
+ * bit for bit against the model's own cache (the same kernels over the same values): one
+ * session; two sessions interleaved (each switch uploads the other's rows); forks sharing a
+ * prefix; the model's own sequence writing the device rows in between; save and load; rewind.
+ * Against the CPU session by relative error. And the refusals. */
+static void compare_sessions(const char *name, const mi_model_shape *s) {
+    mi_model *cpu = create(s, MI_DEVICE_CPU, NULL), *gpu = create(s, MI_DEVICE_CUDA, NULL);
+    if (!cpu || !gpu) {
+        mi_model_destroy(cpu);
+        mi_model_destroy(gpu);
+        return;
+    }
+    const int V = s->vocab, n = 700, steps = 6;
+    int32_t *x = malloc(sizeof(int32_t) * (n + steps)), *y = malloc(sizeof(int32_t) * (n + steps));
+    test_byte_tokens(x, n + steps, 21);
+    test_byte_tokens(y, n + steps, 22);
+    float *ref_x = malloc(sizeof(float) * (size_t)V * (steps + 1));
+    float *ref_y = malloc(sizeof(float) * (size_t)V * (steps + 1));
+    float *got = malloc(sizeof(float) * (size_t)V), *cpu_l = malloc(sizeof(float) * (size_t)V);
+    /* the references: the model's own cache, prompt then one token per step */
+    for (int w = 0; w < 2; w++) {
+        const int32_t *t = w ? y : x;
+        float *ref = w ? ref_y : ref_x;
+        CHECK(mi_model_prefill(gpu, t, n, ref) == 0, "%s own prefill: %s", name,
+              mi_model_last_error(gpu));
+        for (int i = 0; i < steps; i++)
+            CHECK(mi_model_decode(gpu, t + n + i, 1, ref + (size_t)V * (i + 1)) == 0,
+                  "%s own decode", name);
+    }
+    mi_session *a = NULL, *b = NULL;
+    CHECK(mi_session_create(gpu, NULL, &a) == 0 && mi_session_create(gpu, NULL, &b) == 0,
+          "%s sessions on the GPU: %s", name, mi_model_last_error(gpu));
+    if (!a || !b) goto done;
+    /* interleaved: a and b take turns, so every call switches the device cache */
+    CHECK(mi_session_prefill(a, x, n, got) == 0, "%s a prefill: %s", name,
+          mi_session_last_error(a));
+    CHECK(memcmp(got, ref_x, sizeof(float) * (size_t)V) == 0, "%s a prefill != own", name);
+    CHECK(mi_session_prefill(b, y, n, got) == 0, "%s b prefill", name);
+    CHECK(memcmp(got, ref_y, sizeof(float) * (size_t)V) == 0, "%s b prefill != own", name);
+    int bad = 0;
+    for (int i = 0; i < steps; i++) {
+        CHECK(mi_session_decode(a, x + n + i, 1, got) == 0, "%s a decode", name);
+        bad += memcmp(got, ref_x + (size_t)V * (i + 1), sizeof(float) * (size_t)V) != 0;
+        /* the model's own sequence overwrites the device rows between the sessions' calls */
+        if (i == 2) CHECK(mi_model_prefill(gpu, y, 100, NULL) == 0, "%s own prefill", name);
+        CHECK(mi_session_decode(b, y + n + i, 1, got) == 0, "%s b decode", name);
+        bad += memcmp(got, ref_y + (size_t)V * (i + 1), sizeof(float) * (size_t)V) != 0;
+    }
+    CHECK(bad == 0, "%s: %d interleaved decode steps differ from the model's own cache", name, bad);
+
+    /* forks of a: each continues like a, the parent is unchanged */
+    mi_session *f1 = NULL, *f2 = NULL, *c = NULL;
+    CHECK(mi_session_rewind(a, steps) == 0, "%s rewind", name);
+    CHECK(mi_session_fork(a, &f1) == 0 && mi_session_fork(a, &f2) == 0, "%s fork", name);
+    for (int i = 0; i < steps && f1 && f2; i++) {
+        CHECK(mi_session_decode(f1, x + n + i, 1, got) == 0, "%s f1 decode", name);
+        bad += memcmp(got, ref_x + (size_t)V * (i + 1), sizeof(float) * (size_t)V) != 0;
+        CHECK(mi_session_decode(f2, y + i, 1, got) == 0, "%s f2 decode", name); /* diverges */
+    }
+    CHECK(mi_session_decode(a, x + n, 1, got) == 0, "%s parent decode", name);
+    bad += memcmp(got, ref_x + V, sizeof(float) * (size_t)V) != 0;
+    CHECK(bad == 0, "%s: forks or the parent differ from the model's own cache", name);
+
+    /* save, load into a new session, continue */
+    char path[256];
+    snprintf(path, sizeof(path), "%s/mi_gpu_session_%d.kv",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    CHECK(mi_session_save(b, path) == 0, "%s save: %s", name, mi_session_last_error(b));
+    CHECK(mi_session_rewind(b, steps) == 0, "%s rewind b", name);
+    CHECK(mi_session_create(gpu, NULL, &c) == 0, "%s session c", name);
+    if (c) {
+        CHECK(mi_session_load(c, path) == 0, "%s load: %s", name, mi_session_last_error(c));
+        CHECK(mi_session_n_past(c) == n + steps, "%s loaded n_past", name);
+        CHECK(mi_session_rewind(c, steps) == 0 && mi_session_decode(c, y + n, 1, got) == 0,
+              "%s loaded decode", name);
+        CHECK(memcmp(got, ref_y + V, sizeof(float) * (size_t)V) == 0, "%s loaded != own", name);
+    }
+    remove(path);
+
+    /* against the CPU session, by relative error (bf16 on the GPU) */
+    mi_session *sc = NULL;
+    CHECK(mi_session_create(cpu, NULL, &sc) == 0, "%s cpu session", name);
+    if (sc) {
+        CHECK(mi_session_prefill(sc, x, n, cpu_l) == 0, "%s cpu prefill", name);
+        const double e = test_rel_l2(ref_x, cpu_l, V);
+        printf("%s session: GPU vs CPU prefill rel_l2 %.4f\n", name, e);
+        CHECK(e < 0.03, "%s GPU session vs CPU session: %.4f", name, e);
+        mi_session_destroy(sc);
+    }
+
+    /* refusals: methods and dtypes the CUDA model does not run; the model keeps working */
+    mi_session_params p = mi_session_default_params();
+    mi_session *r = (mi_session *)1;
+    p.kv = "snapkv";
+    CHECK(mi_session_create(gpu, &p, &r) == MI_STATUS_UNSUPPORTED && r == NULL,
+          "%s snapkv on the GPU", name);
+    p.kv = NULL;
+    p.kv_dtype = MI_KV_FP8_E4M3;
+    r = (mi_session *)1;
+    CHECK(mi_session_create(gpu, &p, &r) == MI_STATUS_UNSUPPORTED && r == NULL,
+          "%s fp8 pages on the GPU", name);
+    int32_t badtok = V + 1;
+    const int64_t before = mi_session_n_past(a);
+    CHECK(mi_session_decode(a, &badtok, 1, got) == MI_STATUS_INVALID_ARGUMENT &&
+              mi_session_n_past(a) == before,
+          "%s a bad token changes nothing", name);
+    mi_session_destroy(c);
+    mi_session_destroy(f1);
+    mi_session_destroy(f2);
+done:
+    mi_session_destroy(a);
+    mi_session_destroy(b);
+    free(x);
+    free(y);
+    free(ref_x);
+    free(ref_y);
+    free(got);
+    free(cpu_l);
     mi_model_destroy(cpu);
     mi_model_destroy(gpu);
 }
@@ -250,6 +370,7 @@ int main(void) {
     s.ffn = 512;
     s.vocab = 512;
     compare_model("hd64", &s);
+    compare_sessions("hd64", &s);
 
     s.hidden = 512;
     s.n_heads = 8;
@@ -259,6 +380,7 @@ int main(void) {
     s.vocab = 300;
     s.qkv_bias = 1;
     compare_model("hd128+bias", &s);
+    compare_sessions("hd128+bias", &s);
 
     s.qkv_bias = 0;
     s.sliding_window = 300;
