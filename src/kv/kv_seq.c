@@ -72,6 +72,20 @@ static const float *src_rows(const mi_tensor *t, int64_t h, int64_t i0, int32_t 
     return tmp;
 }
 
+/* Rows in t's dtype are the pages' own bytes (f32, f16 or bf16 pages; not fp8 or KIVI): then
+ * appends and reads copy them, with no conversion through float. */
+static bool same_bytes(const mi_kv_pool *pool, const mi_tensor *t) {
+    const mi_kv_dtype d = pool->layout.dtype;
+    return (d == MI_KV_F32 || d == MI_KV_F16 || d == MI_KV_BF16) && (int)t->dtype == (int)d;
+}
+
+static unsigned char *page_row(const mi_kv_pool *pool, const unsigned char *page, int kv,
+                               int32_t h, int32_t r) {
+    const mi_kv_page_layout *L = &pool->layout;
+    return (unsigned char *)page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
+           (size_t)r * L->row_stride;
+}
+
 static void store_row(const mi_tensor *t, int64_t h, int64_t i, const float *src, int32_t hd) {
     unsigned char *row = (unsigned char *)elem_ptr(t, h, i);
     switch (t->dtype) {
@@ -208,12 +222,23 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
     }
     L->n_pages += fresh;
 
+    const bool raw = same_bytes(pool, k) && same_bytes(pool, v);
     for (int64_t i = 0, row = L->len; i < n;) {
         const int32_t r0 = (int32_t)(row % P);
         const int32_t c = (int32_t)(n - i < P - r0 ? n - i : P - r0);
         const int32_t id = L->pages[row / P];
         unsigned char *page = kv_page(pool, id);
         for (int32_t h = 0; h < H; h++) {
+            if (raw) {
+                for (int32_t r = 0; r < c; r++) {
+                    memcpy(page_row(pool, page, 0, h, r0 + r), elem_ptr(k, h, i + r),
+                           pool->layout.row_stride);
+                    memcpy(page_row(pool, page, 1, h, r0 + r), elem_ptr(v, h, i + r),
+                           pool->layout.row_stride);
+                }
+                kv_meta_extend(pool, id, h, r0, r0 + c);
+                continue;
+            }
             int64_t ld;
             const float *src = src_rows(k, h, i, c, hd, tmp, &ld);
             if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld))
@@ -267,6 +292,11 @@ mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int
             for (int kv = 0; kv < 2; kv++) {
                 mi_tensor *out = kv ? v_out : k_out;
                 if (!out) continue;
+                if (same_bytes(pool, out)) {
+                    memcpy((void *)elem_ptr(out, h, i), page_row(pool, page, kv, h, r),
+                           pool->layout.row_stride);
+                    continue;
+                }
                 kv_rows_decode(pool, page, kv, h, r, r + 1, buf);
                 store_row(out, h, i, buf, hd);
             }
