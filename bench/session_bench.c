@@ -40,9 +40,9 @@ static double used_mib(const mi_session *s) {
     return (double)st.pool_used_bytes / (1024.0 * 1024.0);
 }
 
-static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int followup,
-                      int requests, int question, int n_decode, int reprefill, float *logits,
-                      int32_t vocab, row *r) {
+static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int followup, int requests,
+                      int question, int n_decode, int reprefill, float *logits, int32_t vocab,
+                      row *r) {
     memset(r, 0, sizeof *r);
     r->tokens = L;
     mi_session *s = NULL, *f = NULL;

@@ -79,8 +79,8 @@ static bool same_bytes(const mi_kv_pool *pool, const mi_tensor *t) {
     return (d == MI_KV_F32 || d == MI_KV_F16 || d == MI_KV_BF16) && (int)t->dtype == (int)d;
 }
 
-static unsigned char *page_row(const mi_kv_pool *pool, const unsigned char *page, int kv,
-                               int32_t h, int32_t r) {
+static unsigned char *page_row(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                               int32_t r) {
     const mi_kv_page_layout *L = &pool->layout;
     return (unsigned char *)page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
            (size_t)r * L->row_stride;
