@@ -24,7 +24,7 @@ static const char usage_text[] =
     "           [--attn minference|PATTERN] [--config CFG.json]\n"
     "           [--session FILE] [--max-new-tokens N] [--max-context N] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-    "           [--kv METHOD[:key=value,...]]\n"
+    "           [--kv METHOD[:key=value,...]] [--device cpu|cuda]\n"
     "\n"
     "A conversation with a model, one message per line on stdin. The KV cache is kept\n"
     "across turns: a turn prefills only its own tokens and attends to the whole history.\n"
@@ -43,6 +43,8 @@ static const char usage_text[] =
     "  --temperature, --top-k, --top-p, --seed  sampling (default greedy)\n"
     "  --kv              KV-cache method (default dense): streamingllm, snapkv, pyramidkv,\n"
     "                    quest with the original's keys (docs/kv-methods.md)\n"
+    "  --device          cpu (default) or cuda: the model on GPU 0, the conversation's cache\n"
+    "                    in bf16 host pages mirrored on the GPU (dense KV only)\n"
     "\n"
     "commands:\n"
     "  /save FILE    write the conversation's cache to FILE\n"
@@ -231,6 +233,7 @@ static int do_command(chat *c, char *line) {
 int mi_cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *config_path = NULL, *system = NULL, *session_path = NULL;
     const char *attn = "minference", *tmpl_name = "auto", *kv = NULL;
+    const char *device_name = "cpu";
     int max_new = 256, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0, max_context = 0;
     double temperature = 0.0, top_p = 1.0;
@@ -252,6 +255,7 @@ int mi_cmd_chat(int argc, char **argv) {
         {"temperature", ARG_DOUBLE, &temperature, 0, 0, NULL},
         {"top-p", ARG_DOUBLE, &top_p, 0, 0, NULL},
         {"kv", ARG_STR, &kv, 0, 0, NULL},
+        {"device", ARG_STR, &device_name, 0, 0, NULL},
     };
     args_result ar = args_parse("chat", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
                                 argc, argv, NULL, 0, NULL);
@@ -265,6 +269,8 @@ int mi_cmd_chat(int argc, char **argv) {
     char kv_msg[1024];
     if (kv && mi_session_kv_check(kv, kv_msg, sizeof kv_msg) != MI_STATUS_SUCCESS)
         return args_error("chat", usage_text, "--kv: %s", kv_msg);
+    if (strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0)
+        return args_error("chat", usage_text, "unknown --device '%s' (cpu or cuda)", device_name);
     mi_chat_template tmpl = MI_CHAT_AUTO;
     if (strcmp(tmpl_name, "chatml") == 0)
         tmpl = MI_CHAT_CHATML;
@@ -298,6 +304,7 @@ int mi_cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
+    mp.device = strcmp(device_name, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
     mi_context *ectx = NULL; /* receives the loader's message */
     mi_context_create(NULL, &ectx);
     mi_status st = mi_model_load(ectx, model_path, &mp, &c.model);
