@@ -3,7 +3,8 @@
  *
  *   bench_session [--model PATH (default: SmolLM2) | --random llama3-8b] [--device cuda|cpu]
  *                 [--lens 32768,131072,...] [--method minference|dense|...] [--followup N]
- *                 [--requests R] [--question Q] [--decode N] [--reprefill 0|1] [--json OUT]
+ *                 [--requests R] [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]
+ *                 [--json OUT]
  *
  * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method);
  * a fork of it (time, and the pool's bytes before and after: a fork copies no page); a follow-up
@@ -26,7 +27,8 @@
 static const char usage_text[] =
     "usage: bench_session [--model PATH | --random llama3-8b] [--device cuda|cpu]\n"
     "         [--lens L1,L2,...] [--method NAME] [--followup N] [--requests R]\n"
-    "         [--question Q] [--decode N] [--reprefill 0|1] [--gpu NAME] [--json OUT]\n";
+    "         [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1] [--gpu NAME]\n"
+    "         [--json OUT]\n";
 
 typedef struct row {
     int64_t tokens;
@@ -123,7 +125,7 @@ fail_s:
 int main(int argc, char **argv) {
     const char *model_path = NULL, *random = NULL, *device = "cuda", *lens_s = "32768,131072";
     const char *method = "minference", *gpu = "", *json_path = NULL;
-    int followup = 1024, requests = 2, question = 64, n_decode = 16, reprefill = 1;
+    int followup = 1024, requests = 2, question = 64, n_decode = 16, reprefill = 1, offload = 0;
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
         {"random", ARG_STR, &random, 0, 0, NULL},
@@ -135,6 +137,7 @@ int main(int argc, char **argv) {
         {"question", ARG_INT, &question, 1, 1 << 16, NULL},
         {"decode", ARG_INT, &n_decode, 0, 1 << 16, NULL},
         {"reprefill", ARG_INT, &reprefill, 0, 1, NULL},
+        {"offload", ARG_INT, &offload, 0, 1, NULL},
         {"gpu", ARG_STR, &gpu, 0, 0, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
     };
@@ -164,6 +167,7 @@ int main(int argc, char **argv) {
     }
     mi_model_params mp = mi_model_default_params();
     mp.device = strcmp(device, "cpu") == 0 ? MI_DEVICE_CPU : MI_DEVICE_CUDA;
+    mp.kv_offload = offload;
     mi_context *ectx = NULL;
     mi_context_create(NULL, &ectx);
     mi_model *model = NULL;
@@ -258,6 +262,7 @@ int main(int argc, char **argv) {
         json_object_set_new(root, "model",
                             json_string(random ? "random weights, LLaMA-3-8B shape" : model_path));
         json_object_set_new(root, "method", json_string(method));
+        json_object_set_new(root, "kv_offload", json_boolean(offload));
         json_object_set_new(root, "rows", rows);
         if (json_dump_file(root, json_path, JSON_INDENT(1)) != 0)
             fprintf(stderr, "bench_session: cannot write %s\n", json_path), failures++;

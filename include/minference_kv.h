@@ -216,8 +216,9 @@ typedef struct mi_kv_page_view {
      * dequantized keys of rows 0..meta_rows-1); NULL when the pool keeps none */
     const float *key_minmax;
     /* Changes when the page is taken from the free list and whenever rows the page held may be
-     * written over (a truncation inside it); appends leave it. So a copy of the page's first R
-     * rows made at version V (a device mirror) is still exact while the version is V. */
+     * written over (a truncation inside it, fp8 rows re-encoded under a larger scale); other
+     * appends leave it. So a copy of the page's first R rows made at version V (a device
+     * mirror) is still exact while the version is V. */
     uint64_t version;
 } mi_kv_page_view;
 

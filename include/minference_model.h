@@ -86,6 +86,12 @@ typedef struct mi_model_params {
      * each matrix (fast: the file stays mapped, not read); 1: every element of every matrix
      * (reads the whole file once, in parallel). */
     int check_weights;
+    /* CUDA: 1 keeps the KV cache in the sessions' host pages only, the device holding one
+     * layer's rows at a time: a prefill writes each layer's rows to the host as it goes, and a
+     * later call uploads each layer's rows before its attention (PCIe-bound, but the device
+     * needs one layer of cache, not all of them). The model's own sequence (mi_model_prefill /
+     * decode) then runs in an internal session. Ignored on the CPU. */
+    int kv_offload;
 } mi_model_params;
 
 MI_API mi_model_params mi_model_default_params(void);

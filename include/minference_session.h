@@ -32,8 +32,10 @@
  * are uploaded (a session that runs again, or a fork of the session that ran last, uploads almost
  * nothing; switching to an unrelated session uploads its rows), and after it the call's new rows
  * are downloaded into the pages. There the full cache only (kv NULL or "dense"; other methods
- * are MI_STATUS_UNSUPPORTED), kv_dtype f32 or bf16 (both mean bf16 pages), no CacheBlend; and a
- * session's call empties the model's own default sequence, which shares the device cache.
+ * are MI_STATUS_UNSUPPORTED), kv_dtype f32 or bf16 (both mean bf16 pages, exact copies of the
+ * device's values), f16 or fp8 (rounded: the rows are uploaded again after each call), no
+ * CacheBlend; and a session's call empties the model's own default sequence, which shares the
+ * device cache. With mi_model_params.kv_offload the device holds one layer's rows at a time.
  */
 #ifndef MINFERENCE_SESSION_H
 #define MINFERENCE_SESSION_H

@@ -24,7 +24,7 @@ static const char usage_text[] =
     "           [--attn minference|PATTERN] [--config CFG.json]\n"
     "           [--session FILE] [--max-new-tokens N] [--max-context N] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-    "           [--kv METHOD[:key=value,...]] [--device cpu|cuda]\n"
+    "           [--kv METHOD[:key=value,...]] [--device cpu|cuda] [--kv-offload]\n"
     "\n"
     "A conversation with a model, one message per line on stdin. The KV cache is kept\n"
     "across turns: a turn prefills only its own tokens and attends to the whole history.\n"
@@ -45,6 +45,8 @@ static const char usage_text[] =
     "                    quest with the original's keys (docs/kv-methods.md)\n"
     "  --device          cpu (default) or cuda: the model on GPU 0, the conversation's cache\n"
     "                    in bf16 host pages mirrored on the GPU (dense KV only)\n"
+    "  --kv-offload      cuda: the GPU holds one layer's rows at a time (the cache stays in\n"
+    "                    host pages; every turn re-reads it over PCIe)\n"
     "\n"
     "commands:\n"
     "  /save FILE    write the conversation's cache to FILE\n"
@@ -234,6 +236,7 @@ int mi_cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *config_path = NULL, *system = NULL, *session_path = NULL;
     const char *attn = "minference", *tmpl_name = "auto", *kv = NULL;
     const char *device_name = "cpu";
+    bool kv_offload = false;
     int max_new = 256, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0, max_context = 0;
     double temperature = 0.0, top_p = 1.0;
@@ -256,6 +259,7 @@ int mi_cmd_chat(int argc, char **argv) {
         {"top-p", ARG_DOUBLE, &top_p, 0, 0, NULL},
         {"kv", ARG_STR, &kv, 0, 0, NULL},
         {"device", ARG_STR, &device_name, 0, 0, NULL},
+        {"kv-offload", ARG_BOOL, &kv_offload, 0, 0, NULL},
     };
     args_result ar = args_parse("chat", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
                                 argc, argv, NULL, 0, NULL);
@@ -305,6 +309,7 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
     mp.device = strcmp(device_name, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
+    mp.kv_offload = kv_offload ? 1 : 0;
     mi_context *ectx = NULL; /* receives the loader's message */
     mi_context_create(NULL, &ectx);
     mi_status st = mi_model_load(ectx, model_path, &mp, &c.model);

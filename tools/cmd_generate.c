@@ -29,7 +29,8 @@ static const char usage_text[] =
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
     "           [--seed S] [--session FILE] [--kv METHOD[:key=value,...]]\n"
-    "           [--kv-dtype f32|f16|bf16|fp8] [--chunk N] [--allow-long-context] [--quiet]\n"
+    "           [--kv-dtype f32|f16|bf16|fp8] [--chunk N] [--kv-offload]\n"
+    "           [--allow-long-context] [--quiet]\n"
     "\n"
     "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
     "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -60,6 +61,9 @@ static const char usage_text[] =
     "  --chunk        prefill the prompt in chunks of N tokens through a session (the\n"
     "                 activations then take O(N) memory; later chunks attend to the cache\n"
     "                 with the same patterns); default 0: one prefill\n"
+    "  --kv-offload   cuda: the KV cache in host pages, the GPU holding one layer's rows\n"
+    "                 at a time (long contexts on one GPU; each call re-reads the cache\n"
+    "                 over PCIe)\n"
     "  --allow-long-context\n"
     "                 run a prompt longer than the model's trained context (its RoPE\n"
     "                 scaling, where it has one, decides how well that goes); refused\n"
@@ -151,6 +155,7 @@ int mi_cmd_generate(int argc, char **argv) {
     const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
     const char *session_path = NULL, *kv = NULL, *kv_dtype_name = "f32";
     int chunk = 0;
+    bool kv_offload = false;
     mi_session *sess = NULL;
     char kv_shown[1024] = "";
     int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
@@ -182,6 +187,7 @@ int mi_cmd_generate(int argc, char **argv) {
         {"kv", ARG_STR, &kv, 0, 0, NULL},
         {"kv-dtype", ARG_STR, &kv_dtype_name, 0, 0, NULL},
         {"chunk", ARG_INT, &chunk, 0, 1 << 30, NULL},
+        {"kv-offload", ARG_BOOL, &kv_offload, 0, 0, NULL},
         {"allow-long-context", ARG_BOOL, &long_context, 0, 0, NULL},
     };
     args_result ar = args_parse("generate", usage_text, specs,
@@ -269,6 +275,7 @@ int mi_cmd_generate(int argc, char **argv) {
     mi_model_params mp = mi_model_default_params();
     mp.device = device;
     mp.n_threads = threads;
+    mp.kv_offload = kv_offload ? 1 : 0;
     double t_load = tool_now_s();
     mi_context *ectx = NULL; /* receives the loader's message */
     mi_context_create(NULL, &ectx);

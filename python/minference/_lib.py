@@ -358,6 +358,7 @@ class mi_model_params(ctypes.Structure):
         ("mlp_chunk", c_int64),
         ("device_id", c_int),
         ("check_weights", c_int),
+        ("kv_offload", c_int),
     ]
 
 

@@ -119,7 +119,8 @@ def _parse_device(device, device_id):
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
 
 
-def _params(device, threads, max_context, mlp_chunk, device_id, check_weights=False):
+def _params(device, threads, max_context, mlp_chunk, device_id, check_weights=False,
+            kv_offload=False):
     dev, ordinal = _parse_device(device, device_id)
     p = L.mi_model_params()
     p.device = dev
@@ -128,6 +129,7 @@ def _params(device, threads, max_context, mlp_chunk, device_id, check_weights=Fa
     p.max_context = _int_arg(max_context, "max_context", L.c_int64, minimum=0)
     p.mlp_chunk = _int_arg(mlp_chunk, "mlp_chunk", L.c_int64, minimum=0)
     p.check_weights = 1 if check_weights else 0
+    p.kv_offload = 1 if kv_offload else 0
     return p
 
 
@@ -291,11 +293,14 @@ class Model(_Closing):
     device "cpu" or "cuda" ("cuda:N"; bf16 weights on the GPU); threads <= 0 uses every core;
     max_context caps the KV cache (0: grows on demand); mlp_chunk is the prefill rows per
     projection / MLP chunk (0: 4096); check_weights=True checks every weight for NaN/inf at load
-    (reads the whole file; by default vectors whole and each matrix's first and last row)."""
+    (reads the whole file; by default vectors whole and each matrix's first and last row).
+    kv_offload=True (CUDA): the KV cache in host pages, the device holding one layer's rows at a
+    time (docs/kv-cache.md)."""
 
     def __init__(self, path=None, device="cpu", threads=0, max_context=0, mlp_chunk=0,
-                 device_id=0, check_weights=False):
-        params = _params(device, threads, max_context, mlp_chunk, device_id, check_weights)
+                 device_id=0, check_weights=False, kv_offload=False):
+        params = _params(device, threads, max_context, mlp_chunk, device_id, check_weights,
+                         kv_offload)
         if path is None:
             path = default_model_path()
             if path is None:
@@ -315,13 +320,14 @@ class Model(_Closing):
 
     @classmethod
     def random(cls, shape=None, seed=0, device="cpu", threads=0, max_context=0, mlp_chunk=0,
-               device_id=0):
+               device_id=0, kv_offload=False):
         """A model with seeded random weights (the same seed gives the same weights) and a
         byte-level vocabulary (256 bytes, fillers, then <|begin_of_text|> and <|end_of_text|>).
         shape: None for LLaMA-3-8B, or a dict overriding its fields (n_layers, hidden, n_heads,
         n_kv_heads, head_dim, ffn, vocab >= 258, rope_theta, context_length, sliding_window,
         qkv_bias)."""
-        params = _params(device, threads, max_context, mlp_chunk, device_id)
+        params = _params(device, threads, max_context, mlp_chunk, device_id,
+                         kv_offload=kv_offload)
         s = _shape(shape)
         seed = _int_arg(seed, "seed", L.c_uint64)
         lib = L.load_model()

@@ -19,8 +19,9 @@
 typedef struct kv_page_info {
     uint32_t refs; /* sequences referencing the page; 0: on the free list */
     int32_t fill;  /* rows written (and covered by the metadata) */
-    /* changes when the page is taken and whenever its fill drops (a truncation whose rows may
-     * then be written over); appends leave it: rows below an earlier fill keep their values */
+    /* changes when the page is taken, whenever its fill drops (a truncation whose rows may then
+     * be written over) and when an append re-encodes earlier fp8 rows under a larger scale;
+     * other appends leave it: rows below an earlier fill keep their values */
     uint64_t version;
 } kv_page_info;
 

@@ -241,12 +241,16 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
             }
             int64_t ld;
             const float *src = src_rows(k, h, i, c, hd, tmp, &ld);
-            if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld))
+            bool rewrote = false; /* fp8 rows re-encoded under a larger scale */
+            if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld)) {
                 meta_head_rebuild(pool, id, h, r0 + c);
-            else
+                rewrote = true;
+            } else {
                 kv_meta_extend(pool, id, h, r0, r0 + c);
+            }
             src = src_rows(v, h, i, c, hd, tmp, &ld);
-            kv_rows_encode(pool, page, 1, h, r0, c, src, ld);
+            if (kv_rows_encode(pool, page, 1, h, r0, c, src, ld)) rewrote = true;
+            if (rewrote && r0 > 0) pool->info[id].version = ++pool->versions;
         }
         pool->info[id].fill = r0 + c;
         i += c;

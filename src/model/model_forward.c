@@ -596,6 +596,20 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
 
 mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                       const mi_model_capture *capture) {
+    if (m->gpu && m->params.kv_offload && !capture) {
+        /* the device holds one layer's rows: the model's own sequence lives in host pages */
+        if (fresh || !m->own_session) {
+            mi_session_destroy(m->own_session);
+            m->own_session = NULL;
+            mi_status st = mi_session_create(m, NULL, &m->own_session);
+            if (st != MI_STATUS_SUCCESS) return st;
+        }
+        mi_status st = mi_session_prefill(m->own_session, tokens, (size_t)n, logits);
+        if (st != MI_STATUS_SUCCESS)
+            mim_model_fail(m, st, "%s", mi_session_last_error(m->own_session));
+        m->n_past = mi_session_n_past(m->own_session);
+        return st;
+    }
     return forward(m, NULL, NULL, 0, tokens, n, fresh, logits, capture, NULL);
 }
 
@@ -621,7 +635,10 @@ mi_status mi_model_decode(mi_model *m, const int32_t *tokens, size_t n, float *l
     return mim_forward(m, tokens, (int64_t)n, false, logits, NULL);
 }
 
-int64_t mi_model_n_past(const mi_model *m) { return m ? m->n_past : 0; }
+int64_t mi_model_n_past(const mi_model *m) {
+    if (!m) return 0;
+    return m->own_session ? mi_session_n_past(m->own_session) : m->n_past;
+}
 
 mi_status mi_model_last_timing(const mi_model *m, mi_model_timing *out) {
     if (!m || !out) return MI_STATUS_INVALID_ARGUMENT;

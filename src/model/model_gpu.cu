@@ -69,7 +69,8 @@ struct gpu_state {
     bf16 *embd;   /* [vocab, hidden] */
     bf16 *output; /* LM head [vocab, hidden]; == embd when tied */
     float *out_norm;
-    bf16 **k_cache, **v_cache; /* [n_layers][cache_cap * kvd] */
+    /* [n_layers][cache_cap * kvd]; with kv_offload every layer's entry is one shared buffer */
+    bf16 **k_cache, **v_cache;
     int64_t cache_cap;
     /* per-prompt buffers, grown on demand */
     int64_t rows_cap;  /* x, q, att, rope */
@@ -506,6 +507,10 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers                                                                                     */
 
+/* Device KV buffers: one per layer, or with kv_offload one that every layer reuses (the rows
+ * live in a session's host pages, each layer's uploaded when its attention needs them). */
+int cache_buffers(const mi_model *m) { return m->params.kv_offload ? 1 : m->n_layers; }
+
 mi_status ensure_cache(mi_model *m, int64_t need) {
     gpu_state *g = GPU(m);
     if (need <= g->cache_cap) return MI_STATUS_SUCCESS;
@@ -519,7 +524,7 @@ mi_status ensure_cache(mi_model *m, int64_t need) {
         if (!g->k_cache || !g->v_cache)
             return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     }
-    for (int l = 0; l < m->n_layers; l++) {
+    for (int l = 0; l < cache_buffers(m); l++) {
         bf16 *k = NULL, *v = NULL;
         cudaError_t e = dev_alloc(g, &k, (size_t)(cap * kvd));
         if (e == cudaSuccess) e = dev_alloc(g, &v, (size_t)(cap * kvd));
@@ -542,6 +547,10 @@ mi_status ensure_cache(mi_model *m, int64_t need) {
         dev_free(g, &g->v_cache[l], (size_t)(g->cache_cap * kvd));
         g->k_cache[l] = k;
         g->v_cache[l] = v;
+    }
+    for (int l = cache_buffers(m); l < m->n_layers; l++) { /* kv_offload: one for all */
+        g->k_cache[l] = g->k_cache[0];
+        g->v_cache[l] = g->v_cache[0];
     }
     g->cache_cap = cap;
     return MI_STATUS_SUCCESS;
@@ -829,7 +838,7 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     dev_free(g, &g->embd, (size_t)((int64_t)m->vocab * D));
     dev_free(g, &g->out_norm, (size_t)D);
     if (g->k_cache)
-        for (int l = 0; l < m->n_layers; l++) {
+        for (int l = 0; l < cache_buffers(m); l++) {
             dev_free(g, &g->k_cache[l], (size_t)(g->cache_cap * kvd));
             dev_free(g, &g->v_cache[l], (size_t)(g->cache_cap * kvd));
         }
@@ -855,14 +864,26 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     m->gpu = NULL;
 }
 
-extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
-                                     float *logits, const mi_model_capture *capture) {
+namespace {
+
+/* Sessions, below: one layer's rows between the device cache and the session's pages. */
+mi_status layer_upload(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, int64_t stage_rows,
+                       bool use_slots);
+mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64_t n,
+                         int64_t stage_rows);
+
+/* mim_gpu_forward, and a session's call when seq is set: each layer's new rows are appended to
+ * seq after its attention, and with kv_offload the layer's earlier rows are uploaded before it
+ * (stage_rows: rows per copy through the pinned buffer). */
+mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
+                      const mi_model_capture *capture, mi_kv_seq *seq, int64_t stage_rows) {
     gpu_state *g = GPU(m);
     const double t_start = mim_now_s();
     cudaSetDevice(g->device);
     if (fresh) m->n_past = 0;
     const int64_t n_past = m->n_past;
-    slots_drop_from(m, n_past); /* this call writes the cache rows from n_past on */
+    /* this call writes the cache rows from n_past on (with kv_offload, every layer's buffer) */
+    slots_drop_from(m, m->params.kv_offload ? 0 : n_past);
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
     const int half = m->rope.dim / 2;
@@ -919,10 +940,14 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
         if (st == MI_STATUS_SUCCESS && capture && capture->on_layer)
             st = capture_layer(m, l, n, capture);
         if (st != MI_STATUS_SUCCESS) break;
+        if (seq && m->params.kv_offload && n_past > 0)
+            st = layer_upload(m, seq, l, n_past, stage_rows, false);
+        if (st != MI_STATUS_SUCCESS) break;
         if (n_past == 0 && n > 1)
             st = prefill_attention(m, l, n, &pp, pat);
         else
             st = continue_attention(m, l, n_past, n, scale);
+        if (st == MI_STATUS_SUCCESS && seq) st = layer_download(m, seq, l, n_past, n, stage_rows);
         /* output projection into the residual, then the MLP, chunk by chunk */
         for (int64_t c0 = 0; c0 < n && st == MI_STATUS_SUCCESS; c0 += chunk) {
             const int64_t c = n - c0 < chunk ? n - c0 : chunk;
@@ -982,6 +1007,13 @@ extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t
     m->timing.device_peak_bytes = g->peak;
     g->timing = false;
     return st;
+}
+
+} // namespace
+
+extern "C" mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
+                                     float *logits, const mi_model_capture *capture) {
+    return gpu_forward(m, tokens, n, fresh, logits, capture, NULL, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1064,94 +1096,83 @@ bool slot_holds(const page_slot *s, const mi_kv_page_view *v) {
     return s->id == v->page_id && s->version == v->version && s->rows >= v->rows;
 }
 
-/* Makes the device cache hold rows 0..rows-1 of every layer of seq. */
-mi_status mirror_upload(mi_model *m, const mi_kv_seq *seq, int64_t rows, int64_t stage_rows) {
+void slot_set(page_slot *s, const mi_kv_page_view *v) {
+    s->id = v->page_id, s->version = v->version, s->rows = v->rows;
+}
+
+/* Makes the device cache hold rows 0..rows-1 of layer l of seq: the pages whose slot differs
+ * (use_slots), or all of them (kv_offload, where the buffer held another layer). */
+mi_status layer_upload(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, int64_t stage_rows,
+                       bool use_slots) {
     gpu_state *g = GPU(m);
     const int64_t kvd = (int64_t)m->n_kv * m->hd, P = g->slot_tokens;
     const int64_t pages = (rows + P - 1) / P;
     bf16 *sk = (bf16 *)g->stage, *sv = sk + stage_rows * kvd;
-    for (int l = 0; l < m->n_layers; l++) {
-        page_slot *slots = g->slots + (int64_t)l * g->slot_cap;
-        for (int64_t i = 0; i < pages;) {
-            mi_kv_page_view v;
-            if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS)
-                return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: page %lld of %lld", l,
-                                      (long long)i, (long long)pages);
-            if (slot_holds(&slots[i], &v)) {
-                i++;
-                continue;
-            }
-            /* a run of pages to upload: consecutive rows, as many as the stage holds */
-            const int64_t first = i, row0 = i * P;
-            int64_t count = 0;
-            while (i < pages && count + P <= stage_rows) {
-                if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS) break;
-                if (i > first && slot_holds(&slots[i], &v)) break;
-                count += v.rows;
-                i++;
-            }
-            mi_tensor tk =
-                mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, count, m->hd);
-            mi_tensor tv =
-                mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, count, m->hd);
-            if (mi_kv_seq_read(seq, l, row0, count, &tk, &tv) != MI_STATUS_SUCCESS)
-                return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: reading the session: %s", l,
-                                      mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
-            const size_t bytes = (size_t)(count * kvd) * sizeof(bf16);
-            cudaError_t e = cudaMemcpyAsync(g->k_cache[l] + row0 * kvd, sk, bytes,
-                                            cudaMemcpyHostToDevice, g->stream);
-            if (e == cudaSuccess)
-                e = cudaMemcpyAsync(g->v_cache[l] + row0 * kvd, sv, bytes, cudaMemcpyHostToDevice,
-                                    g->stream);
-            if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream); /* the stage is reused */
-            if (e != cudaSuccess) {
-                for (int64_t j = first; j < i; j++) slots[j].id = -1;
-                return cuda_fail(m, e, "upload of a session's rows");
-            }
-            for (int64_t j = first; j < i; j++) {
-                mi_kv_seq_page(seq, l, j, &v);
-                slots[j].id = v.page_id, slots[j].version = v.version, slots[j].rows = v.rows;
-            }
+    page_slot *slots = use_slots ? g->slots + (int64_t)l * g->slot_cap : NULL;
+    for (int64_t i = 0; i < pages;) {
+        mi_kv_page_view v;
+        if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS)
+            return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: page %lld of %lld", l,
+                                  (long long)i, (long long)pages);
+        if (slots && slot_holds(&slots[i], &v)) {
+            i++;
+            continue;
         }
+        /* a run of pages to upload: consecutive rows, as many as the stage holds */
+        const int64_t first = i, row0 = i * P;
+        int64_t count = 0;
+        while (i < pages && count + P <= stage_rows) {
+            if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS) break;
+            if (slots && i > first && slot_holds(&slots[i], &v)) break;
+            count += v.rows;
+            i++;
+        }
+        mi_tensor tk = mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, count, m->hd);
+        mi_tensor tv = mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, count, m->hd);
+        if (mi_kv_seq_read(seq, l, row0, count, &tk, &tv) != MI_STATUS_SUCCESS)
+            return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: reading the session: %s", l,
+                                  mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+        const size_t bytes = (size_t)(count * kvd) * sizeof(bf16);
+        cudaError_t e = cudaMemcpyAsync(g->k_cache[l] + row0 * kvd, sk, bytes,
+                                        cudaMemcpyHostToDevice, g->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(g->v_cache[l] + row0 * kvd, sv, bytes, cudaMemcpyHostToDevice,
+                                g->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream); /* the stage is reused */
+        if (e != cudaSuccess) {
+            for (int64_t j = first; slots && j < i; j++) slots[j].id = -1;
+            return cuda_fail(m, e, "upload of a session's rows");
+        }
+        for (int64_t j = first; slots && j < i; j++)
+            if (mi_kv_seq_page(seq, l, j, &v) == MI_STATUS_SUCCESS) slot_set(&slots[j], &v);
     }
     return MI_STATUS_SUCCESS;
 }
 
-/* Appends device rows row0..row0+n-1 of every layer to seq and records their pages. */
-mi_status mirror_download(mi_model *m, mi_kv_seq *seq, int64_t row0, int64_t n,
-                          int64_t stage_rows) {
+/* Appends device rows row0..row0+n-1 of layer l to seq. */
+mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64_t n,
+                         int64_t stage_rows) {
     gpu_state *g = GPU(m);
-    const int64_t kvd = (int64_t)m->n_kv * m->hd, P = g->slot_tokens;
+    const int64_t kvd = (int64_t)m->n_kv * m->hd;
     bf16 *sk = (bf16 *)g->stage, *sv = sk + stage_rows * kvd;
-    for (int l = 0; l < m->n_layers; l++)
-        for (int64_t c0 = 0; c0 < n;) {
-            const int64_t c = n - c0 < stage_rows ? n - c0 : stage_rows;
-            const size_t bytes = (size_t)(c * kvd) * sizeof(bf16);
-            cudaError_t e = cudaMemcpyAsync(sk, g->k_cache[l] + (row0 + c0) * kvd, bytes,
-                                            cudaMemcpyDeviceToHost, g->stream);
-            if (e == cudaSuccess)
-                e = cudaMemcpyAsync(sv, g->v_cache[l] + (row0 + c0) * kvd, bytes,
-                                    cudaMemcpyDeviceToHost, g->stream);
-            if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
-            if (e != cudaSuccess) return cuda_fail(m, e, "download of the new rows");
-            mi_tensor tk = mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
-            mi_tensor tv = mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
-            mi_status st = mi_kv_seq_append(seq, l, &tk, &tv);
-            if (st != MI_STATUS_SUCCESS)
-                return mim_model_fail(m, st, "layer %d: storing the new rows: %s", l,
-                                      mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
-            c0 += c;
-        }
-    /* the device rows now mirror the session's pages (the first may be a fresh copy-on-write) */
-    for (int l = 0; l < m->n_layers; l++)
-        for (int64_t i = row0 / P; i * P < row0 + n; i++) {
-            mi_kv_page_view v;
-            page_slot *s = &g->slots[(int64_t)l * g->slot_cap + i];
-            if (mi_kv_seq_page(seq, l, i, &v) == MI_STATUS_SUCCESS)
-                s->id = v.page_id, s->version = v.version, s->rows = v.rows;
-            else
-                s->id = -1, s->rows = 0;
-        }
+    for (int64_t c0 = 0; c0 < n;) {
+        const int64_t c = n - c0 < stage_rows ? n - c0 : stage_rows;
+        const size_t bytes = (size_t)(c * kvd) * sizeof(bf16);
+        cudaError_t e = cudaMemcpyAsync(sk, g->k_cache[l] + (row0 + c0) * kvd, bytes,
+                                        cudaMemcpyDeviceToHost, g->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(sv, g->v_cache[l] + (row0 + c0) * kvd, bytes,
+                                cudaMemcpyDeviceToHost, g->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+        if (e != cudaSuccess) return cuda_fail(m, e, "download of the new rows");
+        mi_tensor tk = mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
+        mi_tensor tv = mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
+        mi_status st = mi_kv_seq_append(seq, l, &tk, &tv);
+        if (st != MI_STATUS_SUCCESS)
+            return mim_model_fail(m, st, "layer %d: storing the new rows: %s", l,
+                                  mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+        c0 += c;
+    }
     return MI_STATUS_SUCCESS;
 }
 
@@ -1165,10 +1186,14 @@ extern "C" mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int3
     mi_kv_page_layout lay;
     mi_status st = mi_kv_pool_layout(mi_kv_seq_pool(seq), &lay);
     if (st != MI_STATUS_SUCCESS) return mim_model_fail(m, st, "the session's pool");
-    if (lay.dtype != MI_KV_BF16)
+    if (lay.dtype != MI_KV_BF16 && lay.dtype != MI_KV_F16 && lay.dtype != MI_KV_FP8_E4M3)
         return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
-                              "a session on the CUDA model keeps bf16 pages, not %s",
+                              "a session on the CUDA model keeps bf16, f16 or fp8 pages, not %s",
                               mi_kv_dtype_name(lay.dtype));
+    /* bf16 pages hold the device's values exactly; f16 and fp8 pages round them, so the rows a
+     * call wrote are uploaded again (rounded) before the next call reads them */
+    const bool exact = lay.dtype == MI_KV_BF16;
+    const bool offload = m->params.kv_offload != 0;
     const int64_t kvd = (int64_t)m->n_kv * m->hd, P = lay.page_tokens;
     /* rows per copy: the runner's chunk (its unit of bounded buffers), whole pages */
     int64_t stage_rows = m->params.mlp_chunk / P * P;
@@ -1180,15 +1205,24 @@ extern "C" mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int3
         return st;
     if ((st = stage_ensure(m, (size_t)(2 * stage_rows * kvd) * sizeof(bf16))) != MI_STATUS_SUCCESS)
         return st;
-    if ((st = mirror_upload(m, seq, n_past, stage_rows)) != MI_STATUS_SUCCESS) return st;
+    for (int l = 0; l < m->n_layers && !offload && st == MI_STATUS_SUCCESS; l++)
+        st = layer_upload(m, seq, l, n_past, stage_rows, true);
+    if (st != MI_STATUS_SUCCESS) return st;
     m->n_past = n_past;
-    st = mim_gpu_forward(m, tokens, n, n_past == 0, logits, NULL);
-    if (st == MI_STATUS_SUCCESS) {
-        st = mirror_download(m, seq, n_past, n, stage_rows);
-        if (st != MI_STATUS_SUCCESS) { /* all or nothing: the session keeps its rows */
-            mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past);
-            slots_drop_from(m, n_past);
-        }
+    st = gpu_forward(m, tokens, n, n_past == 0, logits, NULL, seq, stage_rows);
+    if (st != MI_STATUS_SUCCESS) { /* all or nothing: the session keeps its rows */
+        mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past);
+        slots_drop_from(m, offload ? 0 : n_past);
+    } else if (!offload && exact) { /* the device rows now mirror the session's new pages */
+        for (int l = 0; l < m->n_layers; l++)
+            for (int64_t i = n_past / P; i * P < n_past + n; i++) {
+                mi_kv_page_view v;
+                page_slot *s = &g->slots[(int64_t)l * g->slot_cap + i];
+                if (mi_kv_seq_page(seq, l, i, &v) == MI_STATUS_SUCCESS)
+                    slot_set(s, &v);
+                else
+                    s->id = -1, s->rows = 0;
+            }
     }
     m->n_past = 0;
     return st;

@@ -827,6 +827,7 @@ static mi_status create_model(const mi_model_params *params, model_source_fn sou
 
 void mi_model_destroy(mi_model *m) {
     if (!m) return;
+    mi_session_destroy(m->own_session);
     mim_gpu_detach(m);
     mi_kv_pool_destroy(m->kv_pool); /* its memory goes with the last session */
     mim_pool_destroy(m->pool);

@@ -53,6 +53,8 @@ struct mi_model {
     char last_error[MIM_ERROR_CAPACITY];
     /* sessions (model_session.c): the page pool they share, created with the first one */
     mi_kv_pool *kv_pool;
+    /* kv_offload on CUDA: the model's own sequence (mi_model_prefill / decode) as a session */
+    struct mi_session *own_session;
     uint64_t weights_hash; /* 0 until first needed */
     /* a session call of at least this many tokens over a cache runs the library's prefill
      * attention at an offset (model_seq_prefill.c); 0: MIM_SEQ_PREFILL_FROM */

@@ -83,12 +83,8 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
                               "kv method %s runs on the CPU model only (a session on the CUDA "
                               "model keeps the full cache)",
                               spec.entry->name);
-    if (m->gpu && p.kv_dtype != MI_KV_F32 && p.kv_dtype != MI_KV_BF16)
-        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
-                              "kv_dtype %d: a session on the CUDA model keeps bf16 pages (the "
-                              "device cache's precision)",
-                              (int)p.kv_dtype);
-    if (m->gpu) p.kv_dtype = MI_KV_F32; /* the model's own precision: bf16 pages below */
+    /* f32 there means the model's own precision: the bf16 pages of the model's pool */
+    if (m->gpu && p.kv_dtype == MI_KV_BF16) p.kv_dtype = MI_KV_F32;
     if (!m->kv_pool) {
         mi_kv_pool_params pp = mi_kv_pool_default_params();
         pp.n_layers = m->n_layers;

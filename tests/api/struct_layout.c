@@ -178,6 +178,7 @@ int main(void) {
         F(mlp_chunk);
         F(device_id);
         F(check_weights);
+        F(kv_offload);
         end();
     }
     {

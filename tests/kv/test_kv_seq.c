@@ -573,13 +573,13 @@ static void test_read_formats(void) {
     mi_kv_pool_destroy(pool);
 }
 
-/* The page version's promise, checked as a device mirror uses it: one mirror slot per page index
+/* The page version's promise (bf16 and fp8 pages), checked as a device mirror uses it: one mirror slot per page index
  * (like a contiguous device cache) records a page id, its version and a copy of its rows; after
  * random appends, rewinds, forks and destroys over three sequences, a slot whose id and version
  * still match must hold the page's current values in the rows both have. */
-static void test_versions(void) {
+static void test_versions(mi_kv_dtype dt) {
     enum { H = 2, D = 4, P = 8, SLOTS = 64, N_SEQ = 3 };
-    mi_kv_pool *pool = make_pool(1, H, D, MI_KV_BF16, P, 0, 0);
+    mi_kv_pool *pool = make_pool(1, H, D, dt, P, 0, 0);
     typedef struct slot {
         int32_t id, rows;
         uint64_t version;
@@ -603,7 +603,9 @@ static void test_versions(void) {
         const int op = (int)rng_int(0, 9);
         if (op < 6 && len < (SLOTS - 3) * P) {
             const int64_t c = rng_int(1, 20);
-            for (int64_t i = 0; i < c * H * D; i++) rows[i] = (float)rng_int(-100, 100);
+            /* magnitudes that vary by chunk, so that fp8 scales grow inside pages */
+            const float mag = (float)(1 << rng_int(0, 14)) / 1024.0f;
+            for (int64_t i = 0; i < c * H * D; i++) rows[i] = mag * (float)rng_int(-100, 100);
             mi_tensor t = mi_tensor_blhd(rows, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, c, D);
             CHECK_STATUS(mi_kv_seq_append(seqs[s], 0, &t, &t), MI_STATUS_SUCCESS);
         } else if (op < 9) {
@@ -655,6 +657,7 @@ int main(void) {
     test_random(MI_KV_BF16, 64, 8, 128, 40); /* a real model's head shape */
     test_capacity();
     test_host_oom();
-    test_versions();
+    test_versions(MI_KV_BF16);
+    test_versions(MI_KV_FP8_E4M3);
     return check_finish("kv.seq");
 }
