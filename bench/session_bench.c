@@ -9,7 +9,7 @@
  *
  * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method);
  * a fork of it (time, and the pool's bytes before and after: a fork copies no page); a follow-up
- * turn of --followup tokens on the fork (time, and its share of the prefill's); decode on the
+ * turn of --followup tokens on the fork (0: none; time, and its share of the prefill's); decode on the
  * parent (tokens/s; the fork ran last, so this includes switching back); then --requests
  * questions of --question tokens, each on a fresh fork of the context (multi-request), against
  * re-prefilling context + question for each (--reprefill 1, the default). Prompts are random
@@ -70,9 +70,12 @@ static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int fol
     r->pool_after = used_mib(s);
     /* the follow-up turn: the prompt's next tokens as a stand-in for new text */
     t = tool_now_s();
-    if (mi_session_prefill(f, prompt + L, (size_t)followup, logits) != MI_STATUS_SUCCESS) {
-        s = f, f = NULL; /* report the fork's error */
-        goto fail_s;
+    if (followup > 0 &&
+        mi_session_prefill(f, prompt + L, (size_t)followup, logits) != MI_STATUS_SUCCESS) {
+        fprintf(stderr, "%lld tokens, follow-up: %s\n", (long long)L, mi_session_last_error(f));
+        mi_session_destroy(f);
+        mi_session_destroy(s);
+        return 1;
     }
     r->followup_s = tool_now_s() - t;
     mi_session_destroy(f);
@@ -137,7 +140,7 @@ int main(int argc, char **argv) {
         {"device", ARG_STR, &device, 0, 0, NULL},
         {"lens", ARG_STR, &lens_s, 0, 0, NULL},
         {"method", ARG_STR, &method, 0, 0, NULL},
-        {"followup", ARG_INT, &followup, 1, 1 << 20, NULL},
+        {"followup", ARG_INT, &followup, 0, 1 << 20, NULL},
         {"requests", ARG_INT, &requests, 0, 64, NULL},
         {"question", ARG_INT, &question, 1, 1 << 16, NULL},
         {"decode", ARG_INT, &n_decode, 0, 1 << 16, NULL},
