@@ -471,7 +471,7 @@ def kv_keep_rows(spec, n_layers, layer, query, key):
                                      ctypes.byref(dk.desc), keep.ctypes.data, ctypes.byref(count),
                                      msg, len(msg))
     if st != L.MI_STATUS_SUCCESS:
-        raise MInferenceError(st, msg.value.decode("utf-8", "replace"))
+        raise MInferenceError(st, msg.value.decode("utf-8", "replace"), "mi_session_kv_keep_rows")
     if count.value >= n_rows:
         return None
     return keep[:H * count.value].reshape(H, count.value)
@@ -832,7 +832,17 @@ def _checked_kv_spec(cfg):
     st = lib.mi_session_kv_check(spec.encode(), msg, len(msg))
     if st != L.MI_STATUS_SUCCESS:
         raise ValueError(f"kv_type {cfg.kv_type!r}: {msg.value.decode('utf-8', 'replace')}")
-    return msg.value.decode()
+    spec = msg.value.decode()
+    # The keys' relations (capacity > window, ...) are checked when the method is built: once
+    # now, on a one-row layer, rather than at the first prefill.
+    import numpy as np
+
+    one = np.zeros((1, 1, 1, 1), np.float32)
+    try:
+        kv_keep_rows(spec, 1, 0, one, one)
+    except MInferenceError as err:
+        raise ValueError(f"kv_type {cfg.kv_type!r}: {err.message}") from None
+    return spec
 
 
 def _check_kv_model(cfg, text_cfg):
