@@ -625,7 +625,8 @@ def _install_kv_hooks(model, state):
         use = kwargs.get("use_cache")
         if use is None:
             use = getattr(model.config, "use_cache", True)
-        if use and kwargs.get(name) is None and len(args) <= 1:
+        given = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+        if use and not given and len(args) <= 1:
             kwargs[name] = cls(state.kv_spec, state.n_layers, state)
             return args, kwargs
         return None
@@ -733,11 +734,12 @@ class MInference:
     attn_type: "minference" (per-head patterns from a config; heads missing from it, or every head
     without a config, get vertical_and_slash 1000/6096), "dense", "a_shape", "tri_shape",
     "tri_mix", "tri_mix_minference", or "hf" (no patch). The original's other types raise
-    NotImplementedError. kv_type (the original's names, with their attn_kwargs): "dense" here;
-    "streamingllm", "snapkv", "pyramidkv", "quest" run in the C model runner: applied to a
+    NotImplementedError. kv_type (the original's names, with their attn_kwargs): applied to a
     minference.Model, MInference sets its attention and the KV method of its generate and
-    sessions; on a transformers model they raise NotImplementedError. attn_kwargs: n_init, n_local, n_last, starting_layer,
-    minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
+    sessions (every kv_type); on a transformers model "dense", "streamingllm", "snapkv" and
+    "pyramidkv" run on a KVMethodCache (see kv_cache), "quest", "retr_attn", "kivi" and "leank"
+    raise NotImplementedError (they need the C runner's paged cache). attn_kwargs: n_init,
+    n_local, n_last, starting_layer, minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
     library's crossover), last_q, forced_columns, forced_diagonals, min_vertical, min_slash.
 
     is_search=True (with config_path= the output file): every prefill runs dense and searches
