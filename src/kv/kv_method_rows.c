@@ -29,9 +29,9 @@ static mi_status fail(char *msg, size_t size, mi_status st, const char *fmt, ...
 
 /* A [1, H, L, D] f32 CPU tensor with a contiguous last dimension. */
 static bool bad_tensor(const mi_tensor *t) {
-    return !t->data || t->dtype != MI_DTYPE_F32 || t->device != MI_DEVICE_CPU ||
-           t->shape[0] != 1 || t->shape[1] <= 0 || t->shape[1] > INT32_MAX || t->shape[2] <= 0 ||
-           t->shape[3] <= 0 || t->shape[3] > INT32_MAX || t->stride[3] != 1;
+    return !t->data || t->dtype != MI_DTYPE_F32 || t->device != MI_DEVICE_CPU || t->shape[0] != 1 ||
+           t->shape[1] <= 0 || t->shape[1] > INT32_MAX || t->shape[2] <= 0 || t->shape[3] <= 0 ||
+           t->shape[3] > INT32_MAX || t->stride[3] != 1;
 }
 
 /* [1, H, L, D] with strides -> out[(i * H + h) * D + d] (token major) or [h][i][d] (head major). */

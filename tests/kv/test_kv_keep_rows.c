@@ -49,8 +49,8 @@ static void session_rows(const char *spec, int32_t layer, const float *qtok, int
 /* keep's rows of k equal the session's rows, head by head. */
 static void same_rows(const float *k, int64_t len, const int64_t *keep, int64_t count,
                       const float *sess, int64_t sess_rows, const char *what) {
-    CHECK(count == sess_rows, "%s: %lld rows kept, the session keeps %lld", what,
-          (long long)count, (long long)sess_rows);
+    CHECK(count == sess_rows, "%s: %lld rows kept, the session keeps %lld", what, (long long)count,
+          (long long)sess_rows);
     if (count != sess_rows) return;
     for (int32_t h = 0; h < NKV; h++)
         for (int64_t i = 0; i < count; i++) {
@@ -163,20 +163,21 @@ static void test_refusals(void) {
     const mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, NKV, 8, HD);
     const char *paged[] = {"quest", "retr_attn", "kivi", "leank"};
     for (int i = 0; i < 4; i++) {
-        CHECK_STATUS(mi_session_kv_keep_rows(paged[i], LAYERS, 0, &tq, &tk, keep, &count, msg,
-                                             sizeof msg),
-                     MI_STATUS_UNSUPPORTED);
+        CHECK_STATUS(
+            mi_session_kv_keep_rows(paged[i], LAYERS, 0, &tq, &tk, keep, &count, msg, sizeof msg),
+            MI_STATUS_UNSUPPORTED);
         CHECK(strstr(msg, paged[i]) && strstr(msg, "session"), "%s: '%s'", paged[i], msg);
     }
     CHECK_STATUS(mi_session_kv_keep_rows("snapkv:window=3", LAYERS, 0, &tq, &tk, keep, &count, msg,
                                          sizeof msg),
                  MI_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(msg, "window") != NULL, "'%s'", msg);
-    CHECK_STATUS(mi_session_kv_keep_rows("nope", LAYERS, 0, &tq, &tk, keep, &count, msg, sizeof msg),
-                 MI_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(mi_session_kv_keep_rows("snapkv", LAYERS, 0, NULL, &tk, keep, &count, msg,
-                                         sizeof msg),
-                 MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(
+        mi_session_kv_keep_rows("nope", LAYERS, 0, &tq, &tk, keep, &count, msg, sizeof msg),
+        MI_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(
+        mi_session_kv_keep_rows("snapkv", LAYERS, 0, NULL, &tk, keep, &count, msg, sizeof msg),
+        MI_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(msg, "q is required") != NULL, "'%s'", msg);
     CHECK_STATUS(mi_session_kv_keep_rows("snapkv", LAYERS, LAYERS, &tq, &tk, keep, &count, NULL, 0),
                  MI_STATUS_INVALID_ARGUMENT);
@@ -206,9 +207,9 @@ static void test_refusals(void) {
                  MI_STATUS_INVALID_ARGUMENT);
     /* shapes that do not fit: head_dim, H_q not a multiple of H_kv, more queries than rows */
     mi_tensor q2 = mi_tensor_blhd(q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, NH, 2, HD / 2);
-    CHECK_STATUS(mi_session_kv_keep_rows("snapkv", LAYERS, 0, &q2, &tk, keep, &count, msg,
-                                         sizeof msg),
-                 MI_STATUS_SHAPE_MISMATCH);
+    CHECK_STATUS(
+        mi_session_kv_keep_rows("snapkv", LAYERS, 0, &q2, &tk, keep, &count, msg, sizeof msg),
+        MI_STATUS_SHAPE_MISMATCH);
     q2 = mi_tensor_blhd(q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, 5, 2, HD);
     CHECK_STATUS(mi_session_kv_keep_rows("snapkv", LAYERS, 0, &q2, &tk, keep, &count, NULL, 0),
                  MI_STATUS_SHAPE_MISMATCH);
