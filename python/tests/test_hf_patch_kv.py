@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "AttentionInterface"):
     pytest.skip("transformers without AttentionInterface", allow_module_level=True)
-pytest.importorskip("transformers.cache_utils").__dict__.get("DynamicLayer") or pytest.skip(
-    "transformers without cache layers", allow_module_level=True)
+if not hasattr(pytest.importorskip("transformers.cache_utils"), "DynamicLayer"):
+    pytest.skip("transformers without cache layers", allow_module_level=True)
 
 import minference as mi  # noqa: E402
 import minference.patch as mp  # noqa: E402
