@@ -170,6 +170,28 @@ MI_API mi_status mi_session_prefill_blend(mi_session *s, const mi_blend_chunk *c
                                           const mi_blend_params *params, float *logits,
                                           mi_blend_stats *stats);
 
+/* ------------------------------------------------------------------------------------------ */
+/* KV methods on a cache outside a session                                                     */
+/*
+ * The rows one layer keeps after a call, by the rule a session applies, for a cache kept
+ * elsewhere (the Python transformers patch keeps transformers' own). spec as mi_session_params.kv;
+ * layer of n_layers places the layer (PyramidKV's budgets). q: the call's queries after RoPE,
+ * [1, n_heads, n, head_dim] (NULL allowed for StreamingLLM, which reads none; n is the call's
+ * length); k: the layer's rows, the call's included, [1, n_kv_heads, len, head_dim]; both f32 on
+ * the CPU, any strides with a contiguous last dimension. keep (room for n_kv_heads * len) gets,
+ * per KV head h, its kept rows ascending at keep + h * *count; *count == len: the layer stays
+ * whole.
+ *   streamingllm: after any call, the first n_init and the last n_local rows once the layer has
+ *     more than n_init + n_local (a session evicts a page later and reads the same rows);
+ *   snapkv, pyramidkv: after a call of two or more queries, SnapKV's selection with the method's
+ *     budgets; after a one-token call every row stays.
+ * dense keeps every row. The other methods need the session's paged cache (quantized pages,
+ * per-page metadata, an index, per-channel storage): MI_STATUS_UNSUPPORTED. msg (may be NULL)
+ * gets the reason of a failure. */
+MI_API mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int32_t layer,
+                                         const mi_tensor *q, const mi_tensor *k, int64_t *keep,
+                                         int64_t *count, char *msg, size_t msg_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -67,7 +67,7 @@ from .ops import (
     vs_estimate,
 )
 from .model import Model, ModelInfo, Session, ModelLibraryNotFound, RopeScaling, default_model_path
-from .patch import MInference, unpatch
+from .patch import MInference, kv_cache, unpatch
 from . import search
 from .search import SearchParams, search_default_candidates, search_layer, search_scale_pattern
 
@@ -75,7 +75,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MInference", "MInferenceConfig", "MInferenceError", "get_support_models", "MODEL2PATH",
-    "unpatch",
+    "unpatch", "kv_cache",
     "dense_attention", "a_shape_attention", "streaming_forward", "tri_shape_attention",
     "vertical_slash_sparse_attention", "block_sparse_attention", "prefill_attention",
     "prefill_workspace_size", "vs_estimate", "vs_build_index", "block_sparse_estimate",

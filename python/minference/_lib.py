@@ -527,6 +527,12 @@ MODEL_PROTOTYPES.update({
                                       P(mi_blend_params), c_void_p, P(mi_blend_stats)]),
 })
 
+# A KV method's rows for a cache kept outside a session (the transformers patch's cache).
+MODEL_PROTOTYPES.update({
+    "mi_session_kv_keep_rows": (ST, [c_char_p, c_int32, c_int32, P(mi_tensor), P(mi_tensor),
+                                     c_void_p, P(c_int64), c_char_p, c_size_t]),
+})
+
 class LibraryNotFound(ImportError):
     pass
 

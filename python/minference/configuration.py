@@ -96,9 +96,10 @@ class MInferenceConfig:
     # The types that run one library pattern on every head (head_pattern()).
     PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
     # KV types the C model runner's sessions run (Model.session(kv=...)); the transformers patch
-    # keeps transformers' own cache, so it runs only "dense".
+    # keeps transformers' own cache, which holds HF_KV_TYPES (methods that only drop rows).
     SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn",
                           "kivi", "leank"]
+    HF_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv"]
     # The attn_kwargs keys each KV type reads (the original's names), passed to the C runner's
     # spec "kv_type:key=value,..."; the library checks the values and fills the defaults.
     KV_KEYS = {

@@ -7,14 +7,25 @@ The patch registers an attention function named "minference" in transformers' At
   every query head with its pattern from the layer's config entry (layer index = module.layer_idx).
   k and v keep their H_kv heads (GQA is a broadcast in the library, never a repeat_kv copy). q, k,
   v and the output are described to the library with their strides: no copies.
-* decode and follow-up turns (q_len != k_len, or q_len == 1): transformers' sdpa function.
-* padding (batch > 1): right padding becomes per-sequence lengths; left padding runs each sequence
-  over its valid span (a strided view: still no copies). Rows of padding tokens get output 0
-  (their values never reach a real token). A mask that is neither (custom 4-D masks, sliding
-  windows shorter than the prompt, attention biases) falls back to sdpa with a warning.
+* a later prefill chunk or a follow-up turn over transformers' cache (1 < q_len < k_len): the same
+  call with queries at an offset (the last q_len positions of k/v), on CPU tensors of a batch
+  without padding; on CUDA (the library takes offset queries on the CPU only), with padding, or
+  with "static" patterns it runs sdpa, with a warning.
+* decode (q_len == 1): transformers' sdpa function.
+* padding (batch > 1, fresh prompts): right padding becomes per-sequence lengths; left padding
+  runs each sequence over its valid span (a strided view: still no copies). Rows of padding
+  tokens get output 0 (their values never reach a real token). A mask that is neither (custom 4-D
+  masks, sliding windows shorter than the prompt, attention biases) falls back to sdpa with a
+  warning.
 * training (gradients needed) or dropout: sdpa, with a warning (the kernels are inference only).
+
+KV methods (kv_type streamingllm, snapkv, pyramidkv): the patched model's cache is a
+KVMethodCache (a DynamicCache whose layers count the tokens seen apart from the rows kept); after
+each attention call the layer keeps the rows libminference's mi_session_kv_keep_rows names, the
+rule a C session applies. The other KV methods need the C runner's paged cache.
 """
 
+import ctypes
 import warnings
 import weakref
 
@@ -22,7 +33,8 @@ from . import _lib as L
 from .configuration import MInferenceConfig
 from .core import Config, MInferenceError, PrefillParams, VSParams, get_context
 
-__all__ = ["MInference", "minference_attention_forward", "register_attention", "ATTENTION_NAME"]
+__all__ = ["MInference", "minference_attention_forward", "register_attention", "ATTENTION_NAME",
+           "kv_cache", "kv_keep_rows"]
 
 ATTENTION_NAME = "minference"
 _registered = False
@@ -48,9 +60,12 @@ class _PatchState:
         self.mask_ref = None
         self.mask_info = None
         self.mask_window = None
-        self.calls = {"sparse": 0, "dense_fallback": 0}
+        # "offset": the sparse calls whose queries sat at an offset (a later chunk or turn)
+        self.calls = {"sparse": 0, "dense_fallback": 0, "offset": 0}
         self.search = None  # _Search when is_search
         self.cache = {}
+        self.kv_spec = None  # the KV method's spec (mi_session_kv_keep_rows), None: dense
+        self.kv_layers = {}  # layer -> weakref to the KVMethodCache layer last updated
 
 
 class _Search:
@@ -99,10 +114,8 @@ def register_attention():
 # Mask analysis: which (contiguous) span of each sequence holds its real tokens
 
 
-def _analyze_mask(torch, mask, B, Lq, Lk, window=None):
-    """None -> no padding. ("right", lens) / ("spans", [(start, end)] * B) / ("unsupported", why)."""
-    if mask is None:
-        return None
+def _allowed(torch, mask, Lq, Lk):
+    """The mask as bool [B', Lq, Lk] (one head), or ("unsupported", why)."""
     if not isinstance(mask, torch.Tensor):
         return ("unsupported", f"attention mask of type {type(mask).__name__}")
     if mask.dim() != 4 or mask.shape[-1] != Lk or mask.shape[-2] != Lq:
@@ -117,7 +130,39 @@ def _analyze_mask(torch, mask, B, Lq, Lk, window=None):
     if allowed.shape[1] != 1:
         if bool((allowed != allowed[:, :1]).any()):
             return ("unsupported", "a per-head attention mask")
-    allowed = allowed[:, 0]
+    return allowed[:, 0]
+
+
+def _analyze_offset_mask(torch, mask, Lq, Lk, window=None):
+    """Queries at an offset (the last Lq of Lk positions): None when every sequence's mask is
+    plain causal over all Lk keys (no padding), else ("unsupported", why)."""
+    if mask is None:
+        return None
+    allowed = _allowed(torch, mask, Lq, Lk)
+    if isinstance(allowed, tuple):
+        return allowed
+    idx = torch.arange(Lk, device=allowed.device)
+    chunk = max(1, (1 << 24) // max(Lk, 1))
+    for r0 in range(0, Lq, chunk):
+        r1 = min(Lq, r0 + chunk)
+        pos = torch.arange(r0, r1, device=allowed.device) + (Lk - Lq)
+        expected = idx[None, :] <= pos[:, None]
+        if window is not None:
+            expected &= idx[None, :] > pos[:, None] - window
+        if not bool((allowed[:, r0:r1] == expected).all()):
+            return ("unsupported", "padding or a custom attention mask with queries at an offset")
+    return None
+
+
+def _analyze_mask(torch, mask, B, Lq, Lk, window=None):
+    """None -> no padding. ("right", lens) / ("spans", [(start, end)] * B) / ("unsupported", why)."""
+    if mask is None:
+        return None
+    if Lq < Lk:
+        return _analyze_offset_mask(torch, mask, Lq, Lk, window)
+    allowed = _allowed(torch, mask, Lq, Lk)
+    if isinstance(allowed, tuple):
+        return allowed
     if allowed.shape[0] != B:
         allowed = allowed.expand(B, Lq, Lk)
     idx = torch.arange(Lk, device=allowed.device)
@@ -157,12 +202,13 @@ def _mask_info(state, torch, mask, B, Lq, Lk, window=None):
     # Every layer of one forward gets the same mask object: analyse it once.
     if mask is None:
         return None
-    if state.mask_ref is not None and state.mask_ref() is mask and state.mask_window == window:
+    key = (window, Lq, Lk)
+    if state.mask_ref is not None and state.mask_ref() is mask and state.mask_window == key:
         return state.mask_info
     info = _analyze_mask(torch, mask, B, Lq, Lk, window)
     try:
         state.mask_ref = weakref.ref(mask)
-        state.mask_window = window
+        state.mask_window = key
         state.mask_info = info
     except TypeError:
         state.mask_ref = None
@@ -180,24 +226,67 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     import torch
 
     state = getattr(module, "_minference_state", None)
+    layer = _method_layer(state, module, key)
+    if layer is None:
+        return _attend(torch, state, module, query, key, value, attention_mask, dropout, scaling,
+                       is_causal, kwargs)
+    # A KVMethodCache layer: its rows are the kept ones (fewer than the tokens once compressed),
+    # so the mask transformers built for layer 0 may not fit this layer; without padding every
+    # layer's mask is plain causal with the queries last, which the calls below assume.
+    if attention_mask is not None:
+        info = _analyze_offset_mask(torch, attention_mask, attention_mask.shape[-2],
+                                    attention_mask.shape[-1])
+        if info is not None:
+            raise NotImplementedError(
+                f"MInference kv_type {state.config.kv_type!r}: {info[1]}; the KV methods of the "
+                "transformers patch run on batches without padding")
+    out = _attend(torch, state, module, query, key, value, None, dropout, scaling, is_causal,
+                  kwargs)
+    layer.after_attention(state, module.layer_idx, query)
+    return out
+
+
+def _method_layer(state, module, key):
+    """The KVMethodCache layer whose rows key is, or None."""
+    if state is None or state.kv_spec is None:
+        return None
+    ref = state.kv_layers.get(getattr(module, "layer_idx", None))
+    layer = ref() if ref is not None else None
+    return layer if layer is not None and layer.keys is key else None
+
+
+def _causal_at_offset(torch, q_len, k_len, device):
+    """Bool [q_len, k_len]: query i (position k_len - q_len + i) sees keys 0 .. its position."""
+    pos = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    return torch.arange(k_len, device=device)[None, :] <= pos
+
+
+def _attend(torch, state, module, query, key, value, attention_mask, dropout, scaling, is_causal,
+            kwargs):
     sdpa = _sdpa()
+    q_len, k_len = query.shape[2], key.shape[2]
 
     def dense(reason=None):
         if state is not None:
             if reason:
                 _warn_once(state, reason, f"MInference: {reason}; this call runs dense (sdpa)")
             state.calls["dense_fallback"] += 1
-        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        mask = attention_mask
+        if mask is None and 1 < q_len < k_len:
+            # sdpa's is_causal aligns the queries with the first keys; these are the last ones
+            mask = _causal_at_offset(torch, q_len, k_len, query.device)[None, None]
+        return sdpa(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                     is_causal=is_causal, **kwargs)
 
-    q_len, k_len = query.shape[2], key.shape[2]
-    if state is None or q_len != k_len or q_len <= 1:
-        return dense()  # decode, follow-up turn, or an unpatched module
+    if state is None or q_len <= 1 or q_len > k_len:
+        return dense()  # decode, or an unpatched module
+    offset = q_len < k_len  # a later prefill chunk or a follow-up turn over the cache
     if state.search is not None:
-        _search_step(state, module, torch, query, key, value, attention_mask)
-        state.calls["dense_fallback"] += 1
-        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                    is_causal=is_causal, **kwargs)
+        if not offset:
+            _search_step(state, module, torch, query, key, value, attention_mask)
+        return dense()
+    if state.patterns is None:  # attn_type "hf" with a KV method: transformers' attention
+        return dense()
     if is_causal is False or not getattr(module, "is_causal", True):
         return dense("non-causal attention")
     if dropout and dropout > 0:
@@ -211,6 +300,11 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
         return dense(f"device {query.device.type} is not supported")
     if query.dtype != key.dtype or query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return dense(f"dtype {query.dtype} is not supported")
+    if offset and query.device.type != "cpu":
+        return dense("queries at an offset (a later prefill chunk or a follow-up turn) run on "
+                     "the CPU only")
+    if offset and state.config.attn_type == "static":
+        return dense("static patterns are estimated on whole prompts, not on queries at an offset")
 
     B, H, _, D = query.shape
     layer = getattr(module, "layer_idx", None)
@@ -241,12 +335,12 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     out_bhld = out.transpose(1, 2)
     from .ops import prefill_attention
 
-    static = _static_for(state, layer, patterns)
+    static = None if offset else _static_for(state, layer, patterns)
     try:
         if static is not None and (info is None or info[0] == "right"):
             static(query, key, value, scale=params.softmax_scale or None,
                    seq_lens=None if info is None else info[1], out=out_bhld)
-        elif info is None:
+        elif info is None:  # also queries at an offset: the library places them last
             prefill_attention(query, key, value, patterns, params, out=out_bhld)
         elif info[0] == "right":
             prefill_attention(query, key, value, patterns, params, seq_lens=info[1], out=out_bhld)
@@ -265,6 +359,8 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
             return dense(f"libminference does not support this call ({err.message})")
         raise
     state.calls["sparse"] += 1
+    if offset:
+        state.calls["offset"] += 1
     return out, None
 
 
@@ -326,6 +422,224 @@ def _search_step(state, module, torch, query, key, value, attention_mask):
     if len(srch.entries) == srch.n_layers:
         _warn_once(state, "search-done", f"MInference search complete: wrote {srch.path}; use "
                    f"MInference('minference', config_path={srch.path!r})")
+
+
+# ---------------------------------------------------------------------------------------------
+# KV methods on transformers' cache
+
+# The KV methods a transformers cache can hold: they only drop rows, by a rule the library
+# exposes (mi_session_kv_keep_rows). The others keep quantized pages (kivi), per-page metadata
+# (quest), an index (retr_attn) or per-channel keys (leank) in the C runner's paged cache.
+# Value: whether the rule reads the call's queries and keys (SnapKV's observation window).
+HF_KV_METHODS = {"streamingllm": False, "snapkv": True, "pyramidkv": True}
+
+
+def kv_keep_rows(spec, n_layers, layer, query, key):
+    """The rows of one layer that a KV method keeps after a call (the library's rule, the one a
+    C session applies): query [1, H, n, D] (the call's queries after RoPE; None for
+    StreamingLLM), key [1, H_kv, len, D] (the layer's rows, the call's included), torch tensors
+    or NumPy arrays. Returns an int64 NumPy array [H_kv, count], ascending rows per KV head, or
+    None when the layer stays whole."""
+    import numpy as np
+
+    from .core import _describe
+
+    lib = L.load_model()
+    reads = HF_KV_METHODS.get(str(spec).split(":")[0], True)
+
+    def f32(x, name):
+        if hasattr(x, "detach"):
+            x = x.detach().to("cpu", copy=False)
+            import torch
+
+            x = x.to(torch.float32)
+        else:
+            x = np.asarray(x, dtype=np.float32)
+        return _describe(x, name)
+
+    H, n_rows, D = int(key.shape[1]), int(key.shape[2]), int(key.shape[3])
+    if reads:
+        dk = f32(key, "key")
+    else:  # the rule reads the lengths only: a descriptor of the right shape, no copy
+        dk = _describe(np.broadcast_to(np.zeros(D, np.float32), (1, H, n_rows, D)), "key")
+    dq = f32(query, "query") if query is not None else None
+    keep = np.empty(max(H * n_rows, 1), dtype=np.int64)
+    count = ctypes.c_int64(0)
+    msg = ctypes.create_string_buffer(512)
+    st = lib.mi_session_kv_keep_rows(str(spec).encode(), int(n_layers), int(layer),
+                                     None if dq is None else ctypes.byref(dq.desc),
+                                     ctypes.byref(dk.desc), keep.ctypes.data, ctypes.byref(count),
+                                     msg, len(msg))
+    if st != L.MI_STATUS_SUCCESS:
+        raise MInferenceError(st, msg.value.decode("utf-8", "replace"), "mi_session_kv_keep_rows")
+    if count.value >= n_rows:
+        return None
+    return keep[:H * count.value].reshape(H, count.value)
+
+
+_CACHE_CLASSES = None
+
+
+def _cache_classes():
+    """KVMethodCache and its layer, built on first use (they subclass transformers' classes)."""
+    global _CACHE_CLASSES
+    if _CACHE_CLASSES is not None:
+        return _CACHE_CLASSES
+    try:
+        from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("the KV methods of the MInference patch need transformers >= 5 (cache "
+                          "layers)") from e
+    import numpy as np
+    import torch
+
+    class KVMethodLayer(DynamicLayer):
+        """A DynamicLayer whose rows may be fewer than its tokens: get_seq_length (the next
+        position) counts the tokens, the mask sizes count the rows, placed last."""
+
+        def __init__(self):
+            super().__init__()
+            self.seen = 0
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            self.seen += key_states.shape[-2]
+            return keys, values
+
+        def rows(self):
+            return 0 if self.keys is None or not self.is_initialized else self.keys.shape[-2]
+
+        def get_seq_length(self, *args):
+            return self.seen
+
+        def get_mask_sizes(self, query_length, *args):
+            if isinstance(query_length, torch.Tensor):  # older releases pass cache_position
+                query_length = query_length.shape[0]
+            rows = self.rows()
+            return rows + int(query_length), self.seen - rows
+
+        def crop(self, tokens_to_remove):
+            if self.rows() != self.seen:
+                raise NotImplementedError("a KV method's cache dropped rows: it cannot be cropped")
+            super().crop(tokens_to_remove)
+            self.seen = self.rows()
+
+        def reset(self):
+            super().reset()
+            self.seen = 0
+
+        def keep(self, spec, n_layers, layer, query):
+            """Keeps the rows mi_session_kv_keep_rows names, sequence by sequence."""
+            if self.rows() == 0:
+                return
+            picks = []
+            for b in range(self.keys.shape[0]):
+                kept = kv_keep_rows(spec, n_layers, layer,
+                                    None if query is None else query[b:b + 1], self.keys[b:b + 1])
+                if kept is None:  # the count depends on the lengths only: same for every b
+                    return
+                picks.append(kept)
+            idx = torch.as_tensor(np.stack(picks), device=self.keys.device)
+            idx = idx[..., None].expand(-1, -1, -1, self.keys.shape[-1])
+            self.keys = self.keys.gather(2, idx)
+            self.values = self.values.gather(2, idx)
+
+        def after_attention(self, state, layer, query):
+            cache = self.cache_ref() if getattr(self, "cache_ref", None) else None
+            if cache is None:
+                return
+            n = query.shape[2]
+            if HF_KV_METHODS[cache.method] and n < 2:
+                return  # SnapKV / PyramidKV compress after prefill calls only (the C rule)
+            self.keep(cache.spec, cache.n_layers, layer,
+                      query if HF_KV_METHODS[cache.method] else None)
+
+    class KVMethodCache(DynamicCache):
+        """transformers' DynamicCache with a KV method (streamingllm, snapkv, pyramidkv): after
+        each attention call of a model patched with that kv_type, a layer keeps the rows that
+        libminference's rule names. Made by the patch for generate() and for forward calls
+        without a cache; minference.kv_cache(model) makes one for a loop of your own."""
+
+        def __init__(self, spec, n_layers, state=None):
+            Cache.__init__(self, layers=[KVMethodLayer() for _ in range(n_layers)])
+            self.spec = spec
+            self.method = spec.split(":")[0]
+            if self.method not in HF_KV_METHODS:
+                raise NotImplementedError(f"kv method {self.method!r} cannot run on a "
+                                          "transformers cache")
+            self.n_layers = n_layers
+            self.state = weakref.ref(state) if state is not None else None
+            for layer in self.layers:
+                layer.cache_ref = weakref.ref(self)
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            layer = self.layers[layer_idx]
+            state = self.state() if self.state is not None else None
+            if state is not None:
+                state.kv_layers[layer_idx] = weakref.ref(layer)
+            if key_states.shape[-2] == 1 and not HF_KV_METHODS[self.method]:
+                # StreamingLLM's decode step reads the sinks and the last n_local rows, its own
+                # included (a C session selects those): evict before the attention.
+                layer.keep(self.spec, self.n_layers, layer_idx, None)
+                keys, values = layer.keys, layer.values
+            return keys, values
+
+        def kept_rows(self, layer_idx=0):
+            """Rows the layer holds now (get_seq_length() counts the tokens seen)."""
+            return self.layers[layer_idx].rows()
+
+    _CACHE_CLASSES = (KVMethodCache, KVMethodLayer)
+    return _CACHE_CLASSES
+
+
+def kv_cache(model):
+    """A fresh KVMethodCache for a model patched with a KV method (kv_type streamingllm, snapkv
+    or pyramidkv), for calls that pass their cache (model(ids, cache=kv_cache(model)))."""
+    state = getattr(model, "_minference_state", None)
+    if state is None or state.kv_spec is None:
+        raise ValueError("kv_cache(model): the model is not patched with a KV method")
+    cls, _ = _cache_classes()
+    return cls(state.kv_spec, state.n_layers, state)
+
+
+def _install_kv_hooks(model, state):
+    """generate() and forward calls without a cache get a KVMethodCache."""
+    import inspect
+
+    cls, _ = _cache_classes()
+    params = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in params else "past_key_values"
+    prepare = model._prepare_cache_for_generation
+
+    def prepare_cache(generation_config, model_kwargs, *args, **kwargs):
+        out = prepare(generation_config, model_kwargs, *args, **kwargs)
+        for key in ("cache", "past_key_values"):
+            c = model_kwargs.get(key)
+            if c is not None and type(c).__name__ == "DynamicCache" and c.get_seq_length() == 0 \
+                    and not getattr(c, "_is_user_defined", False):
+                model_kwargs[key] = cls(state.kv_spec, state.n_layers, state)
+        return out
+
+    def pre_hook(module, args, kwargs):
+        use = kwargs.get("use_cache")
+        if use is None:
+            use = getattr(model.config, "use_cache", True)
+        given = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+        if use and not given and len(args) <= 1:
+            kwargs[name] = cls(state.kv_spec, state.n_layers, state)
+            return args, kwargs
+        return None
+
+    model._prepare_cache_for_generation = prepare_cache
+    state.kv_hook = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+
+def _remove_kv_hooks(model, state):
+    if getattr(state, "kv_hook", None) is not None:
+        state.kv_hook.remove()
+        state.kv_hook = None
+        model.__dict__.pop("_prepare_cache_for_generation", None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,11 +734,12 @@ class MInference:
     attn_type: "minference" (per-head patterns from a config; heads missing from it, or every head
     without a config, get vertical_and_slash 1000/6096), "dense", "a_shape", "tri_shape",
     "tri_mix", "tri_mix_minference", or "hf" (no patch). The original's other types raise
-    NotImplementedError. kv_type (the original's names, with their attn_kwargs): "dense" here;
-    "streamingllm", "snapkv", "pyramidkv", "quest" run in the C model runner: applied to a
+    NotImplementedError. kv_type (the original's names, with their attn_kwargs): applied to a
     minference.Model, MInference sets its attention and the KV method of its generate and
-    sessions; on a transformers model they raise NotImplementedError. attn_kwargs: n_init, n_local, n_last, starting_layer,
-    minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
+    sessions (every kv_type); on a transformers model "dense", "streamingllm", "snapkv" and
+    "pyramidkv" run on a KVMethodCache (see kv_cache), "quest", "retr_attn", "kivi" and "leank"
+    raise NotImplementedError (they need the C runner's paged cache). attn_kwargs: n_init,
+    n_local, n_last, starting_layer, minference_ratio, dense_below (sequences shorter than this run dense; 0 = never, default: the
     library's crossover), last_q, forced_columns, forced_diagonals, min_vertical, min_slash.
 
     is_search=True (with config_path= the output file): every prefill runs dense and searches
@@ -447,12 +762,19 @@ class MInference:
         if isinstance(model, Model):
             model.set_attention(cfg)
             return model
+        spec = None
         if cfg.kv_type != "dense":
-            raise NotImplementedError(
-                f"kv_type {cfg.kv_type!r} runs in the C model runner only (minference.Model: "
-                f"MInference(...)(Model(path)) or Model.session(kv={cfg.kv_spec()!r})); the "
-                "transformers patch keeps transformers' own KV cache, so it runs kv_type 'dense'")
-        if cfg.attn_type == "hf":
+            if cfg.kv_type not in HF_KV_METHODS:
+                raise NotImplementedError(
+                    f"kv_type {cfg.kv_type!r} runs in the C model runner only (minference.Model: "
+                    f"MInference(...)(Model(path)) or Model.session(kv={cfg.kv_spec()!r})); the "
+                    "transformers patch keeps transformers' own KV cache, which holds "
+                    f"kv_type {sorted(['dense'] + list(HF_KV_METHODS))} (the others keep "
+                    "quantized pages, page metadata, an index or per-channel keys)")
+            spec = _checked_kv_spec(cfg)
+            if cfg.is_search:
+                raise ValueError("is_search runs dense: it takes kv_type 'dense'")
+        if cfg.attn_type == "hf" and spec is None:
             return model
         try:
             import torch  # noqa: F401
@@ -468,11 +790,17 @@ class MInference:
                              "the MInference patch supports transformers decoder models whose "
                              "attention goes through AttentionInterface")
         what = cfg.model_name or getattr(text_cfg, "_name_or_path", None) or type(model).__name__
+        if spec is not None:
+            _check_kv_model(cfg, text_cfg)
         if cfg.is_search:
             patterns = [None] * n_layers
+        elif cfg.attn_type == "hf":
+            patterns = None  # transformers' attention, with the KV method's cache
         else:
             patterns = _build_patterns(cfg, n_layers, n_heads, what)
         state = _PatchState(cfg, patterns, _prefill_params(cfg.attn_kwargs), n_heads, what)
+        state.n_layers = n_layers
+        state.kv_spec = spec
         if cfg.is_search:
             state.search = _Search(cfg.config_path, n_layers, n_heads, cfg.attn_kwargs.get("search"))
         for m in mods:
@@ -484,6 +812,7 @@ class MInference:
             for m in model.modules():
                 if m.__dict__.get("_minference_state") is earlier:
                     del m.__dict__["_minference_state"]
+            _remove_kv_hooks(model, earlier)
         try:
             model.set_attn_implementation(ATTENTION_NAME)
         except (AttributeError, ValueError, TypeError, KeyError):
@@ -492,7 +821,40 @@ class MInference:
             text_cfg._attn_implementation = ATTENTION_NAME
         state.previous_attn_implementation = previous
         model._minference_state = state
+        if spec is not None:
+            _install_kv_hooks(model, state)
         return model
+
+
+def _checked_kv_spec(cfg):
+    """The spec with the library's check of its keys and values (and the defaults filled in)."""
+    spec = cfg.kv_spec()
+    lib = L.load_model()
+    msg = ctypes.create_string_buffer(512)
+    st = lib.mi_session_kv_check(spec.encode(), msg, len(msg))
+    if st != L.MI_STATUS_SUCCESS:
+        raise ValueError(f"kv_type {cfg.kv_type!r}: {msg.value.decode('utf-8', 'replace')}")
+    spec = msg.value.decode()
+    # The keys' relations (capacity > window, ...) are checked when the method is built: once
+    # now, on a one-row layer, rather than at the first prefill.
+    import numpy as np
+
+    one = np.zeros((1, 1, 1, 1), np.float32)
+    try:
+        kv_keep_rows(spec, 1, 0, one, one)
+    except MInferenceError as err:
+        raise ValueError(f"kv_type {cfg.kv_type!r}: {err.message}") from None
+    return spec
+
+
+def _check_kv_model(cfg, text_cfg):
+    types = getattr(text_cfg, "layer_types", None) or []
+    window = getattr(text_cfg, "sliding_window", None)
+    if any("sliding" in str(t) for t in types) or (
+            window and getattr(text_cfg, "use_sliding_window", True) and not types):
+        raise NotImplementedError(
+            f"kv_type {cfg.kv_type!r} on a model with sliding-window layers: the window's cache "
+            "and the KV method's cannot be combined in the transformers patch")
 
 
 def unpatch(model):
@@ -508,6 +870,7 @@ def unpatch(model):
     for m in model.modules():
         if m.__dict__.get("_minference_state") is state:
             del m.__dict__["_minference_state"]
+    _remove_kv_hooks(model, state)
     model.__dict__.pop("_minference_state", None)
     return model
 

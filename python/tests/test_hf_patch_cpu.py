@@ -115,7 +115,7 @@ def test_batch_left_and_right_padding(tmp_path):
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # the masks must be expressed, not fall back
                 out = prefill_logits(model, ids, mask)
-            assert model._minference_state.calls == {"sparse": 2, "dense_fallback": 0}
+            assert model._minference_state.calls == {"sparse": 2, "dense_fallback": 0, "offset": 0}
             for i, s in enumerate(seqs):
                 real = mask[i].bool()
                 err = rel_l2(out[i][real], ref[i][real])
@@ -143,7 +143,7 @@ def test_gqa_passes_kv_heads_unrepeated(monkeypatch):
     assert seen and all(s == (8, 2, 2) for s in seen)
 
 
-def test_follow_up_turn_and_decode_stay_dense():
+def test_follow_up_turn_runs_sparse_and_decode_stays_dense():
     model = make_model("llama", seed=5)
     ids = random_ids(300, seed=6)
     more = random_ids(40, seed=7)
@@ -159,14 +159,19 @@ def test_follow_up_turn_and_decode_stay_dense():
     with torch.no_grad():
         r1 = model(ids, use_cache=True)
         r2 = model(more, use_cache=True, **past(r1))
-    mi.MInference("dense")(model)
+        r3 = model(more[:, :1], use_cache=True, **past(r2))
+    mi.MInference("dense", attn_kwargs=FORCE_SPARSE)(model)
     st = model._minference_state
-    with torch.no_grad():
-        p1 = model(ids, use_cache=True)
-        calls = dict(st.calls)
-        p2 = model(more, use_cache=True, **past(p1))
-    assert calls["sparse"] == 2 and st.calls["sparse"] == 2  # the second turn went to sdpa
-    assert rel_l2(p1.logits, r1.logits) < 1e-5 and rel_l2(p2.logits, r2.logits) < 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            p1 = model(ids, use_cache=True)
+            p2 = model(more, use_cache=True, **past(p1))
+            assert st.calls == {"sparse": 4, "dense_fallback": 0, "offset": 2}  # the turn: offset
+            p3 = model(more[:, :1], use_cache=True, **past(p2))
+    assert st.calls == {"sparse": 4, "dense_fallback": 2, "offset": 2}  # decode: sdpa
+    for p, r in ((p1, r1), (p2, r2), (p3, r3)):
+        assert rel_l2(p.logits, r.logits) < 1e-5
 
 
 def test_pipeline_text_generation():
@@ -191,7 +196,7 @@ def test_sliding_window():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = prefill_logits(model, ids)
-    assert model._minference_state.calls == {"sparse": 2, "dense_fallback": 0}
+    assert model._minference_state.calls == {"sparse": 2, "dense_fallback": 0, "offset": 0}
     assert rel_l2(out, ref) < 1e-5
     # With left padding too.
     seqs = [random_ids(n, seed=n)[0] for n in (300, 200)]
@@ -225,8 +230,9 @@ def test_unsupported_types_raise_before_touching_the_model():
     model = make_model("llama")
     with pytest.raises(NotImplementedError):
         mi.MInference("inf_llm")(model)
-    with pytest.raises(NotImplementedError, match="C model runner"):
-        mi.MInference("minference", kv_type="snapkv")(model)
+    for kv in ("quest", "retr_attn", "kivi", "leank"):
+        with pytest.raises(NotImplementedError, match="C model runner"):
+            mi.MInference("dense", kv_type=kv)(model)
     assert model.config._attn_implementation == "sdpa"
 
 

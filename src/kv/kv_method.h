@@ -106,6 +106,17 @@ typedef struct kv_method_entry {
      * of a layer of len rows; NULL: every channel. */
     const uint8_t *(*key_channels)(const kv_method *m, int32_t layer, int32_t kv_head,
                                    int64_t *sink, int64_t *recent);
+    /* The rows a layer of len rows keeps after a call of n queries: per KV head *count rows,
+     * ascending, at keep + h * *count (keep holds [n_kv_heads][len]); *count == len: the layer
+     * stays whole. q [n][n_heads * head_dim] (after RoPE; NULL where the method reads none),
+     * k [n_kv_heads][len][head_dim] (NULL likewise). slack: rows a cache may hold past the
+     * method's bound before it evicts (a session: a page). The session's hooks and
+     * mi_session_kv_keep_rows (a cache outside a session) both apply the rule through it;
+     * NULL: the method needs the session's own cache. */
+    mi_status (*keep_rows)(kv_method *m, int32_t layer, const float *q, int64_t n, const float *k,
+                           int64_t len, int64_t slack, int64_t *keep, int64_t *count);
+    /* Whether keep_rows reads k (SnapKV) or only the lengths (StreamingLLM). */
+    bool keep_rows_reads_k;
 } kv_method_entry;
 
 struct kv_method {

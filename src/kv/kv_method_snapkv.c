@@ -191,14 +191,39 @@ static int64_t prefix_budget(const kv_method *m, int32_t layer, int64_t len, int
     return len < st->capacity ? -1 : st->capacity - w;
 }
 
+/* The observation window (w) and the prefix rows kept (n_keep) after a call of n queries over
+ * len rows; false: the layer stays whole. */
+static bool snap_plan(const kv_method *m, int32_t layer, int64_t len, int64_t n, int64_t *w,
+                      int64_t *n_keep) {
+    const snap_state *st = m->state;
+    if (n < 2) return false; /* compression follows a prefill call only */
+    /* a call shorter than the window observes with the queries it has */
+    *w = n < st->window ? n : st->window;
+    if (*w > len) return false;
+    *n_keep = prefix_budget(m, layer, len, *w);
+    return *n_keep >= 0 && *n_keep + *w < len;
+}
+
+static mi_status snap_keep(kv_method *m, int32_t layer, const float *q, int64_t n, const float *k,
+                           int64_t len, int64_t slack, int64_t *keep, int64_t *count) {
+    (void)slack;
+    const snap_state *st = m->state;
+    int64_t w = 0, n_keep = 0;
+    *count = len;
+    if (!snap_plan(m, layer, len, n, &w, &n_keep)) return MI_STATUS_SUCCESS;
+    mi_status s = kv_snapkv_select(q + (n - w) * (int64_t)m->geo.n_heads * m->geo.head_dim, w, k,
+                                   len, m->geo.n_heads, m->geo.n_kv_heads, m->geo.head_dim,
+                                   st->kernel, st->pooling, n_keep, keep);
+    if (s != MI_STATUS_SUCCESS) return kv_method_fail(m, s, "selecting rows of layer %d", layer);
+    *count = n_keep + w;
+    return MI_STATUS_SUCCESS;
+}
+
 static mi_status snap_compress(kv_method *m, mi_kv_seq *seq, int32_t layer, const float *q,
                                int64_t n) {
-    const snap_state *st = m->state;
     const int64_t len = mi_kv_seq_length(seq, layer);
-    /* a call shorter than the window observes with the queries it has */
-    const int64_t w = n < st->window ? n : st->window;
-    const int64_t n_keep = prefix_budget(m, layer, len, w);
-    if (n_keep < 0 || n_keep + w >= len) return MI_STATUS_SUCCESS;
+    int64_t w = 0, n_keep = 0;
+    if (!snap_plan(m, layer, len, n, &w, &n_keep)) return MI_STATUS_SUCCESS;
     const int32_t H = m->geo.n_kv_heads, hd = m->geo.head_dim;
     float *k = malloc((size_t)(len * H * hd) * sizeof(float));
     int64_t *keep = malloc((size_t)((n_keep + w) * H) * sizeof(int64_t));
@@ -209,16 +234,14 @@ static mi_status snap_compress(kv_method *m, mi_kv_seq *seq, int32_t layer, cons
                               (long long)len);
     }
     mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, len, hd);
+    int64_t count = len;
     mi_status s = mi_kv_seq_read(seq, layer, 0, len, &tk, NULL);
     if (s != MI_STATUS_SUCCESS)
         kv_method_fail(m, s, "reading layer %d: %s", layer,
                        mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
-    else if ((s = kv_snapkv_select(q + (n - w) * (int64_t)m->geo.n_heads * hd, w, k, len,
-                                   m->geo.n_heads, H, hd, st->kernel, st->pooling, n_keep, keep)) !=
-             MI_STATUS_SUCCESS)
-        kv_method_fail(m, s, "selecting rows of layer %d", layer);
-    else
-        s = kv_method_compact(m, seq, layer, n_keep + w, keep);
+    else if ((s = snap_keep(m, layer, q, n, k, len, 0, keep, &count)) == MI_STATUS_SUCCESS &&
+             count < len)
+        s = kv_method_compact(m, seq, layer, count, keep);
     free(k);
     free(keep);
     return s;
@@ -233,6 +256,8 @@ const kv_method_entry kv_method_snapkv_entry = {
     .destroy = snap_destroy,
     .clone = snap_clone,
     .after_prefill = snap_compress,
+    .keep_rows = snap_keep,
+    .keep_rows_reads_k = true,
 };
 
 const kv_method_entry kv_method_pyramidkv_entry = {
@@ -244,4 +269,6 @@ const kv_method_entry kv_method_pyramidkv_entry = {
     .destroy = snap_destroy,
     .clone = snap_clone,
     .after_prefill = snap_compress,
+    .keep_rows = snap_keep,
+    .keep_rows_reads_k = true,
 };

@@ -44,20 +44,33 @@ static mi_status streaming_clone(const kv_method *m, kv_method *out) {
     return MI_STATUS_SUCCESS;
 }
 
+static mi_status streaming_keep(kv_method *m, int32_t layer, const float *q, int64_t n,
+                                const float *k, int64_t len, int64_t slack, int64_t *keep,
+                                int64_t *count) {
+    (void)layer, (void)q, (void)n, (void)k;
+    const streaming_state *st = m->state;
+    const int64_t cap = st->n_init + st->n_local;
+    *count = len;
+    if (len <= cap + slack) return MI_STATUS_SUCCESS;
+    for (int32_t h = 0; h < m->geo.n_kv_heads; h++) {
+        int64_t *kh = keep + (int64_t)h * cap;
+        for (int64_t i = 0; i < st->n_init; i++) kh[i] = i;
+        for (int64_t i = 0; i < st->n_local; i++) kh[st->n_init + i] = len - st->n_local + i;
+    }
+    *count = cap;
+    return MI_STATUS_SUCCESS;
+}
+
 static mi_status streaming_evict(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t n_new) {
-    (void)n_new;
     const streaming_state *st = m->state;
     const int64_t len = mi_kv_seq_length(seq, layer), cap = st->n_init + st->n_local;
     if (len <= cap + m->geo.page_tokens) return MI_STATUS_SUCCESS;
-    const int32_t H = m->geo.n_kv_heads;
-    int64_t *keep = malloc((size_t)(cap * H) * sizeof(int64_t));
+    int64_t *keep = malloc((size_t)(cap * m->geo.n_kv_heads) * sizeof(int64_t));
     if (!keep) return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory evicting");
-    for (int32_t h = 0; h < H; h++) {
-        int64_t *k = keep + (int64_t)h * cap;
-        for (int64_t i = 0; i < st->n_init; i++) k[i] = i;
-        for (int64_t i = 0; i < st->n_local; i++) k[st->n_init + i] = len - st->n_local + i;
-    }
-    mi_status s = kv_method_compact(m, seq, layer, cap, keep);
+    int64_t count = len;
+    mi_status s =
+        streaming_keep(m, layer, NULL, n_new, NULL, len, m->geo.page_tokens, keep, &count);
+    if (s == MI_STATUS_SUCCESS && count < len) s = kv_method_compact(m, seq, layer, count, keep);
     free(keep);
     return s;
 }
@@ -94,4 +107,5 @@ const kv_method_entry kv_method_streamingllm_entry = {
     .clone = streaming_clone,
     .after_append = streaming_evict,
     .select = streaming_select,
+    .keep_rows = streaming_keep,
 };
