@@ -27,15 +27,17 @@
  * mi_model_prefill / mi_model_decode / mi_model_n_past keep working over the model's own
  * default sequence and do not touch sessions.
  *
- * On a CUDA model a session keeps its rows in bf16 host pages (the device cache's precision)
- * that the device cache mirrors: before a call, only the pages the device does not already hold
- * are uploaded (a session that runs again, or a fork of the session that ran last, uploads almost
- * nothing; switching to an unrelated session uploads its rows), and after it the call's new rows
- * are downloaded into the pages. There the full cache only (kv NULL or "dense"; other methods
- * are MI_STATUS_UNSUPPORTED), kv_dtype f32 or bf16 (both mean bf16 pages, exact copies of the
- * device's values), f16 or fp8 (rounded: the rows are uploaded again after each call), no
- * CacheBlend; and a session's call empties the model's own default sequence, which shares the
- * device cache. With mi_model_params.kv_offload the device holds one layer's rows at a time.
+ * On a CUDA model a session keeps its rows in host pages that the device cache mirrors: before
+ * a call, only the pages the device does not already hold are uploaded (a session that runs
+ * again, or a fork of the session that ran last, uploads almost nothing; switching to an
+ * unrelated session uploads its rows), and after it the call's new rows are downloaded into the
+ * pages. kv_dtype f32 or bf16 means bf16 pages there (exact copies of the device's values); f16
+ * and fp8 round them (the rows are uploaded again after each call). A KV method's session runs
+ * its first call on the device and attends on the host after that, over its f32 pages with the
+ * method's selection (the cache stays in host memory; the projections and the MLP stay on the
+ * device). No CacheBlend there. A session's call empties the model's own default sequence,
+ * which shares the device cache; with mi_model_params.kv_offload the device holds one layer's
+ * rows at a time.
  */
 #ifndef MINFERENCE_SESSION_H
 #define MINFERENCE_SESSION_H

@@ -382,9 +382,23 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
                                   "token %d at %lld is outside the vocabulary (%d)", tokens[i],
                                   (long long)i, m->vocab);
     if (m->gpu && seq) {
-        if (method) /* mi_session_create refuses them: this is a second line of defence */
-            return mim_model_fail(m, MI_STATUS_UNSUPPORTED, "kv methods run on the CPU model only");
-        return mim_gpu_forward_seq(m, seq, tokens, n, logits);
+        fwd_bufs b;
+        memset(&b, 0, sizeof(b));
+        const int64_t qd = (int64_t)m->n_heads * m->hd;
+        if (method && method->q_rows > 0 && n >= 2) {
+            b.q_rows = n < method->q_rows ? n : method->q_rows;
+            if (!(b.qkeep = malloc((size_t)(m->n_layers * b.q_rows * qd) * sizeof(float))))
+                return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for queries");
+        }
+        const mim_gpu_seq_call call = {seq, method, pos, b.qkeep, b.q_rows};
+        mi_status st = mim_gpu_forward_seq(m, &call, tokens, n, logits);
+        if (st == MI_STATUS_SUCCESS && method) { /* as below: the call's rows stay */
+            kv_method_appended(method, n);
+            st = method_after_call(m, seq, method, &b, n);
+            if (kept) *kept = true;
+        }
+        free(b.qkeep);
+        return st;
     }
     if (m->gpu) return mim_gpu_forward(m, tokens, n, fresh, logits, capture);
     const double t_start = mim_now_s();

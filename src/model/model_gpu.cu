@@ -871,17 +871,27 @@ mi_status layer_upload(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, i
                        bool use_slots);
 mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64_t n,
                          int64_t stage_rows);
+mi_status host_attention(mi_model *m, const mim_gpu_seq_call *call, int l, int64_t n,
+                         int64_t layer_rows, float scale);
 
-/* mim_gpu_forward, and a session's call when seq is set: each layer's new rows are appended to
- * seq after its attention, and with kv_offload the layer's earlier rows are uploaded before it
- * (stage_rows: rows per copy through the pinned buffer). */
+/* mim_gpu_forward, and a session's call when `call` is set: each layer's new rows are appended
+ * to the session after its attention, and with kv_offload the layer's earlier rows are uploaded
+ * before it (stage_rows: rows per copy through the pinned buffer). With a KV method, calls after
+ * the first attend on the host over the session's pages (the method's selection), the
+ * projections and the MLP staying on the device. */
 mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
-                      const mi_model_capture *capture, mi_kv_seq *seq, int64_t stage_rows) {
+                      const mi_model_capture *capture, const mim_gpu_seq_call *call,
+                      int64_t stage_rows) {
     gpu_state *g = GPU(m);
     const double t_start = mim_now_s();
     cudaSetDevice(g->device);
     if (fresh) m->n_past = 0;
     const int64_t n_past = m->n_past;
+    mi_kv_seq *seq = call ? call->seq : NULL;
+    /* the RoPE position of the first token: the rows before it, except where a KV method
+     * dropped rows */
+    const int64_t pos0 = call ? call->pos : n_past;
+    const bool host_attn = call && call->method && n_past > 0;
     /* this call writes the cache rows from n_past on (with kv_offload, every layer's buffer) */
     slots_drop_from(m, m->params.kv_offload ? 0 : n_past);
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
@@ -899,7 +909,7 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
     float *inv_freq = (float *)malloc((size_t)(half > 0 ? half : 1) * sizeof(float));
     if (!inv_freq) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     float mscale = 1.0f;
-    mim_rope_freqs(&m->rope, n_past + n, inv_freq, &mscale);
+    mim_rope_freqs(&m->rope, pos0 + n, inv_freq, &mscale);
     cudaError_t e = cudaMemcpyAsync(g->inv_freq, inv_freq, (size_t)half * sizeof(float),
                                     cudaMemcpyHostToDevice, g->stream);
     if (e == cudaSuccess)
@@ -911,7 +921,7 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
     if (e != cudaSuccess) return cuda_fail(m, e, "upload of the prompt");
     if (half > 0)
         rope_table_kernel<<<grid_for(n * half, 256), 256, 0, g->stream>>>(g->inv_freq, mscale, half,
-                                                                          n_past, n, g->rope);
+                                                                          pos0, n, g->rope);
     embed_kernel<<<(unsigned)n, 128, 0, g->stream>>>(g->tokens, g->embd, g->x, D);
     if ((st = launch_check(m, "embedding")) != MI_STATUS_SUCCESS) return st;
 
@@ -940,14 +950,25 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
         if (st == MI_STATUS_SUCCESS && capture && capture->on_layer)
             st = capture_layer(m, l, n, capture);
         if (st != MI_STATUS_SUCCESS) break;
-        if (seq && m->params.kv_offload && n_past > 0)
-            st = layer_upload(m, seq, l, n_past, stage_rows, false);
-        if (st != MI_STATUS_SUCCESS) break;
-        if (n_past == 0 && n > 1)
-            st = prefill_attention(m, l, n, &pp, pat);
-        else
-            st = continue_attention(m, l, n_past, n, scale);
-        if (st == MI_STATUS_SUCCESS && seq) st = layer_download(m, seq, l, n_past, n, stage_rows);
+        if (host_attn) {
+            /* the rows first (the host attention reads them from the pages), then attention */
+            const int64_t layer_rows = mi_kv_seq_length(seq, l);
+            st = layer_download(m, seq, l, n_past, n, stage_rows);
+            if (st == MI_STATUS_SUCCESS) st = host_attention(m, call, l, n, layer_rows, scale);
+        } else {
+            if (seq && m->params.kv_offload && n_past > 0)
+                st = layer_upload(m, seq, l, n_past, stage_rows, false);
+            if (st != MI_STATUS_SUCCESS) break;
+            if (n_past == 0 && n > 1)
+                st = prefill_attention(m, l, n, &pp, pat);
+            else
+                st = continue_attention(m, l, n_past, n, scale);
+            if (st == MI_STATUS_SUCCESS && seq)
+                st = layer_download(m, seq, l, n_past, n, stage_rows);
+            if (st == MI_STATUS_SUCCESS && call && call->qkeep && call->q_rows > 0)
+                st = download_f32(m, g->q + (n - call->q_rows) * qd, call->q_rows, qd,
+                                  call->qkeep + (int64_t)l * call->q_rows * qd);
+        }
         /* output projection into the residual, then the MLP, chunk by chunk */
         for (int64_t c0 = 0; c0 < n && st == MI_STATUS_SUCCESS; c0 += chunk) {
             const int64_t c = n - c0 < chunk ? n - c0 : chunk;
@@ -1176,23 +1197,58 @@ mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64
     return MI_STATUS_SUCCESS;
 }
 
+/* The attention of layer l on the host (model_session.c's, with the method's selection) over the
+ * session's pages, which already hold the call's rows: q down, the result up into att. */
+mi_status host_attention(mi_model *m, const mim_gpu_seq_call *call, int l, int64_t n,
+                         int64_t layer_rows, float scale) {
+    gpu_state *g = GPU(m);
+    const int64_t qd = (int64_t)m->n_heads * m->hd;
+    float *q = (float *)malloc((size_t)(2 * n * qd) * sizeof(float));
+    uint16_t *b = (uint16_t *)malloc((size_t)(n * qd) * sizeof(uint16_t));
+    if (!q || !b) {
+        free(q);
+        free(b);
+        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for the host attention");
+    }
+    float *out = q + n * qd;
+    mi_status st = download_f32(m, g->q, n, qd, q);
+    if (st == MI_STATUS_SUCCESS && call->qkeep && call->q_rows > 0)
+        memcpy(call->qkeep + (int64_t)l * call->q_rows * qd, q + (n - call->q_rows) * qd,
+               (size_t)(call->q_rows * qd) * sizeof(float));
+    if (st == MI_STATUS_SUCCESS)
+        st = mim_seq_attention(m, call->seq, call->method, l, q, n, layer_rows, scale, out);
+    if (st == MI_STATUS_SUCCESS) {
+        for (int64_t i = 0; i < n * qd; i++) b[i] = mi_f32_to_bf16(out[i]);
+        cudaError_t e = cudaMemcpyAsync(g->att, b, (size_t)(n * qd) * sizeof(uint16_t),
+                                        cudaMemcpyHostToDevice, g->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream); /* b is pageable and goes */
+        if (e != cudaSuccess) st = cuda_fail(m, e, "upload of the host attention");
+    }
+    free(q);
+    free(b);
+    return st;
+}
+
 } // namespace
 
-extern "C" mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens,
-                                         int64_t n, float *logits) {
+extern "C" mi_status mim_gpu_forward_seq(mi_model *m, const mim_gpu_seq_call *call,
+                                         const int32_t *tokens, int64_t n, float *logits) {
     gpu_state *g = GPU(m);
     cudaSetDevice(g->device);
+    mi_kv_seq *seq = call->seq;
     const int64_t n_past = mi_kv_seq_tokens(seq);
     mi_kv_page_layout lay;
     mi_status st = mi_kv_pool_layout(mi_kv_seq_pool(seq), &lay);
     if (st != MI_STATUS_SUCCESS) return mim_model_fail(m, st, "the session's pool");
-    if (lay.dtype != MI_KV_BF16 && lay.dtype != MI_KV_F16 && lay.dtype != MI_KV_FP8_E4M3)
+    /* with a method the device never reads the pages back (the host attends), so any storage */
+    if (!call->method && lay.dtype != MI_KV_BF16 && lay.dtype != MI_KV_F16 &&
+        lay.dtype != MI_KV_FP8_E4M3)
         return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
                               "a session on the CUDA model keeps bf16, f16 or fp8 pages, not %s",
                               mi_kv_dtype_name(lay.dtype));
     /* bf16 pages hold the device's values exactly; f16 and fp8 pages round them, so the rows a
      * call wrote are uploaded again (rounded) before the next call reads them */
-    const bool exact = lay.dtype == MI_KV_BF16;
+    const bool exact = !call->method && lay.dtype == MI_KV_BF16;
     const bool offload = m->params.kv_offload != 0;
     const int64_t kvd = (int64_t)m->n_kv * m->hd, P = lay.page_tokens;
     /* rows per copy: the runner's chunk (its unit of bounded buffers), whole pages */
@@ -1205,13 +1261,16 @@ extern "C" mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int3
         return st;
     if ((st = stage_ensure(m, (size_t)(2 * stage_rows * kvd) * sizeof(bf16))) != MI_STATUS_SUCCESS)
         return st;
-    for (int l = 0; l < m->n_layers && !offload && st == MI_STATUS_SUCCESS; l++)
+    for (int l = 0; l < m->n_layers && !offload && !call->method && st == MI_STATUS_SUCCESS; l++)
         st = layer_upload(m, seq, l, n_past, stage_rows, true);
     if (st != MI_STATUS_SUCCESS) return st;
+    int64_t *rows0 = (int64_t *)malloc((size_t)m->n_layers * sizeof(int64_t));
+    if (!rows0) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int l = 0; l < m->n_layers; l++) rows0[l] = mi_kv_seq_length(seq, l);
     m->n_past = n_past;
-    st = gpu_forward(m, tokens, n, n_past == 0, logits, NULL, seq, stage_rows);
+    st = gpu_forward(m, tokens, n, n_past == 0, logits, NULL, call, stage_rows);
     if (st != MI_STATUS_SUCCESS) { /* all or nothing: the session keeps its rows */
-        mi_kv_seq_truncate(seq, MI_KV_ALL_LAYERS, n_past);
+        for (int l = 0; l < m->n_layers; l++) mi_kv_seq_truncate(seq, l, rows0[l]);
         slots_drop_from(m, offload ? 0 : n_past);
     } else if (!offload && exact) { /* the device rows now mirror the session's new pages */
         for (int l = 0; l < m->n_layers; l++)
@@ -1223,7 +1282,10 @@ extern "C" mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int3
                 else
                     s->id = -1, s->rows = 0;
             }
+    } else {
+        slots_drop_from(m, offload ? 0 : n_past);
     }
+    free(rows0);
     m->n_past = 0;
     return st;
 }

@@ -30,12 +30,25 @@ void mim_gpu_detach(mi_model *m);
 mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                           const mi_model_capture *capture);
 
-/* A session's call (model_session.c): the device cache is first made to hold the session's
- * rows (only the pages it does not already mirror are uploaded from seq's bf16 host pages), then
- * the forward runs at positions mi_kv_seq_tokens(seq).., then the new rows are appended to seq.
- * All or nothing: on failure seq keeps its rows. Leaves the model's own sequence empty. */
-mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
-                              float *logits);
+/* A session's call (model_forward.c) on the GPU. */
+typedef struct mim_gpu_seq_call {
+    mi_kv_seq *seq;
+    struct kv_method *method; /* NULL: the full cache, attended on the device */
+    int64_t pos;              /* RoPE position of the first token (tokens seen) */
+    /* for a method's compression after the call: the last q_rows queries of every layer,
+     * [n_layers][q_rows][qd] (NULL: not wanted) */
+    float *qkeep;
+    int64_t q_rows;
+} mim_gpu_seq_call;
+
+/* Without a method the device cache is first made to hold the session's rows (only the pages it
+ * does not already mirror are uploaded), the forward runs, and the new rows are appended to the
+ * session. With one, the first call runs on the device likewise and later calls attend on the
+ * host over the pages with the method's selection (mim_seq_attention), the rest on the device.
+ * All or nothing: on failure the session keeps its rows. Leaves the model's own sequence
+ * empty. */
+mi_status mim_gpu_forward_seq(mi_model *m, const mim_gpu_seq_call *call, const int32_t *tokens,
+                              int64_t n, float *logits);
 
 #ifdef __cplusplus
 }

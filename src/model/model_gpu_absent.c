@@ -22,9 +22,9 @@ mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fr
     return mim_model_fail(m, MI_STATUS_NOT_BUILT, "this build has no CUDA support");
 }
 
-mi_status mim_gpu_forward_seq(mi_model *m, mi_kv_seq *seq, const int32_t *tokens, int64_t n,
-                              float *logits) {
-    (void)seq;
+mi_status mim_gpu_forward_seq(mi_model *m, const mim_gpu_seq_call *call, const int32_t *tokens,
+                              int64_t n, float *logits) {
+    (void)call;
     (void)tokens;
     (void)n;
     (void)logits;

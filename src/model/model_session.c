@@ -76,15 +76,11 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
     char err[KV_METHOD_ERROR_MAX];
     mi_status kst = kv_spec_parse(p.kv, &spec, err, sizeof err);
     if (kst != MI_STATUS_SUCCESS) return mim_model_fail(m, kst, "%s", err);
-    /* On the CUDA model a session's pages are bf16 host pages that the device cache mirrors
-     * (model_gpu.cu): the full cache only, in the device cache's precision. */
-    if (m->gpu && strcmp(spec.entry->name, "dense") != 0)
-        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
-                              "kv method %s runs on the CPU model only (a session on the CUDA "
-                              "model keeps the full cache)",
-                              spec.entry->name);
-    /* f32 there means the model's own precision: the bf16 pages of the model's pool */
-    if (m->gpu && p.kv_dtype == MI_KV_BF16) p.kv_dtype = MI_KV_F32;
+    /* On the CUDA model a session's pages are host pages that the device cache mirrors
+     * (model_gpu.cu): f32 there means the model's own precision, the bf16 pages of the model's
+     * pool. A KV method attends on the host after the first call: its pages are the CPU's. */
+    const bool gpu_dense = m->gpu && strcmp(spec.entry->name, "dense") == 0;
+    if (gpu_dense && p.kv_dtype == MI_KV_BF16) p.kv_dtype = MI_KV_F32;
     if (!m->kv_pool) {
         mi_kv_pool_params pp = mi_kv_pool_default_params();
         pp.n_layers = m->n_layers;
@@ -137,6 +133,9 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
     bool own = method && method->entry->storage && method->entry->storage(method, &qp);
     if (p.kv_dtype != MI_KV_F32) { /* pages of another precision: a pool of that dtype */
         qp.dtype = (mi_kv_dtype)p.kv_dtype;
+        own = true;
+    } else if (m->gpu && !gpu_dense && !own) { /* a method's f32 pages, with Quest's bounds */
+        qp.meta_kinds = MI_KV_META_KEY_MINMAX;
         own = true;
     }
     if (own && (st = mi_kv_pool_create(m->ctx, &qp, &pool)) != MI_STATUS_SUCCESS) {

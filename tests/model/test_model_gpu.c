@@ -267,12 +267,9 @@ static void compare_sessions(const char *name, const mi_model_shape *s) {
         mi_session_destroy(sc);
     }
 
-    /* refusals: methods and dtypes the CUDA model does not run; the model keeps working */
+    /* refusals: a bad dtype; the model keeps working */
     mi_session_params p = mi_session_default_params();
     mi_session *r = (mi_session *)1;
-    p.kv = "snapkv";
-    CHECK(mi_session_create(gpu, &p, &r) == MI_STATUS_UNSUPPORTED && r == NULL,
-          "%s snapkv on the GPU", name);
     p.kv = NULL;
     p.kv_dtype = 7; /* no such dtype */
     r = (mi_session *)1;
@@ -382,6 +379,88 @@ static void compare_offload(const char *name, const mi_model_shape *s) {
     mi_model_destroy(off);
 }
 
+/* KV methods on the CUDA model: the first call on the device, later calls attending on the host
+ * over the session's pages with the method's selection. Against the CPU session with the same
+ * method (bf16 on the GPU, so by relative error and the top token), with the same rows kept;
+ * a Quest budget covering the context against the GPU's dense session. */
+static void compare_methods(const char *name, const mi_model_shape *s) {
+    mi_model *cpu = create(s, MI_DEVICE_CPU, NULL), *gpu = create(s, MI_DEVICE_CUDA, NULL);
+    if (!cpu || !gpu) {
+        mi_model_destroy(cpu);
+        mi_model_destroy(gpu);
+        return;
+    }
+    const int V = s->vocab, n = 600, steps = 4;
+    int32_t *tok = malloc(sizeof(int32_t) * (n + steps));
+    test_byte_tokens(tok, n + steps, 41);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    static const char *const specs[] = {
+        "streamingllm:n_init=4,n_local=128",
+        "snapkv:window_size=16,max_capacity_prompt=160,kernel_size=5",
+        "pyramidkv:window_size=16,max_capacity_prompt=160,kernel_size=5",
+        "quest:token_budget=128,chunk_size=16,dense_layers=0",
+        "quest:token_budget=100000,chunk_size=16,dense_layers=0",
+        "dense",
+    };
+    float *dense_gpu = malloc(sizeof(float) * (size_t)V * (steps + 1));
+    float *quest_all = malloc(sizeof(float) * (size_t)V * (steps + 1));
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        mi_session_params p = mi_session_default_params();
+        p.kv = specs[k];
+        mi_session *sc = NULL, *sg = NULL;
+        CHECK(mi_session_create(cpu, &p, &sc) == 0, "%s %s cpu: %s", name, specs[k],
+              mi_model_last_error(cpu));
+        CHECK(mi_session_create(gpu, &p, &sg) == 0, "%s %s gpu: %s", name, specs[k],
+              mi_model_last_error(gpu));
+        if (!sc || !sg) {
+            mi_session_destroy(sc);
+            mi_session_destroy(sg);
+            continue;
+        }
+        double worst = 0;
+        int worst_rank = 0;
+        for (int i = 0; i <= steps; i++) {
+            const int32_t *t = i ? tok + n + i - 1 : tok;
+            const size_t len = i ? 1 : (size_t)n;
+            CHECK(mi_session_prefill(sc, t, len, a) == 0, "%s %s cpu call", name, specs[k]);
+            CHECK(mi_session_prefill(sg, t, len, b) == 0, "%s %s gpu call: %s", name, specs[k],
+                  mi_session_last_error(sg));
+            const double e = test_rel_l2(b, a, V);
+            const int r = rank_of_top(b, a, V);
+            worst = e > worst ? e : worst;
+            worst_rank = r > worst_rank ? r : worst_rank;
+            if (k == 4) memcpy(quest_all + (size_t)V * i, b, sizeof(float) * (size_t)V);
+            if (k == 5) memcpy(dense_gpu + (size_t)V * i, b, sizeof(float) * (size_t)V);
+        }
+        mi_session_stats tc, tg;
+        mi_session_stats_get(sc, &tc);
+        mi_session_stats_get(sg, &tg);
+        printf("%s %-60s GPU vs CPU: worst rel_l2 %.4f, rank %d, rows %lld / %lld\n", name,
+               specs[k], worst, worst_rank, (long long)tg.kv_rows, (long long)tc.kv_rows);
+        CHECK(worst < 0.05 && worst_rank <= 2, "%s %s: GPU differs from CPU by %.4f (rank %d)",
+              name, specs[k], worst, worst_rank);
+        CHECK(tg.kv_rows == tc.kv_rows && tg.n_tokens == tc.n_tokens, "%s %s: rows kept differ",
+              name, specs[k]);
+        mi_session_destroy(sc);
+        mi_session_destroy(sg);
+    }
+    /* a budget covering the context reads every row: dense, up to the host/device arithmetic */
+    double e_all = 0;
+    for (int i = 0; i <= steps; i++) {
+        const double e = test_rel_l2(quest_all + (size_t)V * i, dense_gpu + (size_t)V * i, V);
+        e_all = e > e_all ? e : e_all;
+    }
+    printf("%s quest covering the context vs dense on the GPU: rel_l2 %.5f\n", name, e_all);
+    CHECK(e_all < 0.02, "%s: quest over everything differs from dense by %.4f", name, e_all);
+    free(dense_gpu);
+    free(quest_all);
+    free(tok);
+    free(a);
+    free(b);
+    mi_model_destroy(cpu);
+    mi_model_destroy(gpu);
+}
+
 /* The real SmolLM2 (when $MI_MODEL or the package provides it): both paths on a text prompt of
  * about 1500 tokens, dense and minference with the dense fallback off. */
 static void compare_smollm2(void) {
@@ -455,6 +534,7 @@ int main(void) {
     compare_model("hd64", &s);
     compare_sessions("hd64", &s);
     compare_offload("hd64", &s);
+    compare_methods("hd64", &s);
 
     s.hidden = 512;
     s.n_heads = 8;
