@@ -4,7 +4,7 @@
  *   bench_session [--model PATH (default: SmolLM2) | --random llama3-8b] [--device cuda|cpu]
  *                 [--lens 32768,131072,...] [--method minference|dense|...] [--followup N]
  *                 [--requests R] [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]
- *                 [--kv-dtype 0..3]
+ *                 [--kv-dtype 0..3] [--kv SPEC]
  *                 [--json OUT]
  *
  * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method);
@@ -29,7 +29,8 @@ static const char usage_text[] =
     "usage: bench_session [--model PATH | --random llama3-8b] [--device cuda|cpu]\n"
     "         [--lens L1,L2,...] [--method NAME] [--followup N] [--requests R]\n"
     "         [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]\n"
-    "         [--kv-dtype N (0: the model's own precision, 1 f16, 2 bf16, 3 fp8)] [--gpu NAME]\n"
+    "         [--kv-dtype N (0: the model's own precision, 1 f16, 2 bf16, 3 fp8)]\n"
+    "         [--kv METHOD[:key=value,...]] [--gpu NAME]\n"
     "         [--json OUT]\n";
 
 typedef struct row {
@@ -45,13 +46,14 @@ static double used_mib(const mi_session *s) {
 }
 
 static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int followup, int requests,
-                      int question, int n_decode, int reprefill, int kv_dtype, float *logits,
-                      int32_t vocab, row *r) {
+                      int question, int n_decode, int reprefill, int kv_dtype, const char *kv,
+                      float *logits, int32_t vocab, row *r) {
     memset(r, 0, sizeof *r);
     r->tokens = L;
     mi_session *s = NULL, *f = NULL;
     mi_session_params sp = mi_session_default_params();
     sp.kv_dtype = kv_dtype;
+    sp.kv = kv;
     if (mi_session_create(model, &sp, &s) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "session: %s\n", mi_model_last_error(model));
         return 1;
@@ -134,6 +136,7 @@ int main(int argc, char **argv) {
     const char *method = "minference", *gpu = "", *json_path = NULL;
     int followup = 1024, requests = 2, question = 64, n_decode = 16, reprefill = 1, offload = 0;
     int kv_dtype = 0;
+    const char *kv = NULL;
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
         {"random", ARG_STR, &random, 0, 0, NULL},
@@ -147,6 +150,7 @@ int main(int argc, char **argv) {
         {"reprefill", ARG_INT, &reprefill, 0, 1, NULL},
         {"offload", ARG_INT, &offload, 0, 1, NULL},
         {"kv-dtype", ARG_INT, &kv_dtype, 0, 3, NULL},
+        {"kv", ARG_STR, &kv, 0, 0, NULL},
         {"gpu", ARG_STR, &gpu, 0, 0, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
     };
@@ -223,8 +227,8 @@ int main(int argc, char **argv) {
         free(tt);
         free(text);
     }
-    fprintf(stderr, "model %s on %s, method %s\n", random ? "random llama3-8b shape" : model_path,
-            device, method);
+    fprintf(stderr, "model %s on %s, method %s, kv %s\n",
+            random ? "random llama3-8b shape" : model_path, device, method, kv ? kv : "dense");
     printf("%9s %9s %8s %9s %9s %7s %10s %9s %9s %9s %8s\n", "tokens", "prefill s", "fork ms",
            "pool MiB", "+fork MiB", "turn s", "turn/pref", "decode/s", "multi s", "re-pref s",
            "peak GiB");
@@ -233,7 +237,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_lens; i++) {
         row r;
         if (run_length(model, prompt, lens[i], followup, requests, question, n_decode, reprefill,
-                       kv_dtype, logits, info.vocab, &r) != 0) {
+                       kv_dtype, kv, logits, info.vocab, &r) != 0) {
             failures++;
             continue;
         }
@@ -273,6 +277,7 @@ int main(int argc, char **argv) {
         json_object_set_new(root, "method", json_string(method));
         json_object_set_new(root, "kv_offload", json_boolean(offload));
         json_object_set_new(root, "kv_dtype", json_integer(kv_dtype));
+        json_object_set_new(root, "kv", json_string(kv ? kv : "dense"));
         json_object_set_new(root, "rows", rows);
         if (json_dump_file(root, json_path, JSON_INDENT(1)) != 0)
             fprintf(stderr, "bench_session: cannot write %s\n", json_path), failures++;
