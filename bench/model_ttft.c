@@ -99,22 +99,10 @@ int main(int argc, char **argv) {
 
     mi_model_params mp = mi_model_default_params();
     mp.device = strcmp(device, "cpu") == 0 ? MI_DEVICE_CPU : MI_DEVICE_CUDA;
-    mi_context *ectx = NULL; /* receives the loader's message */
-    mi_context_create(NULL, &ectx);
-    mi_model *model = NULL;
     double t_load = tool_now_s();
+    mi_model *model = tool_bench_model("bench_model_ttft", random ? NULL : model_path, &mp);
+    if (!model) return 1;
     mi_status st;
-    if (random) {
-        mi_model_shape shape = mi_model_shape_llama3_8b();
-        st = mi_model_create_random(ectx, &shape, 1, &mp, &model);
-    } else {
-        st = mi_model_load(ectx, model_path, &mp, &model);
-    }
-    if (st != MI_STATUS_SUCCESS)
-        fprintf(stderr, "bench_model_ttft: cannot load the model: %s\n",
-                mi_context_last_error(ectx));
-    mi_context_destroy(ectx);
-    if (st != MI_STATUS_SUCCESS) return 1;
     t_load = tool_now_s() - t_load;
     mi_model_info info;
     mi_model_get_info(model, &info);
@@ -128,37 +116,12 @@ int main(int argc, char **argv) {
     /* the prompt: text tokens repeated, or seeded random tokens for a random model */
     int64_t max_len = warmup;
     for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
-    int32_t *prompt = malloc((size_t)max_len * sizeof(int32_t));
+    int32_t *prompt =
+        tool_bench_prompt("bench_model_ttft", random ? NULL : model, text_path, max_len);
     float *logits = malloc((size_t)info.vocab * sizeof(float));
     if (!prompt || !logits) {
-        fprintf(stderr, "bench_model_ttft: out of memory\n");
+        fprintf(stderr, "bench_model_ttft: no prompt or out of memory\n");
         return 1;
-    }
-    if (random) {
-        uint64_t s = 12345;
-        for (int64_t i = 0; i < max_len; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            prompt[i] = (int32_t)((s >> 33) % 256); /* byte tokens */
-        }
-    } else {
-        size_t text_len = 0;
-        char *text =
-            text_path ? tool_read_file(text_path, &text_len, NULL) : tool_license_text(&text_len);
-        size_t n_text = 0;
-        if (!text ||
-            mi_model_tokenize(model, text, text_len, 0, 0, NULL, 0, &n_text) !=
-                MI_STATUS_WORKSPACE_TOO_SMALL ||
-            n_text == 0) {
-            fprintf(stderr, "bench_model_ttft: no prompt text (%s)\n",
-                    text_path ? text_path : "/usr/share/common-licenses");
-            return 1;
-        }
-        int32_t *tt = malloc(n_text * sizeof(int32_t));
-        if (!tt || mi_model_tokenize(model, text, text_len, 0, 0, tt, n_text, &n_text)) return 1;
-        for (int64_t i = 0; i < max_len; i++) prompt[i] = tt[i % (int64_t)n_text];
-        if (info.bos >= 0) prompt[0] = info.bos;
-        free(tt);
-        free(text);
     }
 
     fprintf(stderr,

@@ -181,20 +181,8 @@ int main(int argc, char **argv) {
     mi_model_params mp = mi_model_default_params();
     mp.device = strcmp(device, "cpu") == 0 ? MI_DEVICE_CPU : MI_DEVICE_CUDA;
     mp.kv_offload = offload;
-    mi_context *ectx = NULL;
-    mi_context_create(NULL, &ectx);
-    mi_model *model = NULL;
-    mi_status st;
-    if (random) {
-        mi_model_shape shape = mi_model_shape_llama3_8b();
-        st = mi_model_create_random(ectx, &shape, 1, &mp, &model);
-    } else {
-        st = mi_model_load(ectx, model_path, &mp, &model);
-    }
-    if (st != MI_STATUS_SUCCESS)
-        fprintf(stderr, "bench_session: cannot load the model: %s\n", mi_context_last_error(ectx));
-    mi_context_destroy(ectx);
-    if (st != MI_STATUS_SUCCESS) return 1;
+    mi_model *model = tool_bench_model("bench_session", random ? NULL : model_path, &mp);
+    if (!model) return 1;
     if (mi_model_set_attention_name(model, method, NULL, -1) != MI_STATUS_SUCCESS) {
         fprintf(stderr, "bench_session: %s\n", mi_model_last_error(model));
         return 2;
@@ -204,29 +192,9 @@ int main(int argc, char **argv) {
     int64_t max_len = 0;
     for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     const int64_t total = max_len + followup + (int64_t)requests * question;
-    int32_t *prompt = malloc((size_t)total * sizeof(int32_t));
+    int32_t *prompt = tool_bench_prompt("bench_session", random ? NULL : model, NULL, total);
     float *logits = malloc((size_t)info.vocab * sizeof(float));
     if (!prompt || !logits) return 1;
-    if (random) {
-        uint64_t s = 12345;
-        for (int64_t i = 0; i < total; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            prompt[i] = (int32_t)((s >> 33) % 256);
-        }
-    } else {
-        size_t text_len = 0, n_text = 0;
-        char *text = tool_license_text(&text_len);
-        if (!text || mi_model_tokenize(model, text, text_len, 0, 0, NULL, 0, &n_text) !=
-                         MI_STATUS_WORKSPACE_TOO_SMALL) {
-            fprintf(stderr, "bench_session: no prompt text (/usr/share/common-licenses)\n");
-            return 1;
-        }
-        int32_t *tt = malloc(n_text * sizeof(int32_t));
-        if (!tt || mi_model_tokenize(model, text, text_len, 0, 0, tt, n_text, &n_text)) return 1;
-        for (int64_t i = 0; i < total; i++) prompt[i] = tt[i % (int64_t)n_text];
-        free(tt);
-        free(text);
-    }
     fprintf(stderr, "model %s on %s, method %s, kv %s\n",
             random ? "random llama3-8b shape" : model_path, device, method, kv ? kv : "dense");
     printf("%9s %9s %8s %9s %9s %7s %10s %9s %9s %9s %8s\n", "tokens", "prefill s", "fork ms",

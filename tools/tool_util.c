@@ -245,3 +245,60 @@ void tool_buf_addn(tool_buf *b, const char *s, size_t n) {
     b->n += n;
     b->s[b->n] = 0;
 }
+
+mi_model *tool_bench_model(const char *who, const char *path, const mi_model_params *params) {
+    mi_context *ectx = NULL; /* receives the loader's message */
+    mi_context_create(NULL, &ectx);
+    mi_model *model = NULL;
+    mi_status st;
+    if (!path) {
+        mi_model_shape shape = mi_model_shape_llama3_8b();
+        st = mi_model_create_random(ectx, &shape, 1, params, &model);
+    } else {
+        st = mi_model_load(ectx, path, params, &model);
+    }
+    if (st != MI_STATUS_SUCCESS)
+        fprintf(stderr, "%s: cannot load the model: %s\n", who, mi_context_last_error(ectx));
+    mi_context_destroy(ectx);
+    return model;
+}
+
+int32_t *tool_bench_prompt(const char *who, mi_model *text_model, const char *text_path,
+                           int64_t n) {
+    int32_t *prompt = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!prompt) {
+        fprintf(stderr, "%s: out of memory for a prompt of %lld tokens\n", who, (long long)n);
+        return NULL;
+    }
+    if (!text_model) {
+        uint64_t s = 12345;
+        for (int64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            prompt[i] = (int32_t)((s >> 33) % 256); /* byte tokens */
+        }
+        return prompt;
+    }
+    size_t text_len = 0, n_text = 0;
+    char *text =
+        text_path ? tool_read_file(text_path, &text_len, NULL) : tool_license_text(&text_len);
+    int32_t *tt = NULL;
+    if (text &&
+        mi_model_tokenize(text_model, text, text_len, 0, 0, NULL, 0, &n_text) ==
+            MI_STATUS_WORKSPACE_TOO_SMALL &&
+        n_text > 0 && (tt = malloc(n_text * sizeof(int32_t))) &&
+        mi_model_tokenize(text_model, text, text_len, 0, 0, tt, n_text, &n_text) ==
+            MI_STATUS_SUCCESS) {
+        for (int64_t i = 0; i < n; i++) prompt[i] = tt[i % (int64_t)n_text];
+        mi_model_info info;
+        mi_model_get_info(text_model, &info);
+        if (info.bos >= 0 && n > 0) prompt[0] = info.bos;
+    } else {
+        fprintf(stderr, "%s: no prompt text (%s)\n", who,
+                text_path ? text_path : "/usr/share/common-licenses");
+        free(prompt);
+        prompt = NULL;
+    }
+    free(tt);
+    free(text);
+    return prompt;
+}

@@ -32,6 +32,18 @@ char *tool_default_model(void);
  * /usr/share/common-licenses, concatenated with blank lines between them. NULL if none. */
 char *tool_license_text(size_t *len);
 
+/* The benchmarks' model: the GGUF / Hugging Face directory at path, or with path NULL seeded
+ * random weights of the LLaMA-3-8B shape. On failure prints "WHO: cannot load the model: ..."
+ * and returns NULL. */
+typedef struct mi_model mi_model;
+typedef struct mi_model_params mi_model_params;
+mi_model *tool_bench_model(const char *who, const char *path, const mi_model_params *params);
+
+/* The benchmarks' prompt of n tokens: for a random model (text_model NULL) seeded random byte
+ * tokens; else the text of text_path (NULL: tool_license_text) tokenized and repeated, the
+ * first token BOS where the vocabulary has one. malloc'ed; NULL (after a message) on failure. */
+int32_t *tool_bench_prompt(const char *who, mi_model *text_model, const char *text_path, int64_t n);
+
 /* A pattern config; on failure prints "minference CMD: cannot load config PATH: reason" with the
  * loader's detailed reason and returns NULL. */
 typedef struct mi_config mi_config;
