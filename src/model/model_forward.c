@@ -610,21 +610,29 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
 
 mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                       const mi_model_capture *capture) {
-    if (m->gpu && m->params.kv_offload && !capture) {
-        /* the device holds one layer's rows: the model's own sequence lives in host pages */
-        if (fresh || !m->own_session) {
-            mi_session_destroy(m->own_session);
-            m->own_session = NULL;
-            mi_status st = mi_session_create(m, NULL, &m->own_session);
-            if (st != MI_STATUS_SUCCESS) return st;
-        }
-        mi_status st = mi_session_prefill(m->own_session, tokens, (size_t)n, logits);
-        if (st != MI_STATUS_SUCCESS)
-            mim_model_fail(m, st, "%s", mi_session_last_error(m->own_session));
-        m->n_past = mi_session_n_past(m->own_session);
-        return st;
+    if (capture || (m->gpu && !m->params.kv_offload)) {
+        /* a capture measures a fresh prompt in the contiguous cache and leaves none; the CUDA
+         * model's device cache is its own sequence (sessions mirror their pages into it) */
+        mi_session_destroy(m->own_session);
+        m->own_session = NULL;
+        return forward(m, NULL, NULL, 0, tokens, n, fresh, logits, capture, NULL);
     }
-    return forward(m, NULL, NULL, 0, tokens, n, fresh, logits, capture, NULL);
+    /* the model's own sequence is a session of its own (with kv_offload, the only place its
+     * rows live) */
+    int64_t cap;
+    const int64_t past = fresh || !m->own_session ? 0 : mi_session_n_past(m->own_session);
+    mi_status st = mim_cache_capacity(m, past + n, 0, &cap); /* max_context, as before */
+    if (st != MI_STATUS_SUCCESS) return st;
+    if (fresh || !m->own_session) {
+        mi_session_destroy(m->own_session);
+        m->own_session = NULL;
+        if ((st = mi_session_create(m, NULL, &m->own_session)) != MI_STATUS_SUCCESS) return st;
+    }
+    st = mi_session_prefill(m->own_session, tokens, (size_t)n, logits);
+    if (st != MI_STATUS_SUCCESS)
+        mim_model_fail(m, st, "%s", mi_session_last_error(m->own_session));
+    m->n_past = mi_session_n_past(m->own_session);
+    return st;
 }
 
 mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t pos,
