@@ -141,8 +141,8 @@ static mi_status seg_attention(mi_model *m, const bseg *sg, int32_t l, const flo
     if (sg->n_past == 0 && n > 1) {
         if ((st = mim_layer_patterns(m, l, n, pat)) != MI_STATUS_SUCCESS) return st;
         const mi_prefill_params pp = mim_prefill_params_for(m, n);
-        mi_tensor tq = mi_tensor_blhd((float *)q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n,
-                                      m->hd);
+        mi_tensor tq =
+            mi_tensor_blhd((float *)q, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
         mi_tensor tk = mi_tensor_blhd(kc, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
         mi_tensor tv = mi_tensor_blhd(vc, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_kv, n, m->hd);
         mi_tensor to = mi_tensor_blhd(att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
@@ -337,8 +337,7 @@ static mi_status batch_forward(mi_model *m, bseg *sg, int64_t ns, int64_t N, flo
         if (ms != MI_STATUS_SUCCESS && st == MI_STATUS_SUCCESS) {
             char msg[MIM_ERROR_CAPACITY];
             snprintf(msg, sizeof msg, "%s", m->last_error);
-            st = mim_model_fail(m, ms, "session %lld: kv method compaction: %s", (long long)i,
-                                msg);
+            st = mim_model_fail(m, ms, "session %lld: kv method compaction: %s", (long long)i, msg);
         }
     }
     free_bbufs(&b, sg, ns);
@@ -375,8 +374,8 @@ static mi_status run_batch(mi_session *const *ss, const int32_t *const *tokens,
     for (size_t i = 0; i < n; i++)
         if (ss[i]) mim_session_fail(ss[i], MI_STATUS_SUCCESS, "");
     if (n > BATCH_MAX_SESSIONS)
-        return bfail(ss, n, MI_STATUS_INVALID_ARGUMENT, "%s batch: %zu sessions, over %d", what,
-                     n, BATCH_MAX_SESSIONS);
+        return bfail(ss, n, MI_STATUS_INVALID_ARGUMENT, "%s batch: %zu sessions, over %d", what, n,
+                     BATCH_MAX_SESSIONS);
     for (size_t i = 0; i < n; i++)
         if (!ss[i])
             return bfail(ss, n, MI_STATUS_INVALID_ARGUMENT, "%s batch: session %zu is NULL", what,
@@ -388,8 +387,7 @@ static mi_status run_batch(mi_session *const *ss, const int32_t *const *tokens,
                          "%s batch: session %zu belongs to another model than session 0 (a batch "
                          "runs one model's weights)",
                          what, i);
-    if (m->gpu)
-        return bfail(ss, n, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
+    if (m->gpu) return bfail(ss, n, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
     /* a session twice would append its rows twice at the same positions; sort-free check, as
      * batches are small */
     for (size_t i = 1; i < n; i++)

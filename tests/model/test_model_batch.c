@@ -25,8 +25,7 @@ static mi_session *open_dtype(mi_model *m, int32_t dtype) {
     mi_session_params p = mi_session_default_params();
     p.kv_dtype = dtype;
     mi_session *s = NULL;
-    CHECK(mi_session_create(m, &p, &s) == MI_STATUS_SUCCESS, "session: %s",
-          mi_model_last_error(m));
+    CHECK(mi_session_create(m, &p, &s) == MI_STATUS_SUCCESS, "session: %s", mi_model_last_error(m));
     return s;
 }
 
@@ -80,14 +79,14 @@ static void compare(mi_model *m, int ns, mk_fn mk, const int32_t *const *pre, co
             CHECK(d < TOL, "%s: step %d, session %d (%zu tokens): logits differ by %g", what, t, i,
                   lens[i], d);
             next[i] = mi_argmax(got + (size_t)i * V, V);
-            CHECK(next[i] == rtok[i * (steps + 1) + t], "%s: step %d, session %d: token %d, alone %d",
-                  what, t, i, next[i], rtok[i * (steps + 1) + t]);
+            CHECK(next[i] == rtok[i * (steps + 1) + t],
+                  "%s: step %d, session %d: token %d, alone %d", what, t, i, next[i],
+                  rtok[i * (steps + 1) + t]);
             next[i] = rtok[i * (steps + 1) + t]; /* keep the sequences the same */
         }
         if (t == steps) break;
         st = mi_session_decode_batch(bat, next, (size_t)ns, got);
-        CHECK(st == MI_STATUS_SUCCESS, "%s: decode batch: %s", what,
-              mi_session_last_error(bat[0]));
+        CHECK(st == MI_STATUS_SUCCESS, "%s: decode batch: %s", what, mi_session_last_error(bat[0]));
         if (st != MI_STATUS_SUCCESS) goto done;
     }
     for (int i = 0; i < ns; i++) {
@@ -110,8 +109,8 @@ static void compare(mi_model *m, int ns, mk_fn mk, const int32_t *const *pre, co
         for (int i = 0; i < ns; i++) {
             CHECK_OK(mi_session_decode(one[i], &next[i], 1, ref));
             CHECK(memcmp(ref, got + (size_t)i * V, sizeof(float) * (size_t)V) == 0,
-                  "%s: decode batch over equal caches, session %d: not bit for bit (%g)", what,
-                  i, test_rel_l2(got + (size_t)i * V, ref, V));
+                  "%s: decode batch over equal caches, session %d: not bit for bit (%g)", what, i,
+                  test_rel_l2(got + (size_t)i * V, ref, V));
             mi_session_destroy(fk[i]);
         }
     }
@@ -140,8 +139,7 @@ static mi_session *mk_kv(mi_model *m, int i) {
 
 /* Every session of the batch as it was: its tokens and rows, and the same logits for the same
  * next token as a fork taken before the call. */
-static void check_unchanged(mi_session **ss, mi_session **before, int ns, int V,
-                            const char *what) {
+static void check_unchanged(mi_session **ss, mi_session **before, int ns, int V, const char *what) {
     float *a = fbuf((size_t)V), *b = fbuf((size_t)V);
     for (int i = 0; i < ns; i++) {
         CHECK_EQ(mi_session_n_past(ss[i]), mi_session_n_past(before[i]));
@@ -203,8 +201,7 @@ static void test_errors(mi_model *m, mi_model *other, const int32_t *tok) {
     CHECK_STATUS(mi_session_decode_batch(mix, dt, 3, lg), MI_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(mi_session_last_error(ss[2]), "another model"), "mix: '%s'",
           mi_session_last_error(ss[2]));
-    CHECK(strstr(mi_session_last_error(o), "another model"), "mix: '%s'",
-          mi_session_last_error(o));
+    CHECK(strstr(mi_session_last_error(o), "another model"), "mix: '%s'", mi_session_last_error(o));
     CHECK_EQ(mi_session_n_past(o), 0);
     check_unchanged(ss, snap, 3, V, "mixed models");
     mi_session_destroy(o);
@@ -293,8 +290,7 @@ static void test_out_of_memory(const mi_model_shape *sh, const int32_t *tok) {
         CHECK_OK(mi_session_prefill(ref, tok, 3, NULL));
         CHECK_OK(mi_session_decode(ref, &t, 1, b));
         CHECK_OK(mi_session_decode(ss[i], &t, 1, a));
-        CHECK(memcmp(a, b, sizeof(float) * (size_t)V) == 0, "out of memory: session %d changed",
-              i);
+        CHECK(memcmp(a, b, sizeof(float) * (size_t)V) == 0, "out of memory: session %d changed", i);
         CHECK_OK(mi_session_rewind(ss[i], 1));
         mi_session_destroy(ref);
     }
