@@ -162,9 +162,9 @@ static int tokenize_job(const generate_batch_opts *o, const mi_model_info *info,
     size_t n = 0;
     mi_model_tokenize(o->model, text, strlen(text), add_bos, 1, NULL, 0, &n);
     j->tok = malloc((n ? n : 1) * sizeof(int32_t));
-    mi_status st = j->tok ? mi_model_tokenize(o->model, text, strlen(text), add_bos, 1, j->tok, n,
-                                              &j->n_tok)
-                          : MI_STATUS_OUT_OF_MEMORY;
+    mi_status st =
+        j->tok ? mi_model_tokenize(o->model, text, strlen(text), add_bos, 1, j->tok, n, &j->n_tok)
+               : MI_STATUS_OUT_OF_MEMORY;
     free(chat_text);
     if (st != MI_STATUS_SUCCESS || j->n_tok == 0) {
         fprintf(stderr, "minference generate: %s, line %d: %s\n", o->path, j->line_no,
@@ -217,8 +217,8 @@ static mi_status run_step(job **act, int k, float *logits, int32_t vocab, step_s
         ss->splits++;
         const int h = k / 2;
         st = run_step(act, h, logits, vocab, ss);
-        if (st == MI_STATUS_SUCCESS) st = run_step(act + h, k - h, logits + (size_t)h * vocab,
-                                                   vocab, ss);
+        if (st == MI_STATUS_SUCCESS)
+            st = run_step(act + h, k - h, logits + (size_t)h * vocab, vocab, ss);
     }
     return st;
 }

@@ -65,8 +65,12 @@ static void bgemv_task(void *arg, int64_t b, int64_t e, int thread) {
         const mim_weight *w = j->w[k];
         const int64_t r = g - j->first[k];
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * w->row_bytes;
-        for (int64_t i = 0; i < j->n; i++)
-            j->out[k][i * j->ldo[k] + r] = mim_dot_row(w->type, row, j->x + i * w->cols, w->cols);
+        float d[BATCH_GEMV_MAX_ROWS];
+        for (int64_t i0 = 0; i0 < j->n; i0 += BATCH_GEMV_MAX_ROWS) {
+            const int64_t c = j->n - i0 < BATCH_GEMV_MAX_ROWS ? j->n - i0 : BATCH_GEMV_MAX_ROWS;
+            mim_dot_rows(w->type, row, j->x + i0 * w->cols, w->cols, c, w->cols, d);
+            for (int64_t i = 0; i < c; i++) j->out[k][(i0 + i) * j->ldo[k] + r] = d[i];
+        }
     }
 }
 

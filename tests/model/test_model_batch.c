@@ -11,6 +11,7 @@
  * products as single decodes, so there it must be bit for bit.
  */
 #include "minference_kv.h"
+#include "model_internal.h"
 #include "session_test_util.h"
 
 #define TOL 1e-4
@@ -339,6 +340,56 @@ static void test_random(void) {
     mi_model_destroy(other);
 }
 
+/* mim_dot_rows (a weight row against several decode rows, the batch's GEMV) equals
+ * mim_dot_row on each x row bit for bit, and a float64 dot of the dequantised row to rounding,
+ * for the formats it unpacks once (Q4_0, Q4_1, Q8_0) and one it does not (F32). */
+static void test_dot_rows(void) {
+    const int64_t n = 256;
+    const uint32_t types[] = {MIM_TYPE_Q4_0, MIM_TYPE_Q4_1, MIM_TYPE_Q8_0, MIM_TYPE_F32};
+    uint64_t seed = 99;
+    unsigned char row[1024];
+    float x[9 * 256], w[256], out[9];
+    for (int64_t i = 0; i < 9 * n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(seed >> 40) / (double)(1 << 24) - 0.5);
+    }
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const uint32_t type = types[t];
+        uint64_t bytes = 0;
+        CHECK(mim_type_row_bytes(type, (uint64_t)n, &bytes) && bytes <= sizeof row, "type %u",
+              type);
+        for (uint64_t i = 0; i < bytes; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            row[i] = (unsigned char)(seed >> 56);
+        }
+        if (type == MIM_TYPE_F32) /* finite floats */
+            for (int64_t i = 0; i < n; i++) ((float *)(void *)row)[i] = x[i] * 3.0f;
+        else /* small finite fp16 scales (and Q4_1 minimums): 0x2c00..0x2fff is 1/16..1/8 */
+            for (uint64_t b = 0; b < bytes; b += type == MIM_TYPE_Q4_1   ? 20
+                                                 : type == MIM_TYPE_Q8_0 ? 34
+                                                                         : 18) {
+                row[b + 1] = (unsigned char)(0x2c | (row[b + 1] & 3));
+                if (type == MIM_TYPE_Q4_1) row[b + 3] = (unsigned char)(0xac | (row[b + 3] & 3));
+            }
+        mim_dequant_row(type, row, w, n);
+        for (int nx = 1; nx <= 9; nx++) {
+            mim_dot_rows(type, row, x, n, nx, n, out);
+            for (int i = 0; i < nx; i++) {
+                const float one = mim_dot_row(type, row, x + i * n, n);
+                CHECK(memcmp(&one, &out[i], sizeof one) == 0,
+                      "type %u, %d rows, row %d: %.9g != %.9g", type, nx, i, out[i], one);
+                double ref = 0, mag = 0;
+                for (int64_t k = 0; k < n; k++) {
+                    ref += (double)w[k] * x[i * n + k];
+                    mag += fabs((double)w[k] * x[i * n + k]);
+                }
+                CHECK(fabs(out[i] - ref) <= 1e-5 * mag + 1e-6, "type %u: %g, float64 %g", type,
+                      out[i], ref);
+            }
+        }
+    }
+}
+
 static void test_smollm2(const char *path) {
     mi_model_params p = mi_model_default_params();
     p.n_threads = 2;
@@ -372,6 +423,7 @@ static void test_smollm2(const char *path) {
 
 int main(void) {
     char *path = test_find_model();
+    test_dot_rows();
     test_random();
     if (path)
         test_smollm2(path);
