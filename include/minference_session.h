@@ -210,7 +210,7 @@ MI_API mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int
  * activations) changes no session, except when a KV method's compaction after the layers fails,
  * which keeps the call's tokens in every session (as for a single call). The message goes to
  * every session's mi_session_last_error and to the model's. MI_STATUS_UNSUPPORTED on a CUDA
- * model. */
+ * model (its sessions take turns in its device cache: one call at a time). */
 MI_API mi_status mi_session_prefill_batch(mi_session *const *sessions, const int32_t *const *tokens,
                                           const size_t *n_tokens, size_t n, float *logits);
 /* One token per session: tokens[i] goes to sessions[i]; logits [n, vocab] (may be NULL). */

@@ -391,7 +391,10 @@ static mi_status run_batch(mi_session *const *ss, const int32_t *const *tokens,
                          "%s batch: session %zu belongs to another model than session 0 (a batch "
                          "runs one model's weights)",
                          what, i);
-    if (m->gpu) return bfail(ss, n, MI_STATUS_UNSUPPORTED, "sessions run on the CPU model only");
+    if (m->gpu)
+        return bfail(ss, n, MI_STATUS_UNSUPPORTED,
+                     "batches of sessions run on the CPU model only (the CUDA model's sessions "
+                     "take turns in its device cache: run them one call at a time)");
     /* a session twice would append its rows twice at the same positions; sort-free check, as
      * batches are small */
     for (size_t i = 1; i < n; i++)
