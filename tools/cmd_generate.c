@@ -328,9 +328,21 @@ int mi_cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (prompts_path) {
-        const generate_batch_opts bo = {
-            model,    prompts_path, max_new, batch, chat,           tmpl,  system,      kv,
-            kv_dtype, temperature,  top_p,   top_k, (uint64_t)seed, quiet, long_context};
+        const generate_batch_opts bo = {.model = model,
+                                        .path = prompts_path,
+                                        .max_new = max_new,
+                                        .batch = batch,
+                                        .chat = chat,
+                                        .tmpl = tmpl,
+                                        .system = system,
+                                        .kv = kv,
+                                        .kv_dtype = kv_dtype,
+                                        .temperature = temperature,
+                                        .top_p = top_p,
+                                        .top_k = top_k,
+                                        .seed = (uint64_t)seed,
+                                        .quiet = quiet,
+                                        .long_context = long_context};
         rc = mi_generate_batch(&bo);
         goto done;
     }
