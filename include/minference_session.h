@@ -194,6 +194,29 @@ MI_API mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int
                                          const mi_tensor *q, const mi_tensor *k, int64_t *keep,
                                          int64_t *count, char *msg, size_t msg_size);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Batches: several sessions in one forward pass                                                */
+
+/* Appends tokens[i][0..n_tokens[i]) to sessions[i] for every i < n in one forward pass, and
+ * writes each session's last-position logits to row i of logits [n, vocab] (may be NULL). The
+ * per-token work (embeddings, projections, MLP, LM head) runs once over every session's rows
+ * stacked, so each weight matrix is read once per layer for the whole batch; attention runs per
+ * session over its own cache, exactly as mi_session_prefill would (the sparse prefill of an
+ * empty session included), and each session's KV method runs as in a single call. The results
+ * equal n single calls up to float rounding (a decode batch of up to 16 sessions: bit for bit).
+ * Sessions may hold different lengths, KV methods and kv_dtypes; they must all belong to one
+ * model, each appear once (a fork is another session), and each call must fit its max_tokens.
+ * All or nothing: a failure (a bad argument, MI_STATUS_OUT_OF_MEMORY from the pool or the
+ * activations) changes no session, except when a KV method's compaction after the layers fails,
+ * which keeps the call's tokens in every session (as for a single call). The message goes to
+ * every session's mi_session_last_error and to the model's. MI_STATUS_UNSUPPORTED on a CUDA
+ * model (its sessions take turns in its device cache: one call at a time). */
+MI_API mi_status mi_session_prefill_batch(mi_session *const *sessions, const int32_t *const *tokens,
+                                          const size_t *n_tokens, size_t n, float *logits);
+/* One token per session: tokens[i] goes to sessions[i]; logits [n, vocab] (may be NULL). */
+MI_API mi_status mi_session_decode_batch(mi_session *const *sessions, const int32_t *tokens,
+                                         size_t n, float *logits);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "generate_batch.h"
 #include "tool_util.h"
 
 static const char usage_text[] =
@@ -31,6 +32,7 @@ static const char usage_text[] =
     "           [--seed S] [--session FILE] [--kv METHOD[:key=value,...]]\n"
     "           [--kv-dtype f32|f16|bf16|fp8] [--chunk N] [--kv-offload]\n"
     "           [--allow-long-context] [--quiet]\n"
+    "       minference generate --prompts FILE.jsonl [--batch N] [same options]\n"
     "\n"
     "  --model        a .gguf file or a Hugging Face directory (config.json,\n"
     "                 *.safetensors, tokenizer.json). Default: $MI_MODEL, else the\n"
@@ -69,6 +71,12 @@ static const char usage_text[] =
     "                 scaling, where it has one, decides how well that goes); refused\n"
     "                 otherwise\n"
     "  --quiet        no progress or statistics on stderr\n"
+    "  --prompts      many prompts, one JSON object per line: {\"prompt\": TEXT} with\n"
+    "                 optional \"max_new_tokens\" and \"id\" (echoed); '-' reads stdin.\n"
+    "                 They run together in batches of sessions (one forward pass for\n"
+    "                 all); prints one JSON line per prompt, in order: id, index, text,\n"
+    "                 prompt_tokens, generated_tokens, stop (eog or length)\n"
+    "  --batch        prompts decoded together at most with --prompts (default 8)\n"
     "Output streams to stdout; statistics go to stderr.\n";
 
 /* Process CPU time (all threads): next to wall time it shows when other processes held the
@@ -154,8 +162,9 @@ int mi_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *config_path = NULL;
     const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
     const char *session_path = NULL, *kv = NULL, *kv_dtype_name = "f32";
-    int chunk = 0;
+    int chunk = 0, batch = 8;
     bool kv_offload = false;
+    const char *prompts_path = NULL;
     mi_session *sess = NULL;
     char kv_shown[1024] = "";
     int max_new = 128, threads = 0, dense_below = -1, top_k = 0;
@@ -189,6 +198,8 @@ int mi_cmd_generate(int argc, char **argv) {
         {"chunk", ARG_INT, &chunk, 0, 1 << 30, NULL},
         {"kv-offload", ARG_BOOL, &kv_offload, 0, 0, NULL},
         {"allow-long-context", ARG_BOOL, &long_context, 0, 0, NULL},
+        {"prompts", ARG_STR, &prompts_path, 0, 0, NULL},
+        {"batch", ARG_INT, &batch, 1, 4096, NULL},
     };
     args_result ar = args_parse("generate", usage_text, specs,
                                 (int)(sizeof specs / sizeof specs[0]), argc, argv, NULL, 0, NULL);
@@ -233,8 +244,13 @@ int mi_cmd_generate(int argc, char **argv) {
     if (!(top_p >= 1e-6 && top_p <= 1.0))
         return args_error("generate", usage_text,
                           "bad value '%g' for '--top-p' (a number in [1e-6, 1])", top_p);
-    if ((prompt != NULL) == (prompt_file != NULL))
-        return args_error("generate", usage_text, "give exactly one of --prompt and --prompt-file");
+    if ((prompt != NULL) + (prompt_file != NULL) + (prompts_path != NULL) != 1)
+        return args_error("generate", usage_text,
+                          "give exactly one of --prompt, --prompt-file and --prompts");
+    if (prompts_path && (session_path || chunk > 0 || device != MI_DEVICE_CPU))
+        return args_error("generate", usage_text,
+                          "--prompts runs sessions on the CPU: not with --session, --chunk or "
+                          "--device cuda");
     char *prompt_buf = NULL;
     if (prompt_file) {
         size_t prompt_len = 0;
@@ -309,6 +325,25 @@ int mi_cmd_generate(int argc, char **argv) {
                                      (int32_t)dense_below);
     if (st != MI_STATUS_SUCCESS) {
         fprintf(stderr, "minference generate: %s\n", mi_model_last_error(model));
+        goto done;
+    }
+    if (prompts_path) {
+        const generate_batch_opts bo = {.model = model,
+                                        .path = prompts_path,
+                                        .max_new = max_new,
+                                        .batch = batch,
+                                        .chat = chat,
+                                        .tmpl = tmpl,
+                                        .system = system,
+                                        .kv = kv,
+                                        .kv_dtype = kv_dtype,
+                                        .temperature = temperature,
+                                        .top_p = top_p,
+                                        .top_k = top_k,
+                                        .seed = (uint64_t)seed,
+                                        .quiet = quiet,
+                                        .long_context = long_context};
+        rc = mi_generate_batch(&bo);
         goto done;
     }
     if (session_path || kv_method || kv_dtype != 0 || chunk > 0) {

@@ -533,6 +533,12 @@ MODEL_PROTOTYPES.update({
                                      c_void_p, P(c_int64), c_char_p, c_size_t]),
 })
 
+# Batches of sessions in one forward pass.
+MODEL_PROTOTYPES.update({
+    "mi_session_prefill_batch": (ST, [P(c_void_p), P(c_void_p), P(c_size_t), c_size_t, c_void_p]),
+    "mi_session_decode_batch": (ST, [P(c_void_p), c_void_p, c_size_t, c_void_p]),
+})
+
 class LibraryNotFound(ImportError):
     pass
 

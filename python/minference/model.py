@@ -719,16 +719,107 @@ class Model(_Closing):
         return out
 
     def generate(self, prompt, max_new_tokens=64, chat=False, temperature=0.0, top_k=0,
-                 top_p=1.0, seed=0, stream=None, system=None):
+                 top_p=1.0, seed=0, stream=None, system=None, batch_size=8):
         """Generates text after prompt (a str, or token ids) and returns it (the prompt not
         included). Greedy by default; temperature > 0 samples (top_k, top_p; the same seed
         gives the same text, and the text of `minference generate` with that seed). Stops at an
         end-of-generation token or after max_new_tokens. chat: True (or "chatml" / "llama3")
         wraps the prompt in the model's chat template, with system as the system message.
         stream(text) is called with each piece of text as it is generated. Control tokens are
-        left out of the text."""
+        left out of the text.
+
+        A list of prompts (of str, or of token-id sequences) returns a list of texts, in order:
+        the prompts run in sessions decoded together, up to batch_size in one forward pass
+        (mi_session_prefill_batch; a finished prompt's place goes to the next one), each with
+        its own sampler of the same seed, so each text is the one its prompt gives alone
+        (greedy: the same tokens up to float rounding). max_new_tokens may then be a list, one
+        per prompt. No stream with a list. On a CUDA model (no sessions) the prompts run one
+        after the other."""
+        if _is_prompt_list(prompt):
+            if stream is not None:
+                raise ValueError("stream takes one prompt, not a list")
+            return self._generate_batch(list(prompt), max_new_tokens, chat, temperature, top_k,
+                                        top_p, seed, system, batch_size)
         return _generate_text(self, self, prompt, max_new_tokens, chat, temperature, top_k, top_p,
                               seed, stream, system)
+
+    def _generate_batch(self, prompts, max_new_tokens, chat, temperature, top_k, top_p, seed,
+                        system, batch_size):
+        if isinstance(max_new_tokens, (list, tuple, np.ndarray)):
+            if len(max_new_tokens) != len(prompts):
+                raise ValueError(f"{len(max_new_tokens)} max_new_tokens for {len(prompts)} "
+                                 "prompts")
+            limits = [_int_arg(x, "max_new_tokens", L.c_int64, minimum=0) for x in max_new_tokens]
+        else:
+            limits = [_int_arg(max_new_tokens, "max_new_tokens", L.c_int64, minimum=0)] * len(
+                prompts)
+        batch_size = _int_arg(batch_size, "batch_size", L.c_int32, minimum=1)
+        temperature = float(temperature)
+        if not (math.isfinite(temperature) and temperature >= 0.0):
+            raise ValueError(f"temperature must be a finite number >= 0, not {temperature}")
+        top_k = _int_arg(top_k, "top_k", L.c_int32, minimum=0)
+        top_p = float(top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], not {top_p}")
+        seed = _int_arg(seed, "seed", L.c_uint64)
+        if chat not in (False, True) and chat not in _CHAT_TEMPLATES:
+            raise ValueError(f"chat must be a bool or one of {list(_CHAT_TEMPLATES)}, not {chat!r}")
+        if self.device != "cpu":
+            return [self.generate(p, n, chat, temperature, top_k, top_p, seed, None, system)
+                    for p, n in zip(prompts, limits)]
+        tokens = [self._prompt_tokens(p, chat, system) for p in prompts]
+        outs = [[] for _ in prompts]
+        pending = [i for i in range(len(prompts)) if limits[i] > 0]
+        pending.reverse()
+        active = []  # [index, session, sampler, next token (None: the prompt), prompt tokens]
+        V = self.vocab_size
+        try:
+            while active or pending:
+                while pending and len(active) < batch_size:
+                    i = pending.pop()
+                    active.append([i, self.session(),
+                                   _Sampler(temperature, top_k, top_p, seed, V), None, tokens[i]])
+                logits = self._batch_step(active)
+                kept = []
+                for row, a in enumerate(active):
+                    i, s, sampler = a[0], a[1], a[2]
+                    nxt = sampler(logits[row])
+                    if self.is_eog(nxt):
+                        s.close()
+                        continue
+                    outs[i].append(nxt)
+                    if len(outs[i]) >= limits[i]:
+                        s.close()
+                        continue
+                    a[3] = nxt
+                    kept.append(a)
+                active = kept
+        finally:
+            for a in active:
+                a[1].close()
+        return [self._text_of(t) for t in outs]
+
+    def _batch_step(self, active):
+        """One mi_session_prefill_batch: each session's prompt, or its last sampled token."""
+        k = len(active)
+        arrays = [np.asarray([a[3]], dtype=np.int32) if a[3] is not None else
+                  np.ascontiguousarray(a[4], dtype=np.int32) for a in active]
+        sess = (ctypes.c_void_p * k)(*[a[1].handle for a in active])
+        ptrs = (ctypes.c_void_p * k)(*[x.ctypes.data for x in arrays])
+        sizes = (ctypes.c_size_t * k)(*[x.size for x in arrays])
+        logits = np.empty((k, self.vocab_size), dtype=np.float32)
+        with self._lock:
+            st = self._lib.mi_session_prefill_batch(sess, ptrs, sizes, k, logits.ctypes.data)
+        if st != 0:
+            raise MInferenceError(st, _decode(self._lib.mi_session_last_error(sess[0])),
+                                  "mi_session_prefill_batch")
+        return logits
+
+    def _text_of(self, tokens):
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        parts = [decoder.decode(self.token_to_piece(t)) for t in tokens if not self.is_control(t)]
+        parts.append(decoder.decode(b"", final=True))
+        return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -973,6 +1064,14 @@ def _kv_spec(lib, kv):
     if st != 0:
         raise ValueError(text)
     return None if text.split(":", 1)[0] == "dense" else kv
+
+
+def _is_prompt_list(prompt):
+    """A list of prompts (of str / bytes, or of token-id sequences), not one prompt's ids."""
+    if not isinstance(prompt, (list, tuple)):
+        return False
+    return all(isinstance(p, (str, bytes)) for p in prompt) or all(
+        isinstance(p, (list, tuple, np.ndarray)) for p in prompt)
 
 
 def _generate_text(generator, model, prompt, max_new_tokens, chat, temperature, top_k, top_p, seed,

@@ -90,6 +90,10 @@ bool mim_type_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes);
 void mim_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
 /* dot(row, x) for one row of n elements without expanding it to memory. */
 float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n);
+/* out[i] = mim_dot_row(type, row, x + i * ldx, n) for i < n_x, bit for bit, reading the row
+ * once for all of them (a batch of decode rows: the quantized blocks are unpacked once). */
+void mim_dot_rows(uint32_t type, const void *row, const float *x, int64_t ldx, int64_t n_x,
+                  int64_t n, float *out);
 
 /* A 2-D weight in its file encoding: rows x cols, rows contiguous, row_bytes apart. */
 typedef struct mim_weight {

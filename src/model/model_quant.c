@@ -441,3 +441,111 @@ float mim_dot_row(uint32_t type, const void *row, const float *x, int64_t n) {
     }
     }
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* One row against several x rows (a batch of decode rows)                                     */
+
+#ifdef MIM_AVX2
+/* G x rows (a constant once inlined, so the accumulators stay in registers): each block is
+ * unpacked once for all of them, and each row's accumulation is dot_avx2's, op for op, so
+ * out[r] equals mim_dot_row(row, x + r * ldx) bit for bit. */
+static inline __attribute__((always_inline)) void dots_q4(const unsigned char *p, const float *x,
+                                                          int64_t ldx, int64_t nb, bool q41, int G,
+                                                          float *out) {
+    const int64_t bs = q41 ? 20 : 18;
+    const __m128i mask = _mm_set1_epi8(15);
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    __m256 acc[4], accm[4];
+    for (int r = 0; r < G; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += bs) {
+        _mm_prefetch((const char *)p + 1024, _MM_HINT_T0);
+        __m128i q = _mm_loadu_si128((const __m128i *)(p + (q41 ? 4 : 2)));
+        __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        __m256 w0 = u8x8_ps(lo), w1 = u8x8_ps(_mm_srli_si128(lo, 8));
+        __m256 w2 = u8x8_ps(hi), w3 = u8x8_ps(_mm_srli_si128(hi, 8));
+        if (!q41) {
+            w0 = _mm256_sub_ps(w0, eight);
+            w1 = _mm256_sub_ps(w1, eight);
+            w2 = _mm256_sub_ps(w2, eight);
+            w3 = _mm256_sub_ps(w3, eight);
+        }
+        const __m256 d = _mm256_set1_ps(fp16(p));
+        const __m256 mn = _mm256_set1_ps(q41 ? fp16(p + 2) : 0.0f);
+        for (int r = 0; r < G; r++) {
+            const float *xb = x + r * ldx + b * MIM_QK;
+            __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+            __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+            __m256 s = _mm256_mul_ps(w0, x0);
+            s = _mm256_fmadd_ps(w1, x1, s);
+            s = _mm256_fmadd_ps(w2, x2, s);
+            s = _mm256_fmadd_ps(w3, x3, s);
+            acc[r] = _mm256_fmadd_ps(d, s, acc[r]);
+            if (q41) {
+                __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+                accm[r] = _mm256_fmadd_ps(mn, sx, accm[r]);
+            }
+        }
+    }
+    for (int r = 0; r < G; r++) out[r] = hsum8(_mm256_add_ps(acc[r], accm[r]));
+}
+
+static inline __attribute__((always_inline)) void
+dots_q8(const unsigned char *p, const float *x, int64_t ldx, int64_t nb, int G, float *out) {
+    __m256 acc[4];
+    for (int r = 0; r < G; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += 34) {
+        _mm_prefetch((const char *)p + 1024, _MM_HINT_T0);
+        __m128i q0 = _mm_loadu_si128((const __m128i *)(p + 2));
+        __m128i q1 = _mm_loadu_si128((const __m128i *)(p + 18));
+        const __m256 w0 = i8x8_ps(q0), w1 = i8x8_ps(_mm_srli_si128(q0, 8));
+        const __m256 w2 = i8x8_ps(q1), w3 = i8x8_ps(_mm_srli_si128(q1, 8));
+        const __m256 d = _mm256_set1_ps(fp16(p));
+        for (int r = 0; r < G; r++) {
+            const float *xb = x + r * ldx + b * MIM_QK;
+            __m256 s = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
+            s = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), s);
+            s = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), s);
+            s = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), s);
+            acc[r] = _mm256_fmadd_ps(d, s, acc[r]);
+        }
+    }
+    for (int r = 0; r < G; r++) out[r] = hsum8(acc[r]);
+}
+
+static void dots_group(uint32_t type, const unsigned char *p, const float *x, int64_t ldx,
+                       int64_t n, int g, float *out) {
+    const int64_t nb = n / MIM_QK;
+    const bool q41 = type == MIM_TYPE_Q4_1;
+    if (type == MIM_TYPE_Q8_0) {
+        switch (g) {
+        case 4: dots_q8(p, x, ldx, nb, 4, out); break;
+        case 3: dots_q8(p, x, ldx, nb, 3, out); break;
+        case 2: dots_q8(p, x, ldx, nb, 2, out); break;
+        default: dots_q8(p, x, ldx, nb, 1, out); break;
+        }
+        return;
+    }
+    switch (g) {
+    case 4: dots_q4(p, x, ldx, nb, q41, 4, out); break;
+    case 3: dots_q4(p, x, ldx, nb, q41, 3, out); break;
+    case 2: dots_q4(p, x, ldx, nb, q41, 2, out); break;
+    default: dots_q4(p, x, ldx, nb, q41, 1, out); break;
+    }
+}
+#endif
+
+void mim_dot_rows(uint32_t type, const void *row, const float *x, int64_t ldx, int64_t n_x,
+                  int64_t n, float *out) {
+#ifdef MIM_AVX2
+    if ((type == MIM_TYPE_Q4_0 || type == MIM_TYPE_Q4_1 || type == MIM_TYPE_Q8_0) &&
+        n % MIM_QK == 0) {
+        pthread_once(&f16_once, f16_init);
+        for (int64_t i = 0; i < n_x; i += 4) {
+            const int g = n_x - i < 4 ? (int)(n_x - i) : 4;
+            dots_group(type, row, x + i * ldx, ldx, n, g, out + i);
+        }
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n_x; i++) out[i] = mim_dot_row(type, row, x + i * ldx, n);
+}

@@ -151,6 +151,8 @@ int64_t mim_session_max_tokens(const mi_session *s);
 bool mim_session_dense(const mi_session *s);
 void mim_session_set_n_pos(mi_session *s, int64_t n_pos);
 mi_status mim_session_fail(const mi_session *s, mi_status st, const char *msg);
+/* The session's KV method (NULL: dense), for the batched forward pass (model_batch.c). */
+struct kv_method *mim_session_method(const mi_session *s);
 
 /* CacheBlend's selection (model_blend.c): idx[0..k) = the indices of the k largest dev[0..n)
  * (ties: the lower index first), in ascending order; idx has room for n. Returns min(k, n). */

@@ -566,3 +566,5 @@ void mim_session_set_n_pos(mi_session *s, int64_t n_pos) { s->n_pos = n_pos; }
 mi_status mim_session_fail(const mi_session *s, mi_status st, const char *msg) {
     return sfail(s, st, "%s", msg);
 }
+
+kv_method *mim_session_method(const mi_session *s) { return s->method; }
