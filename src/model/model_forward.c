@@ -629,8 +629,7 @@ mi_status mim_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
         if ((st = mi_session_create(m, NULL, &m->own_session)) != MI_STATUS_SUCCESS) return st;
     }
     st = mi_session_prefill(m->own_session, tokens, (size_t)n, logits);
-    if (st != MI_STATUS_SUCCESS)
-        mim_model_fail(m, st, "%s", mi_session_last_error(m->own_session));
+    if (st != MI_STATUS_SUCCESS) mim_model_fail(m, st, "%s", mi_session_last_error(m->own_session));
     m->n_past = mi_session_n_past(m->own_session);
     return st;
 }
