@@ -213,7 +213,8 @@ static mi_status run_step(job **act, int k, float *logits, int32_t vocab, step_s
         ss->decode_s += tool_now_s() - t0;
         ss->decode_rows += k;
     }
-    if (st == MI_STATUS_OUT_OF_MEMORY && k > 1) {
+    /* out of memory: halves; a model that runs no batches (CUDA): down to single calls */
+    if ((st == MI_STATUS_OUT_OF_MEMORY || st == MI_STATUS_UNSUPPORTED) && k > 1) {
         ss->splits++;
         const int h = k / 2;
         st = run_step(act, h, logits, vocab, ss);

@@ -391,6 +391,8 @@ static mi_status run_batch(mi_session *const *ss, const int32_t *const *tokens,
                          "%s batch: session %zu belongs to another model than session 0 (a batch "
                          "runs one model's weights)",
                          what, i);
+    if (m->gpu && n == 1 && tokens && n_tokens && tokens[0] && n_tokens[0] > 0)
+        return mi_session_prefill(ss[0], tokens[0], n_tokens[0], logits); /* a single call */
     if (m->gpu)
         return bfail(ss, n, MI_STATUS_UNSUPPORTED,
                      "batches of sessions run on the CPU model only (the CUDA model's sessions "

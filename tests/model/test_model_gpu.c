@@ -280,7 +280,7 @@ static void compare_sessions(const char *name, const mi_model_shape *s) {
     CHECK(mi_session_decode(a, &badtok, 1, got) == MI_STATUS_INVALID_ARGUMENT &&
               mi_session_n_past(a) == before,
           "%s a bad token changes nothing", name);
-    /* batches of sessions run on the CPU model only: refused, and nothing changes */
+    /* batches of several sessions run on the CPU model only: refused, and nothing changes */
     mi_session *pair[2] = {a, b};
     const int32_t two[2] = {1, 2};
     const int64_t before_b = mi_session_n_past(b);
@@ -288,6 +288,9 @@ static void compare_sessions(const char *name, const mi_model_shape *s) {
               mi_session_n_past(a) == before && mi_session_n_past(b) == before_b &&
               strstr(mi_session_last_error(a), "CPU") != NULL,
           "%s a batch on the GPU is refused: %s", name, mi_session_last_error(a));
+    /* a batch of one is a single call */
+    CHECK(mi_session_decode_batch(pair, two, 1, got) == 0 && mi_session_n_past(a) == before + 1,
+          "%s a batch of one on the GPU: %s", name, mi_session_last_error(a));
     mi_session_destroy(c);
     mi_session_destroy(f1);
     mi_session_destroy(f2);
