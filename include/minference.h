@@ -269,6 +269,7 @@ typedef enum mi_pattern_type {
     MI_PATTERN_STRIDED = 6,        /* "strided": the last stride keys + every stride-th key */
     MI_PATTERN_XATTENTION = 7,     /* "xattention": antidiagonal block scores, threshold */
     MI_PATTERN_FLEXPREFILL = 8,    /* "flexprefill": query-aware or vertical-slash blocks */
+    MI_PATTERN_INFLLM = 9,         /* "inf_llm": sinks + local window + top_k retrieved blocks */
 } mi_pattern_type;
 
 /* The patterns are numbered 0 .. mi_pattern_count() - 1; names, aliases and fields come from
@@ -300,12 +301,18 @@ typedef struct mi_head_pattern {
     int32_t threshold;     /* XAttention: block-mass threshold; FlexPrefill: gamma (per mille) */
     int32_t tau;           /* FlexPrefill: sqrt-JS-divergence threshold (per mille) */
     int32_t dense_local;   /* dilated: the local keys kept densely before the dilated span */
+    int32_t block_size;    /* InfLLM: tokens per memory block (top_k counts these blocks) */
+    int32_t repr_topk;     /* InfLLM: representative keys per block */
+    int32_t chunk_size;    /* InfLLM: query rows per retrieval (one selection per chunk) */
+    int32_t per_head;      /* InfLLM: 1: each head selects its blocks; 0: the heads of a call
+                              with equal InfLLM fields share one selection */
 } mi_head_pattern;
 
 /* Defaults of the original: VS (1000, 6096); A-shape (128, 3968); Tri-shape n_last 100;
  * block-sparse top_k 100; dilated as its dilated1 (1024 sinks, 8192-key span, dilation 2);
- * XAttention stride 8, threshold 900; FlexPrefill gamma 900, tau 100; strided period 128
- * (docs/prefill-methods.md says where each comes from). */
+ * XAttention stride 8, threshold 900; FlexPrefill gamma 900, tau 100; strided period 128;
+ * InfLLM top_k 16, n_local 4096, n_init 128, block_size 128, repr_topk 4, chunk_size 512,
+ * per_head 0 (docs/prefill-methods.md says where each comes from). */
 MI_API mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
 /* A config entry [name, size1, size2] as a head pattern: what the two sizes carry is the
  * pattern's (VS: vertical_size, slash_size; stream_llm and tri_shape: n_init, n_local;
