@@ -540,6 +540,43 @@ MI_API const char *mi_config_model_file(const char *model);
  * library was built from): malloc'ed (release with mi_free), NULL when none is found. */
 MI_API char *mi_config_model_path(const char *model);
 
+/* ------------------------------------------------------------------------------------------ */
+/* MInference w/ static: vertical-slash sets estimated once, reused                            */
+/*
+ * One object per layer: the first mi_vs_static_attention call (or mi_vs_static_load) fixes
+ * each query head's vertical-slash sets (mi_vs_estimate on that input); every later call only
+ * converts them into an index for its own length (mi_vs_build_index: slash entries are
+ * distances, columns past the length are skipped) and runs mi_attention_sparse. Heads and
+ * budgets are fixed at creation; an input of any batch size uses the sets of the first input's
+ * sequence 0 for every sequence. CPU only (the sets live in host memory; a CUDA context gets
+ * MI_STATUS_UNSUPPORTED). Not thread-safe: one call at a time per object.
+ */
+typedef struct mi_vs_static mi_vs_static;
+
+/* heads query heads, budgets vertical_size / slash_size [heads] (clamped as mi_vs_estimate
+ * clamps them, to the first input's length). params NULL: the original's static estimate
+ * (mi_vs_default_params with 30 forced diagonals). */
+MI_API mi_status mi_vs_static_create(mi_context *ctx, int32_t heads, const int32_t *vertical_size,
+                                     const int32_t *slash_size, const mi_vs_params *params,
+                                     mi_vs_static **out);
+MI_API void mi_vs_static_destroy(mi_vs_static *st);
+/* Forgets the sets: the next call estimates again. */
+MI_API void mi_vs_static_reset(mi_vs_static *st);
+/* Times the sets were estimated (0 before the first call, then 1 until a reset). */
+MI_API int32_t mi_vs_static_estimates(const mi_vs_static *st);
+/* q, k, v, out as for mi_attention_sparse (no seq_lens: every sequence has length L), q with
+ * the object's number of heads. */
+MI_API mi_status mi_vs_static_attention(mi_context *ctx, mi_vs_static *st, const mi_tensor *q,
+                                        const mi_tensor *k, const mi_tensor *v, float scale,
+                                        mi_tensor *out, float *lse);
+/* A read-only view of the sets (batch 1, the object's heads); MI_STATUS_INVALID_ARGUMENT before
+ * they exist. Valid until the next call that changes them. */
+MI_API mi_status mi_vs_static_sets(const mi_vs_static *st, mi_vs_index *view);
+/* The sets to a file and back (a small binary format: magic, heads, capacities, then the
+ * index's arrays); load replaces the sets (its heads must match) and counts as no estimate. */
+MI_API mi_status mi_vs_static_save(mi_context *ctx, const mi_vs_static *st, const char *path);
+MI_API mi_status mi_vs_static_load(mi_context *ctx, mi_vs_static *st, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

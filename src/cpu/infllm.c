@@ -150,8 +150,8 @@ static mi_status run_group(mi_context *ctx, const group_run *g, int nt) {
         int64_t init, nb, rst;
         mi_cpu_infllm_memory(hp, st, &init, &nb, &rst);
         const double t0 = now_s();
-        /* representatives of the blocks cut since the last chunk (their rows have all run) */
-#pragma omp parallel for num_threads(nt) schedule(static)
+        /* representatives of the blocks cut since the last chunk (their rows have all run);
+         * a few blocks per chunk, cheaper than waking the threads */
         for (int64_t it = 0; it < n * (nb - formed); it++) {
             const int64_t m = it / (nb - formed), bi = formed + it % (nb - formed);
             make_repr(g, g->heads[m], score + m * len, bi, repr + (m * max_nb + bi) * D);
