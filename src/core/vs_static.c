@@ -110,8 +110,8 @@ static void *replicate(const mi_vs_static *st, int32_t B, mi_vs_index *x) {
     return buf;
 }
 
-static mi_status estimate(mi_context *ctx, mi_vs_static *st, const mi_tensor *q,
-                          const mi_tensor *k, float scale) {
+static mi_status estimate(mi_context *ctx, mi_vs_static *st, const mi_tensor *q, const mi_tensor *k,
+                          float scale) {
     const int64_t B = q->shape[0], L = q->shape[2];
     int32_t mv = 0, ms = 0;
     for (int32_t h = 0; h < st->heads; h++) {
@@ -159,8 +159,7 @@ mi_status mi_vs_static_attention(mi_context *ctx, mi_vs_static *st, const mi_ten
     if (q->shape[1] != st->heads)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "static: q has %lld heads, the object %d",
                        (long long)q->shape[1], st->heads);
-    if (q->shape[0] <= 0 || q->shape[0] > INT32_MAX || q->shape[2] <= 0 ||
-        q->shape[2] > INT32_MAX)
+    if (q->shape[0] <= 0 || q->shape[0] > INT32_MAX || q->shape[2] <= 0 || q->shape[2] > INT32_MAX)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "static: bad q shape");
     if (!st->buf) {
         const mi_status s = estimate(ctx, st, q, k, scale);
@@ -177,8 +176,8 @@ mi_status mi_vs_static_attention(mi_context *ctx, mi_vs_static *st, const mi_ten
     if (!vbuf || !ibuf) s = mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "static: out of memory");
     mi_sparse_index idx;
     if (s == MI_STATUS_SUCCESS)
-        s = mi_sparse_index_init(&idx, (int32_t)B, st->heads, (int32_t)R, maxb,
-                                 maxc > 0 ? maxc : 1, ibuf, ibytes);
+        s = mi_sparse_index_init(&idx, (int32_t)B, st->heads, (int32_t)R, maxb, maxc > 0 ? maxc : 1,
+                                 ibuf, ibytes);
     if (s == MI_STATUS_SUCCESS) s = mi_vs_build_index(ctx, L, NULL, &x, &idx);
     if (s == MI_STATUS_SUCCESS) s = mi_attention_sparse(ctx, q, k, v, NULL, &idx, scale, out, lse);
     free(vbuf);

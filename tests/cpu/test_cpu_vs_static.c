@@ -26,8 +26,7 @@ static bool same_out(const tbuf *a, const tbuf *b) {
 }
 
 /* The explicit-index result of vs on t (the kept sets, batch 1, replicated over t's batch). */
-static void explicit_run(mi_context *ctx, qkvo *t, const mi_vs_index *vs, tbuf *out,
-                         key_mask *km) {
+static void explicit_run(mi_context *ctx, qkvo *t, const mi_vs_index *vs, tbuf *out, key_mask *km) {
     const int32_t B = (int32_t)t->q.B, H = (int32_t)t->q.H, L = (int32_t)t->q.L;
     vs_buf x = vs_new(B, H, vs->max_vertical, vs->max_slash);
     for (int32_t b = 0; b < B; b++)
@@ -42,10 +41,11 @@ static void explicit_run(mi_context *ctx, qkvo *t, const mi_vs_index *vs, tbuf *
                     vs->slash_idx[(size_t)h * vs->max_slash + i];
         }
     const int32_t R = (L + 63) / 64;
-    sparse_buf idx = sparse_new(B, H, R, vs->max_slash + 1, vs->max_vertical > 0 ? vs->max_vertical : 1);
+    sparse_buf idx =
+        sparse_new(B, H, R, vs->max_slash + 1, vs->max_vertical > 0 ? vs->max_vertical : 1);
     CHECK_OK(mi_vs_build_index(ctx, L, NULL, &x.x, &idx.x));
-    CHECK_OK(mi_attention_sparse(ctx, &t->q.t, &t->k.t, &t->v.t, NULL, &idx.x, 0.0f, &out->t,
-                                 NULL));
+    CHECK_OK(
+        mi_attention_sparse(ctx, &t->q.t, &t->k.t, &t->v.t, NULL, &idx.x, 0.0f, &out->t, NULL));
     *km = key_mask_from_index(&idx.x, L);
     free(idx.mem);
     free(x.mem);

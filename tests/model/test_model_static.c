@@ -60,8 +60,8 @@ int main(void) {
     mi_model *m2 = test_random_model(&s, 21), *m3 = test_random_model(&s, 21);
     CHECK(mi_model_set_attention_name(m, name, small, 0) == MI_STATUS_SUCCESS, "%s",
           mi_model_last_error(m));
-    prefill(m, a_tok, 260, got);  /* estimates, saves */
-    prefill(m, b_tok, 230, ref);  /* reuses */
+    prefill(m, a_tok, 260, got); /* estimates, saves */
+    prefill(m, b_tok, 230, ref); /* reuses */
     CHECK(mi_model_set_attention_name(m2, name, small, 0) == MI_STATUS_SUCCESS, "load");
     prefill(m2, b_tok, 230, got); /* loads the first prompt's sets */
     CHECK(memcmp(got, ref, sizeof(float) * (size_t)V) == 0,
