@@ -57,6 +57,7 @@ typedef struct group_run {
     const mi_head_plan *hp;
     const int64_t *heads; /* the group's query heads */
     int64_t n, b, len;
+    int64_t n_local; /* the window, at most len (a wider one holds the same keys) */
     float scale;
     mi_tensor *out;
     float *lse;
@@ -96,7 +97,7 @@ static void attend_row(const group_run *g, int64_t h, int64_t p, const int64_t *
     if (g->lse)
         g->lse[(g->b * g->s->heads_q + h) * (g->s->len - g->s->q_off) + i] = m + logf((float)sum);
     /* the window is the end of the tail: keys max(0, p - n_local + 1) .. p, the last n of sc */
-    const int64_t w0 = mi_cpu_max64(0, p - g->hp->n_local + 1);
+    const int64_t w0 = mi_cpu_max64(0, p - g->n_local + 1);
     for (int64_t j = w0; j <= p; j++) wb[j - wlo] += sc[n - 1 - (p - j)] * inv;
 }
 
@@ -127,7 +128,7 @@ static mi_status run_group(mi_context *ctx, const group_run *g, int nt) {
     const mi_attn_shape *s = g->s;
     const mi_head_plan *hp = g->hp;
     const int64_t D = s->head_dim, C = hp->chunk_size, bs = hp->block_size, len = g->len;
-    const int64_t n = g->n, max_nb = len / bs + 1, wlen = MI_BS + hp->n_local;
+    const int64_t n = g->n, max_nb = len / bs + 1, wlen = MI_BS + g->n_local;
     const int64_t tiles = (C + MI_BS - 1) / MI_BS + 1;
     float *score = calloc((size_t)(n * len), sizeof(float));
     float *repr = malloc((size_t)(n * max_nb * D) * sizeof(float));
@@ -225,14 +226,14 @@ static mi_status run_group(mi_context *ctx, const group_run *g, int nt) {
                 rg[2 * nr] = rst;
                 rg[2 * nr + 1] = p + 1;
                 attend_row(g, g->heads[m], p, rg, nr + 1, mine + 2 * D, mine, mine + D, wb,
-                           a - hp->n_local + 1);
+                           a - g->n_local + 1);
             }
         }
         /* fixed order: the scores do not depend on the thread count */
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t m = 0; m < n; m++)
             for (int64_t t = 0; t < n_tiles; t++) {
-                const int64_t a = r0 + t * MI_BS, wlo = a - hp->n_local + 1;
+                const int64_t a = r0 + t * MI_BS, wlo = a - g->n_local + 1;
                 const float *wb = wbuf + (m * tiles + t) * wlen;
                 const int64_t e = mi_cpu_min64(a + MI_BS, r1);
                 for (int64_t j = mi_cpu_max64(wlo, 0); j < e; j++)
@@ -298,8 +299,20 @@ mi_status mi_cpu_infllm_run(mi_context *ctx, const mi_attn_shape *s, const mi_te
                     members[n++] = h2;
                     done[h2] = 1;
                 }
-            const group_run g = {s, q,   kf,    vf,  &heads[h], members, n,
-                                 b, len, scale, out, lse,       trace};
+            const group_run g = {.s = s,
+                                 .q = q,
+                                 .kf = kf,
+                                 .vf = vf,
+                                 .hp = &heads[h],
+                                 .heads = members,
+                                 .n = n,
+                                 .b = b,
+                                 .len = len,
+                                 .n_local = mi_cpu_min64(heads[h].n_local, len),
+                                 .scale = scale,
+                                 .out = out,
+                                 .lse = lse,
+                                 .trace = trace};
             st = run_group(ctx, &g, nt);
         }
     }
