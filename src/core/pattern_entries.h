@@ -312,6 +312,8 @@ static const mi_pattern_traits mi_pattern_table[MI_PATTERN_TYPES] = {
                    MI_PT_FIELD(block_size, 128), MI_PT_FIELD(repr_topk, 4),
                    MI_PT_FIELD(chunk_size, 512), MI_PT_FIELD(per_head, 0)},
         .config_field = {MI_PT_OFF(top_k), MI_PT_OFF(n_local)},
+        /* no blocks is a budget; no window is not (0 keeps the default) */
+        .zero_is_default = {false, true},
         .kernel = MI_PLAN_KERNEL_INFLLM,
         .kept_keys = mi_pt_infllm_kept_keys,
         .scale = mi_pt_infllm_scale,
