@@ -382,12 +382,12 @@ static void test_names(mi_context *ctx, rng *rg) {
     CHECK(p.n_init == 64 && p.block_size == 64 && p.repr_topk == 2 && p.chunk_size == 256 &&
           p.per_head == 1);
     CHECK_STATUS(mi_head_pattern_parse("infllm:8", &p), MI_STATUS_INVALID_ARGUMENT);
-    /* a config entry's sizes: top_k (0 is a budget), n_local (0 keeps the default) */
-    CHECK_OK(mi_head_pattern_from_sizes(MI_PATTERN_INFLLM, 0, 0, &p));
-    CHECK(p.top_k == 0 && p.n_local == 4096 && mi_pattern_valid(&p));
     int32_t s1, s2;
     CHECK_OK(mi_head_pattern_sizes(&p, &s1, &s2));
     CHECK(s1 == 4 && s2 == 1024);
+    /* a config entry's sizes: top_k (0 is a budget), n_local (0 keeps the default) */
+    CHECK_OK(mi_head_pattern_from_sizes(MI_PATTERN_INFLLM, 0, 0, &p));
+    CHECK(p.top_k == 0 && p.n_local == 4096 && mi_pattern_valid(&p));
     /* invalid fields are refused */
     qkvo t = qkvo_new(MI_DTYPE_F32, false, 1, 1, 1, 128, 16, 1.0, rg);
     const mi_head_pattern bad[5] = {infllm(2, 64, 8, 16, 17, 32, 0), infllm(2, 64, 8, 16, 2, 0, 0),
