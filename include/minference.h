@@ -269,6 +269,7 @@ typedef enum mi_pattern_type {
     MI_PATTERN_STRIDED = 6,        /* "strided": the last stride keys + every stride-th key */
     MI_PATTERN_XATTENTION = 7,     /* "xattention": antidiagonal block scores, threshold */
     MI_PATTERN_FLEXPREFILL = 8,    /* "flexprefill": query-aware or vertical-slash blocks */
+    MI_PATTERN_INFLLM = 9,         /* "inf_llm": sinks + local window + top_k retrieved blocks */
 } mi_pattern_type;
 
 /* The patterns are numbered 0 .. mi_pattern_count() - 1; names, aliases and fields come from
@@ -300,12 +301,18 @@ typedef struct mi_head_pattern {
     int32_t threshold;     /* XAttention: block-mass threshold; FlexPrefill: gamma (per mille) */
     int32_t tau;           /* FlexPrefill: sqrt-JS-divergence threshold (per mille) */
     int32_t dense_local;   /* dilated: the local keys kept densely before the dilated span */
+    int32_t block_size;    /* InfLLM: tokens per memory block (top_k counts these blocks) */
+    int32_t repr_topk;     /* InfLLM: representative keys per block */
+    int32_t chunk_size;    /* InfLLM: query rows per retrieval (one selection per chunk) */
+    int32_t per_head;      /* InfLLM: 1: each head selects its blocks; 0: the heads of a call
+                              with equal InfLLM fields share one selection */
 } mi_head_pattern;
 
 /* Defaults of the original: VS (1000, 6096); A-shape (128, 3968); Tri-shape n_last 100;
  * block-sparse top_k 100; dilated as its dilated1 (1024 sinks, 8192-key span, dilation 2);
- * XAttention stride 8, threshold 900; FlexPrefill gamma 900, tau 100; strided period 128
- * (docs/prefill-methods.md says where each comes from). */
+ * XAttention stride 8, threshold 900; FlexPrefill gamma 900, tau 100; strided period 128;
+ * InfLLM top_k 16, n_local 4096, n_init 128, block_size 128, repr_topk 4, chunk_size 512,
+ * per_head 0 (docs/prefill-methods.md says where each comes from). */
 MI_API mi_head_pattern mi_head_pattern_default(mi_pattern_type type);
 /* A config entry [name, size1, size2] as a head pattern: what the two sizes carry is the
  * pattern's (VS: vertical_size, slash_size; stream_llm and tri_shape: n_init, n_local;
@@ -532,6 +539,43 @@ MI_API const char *mi_config_model_file(const char *model);
 /* The shipped file's full path for model (installed copy first, then the source tree the
  * library was built from): malloc'ed (release with mi_free), NULL when none is found. */
 MI_API char *mi_config_model_path(const char *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* MInference w/ static: vertical-slash sets estimated once, reused                            */
+/*
+ * One object per layer: the first mi_vs_static_attention call (or mi_vs_static_load) fixes
+ * each query head's vertical-slash sets (mi_vs_estimate on that input); every later call only
+ * converts them into an index for its own length (mi_vs_build_index: slash entries are
+ * distances, columns past the length are skipped) and runs mi_attention_sparse. Heads and
+ * budgets are fixed at creation; an input of any batch size uses the sets of the first input's
+ * sequence 0 for every sequence. CPU only (the sets live in host memory; a CUDA context gets
+ * MI_STATUS_UNSUPPORTED). Not thread-safe: one call at a time per object.
+ */
+typedef struct mi_vs_static mi_vs_static;
+
+/* heads query heads, budgets vertical_size / slash_size [heads] (clamped as mi_vs_estimate
+ * clamps them, to the first input's length). params NULL: the original's static estimate
+ * (mi_vs_default_params with 30 forced diagonals). */
+MI_API mi_status mi_vs_static_create(mi_context *ctx, int32_t heads, const int32_t *vertical_size,
+                                     const int32_t *slash_size, const mi_vs_params *params,
+                                     mi_vs_static **out);
+MI_API void mi_vs_static_destroy(mi_vs_static *st);
+/* Forgets the sets: the next call estimates again. */
+MI_API void mi_vs_static_reset(mi_vs_static *st);
+/* Times the sets were estimated (0 before the first call, then 1 until a reset). */
+MI_API int32_t mi_vs_static_estimates(const mi_vs_static *st);
+/* q, k, v, out as for mi_attention_sparse (no seq_lens: every sequence has length L), q with
+ * the object's number of heads. */
+MI_API mi_status mi_vs_static_attention(mi_context *ctx, mi_vs_static *st, const mi_tensor *q,
+                                        const mi_tensor *k, const mi_tensor *v, float scale,
+                                        mi_tensor *out, float *lse);
+/* A read-only view of the sets (batch 1, the object's heads); MI_STATUS_INVALID_ARGUMENT before
+ * they exist. Valid until the next call that changes them. */
+MI_API mi_status mi_vs_static_sets(const mi_vs_static *st, mi_vs_index *view);
+/* The sets to a file and back (a small binary format: magic, heads, capacities, then the
+ * index's arrays); load replaces the sets (its heads must match) and counts as no estimate. */
+MI_API mi_status mi_vs_static_save(mi_context *ctx, const mi_vs_static *st, const char *path);
+MI_API mi_status mi_vs_static_load(mi_context *ctx, mi_vs_static *st, const char *path);
 
 #ifdef __cplusplus
 }

@@ -267,7 +267,8 @@ int mi_cmd_chat(int argc, char **argv) {
     mi_pattern_type attn_type;
     int tri_minf;
     int32_t tri_first;
-    if (strcmp(attn, "minference") != 0 && tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
+    if (strcmp(attn, "minference") != 0 && !tool_is_static_attn(attn) &&
+        tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
         mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("chat", usage_text, "unknown --attn '%s'", attn);
     char kv_msg[1024];

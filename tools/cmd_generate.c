@@ -43,7 +43,10 @@ static const char usage_text[] =
     "                 default budget for every head: dense, a_shape, tri_shape, block_sparse\n"
     "                 or any name `minference info` lists; tri_mix[:START] (dense below\n"
     "                 layer START, 16 by default, Tri-shape 8/512/128 from it) and\n"
-    "                 tri_mix_minference[:START] (the --config patterns below START)\n"
+    "                 tri_mix_minference[:START] (the --config patterns below START);\n"
+    "                 static[:DIR] (MInference w/ static: each layer's vertical-slash\n"
+    "                 sets estimated on the first prompt with the --config sizes, then\n"
+    "                 reused; kept in DIR across runs when given)\n"
     "  --config       per-head patterns in the original's JSON (with --attn minference);\n"
     "                 auto: the shipped config of the model its path names\n"
     "  --chat         wrap the prompt in the model's chat template (auto-detected)\n"
@@ -220,7 +223,8 @@ int mi_cmd_generate(int argc, char **argv) {
     mi_attn_mode attn_mode;
     int tri_minf;
     int32_t tri_first;
-    if (strcmp(attn, "minference") != 0 && tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
+    if (strcmp(attn, "minference") != 0 && !tool_is_static_attn(attn) &&
+        tool_tri_mix_parse(attn, &tri_minf, &tri_first) == 0 &&
         mi_pattern_from_name(attn, &attn_type) != MI_STATUS_SUCCESS)
         return args_error("generate", usage_text, "unknown --attn '%s'", attn);
     const char *attn_shown = mi_attn_mode_from_name(attn, &attn_mode) == MI_STATUS_SUCCESS

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct mi_config;
 
@@ -64,6 +65,12 @@ bool tool_append_file(const char *cmd, const char *path, const void *data, size_
  * stderr under cmd's name says so: every head keeps the default pattern). */
 const char *tool_config_path(const char *arg, const char *model_path, const char *cmd,
                              char **owned);
+
+/* Whether attn is "static" or "static:DIR": MInference w/ static in the model runner
+ * (mi_model_set_attention_name reads it; the sets are kept in DIR when given). */
+static inline int tool_is_static_attn(const char *attn) {
+    return strcmp(attn, "static") == 0 || (strncmp(attn, "static:", 7) == 0 && attn[7] != '\0');
+}
 
 /* TriangleMix (the original's tri_mix and tri_mix_minference): "tri_mix[:START]" or
  * "tri_mix_minference[:START]", START the first Tri-shape layer (default 16, as the original's

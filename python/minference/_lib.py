@@ -99,6 +99,10 @@ class mi_head_pattern(ctypes.Structure):
         ("threshold", c_int32),
         ("tau", c_int32),
         ("dense_local", c_int32),
+        ("block_size", c_int32),
+        ("repr_topk", c_int32),
+        ("chunk_size", c_int32),
+        ("per_head", c_int32),
     ]
 
 

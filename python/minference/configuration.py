@@ -92,9 +92,9 @@ class MInferenceConfig:
 
     SUPPORTED_ATTENTION_TYPES = ["minference", "tri_mix_minference", "hf", "dense", "a_shape",
                                  "tri_shape", "tri_mix", "xattention", "flexprefill", "dilated1",
-                                 "dilated2", "static"]
+                                 "dilated2", "static", "inf_llm"]
     # The types that run one library pattern on every head (head_pattern()).
-    PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2"]
+    PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2", "inf_llm"]
     # KV types the C model runner's sessions run (Model.session(kv=...)); the transformers patch
     # keeps transformers' own cache, which holds HF_KV_TYPES (methods that only drop rows).
     SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn",
@@ -125,6 +125,9 @@ class MInferenceConfig:
         # the original's dilated1 / dilated2 layouts
         "dilated1": {"n_init": 1024, "n_local": 8192, "stride": 2, "dense_local": 0},
         "dilated2": {"n_init": 1024, "n_local": 6144, "stride": 2, "dense_local": 2048},
+        # the original's MInference("inf_llm") settings (models_patch.py)
+        "inf_llm": {"block_size": 128, "n_init": 128, "n_local": 4096, "topk": 16, "repr_topk": 4,
+                    "max_cached_block": 32, "exc_block_size": 512, "dense_decoding": True},
     }
 
     def __init__(self, attn_type="minference", model_name=None, config_path=None,
@@ -247,6 +250,17 @@ class MInferenceConfig:
         if t in ("dilated1", "dilated2"):
             return HeadPattern.dilated(int(kw["n_init"]), int(kw["n_local"]), int(kw["stride"]),
                                        int(kw["dense_local"]))
+        if t == "inf_llm":
+            # decoding runs dense (the original's dense_decoding); the GPU block cache
+            # (max_cached_block, cache_strategy, faiss, pin_memory) changes no result
+            if not kw.get("dense_decoding", True):
+                raise ValueError("inf_llm decodes densely here (dense_decoding=False is not done)")
+            for key in ("chunk_topk_calc", "score_decay"):
+                if kw.get(key) is not None:
+                    raise ValueError(f"inf_llm's {key} is not supported here")
+            return HeadPattern.inf_llm(int(kw["topk"]), int(kw["n_local"]), int(kw["n_init"]),
+                                       int(kw["block_size"]), int(kw["repr_topk"]),
+                                       int(kw["exc_block_size"]), bool(kw.get("perhead", False)))
         raise ValueError(f"attn_type {t!r} is not one pattern on every head")
 
     def missing_config_message(self, what):

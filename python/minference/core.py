@@ -478,7 +478,7 @@ def _pattern_code(t):
 
 
 _FIELDS = ("vertical_size", "slash_size", "n_init", "n_local", "n_last", "top_k", "stride",
-           "threshold", "tau", "dense_local")
+           "threshold", "tau", "dense_local", "block_size", "repr_topk", "chunk_size", "per_head")
 
 
 @dataclass
@@ -499,6 +499,10 @@ class HeadPattern:
     threshold: int = None  # per mille
     tau: int = None  # per mille
     dense_local: int = None
+    block_size: int = None  # InfLLM
+    repr_topk: int = None
+    chunk_size: int = None
+    per_head: int = None
 
     @classmethod
     def default(cls, type="vertical_and_slash"):
@@ -559,9 +563,20 @@ class HeadPattern:
         return cls("strided", stride=stride)
 
     @classmethod
+    def inf_llm(cls, topk=16, n_local=4096, n_init=128, block_size=128, repr_topk=4,
+                exc_block_size=512, perhead=False):
+        """InfLLM, with the original's argument names: n_init sinks, an n_local window, and the
+        topk blocks of block_size keys (each represented by its repr_topk keys most attended
+        from the window) retrieved per chunk of exc_block_size queries; perhead=False shares
+        the retrieval between the heads."""
+        return cls("inf_llm", top_k=topk, n_local=n_local, n_init=n_init, block_size=block_size,
+                   repr_topk=repr_topk, chunk_size=exc_block_size, per_head=int(bool(perhead)))
+
+    @classmethod
     def from_c(cls, p):
         return cls(pattern_names().get(p.type, p.type), p.vertical_size, p.slash_size, p.n_init,
-                   p.n_local, p.n_last, p.top_k, p.stride, p.threshold, p.tau, p.dense_local)
+                   p.n_local, p.n_last, p.top_k, p.stride, p.threshold, p.tau, p.dense_local,
+                   p.block_size, p.repr_topk, p.chunk_size, p.per_head)
 
     @property
     def type_code(self):

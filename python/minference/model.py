@@ -40,7 +40,7 @@ ATTENTION_MODES = ("dense", "minference", "a_shape", "tri_shape", "block_sparse"
 def _attention_name(name):
     """"minference" for the config (a vertical-slash name means it too, as in the original), else
     the pattern's short name from the library's table; ValueError for an unknown name."""
-    if name == "minference":
+    if name == "minference" or name == "static" or (name.startswith("static:") and name[7:]):
         return name
     try:
         code = pattern_from_name(name)
@@ -416,7 +416,9 @@ class Model(_Closing):
 
     def set_attention(self, mode="minference", config=None, dense_below=-1):
         """Attention of the next prefills. mode: "minference" (the config's pattern per head, or
-        vertical_and_slash 1000/6096 for every head), or a pattern name of the library's table
+        vertical_and_slash 1000/6096 for every head), "static" or "static:DIR" (MInference w/
+        static: each layer's vertical-slash sets estimated on the first prompt with the config's
+        sizes and reused, kept in DIR when given), or a pattern name of the library's table
         ("dense", "a_shape", "tri_shape", "block_sparse", ...: minference.pattern_names() and
         their aliases), that pattern with its default budget for every head. config (with
         "minference"): a JSON file path, a minference.Config, the parsed JSON (a list of dicts),
@@ -437,7 +439,7 @@ class Model(_Closing):
             raise ValueError(f"mode must be 'minference' or a pattern name, not {mode!r}")
         mode = _attention_name(mode)
         dense_below = _int_arg(dense_below, "dense_below", L.c_int32)
-        if config is not None and mode != "minference":
+        if config is not None and mode != "minference" and not mode.startswith("static"):
             raise ValueError(f"a pattern config applies to mode 'minference', not {mode!r}")
         with self._lock:
             cfg = self._as_config(config)
@@ -469,6 +471,10 @@ class Model(_Closing):
             return "minference", c.config_path
         if c.attn_type in ("dense", "hf"):
             return "dense", None
+        if c.attn_type == "static":
+            # the runner keeps each layer's sets ("static:DIR" with attn_kwargs static_dir)
+            d = kw.get("static_dir")
+            return ("static:" + os.fspath(d) if d else "static"), c.config_path
         if c.attn_type == "a_shape":
             return "minference", HeadPattern.a_shape(kw["n_init"], kw["n_local"])
         if c.attn_type == "tri_shape":
@@ -476,7 +482,7 @@ class Model(_Closing):
         if c.attn_type in c.PATTERN_ATTENTION_TYPES:
             return "minference", c.head_pattern()
         raise ValueError(f"attn_type {c.attn_type!r} is not available in the model runner "
-                         "(minference, dense, hf, a_shape, tri_shape are)")
+                         "(minference, dense, hf, static, a_shape, tri_shape are)")
 
     def set_progress(self, fn):
         """fn(layer, n_layers, n_tokens), called after each prefill layer; None to stop."""

@@ -228,10 +228,25 @@ def test_minference_config_lists():
     assert set(MInferenceConfig.get_supported_attn_types()) <= set(attn)
 
 
-@pytest.mark.parametrize("attn_type", ["inf_llm", "vllm", "vllm_minference"])
+@pytest.mark.parametrize("attn_type", ["vllm", "vllm_minference"])
 def test_unimplemented_attn_types(attn_type):
     with pytest.raises(NotImplementedError, match="not implemented"):
         MInference(attn_type)
+
+
+def test_inf_llm_config():
+    # the original's MInference("inf_llm") settings, its argument names mapped to the pattern
+    p = MInference("inf_llm").config.head_pattern()
+    assert (p.type, p.top_k, p.n_local, p.n_init, p.block_size, p.repr_topk, p.chunk_size,
+            p.per_head) == ("inf_llm", 16, 4096, 128, 128, 4, 512, 0)
+    p = MInference("inf_llm", attn_kwargs={"topk": 4, "exc_block_size": 256,
+                                           "perhead": True}).config.head_pattern()
+    assert (p.top_k, p.chunk_size, p.per_head) == (4, 256, 1)
+    assert mi.HeadPattern.parse("infllm:8:1024").to_c().n_local == 1024
+    with pytest.raises(ValueError, match="dense_decoding"):
+        MInference("inf_llm", attn_kwargs={"dense_decoding": False}).config.head_pattern()
+    with pytest.raises(ValueError, match="chunk_topk_calc"):
+        MInference("inf_llm", attn_kwargs={"chunk_topk_calc": 2048}).config.head_pattern()
 
 
 @pytest.mark.parametrize("kv_type", ["snapkv", "pyramidkv", "quest", "streamingllm", "retr_attn",

@@ -229,7 +229,7 @@ def test_fallbacks_warn_and_stay_correct():
 def test_unsupported_types_raise_before_touching_the_model():
     model = make_model("llama")
     with pytest.raises(NotImplementedError):
-        mi.MInference("inf_llm")(model)
+        mi.MInference("vllm")(model)
     for kv in ("quest", "retr_attn", "kivi", "leank"):
         with pytest.raises(NotImplementedError, match="C model runner"):
             mi.MInference("dense", kv_type=kv)(model)

@@ -161,6 +161,22 @@ def test_attention_modes_and_configs(tmp_path):
             m.set_attention(MInferenceConfig("tri_mix"))
 
 
+def test_static_attention(tmp_path):
+    # MInference w/ static in the runner: the first prompt's sets, kept in a folder, reused
+    a, b = prompt(260, seed=1), prompt(230, seed=2)
+    small_vs = HeadPattern.vertical_slash(30, 60)
+    d = tmp_path / "sets"
+    with small(seed=4) as m, small(seed=4) as m2:
+        m.set_attention(f"static:{d}", config=small_vs, dense_below=0)
+        m.prefill(a)
+        later = m.prefill(b)
+        assert sorted(p.name for p in d.iterdir()) == ["layer0.mivs", "layer1.mivs"]
+        m2.set_attention(MInferenceConfig("static", attn_kwargs={"static_dir": str(d)}))
+        assert m2.attention[0] == f"static:{d}"
+        m2.set_attention(f"static:{d}", config=small_vs, dense_below=0)
+        np.testing.assert_array_equal(m2.prefill(b), later)
+
+
 def test_generate_random_model():
     with small(seed=9) as m:
         g1 = m.generate("hello", max_new_tokens=12)

@@ -161,6 +161,40 @@ static inline void mi_pt_flex_plan(const mi_head_pattern *p, const mi_prefill_pa
 
 static inline bool mi_pt_flex_valid(const mi_head_pattern *p) { return p->threshold <= 1000; }
 
+/* ---- InfLLM: sinks + local window + top_k retrieved blocks per query chunk ------------------- */
+
+/* Per row at most: the sinks, the window, the retrieved blocks, and the part of the tail not
+ * yet cut into blocks (one block plus the chunk). */
+static inline int64_t mi_pt_infllm_kept_keys(const mi_head_pattern *p) {
+    return (int64_t)mi_pt_nonneg(p->n_init) + mi_pt_nonneg(p->n_local) +
+           (int64_t)mi_pt_nonneg(p->top_k) * mi_pt_nonneg(p->block_size) +
+           mi_pt_nonneg(p->block_size) + mi_pt_nonneg(p->chunk_size);
+}
+
+static inline void mi_pt_infllm_scale(const mi_head_pattern *base, double s, mi_head_pattern *out) {
+    /* the retrieved blocks and the window carry the budget */
+    out->top_k = mi_pt_scale_budget(base->top_k, s, 0);
+    out->n_local = mi_pt_scale_budget(base->n_local, s, 1);
+}
+
+static inline void mi_pt_infllm_plan(const mi_head_pattern *p, const mi_prefill_params *pp,
+                                     int64_t L, mi_head_plan *plan) {
+    (void)pp;
+    (void)L;
+    plan->n_init = p->n_init;
+    plan->n_local = p->n_local;
+    plan->top_k = p->top_k;
+    plan->block_size = p->block_size;
+    plan->repr_topk = p->repr_topk;
+    plan->chunk_size = p->chunk_size;
+    plan->per_head = p->per_head;
+}
+
+static inline bool mi_pt_infllm_valid(const mi_head_pattern *p) {
+    return p->n_local >= 1 && p->block_size >= 1 && p->chunk_size >= 1 && p->repr_topk >= 1 &&
+           p->repr_topk <= p->block_size && p->per_head <= 1;
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* Sizes the original's files hold for VS-like and unused entries: written back as read. */
@@ -268,6 +302,23 @@ static const mi_pattern_traits mi_pattern_table[MI_PATTERN_TYPES] = {
         .scale = mi_pt_threshold_scale,
         .plan = mi_pt_flex_plan,
         .valid = mi_pt_flex_valid,
+    },
+    {
+        .type = MI_PATTERN_INFLLM,
+        .name = "inf_llm",
+        .aliases = {"infllm", "InfLLM"},
+        /* the original's MInference("inf_llm") settings (docs/prefill-methods.md) */
+        .fields = {MI_PT_FIELD(top_k, 16), MI_PT_FIELD(n_local, 4096), MI_PT_FIELD(n_init, 128),
+                   MI_PT_FIELD(block_size, 128), MI_PT_FIELD(repr_topk, 4),
+                   MI_PT_FIELD(chunk_size, 512), MI_PT_FIELD(per_head, 0)},
+        .config_field = {MI_PT_OFF(top_k), MI_PT_OFF(n_local)},
+        /* no blocks is a budget; no window is not (0 keeps the default) */
+        .zero_is_default = {false, true},
+        .kernel = MI_PLAN_KERNEL_INFLLM,
+        .kept_keys = mi_pt_infllm_kept_keys,
+        .scale = mi_pt_infllm_scale,
+        .plan = mi_pt_infllm_plan,
+        .valid = mi_pt_infllm_valid,
     },
 };
 

@@ -25,9 +25,9 @@ extern "C" {
 #endif
 
 /* Number of entries (== the public mi_pattern_count()); types are 0 .. MI_PATTERN_TYPES - 1. */
-#define MI_PATTERN_TYPES 9
+#define MI_PATTERN_TYPES 10
 #define MI_PATTERN_MAX_ALIASES 3
-#define MI_PATTERN_MAX_FIELDS 4
+#define MI_PATTERN_MAX_FIELDS 7
 
 /* The kernel a head runs (each backend implements the first three; a backend without one of
  * the others refuses the pattern with MI_STATUS_UNSUPPORTED). */
@@ -36,6 +36,7 @@ typedef enum mi_plan_kernel {
     MI_PLAN_KERNEL_WINDOW = 1,  /* n_init sinks + an n_local window; the last n_last rows dense */
     MI_PLAN_KERNEL_INDEX = 2,   /* a block index (64-key ranges + gathered columns) */
     MI_PLAN_KERNEL_ROWMASK = 3, /* a fixed per-row key set (dilated, strided): each row its own */
+    MI_PLAN_KERNEL_INFLLM = 4,  /* InfLLM: query chunks over sinks, window and retrieved blocks */
 } mi_plan_kernel;
 
 /* How an index head's index is found from q/k (each backend implements every one). */
@@ -63,6 +64,8 @@ typedef struct mi_head_plan {
     int32_t tau;         /* FLEX: the sqrt-JS-divergence threshold (per mille) */
     int32_t dense_local; /* ROWMASK, dilated: dense local keys before the dilated span */
     bool strided;        /* ROWMASK: the strided rule (else the dilated one) */
+    /* INFLLM (with n_init, n_local, top_k): block, representatives, query chunk, per-head */
+    int32_t block_size, repr_topk, chunk_size, per_head;
 } mi_head_plan;
 
 /* A mi_head_pattern field a pattern reads, with its default (the original's). */

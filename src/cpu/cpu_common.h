@@ -262,6 +262,33 @@ mi_status mi_cpu_rowmask_run(mi_context *ctx, const mi_attn_shape *s, const mi_t
                              const struct mi_head_plan *heads, float scale, mi_tensor *out,
                              float *lse);
 
+/* InfLLM heads (infllm.c). What a run selected, for tests and benchmarks (optional):
+ * count [B, H_q, n_chunks] and blocks [B, H_q, n_chunks, max_sel] get each chunk's retrieved
+ * blocks (ascending; chunk k holds rows k * chunk_size ..), select_s / total_s add the seconds
+ * spent choosing blocks (representatives, query means, scores, top-k) and in the whole run. */
+typedef struct mi_cpu_infllm_trace {
+    int32_t *count, *blocks;
+    int64_t n_chunks, max_sel;
+    double select_s, total_s;
+} mi_cpu_infllm_trace;
+/* The memory at the start of the chunk at absolute position st: init_len sink keys, n_blocks
+ * blocks after them, the tail from key *tail on. */
+void mi_cpu_infllm_memory(const struct mi_head_plan *hp, int64_t st, int64_t *init_len,
+                          int64_t *n_blocks, int64_t *tail);
+mi_status mi_cpu_infllm_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                            const mi_tensor *k, const mi_tensor *v, const int32_t *seq_lens,
+                            const struct mi_head_plan *heads, float scale, mi_tensor *out,
+                            float *lse, mi_cpu_infllm_trace *trace);
+
+/* Whether row p of (b, h) attends to key j in the run trace recorded (its chunk's blocks). */
+bool mi_cpu_infllm_keeps(const struct mi_head_plan *hp, const mi_cpu_infllm_trace *trace, int64_t b,
+                         int64_t h, int64_t heads_q, int64_t p, int64_t j);
+/* The metrics of rows [r0, r0 + nr) of an InfLLM (b, h) under trace (as mi_cpu_rowmask_mass). */
+void mi_cpu_infllm_mass(const mi_attn_shape *s, const mi_tensor *q, const mi_tensor *k,
+                        const struct mi_head_plan *hp, const mi_cpu_infllm_trace *trace, int64_t b,
+                        int64_t h, int64_t len, int64_t r0, int64_t nr, float scale, double *mass,
+                        double *visited);
+
 /* Prefill planning (prefill.c): lays the jobs and their indices out in workspace (of
  * mi_cpu_prefill_workspace_size bytes) and runs the estimators. *jobs_out: B * H_q jobs. */
 mi_status mi_cpu_prefill_plan(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,

@@ -15,6 +15,31 @@
 #include <math.h>
 #include <omp.h>
 
+/* Runs the call's InfLLM heads (if any) into a scratch output, recording their blocks. */
+static mi_status infllm_trace(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const int32_t *seq_lens,
+                              const mi_head_plan *heads, float scale, mi_cpu_infllm_trace *trace,
+                              float **scratch_out) {
+    int64_t chunks = 0, max_sel = 1;
+    for (int64_t h = 0; h < s->heads_q; h++) {
+        if (heads[h].kernel != MI_PLAN_KERNEL_INFLLM) continue;
+        chunks = mi_cpu_max64(chunks, (s->len + heads[h].chunk_size - 1) / heads[h].chunk_size);
+        max_sel = mi_cpu_max64(max_sel, heads[h].top_k);
+    }
+    if (chunks == 0) return MI_STATUS_SUCCESS;
+    const int64_t Lq = s->len - s->q_off, n = s->batch * s->heads_q;
+    trace->n_chunks = chunks;
+    trace->max_sel = max_sel;
+    trace->count = calloc((size_t)(n * chunks), sizeof(int32_t));
+    trace->blocks = malloc((size_t)(n * chunks * max_sel) * sizeof(int32_t));
+    *scratch_out = malloc((size_t)(n * Lq * s->head_dim) * sizeof(float));
+    if (!trace->count || !trace->blocks || !*scratch_out)
+        return mi_fail(ctx, MI_STATUS_OUT_OF_MEMORY, "metrics: out of memory");
+    mi_tensor o = mi_tensor_bhld(*scratch_out, MI_DTYPE_F32, MI_DEVICE_CPU, s->batch, s->heads_q,
+                                 Lq, s->head_dim);
+    return mi_cpu_infllm_run(ctx, s, q, k, k, seq_lens, heads, scale, &o, NULL, trace);
+}
+
 mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
                                   const mi_tensor *k, const int32_t *seq_lens,
                                   const mi_head_pattern *patterns, const mi_prefill_params *params,
@@ -39,6 +64,12 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
     ok = ok && heads;
     if (!ok) st = MI_STATUS_OUT_OF_MEMORY;
     if (ok) st = mi_cpu_prefill_plan(ctx, s, q, k, seq_lens, patterns, &pp, ws, &jobs);
+    /* InfLLM heads choose their blocks as they run: a run records the choice */
+    mi_cpu_infllm_trace trace;
+    memset(&trace, 0, sizeof trace);
+    float *scratch_out = NULL;
+    if (st == MI_STATUS_SUCCESS)
+        st = infllm_trace(ctx, s, q, k, seq_lens, heads, scale, &trace, &scratch_out);
     if (st == MI_STATUS_SUCCESS) {
         double *visited = mass + n_jobs * R;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -49,7 +80,14 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
             mass[it] = visited[it] = 0.0;
             if (r0 >= j->len) continue;
             const mi_head_plan *hp = &heads[j->h];
-            if (hp->kernel == MI_PLAN_KERNEL_ROWMASK && !mi_head_plan_dense_at(hp, j->len)) {
+            if (hp->kernel == MI_PLAN_KERNEL_INFLLM && !mi_head_plan_dense_at(hp, j->len)) {
+                const int64_t a = mi_cpu_max64(r0, s->q_off);
+                const int64_t nr = mi_cpu_min64(MI_BS, j->len - r0) - (a - r0);
+                for (int64_t i = 0; i < MI_BS; i++) row_mass[i] = 0.0;
+                if (nr > 0)
+                    mi_cpu_infllm_mass(s, q, k, hp, &trace, j->b, j->h, j->len, a, nr, scale,
+                                       row_mass + (a - r0), &visited[it]);
+            } else if (hp->kernel == MI_PLAN_KERNEL_ROWMASK && !mi_head_plan_dense_at(hp, j->len)) {
                 /* rows from the first query on (queries at an offset) */
                 const int64_t a = mi_cpu_max64(r0, s->q_off);
                 const int64_t nr = mi_cpu_min64(MI_BS, j->len - r0) - (a - r0);
@@ -80,6 +118,9 @@ mi_status mi_cpu_metrics_evaluate(mi_context *ctx, const mi_attn_shape *s, const
         }
     }
     mi_cpu_scratch_free(nt, tiles, NULL);
+    free(trace.count);
+    free(trace.blocks);
+    free(scratch_out);
     free(heads);
     free(mass);
     free(ws);

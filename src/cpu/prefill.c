@@ -62,8 +62,10 @@ static size_t head_index_ints(const mi_head_plan *hp, int64_t L, int32_t *nv, in
     case MI_PLAN_ESTIMATE_NONE:
     case MI_PLAN_ESTIMATES: break;
     }
-    /* row-mask heads run as empty index jobs (their own kernel writes the rows after) */
-    if (hp->kernel == MI_PLAN_KERNEL_ROWMASK) return (size_t)R * 2;
+    /* row-mask and InfLLM heads run as empty index jobs (their own kernels write the rows
+     * after) */
+    if (hp->kernel == MI_PLAN_KERNEL_ROWMASK || hp->kernel == MI_PLAN_KERNEL_INFLLM)
+        return (size_t)R * 2;
     return 0;
 }
 
@@ -206,7 +208,9 @@ static mi_status plan_jobs(mi_context *ctx, const mi_attn_shape *s, const mi_ten
                     break;
                 }
                 case MI_PLAN_KERNEL_ROWMASK:
-                    /* no keys here: mi_cpu_rowmask_run writes these rows after the engine */
+                case MI_PLAN_KERNEL_INFLLM:
+                    /* no keys here: mi_cpu_rowmask_run / mi_cpu_infllm_run write these rows
+                     * after the engine */
                     j->kind = MI_JOB_SPARSE;
                     memset(idx, 0, 2 * (size_t)R * sizeof(int32_t));
                     j->block_count = j->block_offset = j->column_index = idx;
@@ -292,6 +296,8 @@ mi_status mi_cpu_prefill_attention(mi_context *ctx, const mi_attn_shape *s, cons
             mi_prefill_plan plan;
             plan_heads(s, seq_lens, patterns, &pp, heads, &plan);
             st = mi_cpu_rowmask_run(ctx, s, q, k, v, seq_lens, heads, scale, out, lse);
+            if (st == MI_STATUS_SUCCESS)
+                st = mi_cpu_infllm_run(ctx, s, q, k, v, seq_lens, heads, scale, out, lse, NULL);
             free(heads);
         }
     }

@@ -168,21 +168,22 @@ mi_cuda_head_mode head_mode_of_plan(const mi_head_plan &hp) {
         break;
     case MI_PLAN_KERNEL_INDEX: m.mode = MI_CUDA_MODE_SPARSE; break;
     case MI_PLAN_KERNEL_ROWMASK: /* refused before (cuda_refused) */
+    case MI_PLAN_KERNEL_INFLLM:
     case MI_PLAN_KERNEL_DENSE: m.mode = MI_CUDA_MODE_DENSE; break;
     }
     m.dense_below = hp.dense_below;
     return m;
 }
 
-/* The plan steps this backend has no kernel for (dilated and strided's per-row keys, XAttention's
- * and FlexPrefill's estimates): MI_STATUS_UNSUPPORTED naming the first such head's pattern, when
+/* The plan steps this backend has no kernel for (dilated and strided's per-row keys, InfLLM's
+ * chunked retrieval, XAttention's and FlexPrefill's estimates): MI_STATUS_UNSUPPORTED naming the first such head's pattern, when
  * it would run sparse (only_if_sparse: as the plan's any_sparse_run says), never a wrong result. */
 mi_status cuda_refused(mi_context *ctx, const mi_prefill_plan &plan, bool only_if_sparse) {
     for (int64_t h = 0; h < plan.heads; ++h) {
         const mi_head_plan &hp = plan.head[h];
-        const bool missing = hp.kernel == MI_PLAN_KERNEL_ROWMASK ||
-                             hp.estimate == MI_PLAN_ESTIMATE_XATTN ||
-                             hp.estimate == MI_PLAN_ESTIMATE_FLEX;
+        const bool missing =
+            hp.kernel == MI_PLAN_KERNEL_ROWMASK || hp.kernel == MI_PLAN_KERNEL_INFLLM ||
+            hp.estimate == MI_PLAN_ESTIMATE_XATTN || hp.estimate == MI_PLAN_ESTIMATE_FLEX;
         if (missing && (!only_if_sparse || plan.any_sparse_run))
             return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                            "pattern \"%s\" (head %lld) has no CUDA kernel yet: run it with the "

@@ -516,7 +516,13 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
             mi_tensor to =
                 mi_tensor_blhd(b.att, MI_DTYPE_F32, MI_DEVICE_CPU, 1, m->n_heads, n, m->hd);
             t0 = mim_now_s();
-            st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, b.pat, &pp, &to, NULL, NULL, 0);
+            /* static keeps its sets per layer; a sliding window past its length rules instead */
+            if (m->pattern == MIM_PATTERN_STATIC &&
+                !(m->sliding_window > 0 && n > m->sliding_window))
+                st = mim_static_attention(m, l, b.pat, &tq, &tk, &tv, &to);
+            else
+                st = mi_prefill_attention(m->ctx, &tq, &tk, &tv, NULL, b.pat, &pp, &to, NULL, NULL,
+                                          0);
             t_attn += mim_now_s() - t0;
             if (st != MI_STATUS_SUCCESS) {
                 mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
@@ -686,6 +692,7 @@ static const int32_t mode_patterns[] = {MI_PATTERN_DENSE, -1, MI_PATTERN_A_SHAPE
 
 /* "minference" for the config, else the pattern's short name (its first alias, or its name). */
 static const char *attention_name(int32_t pattern) {
+    if (pattern == MIM_PATTERN_STATIC) return "static";
     if (pattern < 0) return "minference";
     const char *alias = mi_pattern_alias((mi_pattern_type)pattern, 0);
     return alias ? alias : mi_pattern_name((mi_pattern_type)pattern);
@@ -696,6 +703,10 @@ static mi_status attention_from_name(const char *name, int32_t *pattern) {
     mi_pattern_type t;
     if (!name || strcmp(name, "minference") == 0) {
         *pattern = -1;
+        return MI_STATUS_SUCCESS;
+    }
+    if (strcmp(name, "static") == 0 || (strncmp(name, "static:", 7) == 0 && name[7])) {
+        *pattern = MIM_PATTERN_STATIC;
         return MI_STATUS_SUCCESS;
     }
     if (mi_pattern_from_name(name, &t) != MI_STATUS_SUCCESS) return MI_STATUS_INVALID_ARGUMENT;
@@ -731,6 +742,7 @@ static mi_status set_attention(mi_model *m, int32_t pattern, const mi_config *co
                                   "heads): %s",
                                   m->n_layers, m->n_heads, mi_context_last_error(m->ctx));
     }
+    mim_static_free(m);
     m->pattern = pattern;
     m->config = config;
     m->dense_below = dense_below;
@@ -753,7 +765,15 @@ mi_status mi_model_set_attention_name(mi_model *m, const char *attention, const 
     if (attention_from_name(attention, &pattern) != MI_STATUS_SUCCESS)
         return mim_model_fail(m, MI_STATUS_INVALID_ARGUMENT, "unknown attention '%.64s'",
                               attention);
-    return set_attention(m, pattern, config, dense_below);
+    if (pattern == MIM_PATTERN_STATIC && m->gpu)
+        return mim_model_fail(m, MI_STATUS_UNSUPPORTED,
+                              "static attention runs on the CPU model only");
+    mi_status st = set_attention(m, pattern, config, dense_below);
+    if (st == MI_STATUS_SUCCESS && pattern == MIM_PATTERN_STATIC && attention[6] == ':') {
+        m->static_dir = strdup(attention + 7);
+        if (!m->static_dir) st = mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    return st;
 }
 
 mi_status mi_model_set_progress(mi_model *m, mi_model_progress_fn fn, void *user) {

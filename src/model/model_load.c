@@ -829,6 +829,7 @@ void mi_model_destroy(mi_model *m) {
     if (!m) return;
     mi_session_destroy(m->own_session);
     mim_gpu_detach(m);
+    mim_static_free(m);
     mi_kv_pool_destroy(m->kv_pool); /* its memory goes with the last session */
     mim_pool_destroy(m->pool);
     mi_context_destroy(m->ctx);

@@ -59,6 +59,11 @@ struct mi_model {
     /* a session call of at least this many tokens over a cache runs the library's prefill
      * attention at an offset (model_seq_prefill.c); 0: MIM_SEQ_PREFILL_FROM */
     int64_t seq_prefill_from;
+    /* "static" attention (model_static.c): per layer the kept vertical-slash sets, created at
+     * the layer's first fresh prompt; static_dir (or NULL) the folder they are loaded from and
+     * saved to */
+    struct mi_vs_static **static_vs;
+    char *static_dir;
 };
 
 /* malloc'ed memory released with the model (NULL when out of memory). */
@@ -133,6 +138,16 @@ mi_status mim_token_log_probs(mi_model *m, const float *x, const int32_t *tokens
 /* pat [n_heads] = the patterns of one layer for a prompt of n tokens under the model's attention
  * mode and config, intersected with the model's sliding window. */
 mi_status mim_layer_patterns(mi_model *m, int32_t layer, int64_t n, mi_head_pattern *pat);
+/* m->pattern of "static" attention (MInference w/ static): fresh prompts run each layer's kept
+ * vertical-slash sets (model_static.c), follow-up turns the config as "minference" does. */
+#define MIM_PATTERN_STATIC (-2)
+/* A fresh prompt's attention of layer under static attention; pat: the layer's config patterns
+ * (their two sizes are the budgets, as the original's static mode reads them). */
+mi_status mim_static_attention(mi_model *m, int32_t layer, const mi_head_pattern *pat,
+                               const mi_tensor *q, const mi_tensor *k, const mi_tensor *v,
+                               mi_tensor *out);
+/* Drops the kept sets (a new attention setting, or the model's end). */
+void mim_static_free(mi_model *m);
 
 /* The KV cache capacity (tokens) to allocate for need tokens when current are allocated, under
  * params.max_context (which need may not exceed). */

@@ -62,6 +62,10 @@ int main(void) {
         F(threshold);
         F(tau);
         F(dense_local);
+        F(block_size);
+        F(repr_topk);
+        F(chunk_size);
+        F(per_head);
         end();
     }
     {

@@ -21,6 +21,10 @@ static int32_t field_value(const mi_head_pattern *p, const char *field) {
     if (!strcmp(field, "threshold")) return p->threshold;
     if (!strcmp(field, "tau")) return p->tau;
     if (!strcmp(field, "dense_local")) return p->dense_local;
+    if (!strcmp(field, "block_size")) return p->block_size;
+    if (!strcmp(field, "repr_topk")) return p->repr_topk;
+    if (!strcmp(field, "chunk_size")) return p->chunk_size;
+    if (!strcmp(field, "per_head")) return p->per_head;
     return -1;
 }
 
@@ -35,6 +39,10 @@ static void set_field(mi_head_pattern *p, const char *field, int32_t v) {
     if (!strcmp(field, "threshold")) p->threshold = v;
     if (!strcmp(field, "tau")) p->tau = v;
     if (!strcmp(field, "dense_local")) p->dense_local = v;
+    if (!strcmp(field, "block_size")) p->block_size = v;
+    if (!strcmp(field, "repr_topk")) p->repr_topk = v;
+    if (!strcmp(field, "chunk_size")) p->chunk_size = v;
+    if (!strcmp(field, "per_head")) p->per_head = v;
 }
 
 static void test_names(void) {
@@ -107,13 +115,14 @@ static void test_defaults(void) {
         const mi_pattern_traits *tr = mi_pattern_traits_of(type);
         CHECK(p.type == type);
         /* every field the pattern reads has a known, non-negative default (0 only where it
-         * switches a part off: dilated's dense_local), and the default is valid; a pattern with
-         * a budget or an estimate reads at least one */
+         * switches a part off: dilated's dense_local, InfLLM's per_head), and the default is
+         * valid; a pattern with a budget or an estimate reads at least one */
         int n_fields = 0;
         for (int32_t f = 0; mi_pattern_field(type, f); f++, n_fields++) {
             const char *name = mi_pattern_field(type, f);
             CHECK(field_value(&p, name) > 0 ||
-                      (field_value(&p, name) == 0 && !strcmp(name, "dense_local")),
+                      (field_value(&p, name) == 0 &&
+                       (!strcmp(name, "dense_local") || !strcmp(name, "per_head"))),
                   "%s.%s", mi_pattern_name(type), name);
         }
         CHECK(mi_pattern_valid(&p), "%s", mi_pattern_name(type));
@@ -134,6 +143,9 @@ static mi_head_pattern distinct(mi_pattern_type type, int32_t base) {
         set_field(&p, mi_pattern_field(type, f), base + 7 * f);
     /* values the pattern refuses made valid, still not its defaults: XAttention's stride must
      * split a 64-row block, thresholds are per mille */
+    /* InfLLM: a switch, and no more representatives than keys in a block */
+    if (!mi_pattern_valid(&p) && p.per_head > 1) p.per_head = 1;
+    if (!mi_pattern_valid(&p) && p.repr_topk > p.block_size) p.repr_topk = 1 + base % 3;
     if (!mi_pattern_valid(&p) && p.stride > 0) p.stride = base % 2 ? 4 : 16;
     if (!mi_pattern_valid(&p) && p.threshold > 1000) p.threshold = 1 + base % 997;
     CHECK(mi_pattern_valid(&p), "%s from %d", mi_pattern_name(type), base);

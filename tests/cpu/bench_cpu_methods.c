@@ -15,6 +15,7 @@
 #include "bench_clock.h"
 #include "cpu_common.h"
 #include "minference_tools.h"
+#include "pattern_table.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +25,30 @@ static double median3(double a, double b, double c) {
     double x[3] = {a, b, c};
     qsort(x, 3, sizeof(double), bench_cmp_double);
     return x[1];
+}
+
+/* InfLLM chooses its blocks while it runs (each chunk after the previous one's attention): its
+ * estimation is the time a traced run spends choosing (representatives, query means, scores,
+ * top-k), scaled as the clock in use counts. */
+static double infllm_select_s(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const mi_tensor *v, const mi_head_pattern *pats,
+                              const mi_prefill_params *pp, mi_tensor *out) {
+    mi_head_plan heads[64];
+    mi_prefill_plan plan;
+    mi_cpu_plan_heads(s, NULL, pats, pp, heads, &plan);
+    mi_cpu_infllm_trace tr;
+    memset(&tr, 0, sizeof tr);
+    tr.n_chunks = (s->len + heads[0].chunk_size - 1) / heads[0].chunk_size;
+    tr.max_sel = heads[0].top_k > 0 ? heads[0].top_k : 1;
+    tr.count = calloc((size_t)(s->heads_q * tr.n_chunks), sizeof(int32_t));
+    tr.blocks = calloc((size_t)(s->heads_q * tr.n_chunks * tr.max_sel), sizeof(int32_t));
+    const double t0 = bench_now();
+    mi_cpu_infllm_run(ctx, s, q, k, v, NULL, heads, 1.0f / sqrtf((float)s->head_dim), out, NULL,
+                      &tr);
+    const double clock = bench_now() - t0;
+    free(tr.count), free(tr.blocks);
+    /* the part of this run's clock the choice took */
+    return tr.total_s > 0 ? clock * tr.select_s / tr.total_s : 0.0;
 }
 
 int main(int argc, char **argv) {
@@ -38,7 +63,8 @@ int main(int argc, char **argv) {
                               "dilated:1024:8192:2:0",
                               "dilated:1024:6144:2:2048",
                               "strided:128",
-                              "stream_llm:128:3968"};
+                              "stream_llm:128:3968",
+                              "inf_llm:16:4096"};
     const char *methods[32] = {"dense"};
     int nm = 1;
     int n_lens = 0, D = 128, H = 1, threads = 2;
@@ -106,6 +132,8 @@ int main(int argc, char **argv) {
                 if (p.type != MI_PATTERN_DENSE)
                     mi_cpu_prefill_plan(ctx, &s, &tq, &tk, NULL, pats, &pp, ws, &jobs);
                 est[r] = bench_now() - t0;
+                if (p.type == MI_PATTERN_INFLLM)
+                    est[r] = infllm_select_s(ctx, &s, &tq, &tk, &tv, pats, &pp, &to);
                 t0 = bench_now();
                 mi_prefill_attention(ctx, &tq, &tk, &tv, NULL, pats, &pp, m == 0 ? &tr : &to, NULL,
                                      ws, bytes);

@@ -1322,11 +1322,11 @@ static void test_errors(void) {
     mi_tensor kb = mi_tensor_bhld(k32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
     mi_tensor vb = mi_tensor_bhld(v32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
     mi_tensor ob = mi_tensor_bhld(o32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
-    const mi_pattern_type refused[4] = {MI_PATTERN_XATTENTION, MI_PATTERN_FLEXPREFILL,
-                                        MI_PATTERN_DILATED, MI_PATTERN_STRIDED};
+    const mi_pattern_type refused[5] = {MI_PATTERN_XATTENTION, MI_PATTERN_FLEXPREFILL,
+                                        MI_PATTERN_DILATED, MI_PATTERN_STRIDED, MI_PATTERN_INFLLM};
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         const mi_head_pattern p = mi_head_pattern_default(refused[i]);
         st = mi_prefill_attention(g_gpu, &qb, &kb, &vb, NULL, &p, &pp, &ob, NULL, NULL, 0);
         check(st == MI_STATUS_UNSUPPORTED &&
