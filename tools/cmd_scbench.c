@@ -61,11 +61,13 @@ static const char usage_text[] =
     "  --examples   examples per task (default 1; with --data: the first N, 0 all)\n"
     "  --attn       prefill patterns, comma list (default dense): dense, minference, a_shape,\n"
     "               tri_shape, block_sparse, any name `minference info` lists, or\n"
-    "               NAME:V1[:V2...] with the pattern's budgets (a_shape:64:512, vs:100:500)\n"
+    "               NAME:V1[:V2...] with the pattern's budgets (a_shape:64:512, vs:100:500);\n"
+    "               all: every pattern at its defaults\n"
     "  --kv         KV-cache methods (default dense), separated by ';' or ',' (a ',' before\n"
     "               key=value continues a spec); each is passed to the session as its kv\n"
     "               spec (\"METHOD[:key=value,...]\"); one the library refuses is reported\n"
-    "               as unsupported\n"
+    "               as unsupported; all: every KV method at its defaults. Every attn x kv\n"
+    "               pair runs (attn-major)\n"
     "  --max-new-tokens  cap on each turn's new tokens (default 0: the task's own)\n"
     "  --max-length the longest sequence (default: the model's context length); the first\n"
     "               prompt is cut in the middle to fit, as the original does\n"
@@ -252,6 +254,13 @@ static void record(sc_cell *c, json_t *preds, const char *task, const json_t *tu
     json_object_set_new(o, "prediction", pred ? json_string(pred) : json_null());
     json_object_set(o, "answer", json_object_get(turn, "answer"));
     json_object_set_new(o, "score", json_real(s));
+    if (pred && !strcmp(scorer, "scbench_repoqa")) {
+        /* how close the answer came: the best BLEU over the needles (pass needs >= 0.8) */
+        double sim = 0;
+        sc_repoqa_pass(pred, json_is_string(name) ? json_string_value(name) : "", nd->v, nd->n,
+                       &sim);
+        json_object_set_new(o, "similarity", json_real(sim));
+    }
     json_array_append_new(preds, o);
 }
 
@@ -427,33 +436,6 @@ static int split_list(char *s, char **out, int max) {
     return n;
 }
 
-/* KV specs: separated by ';', or by ',' where the next part starts a method (a part with '='
- * and no ':' continues the previous spec's key=value list: "dense,snapkv:a=1,b=2"). In place. */
-static int split_kv_list(char *s, char **out, int max) {
-    int n = 0;
-    for (char *save = NULL, *piece = strtok_r(s, ";", &save); piece && n < max;
-         piece = strtok_r(NULL, ";", &save)) {
-        char *p = piece;
-        while (p && *p && n < max) {
-            char *start = p, *cut = NULL;
-            for (char *c = strchr(p, ','); c; c = strchr(c + 1, ',')) {
-                const char *next = c + 1;
-                const char *eq = strchr(next, '='), *colon = strchr(next, ':');
-                const char *end = strchr(next, ',');
-                const bool cont = eq && (!end || eq < end) && (!colon || colon > eq);
-                if (!cont) {
-                    cut = c;
-                    break;
-                }
-            }
-            if (cut) *cut = 0;
-            if (*start) out[n++] = start;
-            p = cut ? cut + 1 : NULL;
-        }
-    }
-    return n;
-}
-
 /* The chat pieces of the model's template. */
 static bool chat_setup(sc_run *r, const char *name) {
     if (!strcmp(name, "none")) return true;
@@ -616,6 +598,19 @@ static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_n
                 json_array_append_new(jres, o);
             }
     }
+    /* the matrix's axes, in the order the methods cross them (attn-major) */
+    json_t *ja = json_array(), *jk = json_array();
+    for (int mi = 0; mi < nm; mi++) {
+        bool seen_a = false, seen_k = false;
+        for (int j = 0; j < mi; j++) {
+            seen_a |= !strcmp(methods[j].attn, methods[mi].attn);
+            seen_k |= !strcmp(methods[j].kv, methods[mi].kv);
+        }
+        if (!seen_a) json_array_append_new(ja, json_string(methods[mi].attn));
+        if (!seen_k) json_array_append_new(jk, json_string(methods[mi].kv));
+    }
+    json_object_set_new(root, "attn", ja);
+    json_object_set_new(root, "kv", jk);
     json_object_set_new(root, "tasks", jt);
     json_object_set_new(root, "methods", jm);
     json_object_set_new(root, "results", jres);
@@ -722,20 +717,19 @@ int mi_cmd_scbench(int argc, char **argv) {
     if (save_dir && !is_dir(save_dir))
         return args_error("scbench", usage_text, "--save-data %s is not a directory", save_dir);
 
-    char *lists = NULL, *task_names[MAX_LIST * 2], *attns[MAX_LIST], *kvs[MAX_LIST];
+    char *task_names[MAX_LIST * 2], *attns[MAX_LIST] = {0}, *kvs[MAX_LIST] = {0};
     char *tasks_copy = strdup(tasks_arg ? tasks_arg
                                         : "scbench_kv,scbench_prefix_suffix,scbench_vt,scbench_mf,"
                                           "scbench_many_shot,scbench_summary_with_needles,"
                                           "scbench_repoqa,scbench_repoqa_and_kv");
-    char *attn_copy = strdup(attn_arg), *kv_copy = strdup(kv_arg);
-    (void)lists;
-    const int n_tasks = split_list(tasks_copy, task_names, MAX_LIST * 2);
-    const int n_attn = split_list(attn_copy, attns, MAX_LIST);
-    const int n_kv = split_kv_list(kv_copy, kvs, MAX_LIST);
+    char lwhy[128] = "";
+    const int n_tasks = tasks_copy ? split_list(tasks_copy, task_names, MAX_LIST * 2) : 0;
+    const int n_attn = sc_attn_list(attn_arg, attns, MAX_LIST, lwhy, sizeof lwhy);
+    const int n_kv = n_attn > 0 ? sc_kv_list(kv_arg, kvs, MAX_LIST, lwhy, sizeof lwhy) : -1;
     int rc = 1;
-    if (!n_tasks || !n_attn || !n_kv) {
-        free(tasks_copy), free(attn_copy), free(kv_copy);
-        return args_error("scbench", usage_text, "empty --tasks, --attn or --kv");
+    if (!n_tasks || n_attn <= 0 || n_kv <= 0) {
+        free(tasks_copy), sc_free_list(attns, MAX_LIST), sc_free_list(kvs, MAX_LIST);
+        return args_error("scbench", usage_text, "%s", n_tasks ? lwhy : "empty --tasks");
     }
     for (int i = 0; i < n_tasks; i++) {
         const sc_task_info *ti = sc_task_find(task_names[i]);
@@ -743,7 +737,7 @@ int mi_cmd_scbench(int argc, char **argv) {
             args_error("scbench", usage_text,
                        ti ? "task %s needs the public data (--data DIR)" : "unknown task '%s'",
                        task_names[i]);
-            free(tasks_copy), free(attn_copy), free(kv_copy);
+            free(tasks_copy), sc_free_list(attns, MAX_LIST), sc_free_list(kvs, MAX_LIST);
             return 2;
         }
     }
@@ -754,7 +748,7 @@ int mi_cmd_scbench(int argc, char **argv) {
                                   : strcmp(attns[i], "minference") &&
                                         mi_pattern_from_name(attns[i], &pt) != MI_STATUS_SUCCESS) {
             args_error("scbench", usage_text, "unknown --attn '%s'", attns[i]);
-            free(tasks_copy), free(attn_copy), free(kv_copy);
+            free(tasks_copy), sc_free_list(attns, MAX_LIST), sc_free_list(kvs, MAX_LIST);
             return 2;
         }
     }
@@ -764,7 +758,7 @@ int mi_cmd_scbench(int argc, char **argv) {
     if (!model_path) model_path = default_model;
     if (!model_path) {
         fprintf(stderr, "minference scbench: no model (--model, $MI_MODEL or the demo model)\n");
-        free(tasks_copy), free(attn_copy), free(kv_copy);
+        free(tasks_copy), sc_free_list(attns, MAX_LIST), sc_free_list(kvs, MAX_LIST);
         return 1;
     }
     mi_context *ctx = NULL;
@@ -923,6 +917,6 @@ out:
     for (int i = 0; i < n_own; i++) mi_config_destroy(own_configs[i]);
     mi_context_destroy(ctx);
     free(default_model);
-    free(tasks_copy), free(attn_copy), free(kv_copy);
+    free(tasks_copy), sc_free_list(attns, MAX_LIST), sc_free_list(kvs, MAX_LIST);
     return rc;
 }

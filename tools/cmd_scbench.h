@@ -129,6 +129,19 @@ char **sc_build_prompts(const char *task, const json_t *example, bool multi_requ
                         const sc_chat_fmt *chat, int max_turns, int *n, const char **why);
 void sc_free_prompts(char **prompts, int n);
 
+/* ------------------------------------------------------------------------------------------ */
+/* The method matrix (cmd_scbench_matrix.c)                                                     */
+
+/* The --attn list (comma-separated) into out[0..n): names or NAME:V1[:V2...] as given, "all"
+ * for dense, minference and every other pattern of the library's table by its short name; an
+ * entry named twice is kept once. n, or -1 with *why (empty list, more than max). The strings
+ * are malloc'ed (sc_free_list). Names are not checked here. */
+int sc_attn_list(const char *arg, char **out, int max, char *why, size_t cap);
+/* The --kv list: specs separated by ';', or by ',' where the next part starts a method ("dense,
+ * snapkv:a=1,b=2" is two specs); "all" for every KV method of the library at its defaults. */
+int sc_kv_list(const char *arg, char **out, int max, char *why, size_t cap);
+void sc_free_list(char **v, int n);
+
 /* The per-turn accuracy curves (cmd_scbench_plot.c): acc [n_panels][nm][nt] in [0, 1] (NaN: no
  * point). false when the file cannot be written or the build has no libpng. */
 bool sc_write_curves_png(const char *path, const double *acc, int n_panels, int nm, int nt);

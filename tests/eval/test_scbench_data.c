@@ -453,12 +453,71 @@ static void test_prompts(void) {
     json_decref(ex);
 }
 
+/* Each turn's new tokens: the original's table (scbench/eval_utils.py), per subtask for the
+ * mixed tasks. A RepoQA answer is a whole function, which the task's 1024 tokens hold and a
+ * 64-token cap cuts below the pass threshold. */
+static void test_new_tokens(void) {
+    static const struct {
+        const char *task, *sub;
+        int want;
+    } table[] = {
+        {"scbench_kv", NULL, 150},
+        {"scbench_prefix_suffix", NULL, 150},
+        {"scbench_vt", NULL, 30},
+        {"scbench_mf", NULL, 5},
+        {"scbench_many_shot", NULL, 10},
+        {"scbench_summary_with_needles", "scbench_summary", 800},
+        {"scbench_summary_with_needles", "scbench_passkey", 15},
+        {"scbench_repoqa", NULL, 1024},
+        {"scbench_repoqa_and_kv", "scbench_repoqa", 1024},
+        {"scbench_repoqa_and_kv", "scbench_kv", 80},
+        {"scbench_qa_eng", NULL, 40},
+        {"scbench_qa_chn", NULL, 40},
+        {"scbench_choice_eng", NULL, 40},
+        {"scbench_summary", NULL, 200},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        CHECK_EQ(sc_task_max_new(sc_task_find(table[i].task), table[i].sub), table[i].want);
+    CHECK_EQ(sc_task_max_new(NULL, NULL), 0);
+
+    /* a function of about 300 tokens (one per 4 bytes), 14 lines */
+    char code[2048] = "def merge_ranges(ranges, gap=0):\n"
+                      "    \"\"\"Merge overlapping or nearly touching integer ranges.\n\n"
+                      "    Ranges closer than gap are joined; the result is sorted.\n"
+                      "    \"\"\"\n";
+    for (int l = 0; l < 10; l++) {
+        char line[200];
+        snprintf(line, sizeof line,
+                 "    step_%d = [(lo + %d, hi - %d) for lo, hi in sorted(ranges) if hi - lo > "
+                 "gap + %d]\n",
+                 l, l, l, l);
+        strcat(code, line);
+    }
+    const sc_needle nd[] = {{"merge_ranges", code},
+                            {"other", "def other(x):\n    return [x for x in range(3)]\n"}};
+    const size_t tokens = count4(NULL, code, strlen(code));
+    const int cap = sc_task_max_new(sc_task_find("scbench_repoqa"), NULL);
+    CHECK(tokens > 2 * 64 && tokens <= (size_t)cap, "%zu tokens", tokens);
+    json_t *answer = json_string(code);
+    char out[4096];
+    snprintf(out, sizeof out, "Here it is:\n```python\n%s```\nDone.", code);
+    CHECK_EQ(sc_score_turn("scbench_repoqa", out, answer, NULL, "merge_ranges", nd, 2), 1.0);
+    /* the same answer cut after 64 tokens: the right function, too short to pass */
+    snprintf(out, sizeof out, "```python\n%.*s", 64 * 4, code);
+    double sim = 0;
+    CHECK(!sc_repoqa_pass(out, "merge_ranges", nd, 2, &sim));
+    CHECK(sim > 0 && sim < 0.8, "similarity %g", sim);
+    CHECK_EQ(sc_score_turn("scbench_repoqa", out, answer, NULL, "merge_ranges", nd, 2), 0.0);
+    json_decref(answer);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) return 1;
     write_sources();
     test_generators();
     test_jsonl();
     test_prompts();
+    test_new_tokens();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

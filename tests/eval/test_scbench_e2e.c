@@ -2,7 +2,8 @@
  * test_scbench_e2e.c: `minference scbench` end to end on the demo model, small enough for two
  * CPU cores: generated kv and summary_with_needles contexts of ~900 tokens, 2 turns, both modes,
  * dense attention with the dense KV cache and a KV method the library refuses (reported as
- * unsupported, the run goes on); then a hand-written public-format file through --data.
+ * unsupported, the run goes on); then a hand-written public-format file through --data; then
+ * a 2 x 2 method matrix (every attn x kv pair once per mode).
  * Exits 77 (skipped) when no model file is available.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -159,11 +160,82 @@ int main(void) {
           json_is_null(json_array_get(json_object_get(o, "per_turn"), 2)));
     json_decref(root);
 
+    /* the matrix: every attn x kv pair, attn-major, one run (one context prefill) per example,
+     * mode and pair */
+    char *argv5[] = {"--model",
+                     model,
+                     "--tasks",
+                     "scbench_kv",
+                     "--length",
+                     "300",
+                     "--turns",
+                     "2",
+                     "--attn",
+                     "dense,a_shape:16:64",
+                     "--kv",
+                     "dense;streamingllm:n_init=16,n_local=64",
+                     "--max-new-tokens",
+                     "4",
+                     "--json",
+                     json,
+                     "--quiet",
+                     NULL};
+    CHECK_EQ(run(argv5), 0);
+    root = json_load_file(json, 0, &err);
+    CHECK(root != NULL);
+    if (root) {
+        static const char *const attn[] = {"dense", "a_shape:16:64"};
+        static const char *const kv[] = {"dense", "streamingllm:n_init=16,n_local=64"};
+        json_t *ja = json_object_get(root, "attn"), *jk = json_object_get(root, "kv");
+        json_t *methods = json_object_get(root, "methods"), *runs = json_object_get(root, "runs");
+        CHECK_EQ((int)json_array_size(ja), 2);
+        CHECK_EQ((int)json_array_size(jk), 2);
+        CHECK_EQ((int)json_array_size(methods), 4);
+        for (int a = 0; a < 2; a++) {
+            CHECK(!strcmp(json_string_value(json_array_get(ja, (size_t)a)), attn[a]));
+            CHECK(!strcmp(json_string_value(json_array_get(jk, (size_t)a)), kv[a]));
+            for (int k = 0; k < 2; k++) {
+                json_t *m = json_array_get(methods, (size_t)(a * 2 + k));
+                CHECK(!strcmp(json_string_value(json_object_get(m, "attn")), attn[a]) &&
+                      !strcmp(json_string_value(json_object_get(m, "kv")), kv[k]));
+                for (int md = 0; md < 2; md++) {
+                    const char *mode = md ? "multi-request" : "multi-turn";
+                    int n_runs = 0, n_results = 0;
+                    for (size_t i = 0; i < json_array_size(runs); i++) {
+                        json_t *o = json_array_get(runs, i);
+                        if (strcmp(json_string_value(json_object_get(o, "mode")), mode) ||
+                            strcmp(json_string_value(json_object_get(o, "attn")), attn[a]) ||
+                            strcmp(json_string_value(json_object_get(o, "kv")), kv[k]))
+                            continue;
+                        n_runs++;
+                        CHECK_EQ((int)json_array_size(json_object_get(o, "predictions")), 2);
+                        CHECK(json_integer_value(json_object_get(o, "context_tokens")) > 200);
+                    }
+                    json_t *res = json_object_get(root, "results");
+                    for (size_t i = 0; i < json_array_size(res); i++) {
+                        json_t *o = json_array_get(res, i);
+                        n_results +=
+                            !strcmp(json_string_value(json_object_get(o, "mode")), mode) &&
+                            !strcmp(json_string_value(json_object_get(o, "attn")), attn[a]) &&
+                            !strcmp(json_string_value(json_object_get(o, "kv")), kv[k]) &&
+                            json_array_size(json_object_get(o, "per_turn")) == 2;
+                    }
+                    CHECK_EQ(n_runs, 1);
+                    CHECK_EQ(n_results, 1);
+                }
+            }
+        }
+        CHECK_EQ((int)json_array_size(runs), 8);
+        json_decref(root);
+    }
+
     /* usage errors */
     char *argv3[] = {"--tasks", "scbench_qa_eng", "--model", model, NULL};
     CHECK_EQ(run(argv3), 2); /* a book task without --data */
     char *argv4[] = {"--attn", "no_such_pattern", "--model", model, NULL};
     CHECK_EQ(run(argv4), 2);
+    char *argv6[] = {"--kv", ";;", "--model", model, NULL};
+    CHECK_EQ(run(argv6), 2);
 
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
