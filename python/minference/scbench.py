@@ -6,7 +6,14 @@
     print(scbench.table(res))
 
 The run is the command-line tool's (docs/scbench.md): the same generators, prompts, modes and
-scores. The tool is found, in order: the ``cli`` argument; $MINFERENCE_CLI; the ``minference``
+scores. ``plot(results, "scb.png")`` draws a results file as the paper's figures (a tasks x
+methods heat map and per-turn accuracy, per mode); it needs matplotlib (``pip install
+minference[plot]``), nothing else here does. From a shell:
+
+    python -m minference.scbench plot scb.json scb.png
+    python -m minference.scbench table scb.json
+
+The tool is found, in order: the ``cli`` argument; $MINFERENCE_CLI; the ``minference``
 program beside the loaded libminference (a CMake build folder); the repository's build folders;
 ``minference`` on $PATH.
 """
@@ -15,10 +22,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["run", "table", "find_cli", "command", "GENERATED_TASKS", "DATA_TASKS"]
+__all__ = ["run", "table", "plot", "load", "find_cli", "command", "GENERATED_TASKS", "DATA_TASKS"]
 
 GENERATED_TASKS = (
     "scbench_kv",
@@ -182,3 +190,176 @@ def table(result, mode=None, digits=1):
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {mean} | {secs:.0f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def load(result):
+    """A result as a dict: run()'s dict as is, or the tool's JSON file (a path)."""
+    if isinstance(result, dict):
+        return result
+    with open(os.fspath(result), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _short(task):
+    return task[len("scbench_"):] if task.startswith("scbench_") else task
+
+
+def _grid(result, mode):
+    """(labels, tasks, scores [method][task] or None per cell, per-turn means [method][turn])
+    of one mode: the methods that have results in it, in the file's (attn-major) order, and the
+    unsupported ones with no scores."""
+    tasks = list(result["tasks"])
+    labels, scores, turns = [], [], []
+    n_turns = int(result.get("turns", 0)) or 1
+    for m in result["methods"]:
+        label = f"{m['attn']} + {m['kv'] or 'dense'}"
+        rows = {r["task"]: r for r in result["results"]
+                if r["mode"] == mode and r["attn"] == m["attn"] and r["kv"] == m["kv"]}
+        if not m.get("supported", True):
+            labels.append(label + " (unsupported)")
+            scores.append([None] * len(tasks))
+            turns.append([None] * n_turns)
+            continue
+        if not rows:
+            continue  # not run (yet): a file written part way through a matrix
+        labels.append(label)
+        scores.append([rows[t]["score"] if t in rows else None for t in tasks])
+        per = []
+        for i in range(n_turns):
+            v = [rows[t]["per_turn"][i] for t in tasks
+                 if t in rows and i < len(rows[t].get("per_turn", []))
+                 and rows[t]["per_turn"][i] is not None]
+            per.append(sum(v) / len(v) if v else None)
+        turns.append(per)
+    return labels, tasks, scores, turns
+
+
+def plot(result, out_png, size=None, dpi=100):
+    """Draws a result (run()'s dict or the tool's JSON file) into out_png, one column per mode:
+    on top the heat map of score x 100 (rows: methods, attn + kv; columns: tasks and their mean;
+    red 0 to green 100, unsupported methods grey), below it the mean score over tasks per turn,
+    one line per method. size: (width, height) in pixels (default: from the numbers of methods
+    and tasks); dpi: the figure's resolution. Returns out_png. Needs matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("scbench.plot needs matplotlib (pip install 'minference[plot]')") from e
+    import numpy as np
+
+    res = load(result)
+    modes = [m for m in ("multi-turn", "multi-request")
+             if any(r["mode"] == m for r in res["results"])]
+    if not modes:
+        raise ValueError("the result has no scores to draw")
+    grids = [_grid(res, m) for m in modes]
+    n_methods = max(len(g[0]) for g in grids)
+    n_tasks = len(res["tasks"])
+    longest = max((len(label) for g in grids for label in g[0]), default=10)
+    if size is None:  # room for the labels (left) and the legend (right)
+        size = (int(dpi * (0.13 * longest + (0.7 + 0.62 * (n_tasks + 1)) * len(modes))),
+                int(dpi * (4.2 + 0.3 * n_methods)))
+    if (not isinstance(dpi, (int, float)) or dpi <= 0 or len(size) != 2
+            or any(not isinstance(v, int) or v < 64 for v in size)):
+        raise ValueError("size: two integers >= 64 (pixels); dpi > 0")
+    fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi, constrained_layout=True)
+    FigureCanvasAgg(fig)
+    heat_h = 0.6 + 0.32 * n_methods
+    axes = fig.subplots(2, len(modes), squeeze=False,
+                        gridspec_kw={"height_ratios": [heat_h, 2.6]})
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="#d0d0d0")
+    # the curves: colour by KV method, line style by prefill pattern (the matrix's two axes)
+    attns = list(dict.fromkeys(m["attn"] for m in res["methods"]))
+    kvs = list(dict.fromkeys(m["kv"] for m in res["methods"]))
+    by_label = {f"{m['attn']} + {m['kv'] or 'dense'}": (attns.index(m["attn"]), kvs.index(m["kv"]))
+                for m in res["methods"]}
+    colors = matplotlib.colormaps["tab10"]
+    styles = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    for c, (mode, (labels, tasks, scores, turns)) in enumerate(zip(modes, grids)):
+        ax = axes[0][c]
+        cols = [_short(t) for t in tasks] + ["mean"]
+        data = np.full((len(labels), len(cols)), np.nan)
+        for i, row in enumerate(scores):
+            vals = [v for v in row if v is not None]
+            for j, v in enumerate(row):
+                if v is not None:
+                    data[i, j] = 100 * v
+            if vals and len(vals) == len(row):
+                data[i, -1] = 100 * sum(vals) / len(vals)
+        ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0, vmax=100, aspect="auto")
+        ax.set_xticks(range(len(cols)), cols, rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(len(labels)), labels if c == 0 else [""] * len(labels), fontsize=8)
+        ax.set_title(mode, fontsize=10)
+        if len(labels) * len(cols) <= 400:
+            for i in range(len(labels)):
+                for j in range(len(cols)):
+                    if not np.isnan(data[i, j]):
+                        ax.text(j, i, f"{data[i, j]:.0f}", ha="center", va="center", fontsize=7)
+        ax = axes[1][c]
+        n_turns = max((len(t) for t in turns), default=1)
+        for i, (label, per) in enumerate(zip(labels, turns)):
+            pts = [(k + 1, 100 * v) for k, v in enumerate(per) if v is not None]
+            if pts:
+                a, k = by_label.get(label, (i, i))
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=styles[a % 4],
+                        marker=markers[(a // 4) % 8], markersize=3, linewidth=1.2,
+                        color=colors(k % 10), label=label)
+        ax.set_xticks(range(1, n_turns + 1))
+        ax.set_xlim(0.8, n_turns + 0.2)
+        ax.set_ylim(-2, 102)
+        ax.set_xlabel("turn" if mode == "multi-turn" else "query", fontsize=8)
+        ax.set_ylabel("mean score x 100" if c == 0 else "", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    handles, names = axes[1][0].get_legend_handles_labels()
+    if handles:
+        axes[1][-1].legend(handles, names, fontsize=6, loc="center left",
+                           bbox_to_anchor=(1.01, 0.5), frameon=False)
+    title = res.get("model", "")
+    if title:
+        title = os.path.basename(title)
+    length = res.get("length", 0)
+    fig.suptitle(f"SCBench {title}" + (f", {length} tokens" if length else ""), fontsize=10)
+    fig.savefig(os.fspath(out_png), dpi=dpi)
+    return out_png
+
+
+def main(argv=None):
+    """python -m minference.scbench plot RESULTS.json OUT.png [--size WxH] [--dpi N]
+    python -m minference.scbench table RESULTS.json [--mode MODE]"""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m minference.scbench",
+                                 description="Draw or tabulate a `minference scbench --json` file.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plot", help="heat map and per-turn curves (needs matplotlib)")
+    p.add_argument("results")
+    p.add_argument("out_png")
+    p.add_argument("--size", help="WIDTHxHEIGHT in pixels (default: from the matrix's size)")
+    p.add_argument("--dpi", type=int, default=100)
+    t = sub.add_parser("table", help="the Markdown table")
+    t.add_argument("results")
+    t.add_argument("--mode", choices=("multi-turn", "multi-request"))
+    args = ap.parse_args(argv)
+    if args.cmd == "table":
+        print(table(load(args.results), mode=args.mode))
+        return 0
+    size = None
+    if args.size:
+        try:
+            w, h = (int(v) for v in args.size.lower().split("x"))
+        except ValueError:
+            ap.error("--size: WIDTHxHEIGHT, e.g. 1600x900")
+        size = (w, h)
+    try:
+        plot(args.results, args.out_png, size=size, dpi=args.dpi)
+    except ImportError as e:
+        print(f"python -m minference.scbench: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -92,3 +92,79 @@ def test_run_tiny():
     with pytest.raises(RuntimeError):
         scbench.run(model="/nonexistent/model.gguf", tasks=["scbench_mf"], length=256, turns=1,
                     cli=cli)
+
+
+def _matrix_result():
+    """A 2 x 2 matrix (attn x kv) in the tool's JSON layout, one method unsupported and one not
+    run yet (a file written part way)."""
+    methods = [{"attn": a, "kv": k, "supported": True}
+               for a in ("dense", "a_shape:64:512") for k in ("dense", "snapkv")]
+    methods[1]["supported"] = False
+    methods[1]["why"] = "refused"
+    results = []
+    for mode in ("multi-turn", "multi-request"):
+        for i, m in enumerate(methods[:3]):
+            if not m["supported"]:
+                continue
+            for j, task in enumerate(("scbench_kv", "scbench_repoqa")):
+                per = [0.25 * ((i + j + t) % 5) for t in range(3)]
+                results.append({"mode": mode, "attn": m["attn"], "kv": m["kv"], "task": task,
+                                "score": sum(per) / 3, "per_turn": per, "total_s": 1.0})
+    return {"model": "/m/SmolLM2.gguf", "length": 1024, "turns": 3, "attn":
+            ["dense", "a_shape:64:512"], "kv": ["dense", "snapkv"],
+            "tasks": ["scbench_kv", "scbench_repoqa"], "methods": methods, "results": results}
+
+
+def test_grid_of_a_partial_matrix():
+    labels, tasks, scores, turns = scbench._grid(_matrix_result(), "multi-request")
+    # the unsupported method stays (no scores); the one not run yet is left out
+    assert labels == ["dense + dense", "dense + snapkv (unsupported)", "a_shape:64:512 + dense"]
+    assert tasks == ["scbench_kv", "scbench_repoqa"]
+    assert scores[1] == [None, None]
+    assert scores[2] == pytest.approx([(0.5 + 0.75 + 1.0) / 3, (0.75 + 1.0 + 0.0) / 3])
+    # per turn: the mean over the tasks
+    assert turns[0] == pytest.approx([(0.0 + 0.25) / 2, (0.25 + 0.5) / 2, (0.5 + 0.75) / 2])
+
+
+def test_command_passes_all():
+    args = scbench.command(attn="all", kv="all")
+    assert args[args.index("--attn") + 1] == "all" and args[args.index("--kv") + 1] == "all"
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "r.json"
+    src.write_text(__import__("json").dumps(_matrix_result()))
+    out = tmp_path / "r.png"
+    assert scbench.plot(src, out, size=(900, 640), dpi=80) == out
+    assert _png_size(out) == (900, 640)
+    # the default size grows with the number of methods
+    small = _matrix_result()
+    small["methods"] = small["methods"][:1]
+    scbench.plot(small, tmp_path / "s.png")
+    scbench.plot(_matrix_result(), tmp_path / "l.png")
+    assert _png_size(tmp_path / "s.png")[1] < _png_size(tmp_path / "l.png")[1]
+    # the command line
+    assert scbench.main(["plot", str(src), str(tmp_path / "c.png"), "--size", "640x480"]) == 0
+    assert _png_size(tmp_path / "c.png") == (640, 480)
+    empty = dict(_matrix_result(), results=[])
+    with pytest.raises(ValueError):
+        scbench.plot(empty, tmp_path / "e.png")
+    with pytest.raises(ValueError):
+        scbench.plot(src, tmp_path / "e.png", size=(10, 10))
+
+
+def test_main_table(tmp_path, capsys):
+    src = tmp_path / "r.json"
+    src.write_text(__import__("json").dumps(_matrix_result()))
+    assert scbench.main(["table", str(src), "--mode", "multi-turn"]) == 0
+    out = capsys.readouterr().out
+    assert "**multi-turn**" in out and "| a_shape:64:512 + dense |" in out
+    assert "| dense + snapkv | unsupported: refused |" in out
