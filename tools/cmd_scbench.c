@@ -556,6 +556,8 @@ static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_n
     json_object_set_new(root, "length", json_integer(data_dir ? 0 : length));
     json_object_set_new(root, "max_length", json_integer(r->max_length));
     json_object_set_new(root, "turns", json_integer(turns));
+    /* 0: each task's own new-token limits; N: every limit lowered to at most N */
+    json_object_set_new(root, "max_new_tokens_cap", json_integer(r->max_new_cap));
     json_object_set_new(root, "seed", json_integer(seed));
     json_object_set_new(root, "data", json_string(data_dir ? data_dir : "generated"));
     json_object_set_new(root, "chat", json_boolean(r->chat.prefix != NULL));

@@ -50,8 +50,7 @@ int sc_attn_list(const char *arg, char **out, int max, char *why, size_t cap) {
         }
         /* every pattern by its short name; "minference" is the config (vertical-slash on every
          * head without one), which is what a vertical-slash name selects too */
-        bool ok = add(out, &n, max, "dense", why, cap) &&
-                  add(out, &n, max, "minference", why, cap);
+        bool ok = add(out, &n, max, "dense", why, cap) && add(out, &n, max, "minference", why, cap);
         for (int32_t p = 0; ok && p < mi_pattern_count(); p++) {
             if (p == MI_PATTERN_DENSE || p == MI_PATTERN_VERTICAL_SLASH) continue;
             const char *alias = mi_pattern_alias((mi_pattern_type)p, 0);

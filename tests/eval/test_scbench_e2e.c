@@ -226,6 +226,7 @@ int main(void) {
             }
         }
         CHECK_EQ((int)json_array_size(runs), 8);
+        CHECK_EQ((int)json_integer_value(json_object_get(root, "max_new_tokens_cap")), 4);
         json_decref(root);
     }
 

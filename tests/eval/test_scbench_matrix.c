@@ -72,8 +72,7 @@ static void test_kv(void) {
                        sizeof why);
     CHECK_EQ(n, 3);
     CHECK(n == 3 && !strcmp(v[0], "dense") &&
-          !strcmp(v[1], "snapkv:max_capacity_prompt=512,window_size=16") &&
-          !strcmp(v[2], "quest"));
+          !strcmp(v[1], "snapkv:max_capacity_prompt=512,window_size=16") && !strcmp(v[2], "quest"));
     sc_free_list(v, n > 0 ? n : 0);
 
     n = sc_kv_list("all", v, MAX, why, sizeof why);
