@@ -155,23 +155,27 @@ def run(model=None, tasks=None, data=None, length=1024, turns=5, examples=1, see
     return res
 
 
-def table(result, mode=None, digits=1):
+def table(result, mode=None, digits=1, turns=False):
     """A Markdown table of a result (run()'s dict or the tool's JSON): per mode, one row per
-    method (attn + kv), one column per task (score x 100), the mean, and the seconds spent."""
+    method (attn + kv), one column per task (score x 100), the mean, and the seconds spent;
+    turns=True adds the mean over tasks of each turn (t1, t2, ...)."""
     tasks = result["tasks"]
+    n_turns = int(result.get("turns", 0)) if turns else 0
     modes = [mode] if mode else [m for m in ("multi-turn", "multi-request")
                                  if any(r["mode"] == m for r in result["results"])]
     lines = []
     for md in modes:
         lines.append(f"**{md}**\n")
         short = [t[len("scbench_"):] if t.startswith("scbench_") else t for t in tasks]
-        lines.append("| method | " + " | ".join(short) + " | mean | time (s) |")
-        lines.append("|---" * (len(tasks) + 3) + "|")
+        tcols = "".join(f" t{i + 1} |" for i in range(n_turns))
+        lines.append("| method | " + " | ".join(short) + " | mean |" + tcols + " time (s) |")
+        lines.append("|---" * (len(tasks) + 3 + n_turns) + "|")
         for m in result["methods"]:
             label = f"{m['attn']} + {m['kv'] or 'dense'}"
             if not m.get("supported", True):
                 why = m.get("why", "") or "refused by the library"
-                lines.append(f"| {label} | unsupported: {why} |" + " |" * (len(tasks) + 1))
+                lines.append(f"| {label} | unsupported: {why} |" +
+                             " |" * (len(tasks) + 1 + n_turns))
                 continue
             rows = {r["task"]: r for r in result["results"]
                     if r["mode"] == md and r["attn"] == m["attn"] and r["kv"] == m["kv"]}
@@ -187,6 +191,10 @@ def table(result, mode=None, digits=1):
                 secs += r.get("total_s", 0.0)
                 cells.append(f"{100 * r['score']:.{digits}f}")
             mean = f"{100 * sum(vals) / len(vals):.{digits}f}" if vals else "–"
+            for i in range(n_turns):
+                v = [r["per_turn"][i] for r in rows.values()
+                     if i < len(r.get("per_turn", [])) and r["per_turn"][i] is not None]
+                mean += f" | {100 * sum(v) / len(v):.{digits}f}" if v else " | –"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {mean} | {secs:.0f} |")
         lines.append("")
     return "\n".join(lines)
@@ -328,7 +336,7 @@ def plot(result, out_png, size=None, dpi=100):
 
 def main(argv=None):
     """python -m minference.scbench plot RESULTS.json OUT.png [--size WxH] [--dpi N]
-    python -m minference.scbench table RESULTS.json [--mode MODE]"""
+    python -m minference.scbench table RESULTS.json [--mode MODE] [--turns]"""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m minference.scbench",
@@ -342,9 +350,10 @@ def main(argv=None):
     t = sub.add_parser("table", help="the Markdown table")
     t.add_argument("results")
     t.add_argument("--mode", choices=("multi-turn", "multi-request"))
+    t.add_argument("--turns", action="store_true", help="add the mean score of each turn")
     args = ap.parse_args(argv)
     if args.cmd == "table":
-        print(table(load(args.results), mode=args.mode))
+        print(table(load(args.results), mode=args.mode, turns=args.turns))
         return 0
     size = None
     if args.size:

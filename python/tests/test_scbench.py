@@ -168,3 +168,8 @@ def test_main_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "**multi-turn**" in out and "| a_shape:64:512 + dense |" in out
     assert "| dense + snapkv | unsupported: refused |" in out
+    # per turn: dense + dense has turns (0, .25, .5) on kv and (.25, .5, .75) on repoqa
+    assert scbench.main(["table", str(src), "--mode", "multi-turn", "--turns"]) == 0
+    out = capsys.readouterr().out
+    assert "| mean | t1 | t2 | t3 | time (s) |" in out
+    assert "| dense + dense | 25.0 | 50.0 | 37.5 | 12.5 | 37.5 | 62.5 | 2 |" in out
