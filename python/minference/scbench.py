@@ -12,6 +12,7 @@ minference[plot]``), nothing else here does. From a shell:
 
     python -m minference.scbench plot scb.json scb.png
     python -m minference.scbench table scb.json
+    python -m minference.scbench merge part1.json part2.json --out all.json
 
 The tool is found, in order: the ``cli`` argument; $MINFERENCE_CLI; the ``minference``
 program beside the loaded libminference (a CMake build folder); the repository's build folders;
@@ -26,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["run", "table", "plot", "load", "find_cli", "command", "GENERATED_TASKS", "DATA_TASKS"]
+__all__ = ["run", "table", "plot", "load", "merge", "find_cli", "command", "GENERATED_TASKS", "DATA_TASKS"]
 
 GENERATED_TASKS = (
     "scbench_kv",
@@ -208,6 +209,33 @@ def load(result):
         return json.load(f)
 
 
+def merge(*results):
+    """One result from several runs of the same tasks (a matrix run in parts): the methods and
+    results of each in order, a method already present (same attn and kv) kept from the first.
+    The header (model, length, turns, ...) is the first's; the runs must agree on the tasks and
+    the turns. The "attn" and "kv" axes are recomputed."""
+    parts = [load(r) for r in results]
+    if not parts:
+        raise ValueError("merge: nothing to merge")
+    out = dict(parts[0])
+    out["methods"], out["results"], out["runs"] = [], [], []
+    seen = set()
+    for part in parts:
+        if list(part["tasks"]) != list(out["tasks"]) or part.get("turns") != out.get("turns"):
+            raise ValueError("merge: the results differ in their tasks or turns")
+        for m in part["methods"]:
+            key = (m["attn"], m["kv"])
+            if key in seen:
+                continue
+            seen.add(key)
+            out["methods"].append(m)
+            out["results"] += [r for r in part["results"] if (r["attn"], r["kv"]) == key]
+            out["runs"] += [r for r in part.get("runs", []) if (r["attn"], r["kv"]) == key]
+    out["attn"] = list(dict.fromkeys(m["attn"] for m in out["methods"]))
+    out["kv"] = list(dict.fromkeys(m["kv"] for m in out["methods"]))
+    return out
+
+
 def _short(task):
     return task[len("scbench_"):] if task.startswith("scbench_") else task
 
@@ -336,7 +364,8 @@ def plot(result, out_png, size=None, dpi=100):
 
 def main(argv=None):
     """python -m minference.scbench plot RESULTS.json OUT.png [--size WxH] [--dpi N]
-    python -m minference.scbench table RESULTS.json [--mode MODE] [--turns]"""
+    python -m minference.scbench table RESULTS.json [--mode MODE] [--turns]
+    python -m minference.scbench merge A.json B.json ... --out ALL.json"""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m minference.scbench",
@@ -351,7 +380,14 @@ def main(argv=None):
     t.add_argument("results")
     t.add_argument("--mode", choices=("multi-turn", "multi-request"))
     t.add_argument("--turns", action="store_true", help="add the mean score of each turn")
+    g = sub.add_parser("merge", help="one results file from several runs of the same tasks")
+    g.add_argument("results", nargs="+")
+    g.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.cmd == "merge":
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(merge(*args.results), f, indent=1)
+        return 0
     if args.cmd == "table":
         print(table(load(args.results), mode=args.mode, turns=args.turns))
         return 0

@@ -173,3 +173,30 @@ def test_main_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| mean | t1 | t2 | t3 | time (s) |" in out
     assert "| dense + dense | 25.0 | 50.0 | 37.5 | 12.5 | 37.5 | 62.5 | 2 |" in out
+
+
+def test_merge(tmp_path):
+    full = _matrix_result()
+    a, b = dict(full), dict(full)
+    # two parts of one matrix: the dense row, then the a_shape row (with dense + dense again)
+    a["methods"] = full["methods"][:2]
+    a["results"] = [r for r in full["results"] if r["attn"] == "dense"]
+    b["methods"] = [full["methods"][0]] + full["methods"][2:]
+    b["results"] = [dict(r, score=0.99) for r in full["results"]]
+    m = scbench.merge(a, b)
+    assert [(x["attn"], x["kv"]) for x in m["methods"]] == [(x["attn"], x["kv"])
+                                                           for x in full["methods"]]
+    assert m["attn"] == ["dense", "a_shape:64:512"] and m["kv"] == ["dense", "snapkv"]
+    # dense + dense comes from the first part only
+    dd = [r for r in m["results"] if r["attn"] == "dense" and r["kv"] == "dense"]
+    assert len(dd) == 4 and all(r["score"] != 0.99 for r in dd)
+    assert len(m["results"]) == len(full["results"])
+    src_a, src_b = tmp_path / "a.json", tmp_path / "b.json"
+    src_a.write_text(__import__("json").dumps(a))
+    src_b.write_text(__import__("json").dumps(b))
+    assert scbench.main(["merge", str(src_a), str(src_b), "--out", str(tmp_path / "m.json")]) == 0
+    assert scbench.load(tmp_path / "m.json")["methods"] == m["methods"]
+    with pytest.raises(ValueError):
+        scbench.merge(a, dict(b, tasks=["scbench_kv"]))
+    with pytest.raises(ValueError):
+        scbench.merge()
