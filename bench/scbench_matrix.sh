@@ -1,7 +1,7 @@
 #!/bin/sh
 # The SCBench method matrix on the demo model (docs/scbench.md, "Results"), both modes:
 #   1. RepoQA at the task's own new-token limit (1024), dense;
-#   2. dense prefill x four KV methods on the retrieval, many-shot and summary tasks;
+#   2. dense prefill x seven KV methods on the retrieval, many-shot and summary tasks;
 #   3. the sparse prefill patterns x {dense KV, SnapKV} on the same data;
 # then one merged results file, its tables and its figure.
 # Usage: bench/scbench_matrix.sh OUT_DIR [LENGTH]
@@ -20,7 +20,7 @@ tasks=scbench_kv,scbench_many_shot,scbench_summary_with_needles
     --attn dense --kv dense --seed 1 --save-data "$out" \
     --json "$out/repoqa.json" >"$out/repoqa.txt" 2>"$out/repoqa.log"
 "$exe" scbench --length "$len" --turns 3 --seed 1 --mode both --tasks "$tasks" --attn dense \
-    --kv "dense;streamingllm:n_init=64,n_local=$((b - 64));snapkv:max_capacity_prompt=$b;quest:token_budget=$b" \
+    --kv "dense;streamingllm:n_init=64,n_local=$((b - 64));snapkv:max_capacity_prompt=$b;quest:token_budget=$b;pyramidkv:max_capacity_prompt=$b;retr_attn:top_k=$b;kivi:bits=2" \
     --save-data "$out" --json "$out/kv.json" >"$out/kv.txt" 2>"$out/kv.log"
 "$exe" scbench --length "$len" --turns 3 --seed 1 --mode both --tasks "$tasks" \
     --attn "vs:$((b / 6)):$b,a_shape:64:$b,tri_shape:64:$b:64" \
