@@ -44,7 +44,7 @@ static const char usage_text[] =
     "           [--max-length N] [--chat auto|chatml|llama3|none] [--reprefill]\n"
     "           [--json FILE] [--png FILE] [--curves FILE] [--save-data DIR]\n"
     "           [--icl-csv FILE] [--text-src FILE] [--py-src DIR] [--threads N]\n"
-    "           [--dense-below N] [--quiet]\n"
+    "           [--dense-below N] [--device cpu|cuda] [--quiet]\n"
     "\n"
     "SCBench (shared-context benchmark): each task's turns share one long context, in two\n"
     "modes: multi-turn (one session, turns in order, the cache kept) and multi-request (the\n"
@@ -80,6 +80,8 @@ static const char usage_text[] =
     "  --text-src   summary_with_needles: a dpkg status file (default /var/lib/dpkg/status)\n"
     "  --py-src     repoqa: a directory of Python files (default python3's standard library)\n"
     "  --dense-below  sequences shorter than this prefill densely (default 0: never)\n"
+    "  --device     cpu (default) or cuda: the model on GPU 0, its sessions' pages mirrored\n"
+    "               on the device (a KV method attends on the host after the first call)\n"
     "  --quiet      no progress on stderr\n";
 
 /* ------------------------------------------------------------------------------------------ */
@@ -677,6 +679,7 @@ int mi_cmd_scbench(int argc, char **argv) {
     const char *icl_csv = NULL, *text_src = NULL, *py_src = NULL;
     long long length = 1024, max_length = 0, seed = 1;
     int turns = 5, examples = 1, max_new = 0, threads = 0, dense_below = 0;
+    const char *device_name = "cpu";
     bool reprefill = false, quiet = false;
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
@@ -702,12 +705,16 @@ int mi_cmd_scbench(int argc, char **argv) {
         {"text-src", ARG_STR, &text_src, 0, 0, NULL},
         {"py-src", ARG_STR, &py_src, 0, 0, NULL},
         {"threads", ARG_INT, &threads, 0, 1024, NULL},
+        {"device", ARG_STR, &device_name, 0, 0, NULL},
         {"dense-below", ARG_INT, &dense_below, 0, 1 << 30, NULL},
         {"quiet", ARG_BOOL, &quiet, 0, 0, NULL},
     };
     const args_result ar = args_parse("scbench", usage_text, specs, sizeof specs / sizeof *specs,
                                       argc, argv, NULL, 0, NULL);
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
+    if (strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0)
+        return args_error("scbench", usage_text, "unknown --device '%s' (cpu or cuda)",
+                          device_name);
     const bool do_mt = !strcmp(mode, "both") || !strcmp(mode, "multi-turn");
     const bool do_mr = !strcmp(mode, "both") || !strcmp(mode, "multi-request");
     if (!do_mt && !do_mr) return args_error("scbench", usage_text, "unknown --mode '%s'", mode);
@@ -768,6 +775,7 @@ int mi_cmd_scbench(int argc, char **argv) {
     cp.n_threads = threads;
     mi_model_params mp = mi_model_default_params();
     mp.n_threads = threads;
+    mp.device = strcmp(device_name, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
     mi_config *config = NULL, *own_configs[MAX_LIST] = {0};
     int n_own = 0;
     sc_run r = {0};
