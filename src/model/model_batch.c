@@ -190,16 +190,7 @@ static mi_status batch_forward(mi_model *m, bseg *sg, int64_t ns, int64_t N, flo
     const int32_t half = m->rope.dim / 2;
     bool fresh = true;
     for (int64_t i = 0; i < ns; i++) fresh = fresh && sg[i].n_past == 0;
-    if (N > BATCH_GEMV_MAX_ROWS && !m->wscratch) {
-        size_t most = 0;
-        const mim_layer *L = &m->layers[0];
-        const mim_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-            if ((size_t)(ws[i]->rows * ws[i]->cols) > most)
-                most = (size_t)(ws[i]->rows * ws[i]->cols);
-        m->wscratch = malloc(most * sizeof(float));
-        m->wscratch_floats = most; /* NULL is fine: bmatmul then stays on the GEMV path */
-    }
+    if (N > BATCH_GEMV_MAX_ROWS) mim_ensure_wscratch(m);
     bbufs b;
     memset(&b, 0, sizeof(b));
     b.x = malloc((size_t)(N * D) * sizeof(float));

@@ -80,6 +80,17 @@ static void sgemm_task(void *arg, int64_t b, int64_t e, int thread) {
                 j->x, (int)j->k, j->w + b * j->k, (int)j->k, 0.0f, j->out + b, (int)j->ldo);
 }
 
+void mim_ensure_wscratch(mi_model *m) {
+    if (m->wscratch) return;
+    size_t most = 0;
+    const mim_layer *L = &m->layers[0];
+    const mim_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+    for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+        if ((size_t)(ws[i]->rows * ws[i]->cols) > most) most = (size_t)(ws[i]->rows * ws[i]->cols);
+    m->wscratch = malloc(most * sizeof(float));
+    m->wscratch_floats = most; /* NULL is fine: the matmuls then stay on their GEMV paths */
+}
+
 void mim_dequant_matrix(mi_model *m, const mim_weight *w, float *dst) {
     mim_dequant_rows(m, w, 0, w->rows, dst);
 }
@@ -413,16 +424,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     const int64_t chunk = n < m->params.mlp_chunk ? n : m->params.mlp_chunk;
     const int32_t half = m->rope.dim / 2;
-    if (n > GEMV_MAX_ROWS && !m->wscratch) {
-        size_t most = 0;
-        const mim_layer *L = &m->layers[0];
-        const mim_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-            if ((size_t)(ws[i]->rows * ws[i]->cols) > most)
-                most = (size_t)(ws[i]->rows * ws[i]->cols);
-        m->wscratch = malloc(most * sizeof(float));
-        m->wscratch_floats = most; /* NULL is fine: mim_matmul then stays on the GEMV path */
-    }
+    if (n > GEMV_MAX_ROWS) mim_ensure_wscratch(m);
     fwd_bufs b;
     memset(&b, 0, sizeof(b));
     b.x = malloc((size_t)(n * D) * sizeof(float));

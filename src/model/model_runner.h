@@ -84,6 +84,9 @@ mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
                 int64_t ldo);
 
+/* The fp32 scratch for one expanded weight matrix (m->wscratch), taken once: prefills of more
+ * than a few rows multiply through sgemm with it (out of memory leaves it NULL: GEMV then). */
+void mim_ensure_wscratch(mi_model *m);
 /* dst [w->rows, w->cols] = the weight expanded to fp32, rows split over the model's threads. */
 void mim_dequant_matrix(mi_model *m, const mim_weight *w, float *dst);
 /* dst [count, w->cols] = rows first..first+count-1 of the weight expanded to fp32. */
