@@ -80,6 +80,14 @@ static inline unsigned char *kv_page(const mi_kv_pool *pool, int32_t id) {
            (size_t)(id % pool->slab_pages) * pool->layout.page_bytes;
 }
 
+/* Row r of head h of K (kv = 0) or V (kv = 1) inside a page (mi_kv_page_layout). */
+static inline unsigned char *kv_row_at(const mi_kv_pool *pool, const unsigned char *page, int kv,
+                                       int32_t h, int32_t r) {
+    const mi_kv_page_layout *L = &pool->layout;
+    return (unsigned char *)page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
+           (size_t)r * L->row_stride;
+}
+
 /* [n_kv][2][head_dim] floats, or NULL without metadata. */
 static inline float *kv_page_meta(const mi_kv_pool *pool, int32_t id) {
     if (!pool->meta_slabs) return NULL;

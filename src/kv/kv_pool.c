@@ -406,19 +406,12 @@ static float *scale_of(const mi_kv_pool *pool, const unsigned char *page, int kv
     return (float *)(page + pool->layout.scale_offset) + (size_t)kv * pool->layout.n_kv_heads + h;
 }
 
-static unsigned char *row_at(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
-                             int32_t r) {
-    const mi_kv_page_layout *L = &pool->layout;
-    return (unsigned char *)page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
-           (size_t)r * L->row_stride;
-}
-
 void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
                     int32_t r0, int32_t r1, float *dst) {
     const int32_t hd = pool->layout.head_dim;
     const float s = pool->layout.has_scales ? *scale_of(pool, page, kv, h) : 1.0f;
     for (int32_t r = r0; r < r1; r++, dst += hd) {
-        const unsigned char *row = row_at(pool, page, kv, h, r);
+        const unsigned char *row = kv_row_at(pool, page, kv, h, r);
         switch (pool->layout.dtype) {
         case MI_KV_F32: memcpy(dst, row, (size_t)hd * sizeof(float)); break;
         case MI_KV_F16:
@@ -497,14 +490,14 @@ bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, in
             float buf[MI_KV_MAX_HEAD_DIM];
             for (int32_t r = 0; r < r0 && s > 0.0f; r++) {
                 kv_rows_decode(pool, page, kv, h, r, r + 1, buf);
-                encode_row(pool, row_at(pool, page, kv, h, r), buf, want);
+                encode_row(pool, kv_row_at(pool, page, kv, h, r), buf, want);
             }
             rescaled = r0 > 0 && s > 0.0f;
             *sp = s = want;
         }
     }
     for (int32_t i = 0; i < n; i++)
-        encode_row(pool, row_at(pool, page, kv, h, r0 + i), src + i * ld, s);
+        encode_row(pool, kv_row_at(pool, page, kv, h, r0 + i), src + i * ld, s);
     return rescaled;
 }
 

@@ -79,13 +79,6 @@ static bool same_bytes(const mi_kv_pool *pool, const mi_tensor *t) {
     return (d == MI_KV_F32 || d == MI_KV_F16 || d == MI_KV_BF16) && (int)t->dtype == (int)d;
 }
 
-static unsigned char *page_row(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
-                               int32_t r) {
-    const mi_kv_page_layout *L = &pool->layout;
-    return (unsigned char *)page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride +
-           (size_t)r * L->row_stride;
-}
-
 static void store_row(const mi_tensor *t, int64_t h, int64_t i, const float *src, int32_t hd) {
     unsigned char *row = (unsigned char *)elem_ptr(t, h, i);
     switch (t->dtype) {
@@ -231,9 +224,9 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
         for (int32_t h = 0; h < H; h++) {
             if (raw) {
                 for (int32_t r = 0; r < c; r++) {
-                    memcpy(page_row(pool, page, 0, h, r0 + r), elem_ptr(k, h, i + r),
+                    memcpy(kv_row_at(pool, page, 0, h, r0 + r), elem_ptr(k, h, i + r),
                            pool->layout.row_stride);
-                    memcpy(page_row(pool, page, 1, h, r0 + r), elem_ptr(v, h, i + r),
+                    memcpy(kv_row_at(pool, page, 1, h, r0 + r), elem_ptr(v, h, i + r),
                            pool->layout.row_stride);
                 }
                 kv_meta_extend(pool, id, h, r0, r0 + c);
@@ -297,7 +290,7 @@ mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int
                 mi_tensor *out = kv ? v_out : k_out;
                 if (!out) continue;
                 if (same_bytes(pool, out)) {
-                    memcpy((void *)elem_ptr(out, h, i), page_row(pool, page, kv, h, r),
+                    memcpy((void *)elem_ptr(out, h, i), kv_row_at(pool, page, kv, h, r),
                            pool->layout.row_stride);
                     continue;
                 }

@@ -46,34 +46,6 @@
  * buffer sizes below int64_t overflow for every shape a model can load. */
 #define BATCH_MAX_SESSIONS 65536
 
-typedef struct bgemv_job {
-    const mim_weight *w[3];
-    float *out[3];
-    int64_t ldo[3];
-    int64_t first[4]; /* global row where each matrix starts; first[count] = total */
-    int count;
-    const float *x; /* [n, cols] */
-    int64_t n;
-} bgemv_job;
-
-static void bgemv_task(void *arg, int64_t b, int64_t e, int thread) {
-    (void)thread;
-    const bgemv_job *j = arg;
-    int k = 0;
-    for (int64_t g = b; g < e; g++) {
-        while (g >= j->first[k + 1]) k++;
-        const mim_weight *w = j->w[k];
-        const int64_t r = g - j->first[k];
-        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * w->row_bytes;
-        float d[BATCH_GEMV_MAX_ROWS];
-        for (int64_t i0 = 0; i0 < j->n; i0 += BATCH_GEMV_MAX_ROWS) {
-            const int64_t c = j->n - i0 < BATCH_GEMV_MAX_ROWS ? j->n - i0 : BATCH_GEMV_MAX_ROWS;
-            mim_dot_rows(w->type, row, j->x + i0 * w->cols, w->cols, c, w->cols, d);
-            for (int64_t i = 0; i < c; i++) j->out[k][(i0 + i) * j->ldo[k] + r] = d[i];
-        }
-    }
-}
-
 /* count (1..3) matrices of the same input x [n, cols]. */
 static void bmatmul(mi_model *m, const float *x, int64_t n, int count, const mim_weight *const *ws,
                     float *const *outs, const int64_t *ldos) {
@@ -81,18 +53,7 @@ static void bmatmul(mi_model *m, const float *x, int64_t n, int count, const mim
         for (int i = 0; i < count; i++) mim_matmul(m, x, n, ws[i], outs[i], ldos[i]);
         return;
     }
-    bgemv_job j;
-    memset(&j, 0, sizeof(j));
-    j.count = count;
-    j.x = x;
-    j.n = n;
-    for (int i = 0; i < count; i++) {
-        j.w[i] = ws[i];
-        j.out[i] = outs[i];
-        j.ldo[i] = ldos[i];
-        j.first[i + 1] = j.first[i] + ws[i]->rows;
-    }
-    mim_pool_run(m->pool, j.first[count], bgemv_task, &j);
+    mim_matmul_rows(m, x, n, count, ws, outs, ldos);
 }
 
 static void bmatmul1(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,

@@ -117,45 +117,63 @@ void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, flo
     mim_pool_run(m->pool, w->rows, sgemm_task, &j);
 }
 
-/* Several matrices of the same input in one parallel region (q/k/v, gate/up): decode is a
- * chain of short GEMVs, and each region costs a fork/join. Prefill rows go to mim_matmul. */
-typedef struct multi_job {
+/* Several matrices of the same input x [n, cols] in one parallel region (q/k/v, gate/up),
+ * each encoded weight row read once for every row of x (mim_dot_rows, whose arithmetic per row
+ * is mim_dot_row's): decode is a chain of short GEMVs, and each region costs a fork/join. */
+typedef struct rows_job {
     const mim_weight *w[3];
     float *out[3];
+    int64_t ldo[3];
     int64_t first[4]; /* global row index where each matrix starts; first[count] = total */
     int count;
     const float *x;
-} multi_job;
+    int64_t n;
+} rows_job;
 
-static void multi_task(void *arg, int64_t b, int64_t e, int thread) {
+#define ROWS_PER_DOT 16 /* rows of x per mim_dot_rows call (its output buffer) */
+
+static void rows_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
-    const multi_job *j = arg;
+    const rows_job *j = arg;
     int k = 0;
+    float d[ROWS_PER_DOT];
     for (int64_t g = b; g < e; g++) {
         while (g >= j->first[k + 1]) k++;
         const mim_weight *w = j->w[k];
         const int64_t r = g - j->first[k];
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * w->row_bytes;
-        j->out[k][r] = mim_dot_row(w->type, row, j->x, w->cols);
+        for (int64_t i0 = 0; i0 < j->n; i0 += ROWS_PER_DOT) {
+            const int64_t c = j->n - i0 < ROWS_PER_DOT ? j->n - i0 : ROWS_PER_DOT;
+            mim_dot_rows(w->type, row, j->x + i0 * w->cols, w->cols, c, w->cols, d);
+            for (int64_t i = 0; i < c; i++) j->out[k][(i0 + i) * j->ldo[k] + r] = d[i];
+        }
     }
 }
 
+void mim_matmul_rows(mi_model *m, const float *x, int64_t n, int count, const mim_weight *const *ws,
+                     float *const *outs, const int64_t *ldos) {
+    rows_job j;
+    memset(&j, 0, sizeof(j));
+    j.count = count;
+    j.x = x;
+    j.n = n;
+    for (int i = 0; i < count; i++) {
+        j.w[i] = ws[i];
+        j.out[i] = outs[i];
+        j.ldo[i] = ldos[i];
+        j.first[i + 1] = j.first[i] + ws[i]->rows;
+    }
+    mim_pool_run(m->pool, j.first[count], rows_task, &j);
+}
+
+/* Prefill rows go to mim_matmul, decode's one row to mim_matmul_rows. */
 static void matmul_multi(mi_model *m, const float *x, int64_t n, int count,
                          const mim_weight *const *ws, float *const *outs, const int64_t *ldos) {
     if (n != 1) {
         for (int i = 0; i < count; i++) mim_matmul(m, x, n, ws[i], outs[i], ldos[i]);
         return;
     }
-    multi_job j;
-    memset(&j, 0, sizeof(j));
-    j.count = count;
-    j.x = x;
-    for (int i = 0; i < count; i++) {
-        j.w[i] = ws[i];
-        j.out[i] = outs[i];
-        j.first[i + 1] = j.first[i] + ws[i]->rows;
-    }
-    mim_pool_run(m->pool, j.first[count], multi_task, &j);
+    mim_matmul_rows(m, x, n, count, ws, outs, ldos);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -84,6 +84,10 @@ mi_status mim_model_fail(mi_model *m, mi_status status, const char *fmt, ...)
 void mim_matmul(mi_model *m, const float *x, int64_t n, const mim_weight *w, float *out,
                 int64_t ldo);
 
+/* count (1..3) matrices of the same input x [n, cols] row by row over the encoded weights, in
+ * one parallel region: each weight row is decoded once for all n rows (mim_dot_rows). */
+void mim_matmul_rows(mi_model *m, const float *x, int64_t n, int count, const mim_weight *const *ws,
+                     float *const *outs, const int64_t *ldos);
 /* The fp32 scratch for one expanded weight matrix (m->wscratch), taken once: prefills of more
  * than a few rows multiply through sgemm with it (out of memory leaves it NULL: GEMV then). */
 void mim_ensure_wscratch(mi_model *m);
