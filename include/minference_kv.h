@@ -72,10 +72,13 @@ typedef struct mi_kv_page_layout {
     mi_kv_dtype dtype;
     int32_t page_tokens, n_kv_heads, head_dim;
     int32_t elem_bytes; /* bytes per element */
-    int32_t has_scales; /* 1: fp8 scales at scale_offset */
+    int32_t has_scales; /* 1: fp8 scales at scale_offset, centres at center_offset */
     size_t row_stride;  /* bytes between rows of one head (head_dim * elem_bytes) */
     size_t head_stride; /* bytes between heads (page_tokens * row_stride) */
     size_t k_offset, v_offset, scale_offset;
+    /* fp8: bf16 centres [2 (K, V)][n_kv_heads][head_dim] at center_offset; element d of a row
+     * of head h is center[kv][h][d] + e4m3(code) * scale[kv][h] */
+    size_t center_offset;
     size_t page_bytes;   /* bytes of one page, a multiple of 256 */
     uint32_t meta_kinds; /* MI_KV_META_* kept by the pool */
     size_t meta_bytes;   /* metadata bytes per page (beside it) */
@@ -208,10 +211,12 @@ typedef struct mi_kv_page_view {
     /* rows the metadata covers: rows, or more where this sequence truncated into a page it
      * shared with a longer one (a looser bound, still valid for its rows) */
     int32_t meta_rows;
-    int32_t refcount;     /* sequences sharing the page */
-    int64_t first_row;    /* the layer row of the page's row 0 */
-    const float *k_scale; /* fp8: [n_kv_heads] per-head scales of K; NULL otherwise */
-    const float *v_scale; /* fp8: [n_kv_heads] per-head scales of V; NULL otherwise */
+    int32_t refcount;         /* sequences sharing the page */
+    int64_t first_row;        /* the layer row of the page's row 0 */
+    const float *k_scale;     /* fp8: [n_kv_heads] per-head scales of K; NULL otherwise */
+    const float *v_scale;     /* fp8: [n_kv_heads] per-head scales of V; NULL otherwise */
+    const uint16_t *k_center; /* fp8: bf16 [n_kv_heads][head_dim] added to K after scaling */
+    const uint16_t *v_center; /* fp8: the same for V (both NULL otherwise) */
     /* MI_KV_META_KEY_MINMAX: [n_kv_heads][2][head_dim] (min then max per head, over the stored,
      * dequantized keys of rows 0..meta_rows-1); NULL when the pool keeps none */
     const float *key_minmax;

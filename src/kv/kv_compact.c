@@ -80,7 +80,7 @@ mi_status mi_kv_seq_compact(mi_kv_seq *seq, int32_t layer, int64_t count, const 
                     const int32_t sr = (int32_t)(src % P);
                     kv_rows_decode(pool, page, kv, h, sr, sr + 1, buf + (size_t)r * hd);
                 }
-                kv_rows_encode(pool, dst, kv, h, 0, rows, buf, hd);
+                kv_rows_encode(pool, dst, kv, h, 0, rows, buf, hd, NULL);
             }
         pool->info[ids[j]].fill = rows;
         kv_meta_recompute(pool, ids[j]);

@@ -3,7 +3,7 @@
  * (format byte by byte: docs/kv-cache.md):
  *   header (128 bytes, its own CRC32C)  model identity, storage geometry, token count
  *   body                                per layer: rows, then each page's valid rows per head
- *                                       (K then V) and, for fp8, its scales
+ *                                       (K then V) and, for fp8, its scales and centres
  *   trailer (4 bytes)                   CRC32C of the body
  * Saving writes a temporary file in the same folder, syncs it and renames it over the target;
  * loading reads into a new sequence and swaps it in only when everything checked out.
@@ -28,9 +28,10 @@
 
 #define KV_MAGIC "MIKVSEQ" /* 8 bytes with its NUL */
 /* 1: rows in the pages' element format; 2: the same plus the KIVI dtypes (group size and
- * residual length in the header, per layer the quantized row count and the f32 residual).
+ * residual length in the header, per layer the quantized row count and the f32 residual);
+ * 3: fp8 pages with their centres after the scales (a version 1 fp8 file reads with centres 0).
  * Caches of the other dtypes are still written as version 1. */
-#define KV_VERSION 2u
+#define KV_VERSION 3u
 #define KV_HEADER_BYTES 128
 
 uint64_t mi_kv_hash64(uint64_t seed, const void *data, size_t n) {
@@ -187,9 +188,14 @@ static size_t v_params_bytes(const mi_kv_page_layout *L, int32_t rows) {
     return L->bits ? (size_t)rows * (size_t)(L->head_dim / L->group_size) * 4 : 0;
 }
 
-static size_t image_bytes(const mi_kv_page_layout *L, int32_t rows) {
+/* fp8: the centres' bytes in an image of file version v */
+static size_t centre_bytes(const mi_kv_page_layout *L, uint32_t v) {
+    return L->has_scales && v >= 3 ? 2 * (size_t)L->n_kv_heads * (size_t)L->head_dim * 2 : 0;
+}
+
+static size_t image_bytes(const mi_kv_page_layout *L, uint32_t v, int32_t rows) {
     return 2 * (size_t)L->n_kv_heads * (size_t)rows * L->row_stride +
-           (L->has_scales ? 2 * (size_t)L->n_kv_heads * sizeof(float) : 0) +
+           (L->has_scales ? 2 * (size_t)L->n_kv_heads * sizeof(float) : 0) + centre_bytes(L, v) +
            (size_t)L->n_kv_heads * (k_params_bytes(L, rows) + v_params_bytes(L, rows));
 }
 
@@ -201,14 +207,17 @@ static size_t v_params_at(const mi_kv_page_layout *L, int32_t h) {
     return L->v_param_offset + (size_t)h * v_params_bytes(L, L->page_tokens);
 }
 
-static void page_to_image(const mi_kv_page_layout *L, const unsigned char *page, int32_t rows,
-                          unsigned char *img) {
+static void page_to_image(const mi_kv_page_layout *L, uint32_t v, const unsigned char *page,
+                          int32_t rows, unsigned char *img) {
     const size_t n = (size_t)rows * L->row_stride;
     for (int kv = 0; kv < 2; kv++)
         for (int32_t h = 0; h < L->n_kv_heads; h++, img += n)
             memcpy(img, page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride, n);
-    if (L->has_scales)
+    if (L->has_scales) {
         memcpy(img, page + L->scale_offset, 2 * (size_t)L->n_kv_heads * sizeof(float));
+        img += 2 * (size_t)L->n_kv_heads * sizeof(float);
+        memcpy(img, page + L->center_offset, centre_bytes(L, v));
+    }
     for (int32_t h = 0; L->bits && h < L->n_kv_heads; h++) {
         memcpy(img, page + k_params_at(L, h), k_params_bytes(L, rows));
         img += k_params_bytes(L, rows);
@@ -217,14 +226,19 @@ static void page_to_image(const mi_kv_page_layout *L, const unsigned char *page,
     }
 }
 
-static void image_to_page(const mi_kv_page_layout *L, const unsigned char *img, int32_t rows,
-                          unsigned char *page) {
+static void image_to_page(const mi_kv_page_layout *L, uint32_t v, const unsigned char *img,
+                          int32_t rows, unsigned char *page) {
     const size_t n = (size_t)rows * L->row_stride;
     for (int kv = 0; kv < 2; kv++)
         for (int32_t h = 0; h < L->n_kv_heads; h++, img += n)
             memcpy(page + (kv ? L->v_offset : L->k_offset) + (size_t)h * L->head_stride, img, n);
-    if (L->has_scales)
+    if (L->has_scales) {
         memcpy(page + L->scale_offset, img, 2 * (size_t)L->n_kv_heads * sizeof(float));
+        img += 2 * (size_t)L->n_kv_heads * sizeof(float);
+        /* a version 1 fp8 page had no centres: they are 0 */
+        memset(page + L->center_offset, 0, 2 * (size_t)L->n_kv_heads * (size_t)L->head_dim * 2);
+        memcpy(page + L->center_offset, img, centre_bytes(L, v));
+    }
     for (int32_t h = 0; L->bits && h < L->n_kv_heads; h++) {
         memcpy(page + k_params_at(L, h), img, k_params_bytes(L, rows));
         img += k_params_bytes(L, rows);
@@ -265,7 +279,7 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
     kv_header h;
     memset(&h, 0, sizeof h);
     const bool quant = kv_is_quant(pool);
-    h.version = quant ? 2u : 1u;
+    h.version = quant ? 2u : L->has_scales ? 3u : 1u;
     if (quant) {
         h.quant_group = (uint32_t)pool->params.quant_group;
         h.quant_residual = (uint32_t)pool->params.quant_residual;
@@ -277,7 +291,7 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
     unsigned char hb[KV_HEADER_BYTES];
     header_encode(&h, hb);
 
-    unsigned char *img = malloc(image_bytes(L, P));
+    unsigned char *img = malloc(image_bytes(L, h.version, P));
     if (!img) return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "%s: out of memory", fn);
     /* owner-only: a cache holds the text of the conversation */
     mi_atomic_file af;
@@ -304,8 +318,8 @@ mi_status mi_kv_seq_save(const mi_kv_seq *seq, const char *path, const mi_kv_mod
         }
         for (int64_t i = 0; i < ly->n_pages && !w.err; i++) {
             const int32_t rows = (int32_t)(paged - i * P < P ? paged - i * P : P);
-            page_to_image(L, kv_page(pool, ly->pages[i]), rows, img);
-            wr(&w, img, image_bytes(L, rows), true);
+            page_to_image(L, h.version, kv_page(pool, ly->pages[i]), rows, img);
+            wr(&w, img, image_bytes(L, h.version, rows), true);
         }
         for (int kv = 0; quant && kv < 2; kv++)
             for (int32_t hh = 0; hh < L->n_kv_heads && ly->len > paged; hh++)
@@ -357,7 +371,8 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
                            mi_kv_seq *seq) {
     const mi_kv_page_layout *L = &pool->layout;
     const int32_t P = L->page_tokens;
-    unsigned char *img = malloc(image_bytes(L, P));
+    const uint32_t v = h->version;
+    unsigned char *img = malloc(image_bytes(L, v, P));
     if (!img) return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "mi_kv_seq_load: out of memory");
     mi_status st = MI_STATUS_SUCCESS;
     uint64_t most = 0;
@@ -409,9 +424,9 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         /* nor can a short file make us take pages for rows it does not hold */
         /* (compared without forming the product, which a huge count would overflow) */
         const uint64_t remain = r->size - r->pos, full = paged / (uint64_t)P;
-        const uint64_t page_bytes = image_bytes(L, P);
+        const uint64_t page_bytes = image_bytes(L, v, P);
         if (full > remain / page_bytes ||
-            full * page_bytes + image_bytes(L, (int32_t)(paged % (uint64_t)P)) + resid_bytes >
+            full * page_bytes + image_bytes(L, v, (int32_t)(paged % (uint64_t)P)) + resid_bytes >
                 remain) {
             st = kv_fail(pool, MI_STATUS_PARSE_ERROR,
                          "mi_kv_seq_load: %s is truncated (layer %d claims %llu rows, %llu bytes "
@@ -430,11 +445,11 @@ static mi_status load_body(mi_kv_pool *pool, reader *r, const kv_header *h, cons
         ly->len = (int64_t)rows;
         for (int64_t i = 0; i < n_pages && st == MI_STATUS_SUCCESS; i++) {
             const int32_t n = (int32_t)((int64_t)paged - i * P < P ? (int64_t)paged - i * P : P);
-            if ((st = rd(pool, r, img, image_bytes(L, n), true, path, "a page")) !=
+            if ((st = rd(pool, r, img, image_bytes(L, v, n), true, path, "a page")) !=
                 MI_STATUS_SUCCESS)
                 break;
             const int32_t id = ly->pages[i];
-            image_to_page(L, img, n, kv_page(pool, id));
+            image_to_page(L, v, img, n, kv_page(pool, id));
             pool->info[id].fill = n;
         }
         for (int kv = 0; quant && kv < 2 && st == MI_STATUS_SUCCESS; kv++)

@@ -112,9 +112,11 @@ void kv_page_release(mi_kv_pool *pool, int32_t id);
 void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
                     int32_t r0, int32_t r1, float *dst);
 /* Writes rows r0..r0+n-1 of head h (src [n, ld] floats, head_dim used), re-encoding the page's
- * earlier rows where an fp8 scale must grow. Returns true when earlier rows changed. */
+ * earlier rows where an fp8 scale must grow. Returns true when earlier rows changed. fp8: rows
+ * starting a page set its centre, their mean, unless they are few and prev (the layer's previous
+ * page, or NULL) lends its own. */
 bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0, int32_t n,
-                    const float *src, int64_t ld);
+                    const float *src, int64_t ld, const unsigned char *prev);
 /* Recomputes the page's metadata over its rows 0..fill-1 (all heads). */
 void kv_meta_recompute(mi_kv_pool *pool, int32_t id);
 /* Widens head h's metadata by the page's rows r0..r1-1. */

@@ -193,6 +193,8 @@ mi_status mi_kv_pool_create(mi_context *ctx, const mi_kv_pool_params *params, mi
         L.has_scales = 1;
         L.scale_offset = end = (end + 15) / 16 * 16;
         end += 2 * (size_t)p->n_kv_heads * sizeof(float);
+        L.center_offset = end = (end + 15) / 16 * 16;
+        end += 2 * (size_t)p->n_kv_heads * (size_t)p->head_dim * sizeof(uint16_t); /* bf16 */
     }
     L.page_bytes = (end + 255) / 256 * 256;
     L.meta_kinds = p->meta_kinds;
@@ -405,11 +407,24 @@ void kv_page_release(mi_kv_pool *pool, int32_t id) {
 static float *scale_of(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h) {
     return (float *)(page + pool->layout.scale_offset) + (size_t)kv * pool->layout.n_kv_heads + h;
 }
+/* fp8 centres: bf16, [2][n_kv_heads][head_dim] (any value is a valid centre: bf16 halves their
+ * bytes at no cost in accuracy) */
+static uint16_t *center_of(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h) {
+    const mi_kv_page_layout *L = &pool->layout;
+    return (uint16_t *)(page + L->center_offset) + ((size_t)kv * L->n_kv_heads + h) * L->head_dim;
+}
+static void centre_get(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
+                       float *c) {
+    const uint16_t *b = center_of(pool, page, kv, h);
+    for (int32_t d = 0; d < pool->layout.head_dim; d++) c[d] = mi_bf16_to_f32(b[d]);
+}
 
 void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
                     int32_t r0, int32_t r1, float *dst) {
     const int32_t hd = pool->layout.head_dim;
     const float s = pool->layout.has_scales ? *scale_of(pool, page, kv, h) : 1.0f;
+    float c[MI_KV_MAX_HEAD_DIM];
+    if (pool->layout.has_scales) centre_get(pool, page, kv, h, c);
     for (int32_t r = r0; r < r1; r++, dst += hd) {
         const unsigned char *row = kv_row_at(pool, page, kv, h, r);
         switch (pool->layout.dtype) {
@@ -429,7 +444,7 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
             }
             break;
         case MI_KV_FP8_E4M3:
-            for (int32_t d = 0; d < hd; d++) dst[d] = mi_fp8_e4m3_to_f32(row[d]) * s;
+            for (int32_t d = 0; d < hd; d++) dst[d] = c[d] + mi_fp8_e4m3_to_f32(row[d]) * s;
             break;
         case MI_KV_KIVI2:
         case MI_KV_KIVI4: kv_quant_decode_rows(pool, page, kv, h, r, r + 1, dst); break;
@@ -437,7 +452,8 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
     }
 }
 
-static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *src, float s) {
+static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *src, float s,
+                       const float *c) {
     const int32_t hd = pool->layout.head_dim;
     switch (pool->layout.dtype) {
     case MI_KV_F32: memcpy(row, src, (size_t)hd * sizeof(float)); break;
@@ -455,7 +471,8 @@ static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *
         break;
     case MI_KV_FP8_E4M3:
         /* s == 0: every value so far was zero */
-        for (int32_t d = 0; d < hd; d++) row[d] = s > 0.0f ? mi_fp8_e4m3_from_f32(src[d] / s) : 0;
+        for (int32_t d = 0; d < hd; d++)
+            row[d] = s > 0.0f ? mi_fp8_e4m3_from_f32((src[d] - c[d]) / s) : 0;
         break;
     case MI_KV_KIVI2:
     case MI_KV_KIVI4: break; /* whole groups are written by kv_quant.c */
@@ -463,16 +480,39 @@ static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *
 }
 
 bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, int32_t r0, int32_t n,
-                    const float *src, int64_t ld) {
+                    const float *src, int64_t ld, const unsigned char *prev) {
     const int32_t hd = pool->layout.head_dim;
     bool rescaled = false;
-    float s = 1.0f;
+    float s = 1.0f, c[MI_KV_MAX_HEAD_DIM];
     if (pool->layout.has_scales) {
         float *sp = scale_of(pool, page, kv, h);
+        uint16_t *cb = center_of(pool, page, kv, h);
+        if (r0 == 0 && n < pool->layout.page_tokens / 4) {
+            /* a page begun by a few rows (decoding) keeps the previous page's centre, a mean
+             * over many more rows; the first page, 0 (a mean of a few rows is mostly noise) */
+            if (prev)
+                memcpy(cb, center_of(pool, prev, kv, h), (size_t)hd * sizeof(uint16_t));
+            else
+                memset(cb, 0, (size_t)hd * sizeof(uint16_t));
+            *sp = 0.0f;
+        } else if (r0 == 0) {
+            /* The page's first rows set its centre: their mean per channel. Keys carry large
+             * per-channel offsets, and e4m3 rounds relative to the value coded, so coding the
+             * distance from the centre rounds far less (later rows use the same centre). */
+            for (int32_t d = 0; d < hd; d++) {
+                double m = 0.0;
+                int64_t cnt = 0;
+                for (int32_t i = 0; i < n; i++)
+                    if (isfinite(src[i * ld + d])) m += src[i * ld + d], cnt++;
+                cb[d] = mi_f32_to_bf16(cnt ? (float)(m / (double)cnt) : 0.0f);
+            }
+            *sp = 0.0f;
+        }
+        centre_get(pool, page, kv, h, c);
         float amax = 0.0f;
         for (int32_t i = 0; i < n; i++)
             for (int32_t d = 0; d < hd; d++) {
-                const float a = fabsf(src[i * ld + d]);
+                const float a = fabsf(src[i * ld + d] - c[d]);
                 if (a > amax && isfinite(a)) amax = a;
             }
         s = *sp;
@@ -490,14 +530,14 @@ bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, in
             float buf[MI_KV_MAX_HEAD_DIM];
             for (int32_t r = 0; r < r0 && s > 0.0f; r++) {
                 kv_rows_decode(pool, page, kv, h, r, r + 1, buf);
-                encode_row(pool, kv_row_at(pool, page, kv, h, r), buf, want);
+                encode_row(pool, kv_row_at(pool, page, kv, h, r), buf, want, c);
             }
             rescaled = r0 > 0 && s > 0.0f;
             *sp = s = want;
         }
     }
     for (int32_t i = 0; i < n; i++)
-        encode_row(pool, kv_row_at(pool, page, kv, h, r0 + i), src + i * ld, s);
+        encode_row(pool, kv_row_at(pool, page, kv, h, r0 + i), src + i * ld, s, c);
     return rescaled;
 }
 

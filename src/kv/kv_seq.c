@@ -221,6 +221,7 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
         const int32_t c = (int32_t)(n - i < P - r0 ? n - i : P - r0);
         const int32_t id = L->pages[row / P];
         unsigned char *page = kv_page(pool, id);
+        const unsigned char *prev = row >= P ? kv_page(pool, L->pages[row / P - 1]) : NULL;
         for (int32_t h = 0; h < H; h++) {
             if (raw) {
                 for (int32_t r = 0; r < c; r++) {
@@ -235,14 +236,14 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
             int64_t ld;
             const float *src = src_rows(k, h, i, c, hd, tmp, &ld);
             bool rewrote = false; /* fp8 rows re-encoded under a larger scale */
-            if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld)) {
+            if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld, prev)) {
                 meta_head_rebuild(pool, id, h, r0 + c);
                 rewrote = true;
             } else {
                 kv_meta_extend(pool, id, h, r0, r0 + c);
             }
             src = src_rows(v, h, i, c, hd, tmp, &ld);
-            if (kv_rows_encode(pool, page, 1, h, r0, c, src, ld)) rewrote = true;
+            if (kv_rows_encode(pool, page, 1, h, r0, c, src, ld, prev)) rewrote = true;
             if (rewrote && r0 > 0) pool->info[id].version = ++pool->versions;
         }
         pool->info[id].fill = r0 + c;
@@ -414,6 +415,8 @@ mi_status mi_kv_seq_page(const mi_kv_seq *seq, int32_t layer, int64_t index, mi_
     if (pool->layout.has_scales) {
         v.k_scale = (const float *)(page + pool->layout.scale_offset);
         v.v_scale = v.k_scale + pool->layout.n_kv_heads;
+        v.k_center = (const uint16_t *)(page + pool->layout.center_offset);
+        v.v_center = v.k_center + (size_t)pool->layout.n_kv_heads * pool->layout.head_dim;
     }
     v.key_minmax = kv_page_meta(pool, id);
     *out = v;

@@ -150,13 +150,16 @@ static inline chunk chunk_make(int32_t H, int32_t D, int64_t n, mi_dtype dtype, 
  *   bf16: round to nearest even on 8 significant bits: half an ulp, <= 2^-8 |x|.
  *   f16: 11 significant bits: <= 2^-11 |x|, plus half the smallest subnormal step (2^-25).
  *   fp8 e4m3: the bound stated in minference_kv.h, 2^-4 |x| + 2^-9 scale. */
-static inline bool within_tol(mi_kv_dtype dt, float x, float got, float scale) {
+/* fp8 codes x - centre, so its rounding is relative to that distance */
+static inline bool within_tol(mi_kv_dtype dt, float x, float got, float scale, float centre) {
     const double err = fabs((double)got - (double)x), a = fabs((double)x);
     switch (dt) {
     case MI_KV_F32: return got == x;
     case MI_KV_BF16: return err <= ldexp(a, -8);
     case MI_KV_F16: return err <= ldexp(a, -11) + ldexp(1.0, -25);
-    case MI_KV_FP8_E4M3: return err <= ldexp(a, -4) + ldexp((double)scale, -9);
+    case MI_KV_FP8_E4M3:
+        return err <=
+               ldexp(fabs((double)x - centre), -4) + ldexp((double)scale, -9) + ldexp(a, -22);
     case MI_KV_KIVI2:
     case MI_KV_KIVI4: break; /* per-group bounds: test_kv_quant.c */
     }
@@ -182,7 +185,11 @@ static inline float page_value(const mi_kv_page_layout *L, const void *page, int
                (const unsigned char *)page + L->scale_offset +
                    ((size_t)kv * L->n_kv_heads + h) * sizeof(float),
                4);
-        return mi_fp8_e4m3_to_f32(*p) * s;
+        memcpy(&u,
+               (const unsigned char *)page + L->center_offset +
+                   (((size_t)kv * L->n_kv_heads + h) * L->head_dim + d) * sizeof(uint16_t),
+               2);
+        return mi_bf16_to_f32(u) + mi_fp8_e4m3_to_f32(*p) * s;
     }
     case MI_KV_KIVI2:
     case MI_KV_KIVI4: break; /* codes and group parameters: test_kv_quant.c */

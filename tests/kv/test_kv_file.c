@@ -236,7 +236,7 @@ static void test_refusals(mi_kv_dtype dt) {
         const uint32_t version = (uint32_t)good[8] | (uint32_t)good[9] << 8 |
                                  (uint32_t)good[10] << 16 | (uint32_t)good[11] << 24;
         expect_refused(target, copy, bad, &id,
-                       version > 2 ? MI_STATUS_UNSUPPORTED : MI_STATUS_PARSE_ERROR, NULL);
+                       version > 3 ? MI_STATUS_UNSUPPORTED : MI_STATUS_PARSE_ERROR, NULL);
         good[at] = orig;
     }
     spit(bad, good, n);
@@ -287,9 +287,9 @@ static void test_refusals(mi_kv_dtype dt) {
     expect_refused(target, copy, bad, &id, MI_STATUS_PARSE_ERROR, "not a KV session file");
     free(good);
     good = slurp(path, &n);
-    good[8] = 3;
+    good[8] = 4;
     spit(bad, good, n);
-    expect_refused(target, copy, bad, &id, MI_STATUS_UNSUPPORTED, "version 3");
+    expect_refused(target, copy, bad, &id, MI_STATUS_UNSUPPORTED, "version 4");
     /* a huge token count behind a valid header checksum (and rows to match): refused before
      * any page arithmetic on it */
     good[8] = 1;

@@ -98,9 +98,12 @@ static void check_vs_ref(const mi_kv_seq *seq, const ref_seq *ref, mi_kv_dtype d
                 mi_kv_seq_page(seq, l, r / L.page_tokens, &pv);
                 for (int32_t h = 0; h < H; h++) {
                     const float s = pv.k_scale ? (kv ? pv.v_scale : pv.k_scale)[h] : 0.0f;
+                    const uint16_t *c =
+                        pv.k_center ? (kv ? pv.v_center : pv.k_center) + (size_t)h * D : NULL;
                     for (int32_t d = 0; d < D; d++) {
                         const size_t at = ((size_t)r * H + h) * D + d;
-                        if (!within_tol(dt, want[at], got[at], s)) {
+                        if (!within_tol(dt, want[at], got[at], s,
+                                        c ? mi_bf16_to_f32(c[d]) : 0.0f)) {
                             if (bad++ < 3)
                                 fprintf(stderr, "%s: layer %d %c row %lld head %d [%d]: %g vs %g\n",
                                         what, l, kv ? 'v' : 'k', (long long)r, h, d, got[at],
