@@ -2,7 +2,8 @@
 # The SCBench method matrix on the demo model (docs/scbench.md, "Results"), both modes:
 #   1. RepoQA at the task's own new-token limit (1024), dense;
 #   2. dense prefill x seven KV methods on the retrieval, many-shot and summary tasks;
-#   3. the sparse prefill patterns x {dense KV, SnapKV} on the same data;
+#   3. the sparse prefill patterns x {dense KV, SnapKV} on the same data (the budgeted ones at
+#      about 19 % of the context, XAttention and FlexPrefill at their defaults);
 # then one merged results file, its tables and its figure.
 # Usage: bench/scbench_matrix.sh OUT_DIR [LENGTH]
 # $MINFERENCE (default build/minference) is the tool, $PYTHON (default python3) a Python with the
@@ -23,7 +24,7 @@ tasks=scbench_kv,scbench_many_shot,scbench_summary_with_needles
     --kv "dense;streamingllm:n_init=64,n_local=$((b - 64));snapkv:max_capacity_prompt=$b;quest:token_budget=$b;pyramidkv:max_capacity_prompt=$b;retr_attn:top_k=$b;kivi:bits=2" \
     --save-data "$out" --json "$out/kv.json" >"$out/kv.txt" 2>"$out/kv.log"
 "$exe" scbench --length "$len" --turns 3 --seed 1 --mode both --tasks "$tasks" \
-    --attn "vs:$((b / 6)):$b,a_shape:64:$b,tri_shape:64:$b:64" \
+    --attn "vs:$((b / 6)):$b,a_shape:64:$b,tri_shape:64:$b:64,xattention,flexprefill" \
     --kv "dense;snapkv:max_capacity_prompt=$b" \
     --json "$out/sparse.json" >"$out/sparse.txt" 2>"$out/sparse.log"
 "$py" -m minference.scbench merge "$out/kv.json" "$out/sparse.json" --out "$out/matrix.json"

@@ -195,6 +195,52 @@ MI_API mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int
                                          int64_t *count, char *msg, size_t msg_size);
 
 /* ------------------------------------------------------------------------------------------ */
+/* A KV method's cache outside a model                                                          */
+/*
+ * The pages and method state of a session without its model, for a forward pass run elsewhere
+ * (the Python transformers patch keeps Quest, RetrievalAttention, KIVI and LeanK here): the rows
+ * a method keeps, the format it stores and the attention it reads are a session's own. One
+ * sequence; each call appends to one layer, in any order of layers.
+ */
+typedef struct mi_kv_cache mi_kv_cache;
+
+typedef struct mi_kv_cache_params {
+    const char *kv; /* the method, as mi_session_params.kv (NULL or "dense": every row) */
+    int32_t n_layers, n_heads, n_kv_heads, head_dim;
+    int32_t n_threads;   /* threads of the attention; <= 0: every core */
+    uint64_t pool_bytes; /* most bytes of pages; 0: no limit */
+} mi_kv_cache_params;
+
+MI_API mi_kv_cache_params mi_kv_cache_default_params(void);
+/* msg (may be NULL) gets the reason of a failure: a bad spec or shape, a mask file LeanK cannot
+ * read. */
+MI_API mi_status mi_kv_cache_create(const mi_kv_cache_params *params, mi_kv_cache **out, char *msg,
+                                    size_t msg_size);
+MI_API void mi_kv_cache_destroy(mi_kv_cache *c);
+MI_API const char *mi_kv_cache_last_error(const mi_kv_cache *c);
+/* Rows layer holds (fewer than its tokens once a method evicted some); -1 for a bad layer. */
+MI_API int64_t mi_kv_cache_rows(const mi_kv_cache *c, int32_t layer);
+/* Tokens appended to layer so far. */
+MI_API int64_t mi_kv_cache_tokens(const mi_kv_cache *c, int32_t layer);
+/* Bytes of pages the cache holds (KIVI's codes, LeanK's kept channels count as stored). */
+MI_API uint64_t mi_kv_cache_bytes(const mi_kv_cache *c);
+
+/* One attention call of one layer, as a session runs it:
+ *   1. k, v [1, n_kv_heads, n, head_dim] (the call's rows after RoPE) are appended;
+ *   2. when out is given, q [1, n_heads, n, head_dim] (after RoPE) attends over the layer's rows
+ *      by the method's rule (Quest's pages, RetrievalAttention's retrieved keys, KIVI's codes,
+ *      LeanK's channels), query i seeing the rows before the call and the call's first i + 1,
+ *      scaled by scale (> 0), into out [1, n_heads, n, head_dim]; out NULL: the caller attended
+ *      itself (a first call under a sparse prefill pattern);
+ *   3. the method's step after a call runs (SnapKV's selection and RetrievalAttention's index
+ *      after calls of two or more queries, which read q; evictions, quantization).
+ * Tensors are f32 on the CPU, any strides with a contiguous last dimension. On failure before
+ * step 3 the layer is as it was. */
+MI_API mi_status mi_kv_cache_call(mi_kv_cache *c, int32_t layer, const mi_tensor *q,
+                                  const mi_tensor *k, const mi_tensor *v, float scale,
+                                  mi_tensor *out);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Batches: several sessions in one forward pass                                                */
 
 /* Appends tokens[i][0..n_tokens[i]) to sessions[i] for every i < n in one forward pass, and

@@ -537,6 +537,28 @@ MODEL_PROTOTYPES.update({
                                      c_void_p, P(c_int64), c_char_p, c_size_t]),
 })
 
+# A KV method's cache outside a model (the transformers patch: Quest, RetrievalAttention, KIVI,
+# LeanK).
+class mi_kv_cache_params(ctypes.Structure):
+    _fields_ = [("kv", c_char_p), ("n_layers", c_int32), ("n_heads", c_int32),
+                ("n_kv_heads", c_int32), ("head_dim", c_int32), ("n_threads", c_int32),
+                ("pool_bytes", c_uint64)]
+
+
+KV_CACHE = c_void_p  # mi_kv_cache *
+
+MODEL_PROTOTYPES.update({
+    "mi_kv_cache_default_params": (mi_kv_cache_params, []),
+    "mi_kv_cache_create": (ST, [P(mi_kv_cache_params), P(c_void_p), c_char_p, c_size_t]),
+    "mi_kv_cache_destroy": (None, [KV_CACHE]),
+    "mi_kv_cache_last_error": (c_char_p, [KV_CACHE]),
+    "mi_kv_cache_rows": (c_int64, [KV_CACHE, c_int32]),
+    "mi_kv_cache_tokens": (c_int64, [KV_CACHE, c_int32]),
+    "mi_kv_cache_bytes": (c_uint64, [KV_CACHE]),
+    "mi_kv_cache_call": (ST, [KV_CACHE, c_int32, P(mi_tensor), P(mi_tensor), P(mi_tensor),
+                              c_float, P(mi_tensor)]),
+})
+
 # Batches of sessions in one forward pass.
 MODEL_PROTOTYPES.update({
     "mi_session_prefill_batch": (ST, [P(c_void_p), P(c_void_p), P(c_size_t), c_size_t, c_void_p]),

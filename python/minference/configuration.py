@@ -96,10 +96,12 @@ class MInferenceConfig:
     # The types that run one library pattern on every head (head_pattern()).
     PATTERN_ATTENTION_TYPES = ["xattention", "flexprefill", "dilated1", "dilated2", "inf_llm"]
     # KV types the C model runner's sessions run (Model.session(kv=...)); the transformers patch
-    # keeps transformers' own cache, which holds HF_KV_TYPES (methods that only drop rows).
+    # runs HF_KV_TYPES: the methods that only drop rows on transformers' own cache, the others on
+    # a cache libminference keeps (patch.py, HF_NATIVE_KV_METHODS).
     SUPPORTED_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn",
                           "kivi", "leank"]
-    HF_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv"]
+    HF_KV_TYPES = ["dense", "streamingllm", "snapkv", "pyramidkv", "quest", "retr_attn", "kivi",
+                   "leank"]
     # The attn_kwargs keys each KV type reads (the original's names), passed to the C runner's
     # spec "kv_type:key=value,..."; the library checks the values and fills the defaults.
     KV_KEYS = {

@@ -230,6 +230,9 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     if layer is None:
         return _attend(torch, state, module, query, key, value, attention_mask, dropout, scaling,
                        is_causal, kwargs)
+    if getattr(layer, "native", False):
+        return _native_attention(torch, state, module, layer, query, key, value, attention_mask,
+                                 dropout, scaling, is_causal, kwargs)
     # A KVMethodCache layer: its rows are the kept ones (fewer than the tokens once compressed),
     # so the mask transformers built for layer 0 may not fit this layer; without padding every
     # layer's mask is plain causal with the queries last, which the calls below assume.
@@ -253,6 +256,33 @@ def _method_layer(state, module, key):
     ref = state.kv_layers.get(getattr(module, "layer_idx", None))
     layer = ref() if ref is not None else None
     return layer if layer is not None and layer.keys is key else None
+
+
+def _native_attention(torch, state, module, layer, query, key, value, attention_mask, dropout,
+                      scaling, is_causal, kwargs):
+    """A layer whose rows libminference keeps (quest, retr_attn, kivi, leank): key and value are
+    the call's rows only. The first call attends over them here (the prefill pattern); every
+    call then goes to the layer's mi_kv_cache, which appends the rows, attends later calls by
+    the method's rule and runs the method's step after the call."""
+    if attention_mask is not None:
+        info = _analyze_offset_mask(torch, attention_mask, attention_mask.shape[-2],
+                                    attention_mask.shape[-1])
+        if info is not None:
+            raise NotImplementedError(
+                f"MInference kv_type {state.config.kv_type!r}: {info[1]}; the KV methods of the "
+                "transformers patch run on batches without padding")
+    cache = layer.cache_ref()
+    idx = module.layer_idx
+    first = cache.native_tokens(idx) == 0
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out = None
+    if first:
+        out = _attend(torch, state, module, query, key, value, None, dropout, scaling, is_causal,
+                      kwargs)[0]
+    got = cache.native_call(idx, query, key, value, scale, want_out=not first)
+    if not first:
+        out = got.to(device=query.device, dtype=query.dtype).transpose(1, 2).contiguous()
+    return out, None
 
 
 def _causal_at_offset(torch, q_len, k_len, device):
@@ -432,6 +462,71 @@ def _search_step(state, module, torch, query, key, value, attention_mask):
 # (quest), an index (retr_attn) or per-channel keys (leank) in the C runner's paged cache.
 # Value: whether the rule reads the call's queries and keys (SnapKV's observation window).
 HF_KV_METHODS = {"streamingllm": False, "snapkv": True, "pyramidkv": True}
+# Methods whose rows libminference keeps for the patch (an mi_kv_cache per sequence): they read
+# selected pages (Quest), an index (RetrievalAttention), quantized codes (KIVI) or pruned key
+# channels (LeanK), which a transformers cache cannot hold.
+HF_NATIVE_KV_METHODS = ("quest", "retr_attn", "kivi", "leank")
+
+
+class NativeKVCache:
+    """libminference's mi_kv_cache: one sequence's pages and KV method, without a model."""
+
+    def __init__(self, spec, n_layers, n_heads, n_kv_heads, head_dim, n_threads=0):
+        lib = L.load_model()
+        p = lib.mi_kv_cache_default_params()
+        self._spec = str(spec).encode()
+        p.kv = self._spec
+        p.n_layers, p.n_heads, p.n_kv_heads, p.head_dim = (int(n_layers), int(n_heads),
+                                                           int(n_kv_heads), int(head_dim))
+        p.n_threads = int(n_threads)
+        h = ctypes.c_void_p()
+        msg = ctypes.create_string_buffer(512)
+        st = lib.mi_kv_cache_create(ctypes.byref(p), ctypes.byref(h), msg, len(msg))
+        if st != L.MI_STATUS_SUCCESS:
+            raise MInferenceError(st, msg.value.decode("utf-8", "replace"), "mi_kv_cache_create")
+        self._lib, self._h, self.n_layers = lib, h, int(n_layers)
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h:
+            self._lib.mi_kv_cache_destroy(h)
+            self._h = None
+
+    def rows(self, layer):
+        return int(self._lib.mi_kv_cache_rows(self._h, int(layer)))
+
+    def tokens(self, layer):
+        return int(self._lib.mi_kv_cache_tokens(self._h, int(layer)))
+
+    def nbytes(self):
+        return int(self._lib.mi_kv_cache_bytes(self._h))
+
+    def call(self, layer, query, key, value, scale, want_out=True):
+        """One layer's call (mi_kv_cache_call): query [1, H, n, D], key/value [1, H_kv, n, D],
+        torch tensors or NumPy arrays; returns the attention [1, H, n, D] as float32 NumPy, or
+        None when want_out is False (the caller attended)."""
+        import numpy as np
+
+        from .core import _describe
+
+        def f32(x):
+            if hasattr(x, "detach"):
+                import torch
+
+                return np.ascontiguousarray(x.detach().to("cpu", torch.float32).numpy())
+            return np.ascontiguousarray(x, dtype=np.float32)
+
+        q, k, v = f32(query), f32(key), f32(value)
+        out = np.empty_like(q) if want_out else None
+        dq, dk, dv = _describe(q, "query"), _describe(k, "key"), _describe(v, "value")
+        do = _describe(out, "out") if want_out else None
+        st = self._lib.mi_kv_cache_call(self._h, int(layer), ctypes.byref(dq.desc),
+                                        ctypes.byref(dk.desc), ctypes.byref(dv.desc),
+                                        float(scale), ctypes.byref(do.desc) if want_out else None)
+        if st != L.MI_STATUS_SUCCESS:
+            raise MInferenceError(st, self._lib.mi_kv_cache_last_error(self._h).decode(
+                "utf-8", "replace"), "mi_kv_cache_call")
+        return out
 
 
 def kv_keep_rows(spec, n_layers, layer, query, key):
@@ -554,23 +649,102 @@ def _cache_classes():
             self.keep(cache.spec, cache.n_layers, layer,
                       query if HF_KV_METHODS[cache.method] else None)
 
+    class NativeKVLayer(DynamicLayer):
+        """A layer whose rows libminference keeps (KVMethodCache.native): update hands the call's
+        rows to the attention, which passes them to the sequence's mi_kv_cache."""
+
+        native = True
+
+        def __init__(self):
+            super().__init__()
+            self.seen = 0
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.dtype, self.device = key_states.dtype, key_states.device
+                self.is_initialized = True
+            # only the call's rows: the attention finds its layer by them (_method_layer)
+            self.keys, self.values = key_states, value_states
+            self.seen += key_states.shape[-2]
+            return key_states, value_states
+
+        def rows(self):
+            cache = self.cache_ref()
+            return cache.native_rows(self.index) if cache is not None else 0
+
+        def get_seq_length(self, *args):
+            return self.seen
+
+        def get_mask_sizes(self, query_length, *args):
+            if isinstance(query_length, torch.Tensor):
+                query_length = query_length.shape[0]
+            # the mask spans the tokens seen before the call and the call's own
+            return self.seen + int(query_length), 0
+
+        def crop(self, tokens_to_remove):
+            raise NotImplementedError("a libminference-kept KV cache cannot be cropped")
+
+        def reorder_cache(self, beam_idx):
+            raise NotImplementedError("a libminference-kept KV cache cannot be reordered (beam "
+                                      "search)")
+
+        def reset(self):
+            super().reset()
+            self.seen = 0
+            cache = self.cache_ref()
+            if cache is not None:
+                cache.native = None
+
     class KVMethodCache(DynamicCache):
-        """transformers' DynamicCache with a KV method (streamingllm, snapkv, pyramidkv): after
+        """transformers' DynamicCache with a KV method. streamingllm, snapkv, pyramidkv: after
         each attention call of a model patched with that kv_type, a layer keeps the rows that
-        libminference's rule names. Made by the patch for generate() and for forward calls
-        without a cache; minference.kv_cache(model) makes one for a loop of your own."""
+        libminference's rule names. quest, retr_attn, kivi, leank: libminference keeps the rows
+        (an mi_kv_cache per sequence, the sessions' pages and method) and attends later calls by
+        the method's rule. Made by the patch for generate() and for forward calls without a
+        cache; minference.kv_cache(model) makes one for a loop of your own."""
 
         def __init__(self, spec, n_layers, state=None):
-            Cache.__init__(self, layers=[KVMethodLayer() for _ in range(n_layers)])
             self.spec = spec
             self.method = spec.split(":")[0]
-            if self.method not in HF_KV_METHODS:
+            self.is_native = self.method in HF_NATIVE_KV_METHODS
+            if self.method not in HF_KV_METHODS and not self.is_native:
                 raise NotImplementedError(f"kv method {self.method!r} cannot run on a "
                                           "transformers cache")
+            cls = NativeKVLayer if self.is_native else KVMethodLayer
+            Cache.__init__(self, layers=[cls() for _ in range(n_layers)])
             self.n_layers = n_layers
             self.state = weakref.ref(state) if state is not None else None
-            for layer in self.layers:
+            self.native = None  # [NativeKVCache per sequence of the batch], made at first use
+            for i, layer in enumerate(self.layers):
                 layer.cache_ref = weakref.ref(self)
+                layer.index = i
+
+        def native_tokens(self, layer_idx):
+            return 0 if self.native is None else self.native[0].tokens(layer_idx)
+
+        def native_rows(self, layer_idx):
+            return 0 if self.native is None else self.native[0].rows(layer_idx)
+
+        def native_call(self, layer_idx, query, key, value, scale, want_out):
+            """mi_kv_cache_call for each sequence of the batch: [B, H, n, D] in, the attention
+            [B, H, n, D] (float32, CPU) out, or None when want_out is False."""
+            B = query.shape[0]
+            if self.native is None:
+                self.native = [NativeKVCache(self.spec, self.n_layers, query.shape[1],
+                                             key.shape[1], key.shape[3]) for _ in range(B)]
+            if len(self.native) != B:
+                raise ValueError(f"a KV cache of {len(self.native)} sequences got a batch of {B}")
+            outs = [c.call(layer_idx, query[b:b + 1], key[b:b + 1], value[b:b + 1], scale,
+                           want_out) for b, c in enumerate(self.native)]
+            return torch.from_numpy(np.concatenate(outs, 0)) if want_out else None
+
+        def kv_bytes(self):
+            """Bytes of the KV pages (libminference-kept methods: their stored format, e.g.
+            KIVI's codes); transformers' tensors otherwise."""
+            if self.is_native:
+                return sum(c.nbytes() for c in self.native or [])
+            return sum(t.numel() * t.element_size() for layer in self.layers
+                       for t in (layer.keys, layer.values) if t is not None)
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -578,6 +752,8 @@ def _cache_classes():
             state = self.state() if self.state is not None else None
             if state is not None:
                 state.kv_layers[layer_idx] = weakref.ref(layer)
+            if self.is_native:
+                return keys, values
             if key_states.shape[-2] == 1 and not HF_KV_METHODS[self.method]:
                 # StreamingLLM's decode step reads the sinks and the last n_local rows, its own
                 # included (a C session selects those): evict before the attention.
@@ -764,7 +940,7 @@ class MInference:
             return model
         spec = None
         if cfg.kv_type != "dense":
-            if cfg.kv_type not in HF_KV_METHODS:
+            if cfg.kv_type not in HF_KV_METHODS and cfg.kv_type not in HF_NATIVE_KV_METHODS:
                 raise NotImplementedError(
                     f"kv_type {cfg.kv_type!r} runs in the C model runner only (minference.Model: "
                     f"MInference(...)(Model(path)) or Model.session(kv={cfg.kv_spec()!r})); the "
@@ -792,6 +968,16 @@ class MInference:
         what = cfg.model_name or getattr(text_cfg, "_name_or_path", None) or type(model).__name__
         if spec is not None:
             _check_kv_model(cfg, text_cfg)
+            if cfg.kv_type in HF_NATIVE_KV_METHODS:
+                # the keys' relations and a LeanK mask's shape, on the model's geometry
+                heads = int(text_cfg.num_attention_heads)
+                kv_heads = int(getattr(text_cfg, "num_key_value_heads", None) or heads)
+                head_dim = int(getattr(text_cfg, "head_dim", None) or
+                               int(text_cfg.hidden_size) // heads)
+                try:
+                    NativeKVCache(spec, n_layers, heads, kv_heads, head_dim, 1)
+                except MInferenceError as err:
+                    raise ValueError(f"kv_type {cfg.kv_type!r}: {err.message}") from None
         if cfg.is_search:
             patterns = [None] * n_layers
         elif cfg.attn_type == "hf":
@@ -835,6 +1021,8 @@ def _checked_kv_spec(cfg):
     if st != L.MI_STATUS_SUCCESS:
         raise ValueError(f"kv_type {cfg.kv_type!r}: {msg.value.decode('utf-8', 'replace')}")
     spec = msg.value.decode()
+    if cfg.kv_type in HF_NATIVE_KV_METHODS:
+        return spec  # checked on the model's geometry (patch_model)
     # The keys' relations (capacity > window, ...) are checked when the method is built: once
     # now, on a one-row layer, rather than at the first prefill.
     import numpy as np

@@ -114,3 +114,36 @@ def full_budget_entries(L):
 def sparse_entries():
     return [["vertical_and_slash", 64, 256], ["stream_llm", 64, 192], ["vertical_and_slash", 30, 100],
             ["block_sparse", 0, 0]]
+
+
+def _gpt2_byte_chars():
+    """GPT-2's byte -> character map (byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def save_for_runner(model, path):
+    """Writes model (make_model's) as a folder the C model runner loads: its safetensors and
+    config.json, and a byte-level tokenizer.json (no merges) of the model's vocabulary, so that
+    token ids mean the same to both."""
+    import json
+    import os
+
+    model.save_pretrained(path, safe_serialization=True)
+    vocab = int(model.config.vocab_size)
+    chars = _gpt2_byte_chars()
+    v = {chars[b]: b for b in range(256)}
+    v.update({f"<r{i}>": i for i in range(256, vocab - 2)})
+    tok = {"model": {"type": "BPE", "vocab": v, "merges": []},
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+           "added_tokens": [{"id": vocab - 2, "content": "<s>", "special": True},
+                            {"id": vocab - 1, "content": "</s>", "special": True}]}
+    with open(os.path.join(path, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    return path

@@ -1,7 +1,10 @@
-"""KV methods in the transformers patch (CPU): kv_type streamingllm, snapkv and pyramidkv on
-transformers' cache (KVMethodCache). A budget covering the context equals dense; a small budget
+"""KV methods in the transformers patch (CPU). streamingllm, snapkv and pyramidkv run on
+transformers' cache (KVMethodCache): a budget covering the context equals dense; a small budget
 keeps exactly the rows the library's rule names (mi_session_kv_keep_rows, the rule a C session
-applies). Skipped where torch or transformers is not installed."""
+applies). quest, retr_attn, kivi and leank keep their rows in libminference (an mi_kv_cache per
+sequence): the patched model equals the C runner's session with that method on the same weights,
+and a budget covering the context equals dense. Skipped where torch or transformers is not
+installed."""
 
 import inspect
 
@@ -17,7 +20,7 @@ if not hasattr(pytest.importorskip("transformers.cache_utils"), "DynamicLayer"):
 
 import minference as mi  # noqa: E402
 import minference.patch as mp  # noqa: E402
-from hf_helpers import left_pad, make_model, random_ids, rel_l2  # noqa: E402
+from hf_helpers import left_pad, make_model, random_ids, rel_l2, save_for_runner  # noqa: E402
 
 FULL = {
     "streamingllm": {"n_init": 64, "n_local": 4096},
@@ -199,9 +202,8 @@ def test_hf_attention_with_a_kv_method():
 
 def test_refusals():
     model = make_model("llama", seed=54)
-    for kv in ("quest", "retr_attn", "kivi", "leank"):
-        with pytest.raises(NotImplementedError, match="C model runner"):
-            mi.MInference("dense", kv_type=kv)(model)
+    with pytest.raises(ValueError, match="leank"):
+        mi.MInference("dense", kv_type="leank")(model)  # no mask file
     with pytest.raises(ValueError, match="max_capacity_prompt"):
         mi.MInference("dense", kv_type="snapkv",
                       attn_kwargs={"window_size": 64, "max_capacity_prompt": 32})(model)
@@ -210,6 +212,146 @@ def test_refusals():
         mi.MInference("dense", kv_type="streamingllm")(make_model("mistral", sliding_window=128))
     # padding: the rule would keep padding rows as sinks or scores; refused
     mi.MInference("dense", kv_type="streamingllm", attn_kwargs={"n_init": 4, "n_local": 32})(model)
+    ids, mask = left_pad([random_ids(n, seed=n)[0] for n in (120, 80)])
+    with pytest.raises(NotImplementedError, match="without padding"), torch.no_grad():
+        model(ids, attention_mask=mask, use_cache=True)
+    mi.unpatch(model)
+
+
+# ---- the methods libminference keeps (quest, retr_attn, kivi, leank) ---------------------------
+
+
+def _leank_mask(path, model, seed, keep=0.5):
+    """A LeanK mask file (docs/kv-methods.md) for model: each head keeps a random `keep` of its
+    key channels (keep=1: every channel)."""
+    import json
+
+    cfg = model.config
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    rng = np.random.default_rng(seed)
+    masks = [["".join("1" if x else "0" for x in rng.random(hd) < keep) if keep < 1 else "1" * hd
+              for _ in range(cfg.num_key_value_heads)] for _ in range(cfg.num_hidden_layers)]
+    with open(path, "w") as f:
+        json.dump({"format": "minference-leank-mask", "version": 1,
+                   "n_layers": cfg.num_hidden_layers, "n_kv_heads": cfg.num_key_value_heads,
+                   "head_dim": hd, "masks": masks}, f)
+    return str(path)
+
+
+@torch.no_grad()
+def _hf_turns(model, ids, more, steps):
+    """A prompt, a follow-up turn over its cache, then decode steps: last-position logits."""
+    name = _name(model)
+    r = model(ids, use_cache=True)
+    cache = getattr(r, name)
+    out = [r.logits[0, -1].numpy()]
+    r = model(more, use_cache=True, **{name: cache})
+    out.append(r.logits[0, -1].numpy())
+    for t in steps[0]:
+        r = model(t.view(1, 1), use_cache=True, **{name: cache})
+        out.append(r.logits[0, -1].numpy())
+    return out, cache
+
+
+def _c_turns(runner, spec, ids, more, steps):
+    s = runner.session(kv=spec)
+    out = [s.prefill(ids[0].tolist()), s.prefill(more[0].tolist())]
+    out += [s.decode(int(t)) for t in steps[0]]
+    return out, s
+
+
+SMALL = {  # budgets well under the 380-token context
+    "quest": {"token_budget": 128, "dense_layers": 0},
+    "retr_attn": {"top_k": 48, "n_init": 4, "n_local": 32},
+    "kivi": {"bits": 4, "residual_length": 32},
+    "leank": {"sink_size": 16, "recent_size": 32},
+}
+
+
+@pytest.mark.parametrize("kv", sorted(SMALL))
+def test_native_methods_equal_the_c_session(kv, tmp_path):
+    model = make_model("llama", seed=61)
+    runner = mi.Model(save_for_runner(model, str(tmp_path / "m")), threads=2)
+    ids, more, steps = random_ids(300, seed=62), random_ids(20, seed=63), random_ids(6, seed=64)
+    kw = dict(SMALL[kv])
+    if kv == "leank":
+        kw["leank_path"] = _leank_mask(tmp_path / "mask.json", model, seed=65)
+    dense, _ = _hf_turns(model, ids, more, steps)
+    mi.MInference("dense", kv_type=kv, attn_kwargs={"dense_below": 0, **kw})(model)
+    got, cache = _hf_turns(model, ids, more, steps)
+    mi.unpatch(model)
+    spec = kv + ":" + ",".join(f"{k}={v}" for k, v in kw.items())
+    want, session = _c_turns(runner, spec, ids, more, steps)
+    assert type(cache).__name__ == "KVMethodCache" and cache.get_seq_length() == 326
+    # the same method on the same weights: the rows, selections and codes of a C session (KIVI's
+    # codes may round the other way where the two forward passes differ in the last bit)
+    tol = 2e-2 if kv == "kivi" else 1e-4
+    errs = [rel_l2(torch.from_numpy(a), torch.from_numpy(b)) for a, b in zip(got, want)]
+    assert max(errs) < tol, errs
+    # ... which is not dense: the method changed the later calls
+    off = [rel_l2(torch.from_numpy(a), torch.from_numpy(b)) for a, b in zip(got, dense)]
+    assert off[0] < 1e-5 and max(off[1:]) > 10 * max(errs[1:]), (off, errs)
+    assert cache.kept_rows(0) == session.stats["kv_rows"]
+
+
+NATIVE_FULL = {
+    "quest": {"token_budget": 4096, "dense_layers": 0},
+    "retr_attn": {"top_k": 4096},
+    "kivi": {"bits": 16},
+    "leank": {},
+}
+
+
+@pytest.mark.parametrize("kv", sorted(NATIVE_FULL))
+def test_native_budget_covering_the_context_equals_dense(kv, tmp_path):
+    model = make_model("llama", seed=71)
+    ids, more = random_ids(300, seed=72), random_ids(60, seed=73)
+    ref = conversation(model, ids, more)
+    kw = dict(NATIVE_FULL[kv])
+    if kv == "leank":  # every channel kept
+        kw["leank_path"] = _leank_mask(tmp_path / "all.json", model, seed=0, keep=1.0)
+    mi.MInference("dense", kv_type=kv, attn_kwargs={"dense_below": 0, **kw})(model)
+    out = conversation(model, ids, more)
+    cache = out[3]
+    assert type(cache).__name__ == "KVMethodCache"
+    assert cache.kept_rows(0) == cache.get_seq_length() == 300 + 60 + 20 + 5
+    assert rel_l2(out[0], ref[0]) < 1e-5 and rel_l2(out[1], ref[1]) < 1e-5
+    assert torch.equal(out[2], ref[2])
+    mi.unpatch(model)
+
+
+def test_kivi_keeps_fewer_bytes():
+    model = make_model("llama", seed=81)
+    ids = random_ids(600, seed=82)
+    sizes = {}
+    for kv, kw in (("quest", {"token_budget": 4096}), ("kivi", {"bits": 2})):
+        mi.MInference("dense", kv_type=kv, attn_kwargs={"dense_below": 0, **kw})(model)
+        with torch.no_grad():
+            cache = getattr(model(ids, use_cache=True), _name(model))
+        sizes[kv] = cache.kv_bytes()
+        mi.unpatch(model)
+    # f32 pages against 2-bit codes with their group parameters and a 32-row f32 residual
+    assert 0 < sizes["kivi"] < 0.25 * sizes["quest"], sizes
+
+
+def test_native_batch_and_padding():
+    model = make_model("llama", seed=91)
+    a, b = random_ids(200, seed=92), random_ids(200, seed=93)
+    step = random_ids(1, batch=2, seed=94)
+    mi.MInference("dense", kv_type="quest", attn_kwargs={"token_budget": 64, "dense_layers": 0,
+                                                         "dense_below": 0})(model)
+    with torch.no_grad():
+        name = _name(model)
+        r = model(torch.cat([a, b]), use_cache=True)
+        c = getattr(r, name)
+        both = model(step, use_cache=True, **{name: c}).logits[:, -1]
+        singles = []
+        for i, x in enumerate((a, b)):
+            r = model(x, use_cache=True)
+            singles.append(model(step[i:i + 1], use_cache=True,
+                                 **{name: getattr(r, name)}).logits[0, -1])
+    # each sequence of the batch has its own cache: the same as alone
+    assert rel_l2(both[0], singles[0]) < 1e-5 and rel_l2(both[1], singles[1]) < 1e-5
     ids, mask = left_pad([random_ids(n, seed=n)[0] for n in (120, 80)])
     with pytest.raises(NotImplementedError, match="without padding"), torch.no_grad():
         model(ids, attention_mask=mask, use_cache=True)

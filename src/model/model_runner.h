@@ -127,6 +127,16 @@ mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, struct kv_method *method,
 mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, struct kv_method *method,
                             int32_t layer, const float *q, int64_t n, int64_t n_past, float scale,
                             float *out);
+/* The same for any owner of a sequence (a session's model, a mi_kv_cache): its shapes, sliding
+ * window (0: none) and threads; a failure's reason goes to err. */
+typedef struct mim_seq_shape {
+    int32_t n_heads, n_kv, hd;
+    int64_t window;
+    mim_pool *pool;
+} mim_seq_shape;
+mi_status mim_seq_attend(const mim_seq_shape *sh, const mi_kv_seq *seq, struct kv_method *method,
+                         int32_t layer, const float *q, int64_t n, int64_t n_past, float scale,
+                         float *out, char *err, size_t err_size);
 
 /* The layer's patterns (the model's attention mode) for n query rows at positions n_past.. over
  * the first n_past + n rows of one layer of seq, through mi_prefill_attention with the queries

@@ -486,8 +486,9 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     free(sc);
 }
 
-mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method, int32_t layer,
-                            const float *q, int64_t n, int64_t n_past, float scale, float *out) {
+mi_status mim_seq_attend(const mim_seq_shape *sh, const mi_kv_seq *seq, kv_method *method,
+                         int32_t layer, const float *q, int64_t n, int64_t n_past, float scale,
+                         float *out, char *err, size_t err_size) {
     mi_kv_page_layout lay;
     const int32_t *ids = NULL;
     int64_t n_pages = 0;
@@ -497,28 +498,31 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
     const bool reader = lay.dtype != MI_KV_F32 || (method && method->entry->key_channels);
     if (st == MI_STATUS_SUCCESS && reader && kv_method_selects(method))
         st = MI_STATUS_UNSUPPORTED; /* no method both selects rows and stores or prunes them */
-    if (st != MI_STATUS_SUCCESS || m->hd > 1024)
-        return mim_model_fail(m, st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL,
-                              "layer %d: unreadable KV pages", layer);
+    if (st != MI_STATUS_SUCCESS || sh->hd > 1024) {
+        snprintf(err, err_size, "layer %d: unreadable KV pages", layer);
+        return st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL;
+    }
     kv_selection sel;
     kv_selection_init(&sel);
     const bool selects = kv_method_selects(method);
     if (selects) {
         if ((st = kv_method_select(method, seq, layer, q, n, &sel)) != MI_STATUS_SUCCESS) {
             kv_selection_free(&sel);
-            return mim_model_fail(m, st, "layer %d: %s", layer, method->error);
+            snprintf(err, err_size, "layer %d: %s", layer, method->error);
+            return st;
         }
-        if (sel.n_lists != n * m->n_heads || sel.open != sel.n_lists) {
+        if (sel.n_lists != n * sh->n_heads || sel.open != sel.n_lists) {
             kv_selection_free(&sel);
-            return mim_model_fail(
-                m, MI_STATUS_INTERNAL, "layer %d: kv method %s selected %lld lists for %lld", layer,
-                method->entry->name, (long long)sel.open, (long long)(n * m->n_heads));
+            snprintf(err, err_size, "layer %d: kv method %s selected %lld lists for %lld", layer,
+                     method->entry->name, (long long)sel.open, (long long)(n * sh->n_heads));
+            return MI_STATUS_INTERNAL;
         }
     }
     const float **kp = malloc((size_t)(2 * (n_pages ? n_pages : 1)) * sizeof(float *));
     if (!kp) {
         kv_selection_free(&sel);
-        return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory for a page table");
+        snprintf(err, err_size, "out of memory for a page table");
+        return MI_STATUS_OUT_OF_MEMORY;
     }
     const float **vp = kp + n_pages;
     for (int64_t i = 0; i < n_pages && lay.dtype == MI_KV_F32; i++) {
@@ -532,10 +536,10 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
                  vp,
                  n,
                  n_past,
-                 m->sliding_window,
-                 m->n_heads,
-                 m->n_kv,
-                 m->hd,
+                 sh->window,
+                 sh->n_heads,
+                 sh->n_kv,
+                 sh->hd,
                  lay.page_tokens,
                  (int64_t)(lay.head_stride / sizeof(float)),
                  scale,
@@ -544,10 +548,19 @@ mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method
                  method,
                  layer,
                  reader};
-    mim_pool_run(m->pool, n * m->n_heads, seq_task, &j);
+    mim_pool_run(sh->pool, n * sh->n_heads, seq_task, &j);
     free(kp);
     kv_selection_free(&sel);
     return MI_STATUS_SUCCESS;
+}
+
+mi_status mim_seq_attention(mi_model *m, const mi_kv_seq *seq, kv_method *method, int32_t layer,
+                            const float *q, int64_t n, int64_t n_past, float scale, float *out) {
+    const mim_seq_shape sh = {m->n_heads, m->n_kv, m->hd, m->sliding_window, m->pool};
+    char err[256];
+    const mi_status st =
+        mim_seq_attend(&sh, seq, method, layer, q, n, n_past, scale, out, err, sizeof err);
+    return st == MI_STATUS_SUCCESS ? st : mim_model_fail(m, st, "%s", err);
 }
 
 /* ------------------------------------------------------------------------------------------ */

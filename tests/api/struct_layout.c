@@ -258,6 +258,7 @@ int main(void) {
         F(k_offset);
         F(v_offset);
         F(scale_offset);
+        F(center_offset);
         F(page_bytes);
         F(meta_kinds);
         F(meta_bytes);
@@ -300,6 +301,18 @@ int main(void) {
         end();
     }
     {
+        typedef mi_kv_cache_params T;
+        begin("mi_kv_cache_params", sizeof(T));
+        F(kv);
+        F(n_layers);
+        F(n_heads);
+        F(n_kv_heads);
+        F(head_dim);
+        F(n_threads);
+        F(pool_bytes);
+        end();
+    }
+    {
         typedef mi_kv_page_view T;
         begin("mi_kv_page_view", sizeof(T));
         F(data);
@@ -310,6 +323,8 @@ int main(void) {
         F(first_row);
         F(k_scale);
         F(v_scale);
+        F(k_center);
+        F(v_center);
         F(key_minmax);
         end();
     }
