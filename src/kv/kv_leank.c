@@ -288,7 +288,7 @@ mi_status mi_leank_mask_from_importance(mi_context *ctx, int32_t n_layers, int32
                 r[d].score = isfinite(imp[d]) ? imp[d] : -1.0, r[d].d = d;
             qsort(r, (size_t)head_dim, sizeof *r, cmp_ranked);
             uint8_t *row = (uint8_t *)mi_leank_mask_head(m, l, h);
-            memset(row, 0, (size_t)head_dim);
+            memset(row, 0, (size_t)(uint32_t)head_dim); /* head_dim > 0: checked above */
             for (int32_t i = 0; i < k; i++) row[r[i].d] = 1;
         }
     free(r);

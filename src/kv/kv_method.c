@@ -171,7 +171,7 @@ mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_si
     if (!text) text = "";
     const char *b = text, *e = text + strlen(text);
     trim(&b, &e);
-    const char *colon = memchr(b, ':', (size_t)(e - b));
+    const char *colon = e > b ? memchr(b, ':', (size_t)(e - b)) : NULL;
     const char *ne = colon ? colon : e, *nb = b;
     trim(&nb, &ne);
     const kv_method_entry *entry = NULL;

@@ -146,8 +146,8 @@ uint64_t mi_kv_cache_bytes(const mi_kv_cache *c) {
 /* [1, H, L, D] f32 CPU with a contiguous last dimension and the given H, D (L > 0; n: its L). */
 static bool tensor_ok(const mi_tensor *t, int32_t H, int32_t D, int64_t n) {
     return t && t->data && t->dtype == MI_DTYPE_F32 && t->device == MI_DEVICE_CPU &&
-           t->shape[0] == 1 && t->shape[1] == H && t->shape[2] > 0 &&
-           (n < 0 || t->shape[2] == n) && t->shape[3] == D && t->stride[3] == 1;
+           t->shape[0] == 1 && t->shape[1] == H && t->shape[2] > 0 && (n < 0 || t->shape[2] == n) &&
+           t->shape[3] == D && t->stride[3] == 1;
 }
 
 mi_status mi_kv_cache_call(mi_kv_cache *c, int32_t layer, const mi_tensor *q, const mi_tensor *k,
@@ -172,8 +172,7 @@ mi_status mi_kv_cache_call(mi_kv_cache *c, int32_t layer, const mi_tensor *q, co
                      "f32 on the CPU with a contiguous last dimension",
                      p->n_kv_heads, (long long)n, p->head_dim, p->n_heads, (long long)n,
                      p->head_dim);
-    if (out && !q)
-        return cfail(c, MI_STATUS_INVALID_ARGUMENT, "mi_kv_cache_call: out needs q");
+    if (out && !q) return cfail(c, MI_STATUS_INVALID_ARGUMENT, "mi_kv_cache_call: out needs q");
     if (out && !(scale > 0.0f && scale < 1e30f))
         return cfail(c, MI_STATUS_INVALID_ARGUMENT, "mi_kv_cache_call: scale %g is not positive",
                      (double)scale);

@@ -125,8 +125,12 @@ enum { N_CALLS = sizeof calls / sizeof calls[0] };
 static const int64_t total = 300 + 1 + 1 + 17 + 1 + 64 + 1;
 
 static void test_against_float64(void) {
-    const char *exact[] = {NULL, "dense", "quest:token_budget=8192,dense_layers=0",
-                           "retr_attn:top_k=8192", "kivi:bits=16", "snapkv:max_capacity_prompt=4096"};
+    const char *exact[] = {NULL,
+                           "dense",
+                           "quest:token_budget=8192,dense_layers=0",
+                           "retr_attn:top_k=8192",
+                           "kivi:bits=16",
+                           "snapkv:max_capacity_prompt=4096"};
     for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) {
         mi_kv_cache *c = make(exact[i]);
         if (!c) continue;
