@@ -24,7 +24,7 @@ source scripts/gpu_env.sh  # build dependencies on machines without a package mi
 
 # Only the library is built through CMake (the other test directories are not needed here); the
 # GPU test is one C file linked against it.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_BUILD_TESTS=OFF \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_WERROR=OFF -DMI_CUDA=ON -DMI_BUILD_TESTS=OFF \
   >"$LOGS/cmake.log" 2>&1 || { tail -30 "$LOGS/cmake.log"; exit 1; }
 cmake --build build -j"$(nproc)" --target libminference.so >"$LOGS/build.log" 2>&1 ||
   { grep -E "error|Error" -A3 "$LOGS/build.log" | head -60; exit 1; }

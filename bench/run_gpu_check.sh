@@ -27,7 +27,7 @@ LOGS=${LOGS:-$BUILD/logs}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 source scripts/gpu_env.sh
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_WERROR=OFF -DMI_CUDA=ON -DMI_CUDA_ARCHS=90a \
   -DMI_BUILD_TESTS=OFF >"$BUILD.cmake.log" 2>&1 || { tail -30 "$BUILD.cmake.log"; exit 1; }
 cmake --build "$BUILD" -j"$(nproc)" --target libminference.so >"$BUILD.build.log" 2>&1 ||
   { grep -E "error" -A3 "$BUILD.build.log" | head -40; exit 1; }

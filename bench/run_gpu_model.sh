@@ -43,7 +43,7 @@ COMMIT=${MI_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 DAY=$(date -u +%Y-%m-%d)
 
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_CUDA=ON \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMI_WERROR=OFF -DMI_CUDA=ON \
   -DMI_CUDA_ARCHS="${MI_CUDA_ARCHS:-90a}" >"$LOGS/cmake.log" 2>&1 ||
   { tail -30 "$LOGS/cmake.log"; exit 1; }
 ninja -C build-gpu minference_cli test_model_gpu bench_model_ttft bench_session >"$LOGS/build.log" 2>&1 ||

@@ -132,20 +132,6 @@ mi_status mi_check_attention(mi_context *ctx, const mi_tensor *q, const mi_tenso
     return check_attention(ctx, q, k, v, out, seq_lens, false, shape);
 }
 
-/* Queries at an offset run on the CPU only for now. */
-static mi_status check_attention_at(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
-                                    const mi_tensor *v, const mi_tensor *out,
-                                    const int32_t *seq_lens, mi_attn_shape *shape) {
-    const mi_status st = check_attention(ctx, q, k, v, out, seq_lens, true, shape);
-    if (st != MI_STATUS_SUCCESS) return st;
-    if (shape->q_off != 0 && shape->device == MI_DEVICE_CUDA)
-        return mi_fail(
-            ctx, MI_STATUS_UNSUPPORTED,
-            "prefill: queries at an offset (q_len %lld < k_len %lld) run on the CPU only",
-            (long long)(shape->len - shape->q_off), (long long)shape->len);
-    return MI_STATUS_SUCCESS;
-}
-
 static mi_status check_ctx(mi_context *ctx) {
     if (!ctx) return MI_STATUS_INVALID_ARGUMENT;
     mi_clear_error(ctx);
@@ -400,7 +386,7 @@ mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const m
     mi_attn_shape s;
     MI_TRY(check_ctx(ctx));
     if (!k || !bytes) return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k and bytes are required");
-    MI_TRY(check_attention_at(ctx, q, k, NULL, NULL, NULL, &s));
+    MI_TRY(check_attention(ctx, q, k, NULL, NULL, NULL, true, &s));
     MI_TRY(mi_check_patterns(ctx, patterns, s.heads_q));
     mi_prefill_params p = params ? *params : mi_prefill_default_params();
     MI_TRY(mi_check_prefill_params(ctx, &p));
@@ -415,7 +401,7 @@ mi_status mi_prefill_attention(mi_context *ctx, const mi_tensor *q, const mi_ten
     MI_TRY(check_ctx(ctx));
     if (!k || !v || !out)
         return mi_fail(ctx, MI_STATUS_INVALID_ARGUMENT, "k, v and out are required");
-    MI_TRY(check_attention_at(ctx, q, k, v, out, seq_lens, &s));
+    MI_TRY(check_attention(ctx, q, k, v, out, seq_lens, true, &s));
     MI_TRY(check_lse(ctx, lse));
     MI_TRY(mi_check_patterns(ctx, patterns, s.heads_q));
     mi_prefill_params p = params ? *params : mi_prefill_default_params();

@@ -56,7 +56,7 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
         m_blk = tri / BN + blockIdx.y;
         bh = b * p.heads + h;
     } else {
-        m_blk = gridDim.x - 1 - blockIdx.x; /* heavy (late) row blocks first */
+        m_blk = p.q_off / BM + (int)(gridDim.x - 1 - blockIdx.x); /* heavy (late) first */
         bh = blockIdx.y;
         b = bh / p.heads, h = bh % p.heads;
         len = p.seq_lens[b];
@@ -68,7 +68,9 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
     const T *kg = reinterpret_cast<const T *>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
     const T *vg = reinterpret_cast<const T *>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
     T *og = reinterpret_cast<T *>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
-    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * p.len : nullptr;
+    /* q, o and lse rows are absolute positions minus q_off (rows before it are not there) */
+    const int q_off = SPLIT ? 0 : p.q_off;
+    float *lseg = p.lse ? p.lse + ((int64_t)b * p.heads + h) * (p.len - q_off) : nullptr;
 
     tile_plan tp;
     if constexpr (SPLIT) { /* every causal key of the block: this chunk's tiles of them */
@@ -93,11 +95,13 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
         const int rows = min(BM, p.len - rs);
         for (int i = tid; i < rows * CPR; i += NT) {
             const int r = i / CPR, c = i % CPR;
-            *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r) * p.o_stride[2] + c * 8) =
-                make_uint4(0, 0, 0, 0);
+            if (rs + r >= q_off)
+                *reinterpret_cast<uint4 *>(og + (int64_t)(rs + r - q_off) * p.o_stride[2] + c * 8) =
+                    make_uint4(0, 0, 0, 0);
         }
         if (lseg)
-            for (int r = tid; r < rows; r += NT) lseg[rs + r] = -INFINITY;
+            for (int r = tid; r < rows; r += NT)
+                if (rs + r >= q_off) lseg[rs + r - q_off] = -INFINITY;
         return;
     }
 
@@ -105,8 +109,8 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
     for (int i = tid; i < BM * CPR; i += NT) {
         const int r = i / CPR, c = i % CPR;
         const int row = rs + r;
-        const bool ok = row < len;
-        const T *src = qg + (int64_t)(ok ? row : 0) * p.q_stride[2] + c * 8;
+        const bool ok = row < len && row >= q_off;
+        const T *src = qg + (int64_t)(ok ? row - q_off : 0) * p.q_stride[2] + c * 8;
         cp_async_16(qs + r * PITCH + c * 8, src, ok ? 16 : 0);
     }
     auto load_kv = [&](int t, int buf) {
@@ -282,15 +286,17 @@ __device__ __forceinline__ void attn_fwd_rows(const mi_cuda_attn_params &p,
             tr::pack2(acc_o[i][2] * inv1, acc_o[i][3] * inv1);
     }
     if (lseg && cq == 0) {
-        if (qrow0 < p.len) lseg[qrow0] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
-        if (qrow1 < p.len) lseg[qrow1] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
+        if (qrow0 < p.len && qrow0 >= q_off)
+            lseg[qrow0 - q_off] = live0 ? m0 * MI_LN2 + logf(l0) : -INFINITY;
+        if (qrow1 < p.len && qrow1 >= q_off)
+            lseg[qrow1 - q_off] = live1 ? m1 * MI_LN2 + logf(l1) : -INFINITY;
     }
     __syncwarp();
     for (int i = lane; i < 16 * CPR; i += 32) {
         const int r = i / CPR, c = i % CPR;
         const int row = rs + warp * 16 + r;
-        if (row < p.len)
-            *reinterpret_cast<uint4 *>(og + (int64_t)row * p.o_stride[2] + c * 8) =
+        if (row < p.len && row >= q_off)
+            *reinterpret_cast<uint4 *>(og + (int64_t)(row - q_off) * p.o_stride[2] + c * 8) =
                 *reinterpret_cast<const uint4 *>(stage + r * PITCH + c * 8);
     }
 }
@@ -373,7 +379,7 @@ static cudaError_t launch_attn(const mi_cuda_attn_params &p, bool bf16, cudaStre
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.len + BM - 1) / BM, p.batch * p.heads);
+    dim3 grid((p.len + BM - 1) / BM - p.q_off / BM, p.batch * p.heads);
     kern<<<grid, BM * 2, smem, st>>>(p);
     return cudaGetLastError();
 }
@@ -407,6 +413,8 @@ static mi_status attn_launch(mi_context *ctx, const mi_cuda_attn_params *p, int 
 
 extern "C" mi_status mi_cuda_attn_run(mi_context *ctx, const mi_cuda_attn_params *p, int block_m) {
     if (p->len <= 0 || p->batch <= 0 || p->heads <= 0) return MI_STATUS_SUCCESS;
+    /* queries at an offset: one launch, Tri-shape rows included (the split plans whole rows) */
+    if (p->q_off > 0) return attn_launch(ctx, p, block_m);
     static thread_local tri_split_args sa;
     int64_t z = 0;
     const mi_tuning &t = ctx->tuning;
@@ -458,8 +466,9 @@ static mi_status attn_launch(mi_context *ctx, const mi_cuda_attn_params *p, int 
     cudaStream_t st = mi_stream(ctx);
     cudaError_t e = cudaSuccess;
     const bool bf = p->dtype == MI_DTYPE_BF16;
-    /* Hopper: every launch on its wgmma kernels (attn_fwd_sm90.cu); elsewhere the kernel above */
-    if (mi_cuda_sm90_on(ctx->tuning)) {
+    /* Hopper: every launch on its wgmma kernels (attn_fwd_sm90.cu), but queries at an offset;
+     * elsewhere the kernel above */
+    if (mi_cuda_sm90_on(ctx->tuning) && p->q_off == 0) {
         e = mi_cuda_attn_sm90_launch(p, &ctx->tuning, st);
     } else {
         const bool d64 = p->head_dim == 64;
@@ -523,6 +532,7 @@ extern "C" mi_status mi_cuda_fill_attn_params(mi_context *ctx, const mi_attn_sha
     p->heads_kv = (int32_t)s->heads_kv;
     p->group = (int32_t)s->group;
     p->len = (int32_t)s->len;
+    p->q_off = (int32_t)s->q_off;
     p->head_dim = (int32_t)s->head_dim;
     p->dtype = s->dtype;
     p->scale_log2 = scale * MI_LOG2E;

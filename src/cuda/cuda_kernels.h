@@ -39,6 +39,10 @@ typedef struct mi_cuda_attn_params {
     float *lse;                                                 /* [B, H, L] or NULL */
     int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* b, h, l in elements */
     int32_t batch, heads, heads_kv, group, len, head_dim;
+    /* Queries at an offset: q, o and lse hold the rows from position q_off on (len - q_off of
+     * them), keys 0..len-1; row blocks stay aligned to absolute positions. 0 elsewhere. Runs on
+     * the portable kernel only (no Tri-shape split). */
+    int32_t q_off;
     mi_dtype dtype;
     float scale_log2; /* softmax scale * log2(e) */
     /* Uniform mode (when head_modes is NULL) */

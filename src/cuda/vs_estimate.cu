@@ -44,6 +44,7 @@ struct vs_params {
     const void *q, *k;
     int64_t q_stride[3], k_stride[3];
     int32_t heads, group, len, nchunks;
+    int32_t q_off; /* q holds the rows from this position on (queries at an offset) */
     float scale_log2;
     float *vert, *slash; /* [B*H, len] */
     float2 *stats;       /* [B*H, nchunks, 64]: (max, sum) base 2 */
@@ -207,7 +208,8 @@ struct vs_chunk_place {
         c0 = chunk * VS_CHUNK;
         if (c0 >= len) return false;
         c1 = min(c0 + VS_CHUNK, len);
-        n = min(VS_ROWS, len);
+        n = min(VS_ROWS, len - p.q_off);
+        if (n <= 0) return false;
         bh = b * p.heads + h;
         n_tiles = (c1 - c0 + 63) / 64;
         return true;
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(128) vs_scores_kernel(const __grid_constant__ 
     for (int i = tid; i < VS_ROWS * CPR; i += NT) {
         const int r = i / CPR, c = i % CPR;
         const bool ok = r < w.n;
-        const int64_t row = ok ? w.len - w.n + r : 0;
+        const int64_t row = ok ? w.len - w.n + r - p.q_off : 0;
         cp_async_16(qs + r * PITCH + c * 8, qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
     }
     auto load_k = [&](int t, int buf) {
@@ -343,7 +345,7 @@ __global__ void __launch_bounds__(128, PASS == 1 ? 4 : 3)
     for (int i = tid; i < VS_ROWS * CPR; i += 128) {
         const int r = i / CPR, c = i % CPR;
         const bool ok = r < w.n;
-        const int64_t row = ok ? w.len - w.n + r : 0;
+        const int64_t row = ok ? w.len - w.n + r - p.q_off : 0;
         cp_async_16(qs_a + sw_off(r, c, HALF), qg + row * p.q_stride[2] + c * 8, ok ? 16 : 0);
     }
     cp_async_commit();
@@ -800,6 +802,7 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     p.heads = (int32_t)s->heads_q;
     p.group = (int32_t)s->group;
     p.len = (int32_t)L;
+    p.q_off = (int32_t)s->q_off;
     p.nchunks = (int32_t)((L + VS_CHUNK - 1) / VS_CHUNK);
     p.scale_log2 = scale * MI_LOG2E;
     char *w = static_cast<char *>(scratch);

@@ -97,8 +97,12 @@ struct gpu_state {
     int64_t slot_cap;
     int32_t slot_tokens;         /* rows per page (the session pool's) */
     const mi_kv_pool *slot_pool; /* the pool whose page ids the slots name */
-    void *stage;                 /* pinned */
+    void *stage;                 /* pinned: two halves, each K then V of stage_rows rows */
     size_t stage_bytes;
+    /* a session's new rows go to the host on their own stream, overlapped with the layer's
+     * attention and MLP: kv_ready marks the layer's K/V written, chunk_done each stage half */
+    cudaStream_t copy;
+    cudaEvent_t kv_ready, chunk_done[2];
     event_log attn_ev, gemm_ev;
     bool timing;
 };
@@ -400,9 +404,10 @@ cublasStatus_t gemm(gpu_state *g, const bf16 *x, int64_t n, int64_t k, const bf1
 /* Load                                                                                        */
 
 /* dst rows [row0, row0 + w->rows) of a bf16 matrix = the host weight, through fp32 slices. */
-mi_status upload_weight(mi_model *m, const mim_weight *w, bf16 *dst, float *host, float *stage) {
+mi_status upload_weight(mi_model *m, const mim_weight *w, bf16 *dst, float *host, float *stage,
+                        int64_t stage_floats) {
     gpu_state *g = GPU(m);
-    const int64_t step = STAGE_FLOATS / w->cols > 0 ? STAGE_FLOATS / w->cols : 1;
+    const int64_t step = stage_floats / w->cols > 0 ? stage_floats / w->cols : 1;
     for (int64_t r0 = 0; r0 < w->rows; r0 += step) {
         const int64_t nr = w->rows - r0 < step ? w->rows - r0 : step;
         mim_dequant_rows(m, w, r0, nr, host);
@@ -431,6 +436,10 @@ mi_status attach(mi_model *m) {
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
     /* the device is current: mim_gpu_attach selected it */
     cudaError_t e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&g->chunk_done[i], cudaEventDisableTiming);
     if (e != cudaSuccess) return cuda_fail(m, e, "stream");
     if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS)
         return mim_model_fail(m, MI_STATUS_DEVICE_ERROR, "cannot create a cuBLAS handle");
@@ -438,10 +447,20 @@ mi_status attach(mi_model *m) {
     g->layers = (gpu_layer *)calloc((size_t)m->n_layers, sizeof(gpu_layer));
     if (!g->layers) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
 
-    float *host = (float *)malloc((size_t)STAGE_FLOATS * sizeof(float)), *stage = NULL;
+    /* the staging slices: as large as the largest weight, up to STAGE_FLOATS (a small model's
+     * load does not peak on a 64 MiB buffer it never fills) */
+    int64_t stage_floats = (int64_t)m->vocab * D;
+    for (int l = 0; l < m->n_layers; l++) {
+        const mim_layer *L = &m->layers[l];
+        const mim_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->rows * ws[i]->cols > stage_floats) stage_floats = ws[i]->rows * ws[i]->cols;
+    }
+    if (stage_floats > STAGE_FLOATS) stage_floats = STAGE_FLOATS;
+    float *host = (float *)malloc((size_t)stage_floats * sizeof(float)), *stage = NULL;
     mi_status st = MI_STATUS_SUCCESS;
     if (!host) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
-    if ((e = dev_alloc(g, &stage, (size_t)STAGE_FLOATS)) != cudaSuccess) {
+    if ((e = dev_alloc(g, &stage, (size_t)stage_floats)) != cudaSuccess) {
         free(host);
         return cuda_fail(m, e, "staging buffer");
     }
@@ -457,28 +476,28 @@ mi_status attach(mi_model *m) {
         }                                                                                          \
     } while (0)
     ALLOC(g->embd, (int64_t)m->vocab * D);
-    TRY(upload_weight(m, &m->tok_embd, g->embd, host, stage));
+    TRY(upload_weight(m, &m->tok_embd, g->embd, host, stage, stage_floats));
     if (m->output.data == m->tok_embd.data && m->output.type == m->tok_embd.type) {
         g->output = g->embd;
     } else {
         ALLOC(g->output, (int64_t)m->vocab * D);
-        TRY(upload_weight(m, &m->output, g->output, host, stage));
+        TRY(upload_weight(m, &m->output, g->output, host, stage, stage_floats));
     }
     TRY(upload_floats(m, &g->out_norm, m->out_norm, D));
     for (int l = 0; l < m->n_layers; l++) {
         const mim_layer *L = &m->layers[l];
         gpu_layer *G = &g->layers[l];
         ALLOC(G->wqkv, (qd + 2 * kvd) * D);
-        TRY(upload_weight(m, &L->wq, G->wqkv, host, stage));
-        TRY(upload_weight(m, &L->wk, G->wqkv + qd * D, host, stage));
-        TRY(upload_weight(m, &L->wv, G->wqkv + (qd + kvd) * D, host, stage));
+        TRY(upload_weight(m, &L->wq, G->wqkv, host, stage, stage_floats));
+        TRY(upload_weight(m, &L->wk, G->wqkv + qd * D, host, stage, stage_floats));
+        TRY(upload_weight(m, &L->wv, G->wqkv + (qd + kvd) * D, host, stage, stage_floats));
         ALLOC(G->wo, D * qd);
-        TRY(upload_weight(m, &L->wo, G->wo, host, stage));
+        TRY(upload_weight(m, &L->wo, G->wo, host, stage, stage_floats));
         ALLOC(G->wgu, 2 * (int64_t)m->ffn * D);
-        TRY(upload_weight(m, &L->wg, G->wgu, host, stage));
-        TRY(upload_weight(m, &L->wu, G->wgu + (int64_t)m->ffn * D, host, stage));
+        TRY(upload_weight(m, &L->wg, G->wgu, host, stage, stage_floats));
+        TRY(upload_weight(m, &L->wu, G->wgu + (int64_t)m->ffn * D, host, stage, stage_floats));
         ALLOC(G->wd, D * (int64_t)m->ffn);
-        TRY(upload_weight(m, &L->wd, G->wd, host, stage));
+        TRY(upload_weight(m, &L->wd, G->wd, host, stage, stage_floats));
         if (L->bq || L->bk || L->bv) {
             float *b = (float *)calloc((size_t)(qd + 2 * kvd), sizeof(float));
             if (!b) {
@@ -500,7 +519,7 @@ done:
 #undef TRY
 #undef ALLOC
     free(host);
-    dev_free(g, &stage, (size_t)STAGE_FLOATS);
+    dev_free(g, &stage, (size_t)stage_floats);
     return st;
 }
 
@@ -672,16 +691,21 @@ mi_status continue_attention(mi_model *m, int layer, int64_t pos0, int64_t n, fl
     return launch_check(m, "decode attention");
 }
 
-mi_status prefill_attention(mi_model *m, int layer, int64_t n, const mi_prefill_params *pp,
+/* The layer's attention for its n new rows over the n_past + n cached ones (n_past > 0: queries
+ * at an offset, a follow-up turn or a later chunk); patterns and the dense fallback look at the
+ * whole length. */
+mi_status prefill_attention(mi_model *m, int layer, int64_t n_past, int64_t n,
                             mi_head_pattern *pat) {
     gpu_state *g = GPU(m);
-    mi_status st = mim_layer_patterns(m, layer, n, pat);
+    const int64_t L = n_past + n;
+    const mi_prefill_params params = mim_prefill_params_for(m, L), *pp = &params;
+    mi_status st = mim_layer_patterns(m, layer, L, pat);
     if (st != MI_STATUS_SUCCESS) return st;
     mi_tensor tq = mi_tensor_blhd(g->q, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_heads, n, m->hd);
     mi_tensor tk =
-        mi_tensor_blhd(g->k_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n, m->hd);
+        mi_tensor_blhd(g->k_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, L, m->hd);
     mi_tensor tv =
-        mi_tensor_blhd(g->v_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, n, m->hd);
+        mi_tensor_blhd(g->v_cache[layer], MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_kv, L, m->hd);
     mi_tensor to = mi_tensor_blhd(g->att, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, m->n_heads, n, m->hd);
     size_t ws = 0;
     st = mi_prefill_workspace_size(m->ctx, &tq, &tk, pat, pp, &ws);
@@ -860,6 +884,10 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     mi_context_destroy(m->ctx);
     m->ctx = NULL;
     if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->copy) cudaStreamDestroy(g->copy);
+    if (g->kv_ready) cudaEventDestroy(g->kv_ready);
+    for (int i = 0; i < 2; i++)
+        if (g->chunk_done[i]) cudaEventDestroy(g->chunk_done[i]);
     free(g);
     m->gpu = NULL;
 }
@@ -947,6 +975,10 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
                 m->n_heads, m->n_kv, m->hd, m->rope.dim, m->rope.neox ? 1 : 0);
         }
         if (st == MI_STATUS_SUCCESS) st = launch_check(m, "q/k/v");
+        if (st == MI_STATUS_SUCCESS && seq) {
+            e = cudaEventRecord(g->kv_ready, g->stream);
+            if (e != cudaSuccess) st = cuda_fail(m, e, "event");
+        }
         if (st == MI_STATUS_SUCCESS && capture && capture->on_layer)
             st = capture_layer(m, l, n, capture);
         if (st != MI_STATUS_SUCCESS) break;
@@ -959,12 +991,14 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
             if (seq && m->params.kv_offload && n_past > 0)
                 st = layer_upload(m, seq, l, n_past, stage_rows, false);
             if (st != MI_STATUS_SUCCESS) break;
-            if (n_past == 0 && n > 1)
-                st = prefill_attention(m, l, n, &pp, pat);
+            /* a later call of seq_prefill_from rows or more runs the prefill kernels at an
+             * offset, fewer the decode kernel */
+            const int64_t from =
+                m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM;
+            if ((n_past == 0 && n > 1) || (n_past > 0 && n >= from))
+                st = prefill_attention(m, l, n_past, n, pat);
             else
                 st = continue_attention(m, l, n_past, n, scale);
-            if (st == MI_STATUS_SUCCESS && seq)
-                st = layer_download(m, seq, l, n_past, n, stage_rows);
             if (st == MI_STATUS_SUCCESS && call && call->qkeep && call->q_rows > 0)
                 st = download_f32(m, g->q + (n - call->q_rows) * qd, call->q_rows, qd,
                                   call->qkeep + (int64_t)l * call->q_rows * qd);
@@ -986,6 +1020,10 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
                 blas_check(m, gemm(g, g->act, c, m->ffn, G->wd, D, xc, D, true), "down projection");
         }
         if (st == MI_STATUS_SUCCESS) st = launch_check(m, "MLP");
+        /* the layer's new rows into the session's pages while its attention and MLP run (with
+         * kv_offload, before the next layer's rows take the buffer) */
+        if (st == MI_STATUS_SUCCESS && seq && !host_attn)
+            st = layer_download(m, seq, l, n_past, n, stage_rows);
         if (st == MI_STATUS_SUCCESS && m->progress && fresh) {
             /* the callback reports finished layers: wait for this one */
             if ((e = cudaStreamSynchronize(g->stream)) != cudaSuccess)
@@ -1175,26 +1213,43 @@ mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64
                          int64_t stage_rows) {
     gpu_state *g = GPU(m);
     const int64_t kvd = (int64_t)m->n_kv * m->hd;
-    bf16 *sk = (bf16 *)g->stage, *sv = sk + stage_rows * kvd;
-    for (int64_t c0 = 0; c0 < n;) {
+    bf16 *half[2] = {(bf16 *)g->stage, (bf16 *)g->stage + 2 * stage_rows * kvd};
+    /* chunk i+1 copies into one half while chunk i goes from the other into the pages */
+    auto issue = [&](int64_t c0, int h) {
         const int64_t c = n - c0 < stage_rows ? n - c0 : stage_rows;
         const size_t bytes = (size_t)(c * kvd) * sizeof(bf16);
-        cudaError_t e = cudaMemcpyAsync(sk, g->k_cache[l] + (row0 + c0) * kvd, bytes,
-                                        cudaMemcpyDeviceToHost, g->stream);
+        cudaError_t e = cudaMemcpyAsync(half[h], g->k_cache[l] + (row0 + c0) * kvd, bytes,
+                                        cudaMemcpyDeviceToHost, g->copy);
         if (e == cudaSuccess)
-            e = cudaMemcpyAsync(sv, g->v_cache[l] + (row0 + c0) * kvd, bytes,
-                                cudaMemcpyDeviceToHost, g->stream);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
-        if (e != cudaSuccess) return cuda_fail(m, e, "download of the new rows");
-        mi_tensor tk = mi_tensor_blhd(sk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
-        mi_tensor tv = mi_tensor_blhd(sv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
-        mi_status st = mi_kv_seq_append(seq, l, &tk, &tv);
+            e = cudaMemcpyAsync(half[h] + stage_rows * kvd, g->v_cache[l] + (row0 + c0) * kvd,
+                                bytes, cudaMemcpyDeviceToHost, g->copy);
+        if (e == cudaSuccess) e = cudaEventRecord(g->chunk_done[h], g->copy);
+        return e;
+    };
+    cudaError_t e = cudaStreamWaitEvent(g->copy, g->kv_ready, 0);
+    if (e == cudaSuccess && n > 0) e = issue(0, 0);
+    mi_status st = MI_STATUS_SUCCESS;
+    for (int64_t c0 = 0, i = 0; c0 < n && e == cudaSuccess && st == MI_STATUS_SUCCESS;
+         c0 += stage_rows, i++) {
+        const int h = (int)(i & 1);
+        const int64_t c = n - c0 < stage_rows ? n - c0 : stage_rows;
+        if (c0 + stage_rows < n) e = issue(c0 + stage_rows, h ^ 1);
+        if (e == cudaSuccess) e = cudaEventSynchronize(g->chunk_done[h]);
+        if (e != cudaSuccess) break;
+        mi_tensor tk = mi_tensor_blhd(half[h], MI_DTYPE_BF16, MI_DEVICE_CPU, 1, m->n_kv, c, m->hd);
+        mi_tensor tv = mi_tensor_blhd(half[h] + stage_rows * kvd, MI_DTYPE_BF16, MI_DEVICE_CPU, 1,
+                                      m->n_kv, c, m->hd);
+        st = mi_kv_seq_append(seq, l, &tk, &tv);
         if (st != MI_STATUS_SUCCESS)
-            return mim_model_fail(m, st, "layer %d: storing the new rows: %s", l,
-                                  mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
-        c0 += c;
+            mim_model_fail(m, st, "layer %d: storing the new rows: %s", l,
+                           mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
     }
-    return MI_STATUS_SUCCESS;
+    /* nothing may still be copying into the pinned halves when this returns */
+    const cudaError_t f = cudaStreamSynchronize(g->copy);
+    if (e == cudaSuccess) e = f;
+    if (st == MI_STATUS_SUCCESS && e != cudaSuccess)
+        st = cuda_fail(m, e, "download of the new rows");
+    return st;
 }
 
 /* The attention of layer l on the host (model_session.c's, with the method's selection) over the
@@ -1259,7 +1314,7 @@ extern "C" mi_status mim_gpu_forward_seq(mi_model *m, const mim_gpu_seq_call *ca
     if ((st = slots_ensure(m, mi_kv_seq_pool(seq), (int32_t)P, (n_past + n + P - 1) / P)) !=
         MI_STATUS_SUCCESS)
         return st;
-    if ((st = stage_ensure(m, (size_t)(2 * stage_rows * kvd) * sizeof(bf16))) != MI_STATUS_SUCCESS)
+    if ((st = stage_ensure(m, (size_t)(4 * stage_rows * kvd) * sizeof(bf16))) != MI_STATUS_SUCCESS)
         return st;
     for (int l = 0; l < m->n_layers && !offload && !call->method && st == MI_STATUS_SUCCESS; l++)
         st = layer_upload(m, seq, l, n_past, stage_rows, true);

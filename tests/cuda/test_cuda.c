@@ -1228,6 +1228,71 @@ static void test_prefill(const shape *s, int wide, int use_workspace) {
     inputs_free(&in);
 }
 
+/* Queries at an offset (a follow-up turn or a later chunk over a cache): the last q_len rows of
+ * q against every key, one pattern per head as test_prefill, on the GPU against the CPU. The GPU
+ * runs block-sparse heads dense at an offset, so the reference runs those dense. */
+static void test_prefill_offset(const shape *s, int64_t q_len) {
+    char name[220], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in);
+    const int64_t B = s->B, H = s->H, L = s->L, D = s->D;
+    pair q = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
+    pair oc = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
+    pair og = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < q_len; l++)
+                for (int64_t d = 0; d < D; d++)
+                    set_f(&q.h, b, h, l, d, get_f(&in.q.h, b, h, L - q_len + l, d));
+    upload(&q);
+    mi_head_pattern *pat = malloc(H * sizeof(mi_head_pattern));
+    mi_head_pattern *ref = malloc(H * sizeof(mi_head_pattern));
+    for (int64_t h = 0; h < H; h++) {
+        const mi_pattern_type t = (mi_pattern_type)(h % 5);
+        pat[h] = mi_head_pattern_default(t);
+        if (t == MI_PATTERN_A_SHAPE) pat[h].n_init = 16, pat[h].n_local = 200;
+        if (t == MI_PATTERN_TRI_SHAPE) pat[h].n_init = 8, pat[h].n_local = 100, pat[h].n_last = 70;
+        if (t == MI_PATTERN_VERTICAL_SLASH) pat[h].vertical_size = 100, pat[h].slash_size = 400;
+        if (t == MI_PATTERN_BLOCK_SPARSE) pat[h].top_k = 4;
+        ref[h] = t == MI_PATTERN_BLOCK_SPARSE ? mi_head_pattern_default(MI_PATTERN_DENSE) : pat[h];
+    }
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    const size_t nl = (size_t)(B * H * q_len);
+    float *lse_cpu = malloc(nl * sizeof(float)), *lse_gpu = NULL;
+    CUDA_OK(cudaMalloc((void **)&lse_gpu, nl * sizeof(float)));
+    poison(og.d.data, og.bytes);
+    poison(lse_gpu, nl * sizeof(float));
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &q.h, &in.k.h, &in.v.h, NULL, ref, &pp, &oc.h, lse_cpu,
+                                      NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &q.d, &in.k.d, &in.v.d, NULL, pat, &pp, &og.d, lse_gpu,
+                                      NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "prefill at offset q_len %lld [%s]", (long long)q_len,
+             shape_str(s, sh, sizeof sh));
+    compare_out(name, &oc.h, &og.d, NULL, lse_cpu, lse_gpu);
+    /* every head dense: the plan's one dense launch */
+    for (int64_t h = 0; h < H; h++) pat[h] = mi_head_pattern_default(MI_PATTERN_DENSE);
+    poison(og.d.data, og.bytes);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &q.h, &in.k.h, &in.v.h, NULL, pat, &pp, &oc.h, NULL,
+                                      NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &q.d, &in.k.d, &in.v.d, NULL, pat, &pp, &og.d, NULL,
+                                      NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "dense prefill at offset q_len %lld [%s]", (long long)q_len,
+             shape_str(s, sh, sizeof sh));
+    compare_out(name, &oc.h, &og.d, NULL, NULL, NULL);
+    cudaFree(lse_gpu);
+    free(lse_cpu);
+    free(pat);
+    free(ref);
+    pair_free(&q);
+    pair_free(&oc);
+    pair_free(&og);
+    inputs_free(&in);
+}
+
 /* Whether the library runs its sm_90a kernels here (as mi_cuda_sm90_on decides). */
 static int gpu_runs_sm90(void) {
     int dev = 0, major = 0, minor = 0;
@@ -1446,6 +1511,15 @@ int main(int argc, char **argv) {
              * sparse kernel, the others the ring kernel */
             shape sf = {1, 10, 2, L, 128, dts[di], di, {0, 0}};
             test_prefill(&sf, 1, 0);
+            /* queries at an offset: one row, fewer than the estimate's 64, a row block's worth
+             * off the block grid, and most of the sequence */
+            if (L > 64) {
+                const int64_t qls[] = {1, 40, 64 + 17, L - 100 > 0 ? L - 100 : 1};
+                for (int qi = 0; qi < 4; qi++) {
+                    shape so = {1, 10, 2, L, di ? 64 : 128, dts[di], di, {0, 0}};
+                    if (qls[qi] < L) test_prefill_offset(&so, qls[qi]);
+                }
+            }
         }
     }
     for (int di = 0; di < 2; di++) {
