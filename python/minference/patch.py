@@ -8,9 +8,8 @@ The patch registers an attention function named "minference" in transformers' At
   k and v keep their H_kv heads (GQA is a broadcast in the library, never a repeat_kv copy). q, k,
   v and the output are described to the library with their strides: no copies.
 * a later prefill chunk or a follow-up turn over transformers' cache (1 < q_len < k_len): the same
-  call with queries at an offset (the last q_len positions of k/v), on CPU tensors of a batch
-  without padding; on CUDA (the library takes offset queries on the CPU only), with padding, or
-  with "static" patterns it runs sdpa, with a warning.
+  call with queries at an offset (the last q_len positions of k/v), for a batch without padding;
+  with padding or with "static" patterns it runs sdpa, with a warning.
 * decode (q_len == 1): transformers' sdpa function.
 * padding (batch > 1, fresh prompts): right padding becomes per-sequence lengths; left padding
   runs each sequence over its valid span (a strided view: still no copies). Rows of padding
@@ -330,9 +329,6 @@ def _attend(torch, state, module, query, key, value, attention_mask, dropout, sc
         return dense(f"device {query.device.type} is not supported")
     if query.dtype != key.dtype or query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return dense(f"dtype {query.dtype} is not supported")
-    if offset and query.device.type != "cpu":
-        return dense("queries at an offset (a later prefill chunk or a follow-up turn) run on "
-                     "the CPU only")
     if offset and state.config.attn_type == "static":
         return dense("static patterns are estimated on whole prompts, not on queries at an offset")
 
