@@ -371,7 +371,7 @@ static void compare_offload(const char *name, const mi_model_shape *s) {
     if (x && y) {
         CHECK(mi_session_prefill(x, tok, n, b) == 0, "%s fp8 prefill x: %s", name,
               mi_session_last_error(x));
-        CHECK(mi_session_prefill(y, tok + 7, n, b) == 0, "%s fp8 prefill y: %s", name,
+        CHECK(mi_session_prefill(y, tok + 7, n - 7, b) == 0, "%s fp8 prefill y: %s", name,
               mi_session_last_error(y));
         bad = 0;
         for (int i = 0; i < steps; i++) {
