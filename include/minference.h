@@ -473,9 +473,8 @@ MI_API mi_status mi_attention_sparse(mi_context *ctx, const mi_tensor *q, const 
  * and Tri-shape's last rows are the whole sequence's; vertical-slash is estimated from the
  * chunk's own last queries against all keys; block-sparse rows are 64-row blocks aligned to
  * absolute positions (a partial first block is pooled over the chunk's rows); the dense fallback
- * looks at k_len. Without seq_lens (MI_STATUS_UNSUPPORTED). On CUDA, block-sparse heads run dense
- * at an offset (their estimate pools whole sequences) and the other patterns run on the portable
- * kernel, not the Hopper ones. */
+ * looks at k_len. Without seq_lens (MI_STATUS_UNSUPPORTED). On CUDA the attention at an offset
+ * runs on the portable kernel, not the Hopper ones. */
 MI_API mi_status mi_prefill_workspace_size(mi_context *ctx, const mi_tensor *q, const mi_tensor *k,
                                            const mi_head_pattern *patterns,
                                            const mi_prefill_params *params, size_t *bytes);

@@ -375,6 +375,7 @@ extern "C" mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shap
         for (int i = 0; i < 3; ++i) pt.stride[i] = t->stride[i];
         pt.heads = (int32_t)(pass ? s->heads_kv : s->heads_q);
         pt.bh_count = (int32_t)(pass ? BHK : BH);
+        pt.row_off = pass ? 0 : (int32_t)s->q_off;
         pt.out = pass ? kp : qp;
     }
     /* grids as wide as q's (b, h) pairs, the most (k's heads divide q's); k's CTAs past its own

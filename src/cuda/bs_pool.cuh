@@ -17,6 +17,9 @@ struct pool_tensor {
     const void *x;
     int64_t stride[3];
     int32_t heads, bh_count;
+    /* queries at an offset: x holds the rows from this position on (blocks before it pool no
+     * rows, a partial first block its rows from here) */
+    int32_t row_off;
     void *out; /* [B*heads, R, D] in the input dtype */
 };
 /* The pooling of up to two tensors in one launch, t[blockIdx.z] (q and k together: one launch's
@@ -33,11 +36,12 @@ template <typename T> __device__ __forceinline__ T bs_mean_of(float sum, int row
     return dtype_traits<T>::from_float(rows > 0 ? __fmul_rn(sum, __frcp_rn((float)rows)) : 0.f);
 }
 
-/* Where row block m of pair bh of tensor pt lies: its first element (x, plus the caller's offset
- * within a row) and its real rows [r0, r1) (none past the sequence); false past pt's pairs. */
+/* Where row block m of pair bh of tensor pt lies: the pair's first element (x, plus the caller's
+ * offset within a row; absolute row r at x + (r - off) * stride) and its real rows [r0, r1) (none
+ * before pt's first row or past the sequence); false past pt's pairs. */
 template <typename T> struct pool_block {
     const T *x;
-    int r0, r1;
+    int r0, r1, off;
 };
 template <typename T>
 __device__ __forceinline__ bool pool_block_of(const pool_params &p, const pool_tensor &pt, int bh,
@@ -45,8 +49,9 @@ __device__ __forceinline__ bool pool_block_of(const pool_params &p, const pool_t
     if (bh >= pt.bh_count) return false;
     const int b = bh / pt.heads, h = bh % pt.heads;
     blk.x = reinterpret_cast<const T *>(pt.x) + b * pt.stride[0] + h * pt.stride[1];
-    blk.r0 = m * 64;
-    blk.r1 = min(blk.r0 + 64, p.seq_lens[b]);
+    blk.off = pt.row_off;
+    blk.r0 = max(m * 64, pt.row_off);
+    blk.r1 = min(m * 64 + 64, p.seq_lens[b]);
     return true;
 }
 
@@ -59,9 +64,9 @@ template <typename T> __global__ void bs_pool_kernel(const __grid_constant__ poo
     if (d >= p.head_dim || !pool_block_of(p, pt, bh, m, blk)) return;
     float acc = 0.f;
     for (int r = blk.r0; r < blk.r1; ++r)
-        acc += dtype_traits<T>::to_float(blk.x[(int64_t)r * pt.stride[2] + d]);
+        acc += dtype_traits<T>::to_float(blk.x[(int64_t)(r - blk.off) * pt.stride[2] + d]);
     reinterpret_cast<T *>(pt.out)[((int64_t)bh * p.row_blocks + m) * p.head_dim + d] =
-        bs_mean_of<T>(acc, blk.r1 - blk.r0);
+        bs_mean_of<T>(acc, max(blk.r1 - blk.r0, 0));
 }
 
 /* The same sums with a thread per (block, 8 values of d), for rows that 16-byte loads can read
@@ -81,7 +86,8 @@ __global__ void __launch_bounds__(BS_POOL_NT)
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
     for (int r = blk.r0; r < blk.r1; ++r) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * pt.stride[2]));
+        const uint4 u =
+            __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)(r - blk.off) * pt.stride[2]));
         const T *e = reinterpret_cast<const T *>(&u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] += dtype_traits<T>::to_float(e[i]);
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(BS_POOL_NT)
     uint4 out;
     T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = bs_mean_of<T>(acc[i], blk.r1 - blk.r0);
+    for (int i = 0; i < 8; ++i) o[i] = bs_mean_of<T>(acc[i], max(blk.r1 - blk.r0, 0));
     *reinterpret_cast<uint4 *>(reinterpret_cast<T *>(pt.out) +
                                ((int64_t)bh * p.row_blocks + m) * D + 8 * piece) = out;
 }

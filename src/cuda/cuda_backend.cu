@@ -275,16 +275,8 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         ssz[h] = hp->slash_size;
         topk[h] = heads[h].top_k;
         p.head_modes[h] = head_mode_of_plan(heads[h]);
-        /* queries at an offset: the block-sparse estimate pools whole sequences, so such heads
-         * run dense (causal over every key) */
-        if (s->q_off > 0 && act_bs[h]) {
-            act_bs[h] = 0;
-            p.head_modes[h].mode = MI_CUDA_MODE_DENSE;
-        }
     }
     p.use_head_modes = 1;
-    bool any_bs = false;
-    for (int32_t h = 0; h < H; ++h) any_bs = any_bs || act_bs[h];
 
     const int32_t vs_from = plan.estimate_from[MI_PLAN_ESTIMATE_VS];
     const int32_t bs_from = plan.estimate_from[MI_PLAN_ESTIMATE_BLOCK];
@@ -293,7 +285,7 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
                                      vs_from, scratch, &vsi);
     if (st == MI_STATUS_SUCCESS && lo.any_vs)
         st = mi_cuda_vs_index_run(ctx, s->len, seq_lens, &vsi, 1, act_vs, vs_from, &spi);
-    if (st == MI_STATUS_SUCCESS && any_bs)
+    if (st == MI_STATUS_SUCCESS && lo.any_bs)
         st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, bs_from, scratch, &spi);
     if (st == MI_STATUS_SUCCESS) {
         mi_cuda_attn_use_index(&p, &spi);
