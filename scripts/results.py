@@ -149,7 +149,8 @@ UNITS = {"ms": "ms", "speedup": "x", "gflops": "GFLOP/s", "tflops": "TFLOP/s", "
          "kernel_effective_tflops": "TFLOP/s", "decode_tokens_per_s": "tokens/s",
          "device_peak_bytes": "bytes", "gemm_ms_per_layer": "ms", "attention_ms_per_layer": "ms",
          "sparse_ms": "ms", "dense_ms": "ms", "estimate_ms": "ms", "rest_s": "s",
-         "ttft_128k_s": "s"}
+         "ttft_128k_s": "s", "prefill_s": "s", "fork_s": "s", "followup_s": "s",
+         "fork_added_mib": "MiB", "device_peak_gib": "GiB"}
 
 
 def rows_of_run(run):
@@ -210,6 +211,19 @@ def rows_of_run(run):
             for m in ("ttft_s", "attention_s", "gemm_s", "decode_tokens_per_s",
                       "device_peak_bytes"):
                 add("model-ttft", shape, e["method"], m, e.get(m))
+    elif isinstance(rows, list) and run.get("bench") == "session":  # bench/session_bench.c
+        model = "LLaMA-3-8B shape, random" if "random" in str(run.get("model")) else \
+            os.path.basename(str(run.get("model", "?")))
+        for e in rows:
+            shape = {"model": model, "tokens": e["tokens"], "device": run.get("device", "cuda"),
+                     "kv_offload": bool(run.get("kv_offload")), "kv_dtype": run.get("kv_dtype", 0),
+                     "kv": run.get("kv", "dense"), "followup_tokens": e.get("followup_tokens")}
+            for m in ("prefill_s", "fork_s", "fork_added_mib", "followup_s",
+                      "decode_tokens_per_s", "device_peak_gib"):
+                add("session", shape, run.get("method", "minference"), m, e.get(m))
+            if e.get("prefill_s") and e.get("followup_s"):
+                add("session", shape, run.get("method", "minference"), "followup_share",
+                    e["followup_s"] / e["prefill_s"])
     elif isinstance(rows, list) and run.get("model_shape"):  # bench/project_8b_ttft.py
         for e in rows:
             shape = {"model": run["model_shape"], "L": e["L"], "how": "32 x measured layer"}
