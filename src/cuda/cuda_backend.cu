@@ -284,7 +284,7 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         st = mi_cuda_vs_estimate_run(ctx, s, q, k, seq_lens, vsz, ssz, &params->vs, scale, act_vs,
                                      vs_from, scratch, &vsi);
     if (st == MI_STATUS_SUCCESS && lo.any_vs)
-        st = mi_cuda_vs_index_run(ctx, s->len, seq_lens, &vsi, 1, act_vs, vs_from, &spi);
+        st = mi_cuda_vs_index_run(ctx, s->len, s->q_off, seq_lens, &vsi, 1, act_vs, vs_from, &spi);
     if (st == MI_STATUS_SUCCESS && lo.any_bs)
         st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, bs_from, scratch, &spi);
     if (st == MI_STATUS_SUCCESS) {

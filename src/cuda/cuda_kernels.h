@@ -89,10 +89,11 @@ mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const
                                   int32_t dense_below, void *scratch, mi_vs_index *index);
 
 /* Index conversion; `sorted` = the vs sets are known ascending / descending, unique, in range
- * (as the estimator writes them), which skips the sort. active: host [H] or NULL. */
-mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_lens,
-                               const mi_vs_index *vs, int sorted, const uint8_t *active,
-                               int32_t dense_below, mi_sparse_index *index);
+ * (as the estimator writes them), which skips the sort. active: host [H] or NULL. Row blocks
+ * that end at or before first_row (queries at an offset) are left unwritten. */
+mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, int64_t first_row,
+                               const int32_t *seq_lens, const mi_vs_index *vs, int sorted,
+                               const uint8_t *active, int32_t dense_below, mi_sparse_index *index);
 
 /* Block-sparse estimation; scratch: mi_cuda_bs_scratch_bytes(). */
 size_t mi_cuda_bs_scratch_bytes(const mi_context *ctx, int64_t batch, int64_t heads,

@@ -34,6 +34,7 @@ struct index_params {
     int32_t heads, row_blocks_L; /* ceil(L/64) */
     int32_t *block_count, *block_offset, *column_count, *column_index;
     int32_t row_blocks, max_blocks, max_columns;
+    int32_t first_block; /* rows of the blocks before it are not wanted (queries at an offset) */
     int32_t dense_below;
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     uint8_t active[MI_CUDA_MAX_HEADS];
@@ -70,7 +71,7 @@ __device__ void bitonic_sort(int32_t *a, int n, bool ascending) {
 __global__ void vs_index_kernel(const __grid_constant__ index_params p, int use_smem,
                                 int mask_words, int shortcuts) {
     extern __shared__ int32_t lists[];
-    const int m = blockIdx.x * blockDim.x + threadIdx.x;
+    const int m = p.first_block + blockIdx.x * blockDim.x + threadIdx.x;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh % p.heads;
     if (!p.active[h]) return;
@@ -232,9 +233,10 @@ struct seg_end {
 
 using namespace mi_cuda;
 
-extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int32_t *seq_lens,
-                                          const mi_vs_index *vs, int sorted, const uint8_t *active,
-                                          int32_t dense_below, mi_sparse_index *index) {
+extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, int64_t first_row,
+                                          const int32_t *seq_lens, const mi_vs_index *vs,
+                                          int sorted, const uint8_t *active, int32_t dense_below,
+                                          mi_sparse_index *index) {
     const int64_t R = (L + 63) / 64;
     if (vs->batch != index->batch || vs->heads != index->heads)
         return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index and sparse index disagree on B, H");
@@ -265,6 +267,7 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
     p.row_blocks = index->row_blocks;
     p.max_blocks = index->max_blocks;
     p.max_columns = index->max_columns;
+    p.first_block = (int32_t)(first_row / 64 < index->row_blocks ? first_row / 64 : 0);
     p.dense_below = dense_below;
     for (int64_t b = 0; b < vs->batch; ++b) p.seq_lens[b] = (int32_t)mi_seq_len(seq_lens, b, L);
     for (int64_t h = 0; h < vs->heads; ++h) p.active[h] = active ? active[h] : 1;
@@ -336,7 +339,7 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
         if (smem > 0)
             e = cudaFuncSetAttribute(vs_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)smem);
-        dim3 grid((unsigned)((index->row_blocks + nt - 1) / nt), (unsigned)BH);
+        dim3 grid((unsigned)((index->row_blocks - p.first_block + nt - 1) / nt), (unsigned)BH);
         if (e == cudaSuccess) {
             vs_index_kernel<<<grid, nt, smem, stream>>>(p, use_smem, mask_words, shortcuts);
             e = cudaGetLastError();
@@ -350,5 +353,5 @@ extern "C" mi_status mi_cuda_vs_index_run(mi_context *ctx, int64_t L, const int3
 
 extern "C" mi_status mi_cuda_vs_build_index(mi_context *ctx, int64_t L, const int32_t *seq_lens,
                                             const mi_vs_index *vs, mi_sparse_index *index) {
-    return mi_cuda_vs_index_run(ctx, L, seq_lens, vs, 0, nullptr, 0, index);
+    return mi_cuda_vs_index_run(ctx, L, 0, seq_lens, vs, 0, nullptr, 0, index);
 }
