@@ -235,17 +235,23 @@ def minference_attention_forward(module, query, key, value, attention_mask, drop
     # A KVMethodCache layer: its rows are the kept ones (fewer than the tokens once compressed),
     # so the mask transformers built for layer 0 may not fit this layer; without padding every
     # layer's mask is plain causal with the queries last, which the calls below assume.
-    if attention_mask is not None:
-        info = _analyze_offset_mask(torch, attention_mask, attention_mask.shape[-2],
-                                    attention_mask.shape[-1])
-        if info is not None:
-            raise NotImplementedError(
-                f"MInference kv_type {state.config.kv_type!r}: {info[1]}; the KV methods of the "
-                "transformers patch run on batches without padding")
+    _require_unpadded(torch, state, attention_mask)
     out = _attend(torch, state, module, query, key, value, None, dropout, scaling, is_causal,
                   kwargs)
     layer.after_attention(state, module.layer_idx, query)
     return out
+
+
+def _require_unpadded(torch, state, attention_mask):
+    """The KV methods run on batches without padding: a plain causal mask, queries last."""
+    if attention_mask is None:
+        return
+    info = _analyze_offset_mask(torch, attention_mask, attention_mask.shape[-2],
+                                attention_mask.shape[-1])
+    if info is not None:
+        raise NotImplementedError(
+            f"MInference kv_type {state.config.kv_type!r}: {info[1]}; the KV methods of the "
+            "transformers patch run on batches without padding")
 
 
 def _method_layer(state, module, key):
@@ -263,13 +269,7 @@ def _native_attention(torch, state, module, layer, query, key, value, attention_
     the call's rows only. The first call attends over them here (the prefill pattern); every
     call then goes to the layer's mi_kv_cache, which appends the rows, attends later calls by
     the method's rule and runs the method's step after the call."""
-    if attention_mask is not None:
-        info = _analyze_offset_mask(torch, attention_mask, attention_mask.shape[-2],
-                                    attention_mask.shape[-1])
-        if info is not None:
-            raise NotImplementedError(
-                f"MInference kv_type {state.config.kv_type!r}: {info[1]}; the KV methods of the "
-                "transformers patch run on batches without padding")
+    _require_unpadded(torch, state, attention_mask)
     cache = layer.cache_ref()
     idx = module.layer_idx
     first = cache.native_tokens(idx) == 0

@@ -38,18 +38,14 @@ const kv_method_entry *kv_method_find(const char *name) {
 /* ------------------------------------------------------------------------------------------ */
 /* Specs                                                                                       */
 
-static void put(char *err, size_t size, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static void put(char *err, size_t size, const char *fmt, ...) {
-    if (!err || !size) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, size, fmt, ap);
-    va_end(ap);
+mi_status kv_msg(char *msg, size_t size, mi_status status, const char *fmt, ...) {
+    if (msg && size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, size, fmt, ap);
+        va_end(ap);
+    }
+    return status;
 }
 
 static void method_names(char *buf, size_t size) {
@@ -111,14 +107,14 @@ static mi_status parse_value(const kv_method_entry *e, int32_t pi, const char *v
     const kv_param_def *p = &e->params[pi];
     const size_t len = (size_t)(ve - vb);
     if (len == 0) {
-        put(err, size, "kv method %s: key %s has no value", e->name, p->name);
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT, "kv method %s: key %s has no value",
+                      e->name, p->name);
     }
     if (p->kind == KV_PARAM_STRING) {
         if (len >= KV_METHOD_STRING_MAX) {
-            put(err, size, "kv method %s: the value of %s is longer than %d bytes", e->name,
-                p->name, KV_METHOD_STRING_MAX - 1);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT,
+                          "kv method %s: the value of %s is longer than %d bytes", e->name, p->name,
+                          KV_METHOD_STRING_MAX - 1);
         }
         memcpy(out->strings[pi], vb, len);
         out->strings[pi][len] = 0;
@@ -127,17 +123,17 @@ static mi_status parse_value(const kv_method_entry *e, int32_t pi, const char *v
     if (p->kind == KV_PARAM_ENUM) {
         int idx = choice_index(p->choices, vb, len);
         if (idx < 0) {
-            put(err, size, "kv method %s: %s must be one of %s, not '%.*s'", e->name, p->name,
-                p->choices, (int)(len > 64 ? 64 : len), vb);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT,
+                          "kv method %s: %s must be one of %s, not '%.*s'", e->name, p->name,
+                          p->choices, (int)(len > 64 ? 64 : len), vb);
         }
         out->values[pi] = idx;
         return MI_STATUS_SUCCESS;
     }
     char buf[64];
     if (len >= sizeof buf) {
-        put(err, size, "kv method %s: %s = '%.*s...' is not a number", e->name, p->name, 32, vb);
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT,
+                      "kv method %s: %s = '%.*s...' is not a number", e->name, p->name, 32, vb);
     }
     memcpy(buf, vb, len);
     buf[len] = 0;
@@ -145,17 +141,17 @@ static mi_status parse_value(const kv_method_entry *e, int32_t pi, const char *v
     errno = 0;
     double v = strtod(buf, &end);
     if (end == buf || *end || errno == ERANGE || !isfinite(v)) {
-        put(err, size, "kv method %s: %s = '%s' is not a number", e->name, p->name, buf);
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT,
+                      "kv method %s: %s = '%s' is not a number", e->name, p->name, buf);
     }
     if (p->kind == KV_PARAM_INT && v != floor(v)) {
-        put(err, size, "kv method %s: %s = '%s' must be an integer", e->name, p->name, buf);
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT,
+                      "kv method %s: %s = '%s' must be an integer", e->name, p->name, buf);
     }
     if (v < p->lo || v > p->hi) {
-        put(err, size, "kv method %s: %s = %s is outside [%g, %g]", e->name, p->name, buf, p->lo,
-            p->hi);
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, size, MI_STATUS_INVALID_ARGUMENT,
+                      "kv method %s: %s = %s is outside [%g, %g]", e->name, p->name, buf, p->lo,
+                      p->hi);
     }
     out->values[pi] = v;
     return MI_STATUS_SUCCESS;
@@ -164,8 +160,7 @@ static mi_status parse_value(const kv_method_entry *e, int32_t pi, const char *v
 mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_size) {
     if (err && err_size) err[0] = 0;
     if (!out) {
-        put(err, err_size, "kv_spec_parse: out is NULL");
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT, "kv_spec_parse: out is NULL");
     }
     memset(out, 0, sizeof(*out));
     if (!text) text = "";
@@ -177,8 +172,8 @@ mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_si
     const kv_method_entry *entry = NULL;
     if (nb == ne) {
         if (colon) {
-            put(err, err_size, "kv spec '%.100s' names no method", text);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT,
+                          "kv spec '%.100s' names no method", text);
         }
         entry = &kv_method_dense_entry;
     } else {
@@ -189,9 +184,9 @@ mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_si
         if (!entry) {
             char names[256];
             method_names(names, sizeof names);
-            put(err, err_size, "unknown kv method '%.*s'; the methods are %s",
-                (int)(ne - nb > 64 ? 64 : ne - nb), nb, names);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT,
+                          "unknown kv method '%.*s'; the methods are %s",
+                          (int)(ne - nb > 64 ? 64 : ne - nb), nb, names);
         }
     }
     out->entry = entry;
@@ -209,9 +204,9 @@ mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_si
         trim(&ib, &ie);
         const char *eq = memchr(ib, '=', (size_t)(ie - ib));
         if (ib == ie || !eq) {
-            put(err, err_size, "kv method %s: '%.*s' is not key=value", entry->name,
-                (int)(ie - ib > 64 ? 64 : ie - ib), ib);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT,
+                          "kv method %s: '%.*s' is not key=value", entry->name,
+                          (int)(ie - ib > 64 ? 64 : ie - ib), ib);
         }
         const char *kb = ib, *ke = eq, *vb = eq + 1, *ve = ie;
         trim(&kb, &ke);
@@ -224,14 +219,13 @@ mi_status kv_spec_parse(const char *text, kv_spec *out, char *err, size_t err_si
         if (pi < 0) {
             char keys[256];
             key_names(entry, keys, sizeof keys);
-            put(err, err_size, "kv method %s has no key '%.*s'; its keys are: %s", entry->name,
-                (int)(ke - kb > 64 ? 64 : ke - kb), kb, keys);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT,
+                          "kv method %s has no key '%.*s'; its keys are: %s", entry->name,
+                          (int)(ke - kb > 64 ? 64 : ke - kb), kb, keys);
         }
         if (out->given & (1u << pi)) {
-            put(err, err_size, "kv method %s: key %s given twice", entry->name,
-                entry->params[pi].name);
-            return MI_STATUS_INVALID_ARGUMENT;
+            return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT,
+                          "kv method %s: key %s given twice", entry->name, entry->params[pi].name);
         }
         mi_status st = parse_value(entry, pi, vb, ve, out, err, err_size);
         if (st != MI_STATUS_SUCCESS) return st;
@@ -317,28 +311,27 @@ mi_status kv_method_create(const kv_spec *spec, const kv_geometry *geo, kv_metho
                            size_t err_size) {
     if (err && err_size) err[0] = 0;
     if (!out || !spec || !geo) {
-        put(err, err_size, "kv_method_create: NULL argument");
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT, "kv_method_create: NULL argument");
     }
     *out = NULL;
     if (!spec->entry || spec->entry == &kv_method_dense_entry) return MI_STATUS_SUCCESS;
     if (spec->entry->unsupported) {
-        put(err, err_size, "kv method %s: %s", spec->entry->name, spec->entry->unsupported);
-        return MI_STATUS_UNSUPPORTED;
+        return kv_msg(err, err_size, MI_STATUS_UNSUPPORTED, "kv method %s: %s", spec->entry->name,
+                      spec->entry->unsupported);
     }
     if (geo->n_layers <= 0 || geo->n_heads <= 0 || geo->n_kv_heads <= 0 || geo->head_dim <= 0 ||
         geo->page_tokens <= 0 || geo->n_heads % geo->n_kv_heads) {
-        put(err, err_size, "kv method %s: bad model geometry", spec->entry->name);
-        return MI_STATUS_INVALID_ARGUMENT;
+        return kv_msg(err, err_size, MI_STATUS_INVALID_ARGUMENT, "kv method %s: bad model geometry",
+                      spec->entry->name);
     }
     kv_method *m = instance_new(spec, geo);
     if (!m) {
-        put(err, err_size, "out of memory for kv method %s", spec->entry->name);
-        return MI_STATUS_OUT_OF_MEMORY;
+        return kv_msg(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory for kv method %s",
+                      spec->entry->name);
     }
     mi_status st = spec->entry->create ? spec->entry->create(m) : MI_STATUS_SUCCESS;
     if (st != MI_STATUS_SUCCESS) {
-        put(err, err_size, "%s", m->error);
+        (void)kv_msg(err, err_size, MI_STATUS_SUCCESS, "%s", m->error);
         instance_free(m);
         return st;
     }
@@ -359,8 +352,8 @@ mi_status kv_method_clone(const kv_method *m, kv_method **out, char *err, size_t
     if (!m) return MI_STATUS_SUCCESS;
     kv_method *c = instance_new(&m->spec, &m->geo);
     if (!c) {
-        put(err, err_size, "out of memory for kv method %s", m->entry->name);
-        return MI_STATUS_OUT_OF_MEMORY;
+        return kv_msg(err, err_size, MI_STATUS_OUT_OF_MEMORY, "out of memory for kv method %s",
+                      m->entry->name);
     }
     memcpy(c->exact_tail, m->exact_tail, (size_t)m->geo.n_layers * sizeof(int64_t));
     c->q_rows = m->q_rows;
@@ -370,7 +363,7 @@ mi_status kv_method_clone(const kv_method *m, kv_method **out, char *err, size_t
     else if (m->state)
         st = kv_method_fail(c, MI_STATUS_INTERNAL, "kv method %s cannot be forked", m->entry->name);
     if (st != MI_STATUS_SUCCESS) {
-        put(err, err_size, "%s", c->error);
+        (void)kv_msg(err, err_size, MI_STATUS_SUCCESS, "%s", c->error);
         instance_free(c);
         return st;
     }

@@ -32,6 +32,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Formats a message into msg (size bytes; msg may be NULL) and returns status. */
+mi_status kv_msg(char *msg, size_t size, mi_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
 #define KV_METHOD_MAX_PARAMS 12
 #define KV_METHOD_STRING_MAX 512
 #define KV_METHOD_ERROR_MAX 512

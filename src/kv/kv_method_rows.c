@@ -11,22 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mi_status fail(char *msg, size_t size, mi_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-
-static mi_status fail(char *msg, size_t size, mi_status st, const char *fmt, ...) {
-    if (msg && size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 /* A [1, H, L, D] f32 CPU tensor with a contiguous last dimension. */
 static bool bad_tensor(const mi_tensor *t) {
     return !t->data || t->dtype != MI_DTYPE_F32 || t->device != MI_DEVICE_CPU || t->shape[0] != 1 ||
@@ -51,26 +35,27 @@ mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int32_t la
                                   int64_t *count, char *msg, size_t msg_size) {
     if (msg && msg_size) msg[0] = 0;
     if (!k || !keep || !count)
-        return fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
-                    "mi_session_kv_keep_rows: k, keep and count are required");
+        return kv_msg(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
+                      "mi_session_kv_keep_rows: k, keep and count are required");
     if (n_layers <= 0 || layer < 0 || layer >= n_layers)
-        return fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
-                    "mi_session_kv_keep_rows: layer %d of %d", layer, n_layers);
+        return kv_msg(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
+                      "mi_session_kv_keep_rows: layer %d of %d", layer, n_layers);
     if (bad_tensor(k) || (q && bad_tensor(q)))
-        return fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
-                    "mi_session_kv_keep_rows: q and k must be [1, H, L, D] f32 CPU tensors with a "
-                    "contiguous last dimension");
+        return kv_msg(
+            msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
+            "mi_session_kv_keep_rows: q and k must be [1, H, L, D] f32 CPU tensors with a "
+            "contiguous last dimension");
     const int64_t len = k->shape[2];
     *count = len;
     kv_spec ks;
     char err[KV_METHOD_ERROR_MAX];
     mi_status st = kv_spec_parse(spec, &ks, err, sizeof err);
-    if (st != MI_STATUS_SUCCESS) return fail(msg, msg_size, st, "%s", err);
+    if (st != MI_STATUS_SUCCESS) return kv_msg(msg, msg_size, st, "%s", err);
     if (!ks.entry || ks.entry == &kv_method_dense_entry) return MI_STATUS_SUCCESS;
     if (!ks.entry->keep_rows)
-        return fail(msg, msg_size, MI_STATUS_UNSUPPORTED,
-                    "kv method %s needs the session's own paged cache (mi_session_params.kv)",
-                    ks.entry->name);
+        return kv_msg(msg, msg_size, MI_STATUS_UNSUPPORTED,
+                      "kv method %s needs the session's own paged cache (mi_session_params.kv)",
+                      ks.entry->name);
     const int32_t n_kv = (int32_t)k->shape[1], hd = (int32_t)k->shape[3];
     int32_t n_heads = n_kv;
     int64_t n = 0;
@@ -78,27 +63,27 @@ mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int32_t la
         n_heads = (int32_t)q->shape[1];
         n = q->shape[2];
         if (q->shape[3] != hd || n_heads % n_kv || n > len)
-            return fail(msg, msg_size, MI_STATUS_SHAPE_MISMATCH,
-                        "mi_session_kv_keep_rows: q [1, %d, %lld, %lld] does not fit k [1, %d, "
-                        "%lld, %d] (same head_dim, H_q a multiple of H_kv, no more queries than "
-                        "rows)",
-                        n_heads, (long long)n, (long long)q->shape[3], n_kv, (long long)len, hd);
+            return kv_msg(msg, msg_size, MI_STATUS_SHAPE_MISMATCH,
+                          "mi_session_kv_keep_rows: q [1, %d, %lld, %lld] does not fit k [1, %d, "
+                          "%lld, %d] (same head_dim, H_q a multiple of H_kv, no more queries than "
+                          "rows)",
+                          n_heads, (long long)n, (long long)q->shape[3], n_kv, (long long)len, hd);
     } else if (ks.entry->keep_rows_reads_k) {
-        return fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
-                    "kv method %s selects rows with the call's queries: q is required",
-                    ks.entry->name);
+        return kv_msg(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
+                      "kv method %s selects rows with the call's queries: q is required",
+                      ks.entry->name);
     }
     const kv_geometry geo = {n_layers, n_heads, n_kv, hd, 1};
     kv_method *m = NULL;
     st = kv_method_create(&ks, &geo, &m, err, sizeof err);
-    if (st != MI_STATUS_SUCCESS) return fail(msg, msg_size, st, "%s", err);
+    if (st != MI_STATUS_SUCCESS) return kv_msg(msg, msg_size, st, "%s", err);
     float *qb = NULL, *kb = NULL;
     if (ks.entry->keep_rows_reads_k) {
         qb = malloc((size_t)(n * n_heads * hd) * sizeof(float));
         kb = malloc((size_t)(len * n_kv * hd) * sizeof(float));
         if (!qb || !kb) {
-            st = fail(msg, msg_size, MI_STATUS_OUT_OF_MEMORY, "out of memory for %lld rows",
-                      (long long)len);
+            st = kv_msg(msg, msg_size, MI_STATUS_OUT_OF_MEMORY, "out of memory for %lld rows",
+                        (long long)len);
             goto done;
         }
         gather(q, qb, true);
@@ -107,7 +92,7 @@ mi_status mi_session_kv_keep_rows(const char *spec, int32_t n_layers, int32_t la
     st = ks.entry->keep_rows(m, layer, qb, n, kb, len, 0, keep, count);
     if (st != MI_STATUS_SUCCESS) {
         *count = len;
-        fail(msg, msg_size, st, "%s", m->error);
+        kv_msg(msg, msg_size, st, "%s", m->error);
     }
 done:
     free(qb);

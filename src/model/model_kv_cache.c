@@ -36,22 +36,6 @@ static mi_status cfail(mi_kv_cache *c, mi_status st, const char *fmt, ...) {
     return st;
 }
 
-static mi_status msg_fail(char *msg, size_t size, mi_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-
-static mi_status msg_fail(char *msg, size_t size, mi_status st, const char *fmt, ...) {
-    if (msg && size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 mi_kv_cache_params mi_kv_cache_default_params(void) {
     mi_kv_cache_params p;
     memset(&p, 0, sizeof p);
@@ -71,20 +55,20 @@ mi_status mi_kv_cache_create(const mi_kv_cache_params *params, mi_kv_cache **out
                              size_t msg_size) {
     if (msg && msg_size) msg[0] = 0;
     if (!out || !params)
-        return msg_fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
+        return mim_fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
                         "mi_kv_cache_create: params and out are required");
     *out = NULL;
     const mi_kv_cache_params *p = params;
     if (p->n_layers <= 0 || p->n_heads <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 ||
         p->n_heads % p->n_kv_heads || p->head_dim > 1024)
-        return msg_fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
+        return mim_fail(msg, msg_size, MI_STATUS_INVALID_ARGUMENT,
                         "mi_kv_cache_create: n_layers %d, n_heads %d, n_kv_heads %d, head_dim %d "
                         "(all positive, n_heads a multiple of n_kv_heads, head_dim at most 1024)",
                         p->n_layers, p->n_heads, p->n_kv_heads, p->head_dim);
     kv_spec spec;
     char err[KV_METHOD_ERROR_MAX];
     mi_status st = kv_spec_parse(p->kv, &spec, err, sizeof err);
-    if (st != MI_STATUS_SUCCESS) return msg_fail(msg, msg_size, st, "%s", err);
+    if (st != MI_STATUS_SUCCESS) return mim_fail(msg, msg_size, st, "%s", err);
 
     mi_kv_pool_params pp = mi_kv_pool_default_params();
     pp.n_layers = p->n_layers, pp.n_kv_heads = p->n_kv_heads, pp.head_dim = p->head_dim;
@@ -94,7 +78,7 @@ mi_status mi_kv_cache_create(const mi_kv_cache_params *params, mi_kv_cache **out
     const kv_geometry geo = {p->n_layers, p->n_heads, p->n_kv_heads, p->head_dim, pp.page_tokens};
     kv_method *method = NULL;
     if ((st = kv_method_create(&spec, &geo, &method, err, sizeof err)) != MI_STATUS_SUCCESS)
-        return msg_fail(msg, msg_size, st, "%s", err);
+        return mim_fail(msg, msg_size, st, "%s", err);
     if (method && method->entry->storage) method->entry->storage(method, &pp); /* KIVI */
 
     mi_kv_cache *c = calloc(1, sizeof *c);
@@ -107,7 +91,7 @@ mi_status mi_kv_cache_create(const mi_kv_cache_params *params, mi_kv_cache **out
         !(c->threads = mim_pool_create(nt))) {
         kv_method_destroy(method);
         mi_kv_cache_destroy(c);
-        return msg_fail(msg, msg_size, MI_STATUS_OUT_OF_MEMORY, "out of memory for a KV cache");
+        return mim_fail(msg, msg_size, MI_STATUS_OUT_OF_MEMORY, "out of memory for a KV cache");
     }
     c->p = *p;
     c->p.kv = NULL; /* the caller's string is not kept */
@@ -119,7 +103,7 @@ mi_status mi_kv_cache_create(const mi_kv_cache_params *params, mi_kv_cache **out
     }
     if (st != MI_STATUS_SUCCESS) {
         mi_kv_cache_destroy(c);
-        return msg_fail(msg, msg_size, st, "cannot create the KV cache's pages");
+        return mim_fail(msg, msg_size, st, "cannot create the KV cache's pages");
     }
     *out = c;
     return MI_STATUS_SUCCESS;
