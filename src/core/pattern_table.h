@@ -132,6 +132,9 @@ bool mi_pattern_valid(const mi_head_pattern *p);
 typedef struct mi_fallback_env {
     int64_t head_dim;
     int64_t pairs; /* the (b, h) pairs of the call whose estimate is this head's (0: none) */
+    /* the call's keys and query rows: q_len < len for queries at an offset (a follow-up turn
+     * or a later chunk); 0 where unknown (a full prefill) */
+    int64_t len, q_len;
 } mi_fallback_env;
 
 /* A backend's measured crossover: the length from which head p pays sparse (<= 0: any length).

@@ -41,7 +41,8 @@ void mi_prefill_plan_build(const mi_attn_shape *s, const int32_t *seq_lens,
         if (params->dense_below >= 0) {
             hp->dense_below = params->dense_below;
         } else if (rule) {
-            const mi_fallback_env env = {s->head_dim, hp->estimate ? plan->pairs[hp->estimate] : 0};
+            const mi_fallback_env env = {s->head_dim, hp->estimate ? plan->pairs[hp->estimate] : 0,
+                                         L, L - s->q_off};
             const int64_t from = rule(&patterns[h], &env, rule_arg);
             hp->dense_below = from <= 0 ? 0 : from > INT32_MAX ? INT32_MAX : (int32_t)from;
         }

@@ -62,7 +62,51 @@ static void test_properties(void) {
     CHECK(mi_cpu_dense_below_of(&vs, -1) == MI_CPU_DENSE_BELOW_VS);
 }
 
+/* Queries at an offset: a vertical-slash head's estimate costs about 128 dense rows, so a short
+ * turn runs dense and a long turn over a long cache sparse; the plan (src/core/prefill_plan.c)
+ * hands the rule the call's rows. A full prefill keeps the constant. */
+static void test_offset(void) {
+    const mi_head_pattern vs = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH); /* 1000 + 6096 */
+    const int64_t kept = 1000 + 6096;
+    mi_fallback_env env = {128, 1, 8192 + 256, 256};
+    const int64_t at256 = mi_cpu_dense_below_rule(&vs, &env, NULL);
+    CHECK(at256 == 256 * kept / (256 - 128) + 1); /* 14193: dense over an 8K session */
+    env.len = 131072, env.q_len = 1024;
+    CHECK(1024 * kept / (1024 - 128) + 1 < MI_CPU_DENSE_BELOW_VS); /* 8110: the constant rules */
+    CHECK(mi_cpu_dense_below_rule(&vs, &env, NULL) == MI_CPU_DENSE_BELOW_VS);
+    env.q_len = 512;
+    CHECK(mi_cpu_dense_below_rule(&vs, &env, NULL) == 512 * kept / (512 - 128) + 1); /* 9462 */
+    env.q_len = 128; /* no turn this short pays its estimate */
+    CHECK(mi_cpu_dense_below_rule(&vs, &env, NULL) == INT64_MAX);
+    env.q_len = 100000; /* a long chunk: the full prefill's constant is the larger */
+    CHECK(mi_cpu_dense_below_rule(&vs, &env, NULL) == MI_CPU_DENSE_BELOW_VS);
+    env.q_len = env.len; /* not at an offset */
+    CHECK(mi_cpu_dense_below_rule(&vs, &env, NULL) == MI_CPU_DENSE_BELOW_VS);
+
+    /* through the plan: 256 rows over 8448 keys dense, 1024 over 32768 sparse, and the A-shape
+     * head beside them untouched */
+    mi_head_pattern pats[2] = {vs, mi_head_pattern_default(MI_PATTERN_A_SHAPE)};
+    pats[1].n_init = 64, pats[1].n_local = 1024;
+    mi_prefill_params pp = mi_prefill_default_params();
+    mi_head_plan heads[2];
+    mi_prefill_plan plan;
+    mi_attn_shape sh = {0};
+    sh.batch = 1, sh.heads_q = 2, sh.heads_kv = 1, sh.group = 2, sh.head_dim = 64;
+    sh.len = 8448, sh.q_off = 8448 - 256;
+    mi_prefill_plan_build(&sh, NULL, pats, &pp, mi_cpu_dense_below_rule, NULL, heads, &plan);
+    CHECK(mi_head_plan_dense_at(&heads[0], sh.len));
+    CHECK(!mi_head_plan_dense_at(&heads[1], sh.len));
+    sh.len = 32768, sh.q_off = 32768 - 1024;
+    mi_prefill_plan_build(&sh, NULL, pats, &pp, mi_cpu_dense_below_rule, NULL, heads, &plan);
+    CHECK(!mi_head_plan_dense_at(&heads[0], sh.len));
+    sh.q_off = 0; /* the same length as a full prefill: sparse, as before */
+    sh.len = 8448;
+    mi_prefill_plan_build(&sh, NULL, pats, &pp, mi_cpu_dense_below_rule, NULL, heads, &plan);
+    CHECK(!mi_head_plan_dense_at(&heads[0], sh.len));
+}
+
 int main(int argc, char **argv) {
+    test_offset();
     return crossover_test_main(argc, argv, "test_cpu_dense_fallback", test_measured,
                                test_properties);
 }
