@@ -98,8 +98,8 @@ mi_kv_pool_params mi_kv_pool_default_params(void) {
  * every slab comes from the allocator, which it checks. */
 #if defined(MADV_HUGEPAGE) && !defined(__SANITIZE_ADDRESS__)
 #define KV_MAPPED_SLABS 1
-#endif
 static const size_t HUGE_BYTES = (size_t)2 << 20;
+#endif
 
 static void *default_alloc(void *user, size_t bytes) {
     (void)user;
