@@ -462,6 +462,29 @@ def table_model_ttft(rows):
     return out, list(tab.values()), ""
 
 
+def table_sessions(rows):
+    tab = newest(rows, "session", lambda s: s["device"] == "cuda")
+    out = ["| model | L | cache | prefill | fork | follow-up turn | share of the prefill "
+           "| decode | device peak |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in shapes_in_order(tab, lambda s: (s["model"], s["tokens"], s["kv_offload"], s["kv"])):
+        sh = json.loads(s)
+        cache = "offloaded" if sh["kv_offload"] else "on the device"
+        if sh.get("kv", "dense") != "dense":
+            cache += f", {sh['kv']}"
+        fork_s, added = g(tab, s, "minference", "fork_s"), g(tab, s, "minference", "fork_added_mib")
+        share = g(tab, s, "minference", "followup_share")
+        turn = f"{sh.get('followup_tokens') or '-'} tokens: " \
+               f"{f(g(tab, s, 'minference', 'followup_s'), '.3f')} s"
+        out.append(f"| {sh['model']} | {length(sh['tokens'])} | {cache} "
+                   f"| {f(g(tab, s, 'minference', 'prefill_s'), '.2f')} s "
+                   f"| {f(1e3 * fork_s if fork_s is not None else None, '.3f')} ms, "
+                   f"+{f(added, '.0f')} MiB | {turn} "
+                   f"| {f(100 * share if share is not None else None, '.1f')} % "
+                   f"| {f(g(tab, s, 'minference', 'decode_tokens_per_s'), '.1f')} tokens/s "
+                   f"| {f(g(tab, s, 'minference', 'device_peak_gib'), '.1f')} GiB |")
+    return out, list(tab.values()), ""
+
+
 def table_ttft_projection(rows):
     tab = newest(rows, "ttft-projection")
     out = ["| L | method | how | GEMMs | attention | TTFT |", "|---|---|---|---|---|---|"]
@@ -483,7 +506,7 @@ def table_ttft_projection(rows):
 TABLES = {"cpu": table_cpu, "gpu-dense": table_gpu_dense, "gpu-sparse": table_gpu_sparse,
           "gpu-patterns": table_gpu_patterns, "gpu-prefill": table_gpu_prefill,
           "gpu-cli": table_gpu_cli, "model-ttft": table_model_ttft,
-          "ttft-projection": table_ttft_projection}
+          "ttft-projection": table_ttft_projection, "sessions": table_sessions}
 # <!-- results:NAME --> or <!-- results:NAME 128K,1M --> (only those lengths)
 BLOCK = re.compile(r"<!-- results:([a-z0-9-]+)((?: [0-9KM,]+)?) -->\n.*?<!-- results:end -->", re.S)
 
