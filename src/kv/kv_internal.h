@@ -15,6 +15,8 @@
 
 #define MI_KV_ERROR_CAPACITY 512
 #define MI_KV_MAX_HEAD_DIM 1024
+/* appends and reads of at least this many rows copy on OpenMP threads */
+#define KV_PARALLEL_ROWS 4096
 
 typedef struct kv_page_info {
     uint32_t refs; /* sequences referencing the page; 0: on the free list */

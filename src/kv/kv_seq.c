@@ -216,6 +216,34 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
     L->n_pages += fresh;
 
     const bool raw = same_bytes(pool, k) && same_bytes(pool, v);
+    if (raw && n >= KV_PARALLEL_ROWS) {
+        /* rows in the pages' own format: each page is copied on its own, pages on threads (a
+         * long prompt's layer is hundreds of MiB, much of it first touches of fresh pages) */
+        const int32_t r_first = (int32_t)(L->len % P);
+        const int64_t first = L->len / P, head = n < P - r_first ? n : P - r_first;
+        const int64_t n_pages = 1 + (n - head + P - 1) / P;
+#pragma omp parallel for schedule(dynamic, 4) if (n_pages > 1)
+        for (int64_t j = 0; j < n_pages; j++) {
+            const int64_t i = j == 0 ? 0 : head + (j - 1) * P;
+            const int32_t r0 = j == 0 ? r_first : 0;
+            const int32_t c = (int32_t)(j == 0 ? head : (n - i < P ? n - i : P));
+            const int32_t id = L->pages[first + j];
+            unsigned char *page = kv_page(pool, id);
+            for (int32_t h = 0; h < H; h++) {
+                for (int32_t r = 0; r < c; r++) {
+                    memcpy(kv_row_at(pool, page, 0, h, r0 + r), elem_ptr(k, h, i + r),
+                           pool->layout.row_stride);
+                    memcpy(kv_row_at(pool, page, 1, h, r0 + r), elem_ptr(v, h, i + r),
+                           pool->layout.row_stride);
+                }
+                kv_meta_extend(pool, id, h, r0, r0 + c);
+            }
+            pool->info[id].fill = r0 + c;
+        }
+        L->len += n;
+        free(tmp);
+        return MI_STATUS_SUCCESS;
+    }
     for (int64_t i = 0, row = L->len; i < n;) {
         const int32_t r0 = (int32_t)(row % P);
         const int32_t c = (int32_t)(n - i < P - r0 ? n - i : P - r0);
@@ -274,8 +302,10 @@ mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int
         return st;
     const int32_t P = pool->params.page_tokens, H = pool->params.n_kv_heads,
                   hd = pool->params.head_dim;
-    float buf[MI_KV_MAX_HEAD_DIM];
+    /* rows on threads for long reads (an offloaded layer's upload reads all of its rows) */
+#pragma omp parallel for schedule(static) if (count >= KV_PARALLEL_ROWS)
     for (int64_t i = 0; i < count; i++) {
+        float buf[MI_KV_MAX_HEAD_DIM];
         const int64_t row = start + i;
         if (kv_is_quant(pool) && row >= L->qlen) { /* the KIVI residual */
             for (int32_t h = 0; h < H; h++) {
