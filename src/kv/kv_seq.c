@@ -8,6 +8,7 @@
 #include "kv_internal.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -147,6 +148,56 @@ static void meta_head_rebuild(mi_kv_pool *pool, int32_t id, int32_t h, int32_t r
     kv_meta_extend(pool, id, h, 0, rows);
 }
 
+/* One append's rows and where they go (mi_kv_seq_append). */
+typedef struct append_job {
+    mi_kv_pool *pool;
+    const kv_layer *L;
+    const mi_tensor *k, *v;
+    bool raw; /* rows in the pages' own bytes */
+    int64_t first, head, n;
+    int32_t r_first;
+} append_job;
+
+/* Page j of the job; tmp: P * head_dim floats for rows that need converting. */
+static void append_page(const append_job *jb, int64_t j, float *tmp) {
+    mi_kv_pool *pool = jb->pool;
+    const int32_t P = pool->params.page_tokens, H = pool->params.n_kv_heads,
+                  hd = pool->params.head_dim;
+    const int64_t i = j == 0 ? 0 : jb->head + (j - 1) * P;
+    const int32_t r0 = j == 0 ? jb->r_first : 0;
+    const int32_t c = (int32_t)(j == 0 ? jb->head : (jb->n - i < P ? jb->n - i : P));
+    const int64_t pi = jb->first + j;
+    const int32_t id = jb->L->pages[pi];
+    unsigned char *page = kv_page(pool, id);
+    const unsigned char *prev = pi > 0 ? kv_page(pool, jb->L->pages[pi - 1]) : NULL;
+    for (int32_t h = 0; h < H; h++) {
+        if (jb->raw) {
+            for (int32_t r = 0; r < c; r++) {
+                memcpy(kv_row_at(pool, page, 0, h, r0 + r), elem_ptr(jb->k, h, i + r),
+                       pool->layout.row_stride);
+                memcpy(kv_row_at(pool, page, 1, h, r0 + r), elem_ptr(jb->v, h, i + r),
+                       pool->layout.row_stride);
+            }
+            kv_meta_extend(pool, id, h, r0, r0 + c);
+            continue;
+        }
+        int64_t ld;
+        const float *src = src_rows(jb->k, h, i, c, hd, tmp, &ld);
+        bool rewrote = false; /* fp8 rows re-encoded under a larger scale */
+        if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld, prev)) {
+            meta_head_rebuild(pool, id, h, r0 + c);
+            rewrote = true;
+        } else {
+            kv_meta_extend(pool, id, h, r0, r0 + c);
+        }
+        src = src_rows(jb->v, h, i, c, hd, tmp, &ld);
+        if (kv_rows_encode(pool, page, 1, h, r0, c, src, ld, prev)) rewrote = true;
+        /* only the first page holds earlier rows to re-encode: never on a thread */
+        if (rewrote && r0 > 0) pool->info[id].version = ++pool->versions;
+    }
+    pool->info[id].fill = r0 + c;
+}
+
 mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, const mi_tensor *v) {
     if (!seq) return MI_STATUS_INVALID_ARGUMENT;
     mi_kv_pool *pool = seq->pool;
@@ -159,8 +210,7 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
     if (st != MI_STATUS_SUCCESS) return st;
     if (kv_is_quant(pool)) return kv_quant_append(seq, layer, k, v, n);
 
-    const int32_t P = pool->params.page_tokens, H = pool->params.n_kv_heads,
-                  hd = pool->params.head_dim;
+    const int32_t P = pool->params.page_tokens, hd = pool->params.head_dim;
     kv_layer *L = &seq->layers[layer];
     if (n > INT64_MAX / 2 - L->len)
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: %lld rows are too many", fn,
@@ -216,69 +266,29 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
     L->n_pages += fresh;
 
     const bool raw = same_bytes(pool, k) && same_bytes(pool, v);
-    if (raw && n >= KV_PARALLEL_ROWS) {
-        /* rows in the pages' own format: each page is copied on its own, pages on threads (a
-         * long prompt's layer is hundreds of MiB, much of it first touches of fresh pages) */
-        const int32_t r_first = (int32_t)(L->len % P);
-        const int64_t first = L->len / P, head = n < P - r_first ? n : P - r_first;
-        const int64_t n_pages = 1 + (n - head + P - 1) / P;
-#pragma omp parallel for schedule(dynamic, 4) if (n_pages > 1)
-        for (int64_t j = 0; j < n_pages; j++) {
-            const int64_t i = j == 0 ? 0 : head + (j - 1) * P;
-            const int32_t r0 = j == 0 ? r_first : 0;
-            const int32_t c = (int32_t)(j == 0 ? head : (n - i < P ? n - i : P));
-            const int32_t id = L->pages[first + j];
-            unsigned char *page = kv_page(pool, id);
-            for (int32_t h = 0; h < H; h++) {
-                for (int32_t r = 0; r < c; r++) {
-                    memcpy(kv_row_at(pool, page, 0, h, r0 + r), elem_ptr(k, h, i + r),
-                           pool->layout.row_stride);
-                    memcpy(kv_row_at(pool, page, 1, h, r0 + r), elem_ptr(v, h, i + r),
-                           pool->layout.row_stride);
-                }
-                kv_meta_extend(pool, id, h, r0, r0 + c);
-            }
-            pool->info[id].fill = r0 + c;
-        }
-        L->len += n;
-        free(tmp);
-        return MI_STATUS_SUCCESS;
+    /* page j of the call: rows [i, i + c) of k and v into rows [r0, r0 + c) of the layer's page
+     * first + j (append_page) */
+    const int32_t r_first = (int32_t)(L->len % P);
+    const int64_t head = n < P - r_first ? n : P - r_first;
+    const int64_t n_pages = n > 0 ? 1 + (n - head + P - 1) / P : 0;
+    const append_job job = {pool, L, k, v, raw, L->len / P, head, n, r_first};
+    /* Long appends (a prompt's layer: hundreds of MiB, much of it first touches of fresh pages)
+     * copy on threads, a page each, with a conversion buffer each. The middle pages are whole,
+     * so they neither read another page (an fp8 page started by few rows takes the previous
+     * page's centre) nor change a version; the first and last pages go alone, in order. */
+    const int nt = n >= KV_PARALLEL_ROWS && n_pages > 2 ? omp_get_max_threads() : 1;
+    float *bufs =
+        nt > 1 && tmp ? malloc((size_t)nt * (size_t)P * (size_t)hd * sizeof(float)) : NULL;
+    const bool threads = nt > 1 && (!tmp || bufs);
+    if (n_pages > 0) append_page(&job, 0, tmp);
+    if (threads) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+        for (int64_t j = 1; j < n_pages - 1; j++)
+            append_page(&job, j, bufs ? bufs + (size_t)omp_get_thread_num() * P * hd : NULL);
     }
-    for (int64_t i = 0, row = L->len; i < n;) {
-        const int32_t r0 = (int32_t)(row % P);
-        const int32_t c = (int32_t)(n - i < P - r0 ? n - i : P - r0);
-        const int32_t id = L->pages[row / P];
-        unsigned char *page = kv_page(pool, id);
-        const unsigned char *prev = row >= P ? kv_page(pool, L->pages[row / P - 1]) : NULL;
-        for (int32_t h = 0; h < H; h++) {
-            if (raw) {
-                for (int32_t r = 0; r < c; r++) {
-                    memcpy(kv_row_at(pool, page, 0, h, r0 + r), elem_ptr(k, h, i + r),
-                           pool->layout.row_stride);
-                    memcpy(kv_row_at(pool, page, 1, h, r0 + r), elem_ptr(v, h, i + r),
-                           pool->layout.row_stride);
-                }
-                kv_meta_extend(pool, id, h, r0, r0 + c);
-                continue;
-            }
-            int64_t ld;
-            const float *src = src_rows(k, h, i, c, hd, tmp, &ld);
-            bool rewrote = false; /* fp8 rows re-encoded under a larger scale */
-            if (kv_rows_encode(pool, page, 0, h, r0, c, src, ld, prev)) {
-                meta_head_rebuild(pool, id, h, r0 + c);
-                rewrote = true;
-            } else {
-                kv_meta_extend(pool, id, h, r0, r0 + c);
-            }
-            src = src_rows(v, h, i, c, hd, tmp, &ld);
-            if (kv_rows_encode(pool, page, 1, h, r0, c, src, ld, prev)) rewrote = true;
-            if (rewrote && r0 > 0) pool->info[id].version = ++pool->versions;
-        }
-        pool->info[id].fill = r0 + c;
-        i += c;
-        row += c;
-    }
+    for (int64_t j = threads ? n_pages - 1 : 1; j < n_pages; j++) append_page(&job, j, tmp);
     L->len += n;
+    free(bufs);
     free(tmp);
     return MI_STATUS_SUCCESS;
 }

@@ -4,6 +4,7 @@
  * failures that leave the sequence unchanged; min/max metadata == brute force; bad input. */
 #include "kv_test_util.h"
 
+#include <omp.h>
 #include <stdio.h>
 
 static const mi_kv_dtype DTYPES[] = {MI_KV_F32, MI_KV_F16, MI_KV_BF16, MI_KV_FP8_E4M3};
@@ -645,6 +646,55 @@ static void test_versions(mi_kv_dtype dt) {
     mi_kv_pool_destroy(pool);
 }
 
+/* A long append copies its middle pages on threads: every page byte, fill and version the same
+ * as with one thread, for each storage dtype from f32 and bf16 rows, after a prefix that leaves
+ * the first page partial (and, for fp8, with small rows, so the big rows grow its scale). */
+static void test_threads(mi_kv_dtype dt, mi_dtype src) {
+    char what[96];
+    snprintf(what, sizeof what, "threads %s from %s", mi_kv_dtype_name(dt), mi_dtype_name(src));
+    const int32_t H = 2, D = 24, P = 64;
+    const int64_t n0 = 37, n = 5000; /* past KV_PARALLEL_ROWS, many pages */
+    chunk c0 = chunk_make(H, D, n0, src, false, 0.5f), c1 = chunk_make(H, D, n, src, true, 40.f);
+    mi_kv_seq *seq[2] = {NULL, NULL};
+    mi_kv_pool *pool[2];
+    const int saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        pool[t] = make_pool(1, H, D, dt, P, 0, MI_KV_META_KEY_MINMAX);
+        CHECK_STATUS(mi_kv_seq_create(pool[t], &seq[t]), MI_STATUS_SUCCESS);
+        omp_set_num_threads(t ? 4 : 1);
+        CHECK_STATUS(mi_kv_seq_append(seq[t], 0, &c0.tk, &c0.tv), MI_STATUS_SUCCESS);
+        CHECK_STATUS(mi_kv_seq_append(seq[t], 0, &c1.tk, &c1.tv), MI_STATUS_SUCCESS);
+    }
+    omp_set_num_threads(saved);
+    mi_kv_page_layout L;
+    CHECK_STATUS(mi_kv_pool_layout(pool[0], &L), MI_STATUS_SUCCESS);
+    const int64_t pages = (n0 + n + P - 1) / P;
+    int bad = 0;
+    for (int64_t i = 0; i < pages; i++) {
+        mi_kv_page_view a, b;
+        CHECK_STATUS(mi_kv_seq_page(seq[0], 0, i, &a), MI_STATUS_SUCCESS);
+        CHECK_STATUS(mi_kv_seq_page(seq[1], 0, i, &b), MI_STATUS_SUCCESS);
+        int differ = a.rows != b.rows || a.meta_rows != b.meta_rows || a.version != b.version;
+        for (int kv = 0; kv < 2; kv++) /* the rows' values, bit for bit (past them: garbage) */
+            for (int32_t h = 0; h < H; h++)
+                for (int32_t r = 0; r < a.rows && !differ; r++)
+                    for (int32_t d = 0; d < D; d++) {
+                        const float x = page_value(&L, a.data, kv, h, r, d),
+                                    y = page_value(&L, b.data, kv, h, r, d);
+                        differ |= memcmp(&x, &y, sizeof x) != 0;
+                    }
+        bad += differ;
+    }
+    CHECK(bad == 0, "%s: %d of %lld pages differ", what, bad, (long long)pages);
+    check_pages(seq[1], what);
+    for (int t = 0; t < 2; t++) {
+        mi_kv_seq_destroy(seq[t]);
+        mi_kv_pool_destroy(pool[t]);
+    }
+    chunk_free(&c0);
+    chunk_free(&c1);
+}
+
 int main(void) {
     rng_state = 20261206;
     fprintf(stderr, "seed %llu\n", (unsigned long long)rng_state);
@@ -658,6 +708,10 @@ int main(void) {
         test_fork(DTYPES[i], 27);
     }
     test_random(MI_KV_BF16, 64, 8, 128, 40); /* a real model's head shape */
+    for (size_t i = 0; i < sizeof DTYPES / sizeof DTYPES[0]; i++) {
+        test_threads(DTYPES[i], MI_DTYPE_F32);
+        test_threads(DTYPES[i], MI_DTYPE_BF16);
+    }
     test_capacity();
     test_host_oom();
     test_versions(MI_KV_BF16);
