@@ -150,7 +150,7 @@ static inline int32_t mi_cuda_default_dense_below(const mi_head_pattern *p, int6
                                                   int sm90, mi_cuda_pattern_counts c) {
     const mi_pattern_traits *t = mi_pattern_traits_of(p->type);
     if (!t || t->kernel == MI_PLAN_KERNEL_DENSE) return 0;
-    mi_fallback_env env = {head_dim, 0};
+    mi_fallback_env env = {head_dim, 0, 0, 0};
     if (t->estimate == MI_PLAN_ESTIMATE_VS) env.pairs = c.vs;
     if (t->estimate == MI_PLAN_ESTIMATE_BLOCK) env.pairs = c.bs;
     const int64_t from = mi_cuda_dense_below_rule(p, &env, &sm90);
