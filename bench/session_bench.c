@@ -240,6 +240,7 @@ int main(int argc, char **argv) {
         json_object_set_new(root, "gpu", json_string(gpu));
         json_object_set_new(root, "device", json_string(device));
         json_object_set_new(root, "library", json_string(mi_version()));
+        json_object_set_new(root, "commit", json_string(mi_build_commit()));
         json_object_set_new(root, "model",
                             json_string(random ? "random weights, LLaMA-3-8B shape" : model_path));
         json_object_set_new(root, "method", json_string(method));
