@@ -16,6 +16,8 @@
 #include <float.h>
 #include <stddef.h>
 #include <jansson.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -634,12 +636,26 @@ mi_status mim_tokenizer_from_gguf(const mim_gguf *g, mim_tokenizer **out, char *
         }
     const mim_gguf_kv *types = mim_gguf_find(g, "tokenizer.ggml.token_type");
     if (types && types->type == MIM_GGUF_ARRAY && types->array_count == (uint64_t)nv)
-        for (int32_t i = 0; i < nv; i++)
-            t->type[i] = (int32_t)mim_gguf_array_num(types, (uint64_t)i);
+        for (int32_t i = 0; i < nv; i++) {
+            const double x = mim_gguf_array_num(types, (uint64_t)i);
+            if (!(x >= INT32_MIN && x <= INT32_MAX)) { /* NaN too */
+                st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                              "GGUF token %d has type %g, not an integer type", i, x);
+                goto fail;
+            }
+            t->type[i] = (int32_t)x;
+        }
     const mim_gguf_kv *scores = mim_gguf_find(g, "tokenizer.ggml.scores");
     if (scores && scores->type == MIM_GGUF_ARRAY && scores->array_count == (uint64_t)nv)
-        for (int32_t i = 0; i < nv; i++)
-            t->score[i] = (float)mim_gguf_array_num(scores, (uint64_t)i);
+        for (int32_t i = 0; i < nv; i++) {
+            const double x = mim_gguf_array_num(scores, (uint64_t)i);
+            if (isnan(x) || fabs(x) > FLT_MAX) { /* a float cannot hold it */
+                st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR,
+                              "GGUF token %d has score %g, outside a float's range", i, x);
+                goto fail;
+            }
+            t->score[i] = (float)x;
+        }
     if (kind == MIM_TOK_BYTE_BPE) {
         const char *pre = "default";
         size_t pre_len = 7;

@@ -305,6 +305,29 @@ static void test_spm_gguf(void) {
     mim_gguf_close(g);
     free(b.p);
     free(w.kv.p);
+
+    /* token types written as floats that no int32 holds (a fuzzed file's): refused, no
+     * undefined conversion */
+    const float bad_types[2][12] = {{2, 3, 3, 1, 1, 1, 1, 1e30f, 1, 1, 1, 6},
+                                    {2, 3, 3, 1, 1, 1, 1, 1, 1, NAN, 1, 6}};
+    for (int k = 0; k < 2; k++) {
+        memset(&w, 0, sizeof(w));
+        gw_str(&w, "tokenizer.ggml.model", "llama");
+        gw_strs(&w, "tokenizer.ggml.tokens", toks, 12);
+        gw_f32s(&w, "tokenizer.ggml.scores", scores, 12);
+        gw_f32s(&w, "tokenizer.ggml.token_type", bad_types[k], 12);
+        b = gw_finish(&w, NULL);
+        g = NULL;
+        t = NULL;
+        CHECK(mim_gguf_open_memory(b.p, b.n, &g, err, sizeof(err)) == MI_STATUS_SUCCESS, "%s", err);
+        CHECK(g && mim_tokenizer_from_gguf(g, &t, err, sizeof(err)) == MI_STATUS_PARSE_ERROR,
+              "token type %g accepted", bad_types[k][k ? 9 : 7]);
+        CHECK(t == NULL && strstr(err, "type") != NULL, "%s", err);
+        mim_tokenizer_free(t);
+        mim_gguf_close(g);
+        free(b.p);
+        free(w.kv.p);
+    }
 }
 
 /* ---- the real SmolLM2 tokenizer against transformers' ids ---- */
