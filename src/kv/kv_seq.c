@@ -276,7 +276,11 @@ mi_status mi_kv_seq_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, co
      * copy on threads, a page each, with a conversion buffer each. The middle pages are whole,
      * so they neither read another page (an fp8 page started by few rows takes the previous
      * page's centre) nor change a version; the first and last pages go alone, in order. */
-    const int nt = n >= KV_PARALLEL_ROWS && n_pages > 2 ? omp_get_max_threads() : 1;
+    int nt = n >= KV_PARALLEL_ROWS && n_pages > 2 ? omp_get_max_threads() : 1;
+    if (tmp) { /* the threads' conversion buffers stay within 64 MiB (large pages: fewer) */
+        const int64_t fit = ((int64_t)64 << 20) / ((int64_t)P * hd * (int64_t)sizeof(float));
+        if (nt > fit) nt = fit > 1 ? (int)fit : 1;
+    }
     float *bufs =
         nt > 1 && tmp ? malloc((size_t)nt * (size_t)P * (size_t)hd * sizeof(float)) : NULL;
     const bool threads = nt > 1 && (!tmp || bufs);
