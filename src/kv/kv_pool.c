@@ -99,13 +99,17 @@ mi_kv_pool_params mi_kv_pool_default_params(void) {
 #if defined(MADV_HUGEPAGE) && !defined(__SANITIZE_ADDRESS__)
 #define KV_MAPPED_SLABS 1
 static const size_t HUGE_BYTES = (size_t)2 << 20;
+/* a mapped slab's length: whole huge pages */
+static size_t mapped_len(size_t bytes) {
+    return (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+}
 #endif
 
 static void *default_alloc(void *user, size_t bytes) {
     (void)user;
 #ifdef KV_MAPPED_SLABS
     if (bytes >= HUGE_BYTES) {
-        const size_t len = (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+        const size_t len = mapped_len(bytes);
         void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) return NULL;
         (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: refused is fine */
@@ -119,7 +123,7 @@ static void default_free(void *user, void *ptr, size_t bytes) {
     (void)user;
 #ifdef KV_MAPPED_SLABS
     if (bytes >= HUGE_BYTES) {
-        munmap(ptr, (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES);
+        munmap(ptr, mapped_len(bytes));
         return;
     }
 #endif

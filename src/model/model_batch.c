@@ -117,7 +117,7 @@ static mi_status seg_attention(mi_model *m, const bseg *sg, int32_t l, const flo
                                   mi_context_last_error(m->ctx));
         return st;
     }
-    if (n >= (m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM))
+    if (n >= mim_seq_prefill_from(m))
         return mim_seq_prefill_attention(m, sg->seq, l, q, n, lp, att);
     const float scale = mim_prefill_params_for(m, n).softmax_scale;
     return mim_seq_attention(m, sg->seq, sg->method, l, q, n, lp, scale, att);

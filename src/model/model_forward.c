@@ -548,7 +548,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
                 mim_model_fail(m, st, "layer %d attention: %s", l, mi_context_last_error(m->ctx));
                 break;
             }
-        } else if (n >= (m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM)) {
+        } else if (n >= mim_seq_prefill_from(m)) {
             t0 = mim_now_s();
             if (seq) {
                 st = mim_seq_prefill_attention(m, seq, l, b.q, n, lp, b.att);

@@ -957,6 +957,9 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
     const float scale = pp.softmax_scale;
     mi_head_pattern *pat = (mi_head_pattern *)malloc((size_t)m->n_heads * sizeof(*pat));
     if (!pat) return mim_model_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory");
+    /* a prompt, or a later call of seq_prefill_from rows or more, runs the prefill kernels (at an
+     * offset over the cache); fewer rows the decode kernel */
+    const bool prefill_kernels = n_past == 0 ? n > 1 : n >= mim_seq_prefill_from(m);
 
     for (int32_t l = 0; l < m->n_layers && st == MI_STATUS_SUCCESS; l++) {
         const gpu_layer *G = &g->layers[l];
@@ -991,11 +994,7 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
             if (seq && m->params.kv_offload && n_past > 0)
                 st = layer_upload(m, seq, l, n_past, stage_rows, false);
             if (st != MI_STATUS_SUCCESS) break;
-            /* a later call of seq_prefill_from rows or more runs the prefill kernels at an
-             * offset, fewer the decode kernel */
-            const int64_t from =
-                m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM;
-            if ((n_past == 0 && n > 1) || (n_past > 0 && n >= from))
+            if (prefill_kernels)
                 st = prefill_attention(m, l, n_past, n, pat);
             else
                 st = continue_attention(m, l, n_past, n, scale);

@@ -142,6 +142,11 @@ mi_status mim_seq_attend(const mim_seq_shape *sh, const mi_kv_seq *seq, struct k
  * the first n_past + n rows of one layer of seq, through mi_prefill_attention with the queries
  * at an offset over the layer's rows gathered out of the pages (model_seq_prefill.c). */
 #define MIM_SEQ_PREFILL_FROM 32
+/* The rows from which a later call runs the prefill attention at an offset (the model's
+ * seq_prefill_from, else MIM_SEQ_PREFILL_FROM). */
+static inline int64_t mim_seq_prefill_from(const mi_model *m) {
+    return m->seq_prefill_from > 0 ? m->seq_prefill_from : MIM_SEQ_PREFILL_FROM;
+}
 /* The same over contiguous k, v [1, n_kv, n_past + n, hd] (the model's own cache). */
 mi_status mim_prefill_at_offset(mi_model *m, int32_t layer, const float *q, int64_t n,
                                 const mi_tensor *k, const mi_tensor *v, float *out);

@@ -1228,11 +1228,27 @@ static void test_prefill(const shape *s, int wide, int use_workspace) {
     inputs_free(&in);
 }
 
+/* One call at an offset on the CPU and the GPU (GPU output poisoned first), compared; lse_cpu /
+ * lse_gpu NULL: no LSE. */
+static void offset_case(const char *what, const shape *s, int64_t q_len, pair *q, inputs *in,
+                        const mi_head_pattern *pat, const mi_prefill_params *pp, pair *oc, pair *og,
+                        float *lse_cpu, float *lse_gpu) {
+    char name[220], sh[128];
+    poison(og->d.data, og->bytes);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &q->h, &in->k.h, &in->v.h, NULL, pat, pp, &oc->h,
+                                      lse_cpu, NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &q->d, &in->k.d, &in->v.d, NULL, pat, pp, &og->d,
+                                      lse_gpu, NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "%s q_len %lld [%s]", what, (long long)q_len,
+             shape_str(s, sh, sizeof sh));
+    compare_out(name, &oc->h, &og->d, NULL, lse_cpu, lse_gpu);
+}
+
 /* Queries at an offset (a follow-up turn or a later chunk over a cache): the last q_len rows of
  * q against every key, one pattern per head as test_prefill, on the GPU against the CPU (a
  * block-sparse row block that starts before the offset pools the chunk's rows only). */
 static void test_prefill_offset(const shape *s, int64_t q_len) {
-    char name[220], sh[128];
     inputs in;
     inputs_make(&in, s, 1);
     round_qk(&in);
@@ -1260,27 +1276,11 @@ static void test_prefill_offset(const shape *s, int64_t q_len) {
     const size_t nl = (size_t)(B * H * q_len);
     float *lse_cpu = malloc(nl * sizeof(float)), *lse_gpu = NULL;
     CUDA_OK(cudaMalloc((void **)&lse_gpu, nl * sizeof(float)));
-    poison(og.d.data, og.bytes);
     poison(lse_gpu, nl * sizeof(float));
-    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &q.h, &in.k.h, &in.v.h, NULL, pat, &pp, &oc.h, lse_cpu,
-                                      NULL, 0));
-    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &q.d, &in.k.d, &in.v.d, NULL, pat, &pp, &og.d, lse_gpu,
-                                      NULL, 0));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    snprintf(name, sizeof name, "prefill at offset q_len %lld [%s]", (long long)q_len,
-             shape_str(s, sh, sizeof sh));
-    compare_out(name, &oc.h, &og.d, NULL, lse_cpu, lse_gpu);
+    offset_case("prefill at offset", s, q_len, &q, &in, pat, &pp, &oc, &og, lse_cpu, lse_gpu);
     /* every head dense: the plan's one dense launch */
     for (int64_t h = 0; h < H; h++) pat[h] = mi_head_pattern_default(MI_PATTERN_DENSE);
-    poison(og.d.data, og.bytes);
-    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &q.h, &in.k.h, &in.v.h, NULL, pat, &pp, &oc.h, NULL,
-                                      NULL, 0));
-    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &q.d, &in.k.d, &in.v.d, NULL, pat, &pp, &og.d, NULL,
-                                      NULL, 0));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    snprintf(name, sizeof name, "dense prefill at offset q_len %lld [%s]", (long long)q_len,
-             shape_str(s, sh, sizeof sh));
-    compare_out(name, &oc.h, &og.d, NULL, NULL, NULL);
+    offset_case("dense prefill at offset", s, q_len, &q, &in, pat, &pp, &oc, &og, NULL, NULL);
     cudaFree(lse_gpu);
     free(lse_cpu);
     free(pat);
