@@ -86,12 +86,11 @@ if [ -n "$LENS_SESS" ]; then
   for j in "$RESULTS/$DAY-gpu-sessions-8b$TAG.json" "$RESULTS/$DAY-gpu-sessions-8b-offload$TAG.json"; do
     [ -f "$j" ] && python3 scripts/results.py append --store "$STORE" "$j"
   done
-  for kv in "quest:token_budget=4096" streamingllm snapkv pyramidkv kivi retr_attn; do
-    echo "kv $kv"
-    json="$RESULTS/$DAY-gpu-sessions-8b-kv-${kv%%:*}$TAG.json"
-    timeout 900 "${B[@]}" --lens "$first" --kv "$kv" --followup 0 --requests 0 --reprefill 0 \
-      --decode 8 --json "$json" 2>>"$LOGS/sessions-8b.log" | tail -1 || rc=1
-    [ -f "$json" ] && python3 scripts/results.py append --store "$STORE" "$json"
-  done
+  # every KV method on the one loaded model (a row each), decode only
+  KVS="quest:token_budget=4096;streamingllm;snapkv;pyramidkv;kivi:bits=2;kivi:bits=4;retr_attn"
+  json="$RESULTS/$DAY-gpu-sessions-8b-kv$TAG.json"
+  timeout 1800 "${B[@]}" --lens "$first" --kv "$KVS" --followup 0 --requests 0 --reprefill 0 \
+    --decode 8 --json "$json" 2>>"$LOGS/sessions-8b.log" || rc=1
+  [ -f "$json" ] && python3 scripts/results.py append --store "$STORE" "$json"
 fi
 exit $rc

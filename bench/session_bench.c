@@ -4,7 +4,7 @@
  *   bench_session [--model PATH (default: SmolLM2) | --random llama3-8b] [--device cuda|cpu]
  *                 [--lens 32768,131072,...] [--method minference|dense|...] [--followup N]
  *                 [--requests R] [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]
- *                 [--kv-dtype 0..3] [--kv SPEC]
+ *                 [--kv-dtype 0..3] [--kv SPEC[;SPEC...]]
  *                 [--json OUT]
  *
  * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method);
@@ -13,7 +13,8 @@
  * parent (tokens/s; the fork ran last, so this includes switching back); then --requests
  * questions of --question tokens, each on a fresh fork of the context (multi-request), against
  * re-prefilling context + question for each (--reprefill 1, the default). Prompts are random
- * byte tokens for a random model, else the system's license texts repeated.
+ * byte tokens for a random model, else the system's license texts repeated. Several --kv
+ * methods (separated by ';') run one after another on the one loaded model, a row each.
  */
 #include "minference_session.h"
 #include "args.h"
@@ -30,7 +31,7 @@ static const char usage_text[] =
     "         [--lens L1,L2,...] [--method NAME] [--followup N] [--requests R]\n"
     "         [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]\n"
     "         [--kv-dtype N (0: the model's own precision, 1 f16, 2 bf16, 3 fp8)]\n"
-    "         [--kv METHOD[:key=value,...]] [--gpu NAME]\n"
+    "         [--kv METHOD[:key=value,...][;METHOD...]] [--gpu NAME]\n"
     "         [--json OUT]\n";
 
 typedef struct row {
@@ -131,6 +132,36 @@ fail_s:
     return rc;
 }
 
+typedef struct run_meta {
+    const char *gpu, *device, *model, *method, *kv;
+    int offload, kv_dtype;
+} run_meta;
+
+/* The run's JSON with the rows so far: rewritten after each row, so a run stopped by a time
+ * limit keeps what it measured. */
+static int write_json(const char *path, const run_meta *meta, json_t *rows) {
+    time_t now = time(NULL);
+    char date[32];
+    strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    json_t *root = json_object();
+    json_object_set_new(root, "bench", json_string("session"));
+    json_object_set_new(root, "date", json_string(date));
+    json_object_set_new(root, "gpu", json_string(meta->gpu));
+    json_object_set_new(root, "device", json_string(meta->device));
+    json_object_set_new(root, "library", json_string(mi_version()));
+    json_object_set_new(root, "commit", json_string(mi_build_commit()));
+    json_object_set_new(root, "model", json_string(meta->model));
+    json_object_set_new(root, "method", json_string(meta->method));
+    json_object_set_new(root, "kv_offload", json_boolean(meta->offload));
+    json_object_set_new(root, "kv_dtype", json_integer(meta->kv_dtype));
+    json_object_set_new(root, "kv", json_string(meta->kv ? meta->kv : "dense"));
+    json_object_set(root, "rows", rows);
+    const int rc = json_dump_file(root, path, JSON_INDENT(1));
+    if (rc != 0) fprintf(stderr, "bench_session: cannot write %s\n", path);
+    json_decref(root);
+    return rc != 0;
+}
+
 int main(int argc, char **argv) {
     const char *model_path = NULL, *random = NULL, *device = "cuda", *lens_s = "32768,131072";
     const char *method = "minference", *gpu = "", *json_path = NULL;
@@ -197,63 +228,69 @@ int main(int argc, char **argv) {
     if (!prompt || !logits) return 1;
     fprintf(stderr, "model %s on %s, method %s, kv %s\n",
             random ? "random llama3-8b shape" : model_path, device, method, kv ? kv : "dense");
-    printf("%9s %9s %8s %9s %9s %7s %10s %9s %9s %9s %8s\n", "tokens", "prefill s", "fork ms",
+    printf("%9s %9s %8s %9s %9s %7s %10s %9s %9s %9s %8s  %s\n", "tokens", "prefill s", "fork ms",
            "pool MiB", "+fork MiB", "turn s", "turn/pref", "decode/s", "multi s", "re-pref s",
-           "peak GiB");
+           "peak GiB", "kv");
     json_t *rows = json_array();
     int failures = 0;
-    for (int i = 0; i < n_lens; i++) {
-        row r;
-        if (run_length(model, prompt, lens[i], followup, requests, question, n_decode, reprefill,
-                       kv_dtype, kv, logits, info.vocab, &r) != 0) {
-            failures++;
-            continue;
+    const run_meta meta = {
+        gpu,     device,  random ? "random weights, LLaMA-3-8B shape" : model_path, method, kv,
+        offload, kv_dtype};
+    /* the KV methods: none (dense), one spec, or several separated by ';' (specs hold commas) */
+    char *kv_list = kv ? strdup(kv) : NULL, *kv_save = NULL;
+    const char *specs_kv[16] = {NULL};
+    int n_kv = 1;
+    if (kv && !kv_list) return 1;
+    if (kv_list) {
+        n_kv = 0;
+        for (char *t = strtok_r(kv_list, ";", &kv_save); t; t = strtok_r(NULL, ";", &kv_save)) {
+            if (n_kv == 16) {
+                free(kv_list);
+                return args_error("bench_session", usage_text, "more than 16 --kv methods");
+            }
+            specs_kv[n_kv++] = t;
         }
-        printf("%9lld %9.3f %8.3f %9.1f %9.1f %7.3f %9.2f%% %9.2f %9.3f %9.3f %8.2f\n",
-               (long long)r.tokens, r.prefill_s, 1e3 * r.fork_s, r.pool_before,
-               r.pool_after - r.pool_before, r.followup_s, 100.0 * r.followup_s / r.prefill_s,
-               r.decode_tps, r.multi_s, r.reprefill_s, r.peak_gib);
-        fflush(stdout);
-        json_t *o = json_object();
-        json_object_set_new(o, "tokens", json_integer(r.tokens));
-        json_object_set_new(o, "prefill_s", json_real(r.prefill_s));
-        json_object_set_new(o, "fork_s", json_real(r.fork_s));
-        json_object_set_new(o, "pool_mib", json_real(r.pool_before));
-        json_object_set_new(o, "fork_added_mib", json_real(r.pool_after - r.pool_before));
-        json_object_set_new(o, "followup_tokens", json_integer(followup));
-        json_object_set_new(o, "followup_s", json_real(r.followup_s));
-        json_object_set_new(o, "decode_tokens_per_s", json_real(r.decode_tps));
-        json_object_set_new(o, "requests", json_integer(requests));
-        json_object_set_new(o, "question_tokens", json_integer(question));
-        json_object_set_new(o, "multi_request_s", json_real(r.multi_s));
-        json_object_set_new(o, "reprefill_s", json_real(r.reprefill_s));
-        json_object_set_new(o, "device_peak_gib", json_real(r.peak_gib));
-        json_array_append_new(rows, o);
+        if (n_kv == 0) {
+            free(kv_list);
+            return args_error("bench_session", usage_text, "empty --kv");
+        }
     }
-    if (json_path) {
-        time_t now = time(NULL);
-        char date[32];
-        strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-        json_t *root = json_object();
-        json_object_set_new(root, "bench", json_string("session"));
-        json_object_set_new(root, "date", json_string(date));
-        json_object_set_new(root, "gpu", json_string(gpu));
-        json_object_set_new(root, "device", json_string(device));
-        json_object_set_new(root, "library", json_string(mi_version()));
-        json_object_set_new(root, "commit", json_string(mi_build_commit()));
-        json_object_set_new(root, "model",
-                            json_string(random ? "random weights, LLaMA-3-8B shape" : model_path));
-        json_object_set_new(root, "method", json_string(method));
-        json_object_set_new(root, "kv_offload", json_boolean(offload));
-        json_object_set_new(root, "kv_dtype", json_integer(kv_dtype));
-        json_object_set_new(root, "kv", json_string(kv ? kv : "dense"));
-        json_object_set_new(root, "rows", rows);
-        if (json_dump_file(root, json_path, JSON_INDENT(1)) != 0)
-            fprintf(stderr, "bench_session: cannot write %s\n", json_path), failures++;
-        json_decref(root);
-    } else {
-        json_decref(rows);
+    for (int k = 0; k < n_kv; k++) {
+        const char *spec = specs_kv[k];
+        for (int i = 0; i < n_lens; i++) {
+            row r;
+            if (run_length(model, prompt, lens[i], followup, requests, question, n_decode,
+                           reprefill, kv_dtype, spec, logits, info.vocab, &r) != 0) {
+                failures++;
+                continue;
+            }
+            printf("%9lld %9.3f %8.3f %9.1f %9.1f %7.3f %9.2f%% %9.2f %9.3f %9.3f %8.2f  %s\n",
+                   (long long)r.tokens, r.prefill_s, 1e3 * r.fork_s, r.pool_before,
+                   r.pool_after - r.pool_before, r.followup_s, 100.0 * r.followup_s / r.prefill_s,
+                   r.decode_tps, r.multi_s, r.reprefill_s, r.peak_gib, spec ? spec : "dense");
+            fflush(stdout);
+            json_t *o = json_object();
+            json_object_set_new(o, "tokens", json_integer(r.tokens));
+            json_object_set_new(o, "kv", json_string(spec ? spec : "dense"));
+            json_object_set_new(o, "prefill_s", json_real(r.prefill_s));
+            json_object_set_new(o, "fork_s", json_real(r.fork_s));
+            json_object_set_new(o, "pool_mib", json_real(r.pool_before));
+            json_object_set_new(o, "fork_added_mib", json_real(r.pool_after - r.pool_before));
+            json_object_set_new(o, "followup_tokens", json_integer(followup));
+            json_object_set_new(o, "followup_s", json_real(r.followup_s));
+            json_object_set_new(o, "decode_tokens_per_s", json_real(r.decode_tps));
+            json_object_set_new(o, "requests", json_integer(requests));
+            json_object_set_new(o, "question_tokens", json_integer(question));
+            json_object_set_new(o, "multi_request_s", json_real(r.multi_s));
+            json_object_set_new(o, "reprefill_s", json_real(r.reprefill_s));
+            json_object_set_new(o, "device_peak_gib", json_real(r.peak_gib));
+            json_array_append_new(rows, o);
+            if (json_path && write_json(json_path, &meta, rows) != 0) failures++;
+        }
     }
+    free(kv_list);
+    if (json_path && write_json(json_path, &meta, rows) != 0) failures++;
+    json_decref(rows);
     free(prompt);
     free(logits);
     free(default_model);

@@ -217,9 +217,10 @@ def rows_of_run(run):
         for e in rows:
             shape = {"model": model, "tokens": e["tokens"], "device": run.get("device", "cuda"),
                      "kv_offload": bool(run.get("kv_offload")), "kv_dtype": run.get("kv_dtype", 0),
-                     "kv": run.get("kv", "dense"), "followup_tokens": e.get("followup_tokens")}
+                     "kv": e.get("kv", run.get("kv", "dense")),
+                     "followup_tokens": e.get("followup_tokens")}
             for m in ("prefill_s", "fork_s", "fork_added_mib", "followup_s",
-                      "decode_tokens_per_s", "device_peak_gib"):
+                      "decode_tokens_per_s", "device_peak_gib", "pool_mib"):
                 add("session", shape, run.get("method", "minference"), m, e.get(m))
             if e.get("prefill_s") and e.get("followup_s"):
                 add("session", shape, run.get("method", "minference"), "followup_share",
@@ -465,7 +466,7 @@ def table_model_ttft(rows):
 def table_sessions(rows):
     tab = newest(rows, "session", lambda s: s["device"] == "cuda")
     out = ["| model | L | cache | prefill | fork | follow-up turn | share of the prefill "
-           "| decode | device peak |", "|---|---|---|---|---|---|---|---|---|"]
+           "| decode | device peak | KV pages |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in shapes_in_order(tab, lambda s: (s["model"], s["tokens"], s["kv_offload"], s["kv"])):
         sh = json.loads(s)
         cache = "offloaded" if sh["kv_offload"] else "on the device"
@@ -473,6 +474,7 @@ def table_sessions(rows):
             cache += f", {sh['kv']}"
         fork_s, added = g(tab, s, "minference", "fork_s"), g(tab, s, "minference", "fork_added_mib")
         share = g(tab, s, "minference", "followup_share")
+        mib = g(tab, s, "minference", "pool_mib")
         turn = f"{sh.get('followup_tokens') or '-'} tokens: " \
                f"{f(g(tab, s, 'minference', 'followup_s'), '.3f')} s"
         out.append(f"| {sh['model']} | {length(sh['tokens'])} | {cache} "
@@ -481,7 +483,8 @@ def table_sessions(rows):
                    f"+{f(added, '.0f')} MiB | {turn} "
                    f"| {f(100 * share if share is not None else None, '.1f')} % "
                    f"| {f(g(tab, s, 'minference', 'decode_tokens_per_s'), '.1f')} tokens/s "
-                   f"| {f(g(tab, s, 'minference', 'device_peak_gib'), '.1f')} GiB |")
+                   f"| {f(g(tab, s, 'minference', 'device_peak_gib'), '.1f')} GiB "
+                   f"| {f(mib / 1024 if mib is not None else None, '.2f')} GiB |")
     return out, list(tab.values()), ""
 
 
