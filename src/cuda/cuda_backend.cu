@@ -102,7 +102,7 @@ namespace {
 struct prefill_layout {
     int64_t R;
     int32_t max_v, max_s, max_blocks, max_cols;
-    bool any_vs, any_bs;
+    bool any_vs, any_bs, any_xa;
     size_t off_vs, off_sp, off_scratch, total;
     size_t scratch_bytes;
 };
@@ -125,6 +125,7 @@ void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_pref
     lo->R = (L + 63) / 64;
     lo->any_vs = plan->pairs[MI_PLAN_ESTIMATE_VS] > 0;
     lo->any_bs = plan->pairs[MI_PLAN_ESTIMATE_BLOCK] > 0;
+    lo->any_xa = plan->pairs[MI_PLAN_ESTIMATE_XATTN] > 0;
     lo->max_v = plan->max_vertical;
     lo->max_s = plan->max_slash;
     int32_t max_topk = 0;
@@ -135,13 +136,15 @@ void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_pref
     }
     lo->max_blocks = lo->any_vs ? lo->max_s + 1 : 0;
     if (max_topk > lo->max_blocks) lo->max_blocks = max_topk;
+    /* a threshold may keep any number of blocks */
+    if (lo->any_xa) lo->max_blocks = (int32_t)lo->R;
     if (lo->max_blocks < 1) lo->max_blocks = 1;
     lo->max_cols = lo->max_v > 0 ? lo->max_v : 1;
     size_t off = 0;
     lo->off_vs = off;
     if (lo->any_vs) off += al(mi_vs_index_bytes((int32_t)B, (int32_t)H, lo->max_v, lo->max_s));
     lo->off_sp = off;
-    if (lo->any_vs || lo->any_bs)
+    if (lo->any_vs || lo->any_bs || lo->any_xa)
         off += al(mi_sparse_index_bytes((int32_t)B, (int32_t)H, (int32_t)lo->R, lo->max_blocks,
                                         lo->max_cols));
     lo->off_scratch = off;
@@ -150,6 +153,10 @@ void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_pref
     if (lo->any_bs) {
         const size_t b2 = mi_cuda_bs_scratch_bytes(ctx, B, H, s->heads_kv, L, s->head_dim);
         if (b2 > sc) sc = b2;
+    }
+    if (lo->any_xa) {
+        const size_t x = mi_cuda_xattn_scratch_bytes(plan->pairs[MI_PLAN_ESTIMATE_XATTN], L);
+        if (x > sc) sc = x;
     }
     lo->scratch_bytes = sc;
     lo->total = off + al(sc) + 256;
@@ -176,14 +183,14 @@ mi_cuda_head_mode head_mode_of_plan(const mi_head_plan &hp) {
 }
 
 /* The plan steps this backend has no kernel for (dilated and strided's per-row keys, InfLLM's
- * chunked retrieval, XAttention's and FlexPrefill's estimates): MI_STATUS_UNSUPPORTED naming the first such head's pattern, when
+ * chunked retrieval, FlexPrefill's estimate): MI_STATUS_UNSUPPORTED naming the first such head's pattern, when
  * it would run sparse (only_if_sparse: as the plan's any_sparse_run says), never a wrong result. */
 mi_status cuda_refused(mi_context *ctx, const mi_prefill_plan &plan, bool only_if_sparse) {
     for (int64_t h = 0; h < plan.heads; ++h) {
         const mi_head_plan &hp = plan.head[h];
-        const bool missing =
-            hp.kernel == MI_PLAN_KERNEL_ROWMASK || hp.kernel == MI_PLAN_KERNEL_INFLLM ||
-            hp.estimate == MI_PLAN_ESTIMATE_XATTN || hp.estimate == MI_PLAN_ESTIMATE_FLEX;
+        const bool missing = hp.kernel == MI_PLAN_KERNEL_ROWMASK ||
+                             hp.kernel == MI_PLAN_KERNEL_INFLLM ||
+                             hp.estimate == MI_PLAN_ESTIMATE_FLEX;
         if (missing && (!only_if_sparse || plan.any_sparse_run))
             return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                            "pattern \"%s\" (head %lld) has no CUDA kernel yet: run it with the "
@@ -259,18 +266,22 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     if (lo.any_vs)
         st = mi_vs_index_init(&vsi, B, H, lo.max_v, lo.max_s, base + lo.off_vs,
                               mi_vs_index_bytes(B, H, lo.max_v, lo.max_s));
-    if (st == MI_STATUS_SUCCESS && (lo.any_vs || lo.any_bs))
+    if (st == MI_STATUS_SUCCESS && (lo.any_vs || lo.any_bs || lo.any_xa))
         st = mi_sparse_index_init(
             &spi, B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols, base + lo.off_sp,
             mi_sparse_index_bytes(B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols));
     void *scratch = base + lo.off_scratch;
 
-    uint8_t act_vs[MI_CUDA_MAX_HEADS], act_bs[MI_CUDA_MAX_HEADS];
+    uint8_t act_vs[MI_CUDA_MAX_HEADS], act_bs[MI_CUDA_MAX_HEADS], act_xa[MI_CUDA_MAX_HEADS];
     int32_t vsz[MI_CUDA_MAX_HEADS], ssz[MI_CUDA_MAX_HEADS], topk[MI_CUDA_MAX_HEADS];
+    int32_t xstride[MI_CUDA_MAX_HEADS], xthr[MI_CUDA_MAX_HEADS];
     for (int32_t h = 0; h < H; ++h) {
         const mi_head_pattern *hp = &patterns[h];
         act_vs[h] = heads[h].estimate == MI_PLAN_ESTIMATE_VS;
         act_bs[h] = heads[h].estimate == MI_PLAN_ESTIMATE_BLOCK;
+        act_xa[h] = heads[h].estimate == MI_PLAN_ESTIMATE_XATTN;
+        xstride[h] = heads[h].stride;
+        xthr[h] = heads[h].threshold;
         vsz[h] = hp->vertical_size; /* the estimates apply the minimums themselves */
         ssz[h] = hp->slash_size;
         topk[h] = heads[h].top_k;
@@ -287,6 +298,10 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         st = mi_cuda_vs_index_run(ctx, s->len, s->q_off, seq_lens, &vsi, 1, act_vs, vs_from, &spi);
     if (st == MI_STATUS_SUCCESS && lo.any_bs)
         st = mi_cuda_bs_estimate_run(ctx, s, q, k, seq_lens, topk, act_bs, bs_from, scratch, &spi);
+    if (st == MI_STATUS_SUCCESS && lo.any_xa)
+        st = mi_cuda_xattn_estimate_run(ctx, s, q, k, seq_lens, xstride, xthr, scale, act_xa,
+                                        plan.estimate_from[MI_PLAN_ESTIMATE_XATTN], scratch,
+                                        lo.scratch_bytes, &spi);
     if (st == MI_STATUS_SUCCESS) {
         mi_cuda_attn_use_index(&p, &spi);
         st = mi_cuda_attn_run(ctx, &p, 64);

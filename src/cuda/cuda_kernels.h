@@ -103,6 +103,17 @@ mi_status mi_cuda_bs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const
                                   const uint8_t *active, int32_t dense_below, void *scratch,
                                   mi_sparse_index *index);
 
+/* XAttention's estimate (xattn_estimate.cu) over the heads whose active[h] != 0: stride and
+ * threshold per head, into an index of R = ceil(len / 64) row blocks of up to R blocks. scratch:
+ * at least mi_cuda_xattn_scratch_bytes(1, len) bytes; `pairs` (b, h) pairs go per launch as the
+ * scratch allows. */
+size_t mi_cuda_xattn_scratch_bytes(int64_t pairs, int64_t len);
+mi_status mi_cuda_xattn_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                     const mi_tensor *k, const int32_t *seq_lens,
+                                     const int32_t *stride, const int32_t *threshold, float scale,
+                                     const uint8_t *active, int32_t dense_below, void *scratch,
+                                     size_t scratch_bytes, mi_sparse_index *index);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1248,7 +1248,57 @@ static void offset_case(const char *what, const shape *s, int64_t q_len, pair *q
 /* Queries at an offset (a follow-up turn or a later chunk over a cache): the last q_len rows of
  * q against every key, one pattern per head as test_prefill, on the GPU against the CPU (a
  * block-sparse row block that starts before the offset pools the chunk's rows only). */
-static void test_prefill_offset(const shape *s, int64_t q_len) {
+/* XAttention heads (threshold per mille; strides S and 2S alternate, so one launch mixes them),
+ * with every third head vertical-slash and every third A-shape where mixed. */
+static void xattn_patterns(mi_head_pattern *pat, int64_t H, int32_t stride, int32_t threshold,
+                           int mixed) {
+    for (int64_t h = 0; h < H; h++) {
+        pat[h] = mi_head_pattern_default(MI_PATTERN_XATTENTION);
+        pat[h].stride = h % 2 && 2 * stride <= 64 ? 2 * stride : stride;
+        pat[h].threshold = threshold;
+        if (mixed && h % 3 == 1) {
+            pat[h] = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+            pat[h].vertical_size = 100, pat[h].slash_size = 400;
+        }
+        if (mixed && h % 3 == 2) {
+            pat[h] = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+            pat[h].n_init = 16, pat[h].n_local = 200;
+        }
+    }
+}
+
+/* XAttention's estimate and the sparse kernel on the GPU against the CPU reference; a
+ * threshold of 1000 keeps every block, so there the GPU must also equal dense attention. */
+static void test_xattn(const shape *s, int32_t stride, int32_t threshold, int mixed) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in);
+    mi_head_pattern *pat = malloc(s->H * sizeof(mi_head_pattern));
+    xattn_patterns(pat, s->H, stride, threshold, mixed);
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
+                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "xattention stride %d threshold %d%s [%s]", stride, threshold,
+             mixed ? " mixed" : "", shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    if (threshold >= 1000 && !mixed) {
+        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
+                                        &in.o_cpu.h, in.lse_cpu));
+        snprintf(name, sizeof name, "xattention keeping every block == dense [%s]",
+                 shape_str(s, sh, sizeof sh));
+        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    }
+    free(pat);
+    inputs_free(&in);
+}
+
+static void test_prefill_offset(const shape *s, int64_t q_len, int xattn) {
     inputs in;
     inputs_make(&in, s, 1);
     round_qk(&in);
@@ -1271,13 +1321,15 @@ static void test_prefill_offset(const shape *s, int64_t q_len) {
         if (t == MI_PATTERN_VERTICAL_SLASH) pat[h].vertical_size = 100, pat[h].slash_size = 400;
         if (t == MI_PATTERN_BLOCK_SPARSE) pat[h].top_k = 4;
     }
+    if (xattn) xattn_patterns(pat, H, 8, 900, 1);
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
     const size_t nl = (size_t)(B * H * q_len);
     float *lse_cpu = malloc(nl * sizeof(float)), *lse_gpu = NULL;
     CUDA_OK(cudaMalloc((void **)&lse_gpu, nl * sizeof(float)));
     poison(lse_gpu, nl * sizeof(float));
-    offset_case("prefill at offset", s, q_len, &q, &in, pat, &pp, &oc, &og, lse_cpu, lse_gpu);
+    offset_case(xattn ? "xattention at offset" : "prefill at offset", s, q_len, &q, &in, pat, &pp,
+                &oc, &og, lse_cpu, lse_gpu);
     /* every head dense: the plan's one dense launch */
     for (int64_t h = 0; h < H; h++) pat[h] = mi_head_pattern_default(MI_PATTERN_DENSE);
     offset_case("dense prefill at offset", s, q_len, &q, &in, pat, &pp, &oc, &og, NULL, NULL);
@@ -1384,11 +1436,11 @@ static void test_errors(void) {
     mi_tensor kb = mi_tensor_bhld(k32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
     mi_tensor vb = mi_tensor_bhld(v32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
     mi_tensor ob = mi_tensor_bhld(o32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
-    const mi_pattern_type refused[5] = {MI_PATTERN_XATTENTION, MI_PATTERN_FLEXPREFILL,
-                                        MI_PATTERN_DILATED, MI_PATTERN_STRIDED, MI_PATTERN_INFLLM};
+    const mi_pattern_type refused[4] = {MI_PATTERN_FLEXPREFILL, MI_PATTERN_DILATED,
+                                        MI_PATTERN_STRIDED, MI_PATTERN_INFLLM};
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 4; i++) {
         const mi_head_pattern p = mi_head_pattern_default(refused[i]);
         st = mi_prefill_attention(g_gpu, &qb, &kb, &vb, NULL, &p, &pp, &ob, NULL, NULL, 0);
         check(st == MI_STATUS_UNSUPPORTED &&
@@ -1514,9 +1566,22 @@ int main(int argc, char **argv) {
                 const int64_t qls[] = {1, 40, 64 + 17, L - 100 > 0 ? L - 100 : 1};
                 for (int qi = 0; qi < 4; qi++) {
                     shape so = {1, 10, 2, L, di ? 64 : 128, dts[di], di, {0, 0}};
-                    if (qls[qi] < L) test_prefill_offset(&so, qls[qi]);
+                    if (qls[qi] < L) test_prefill_offset(&so, qls[qi], 0);
+                    if (qls[qi] < L && qi >= 2) test_prefill_offset(&so, qls[qi], 1);
                 }
             }
+            /* XAttention: strides 8 / 16 and 4 / 8, 1 and 64 (the extremes of a 64-row block),
+             * thresholds 900, 0 (the two forced blocks) and 1000 (every block: dense), a varlen
+             * batch, D = 64, and mixed with other patterns in one layer */
+            test_xattn(&s1, 8, 900, 0);
+            test_xattn(&s2, 4, 950, 0);
+            test_xattn(&s1, 64, 800, 0);
+            test_xattn(&sf, 1, 900, 0);
+            test_xattn(&s1, 8, 0, 0);
+            test_xattn(&s2, 8, 1000, 0);
+            test_xattn(&sp, 8, 900, 1);
+            shape sx = {1, 4, 2, L, 64, dts[di], !di, {0, 0}};
+            test_xattn(&sx, 16, 900, 0);
         }
     }
     for (int di = 0; di < 2; di++) {
