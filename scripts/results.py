@@ -406,7 +406,7 @@ def table_gpu_patterns(rows):
         share = g(tab, s, "minference", "estimate_share")
         out.append(f"| {length(sh['L'])} | {sh['pattern']} | {sh['inputs']} | {f(ours, '.2f')} "
                    f"| {f(g(tab, s, 'minference', 'effective_tflops'), '.0f')} "
-                   f"| {f(100 * share if share is not None else None, '.1f')} % "
+                   f"| {f(100 * share, '.1f') + ' %' if share is not None else '-'} "
                    f"| {f(orig, '.2f')} | {f(orig / ours if orig and ours else None, '.2f')}x |")
     out = [o.replace("| - % |", "| - |").replace("| -x |", "| - |") for o in out]
     return out, list(tab.values()), ""
@@ -421,7 +421,7 @@ def table_gpu_prefill(rows):
         share = g(tab, s, "minference", "estimate_index_share")
         out.append(f"| {length(sh['L'])} | {sh['heads']} "
                    f"| {f(g(tab, s, 'minference', 'prefill_ms_per_head'), '.2f')} "
-                   f"| {f(100 * share if share is not None else None, '.1f')} % "
+                   f"| {f(100 * share, '.1f') + ' %' if share is not None else '-'} "
                    f"| {f(g(tab, s, 'minference', 'keys_per_row'), '.0f')} "
                    f"| {f(g(tab, s, 'minference', 'kernel_effective_tflops'), '.0f')} |")
     return out, list(tab.values()), ""
@@ -470,18 +470,21 @@ def table_sessions(rows):
     for s in shapes_in_order(tab, lambda s: (s["model"], s["tokens"], s["kv_offload"], s["kv"])):
         sh = json.loads(s)
         cache = "offloaded" if sh["kv_offload"] else "on the device"
-        if sh.get("kv", "dense") != "dense":
-            cache += f", {sh['kv']}"
+        if sh.get("kv", "dense") != "dense":  # a KV method attends on the host after the prefill
+            cache = f"{sh['kv']} (host pages)"
         fork_s, added = g(tab, s, "minference", "fork_s"), g(tab, s, "minference", "fork_added_mib")
         share = g(tab, s, "minference", "followup_share")
         mib = g(tab, s, "minference", "pool_mib")
-        turn = f"{sh.get('followup_tokens') or '-'} tokens: " \
-               f"{f(g(tab, s, 'minference', 'followup_s'), '.3f')} s"
+        turn = f"{sh['followup_tokens']} tokens: " \
+               f"{f(g(tab, s, 'minference', 'followup_s'), '.3f')} s" \
+            if sh.get("followup_tokens") else "-"
+        if not sh.get("followup_tokens"):
+            share = None
         out.append(f"| {sh['model']} | {length(sh['tokens'])} | {cache} "
                    f"| {f(g(tab, s, 'minference', 'prefill_s'), '.2f')} s "
                    f"| {f(1e3 * fork_s if fork_s is not None else None, '.3f')} ms, "
                    f"+{f(added, '.0f')} MiB | {turn} "
-                   f"| {f(100 * share if share is not None else None, '.1f')} % "
+                   f"| {f(100 * share, '.1f') + ' %' if share is not None else '-'} "
                    f"| {f(g(tab, s, 'minference', 'decode_tokens_per_s'), '.1f')} tokens/s "
                    f"| {f(g(tab, s, 'minference', 'device_peak_gib'), '.1f')} GiB "
                    f"| {f(mib / 1024 if mib is not None else None, '.2f')} GiB |")
