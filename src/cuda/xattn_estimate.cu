@@ -27,8 +27,8 @@ namespace mi_cuda {
 
 constexpr int XA_NT = 256;
 constexpr int XA_MAX_PAIRS = 64;
-constexpr int XA_PITCH = 72;   /* 64 + 8 halves: a multiple of 8 for WMMA, rows apart in banks */
-constexpr int XA_SPITCH = 68;  /* score tile pitch in floats */
+constexpr int XA_PITCH = 72;  /* 64 + 8 halves: a multiple of 8 for WMMA, rows apart in banks */
+constexpr int XA_SPITCH = 68; /* score tile pitch in floats */
 /* the masses of one launch stay within this, or one pair when a single pair needs more */
 constexpr size_t XA_MASS_BUDGET = (size_t)256 << 20;
 
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(XA_NT) xa_select_kernel(const xa_params p) {
         const float tv = __uint_as_float(tau);
         if (tv > 0.0f) {
             const double n = ceil((need - kept) / (double)tv);
-            ties_needed = n < 1.0 ? 1 : n > (double)tie_total ? tie_total : (int)n;
+            ties_needed = n<1.0 ? 1 : n>(double) tie_total ? tie_total : (int)n;
         } else {
             ties_needed = tie_total;
         }

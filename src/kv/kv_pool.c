@@ -7,7 +7,9 @@
 #define _DEFAULT_SOURCE
 #include "kv_internal.h"
 
+#include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,36 +52,65 @@ const char *mi_kv_dtype_name(mi_kv_dtype dtype) {
 /* ------------------------------------------------------------------------------------------ */
 /* fp8 e4m3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN, max 448.      */
 
-uint8_t mi_fp8_e4m3_from_f32(float x) {
-    if (isnan(x)) return 0x7f;
-    const uint8_t sign = signbit(x) ? 0x80 : 0;
-    const float a = fabsf(x);
-    if (a >= 448.0f) return sign | 0x7e; /* saturate (also infinities) */
-    if (a < 0.015625f) {                 /* below 2^-6: subnormal steps of 2^-9 */
-        /* rintf rounds to nearest even in the default mode; 8 steps is the smallest normal,
-         * whose code (exponent 1, mantissa 0) is also 8 */
-        return sign | (uint8_t)rintf(a * 512.0f);
-    }
-    int e;
-    frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1): the exponent of a is e - 1 */
-    const int E = e - 1;
-    /* 8..16 steps of 2^(E-3); 16 carries into the next exponent, which the sum absorbs */
-    const int q = (int)rintf(ldexpf(a, 3 - E));
-    int code = ((E + 7) << 3) + q - 8;
-    if (code > 0x7e) code = 0x7e;
-    return sign | (uint8_t)code;
+/* Round to nearest even on the bits: a long prompt codes tens of billions of values, and the
+ * libm form (frexpf, ldexpf, rintf a value) ran at a tenth of the speed of the copies around it.
+ * tests/kv/test_kv_seq.c checks it against that form over a sweep of every exponent. */
+static inline uint8_t fp8_from_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    /* below 2^-6: subnormal steps of 2^-9, a * 512 < 8 rounded to nearest even by adding and
+     * taking away 1.5 * 2^23 (8 steps is the smallest normal, whose code is also 8); from 448
+     * on (infinities too): 448; NaN: 0x7f */
+    const uint32_t is_small = 0u - (uint32_t)(a < 0x3c800000u);
+    const uint32_t is_big = 0u - (uint32_t)(a >= 0x43e00000u); /* 448 on, infinities too */
+    const uint32_t is_nan = 0u - (uint32_t)(a > 0x7f800000u);
+    const uint32_t small = a & is_small; /* (the others would overflow an int) */
+    float f;
+    memcpy(&f, &small, sizeof f);
+    const float rs = (f * 512.0f + 12582912.0f) - 12582912.0f;
+    const uint32_t sub = (uint32_t)(int32_t)rs;
+    /* normal: keep 3 of the 23 mantissa bits, rounding at bit 20 to nearest even (a carry moves
+     * into the exponent); the exponent's bias goes from 127 to 7 */
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    const uint32_t norm = (r >> 20) - (120u << 3);
+    uint32_t code = (sub & is_small) | (norm & ~is_small);
+    code = (0x7eu & is_big) | (code & ~is_big);
+    code = (0x7fu & is_nan) | ((code | sign) & ~is_nan);
+    return (uint8_t)code;
 }
 
-float mi_fp8_e4m3_to_f32(uint8_t x) {
-    const int e = (x >> 3) & 15, m = x & 7;
-    float v;
-    if (e == 15 && m == 7) return NAN;
-    if (e == 0)
-        v = ldexpf((float)m, -9);
-    else
-        v = ldexpf((float)(8 + m), e - 10);
-    return (x & 0x80) ? -v : v;
+uint8_t mi_fp8_e4m3_from_f32(float x) { return fp8_from_f32(x); }
+
+/* out[d] = e4m3((x[d] - c[d]) * inv); restrict: the byte stores alias nothing (else the loop
+ * would not vectorise). */
+static void fp8_encode_scaled(uint8_t *restrict out, const float *restrict x,
+                              const float *restrict c, float inv, int32_t n) {
+    for (int32_t d = 0; d < n; d++) out[d] = fp8_from_f32((x[d] - c[d]) * inv);
 }
+
+/* All 256 codes decoded once (0x7f / 0xff NaN). */
+static float fp8_table[256];
+static void fp8_table_fill(void) {
+    for (int x = 0; x < 256; x++) {
+        const int e = (x >> 3) & 15, m = x & 7;
+        float v;
+        if (e == 15 && m == 7)
+            v = NAN;
+        else if (e == 0)
+            v = ldexpf((float)m, -9);
+        else
+            v = ldexpf((float)(8 + m), e - 10);
+        fp8_table[x] = (x & 0x80) ? -v : v;
+    }
+}
+static pthread_once_t fp8_table_once = PTHREAD_ONCE_INIT;
+static inline const float *fp8_decode_table(void) {
+    pthread_once(&fp8_table_once, fp8_table_fill);
+    return fp8_table;
+}
+
+float mi_fp8_e4m3_to_f32(uint8_t x) { return fp8_decode_table()[x]; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Pool                                                                                        */
@@ -457,6 +488,7 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
     const float s = pool->layout.has_scales ? *scale_of(pool, page, kv, h) : 1.0f;
     float c[MI_KV_MAX_HEAD_DIM];
     if (pool->layout.has_scales) centre_get(pool, page, kv, h, c);
+    const float *fp8 = pool->layout.dtype == MI_KV_FP8_E4M3 ? fp8_decode_table() : NULL;
     for (int32_t r = r0; r < r1; r++, dst += hd) {
         const unsigned char *row = kv_row_at(pool, page, kv, h, r);
         switch (pool->layout.dtype) {
@@ -476,7 +508,7 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
             }
             break;
         case MI_KV_FP8_E4M3:
-            for (int32_t d = 0; d < hd; d++) dst[d] = c[d] + mi_fp8_e4m3_to_f32(row[d]) * s;
+            for (int32_t d = 0; d < hd; d++) dst[d] = c[d] + fp8[row[d]] * s;
             break;
         case MI_KV_KIVI2:
         case MI_KV_KIVI4: kv_quant_decode_rows(pool, page, kv, h, r, r + 1, dst); break;
@@ -501,11 +533,18 @@ static void encode_row(const mi_kv_pool *pool, unsigned char *row, const float *
             memcpy(row + 2 * d, &u, 2);
         }
         break;
-    case MI_KV_FP8_E4M3:
-        /* s == 0: every value so far was zero */
-        for (int32_t d = 0; d < hd; d++)
-            row[d] = s > 0.0f ? mi_fp8_e4m3_from_f32((src[d] - c[d]) / s) : 0;
+    case MI_KV_FP8_E4M3: {
+        /* s == 0: every value so far was zero; s is a power of two, so 1 / s is exact where it
+         * is a normal float */
+        if (s >= 0x1p-100f) {
+            fp8_encode_scaled(row, src, c, 1.0f / s, hd);
+        } else if (s > 0.0f) {
+            for (int32_t d = 0; d < hd; d++) row[d] = fp8_from_f32((src[d] - c[d]) / s);
+        } else {
+            memset(row, 0, (size_t)hd);
+        }
         break;
+    }
     case MI_KV_KIVI2:
     case MI_KV_KIVI4: break; /* whole groups are written by kv_quant.c */
     }
@@ -531,22 +570,32 @@ bool kv_rows_encode(mi_kv_pool *pool, unsigned char *page, int kv, int32_t h, in
             /* The page's first rows set its centre: their mean per channel. Keys carry large
              * per-channel offsets, and e4m3 rounds relative to the value coded, so coding the
              * distance from the centre rounds far less (later rows use the same centre). */
-            for (int32_t d = 0; d < hd; d++) {
-                double m = 0.0;
-                int64_t cnt = 0;
-                for (int32_t i = 0; i < n; i++)
-                    if (isfinite(src[i * ld + d])) m += src[i * ld + d], cnt++;
-                cb[d] = mi_f32_to_bf16(cnt ? (float)(m / (double)cnt) : 0.0f);
-            }
+            double m[MI_KV_MAX_HEAD_DIM];
+            int32_t cnt[MI_KV_MAX_HEAD_DIM];
+            for (int32_t d = 0; d < hd; d++) m[d] = 0.0, cnt[d] = 0;
+            for (int32_t i = 0; i < n; i++) /* row by row: the rows are contiguous */
+                for (int32_t d = 0; d < hd; d++) {
+                    const float x = src[i * ld + d];
+                    const bool ok = isfinite(x);
+                    m[d] += ok ? (double)x : 0.0;
+                    cnt[d] += ok;
+                }
+            for (int32_t d = 0; d < hd; d++)
+                cb[d] = mi_f32_to_bf16(cnt[d] ? (float)(m[d] / (double)cnt[d]) : 0.0f);
             *sp = 0.0f;
         }
         centre_get(pool, page, kv, h, c);
-        float amax = 0.0f;
+        /* the largest finite distance: per channel first (selects across a row vectorise),
+         * then over the channels */
+        float mx[MI_KV_MAX_HEAD_DIM], amax = 0.0f;
+        for (int32_t d = 0; d < hd; d++) mx[d] = 0.0f;
         for (int32_t i = 0; i < n; i++)
             for (int32_t d = 0; d < hd; d++) {
-                const float a = fabsf(src[i * ld + d] - c[d]);
-                if (a > amax && isfinite(a)) amax = a;
+                float a = fabsf(src[i * ld + d] - c[d]);
+                a = a <= FLT_MAX ? a : 0.0f;
+                mx[d] = a > mx[d] ? a : mx[d];
             }
+        for (int32_t d = 0; d < hd; d++) amax = mx[d] > amax ? mx[d] : amax;
         s = *sp;
         float want = 0.0f;
         if (amax > 0.0f) {

@@ -396,8 +396,42 @@ static void test_host_oom(void) {
     mi_kv_pool_destroy(pool);
 }
 
+/* The e4m3 rounding written with libm (round to nearest even), against which the library's
+ * bit-level form is checked. */
+static uint8_t fp8_reference(float x) {
+    if (isnan(x)) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0.015625f) return sign | (uint8_t)rintf(a * 512.0f);
+    int e;
+    frexpf(a, &e);
+    const int q = (int)rintf(ldexpf(a, 4 - e));
+    int code = ((e + 6) << 3) + q - 8;
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
 static void test_fp8_codec(void) {
     int bad = 0;
+    /* every 251st float bit pattern (each exponent, both signs, NaNs and infinities), and a few
+     * values each side of every midpoint between two codes, where the rounding decides */
+    for (uint64_t u = 0; u < (1ull << 32); u += 251) {
+        float x;
+        const uint32_t w = (uint32_t)u;
+        memcpy(&x, &w, sizeof x);
+        bad += mi_fp8_e4m3_from_f32(x) != fp8_reference(x);
+    }
+    for (int c = 0; c < 0x7e; c++) {
+        const float mid =
+            0.5f * (mi_fp8_e4m3_to_f32((uint8_t)c) + mi_fp8_e4m3_to_f32((uint8_t)(c + 1)));
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float x = sgn ? -mid : mid;
+            for (int i = 0; i < 3; i++) x = nextafterf(x, 0.0f);
+            for (int i = 0; i < 7; i++, x = nextafterf(x, sgn ? -INFINITY : INFINITY))
+                bad += mi_fp8_e4m3_from_f32(x) != fp8_reference(x);
+        }
+    }
+    CHECK(bad == 0, "%d values code differently from the libm rounding", bad);
     for (int c = 0; c < 256; c++) {
         if ((c & 0x7f) == 0x7f) {
             bad += !isnan(mi_fp8_e4m3_to_f32((uint8_t)c));
