@@ -19,6 +19,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,58 +85,71 @@ mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t le
         return MI_STATUS_INVALID_ARGUMENT;
     const int32_t group = n_heads / n_kv;
     const float scale = 1.0f / sqrtf((float)hd);
-    float *sc = malloc((size_t)(w * len) * sizeof(float));
-    float *sum = malloc((size_t)(prefix ? prefix : 1) * sizeof(float));
-    float *pooled = calloc((size_t)(n_kv * (prefix ? prefix : 1)), sizeof(float));
-    rank_item *items = malloc((size_t)(prefix ? prefix : 1) * sizeof(rank_item));
-    if (!sc || !sum || !pooled || !items) {
+    const int64_t P = prefix ? prefix : 1, count = n_keep + w;
+    /* Heads on threads, each with its own scores and pooled row (summed into its KV head's in
+     * head order afterwards, so the result does not depend on the thread count). */
+    const int nt = omp_get_max_threads();
+    float *sc = malloc((size_t)nt * (size_t)(w * len) * sizeof(float));
+    float *sum = malloc((size_t)nt * (size_t)P * sizeof(float));
+    float *head_pool = malloc((size_t)n_heads * (size_t)P * sizeof(float));
+    float *pooled = calloc((size_t)(n_kv * P), sizeof(float));
+    rank_item *items = malloc((size_t)n_kv * (size_t)P * sizeof(rank_item));
+    if (!sc || !sum || !head_pool || !pooled || !items) {
         free(sc);
         free(sum);
+        free(head_pool);
         free(pooled);
         free(items);
         return MI_STATUS_OUT_OF_MEMORY;
     }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int32_t h = 0; h < n_heads; h++) {
         const int32_t kh = h / group;
-        /* scores of the window's queries against every row: [w, len] */
+        float *my_sc = sc + (size_t)omp_get_thread_num() * (size_t)(w * len);
+        float *my_sum = sum + (size_t)omp_get_thread_num() * (size_t)P;
+        /* scores of the window's queries against every row: [w, len] (one thread's BLAS) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)w, (int)len, hd, scale,
-                    q + (int64_t)h * hd, n_heads * hd, k + (int64_t)kh * len * hd, hd, 0.0f, sc,
+                    q + (int64_t)h * hd, n_heads * hd, k + (int64_t)kh * len * hd, hd, 0.0f, my_sc,
                     (int)len);
-        for (int64_t j = 0; j < prefix; j++) sum[j] = 0.0f;
+        for (int64_t j = 0; j < prefix; j++) my_sum[j] = 0.0f;
         for (int64_t i = 0; i < w; i++) {
-            float *row = sc + i * len;
+            float *row = my_sc + i * len;
             const int64_t visible = prefix + i + 1; /* causal inside the window */
             float mx = -INFINITY;
             for (int64_t j = 0; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
             float z = 0.0f;
-            for (int64_t j = 0; j < visible; j++) z += expf(row[j] - mx);
+            for (int64_t j = 0; j < visible; j++) z += (row[j] = expf(row[j] - mx));
             const float inv = 1.0f / z;
-            for (int64_t j = 0; j < prefix; j++) sum[j] += expf(row[j] - mx) * inv;
+            for (int64_t j = 0; j < prefix; j++) my_sum[j] += row[j] * inv;
         }
-        float *pool = pooled + (int64_t)kh * prefix;
+        float *pool = head_pool + (int64_t)h * P;
         const int64_t half = kernel / 2;
         for (int64_t j = 0; j < prefix; j++) {
             float acc = pooling ? -INFINITY : 0.0f;
             for (int64_t t = j - half; t <= j + half; t++) {
                 if (t < 0 || t >= prefix) continue; /* zero padding (avg), -inf (max) */
                 if (pooling)
-                    acc = sum[t] > acc ? sum[t] : acc;
+                    acc = my_sum[t] > acc ? my_sum[t] : acc;
                 else
-                    acc += sum[t];
+                    acc += my_sum[t];
             }
-            pool[j] += pooling ? acc : acc / (float)kernel;
+            pool[j] = pooling ? acc : acc / (float)kernel;
         }
     }
-    const int64_t count = n_keep + w;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int32_t kh = 0; kh < n_kv; kh++) {
-        const float *pool = pooled + (int64_t)kh * prefix;
+        float *pool = pooled + (int64_t)kh * P;
+        for (int32_t h = kh * group; h < kh * group + group; h++) /* in head order */
+            for (int64_t j = 0; j < prefix; j++) pool[j] += head_pool[(int64_t)h * P + j];
+        rank_item *it = items + (int64_t)kh * P;
         int64_t *out = keep + (int64_t)kh * count;
-        for (int64_t j = 0; j < prefix; j++) items[j] = (rank_item){pool[j], j};
-        qsort(items, (size_t)prefix, sizeof(rank_item), by_score);
-        for (int64_t i = 0; i < n_keep; i++) out[i] = items[i].row;
+        for (int64_t j = 0; j < prefix; j++) it[j] = (rank_item){pool[j], j};
+        qsort(it, (size_t)prefix, sizeof(rank_item), by_score);
+        for (int64_t i = 0; i < n_keep; i++) out[i] = it[i].row;
         qsort(out, (size_t)n_keep, sizeof(int64_t), by_row);
         for (int64_t i = 0; i < w; i++) out[n_keep + i] = prefix + i;
     }
+    free(head_pool);
     free(sc);
     free(sum);
     free(pooled);
