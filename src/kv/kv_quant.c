@@ -13,6 +13,7 @@
 #include "kv_quant.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -305,9 +306,13 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
         if (!grown)
             return kv_fail(pool, MI_STATUS_OUT_OF_MEMORY, "out of memory for the KIVI residual");
     }
-    /* a group's rows (converted where the source is not f32) and a row buffer */
-    float *buf = malloc(((size_t)G + 1) * (size_t)hd * sizeof(float));
-    const float **rows = malloc((size_t)G * sizeof *rows);
+    /* a group's rows (converted where the source is not f32) and a row buffer, per thread:
+     * a long prompt's groups are quantized on OpenMP threads (each group writes its own rows,
+     * scales and byte-aligned codes; the pages' fill is set after, in order) */
+    const int64_t n_groups = (q1 - q0) / G;
+    const int nt = n_groups * G >= KV_PARALLEL_ROWS ? omp_get_max_threads() : 1;
+    float *buf = malloc((size_t)nt * ((size_t)G + 1) * (size_t)hd * sizeof(float));
+    const float **rows = malloc((size_t)nt * (size_t)G * sizeof *rows);
     if (!buf || !rows) {
         free(buf);
         free(rows);
@@ -348,24 +353,29 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
     }
     L->n_pages += fresh;
 
-    for (int64_t g0 = q0; g0 < q1; g0 += G) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t gi = 0; gi < n_groups; gi++) {
+        const int64_t g0 = q0 + gi * G;
         const int32_t id = L->pages[g0 / P], r0 = (int32_t)(g0 % P);
         unsigned char *page = kv_page(pool, id);
+        float *my_buf = buf + (size_t)omp_get_thread_num() * ((size_t)G + 1) * (size_t)hd;
+        const float **my_rows = rows + (size_t)omp_get_thread_num() * (size_t)G;
         for (int32_t h = 0; h < H; h++)
             for (int kv = 0; kv < 2; kv++) {
                 const mi_tensor *t = kv ? v : k;
                 for (int32_t i = 0; i < G; i++) {
                     const int64_t row = g0 + i;
-                    rows[i] = row < len0 ? kv_resid_row(pool, L, kv, h, row - q0)
-                                         : t_row(t, h, row - len0, hd, buf + (size_t)i * hd);
+                    my_rows[i] = row < len0 ? kv_resid_row(pool, L, kv, h, row - q0)
+                                            : t_row(t, h, row - len0, hd, my_buf + (size_t)i * hd);
                 }
                 if (kv == 0)
-                    quant_k_group(Lay, page, h, r0, rows);
+                    quant_k_group(Lay, page, h, r0, my_rows);
                 else
-                    for (int32_t i = 0; i < G; i++) quant_v_row(Lay, page, h, r0 + i, rows[i]);
+                    for (int32_t i = 0; i < G; i++) quant_v_row(Lay, page, h, r0 + i, my_rows[i]);
             }
-        pool->info[id].fill = r0 + G;
     }
+    for (int64_t g0 = q0; g0 < q1; g0 += G)
+        pool->info[L->pages[g0 / P]].fill = (int32_t)(g0 % P) + G;
     /* the residual becomes rows q1..len1-1 */
     for (int kv = 0; kv < 2; kv++)
         for (int32_t h = 0; h < H; h++) {

@@ -11,6 +11,7 @@
  */
 #include "kv_test_util.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -235,6 +236,42 @@ static void append_all(mi_kv_seq **seqs, int n_seqs, int32_t l, int64_t n, int32
     mi_tensor tv = mi_tensor_blhd(v, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, n, D);
     for (int i = 0; i < n_seqs; i++) CHECK_OK(mi_kv_seq_append(seqs[i], l, &tk, &tv));
     free(k), free(v);
+}
+
+/* A long append quantizes its groups on threads: the same codes as one thread, and within the
+ * codec's error of the rows (G 32 of 64-row pages: two groups share each page). */
+static void test_threads(mi_kv_dtype dt) {
+    const int32_t H = 2, D = 32, NL = 1;
+    mi_kv_pool *pools[2];
+    mi_kv_seq *seqs[2];
+    const int saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        pools[t] = make_pool(dt, NL, H, D, 64, 32, 32);
+        CHECK_OK(mi_kv_seq_create(pools[t], &seqs[t]));
+    }
+    /* a residual to carry into the long append, then one past KV_PARALLEL_ROWS */
+    static const int64_t sizes[2] = {37, 5000};
+    for (int a = 0; a < 2; a++) {
+        const int64_t n = sizes[a];
+        float *k = malloc((size_t)n * H * D * 4), *v = malloc((size_t)n * H * D * 4);
+        fill_rows(k, n, H, D, 0);
+        fill_rows(v, n, H, D, 1);
+        mi_tensor tk = mi_tensor_blhd(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, n, D);
+        mi_tensor tv = mi_tensor_blhd(v, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, n, D);
+        for (int t = 0; t < 2; t++) {
+            omp_set_num_threads(t ? 4 : 1);
+            CHECK_OK(mi_kv_seq_append(seqs[t], 0, &tk, &tv));
+        }
+        free(k), free(v);
+    }
+    omp_set_num_threads(saved);
+    CHECK(mi_kv_seq_quantized_rows(seqs[0], 0) > 4096);
+    CHECK(same_layers(seqs[0], seqs[1], NL, H, D), "%s: threads changed the codes",
+          mi_kv_dtype_name(dt));
+    for (int t = 0; t < 2; t++) {
+        mi_kv_seq_destroy(seqs[t]);
+        mi_kv_pool_destroy(pools[t]);
+    }
 }
 
 static void test_fork_cow(void) {
@@ -544,5 +581,7 @@ int main(void) {
     test_attend(MI_KV_BF16);
     test_residual_is_dense();
     test_bytes_per_token();
+    test_threads(MI_KV_KIVI2);
+    test_threads(MI_KV_KIVI4);
     return check_finish("test_kv_quant");
 }
