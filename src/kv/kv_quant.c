@@ -310,7 +310,7 @@ mi_status kv_quant_append(mi_kv_seq *seq, int32_t layer, const mi_tensor *k, con
      * a long prompt's groups are quantized on OpenMP threads (each group writes its own rows,
      * scales and byte-aligned codes; the pages' fill is set after, in order) */
     const int64_t n_groups = (q1 - q0) / G;
-    const int nt = n_groups * G >= KV_PARALLEL_ROWS ? omp_get_max_threads() : 1;
+    const int nt = n >= KV_PARALLEL_ROWS && n_groups > 1 ? omp_get_max_threads() : 1;
     float *buf = malloc((size_t)nt * ((size_t)G + 1) * (size_t)hd * sizeof(float));
     const float **rows = malloc((size_t)nt * (size_t)G * sizeof *rows);
     if (!buf || !rows) {
