@@ -14,8 +14,12 @@
 #include "kv_method.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* (query, head) lists ranked per parallel round: bounds the chosen pages' memory */
+#define QUEST_LISTS 4096
 
 static const kv_param_def quest_params[] = {
     {"token_budget", KV_PARAM_INT, 1024, 1, 1 << 30, NULL, "tokens read per head and step"},
@@ -95,6 +99,7 @@ static mi_status quest_select(kv_method *m, const mi_kv_seq *seq, int32_t layer,
         return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting pages");
     const float **meta = NULL;
     page_rank *rank = NULL;
+    int64_t *chosen = NULL;
     mi_status s = MI_STATUS_SUCCESS;
     const bool dense = layer < st->dense_layers;
     if (!dense) {
@@ -115,34 +120,56 @@ static mi_status quest_select(kv_method *m, const mi_kv_seq *seq, int32_t layer,
             meta[p] = v.key_minmax;
         }
     }
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t end = rows - n + i + 1, pages = (end + pt - 1) / pt;
-        for (int32_t h = 0; h < nh; h++) {
-            if (dense || end <= st->budget) {
-                if ((s = kv_selection_push(sel, 0, end)) != MI_STATUS_SUCCESS) break;
-                kv_selection_close(sel);
-                continue;
-            }
+    /* Each (query, head) list's pages are ranked on threads (a decode step's 32-odd heads were
+     * most of its time on one), then written in list order, QUEST_LISTS lists at a time. */
+    const int64_t kmax = dense ? 1 : kv_quest_pages(st->budget, pt, n_pages), lists = n * nh;
+    const int nt = omp_get_max_threads();
+    if (!dense) {
+        chosen = malloc((size_t)QUEST_LISTS * (size_t)(kmax ? kmax : 1) * sizeof(*chosen));
+        page_rank *more =
+            realloc(rank, (size_t)nt * (size_t)(n_pages ? n_pages : 1) * sizeof(*rank));
+        if (more) rank = more;
+        if (!chosen || !more) {
+            s = kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting pages");
+            goto done;
+        }
+    }
+    for (int64_t l0 = 0; l0 < lists && s == MI_STATUS_SUCCESS; l0 += QUEST_LISTS) {
+        const int64_t l1 = l0 + QUEST_LISTS < lists ? l0 + QUEST_LISTS : lists;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (!dense)
+        for (int64_t li = l0; li < l1; li++) {
+            const int64_t i = li / nh, end = rows - n + i + 1, pages = (end + pt - 1) / pt;
+            const int32_t h = (int32_t)(li % nh);
+            if (dense || end <= st->budget) continue; /* every row: written below */
+            page_rank *rk = rank + (size_t)omp_get_thread_num() * (size_t)n_pages;
             const float *qh = q + (i * nh + h) * (int64_t)hd;
             const int32_t kh = h / group;
             for (int64_t p = 0; p < pages; p++)
-                rank[p] = (page_rank){kv_quest_bound(qh, meta[p] + (int64_t)kh * 2 * hd, hd), p};
+                rk[p] = (page_rank){kv_quest_bound(qh, meta[p] + (int64_t)kh * 2 * hd, hd), p};
             const int64_t k = kv_quest_pages(st->budget, pt, pages);
-            qsort(rank, (size_t)pages, sizeof(*rank), by_bound);
-            qsort(rank, (size_t)k, sizeof(*rank), by_page);
-            for (int64_t t = 0; t < k && s == MI_STATUS_SUCCESS; t++) {
-                const int64_t r0 = rank[t].page * pt, r1 = r0 + pt < end ? r0 + pt : end;
-                s = kv_selection_push(sel, r0, r1);
-            }
-            if (s != MI_STATUS_SUCCESS) break;
-            kv_selection_close(sel);
+            qsort(rk, (size_t)pages, sizeof(*rk), by_bound);
+            qsort(rk, (size_t)k, sizeof(*rk), by_page);
+            for (int64_t t = 0; t < k; t++) chosen[(li - l0) * kmax + t] = rk[t].page;
         }
-        if (s != MI_STATUS_SUCCESS) {
-            s = kv_method_fail(m, s, "out of memory selecting pages");
-            break;
+        for (int64_t li = l0; li < l1 && s == MI_STATUS_SUCCESS; li++) {
+            const int64_t i = li / nh, end = rows - n + i + 1, pages = (end + pt - 1) / pt;
+            if (dense || end <= st->budget) {
+                s = kv_selection_push(sel, 0, end);
+            } else {
+                const int64_t k = kv_quest_pages(st->budget, pt, pages);
+                for (int64_t t = 0; t < k && s == MI_STATUS_SUCCESS; t++) {
+                    const int64_t r0 = chosen[(li - l0) * kmax + t] * pt;
+                    s = kv_selection_push(sel, r0, r0 + pt < end ? r0 + pt : end);
+                }
+            }
+            if (s == MI_STATUS_SUCCESS)
+                kv_selection_close(sel);
+            else
+                s = kv_method_fail(m, s, "out of memory selecting pages");
         }
     }
 done:
+    free(chosen);
     free(meta);
     free(rank);
     return s;
