@@ -165,19 +165,31 @@ static mi_status build_layer(kv_method *m, const mi_kv_seq *seq, int32_t layer, 
     const int32_t group = nh / n_kv;
     const int64_t n = end - st->n_init;
     float *k = read_keys(m, seq, layer, st->n_init, end);
-    float *qs = nq > 0 ? malloc((size_t)(nq * group * hd) * sizeof(float)) : NULL;
+    /* each KV head's query samples, and its index built on a thread of its own (a head's
+     * k-means and calibration do not depend on the others) */
+    float *qs = nq > 0 ? malloc((size_t)(n_kv * nq * group * hd) * sizeof(float)) : NULL;
     L->ix = calloc((size_t)n_kv, sizeof(*L->ix));
     L->mark = malloc((size_t)(2 * n_kv * hd) * sizeof(float));
     mi_status s = MI_STATUS_SUCCESS;
     if (!k || !L->ix || !L->mark || (nq > 0 && !qs)) s = MI_STATUS_OUT_OF_MEMORY;
-    for (int32_t h = 0; h < n_kv && s == MI_STATUS_SUCCESS; h++) {
-        for (int64_t i = 0; i < nq; i++)
-            for (int32_t g = 0; g < group; g++)
-                memcpy(qs + (i * group + g) * hd, q + (i * nh + h * group + g) * (int64_t)hd,
-                       (size_t)hd * sizeof(float));
-        L->ix[h] = kv_retr_build(k + (int64_t)h * n * hd, n, hd, hd, st->n_init, qs, nq * group, hd,
-                                 (int32_t)(st->top_k < n ? st->top_k : n), &st->ip);
-        if (!L->ix[h]) s = MI_STATUS_OUT_OF_MEMORY;
+    if (s == MI_STATUS_SUCCESS) {
+        int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int32_t h = 0; h < n_kv; h++) {
+            float *mine = qs ? qs + (int64_t)h * nq * group * hd : NULL;
+            for (int64_t i = 0; i < nq; i++)
+                for (int32_t g = 0; g < group; g++)
+                    memcpy(mine + (i * group + g) * hd, q + (i * nh + h * group + g) * (int64_t)hd,
+                           (size_t)hd * sizeof(float));
+            L->ix[h] =
+                kv_retr_build(k + (int64_t)h * n * hd, n, hd, hd, st->n_init, mine, nq * group, hd,
+                              (int32_t)(st->top_k < n ? st->top_k : n), &st->ip);
+            if (!L->ix[h]) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        if (failed) s = MI_STATUS_OUT_OF_MEMORY;
     }
     if (s == MI_STATUS_SUCCESS) {
         set_mark(m, L, 0, k, n);
