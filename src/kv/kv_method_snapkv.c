@@ -88,7 +88,7 @@ mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t le
     const int64_t P = prefix ? prefix : 1, count = n_keep + w;
     /* Heads on threads, each with its own scores and pooled row (summed into its KV head's in
      * head order afterwards, so the result does not depend on the thread count). */
-    const int nt = omp_get_max_threads();
+    const int nt = omp_get_max_threads() < n_heads ? omp_get_max_threads() : n_heads;
     float *sc = malloc((size_t)nt * (size_t)(w * len) * sizeof(float));
     float *sum = malloc((size_t)nt * (size_t)P * sizeof(float));
     float *head_pool = malloc((size_t)n_heads * (size_t)P * sizeof(float));
