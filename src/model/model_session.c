@@ -372,6 +372,11 @@ mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out) {
 /* ------------------------------------------------------------------------------------------ */
 /* Dense attention over the pages                                                              */
 
+/* Query heads per KV head, and head size, that attend_group takes (beyond: one head at a time;
+ * its accumulators live on the stack). */
+#define MI_GQA_MAX 16
+#define MI_GQA_MAX_DIM 256
+
 typedef struct seq_job {
     const float *q; /* [n, n_heads * hd] */
     float *out;
@@ -400,15 +405,87 @@ static inline const float *seq_rows(const seq_job *j, int kv, int64_t page, int3
  * continuation (model_forward.c), so a session and the model's own cache give equal logits; only
  * the addressing differs: key p is row p % pt of page p / pt. With one, the keys are the spans'
  * rows, in ascending order (a selection of every row is therefore bit for bit dense). */
+/* Query heads h0..h0+ng-1 of one row, which share KV head kvh, over every visible key (no
+ * selection, f32 pages): each K and V row is read once for all of them (a decode step reads
+ * the whole cache and is bound by memory), and each head's arithmetic runs in the order of the
+ * one-head loop below, so the results are the same bit for bit. sc: ng * (keys) floats. */
+static void attend_group(const seq_job *j, int64_t row, int32_t h0, int32_t ng, int64_t first,
+                         int64_t end, float *sc) {
+    const int32_t hd = j->hd, kvh = h0 / (j->n_heads / j->n_kv);
+    const int64_t n = end - first;
+    const float *q[MI_GQA_MAX], *k;
+    float mx[MI_GQA_MAX], sum[MI_GQA_MAX], acc[MI_GQA_MAX][MI_GQA_MAX_DIM];
+    for (int32_t g = 0; g < ng; g++) {
+        q[g] = j->q + row * (int64_t)j->n_heads * hd + (int64_t)(h0 + g) * hd;
+        mx[g] = -INFINITY, sum[g] = 0.0f;
+        for (int32_t d = 0; d < hd; d++) acc[g][d] = 0.0f;
+    }
+    for (int64_t p = first, i = 0; p < end;) {
+        const int64_t pg = p / j->pt, stop = (pg + 1) * j->pt < end ? (pg + 1) * j->pt : end;
+        k = seq_rows(j, 0, pg, kvh, p % j->pt);
+        for (; p < stop; p++, i++, k += hd)
+            for (int32_t g = 0; g < ng; g++) {
+                const float v = mim_dot_row(MIM_TYPE_F32, k, q[g], hd) * j->scale;
+                sc[g * n + i] = v;
+                mx[g] = v > mx[g] ? v : mx[g];
+            }
+    }
+    for (int32_t g = 0; g < ng; g++)
+        for (int64_t i = 0; i < n; i++) {
+            sc[g * n + i] = expf(sc[g * n + i] - mx[g]);
+            sum[g] += sc[g * n + i];
+        }
+    for (int64_t p = first, i = 0; p < end;) {
+        const int64_t pg = p / j->pt, stop = (pg + 1) * j->pt < end ? (pg + 1) * j->pt : end;
+        const float *v = seq_rows(j, 1, pg, kvh, p % j->pt);
+        for (; p < stop; p++, i++, v += hd)
+            for (int32_t g = 0; g < ng; g++) {
+                const float w = sc[g * n + i];
+                for (int32_t d = 0; d < hd; d++) acc[g][d] += w * v[d];
+            }
+    }
+    for (int32_t g = 0; g < ng; g++) {
+        float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)(h0 + g) * hd;
+        const float inv = 1.0f / sum[g];
+        for (int32_t d = 0; d < hd; d++) o[d] = acc[g][d] * inv;
+    }
+}
+
 static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     (void)thread;
     const seq_job *j = arg;
     const int32_t group = j->n_heads / j->n_kv, hd = j->hd;
-    float *sc = malloc((size_t)(j->n_past + j->n) * sizeof(float));
+    /* a group's scores where its heads go together (attend_group), else one head's */
+    const bool grouped = !j->reader && group > 1 && group <= MI_GQA_MAX && hd <= MI_GQA_MAX_DIM;
+    float *sc = malloc((size_t)(grouped ? group : 1) * (size_t)(j->n_past + j->n) * sizeof(float));
     float acc[1024];
     for (int64_t t = b; t < e; t++) {
         const int64_t row = t / j->n_heads;
         const int32_t h = (int32_t)(t % j->n_heads), kvh = h / group;
+        if (grouped && sc && h % group == 0 && t + group <= e) {
+            const int64_t end = j->n_past + row + 1;
+            int64_t first = j->window > 0 && end > j->window ? end - j->window : 0, last = end;
+            /* a selection that gives the group's heads one and the same span (Quest's dense
+             * layers, a short context) reads as no selection over that span */
+            bool same = true;
+            if (j->sel) {
+                const int64_t *o = j->sel->offsets, *sp = j->sel->spans;
+                same = o[t + 1] - o[t] == 1;
+                for (int32_t g = 1; same && g < group; g++)
+                    same = o[t + g + 1] - o[t + g] == 1 && sp[2 * o[t + g]] == sp[2 * o[t]] &&
+                           sp[2 * o[t + g] + 1] == sp[2 * o[t] + 1];
+                if (same) {
+                    first = sp[2 * o[t]];
+                    last = sp[2 * o[t] + 1] < end ? sp[2 * o[t] + 1] : end;
+                    same = first < last;
+                }
+            }
+            if (same) {
+                attend_group(j, row, h, group, first, last, sc);
+                t += group - 1;
+                continue;
+            }
+        }
         const float *q = j->q + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
         float *o = j->out + row * (int64_t)j->n_heads * hd + (int64_t)h * hd;
         const int64_t end = j->n_past + row + 1;

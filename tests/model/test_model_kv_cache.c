@@ -225,9 +225,57 @@ static void test_refusals(void) {
     mi_kv_cache_destroy(NULL);
 }
 
+/* Query heads that share a KV head are read together (each K and V row once for the group);
+ * each head's result must be what it gets alone: the same cache with every KV head duplicated
+ * per query head (group 1, one head at a time) gives the same output bit for bit, for the whole
+ * cache (dense) and for a selection that gives the group one span (Quest's dense layers). */
+static void test_grouped_heads_equal_alone(const char *spec) {
+    mi_kv_cache *c[2];
+    for (int i = 0; i < 2; i++) {
+        mi_kv_cache_params p = mi_kv_cache_default_params();
+        p.kv = spec;
+        p.n_layers = NL, p.n_heads = NH, p.n_kv_heads = i ? NH : NKV, p.head_dim = HD;
+        p.n_threads = 2;
+        char msg[256];
+        CHECK_OK(mi_kv_cache_create(&p, &c[i], msg, sizeof msg));
+        if (!c[i]) return;
+    }
+    const int group = NH / NKV;
+    int differ = 0;
+    for (int ci = 0; ci < N_CALLS; ci++) {
+        const int64_t n = calls[ci];
+        float *q = malloc(sizeof(float) * NH * n * HD), *k = malloc(sizeof(float) * NKV * n * HD);
+        float *v = malloc(sizeof(float) * NKV * n * HD), *o[2];
+        float *k2 = malloc(sizeof(float) * NH * n * HD), *v2 = malloc(sizeof(float) * NH * n * HD);
+        for (int64_t i = 0; i < NH * n * HD; i++) q[i] = rnd();
+        for (int64_t i = 0; i < NKV * n * HD; i++) k[i] = rnd(), v[i] = rnd();
+        for (int h = 0; h < NH; h++) /* query head h's own copy of its KV head */
+            for (int64_t i = 0; i < n * HD; i++) {
+                k2[h * n * HD + i] = k[(h / group) * n * HD + i];
+                v2[h * n * HD + i] = v[(h / group) * n * HD + i];
+            }
+        for (int i = 0; i < 2; i++) o[i] = malloc(sizeof(float) * NH * n * HD);
+        for (int32_t l = 0; l < NL; l++) {
+            mi_tensor tq = t4(q, NH, n), tk = t4(k, NKV, n), tv = t4(v, NKV, n);
+            mi_tensor tk2 = t4(k2, NH, n), tv2 = t4(v2, NH, n);
+            mi_tensor to0 = t4(o[0], NH, n), to1 = t4(o[1], NH, n);
+            CHECK_OK(mi_kv_cache_call(c[0], l, &tq, &tk, &tv, 0.17f, &to0));
+            CHECK_OK(mi_kv_cache_call(c[1], l, &tq, &tk2, &tv2, 0.17f, &to1));
+            differ += memcmp(o[0], o[1], sizeof(float) * NH * n * HD) != 0;
+        }
+        free(q), free(k), free(v), free(k2), free(v2), free(o[0]), free(o[1]);
+    }
+    CHECK(differ == 0, "%s: %d calls of grouped heads differ from the heads alone",
+          spec ? spec : "dense", differ);
+    mi_kv_cache_destroy(c[0]);
+    mi_kv_cache_destroy(c[1]);
+}
+
 int main(void) {
     test_against_float64();
     test_methods_change_the_reads();
     test_refusals();
+    test_grouped_heads_equal_alone(NULL);
+    test_grouped_heads_equal_alone("quest:token_budget=64,dense_layers=1");
     return check_finish("model.kv_cache");
 }
