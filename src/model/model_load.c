@@ -472,6 +472,20 @@ static double jnum(json_t *o, const char *key, double dflt) {
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+/* An integer field of config.json (a count or a length): a number in [0, max]. Outside it (or
+ * not finite) *bad names the first such field, and dflt stands in; casting such a double to an
+ * integer would be undefined. */
+static int64_t jcount(json_t *o, const char *key, int64_t dflt, int64_t max, const char **bad) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v)) return dflt;
+    const double x = json_number_value(v);
+    if (!(x >= 0.0 && x <= (double)max)) {
+        if (!*bad) *bad = key;
+        return dflt;
+    }
+    return (int64_t)x;
+}
+
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -592,26 +606,26 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap) {
         goto done;
     }
     snprintf(m->info.arch, sizeof(m->info.arch), "%s", mt);
-    m->n_layers = (int32_t)jnum(cfg, "num_hidden_layers", 0);
-    m->hidden = (int32_t)jnum(cfg, "hidden_size", 0);
-    m->ffn = (int32_t)jnum(cfg, "intermediate_size", 0);
-    m->n_heads = (int32_t)jnum(cfg, "num_attention_heads", 0);
-    m->n_kv = (int32_t)jnum(cfg, "num_key_value_heads", m->n_heads);
+    const char *bad = NULL; /* the first integer field out of range */
+    m->n_layers = (int32_t)jcount(cfg, "num_hidden_layers", 0, INT32_MAX, &bad);
+    m->hidden = (int32_t)jcount(cfg, "hidden_size", 0, INT32_MAX, &bad);
+    m->ffn = (int32_t)jcount(cfg, "intermediate_size", 0, INT32_MAX, &bad);
+    m->n_heads = (int32_t)jcount(cfg, "num_attention_heads", 0, INT32_MAX, &bad);
+    m->n_kv = (int32_t)jcount(cfg, "num_key_value_heads", m->n_heads, INT32_MAX, &bad);
     m->hd = m->n_heads > 0 ? m->hidden / m->n_heads : 0;
     if (json_is_integer(json_object_get(cfg, "head_dim")))
-        m->hd = (int32_t)jnum(cfg, "head_dim", m->hd);
-    m->vocab = (int32_t)jnum(cfg, "vocab_size", 0);
+        m->hd = (int32_t)jcount(cfg, "head_dim", m->hd, INT32_MAX, &bad);
+    m->vocab = (int32_t)jcount(cfg, "vocab_size", 0, INT32_MAX, &bad);
     m->eps = (float)jnum(cfg, "rms_norm_eps", 1e-6);
     m->rope.theta = jnum(cfg, "rope_theta", 10000.0);
     m->rope.dim = m->hd;
     m->rope.neox = true;
-    m->info.context_length = (int64_t)jnum(cfg, "max_position_embeddings", 0);
+    m->info.context_length = jcount(cfg, "max_position_embeddings", 0, INT64_MAX / 4, &bad);
     /* Mistral v0.1: "sliding_window": 4096 (null in later versions). Qwen2 configs carry a
      * window too, active only with "use_sliding_window": true. */
     if (json_is_integer(json_object_get(cfg, "sliding_window")) &&
         (strcmp(mt, "qwen2") != 0 || json_is_true(json_object_get(cfg, "use_sliding_window"))))
-        m->sliding_window = (int64_t)jnum(cfg, "sliding_window", 0);
-    if (m->sliding_window < 0) m->sliding_window = 0;
+        m->sliding_window = jcount(cfg, "sliding_window", 0, INT64_MAX / 4, &bad);
     /* transformers >= 5 writes "rope_parameters" (theta inside it) instead of "rope_scaling" */
     json_t *rs = json_object_get(cfg, "rope_scaling");
     json_t *rp = json_object_get(cfg, "rope_parameters");
@@ -641,13 +655,18 @@ static mi_status load_hf(mi_model *m, const char *dir, char *err, size_t cap) {
             goto done;
         }
         sc->factor = jnum(rs, "factor", 1.0);
-        sc->original_context =
-            (int64_t)jnum(rs, "original_max_position_embeddings", (double)m->info.context_length);
+        sc->original_context = jcount(rs, "original_max_position_embeddings",
+                                      m->info.context_length, INT64_MAX / 4, &bad);
         sc->low_freq_factor = jnum(rs, "low_freq_factor", 1.0);
         sc->high_freq_factor = jnum(rs, "high_freq_factor", 4.0);
         sc->beta_fast = jnum(rs, "beta_fast", 32.0);
         sc->beta_slow = jnum(rs, "beta_slow", 1.0);
         sc->attention_factor = jnum(rs, "attention_factor", 0.0);
+    }
+    if (bad) {
+        st = mim_fail(err, cap, MI_STATUS_PARSE_ERROR, "%s: %s is not a count this model can have",
+                      path, bad);
+        goto done;
     }
     if ((st = check_dims(m, err, cap))) goto done;
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);

@@ -465,6 +465,24 @@ static void test_hf_errors(void) {
                      "\"intermediate_size\": 96}");
     st = mi_model_load(test_ctx(), dir, NULL, &m);
     CHECK(st == MI_STATUS_PARSE_ERROR && strstr(TEST_ERR, "dimensions"), "5/2 heads: %s", TEST_ERR);
+    /* counts an int32 cannot hold, or negative: refused naming the field, never cast (a fuzz
+     * finding: 22147483646 intermediate units) */
+    static const char *const counts[3] = {"\"intermediate_size\": 22147483646",
+                                          "\"num_hidden_layers\": -1",
+                                          "\"max_position_embeddings\": 1e300"};
+    for (int i = 0; i < 3; i++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg,
+                 "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 96, %s}",
+                 counts[i]);
+        write_text(path, cfg);
+        st = mi_model_load(test_ctx(), dir, NULL, &m);
+        char field[64];
+        sscanf(counts[i] + 1, "%63[^\"]", field);
+        CHECK(st == MI_STATUS_PARSE_ERROR && m == NULL && strstr(TEST_ERR, field), "%s: %s",
+              counts[i], TEST_ERR);
+    }
 
     /* A shard cut short: the tiny model's first shard loses its last bytes. */
     char good[512];
