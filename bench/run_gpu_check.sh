@@ -59,6 +59,8 @@ t ws_thread_stores_quick sm90_sparse=1,sm90_tma_store=-1 --quick
 t ring_sparse_quick sm90_sparse=-1 --quick
 t ring_a_shape_quick sm90_a_shape=-1 --quick
 t ring_dense_quick sm90_dense=-1 --quick
+# dilated and strided heads in two passes where that walks fewer tiles
+t rowmask_two_pass_quick rowmask_two_pass=1 --quick
 for v in "${VARIANTS[@]}"; do
   name=${v%%=*}; tuning=${v#*=}
   [ -n "$tuning" ] && [ "$tuning" != "$v" ] && t "${name}quick" "$tuning" --quick

@@ -186,6 +186,11 @@ typedef struct mi_tuning {
     int32_t bs_mask_append;
     /* -1 only: pooling a value a thread, not by 16-byte loads. */
     int32_t bs_pool_vec;
+
+    /* CUDA, dilated and strided heads. 1: in two passes where that walks fewer key tiles
+     * (the sinks and dense windows over consecutive rows, then the dilated keys over rows a
+     * stride apart, merged by log-sum-exp through the output); auto / -1: one pass. */
+    int32_t rowmask_two_pass;
 } mi_tuning;
 
 /* Every field 0: each backend's own choices. */

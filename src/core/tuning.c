@@ -50,6 +50,7 @@ static const tuning_field fields[] = {
     COUNT(bs_split, -1),
     SWITCH(bs_mask_append),
     SWITCH(bs_pool_vec),
+    SWITCH(rowmask_two_pass),
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 /* a new field of mi_tuning needs its row above */

@@ -294,8 +294,7 @@ static const mi_cuda_attn_params *dense_heads_apart(const mi_cuda_attn_params *p
     int n = 0;
     for (int h = 0; h < p->heads; ++h) {
         const mi_cuda_head_mode &m = p->head_modes[h];
-        if (m.mode == MI_CUDA_MODE_DENSE ||
-            (m.mode != MI_CUDA_MODE_NONE && m.dense_below > 0 && p->len < m.dense_below))
+        if (m.mode == MI_CUDA_MODE_DENSE || (m.dense_below > 0 && p->len < m.dense_below))
             listed[n++] = (int16_t)h;
     }
     if (n == 0) return p;
@@ -304,8 +303,10 @@ static const mi_cuda_attn_params *dense_heads_apart(const mi_cuda_attn_params *p
     if (*e != cudaSuccess) return p;
     if (used && n == p->heads) return nullptr;
     *rest = *p;
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < n; ++i) {
         rest->head_modes[listed[i]].mode = used ? MI_CUDA_MODE_NONE : MI_CUDA_MODE_DENSE;
+        rest->head_modes[listed[i]].dense_below = 0; /* NONE: done, whatever the length */
+    }
     return rest;
 }
 

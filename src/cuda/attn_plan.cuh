@@ -131,8 +131,9 @@ __device__ __forceinline__ bool plan_tiles(const mi_cuda_attn_params &p, int h, 
     tp.offsets = tp.cols = nullptr;
     tp.win = {0, 0x7fffffff, 0x7fffffff};
     const int re = min(rs + BM, len); /* exclusive end of the real rows */
-    if (tp.mode == MI_CUDA_MODE_NONE) return false;
+    /* NONE: rows another kernel writes (or already wrote), unless the length runs them dense */
     if (hm.dense_below > 0 && len < hm.dense_below) tp.mode = MI_CUDA_MODE_DENSE;
+    if (tp.mode == MI_CUDA_MODE_NONE) return false;
     if (rs < len) {
         if (tp.mode == MI_CUDA_MODE_DENSE) {
             tp.n_a = (re - 1) / BN + 1;

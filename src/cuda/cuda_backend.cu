@@ -102,7 +102,7 @@ namespace {
 struct prefill_layout {
     int64_t R;
     int32_t max_v, max_s, max_blocks, max_cols;
-    bool any_vs, any_bs, any_xa;
+    bool any_vs, any_bs, any_xa, any_fx;
     size_t off_vs, off_sp, off_scratch, total;
     size_t scratch_bytes;
 };
@@ -126,6 +126,7 @@ void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_pref
     lo->any_vs = plan->pairs[MI_PLAN_ESTIMATE_VS] > 0;
     lo->any_bs = plan->pairs[MI_PLAN_ESTIMATE_BLOCK] > 0;
     lo->any_xa = plan->pairs[MI_PLAN_ESTIMATE_XATTN] > 0;
+    lo->any_fx = plan->pairs[MI_PLAN_ESTIMATE_FLEX] > 0;
     lo->max_v = plan->max_vertical;
     lo->max_s = plan->max_slash;
     int32_t max_topk = 0;
@@ -137,14 +138,14 @@ void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_pref
     lo->max_blocks = lo->any_vs ? lo->max_s + 1 : 0;
     if (max_topk > lo->max_blocks) lo->max_blocks = max_topk;
     /* a threshold may keep any number of blocks */
-    if (lo->any_xa) lo->max_blocks = (int32_t)lo->R;
+    if (lo->any_xa || lo->any_fx) lo->max_blocks = (int32_t)lo->R;
     if (lo->max_blocks < 1) lo->max_blocks = 1;
     lo->max_cols = lo->max_v > 0 ? lo->max_v : 1;
     size_t off = 0;
     lo->off_vs = off;
     if (lo->any_vs) off += al(mi_vs_index_bytes((int32_t)B, (int32_t)H, lo->max_v, lo->max_s));
     lo->off_sp = off;
-    if (lo->any_vs || lo->any_bs || lo->any_xa)
+    if (lo->any_vs || lo->any_bs || lo->any_xa || lo->any_fx)
         off += al(mi_sparse_index_bytes((int32_t)B, (int32_t)H, (int32_t)lo->R, lo->max_blocks,
                                         lo->max_cols));
     lo->off_scratch = off;
@@ -156,6 +157,10 @@ void layout_prefill(const mi_context *ctx, const mi_attn_shape *s, const mi_pref
     }
     if (lo->any_xa) {
         const size_t x = mi_cuda_xattn_scratch_bytes(plan->pairs[MI_PLAN_ESTIMATE_XATTN], L);
+        if (x > sc) sc = x;
+    }
+    if (lo->any_fx) {
+        const size_t x = mi_cuda_flex_scratch_bytes(B, H, s->heads_kv, L, s->head_dim);
         if (x > sc) sc = x;
     }
     lo->scratch_bytes = sc;
@@ -174,23 +179,21 @@ mi_cuda_head_mode head_mode_of_plan(const mi_head_plan &hp) {
         m.n_last = hp.n_last;
         break;
     case MI_PLAN_KERNEL_INDEX: m.mode = MI_CUDA_MODE_SPARSE; break;
-    case MI_PLAN_KERNEL_ROWMASK: /* refused before (cuda_refused) */
-    case MI_PLAN_KERNEL_INFLLM:
+    case MI_PLAN_KERNEL_ROWMASK: m.mode = MI_CUDA_MODE_NONE; break; /* rowmask.cu's rows */
+    case MI_PLAN_KERNEL_INFLLM: /* refused before (cuda_refused) */
     case MI_PLAN_KERNEL_DENSE: m.mode = MI_CUDA_MODE_DENSE; break;
     }
     m.dense_below = hp.dense_below;
     return m;
 }
 
-/* The plan steps this backend has no kernel for (dilated and strided's per-row keys, InfLLM's
- * chunked retrieval, FlexPrefill's estimate): MI_STATUS_UNSUPPORTED naming the first such head's pattern, when
- * it would run sparse (only_if_sparse: as the plan's any_sparse_run says), never a wrong result. */
+/* The plan steps this backend has no kernel for (InfLLM's chunked retrieval):
+ * MI_STATUS_UNSUPPORTED naming the first such head's pattern, when it would run sparse
+ * (only_if_sparse: as the plan's any_sparse_run says), never a wrong result. */
 mi_status cuda_refused(mi_context *ctx, const mi_prefill_plan &plan, bool only_if_sparse) {
     for (int64_t h = 0; h < plan.heads; ++h) {
         const mi_head_plan &hp = plan.head[h];
-        const bool missing = hp.kernel == MI_PLAN_KERNEL_ROWMASK ||
-                             hp.kernel == MI_PLAN_KERNEL_INFLLM ||
-                             hp.estimate == MI_PLAN_ESTIMATE_FLEX;
+        const bool missing = hp.kernel == MI_PLAN_KERNEL_INFLLM;
         if (missing && (!only_if_sparse || plan.any_sparse_run))
             return mi_fail(ctx, MI_STATUS_UNSUPPORTED,
                            "pattern \"%s\" (head %lld) has no CUDA kernel yet: run it with the "
@@ -266,22 +269,25 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
     if (lo.any_vs)
         st = mi_vs_index_init(&vsi, B, H, lo.max_v, lo.max_s, base + lo.off_vs,
                               mi_vs_index_bytes(B, H, lo.max_v, lo.max_s));
-    if (st == MI_STATUS_SUCCESS && (lo.any_vs || lo.any_bs || lo.any_xa))
+    if (st == MI_STATUS_SUCCESS && (lo.any_vs || lo.any_bs || lo.any_xa || lo.any_fx))
         st = mi_sparse_index_init(
             &spi, B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols, base + lo.off_sp,
             mi_sparse_index_bytes(B, H, (int32_t)lo.R, lo.max_blocks, lo.max_cols));
     void *scratch = base + lo.off_scratch;
 
-    uint8_t act_vs[MI_CUDA_MAX_HEADS], act_bs[MI_CUDA_MAX_HEADS], act_xa[MI_CUDA_MAX_HEADS];
+    uint8_t act_vs[MI_CUDA_MAX_HEADS], act_bs[MI_CUDA_MAX_HEADS], act_xa[MI_CUDA_MAX_HEADS],
+        act_fx[MI_CUDA_MAX_HEADS];
     int32_t vsz[MI_CUDA_MAX_HEADS], ssz[MI_CUDA_MAX_HEADS], topk[MI_CUDA_MAX_HEADS];
-    int32_t xstride[MI_CUDA_MAX_HEADS], xthr[MI_CUDA_MAX_HEADS];
+    int32_t xstride[MI_CUDA_MAX_HEADS], xthr[MI_CUDA_MAX_HEADS], ftau[MI_CUDA_MAX_HEADS];
     for (int32_t h = 0; h < H; ++h) {
         const mi_head_pattern *hp = &patterns[h];
         act_vs[h] = heads[h].estimate == MI_PLAN_ESTIMATE_VS;
         act_bs[h] = heads[h].estimate == MI_PLAN_ESTIMATE_BLOCK;
         act_xa[h] = heads[h].estimate == MI_PLAN_ESTIMATE_XATTN;
+        act_fx[h] = heads[h].estimate == MI_PLAN_ESTIMATE_FLEX;
         xstride[h] = heads[h].stride;
-        xthr[h] = heads[h].threshold;
+        xthr[h] = heads[h].threshold; /* XAttention's tau, FlexPrefill's gamma */
+        ftau[h] = heads[h].tau;
         vsz[h] = hp->vertical_size; /* the estimates apply the minimums themselves */
         ssz[h] = hp->slash_size;
         topk[h] = heads[h].top_k;
@@ -302,10 +308,18 @@ extern "C" mi_status mi_cuda_prefill_attention(mi_context *ctx, const mi_attn_sh
         st = mi_cuda_xattn_estimate_run(ctx, s, q, k, seq_lens, xstride, xthr, scale, act_xa,
                                         plan.estimate_from[MI_PLAN_ESTIMATE_XATTN], scratch,
                                         lo.scratch_bytes, &spi);
+    if (st == MI_STATUS_SUCCESS && lo.any_fx)
+        st = mi_cuda_flex_estimate_run(ctx, s, q, k, seq_lens, xthr, ftau, scale, act_fx,
+                                       plan.estimate_from[MI_PLAN_ESTIMATE_FLEX], scratch,
+                                       lo.scratch_bytes, &spi);
     if (st == MI_STATUS_SUCCESS) {
         mi_cuda_attn_use_index(&p, &spi);
         st = mi_cuda_attn_run(ctx, &p, 64);
     }
+    bool any_rowmask = false;
+    for (int32_t h = 0; h < H; ++h) any_rowmask |= heads[h].kernel == MI_PLAN_KERNEL_ROWMASK;
+    if (st == MI_STATUS_SUCCESS && any_rowmask)
+        st = mi_cuda_rowmask_run(ctx, s, q, k, v, seq_lens, heads, scale, out, lse);
     if (owned) cudaFreeAsync(ws, stream);
     return st;
 }

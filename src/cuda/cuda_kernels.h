@@ -23,7 +23,7 @@ enum {
     MI_CUDA_MODE_DENSE = 0,
     MI_CUDA_MODE_A_SHAPE = 1, /* also Tri-shape (n_last > 0) */
     MI_CUDA_MODE_SPARSE = 2,  /* consumes an mi_sparse_index */
-    MI_CUDA_MODE_NONE = 3,    /* head skipped by this launch (prefill bookkeeping) */
+    MI_CUDA_MODE_NONE = 3,    /* head skipped by this launch unless dense by dense_below */
 };
 
 /* Per-head mode of a mixed launch: {mode, n_init, n_local, n_last}, and the length below which
@@ -88,6 +88,16 @@ mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s, const
                                   const mi_vs_params *params, float scale, const uint8_t *active,
                                   int32_t dense_below, void *scratch, mi_vs_index *index);
 
+/* The estimate's first two passes alone: per active (b, h), the softmax probabilities of the last
+ * min(64, len - q_off) queries against every key summed per key (*vert) and per diagonal
+ * (*slash, index len - 1 - distance), [B H][len] floats at the start of scratch
+ * (mi_cuda_vs_sums_bytes() of it). FlexPrefill's estimate starts from them. */
+size_t mi_cuda_vs_sums_bytes(int64_t batch, int64_t heads, int64_t len);
+mi_status mi_cuda_vs_sums_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const int32_t *seq_lens, float scale,
+                              const uint8_t *active, int32_t dense_below, void *scratch,
+                              const float **vert, const float **slash);
+
 /* Index conversion; `sorted` = the vs sets are known ascending / descending, unique, in range
  * (as the estimator writes them), which skips the sort. active: host [H] or NULL. Row blocks
  * that end at or before first_row (queries at an offset) are left unwritten. */
@@ -113,6 +123,28 @@ mi_status mi_cuda_xattn_estimate_run(mi_context *ctx, const mi_attn_shape *s, co
                                      const int32_t *stride, const int32_t *threshold, float scale,
                                      const uint8_t *active, int32_t dense_below, void *scratch,
                                      size_t scratch_bytes, mi_sparse_index *index);
+
+/* The dilated and strided heads (rowmask.cu; CPU reference: src/cpu/rowmask.c): every query row
+ * of each head whose plan's kernel is MI_PLAN_KERNEL_ROWMASK and that does not run dense at its
+ * sequence's length (mi_head_plan_dense_at), its keys by the plan's rule, into out and lse
+ * (device [B, H, len - q_off] or NULL); other heads' rows are not touched. heads: host [H];
+ * seq_lens: host [B] or NULL. */
+struct mi_head_plan;
+mi_status mi_cuda_rowmask_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                              const mi_tensor *k, const mi_tensor *v, const int32_t *seq_lens,
+                              const struct mi_head_plan *heads, float scale, mi_tensor *out,
+                              float *lse);
+
+/* FlexPrefill's estimate (flex_estimate.cu; CPU reference: src/cpu/flex_estimate.c) over the
+ * heads whose active[h] != 0: gamma and tau per mille per head, into an index of
+ * R = ceil(len / 64) row blocks of up to R blocks. scratch: mi_cuda_flex_scratch_bytes(). */
+size_t mi_cuda_flex_scratch_bytes(int64_t batch, int64_t heads, int64_t heads_kv, int64_t len,
+                                  int64_t head_dim);
+mi_status mi_cuda_flex_estimate_run(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                                    const mi_tensor *k, const int32_t *seq_lens,
+                                    const int32_t *gamma, const int32_t *tau, float scale,
+                                    const uint8_t *active, int32_t dense_below, void *scratch,
+                                    size_t scratch_bytes, mi_sparse_index *index);
 
 #ifdef __cplusplus
 }

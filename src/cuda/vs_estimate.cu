@@ -770,28 +770,17 @@ extern "C" size_t mi_cuda_vs_scratch_bytes(int64_t batch, int64_t heads, int64_t
     return off[6];
 }
 
-extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
-                                             const mi_tensor *q, const mi_tensor *k,
-                                             const int32_t *seq_lens, const int32_t *vertical_size,
-                                             const int32_t *slash_size, const mi_vs_params *vp,
-                                             float scale, const uint8_t *active,
-                                             int32_t dense_below, void *scratch,
-                                             mi_vs_index *index) {
+/* Passes 1 and 2 (the column and diagonal sums) over the active heads into the scratch's first
+ * three parts; vert/slash: where the sums landed. */
+static mi_status vs_sums(mi_context *ctx, const mi_attn_shape *s, const mi_tensor *q,
+                         const mi_tensor *k, const int32_t *seq_lens, float scale,
+                         const uint8_t *active, int32_t dense_below, void *scratch, vs_params *pp) {
     mi_cuda_attn_params ap;
     mi_status st =
         mi_cuda_fill_attn_params(ctx, s, q, k, nullptr, nullptr, seq_lens, scale, nullptr, &ap);
     if (st != MI_STATUS_SUCCESS) return st;
-    if (index->batch != s->batch || index->heads != s->heads_q)
-        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index is [%d, %d], q is [%lld, %lld]",
-                       index->batch, index->heads, (long long)s->batch, (long long)s->heads_q);
-    if (vp->last_q != VS_ROWS)
-        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA estimation uses last_q = 64, not %d",
-                       vp->last_q);
     const int64_t L = s->len, BH = s->batch * s->heads_q;
-    if (L <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
-    cudaStream_t stream = mi_stream(ctx);
-
-    vs_params p;
+    vs_params &p = *pp;
     memset(&p, 0, sizeof(p));
     p.q = q->data;
     p.k = k->data;
@@ -814,7 +803,8 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     p.dense_below = dense_below;
     memcpy(p.seq_lens, ap.seq_lens, sizeof(p.seq_lens));
     for (int64_t h = 0; h < s->heads_q; ++h) p.active[h] = active ? active[h] : 1;
-
+    if (L <= 0 || BH <= 0) return MI_STATUS_SUCCESS;
+    cudaStream_t stream = mi_stream(ctx);
     cudaError_t e = cudaMemsetAsync(p.slash, 0, (size_t)BH * L * sizeof(float), stream);
     if (e == cudaSuccess) {
         const bool bf = s->dtype == MI_DTYPE_BF16;
@@ -828,6 +818,49 @@ extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shap
     if (e != cudaSuccess)
         return mi_fail(ctx, MI_STATUS_DEVICE_ERROR, "CUDA vs estimation: %s",
                        cudaGetErrorString(e));
+    return MI_STATUS_SUCCESS;
+}
+
+extern "C" size_t mi_cuda_vs_sums_bytes(int64_t batch, int64_t heads, int64_t len) {
+    size_t off[7];
+    vs_scratch_offsets(batch * heads, len, off);
+    return off[3];
+}
+
+extern "C" mi_status mi_cuda_vs_sums_run(mi_context *ctx, const mi_attn_shape *s,
+                                         const mi_tensor *q, const mi_tensor *k,
+                                         const int32_t *seq_lens, float scale,
+                                         const uint8_t *active, int32_t dense_below, void *scratch,
+                                         const float **vert, const float **slash) {
+    vs_params p;
+    const mi_status st = vs_sums(ctx, s, q, k, seq_lens, scale, active, dense_below, scratch, &p);
+    *vert = p.vert;
+    *slash = p.slash;
+    return st;
+}
+
+extern "C" mi_status mi_cuda_vs_estimate_run(mi_context *ctx, const mi_attn_shape *s,
+                                             const mi_tensor *q, const mi_tensor *k,
+                                             const int32_t *seq_lens, const int32_t *vertical_size,
+                                             const int32_t *slash_size, const mi_vs_params *vp,
+                                             float scale, const uint8_t *active,
+                                             int32_t dense_below, void *scratch,
+                                             mi_vs_index *index) {
+    if (index->batch != s->batch || index->heads != s->heads_q)
+        return mi_fail(ctx, MI_STATUS_SHAPE_MISMATCH, "vs index is [%d, %d], q is [%lld, %lld]",
+                       index->batch, index->heads, (long long)s->batch, (long long)s->heads_q);
+    if (vp->last_q != VS_ROWS)
+        return mi_fail(ctx, MI_STATUS_UNSUPPORTED, "CUDA estimation uses last_q = 64, not %d",
+                       vp->last_q);
+    const int64_t L = s->len, BH = s->batch * s->heads_q;
+    vs_params p;
+    mi_status st = vs_sums(ctx, s, q, k, seq_lens, scale, active, dense_below, scratch, &p);
+    if (st != MI_STATUS_SUCCESS || L <= 0 || BH <= 0) return st;
+    cudaStream_t stream = mi_stream(ctx);
+    char *w = static_cast<char *>(scratch);
+    size_t off[7];
+    vs_scratch_offsets(BH, L, off);
+    cudaError_t e;
 
     vs_select_params sp;
     memset(&sp, 0, sizeof(sp));

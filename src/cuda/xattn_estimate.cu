@@ -18,6 +18,7 @@
  * scratch is R^2 floats or more), and the index holds up to R blocks per row block, as the CPU's.
  * Rows, sums and ties follow the reference; only the dot products' and sums' rounding differ.
  */
+#include "cta_reduce.cuh"
 #include "cuda_common.cuh"
 
 #include <mma.h>
@@ -167,47 +168,6 @@ template <typename T> __global__ void __launch_bounds__(XA_NT) xa_mass_kernel(co
     }
 }
 
-/* The CTA's sum of v (every thread gets it); red: XA_NT / 32 doubles of shared memory. */
-__device__ __forceinline__ double xa_block_sum(double v, double *red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    double t = 0.0;
-    for (int w = 0; w < XA_NT / 32; w++) t += red[w];
-    return t;
-}
-
-/* The CTA's maximum of v (every thread gets it); red: XA_NT / 32 words of shared memory. */
-__device__ __forceinline__ uint32_t xa_block_max(uint32_t v, uint32_t *red) {
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    uint32_t t = 0;
-    for (int w = 0; w < XA_NT / 32; w++) t = max(t, red[w]);
-    return t;
-}
-
-/* Exclusive prefix of each thread's count (in thread order); returns the total. */
-__device__ __forceinline__ int xa_block_scan(int v, int *scan, int *out) {
-    __syncthreads();
-    scan[threadIdx.x] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int run = 0;
-        for (int t = 0; t < XA_NT; t++) {
-            const int c = scan[t];
-            scan[t] = run;
-            run += c;
-        }
-        scan[XA_NT] = run;
-    }
-    __syncthreads();
-    *out = scan[threadIdx.x];
-    return scan[XA_NT];
-}
-
 __global__ void __launch_bounds__(XA_NT) xa_select_kernel(const xa_params p) {
     extern __shared__ float a[]; /* the row's masses, blocks 0..m */
     __shared__ double red[XA_NT / 32];
@@ -239,8 +199,8 @@ __global__ void __launch_bounds__(XA_NT) xa_select_kernel(const xa_params p) {
         part += v;
         if (j > 0 && j < m) top = max(top, __float_as_uint(v));
     }
-    const double total = xa_block_sum(part, red);
-    top = xa_block_max(top, redu);
+    const double total = cta_sum<XA_NT>(part, red);
+    top = cta_max<XA_NT>(top, redu);
     const double need = total * (double)thr / 1000.0;
     const double base = (double)a[0] + (double)a[m];
     /* tau: the largest mass value v with base + (the candidates' mass of at least v) >= need;
@@ -253,7 +213,7 @@ __global__ void __launch_bounds__(XA_NT) xa_select_kernel(const xa_params p) {
             double s = 0.0;
             for (int j = 1 + tid; j < m; j += XA_NT)
                 if (__float_as_uint(a[j]) >= mid) s += a[j];
-            if (base + xa_block_sum(s, red) >= need)
+            if (base + cta_sum<XA_NT>(s, red) >= need)
                 lo = mid;
             else
                 hi = mid - 1;
@@ -271,9 +231,9 @@ __global__ void __launch_bounds__(XA_NT) xa_select_kernel(const xa_params p) {
             if (u > tau) above += a[j];
             ties += u == tau;
         }
-        const double kept = base + xa_block_sum(above, red);
+        const double kept = base + cta_sum<XA_NT>(above, red);
         int before = 0; /* ties before this thread's span */
-        const int tie_total = xa_block_scan(ties, scan, &before);
+        const int tie_total = cta_scan<XA_NT>(ties, scan, &before);
         const float tv = __uint_as_float(tau);
         if (tv > 0.0f) {
             const double n = ceil((need - kept) / (double)tv);
@@ -291,7 +251,7 @@ __global__ void __launch_bounds__(XA_NT) xa_select_kernel(const xa_params p) {
             count += keep;
         }
         int at = 0;
-        const int n = xa_block_scan(count, scan, &at);
+        const int n = cta_scan<XA_NT>(count, scan, &at);
         rank = before;
         for (int j = j0; j < j1; j++) {
             const uint32_t u = __float_as_uint(a[j]);

@@ -449,6 +449,7 @@ int main(void) {
         F(bs_split);
         F(bs_mask_append);
         F(bs_pool_vec);
+        F(rowmask_two_pass);
         end();
     }
     printf("\n}\n");

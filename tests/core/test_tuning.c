@@ -100,7 +100,8 @@ int main(void) {
                                          "bs_cap",
                                          "bs_split",
                                          "bs_mask_append",
-                                         "bs_pool_vec"};
+                                         "bs_pool_vec",
+                                         "rowmask_two_pass"};
     CHECK(sizeof fields / sizeof fields[0] * sizeof(int32_t) == sizeof(mi_tuning));
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         char spec[64];

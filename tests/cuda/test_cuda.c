@@ -1298,7 +1298,211 @@ static void test_xattn(const shape *s, int32_t stride, int32_t threshold, int mi
     inputs_free(&in);
 }
 
-static void test_prefill_offset(const shape *s, int64_t q_len, int xattn) {
+/* FlexPrefill heads (gamma and tau per mille), with every third head vertical-slash and every
+ * third XAttention where mixed. */
+static void flex_patterns(mi_head_pattern *pat, int64_t H, int32_t gamma, int32_t tau, int mixed) {
+    for (int64_t h = 0; h < H; h++) {
+        pat[h] = mi_head_pattern_default(MI_PATTERN_FLEXPREFILL);
+        pat[h].threshold = gamma;
+        pat[h].tau = tau;
+        if (mixed && h % 3 == 1) {
+            pat[h] = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+            pat[h].vertical_size = 100, pat[h].slash_size = 400;
+        }
+        if (mixed && h % 3 == 2) {
+            pat[h] = mi_head_pattern_default(MI_PATTERN_XATTENTION);
+            pat[h].stride = 8, pat[h].threshold = 900;
+        }
+    }
+}
+
+/* FlexPrefill's estimate and the sparse kernel on the GPU against the CPU reference. tau 0
+ * makes every head vertical-slash and 1000 every head query-aware (the square root of a
+ * Jensen-Shannon divergence is at most 0.833), so the decision cannot flip on rounding there;
+ * gamma 1000 keeps every block, which must equal dense attention. */
+static void test_flex(const shape *s, int32_t gamma, int32_t tau, int mixed) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in);
+    mi_head_pattern *pat = malloc(s->H * sizeof(mi_head_pattern));
+    flex_patterns(pat, s->H, gamma, tau, mixed);
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
+                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "flexprefill gamma %d tau %d%s [%s]", gamma, tau,
+             mixed ? " mixed" : "", shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    if (gamma >= 1000 && !mixed) {
+        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
+                                        &in.o_cpu.h, in.lse_cpu));
+        snprintf(name, sizeof name, "flexprefill keeping every block == dense [%s]",
+                 shape_str(s, sh, sizeof sh));
+        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    }
+    free(pat);
+    inputs_free(&in);
+}
+
+/* Dilated and strided heads (rowmask.cu: a fixed key set per row) on the GPU against the CPU.
+ * Head h takes pattern h % 8 (h / 2 % 8 where mixed): dilated with sinks and dense local keys,
+ * without either, with dilation 1 (a window), with the dilated2 shape scaled to L; strided with
+ * periods that divide 64 (64), do not (7, 100), and one past a third of L (three rows a residue:
+ * CTAs of few rows in the second pass). mixed: every odd head A-shape or vertical-slash, so that
+ * one layer runs the rowmask kernel beside the others. dense_below > 0: every sparse head dense
+ * on shorter sequences (the rowmask kernel must leave those rows to the dense one). q_len > 0:
+ * the last q_len rows as queries at an offset (s->B == 1). Without any of these, a period of 1
+ * keeps every key and must equal dense attention. */
+static mi_head_pattern rowmask_pattern(int64_t i, int64_t L) {
+    mi_head_pattern p =
+        mi_head_pattern_default(i % 8 < 4 ? MI_PATTERN_DILATED : MI_PATTERN_STRIDED);
+    const int32_t l = (int32_t)L;
+    switch (i % 8) {
+    case 0: p.n_init = 16, p.n_local = 300, p.stride = 3, p.dense_local = 40; break;
+    case 1: p.n_init = 0, p.n_local = 250, p.stride = 2, p.dense_local = 0; break;
+    case 2: p.n_init = 4, p.n_local = l / 2 + 1, p.stride = 1, p.dense_local = 0; break;
+    case 3: p.n_init = l / 8, p.n_local = l * 3 / 4 + 1, p.stride = 2, p.dense_local = l / 4; break;
+    case 4: p.stride = 64; break;
+    case 5: p.stride = 7; break;
+    case 6: p.stride = 100; break;
+    case 7: p.stride = l / 3 + 1; break;
+    }
+    return p;
+}
+
+static void test_rowmask_rules(const shape *s, int mixed, int32_t dense_below, int64_t q_len) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in); /* the vertical-slash heads' estimate away from near-ties */
+    const int64_t B = s->B, H = s->H, L = s->L, D = s->D;
+    mi_head_pattern *pat = malloc(H * sizeof(mi_head_pattern));
+    for (int64_t h = 0; h < H; h++) {
+        pat[h] = rowmask_pattern(mixed ? h / 2 : h, L);
+        if (mixed && h % 4 == 1) {
+            pat[h] = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+            pat[h].n_init = 16, pat[h].n_local = 200;
+        }
+        if (mixed && h % 4 == 3) {
+            pat[h] = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+            pat[h].vertical_size = 100, pat[h].slash_size = 400;
+        }
+    }
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = dense_below;
+    char what[96];
+    snprintf(what, sizeof what, "dilated/strided%s%s", mixed ? " mixed" : "",
+             dense_below > 0 ? " dense below" : "");
+    if (q_len > 0) {
+        pair q = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
+        pair oc = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
+        pair og = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t l = 0; l < q_len; l++)
+                    for (int64_t d = 0; d < D; d++)
+                        set_f(&q.h, b, h, l, d, get_f(&in.q.h, b, h, L - q_len + l, d));
+        upload(&q);
+        const size_t nl = (size_t)(B * H * q_len);
+        float *lse_cpu = malloc(nl * sizeof(float)), *lse_gpu = NULL;
+        CUDA_OK(cudaMalloc((void **)&lse_gpu, nl * sizeof(float)));
+        poison(lse_gpu, nl * sizeof(float));
+        strncat(what, " at offset", sizeof what - strlen(what) - 1);
+        offset_case(what, s, q_len, &q, &in, pat, &pp, &oc, &og, lse_cpu, lse_gpu);
+        cudaFree(lse_gpu);
+        free(lse_cpu);
+        pair_free(&q);
+        pair_free(&oc);
+        pair_free(&og);
+    } else {
+        inputs_poison(&in);
+        MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
+                                          &in.o_cpu.h, in.lse_cpu, NULL, 0));
+        MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                          &in.o_gpu.d, in.lse_gpu, NULL, 0));
+        MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+        snprintf(name, sizeof name, "%s [%s]", what, shape_str(s, sh, sizeof sh));
+        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    }
+    if (!mixed && dense_below <= 0 && q_len == 0) {
+        /* strided period 1 and dilated with dilation 1 over the whole length: every key */
+        for (int64_t h = 0; h < H; h++) {
+            pat[h] = mi_head_pattern_default(h % 2 ? MI_PATTERN_STRIDED : MI_PATTERN_DILATED);
+            pat[h].stride = 1;
+            if (h % 2 == 0) pat[h].n_init = 3, pat[h].n_local = (int32_t)L;
+        }
+        inputs_poison(&in);
+        MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                          &in.o_gpu.d, in.lse_gpu, NULL, 0));
+        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
+                                        &in.o_cpu.h, in.lse_cpu));
+        MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+        snprintf(name, sizeof name, "dilated/strided keeping every key == dense [%s]",
+                 shape_str(s, sh, sizeof sh));
+        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    }
+    free(pat);
+    inputs_free(&in);
+}
+
+/* Dilated and strided heads (the row kernel) on the GPU against the CPU reference: set 0
+ * dilated with sinks and a dilated span (stride 2), 1 dilated with a dense local band (stride
+ * 3), 2 strided with a period dividing 64, 3 strided with one that does not, 4 strided with
+ * period 1 (every key: dense), 5 alternating dilated and strided heads mixed with
+ * vertical-slash and A-shape ones in one layer. */
+static void test_rowmask(const shape *s, int set) {
+    char name[200], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in);
+    mi_head_pattern *pat = malloc(s->H * sizeof(mi_head_pattern));
+    for (int64_t h = 0; h < s->H; h++) {
+        mi_head_pattern d = mi_head_pattern_default(MI_PATTERN_DILATED);
+        d.n_init = 40, d.n_local = 300, d.stride = 2, d.dense_local = 0;
+        if (set == 1) d.n_init = 7, d.n_local = 500, d.stride = 3, d.dense_local = 90;
+        mi_head_pattern st = mi_head_pattern_default(MI_PATTERN_STRIDED);
+        st.stride = set == 2 ? 32 : set == 3 ? 37 : set == 4 ? 1 : 48;
+        pat[h] = set <= 1 ? d : st;
+        if (set == 5) {
+            if (h % 4 == 0) pat[h] = d;
+            if (h % 4 == 2) {
+                pat[h] = mi_head_pattern_default(MI_PATTERN_VERTICAL_SLASH);
+                pat[h].vertical_size = 100, pat[h].slash_size = 400;
+            }
+            if (h % 4 == 3) {
+                pat[h] = mi_head_pattern_default(MI_PATTERN_A_SHAPE);
+                pat[h].n_init = 16, pat[h].n_local = 200;
+            }
+        }
+    }
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = 0;
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
+                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "row-mask set %d [%s]", set, shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    if (set == 4) {
+        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
+                                        &in.o_cpu.h, in.lse_cpu));
+        snprintf(name, sizeof name, "strided period 1 == dense [%s]", shape_str(s, sh, sizeof sh));
+        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    }
+    free(pat);
+    inputs_free(&in);
+}
+
+/* variant of test_prefill_offset: 0 the five base patterns, 1 XAttention mixed in, 2
+ * FlexPrefill mixed in, 3 dilated and strided mixed in */
+static void test_prefill_offset(const shape *s, int64_t q_len, int variant) {
     inputs in;
     inputs_make(&in, s, 1);
     round_qk(&in);
@@ -1321,15 +1525,26 @@ static void test_prefill_offset(const shape *s, int64_t q_len, int xattn) {
         if (t == MI_PATTERN_VERTICAL_SLASH) pat[h].vertical_size = 100, pat[h].slash_size = 400;
         if (t == MI_PATTERN_BLOCK_SPARSE) pat[h].top_k = 4;
     }
-    if (xattn) xattn_patterns(pat, H, 8, 900, 1);
+    if (variant == 1) xattn_patterns(pat, H, 8, 900, 1);
+    if (variant == 2) flex_patterns(pat, H, 900, 1000, 1);
+    for (int64_t h = 0; variant == 3 && h < H; h += 2) {
+        pat[h] = mi_head_pattern_default(h % 4 ? MI_PATTERN_STRIDED : MI_PATTERN_DILATED);
+        if (h % 4)
+            pat[h].stride = 37;
+        else
+            pat[h].n_init = 40, pat[h].n_local = 300, pat[h].dense_local = 20;
+    }
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
     const size_t nl = (size_t)(B * H * q_len);
     float *lse_cpu = malloc(nl * sizeof(float)), *lse_gpu = NULL;
     CUDA_OK(cudaMalloc((void **)&lse_gpu, nl * sizeof(float)));
     poison(lse_gpu, nl * sizeof(float));
-    offset_case(xattn ? "xattention at offset" : "prefill at offset", s, q_len, &q, &in, pat, &pp,
-                &oc, &og, lse_cpu, lse_gpu);
+    offset_case(variant == 1   ? "xattention at offset"
+                : variant == 2 ? "flexprefill at offset"
+                : variant == 3 ? "dilated and strided at offset"
+                               : "prefill at offset",
+                s, q_len, &q, &in, pat, &pp, &oc, &og, lse_cpu, lse_gpu);
     /* every head dense: the plan's one dense launch */
     for (int64_t h = 0; h < H; h++) pat[h] = mi_head_pattern_default(MI_PATTERN_DENSE);
     offset_case("dense prefill at offset", s, q_len, &q, &in, pat, &pp, &oc, &og, NULL, NULL);
@@ -1436,11 +1651,10 @@ static void test_errors(void) {
     mi_tensor kb = mi_tensor_bhld(k32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
     mi_tensor vb = mi_tensor_bhld(v32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
     mi_tensor ob = mi_tensor_bhld(o32.data, MI_DTYPE_BF16, MI_DEVICE_CUDA, 1, 1, 64, 64);
-    const mi_pattern_type refused[4] = {MI_PATTERN_FLEXPREFILL, MI_PATTERN_DILATED,
-                                        MI_PATTERN_STRIDED, MI_PATTERN_INFLLM};
+    const mi_pattern_type refused[1] = {MI_PATTERN_INFLLM};
     mi_prefill_params pp = mi_prefill_default_params();
     pp.dense_below = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 1; i++) {
         const mi_head_pattern p = mi_head_pattern_default(refused[i]);
         st = mi_prefill_attention(g_gpu, &qb, &kb, &vb, NULL, &p, &pp, &ob, NULL, NULL, 0);
         check(st == MI_STATUS_UNSUPPORTED &&
@@ -1568,6 +1782,8 @@ int main(int argc, char **argv) {
                     shape so = {1, 10, 2, L, di ? 64 : 128, dts[di], di, {0, 0}};
                     if (qls[qi] < L) test_prefill_offset(&so, qls[qi], 0);
                     if (qls[qi] < L && qi >= 2) test_prefill_offset(&so, qls[qi], 1);
+                    if (qls[qi] < L && qi >= 2) test_prefill_offset(&so, qls[qi], 2);
+                    if (qls[qi] < L) test_prefill_offset(&so, qls[qi], 3);
                 }
             }
             /* XAttention: strides 8 / 16 and 4 / 8, 1 and 64 (the extremes of a 64-row block),
@@ -1582,6 +1798,31 @@ int main(int argc, char **argv) {
             test_xattn(&sp, 8, 900, 1);
             shape sx = {1, 4, 2, L, 64, dts[di], !di, {0, 0}};
             test_xattn(&sx, 16, 900, 0);
+            /* FlexPrefill: vertical-slash only (tau 0), query-aware only (1000), the default
+             * tau on a varlen batch, every block (dense), none beyond the forced ones, D = 64,
+             * and mixed with other patterns in one layer */
+            test_flex(&s1, 900, 0, 0);
+            test_flex(&s1, 900, 1000, 0);
+            test_flex(&s2, 950, 100, 0);
+            test_flex(&s2, 1000, 1000, 0);
+            test_flex(&s1, 0, 1000, 0);
+            test_flex(&sx, 800, 1000, 0);
+            test_flex(&sp, 900, 1000, 1);
+            /* dilated and strided: each rule, a varlen batch, D = 64, a mixed layer */
+            for (int set = 0; set < 6; set++) test_rowmask(set % 2 ? &s2 : &s1, set);
+            test_rowmask(&sx, 0);
+            test_rowmask(&sx, 3);
+            test_rowmask(&sp, 5);
+            /* and every rule: one sequence, varlen D = 64, mixed with other patterns, the short
+             * sequence dense by length, queries at an offset */
+            test_rowmask_rules(&s1, 0, 0, 0);
+            shape sr = {2, 8, 2, L, 64, dts[di], !di, {(int32_t)L, (int32_t)(L * 3 / 5 + 1)}};
+            test_rowmask_rules(&sr, 0, 0, 0);
+            shape srm = {2, 16, 4, L, 64, dts[di], di, {(int32_t)L, (int32_t)(L / 2 + 1)}};
+            test_rowmask_rules(&srm, 1, 0, 0);
+            if (L > 2) test_rowmask_rules(&srm, 1, (int32_t)(L * 3 / 4), 0);
+            shape sro = {1, 8, 2, L, 64, dts[di], di, {0, 0}};
+            if (L > 2) test_rowmask_rules(&sro, 1, 0, L / 3 + 1);
         }
     }
     for (int di = 0; di < 2; di++) {
