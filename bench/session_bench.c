@@ -66,6 +66,9 @@ static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int fol
     mi_model_timing tm;
     mi_model_last_timing(model, &tm);
     r->peak_gib = (double)tm.device_peak_bytes / (1u << 30);
+    /* each phase as it ends: a long run stopped by a time limit still tells how far it got */
+    fprintf(stderr, "%lld tokens: prefill %.3f s, device peak %.2f GiB\n", (long long)L,
+            r->prefill_s, r->peak_gib);
     r->pool_before = used_mib(s);
     t = tool_now_s();
     if (mi_session_fork(s, &f) != MI_STATUS_SUCCESS) goto fail_s;
@@ -81,6 +84,9 @@ static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int fol
         return 1;
     }
     r->followup_s = tool_now_s() - t;
+    if (followup > 0)
+        fprintf(stderr, "%lld tokens: %d-token turn %.3f s\n", (long long)L, followup,
+                r->followup_s);
     mi_session_destroy(f);
     f = NULL;
     int32_t next = mi_argmax(logits, vocab);
@@ -91,6 +97,8 @@ static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int fol
     }
     t = tool_now_s() - t;
     r->decode_tps = n_decode > 0 && t > 0 ? n_decode / t : 0;
+    if (n_decode > 0)
+        fprintf(stderr, "%lld tokens: decode %.3f tokens/s\n", (long long)L, r->decode_tps);
     if (mi_session_rewind(s, n_decode) != MI_STATUS_SUCCESS) goto fail_s;
     /* multi-request: each question on a fork of the context */
     t = tool_now_s();

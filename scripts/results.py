@@ -434,7 +434,9 @@ def table_gpu_cli(rows):
     names = [f"{length(json.loads(s)['len'])} x {json.loads(s)['heads']}" for s in shapes]
     out = ["| method | " + " | ".join(f"{n} ms | speed-up | rel. error" for n in names) + " |",
            "|---" * (3 * len(shapes) + 1) + "|"]
-    for m in ["dense", "a_shape", "tri_shape", "vertical_slash", "block_sparse"]:
+    first = ["dense", "a_shape", "tri_shape", "vertical_slash", "block_sparse"]
+    others = sorted({k[1] for k in tab if k[1] not in first and k[2] == "ms"})
+    for m in first + others:
         cells = []
         for s in shapes:
             cells += [f(g(tab, s, m, "ms"), ".2f"), f(g(tab, s, m, "speedup"), ".1f") + "x",
@@ -470,6 +472,9 @@ def table_sessions(rows):
     for s in shapes_in_order(tab, lambda s: (s["model"], s["tokens"], s["kv_offload"], s["kv"])):
         sh = json.loads(s)
         cache = "offloaded" if sh["kv_offload"] else "on the device"
+        dtype = {1: "f16", 2: "bf16", 3: "fp8"}.get(sh.get("kv_dtype", 0))
+        if dtype:
+            cache += f", {dtype} pages"
         if sh.get("kv", "dense") != "dense":  # a KV method attends on the host after the prefill
             cache = f"{sh['kv']} (host pages)"
         fork_s, added = g(tab, s, "minference", "fork_s"), g(tab, s, "minference", "fork_added_mib")
@@ -480,12 +485,13 @@ def table_sessions(rows):
             if sh.get("followup_tokens") else "-"
         if not sh.get("followup_tokens"):
             share = None
+        tps = g(tab, s, 'minference', 'decode_tokens_per_s')
         out.append(f"| {sh['model']} | {length(sh['tokens'])} | {cache} "
                    f"| {f(g(tab, s, 'minference', 'prefill_s'), '.2f')} s "
                    f"| {f(1e3 * fork_s if fork_s is not None else None, '.3f')} ms, "
                    f"+{f(added, '.0f')} MiB | {turn} "
                    f"| {f(100 * share, '.1f') + ' %' if share is not None else '-'} "
-                   f"| {f(g(tab, s, 'minference', 'decode_tokens_per_s'), '.1f')} tokens/s "
+                   f"| {f(tps, '.1f' if tps is None or tps >= 1 else '.3f')} tokens/s "
                    f"| {f(g(tab, s, 'minference', 'device_peak_gib'), '.1f')} GiB "
                    f"| {f(mib / 1024 if mib is not None else None, '.2f')} GiB |")
     return out, list(tab.values()), ""
