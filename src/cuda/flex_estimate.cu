@@ -160,20 +160,23 @@ __device__ int64_t fx_cover_count(const float *x, int n, float inv, double gamma
     for (int j = threadIdx.x; j < n; j += FX_NT) {
         const float v = __fmul_rn(x[j], inv);
         const uint32_t u = __float_as_uint(v);
-        if (u >= lo) s += v, c++;
-        else below = max(below, u);
+        if (u >= lo)
+            s += v, c++;
+        else
+            below = max(below, u);
     }
     const double in = cta_sum<FX_NT>(s, sh.red);
     const int64_t above = cta_count<FX_NT>(c, sh.redc);
     below = cta_max<FX_NT>(below, sh.redu);
     int64_t ties = 0;
-    for (int j = threadIdx.x; j < n; j += FX_NT) ties += __float_as_uint(__fmul_rn(x[j], inv)) == below;
+    for (int j = threadIdx.x; j < n; j += FX_NT)
+        ties += __float_as_uint(__fmul_rn(x[j], inv)) == below;
     ties = cta_count<FX_NT>(ties, sh.redc);
     const float bv = __uint_as_float(below);
     int64_t fit = ties;
     if (bv > 0.f) {
         const double r = floor((gamma - in) / (double)bv);
-        fit = r < 0.0 ? 0 : r > (double)ties ? ties : (int64_t)r;
+        fit = r<0.0 ? 0 : r>(double) ties ? ties : (int64_t)r;
     }
     return above + fit + 1;
 }
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(FX_NT) fx_decide_kernel(const __grid_constant_
     uint8_t *mark = p.mark + (size_t)pi * R;
     const int span = (R + FX_NT - 1) / FX_NT, j0 = tid * span, j1 = min(j0 + span, R);
     for (int j = j0; j < j1; j++) mark[j] = 0;
-    const int state = len <= 0 || len < p.dense_below ? 0
+    const int state = len <= 0 || len < p.dense_below      ? 0
                       : p.gamma[pi] >= 1000 || n_last <= 0 ? 2
                                                            : 1;
     if (tid == 0) info[0] = state, info[1] = 0;
@@ -345,7 +348,7 @@ __global__ void __launch_bounds__(FX_NT) fx_cut_kernel(const __grid_constant__ f
     int take = tie_total;
     if (!every && cv > 0.f) {
         const double r = ceil((need - kept) / (double)cv);
-        take = r < 1.0 ? 1 : r > (double)tie_total ? tie_total : (int)r;
+        take = r<1.0 ? 1 : r>(double) tie_total ? tie_total : (int)r;
     }
     if (tid == 0) info[2] = (int32_t)cut, info[3] = take;
 }
@@ -366,7 +369,8 @@ __global__ void __launch_bounds__(FX_ROW_NT) fx_index_kernel(const __grid_consta
     const int take = aware ? info[3] : 0;
     const uint8_t *mark = p.mark + (size_t)pi * R;
     const float *prow = p.prob + ((size_t)pi * R + m) * R;
-    const int span = (m + 1 + FX_ROW_NT - 1) / FX_ROW_NT, j0 = tid * span, j1 = min(j0 + span, m + 1);
+    const int span = (m + 1 + FX_ROW_NT - 1) / FX_ROW_NT, j0 = tid * span,
+              j1 = min(j0 + span, m + 1);
     int ties = 0;
     if (aware)
         for (int j = j0; j < j1; j++) ties += __float_as_uint(prow[j]) == cut;
@@ -507,7 +511,8 @@ extern "C" mi_status mi_cuda_flex_estimate_run(mi_context *ctx, const mi_attn_sh
     auto flush = [&]() {
         const unsigned P = (unsigned)p.n_pairs;
         if (bf)
-            fx_pool_q_kernel<__nv_bfloat16><<<dim3((unsigned)R + 1, P), (unsigned)D, 0, stream>>>(p);
+            fx_pool_q_kernel<__nv_bfloat16>
+                <<<dim3((unsigned)R + 1, P), (unsigned)D, 0, stream>>>(p);
         else
             fx_pool_q_kernel<__half><<<dim3((unsigned)R + 1, P), (unsigned)D, 0, stream>>>(p);
         fx_decide_kernel<<<P, FX_NT, 0, stream>>>(p);
