@@ -112,9 +112,6 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
             why = "is not f32 (0), f16 (1), bf16 (2) or fp8_e4m3 (3)";
         else if (method && method->entry->storage)
             why = "with a kv method that keeps its own storage format";
-        else if (kv_method_selects(method))
-            why = "with a kv method that reads selected rows (of f32 pages only)",
-            st = MI_STATUS_UNSUPPORTED;
         if (why) {
             kv_method_destroy(method);
             return mim_model_fail(m, st, "kv_dtype %d %s", (int)p.kv_dtype, why);
@@ -133,6 +130,7 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
     bool own = method && method->entry->storage && method->entry->storage(method, &qp);
     if (p.kv_dtype != MI_KV_F32) { /* pages of another precision: a pool of that dtype */
         qp.dtype = (mi_kv_dtype)p.kv_dtype;
+        if (kv_method_selects(method)) qp.meta_kinds = MI_KV_META_KEY_MINMAX; /* Quest's bounds */
         own = true;
     } else if (m->gpu && !gpu_dense && !own) { /* a method's f32 pages, with Quest's bounds */
         qp.meta_kinds = MI_KV_META_KEY_MINMAX;
@@ -401,6 +399,17 @@ static inline const float *seq_rows(const seq_job *j, int kv, int64_t page, int3
     return (kv ? j->vp : j->kp)[page] + (int64_t)kvh * j->head_stride + r * j->hd;
 }
 
+/* K (kv 0) or V (1) rows p..stop-1 of KV head kvh, all in one page: the page's own rows where
+ * they are f32, else decoded into buf (pt * hd floats); NULL where they cannot be read. */
+static const float *span_rows(const seq_job *j, int kv, int64_t p, int64_t stop, int32_t kvh,
+                              float *buf) {
+    if (j->kp) return seq_rows(j, kv, p / j->pt, kvh, p % j->pt);
+    if (!buf ||
+        mi_kv_seq_read_tile(j->seq, j->layer, kvh, kv, p, stop - p, buf) != MI_STATUS_SUCCESS)
+        return NULL;
+    return buf;
+}
+
 /* Without a selection, the same arithmetic in the same order as the contiguous cache's dense
  * continuation (model_forward.c), so a session and the model's own cache give equal logits; only
  * the addressing differs: key p is row p % pt of page p / pt. With one, the keys are the spans'
@@ -458,6 +467,8 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     /* a group's scores where its heads go together (attend_group), else one head's */
     const bool grouped = !j->reader && group > 1 && group <= MI_GQA_MAX && hd <= MI_GQA_MAX_DIM;
     float *sc = malloc((size_t)(grouped ? group : 1) * (size_t)(j->n_past + j->n) * sizeof(float));
+    /* a selection over pages that are not f32 decodes a page's rows at a time */
+    float *tile = j->sel && !j->kp ? malloc((size_t)j->pt * (size_t)hd * sizeof(float)) : NULL;
     float acc[1024];
     for (int64_t t = b; t < e; t++) {
         const int64_t row = t / j->n_heads;
@@ -503,7 +514,7 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
         }
-        if (j->reader) {
+        if (j->reader && !j->sel) {
             mi_kv_attend_params ap = {first, end, j->scale, NULL, 0, 0};
             if (j->method && j->method->entry->key_channels) {
                 int64_t sink = 0, recent = 0;
@@ -521,18 +532,27 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
         }
         float mx = -INFINITY;
         int64_t n_keys = 0;
-        for (int64_t si = 0; si < n_spans; si++) {
+        bool unread = false;
+        for (int64_t si = 0; si < n_spans && !unread; si++) {
             const int64_t s1 = spans[2 * si + 1] < end ? spans[2 * si + 1] : end;
-            for (int64_t p = spans[2 * si]; p < s1;) {
-                const int64_t pg = p / j->pt, r0 = p % j->pt;
+            for (int64_t p = spans[2 * si]; p < s1 && !unread;) {
+                const int64_t pg = p / j->pt;
                 const int64_t stop = (pg + 1) * j->pt < s1 ? (pg + 1) * j->pt : s1;
-                const float *k = seq_rows(j, 0, pg, kvh, r0);
+                const float *k = span_rows(j, 0, p, stop, kvh, tile);
+                if (!k) {
+                    unread = true;
+                    break;
+                }
                 for (; p < stop; p++, k += hd) {
                     float v = mim_dot_row(MIM_TYPE_F32, k, q, hd) * j->scale;
                     sc[n_keys++] = v;
                     mx = v > mx ? v : mx;
                 }
             }
+        }
+        if (unread) { /* out of memory for the tile (the spans were checked): zeros */
+            memset(o, 0, (size_t)hd * sizeof(float));
+            continue;
         }
         float sum = 0.0f;
         for (int64_t i = 0; i < n_keys; i++) {
@@ -541,19 +561,23 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
         }
         for (int32_t d = 0; d < hd; d++) acc[d] = 0.0f;
         int64_t i = 0;
-        for (int64_t si = 0; si < n_spans; si++) {
+        for (int64_t si = 0; si < n_spans && !unread; si++) {
             const int64_t s1 = spans[2 * si + 1] < end ? spans[2 * si + 1] : end;
-            for (int64_t p = spans[2 * si]; p < s1;) {
-                const int64_t pg = p / j->pt, r0 = p % j->pt;
+            for (int64_t p = spans[2 * si]; p < s1 && !unread;) {
+                const int64_t pg = p / j->pt;
                 const int64_t stop = (pg + 1) * j->pt < s1 ? (pg + 1) * j->pt : s1;
-                const float *v = seq_rows(j, 1, pg, kvh, r0);
+                const float *v = span_rows(j, 1, p, stop, kvh, tile);
+                if (!v) {
+                    unread = true;
+                    break;
+                }
                 for (; p < stop; p++, v += hd) {
                     const float w = sc[i++];
                     for (int32_t d = 0; d < hd; d++) acc[d] += w * v[d];
                 }
             }
         }
-        if (n_keys == 0) {
+        if (n_keys == 0 || unread) {
             memset(o, 0, (size_t)hd * sizeof(float));
             continue;
         }
@@ -561,6 +585,7 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
         for (int32_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
     }
     free(sc);
+    free(tile);
 }
 
 mi_status mim_seq_attend(const mim_seq_shape *sh, const mi_kv_seq *seq, kv_method *method,
@@ -573,8 +598,8 @@ mi_status mim_seq_attend(const mim_seq_shape *sh, const mi_kv_seq *seq, kv_metho
     mi_status st = mi_kv_pool_layout(pool, &lay);
     if (st == MI_STATUS_SUCCESS) st = mi_kv_seq_page_table(seq, layer, &ids, &n_pages);
     const bool reader = lay.dtype != MI_KV_F32 || (method && method->entry->key_channels);
-    if (st == MI_STATUS_SUCCESS && reader && kv_method_selects(method))
-        st = MI_STATUS_UNSUPPORTED; /* no method both selects rows and stores or prunes them */
+    if (st == MI_STATUS_SUCCESS && kv_method_selects(method) && method->entry->key_channels)
+        st = MI_STATUS_UNSUPPORTED; /* no method both selects rows and prunes key channels */
     if (st != MI_STATUS_SUCCESS || sh->hd > 1024) {
         snprintf(err, err_size, "layer %d: unreadable KV pages", layer);
         return st != MI_STATUS_SUCCESS ? st : MI_STATUS_INTERNAL;
