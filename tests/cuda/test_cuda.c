@@ -1248,6 +1248,34 @@ static void offset_case(const char *what, const shape *s, int64_t q_len, pair *q
 /* Queries at an offset (a follow-up turn or a later chunk over a cache): the last q_len rows of
  * q against every key, one pattern per head as test_prefill, on the GPU against the CPU (a
  * block-sparse row block that starts before the offset pools the chunk's rows only). */
+/* One layer of the heads' patterns pat on the GPU against the CPU reference (dense_below as
+ * the prefill's), checked as "what [shape]"; with dense_too (patterns that keep every key), also
+ * against dense attention. */
+static void pattern_case(const shape *s, const mi_head_pattern *pat, int32_t dense_below,
+                         const char *what, int dense_too) {
+    char name[240], sh[128];
+    inputs in;
+    inputs_make(&in, s, 1);
+    round_qk(&in); /* estimates away from near-ties */
+    mi_prefill_params pp = mi_prefill_default_params();
+    pp.dense_below = dense_below;
+    inputs_poison(&in);
+    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
+                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
+    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
+                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
+    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
+    snprintf(name, sizeof name, "%s [%s]", what, shape_str(s, sh, sizeof sh));
+    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    if (dense_too) {
+        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
+                                        &in.o_cpu.h, in.lse_cpu));
+        snprintf(name, sizeof name, "%s == dense [%s]", what, shape_str(s, sh, sizeof sh));
+        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+    }
+    inputs_free(&in);
+}
+
 /* XAttention heads (threshold per mille; strides S and 2S alternate, so one launch mixes them),
  * with every third head vertical-slash and every third A-shape where mixed. */
 static void xattn_patterns(mi_head_pattern *pat, int64_t H, int32_t stride, int32_t threshold,
@@ -1270,32 +1298,13 @@ static void xattn_patterns(mi_head_pattern *pat, int64_t H, int32_t stride, int3
 /* XAttention's estimate and the sparse kernel on the GPU against the CPU reference; a
  * threshold of 1000 keeps every block, so there the GPU must also equal dense attention. */
 static void test_xattn(const shape *s, int32_t stride, int32_t threshold, int mixed) {
-    char name[200], sh[128];
-    inputs in;
-    inputs_make(&in, s, 1);
-    round_qk(&in);
+    char what[96];
     mi_head_pattern *pat = malloc(s->H * sizeof(mi_head_pattern));
     xattn_patterns(pat, s->H, stride, threshold, mixed);
-    mi_prefill_params pp = mi_prefill_default_params();
-    pp.dense_below = 0;
-    inputs_poison(&in);
-    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
-                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
-    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
-                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    snprintf(name, sizeof name, "xattention stride %d threshold %d%s [%s]", stride, threshold,
-             mixed ? " mixed" : "", shape_str(s, sh, sizeof sh));
-    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    if (threshold >= 1000 && !mixed) {
-        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
-                                        &in.o_cpu.h, in.lse_cpu));
-        snprintf(name, sizeof name, "xattention keeping every block == dense [%s]",
-                 shape_str(s, sh, sizeof sh));
-        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    }
+    snprintf(what, sizeof what, "xattention stride %d threshold %d%s", stride, threshold,
+             mixed ? " mixed" : "");
+    pattern_case(s, pat, 0, what, threshold >= 1000 && !mixed);
     free(pat);
-    inputs_free(&in);
 }
 
 /* FlexPrefill heads (gamma and tau per mille), with every third head vertical-slash and every
@@ -1321,32 +1330,12 @@ static void flex_patterns(mi_head_pattern *pat, int64_t H, int32_t gamma, int32_
  * Jensen-Shannon divergence is at most 0.833), so the decision cannot flip on rounding there;
  * gamma 1000 keeps every block, which must equal dense attention. */
 static void test_flex(const shape *s, int32_t gamma, int32_t tau, int mixed) {
-    char name[200], sh[128];
-    inputs in;
-    inputs_make(&in, s, 1);
-    round_qk(&in);
+    char what[96];
     mi_head_pattern *pat = malloc(s->H * sizeof(mi_head_pattern));
     flex_patterns(pat, s->H, gamma, tau, mixed);
-    mi_prefill_params pp = mi_prefill_default_params();
-    pp.dense_below = 0;
-    inputs_poison(&in);
-    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
-                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
-    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
-                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    snprintf(name, sizeof name, "flexprefill gamma %d tau %d%s [%s]", gamma, tau,
-             mixed ? " mixed" : "", shape_str(s, sh, sizeof sh));
-    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    if (gamma >= 1000 && !mixed) {
-        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
-                                        &in.o_cpu.h, in.lse_cpu));
-        snprintf(name, sizeof name, "flexprefill keeping every block == dense [%s]",
-                 shape_str(s, sh, sizeof sh));
-        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    }
+    snprintf(what, sizeof what, "flexprefill gamma %d tau %d%s", gamma, tau, mixed ? " mixed" : "");
+    pattern_case(s, pat, 0, what, gamma >= 1000 && !mixed);
     free(pat);
-    inputs_free(&in);
 }
 
 /* Dilated and strided heads (rowmask.cu: a fixed key set per row) on the GPU against the CPU.
@@ -1376,10 +1365,6 @@ static mi_head_pattern rowmask_pattern(int64_t i, int64_t L) {
 }
 
 static void test_rowmask_rules(const shape *s, int mixed, int32_t dense_below, int64_t q_len) {
-    char name[200], sh[128];
-    inputs in;
-    inputs_make(&in, s, 1);
-    round_qk(&in); /* the vertical-slash heads' estimate away from near-ties */
     const int64_t B = s->B, H = s->H, L = s->L, D = s->D;
     mi_head_pattern *pat = malloc(H * sizeof(mi_head_pattern));
     for (int64_t h = 0; h < H; h++) {
@@ -1399,6 +1384,9 @@ static void test_rowmask_rules(const shape *s, int mixed, int32_t dense_below, i
     snprintf(what, sizeof what, "dilated/strided%s%s", mixed ? " mixed" : "",
              dense_below > 0 ? " dense below" : "");
     if (q_len > 0) {
+        inputs in;
+        inputs_make(&in, s, 1);
+        round_qk(&in); /* the vertical-slash heads' estimate away from near-ties */
         pair q = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
         pair oc = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
         pair og = pair_alloc(s->dt, B, H, q_len, D, s->blhd);
@@ -1419,15 +1407,9 @@ static void test_rowmask_rules(const shape *s, int mixed, int32_t dense_below, i
         pair_free(&q);
         pair_free(&oc);
         pair_free(&og);
+        inputs_free(&in);
     } else {
-        inputs_poison(&in);
-        MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
-                                          &in.o_cpu.h, in.lse_cpu, NULL, 0));
-        MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
-                                          &in.o_gpu.d, in.lse_gpu, NULL, 0));
-        MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-        snprintf(name, sizeof name, "%s [%s]", what, shape_str(s, sh, sizeof sh));
-        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+        pattern_case(s, pat, dense_below, what, 0);
     }
     if (!mixed && dense_below <= 0 && q_len == 0) {
         /* strided period 1 and dilated with dilation 1 over the whole length: every key */
@@ -1436,18 +1418,9 @@ static void test_rowmask_rules(const shape *s, int mixed, int32_t dense_below, i
             pat[h].stride = 1;
             if (h % 2 == 0) pat[h].n_init = 3, pat[h].n_local = (int32_t)L;
         }
-        inputs_poison(&in);
-        MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
-                                          &in.o_gpu.d, in.lse_gpu, NULL, 0));
-        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
-                                        &in.o_cpu.h, in.lse_cpu));
-        MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-        snprintf(name, sizeof name, "dilated/strided keeping every key == dense [%s]",
-                 shape_str(s, sh, sizeof sh));
-        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
+        pattern_case(s, pat, 0, "dilated/strided keeping every key", 1);
     }
     free(pat);
-    inputs_free(&in);
 }
 
 /* Dilated and strided heads (the row kernel) on the GPU against the CPU reference: set 0
@@ -1456,10 +1429,7 @@ static void test_rowmask_rules(const shape *s, int mixed, int32_t dense_below, i
  * period 1 (every key: dense), 5 alternating dilated and strided heads mixed with
  * vertical-slash and A-shape ones in one layer. */
 static void test_rowmask(const shape *s, int set) {
-    char name[200], sh[128];
-    inputs in;
-    inputs_make(&in, s, 1);
-    round_qk(&in);
+    char what[64];
     mi_head_pattern *pat = malloc(s->H * sizeof(mi_head_pattern));
     for (int64_t h = 0; h < s->H; h++) {
         mi_head_pattern d = mi_head_pattern_default(MI_PATTERN_DILATED);
@@ -1480,24 +1450,9 @@ static void test_rowmask(const shape *s, int set) {
             }
         }
     }
-    mi_prefill_params pp = mi_prefill_default_params();
-    pp.dense_below = 0;
-    inputs_poison(&in);
-    MI_OK(g_cpu, mi_prefill_attention(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, pat, &pp,
-                                      &in.o_cpu.h, in.lse_cpu, NULL, 0));
-    MI_OK(g_gpu, mi_prefill_attention(g_gpu, &in.q.d, &in.k.d, &in.v.d, in.lens, pat, &pp,
-                                      &in.o_gpu.d, in.lse_gpu, NULL, 0));
-    MI_OK(g_gpu, mi_context_synchronize(g_gpu));
-    snprintf(name, sizeof name, "row-mask set %d [%s]", set, shape_str(s, sh, sizeof sh));
-    compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    if (set == 4) {
-        MI_OK(g_cpu, mi_attention_dense(g_cpu, &in.q.h, &in.k.h, &in.v.h, in.lens, 0.0f,
-                                        &in.o_cpu.h, in.lse_cpu));
-        snprintf(name, sizeof name, "strided period 1 == dense [%s]", shape_str(s, sh, sizeof sh));
-        compare_out(name, &in.o_cpu.h, &in.o_gpu.d, in.lens, in.lse_cpu, in.lse_gpu);
-    }
+    snprintf(what, sizeof what, "row-mask set %d", set);
+    pattern_case(s, pat, 0, what, set == 4);
     free(pat);
-    inputs_free(&in);
 }
 
 /* variant of test_prefill_offset: 0 the five base patterns, 1 XAttention mixed in, 2
