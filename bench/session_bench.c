@@ -4,10 +4,11 @@
  *   bench_session [--model PATH (default: SmolLM2) | --random llama3-8b] [--device cuda|cpu]
  *                 [--lens 32768,131072,...] [--method minference|dense|...] [--followup N]
  *                 [--requests R] [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]
- *                 [--kv-dtype 0..3] [--kv SPEC[;SPEC...]]
+ *                 [--kv-dtype 0..3] [--kv SPEC[;SPEC...]] [--chunk N]
  *                 [--json OUT]
  *
- * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method);
+ * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method;
+ * --chunk N: in calls of N tokens, each after the first attending to the cache at an offset);
  * a fork of it (time, and the pool's bytes before and after: a fork copies no page); a follow-up
  * turn of --followup tokens on the fork (0: none; time, and its share of the prefill's); decode on the
  * parent (tokens/s; the fork ran last, so this includes switching back); then --requests
@@ -31,7 +32,7 @@ static const char usage_text[] =
     "         [--lens L1,L2,...] [--method NAME] [--followup N] [--requests R]\n"
     "         [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]\n"
     "         [--kv-dtype N (0: the model's own precision, 1 f16, 2 bf16, 3 fp8)]\n"
-    "         [--kv METHOD[:key=value,...][;METHOD...]] [--gpu NAME]\n"
+    "         [--kv METHOD[:key=value,...][;METHOD...]] [--chunk N] [--gpu NAME]\n"
     "         [--json OUT]\n";
 
 typedef struct row {
@@ -48,7 +49,7 @@ static double used_mib(const mi_session *s) {
 
 static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int followup, int requests,
                       int question, int n_decode, int reprefill, int kv_dtype, const char *kv,
-                      float *logits, int32_t vocab, row *r) {
+                      int64_t chunk, float *logits, int32_t vocab, row *r) {
     memset(r, 0, sizeof *r);
     r->tokens = L;
     mi_session *s = NULL, *f = NULL;
@@ -61,7 +62,11 @@ static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int fol
     }
     int rc = 1;
     double t = tool_now_s();
-    if (mi_session_prefill(s, prompt, (size_t)L, logits) != MI_STATUS_SUCCESS) goto fail_s;
+    for (int64_t at = 0; at < L;) { /* the whole prompt, or chunk tokens a call */
+        const int64_t n = chunk > 0 && L - at > chunk ? chunk : L - at;
+        if (mi_session_prefill(s, prompt + at, (size_t)n, logits) != MI_STATUS_SUCCESS) goto fail_s;
+        at += n;
+    }
     r->prefill_s = tool_now_s() - t;
     mi_model_timing tm;
     mi_model_last_timing(model, &tm);
@@ -175,6 +180,7 @@ int main(int argc, char **argv) {
     const char *method = "minference", *gpu = "", *json_path = NULL;
     int followup = 1024, requests = 2, question = 64, n_decode = 16, reprefill = 1, offload = 0;
     int kv_dtype = 0;
+    long long chunk = 0;
     const char *kv = NULL;
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
@@ -190,6 +196,7 @@ int main(int argc, char **argv) {
         {"offload", ARG_INT, &offload, 0, 1, NULL},
         {"kv-dtype", ARG_INT, &kv_dtype, 0, 3, NULL},
         {"kv", ARG_STR, &kv, 0, 0, NULL},
+        {"chunk", ARG_INT64, &chunk, 0, 1LL << 40, NULL},
         {"gpu", ARG_STR, &gpu, 0, 0, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
     };
@@ -268,7 +275,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_lens; i++) {
             row r;
             if (run_length(model, prompt, lens[i], followup, requests, question, n_decode,
-                           reprefill, kv_dtype, spec, logits, info.vocab, &r) != 0) {
+                           reprefill, kv_dtype, spec, chunk, logits, info.vocab, &r) != 0) {
                 failures++;
                 continue;
             }
@@ -280,6 +287,7 @@ int main(int argc, char **argv) {
             json_t *o = json_object();
             json_object_set_new(o, "tokens", json_integer(r.tokens));
             json_object_set_new(o, "kv", json_string(spec ? spec : "dense"));
+            json_object_set_new(o, "chunk", json_integer(chunk));
             json_object_set_new(o, "prefill_s", json_real(r.prefill_s));
             json_object_set_new(o, "fork_s", json_real(r.fork_s));
             json_object_set_new(o, "pool_mib", json_real(r.pool_before));

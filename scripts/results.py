@@ -219,6 +219,8 @@ def rows_of_run(run):
                      "kv_offload": bool(run.get("kv_offload")), "kv_dtype": run.get("kv_dtype", 0),
                      "kv": e.get("kv", run.get("kv", "dense")),
                      "followup_tokens": e.get("followup_tokens")}
+            if e.get("chunk"):  # the prompt prefilled in calls of this many tokens
+                shape["chunk"] = e["chunk"]
             for m in ("prefill_s", "fork_s", "fork_added_mib", "followup_s",
                       "decode_tokens_per_s", "device_peak_gib", "pool_mib"):
                 add("session", shape, run.get("method", "minference"), m, e.get(m))
@@ -430,7 +432,7 @@ def table_gpu_prefill(rows):
 def table_gpu_cli(rows):
     tab = newest(rows, "minference-bench",
                  lambda s: s["device"] == "cuda" and s["len"] >= 131072)
-    shapes = shapes_in_order(tab, lambda s: s["len"])
+    shapes = shapes_in_order(tab, lambda s: (s["len"], s["heads"]))
     names = [f"{length(json.loads(s)['len'])} x {json.loads(s)['heads']}" for s in shapes]
     out = ["| method | " + " | ".join(f"{n} ms | speed-up | rel. error" for n in names) + " |",
            "|---" * (3 * len(shapes) + 1) + "|"]
@@ -475,6 +477,8 @@ def table_sessions(rows):
         dtype = {1: "f16", 2: "bf16", 3: "fp8"}.get(sh.get("kv_dtype", 0))
         if dtype:
             cache += f", {dtype} pages"
+        if sh.get("chunk"):
+            cache += f", prefilled in chunks of {length(sh['chunk'])}"
         if sh.get("kv", "dense") != "dense":  # a KV method attends on the host after the prefill
             cache = f"{sh['kv']} (host pages)"
         fork_s, added = g(tab, s, "minference", "fork_s"), g(tab, s, "minference", "fork_added_mib")
