@@ -28,7 +28,7 @@ WGMMA_KERNELS = ("attn_dense_sm90_kernel", "attn_fwd_sm90_ring_kernel",
 # Kernels built on mma.sync, for every architecture.
 MMA_SYNC_KERNELS = ("attn_fwd_kernel", "attn_fwd_d64_kernel", "attn_tri_split_kernel",
                     "vs_scores_kernel", "bs_score_kernel", "bs_bound_kernel", "bs_stream_kernel",
-                    "xa_mass_kernel")
+                    "xa_mass_kernel", "rm_mma_kernel")
 
 
 def functions(sass):
