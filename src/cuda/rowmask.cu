@@ -14,27 +14,12 @@
  * with the max shift (base 2 inside, natural-log lse out). Entry point: mi_cuda_rowmask_run.
  */
 #include "cuda_common.cuh"
-#include "pattern_table.h"
+#include "rowmask_plan.cuh"
 
 #include <math.h>
 #include <string.h>
 
 namespace mi_cuda {
-
-constexpr int RM_BM = 64;  /* rows of a tensor-core CTA: 4 warps of 16 */
-constexpr int RM_BN = 64;  /* keys of a tile */
-constexpr int RM_NT = 128; /* threads of a CTA */
-constexpr int RM_NO_LIMIT = 0x7fffffff;
-
-/* One head of a launch: its rule clamped to [0, L] (step >= 1) and its rows' layout. */
-struct rm_head {
-    int32_t h, dense_below;
-    int32_t n_init, dense, span, step;
-    int32_t rs;     /* a CTA's rows are rs apart (all of one residue mod rs) */
-    int32_t groups; /* CTAs of one (b, h): rs residues times the row tiles of each */
-    int32_t parts;  /* 1: the sinks and dense windows, 2: the dilated keys (rs a multiple of s) */
-    int32_t fold;   /* a second pass: fold the first pass's rows (out, lse) into these */
-};
 
 struct rm_params {
     const void *q, *k, *v;
@@ -46,55 +31,6 @@ struct rm_params {
     int32_t seq_lens[MI_CUDA_MAX_BATCH];
     rm_head head[MI_CUDA_MAX_HEADS]; /* this launch's heads, blockIdx.y */
 };
-
-/* Keys key0, key0 + step, ... (count of them); a row at position p keeps those at a distance
- * p - key in [dlo, dhi). */
-struct rm_seg {
-    int key0, step, count, dlo, dhi;
-};
-
-/* The keys that rows pmin .. pmax (a multiple of hd.step apart, or one row) may keep: sinks,
- * dense window hull, dilated hull. For a single row they are exactly its keys. */
-__host__ __device__ __forceinline__ void rm_segments(const rm_head &hd, int pmin, int pmax,
-                                                     rm_seg *sg) {
-    sg[0] = {0, 1, min(hd.n_init, pmax + 1), 0, RM_NO_LIMIT};
-    const int lo = max(hd.n_init, pmin - hd.dense + 1);
-    sg[1] = {lo, 1, hd.dense > 0 ? max(pmax - lo + 1, 0) : 0, 0, hd.dense};
-    /* the rows' common residue: key = p - dense - j * step */
-    const int hi = pmax - hd.dense, lo2 = max(hd.n_init, pmin - hd.span + 1);
-    const int n = hd.span > hd.dense && hi >= lo2 ? (hi - lo2) / hd.step + 1 : 0;
-    sg[2] = {hi - (n > 0 ? n - 1 : 0) * hd.step, hd.step, n, hd.dense, hd.span};
-}
-
-__host__ __device__ __forceinline__ int rm_tiles(const rm_seg *sg) {
-    return (sg[0].count + RM_BN - 1) / RM_BN + (sg[1].count + RM_BN - 1) / RM_BN +
-           (sg[2].count + RM_BN - 1) / RM_BN;
-}
-
-/* Tile t of the three segments (constant indices only: the array stays in registers). */
-__host__ __device__ __forceinline__ rm_seg rm_tile(const rm_seg *sg, int t) {
-    const int t0 = (sg[0].count + RM_BN - 1) / RM_BN, t1 = (sg[1].count + RM_BN - 1) / RM_BN;
-    rm_seg s = sg[0];
-    if (t >= t0) {
-        t -= t0;
-        s = sg[1];
-        if (t >= t1) {
-            t -= t1;
-            s = sg[2];
-        }
-    }
-    s.key0 += t * RM_BN * s.step;
-    s.count = min(s.count - t * RM_BN, RM_BN);
-    return s;
-}
-
-/* Position of the first row of CTA x (rows rows, rs apart): residue x % rs, the last row tiles
- * first (their rows keep the most keys). */
-__host__ __device__ __forceinline__ int rm_first_row(const rm_params &p, const rm_head &hd, int x,
-                                                     int rows) {
-    const int tiles = hd.groups / hd.rs;
-    return p.q_off + x % hd.rs + (tiles - 1 - x / hd.rs) * rows * hd.rs;
-}
 
 /* Folds an earlier pass's result for a row (prev: its normalised output, lse_prev natural log)
  * into this pass's state: this lane's columns acc[i][e0], acc[i][e0 + 1] of the row and the
@@ -130,7 +66,7 @@ __global__ void __launch_bounds__(RM_NT) rm_mma_kernel(const __grid_constant__ r
     const rm_head &hd = p.head[blockIdx.y];
     const int b = blockIdx.z, len = p.seq_lens[b];
     if ((hd.dense_below > 0 && len < hd.dense_below) || (int)blockIdx.x >= hd.groups) return;
-    const int rs = hd.rs, p0 = rm_first_row(p, hd, blockIdx.x, RM_BM);
+    const int rs = hd.rs, p0 = rm_first_row(p.q_off, hd, blockIdx.x, RM_BM);
     if (p0 >= p.len) return;
     /* rows i < n_rows exist (p0 + i rs < L), rows i < n_live are in the sequence */
     const int n_rows = min(RM_BM, (p.len - 1 - p0) / rs + 1);
@@ -210,10 +146,8 @@ __global__ void __launch_bounds__(RM_NT) rm_mma_kernel(const __grid_constant__ r
             }
         }
         const rm_seg ts = rm_tile(sg, t);
-        const int kmax = ts.key0 + (ts.count - 1) * ts.step;
-        /* the warp's distances span [wlo - kmax, whi - key0]: none kept, all kept, or some */
-        const bool any = wlive && whi - ts.key0 >= ts.dlo && wlo - kmax < ts.dhi;
-        const bool full = ts.count == RM_BN && wlo - kmax >= ts.dlo && whi - ts.key0 < ts.dhi;
+        const bool any = wlive && rm_tile_any(ts, wlo, whi);
+        const bool full = rm_tile_full(ts, wlo, whi);
         if (any) {
             const T *kb = ks + buf * RM_BN * PITCH;
             const T *vb = vs + buf * RM_BN * PITCH;
@@ -245,8 +179,7 @@ __global__ void __launch_bounds__(RM_NT) rm_mma_kernel(const __grid_constant__ r
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int col = 8 * j + 2 * cq + (e & 1);
-                        const int d = (e < 2 ? d0 : d1) - col * ts.step;
-                        if (col >= ts.count || d < ts.dlo || d >= ts.dhi) s[j][e] = -INFINITY;
+                        if (!rm_keeps(ts, col, e < 2 ? d0 : d1)) s[j][e] = -INFINITY;
                     }
                 }
             }
@@ -361,53 +294,6 @@ static cudaError_t rm_launch(const rm_params &p, int n_heads, int grid_x, int64_
 } // namespace mi_cuda
 
 using namespace mi_cuda;
-
-namespace {
-
-/* The rule of plan hp on sequences of L keys, strided as dilated (no sinks, dense = step = the
- * period, span L), every length clamped to [0, L] so that no position arithmetic overflows. */
-rm_head rm_head_of(const mi_head_plan &hp, int64_t h, int64_t L) {
-    auto clamp = [L](int64_t x) { return (int32_t)(x < 0 ? 0 : x > L ? L : x); };
-    rm_head hd;
-    memset(&hd, 0, sizeof(hd));
-    hd.h = (int32_t)h;
-    hd.dense_below = hp.dense_below;
-    const int32_t step = clamp(hp.stride > 1 ? hp.stride : 1);
-    hd.step = step > 1 ? step : 1;
-    if (hp.strided) {
-        hd.n_init = 0;
-        hd.dense = hd.step;
-        hd.span = (int32_t)L;
-    } else {
-        hd.n_init = clamp(hp.n_init);
-        hd.dense = clamp(hp.dense_local);
-        hd.span = clamp(hp.n_local);
-    }
-    return hd;
-}
-
-/* CTAs of one (b, h) with rows rs apart, and 64-key tiles of a hull. */
-int64_t rm_ctas(int64_t Lq, int64_t rs) { return rs * (((Lq + rs - 1) / rs + RM_BM - 1) / RM_BM); }
-int64_t rm_tiles_of(int64_t keys) { return (keys + RM_BN - 1) / RM_BN; }
-
-/* Whether two passes walk fewer tiles than one (rows s apart): the dense windows' hull grows by
- * 63 s over rows s apart, by 63 over consecutive ones, the dilated keys' hull is the same in both
- * (a CTA's loads and stores counted as a tile, the fold's reads as another). */
-bool rm_two_passes(const rm_head &hd, int64_t L, int64_t Lq) {
-    const int64_t s = hd.step, dil = hd.span > hd.dense ? hd.span - hd.dense : 0;
-    if (dil == 0 || s == 1 || hd.n_init + hd.dense == 0) return false;
-    auto cap = [L](int64_t x) { return x < L ? x : L; };
-    auto window = [&](int64_t rs) {
-        return hd.dense > 0 ? rm_tiles_of(cap(hd.dense + (RM_BM - 1) * rs)) : 0;
-    };
-    const int64_t dilated = rm_tiles_of((cap(dil + (RM_BM - 1) * s) + s - 1) / s);
-    const int64_t one = rm_ctas(Lq, s) * (1 + rm_tiles_of(hd.n_init) + window(s) + dilated);
-    const int64_t two =
-        rm_ctas(Lq, 1) * (1 + rm_tiles_of(hd.n_init) + window(1)) + rm_ctas(Lq, s) * (2 + dilated);
-    return two < one;
-}
-
-} // namespace
 
 extern "C" mi_status mi_cuda_rowmask_run(mi_context *ctx, const mi_attn_shape *s,
                                          const mi_tensor *q, const mi_tensor *k, const mi_tensor *v,
