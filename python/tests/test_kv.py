@@ -147,4 +147,10 @@ def test_session_kv_dtype():
         with pytest.raises(ValueError, match="kv_dtype"):
             m.session(kv_dtype="int3")
         with pytest.raises(mi.MInferenceError, match="kv_dtype"):
-            m.session(kv="quest", kv_dtype="fp8")
+            m.session(kv="kivi", kv_dtype="fp8")  # KIVI keeps its own format
+        # a method that selects rows reads stored pages: every row selected is no method
+        s = m.session(kv="quest:token_budget=100000,dense_layers=0", kv_dtype="fp8")
+        plain = m.session(kv_dtype="fp8")
+        a = [s.prefill(toks[:250])] + [s.decode(t) for t in toks[250:255]]
+        b = [plain.prefill(toks[:250])] + [plain.decode(t) for t in toks[250:255]]
+        assert max(np.linalg.norm(x - y) / np.linalg.norm(y) for x, y in zip(a, b)) < 1e-5

@@ -58,12 +58,21 @@ static mi_status quest_clone(const kv_method *m, kv_method *out) {
 }
 
 float kv_quest_bound(const float *q, const float *minmax, int32_t hd) {
-    float u = 0.0f;
-    for (int32_t d = 0; d < hd; d++) {
+    /* eight running sums, which vectorise (one chain of adds cannot, without reassociation) */
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int32_t d = 0;
+    for (; d + 8 <= hd; d += 8)
+        for (int u = 0; u < 8; u++) {
+            const float a = q[d + u] * minmax[d + u], b = q[d + u] * minmax[hd + d + u];
+            acc[u] += a > b ? a : b;
+        }
+    float s = 0.0f;
+    for (; d < hd; d++) {
         const float a = q[d] * minmax[d], b = q[d] * minmax[hd + d];
-        u += a > b ? a : b;
+        s += a > b ? a : b;
     }
-    return u;
+    for (int u = 0; u < 8; u++) s += acc[u];
+    return s;
 }
 
 typedef struct page_rank {
@@ -71,10 +80,43 @@ typedef struct page_rank {
     int64_t page;
 } page_rank;
 
+static inline void swap_rank(page_rank *a, page_rank *b) {
+    const page_rank x = *a;
+    *a = *b;
+    *b = x;
+}
+
 static int by_bound(const void *a, const void *b) {
     const page_rank *x = a, *y = b;
     if (x->bound != y->bound) return x->bound > y->bound ? -1 : 1;
     return x->page < y->page ? -1 : x->page > y->page;
+}
+
+/* Leaves the k pages first by by_bound (any order) at a[0..k): quickselect, median of three,
+ * expected O(n) where a sort of every page was O(n log n). by_bound is a strict total order (the
+ * page breaks ties), so the set is the sort's. */
+static void top_by_bound(page_rank *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (k > 0 && k < n && lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (by_bound(&a[mid], &a[lo]) < 0) swap_rank(&a[mid], &a[lo]);
+        if (by_bound(&a[hi], &a[lo]) < 0) swap_rank(&a[hi], &a[lo]);
+        if (by_bound(&a[hi], &a[mid]) < 0) swap_rank(&a[hi], &a[mid]);
+        const page_rank pivot = a[mid];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (by_bound(&a[i], &pivot) < 0) i++;
+            while (by_bound(&pivot, &a[j]) < 0) j--;
+            if (i <= j) swap_rank(&a[i++], &a[j--]);
+        }
+        /* a[lo..j] rank before a[j+1..i-1] (the pivot) before a[i..hi] */
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            return;
+    }
 }
 
 static int by_page(const void *a, const void *b) {
@@ -120,36 +162,44 @@ static mi_status quest_select(kv_method *m, const mi_kv_seq *seq, int32_t layer,
             meta[p] = v.key_minmax;
         }
     }
-    /* Each (query, head) list's pages are ranked on threads (a decode step's 32-odd heads were
-     * most of its time on one), then written in list order, QUEST_LISTS lists at a time. */
+    /* The query heads of one KV head (a group) are ranked together, on threads, so that each
+     * page's bounds are read once for the group; lists are written in list order afterwards,
+     * a whole number of rows' lists (at least one row) a round. */
     const int64_t kmax = dense ? 1 : kv_quest_pages(st->budget, pt, n_pages), lists = n * nh;
+    const int64_t round = QUEST_LISTS >= nh ? QUEST_LISTS - QUEST_LISTS % nh : nh;
     const int nt = omp_get_max_threads();
     if (!dense) {
-        chosen = malloc((size_t)QUEST_LISTS * (size_t)(kmax ? kmax : 1) * sizeof(*chosen));
-        page_rank *more =
-            realloc(rank, (size_t)nt * (size_t)(n_pages ? n_pages : 1) * sizeof(*rank));
+        chosen = malloc((size_t)round * (size_t)(kmax ? kmax : 1) * sizeof(*chosen));
+        page_rank *more = realloc(rank, (size_t)nt * (size_t)group *
+                                            (size_t)(n_pages ? n_pages : 1) * sizeof(*rank));
         if (more) rank = more;
         if (!chosen || !more) {
             s = kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory selecting pages");
             goto done;
         }
     }
-    for (int64_t l0 = 0; l0 < lists && s == MI_STATUS_SUCCESS; l0 += QUEST_LISTS) {
-        const int64_t l1 = l0 + QUEST_LISTS < lists ? l0 + QUEST_LISTS : lists;
+    for (int64_t l0 = 0; l0 < lists && s == MI_STATUS_SUCCESS; l0 += round) {
+        const int64_t l1 = l0 + round < lists ? l0 + round : lists;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (!dense)
-        for (int64_t li = l0; li < l1; li++) {
-            const int64_t i = li / nh, end = rows - n + i + 1, pages = (end + pt - 1) / pt;
-            const int32_t h = (int32_t)(li % nh);
+        for (int64_t gi = l0 / group; gi < l1 / group; gi++) {
+            const int64_t li0 = gi * group, i = li0 / nh, end = rows - n + i + 1;
+            const int64_t pages = (end + pt - 1) / pt;
+            const int32_t h0 = (int32_t)(li0 % nh), kh = h0 / group;
             if (dense || end <= st->budget) continue; /* every row: written below */
-            page_rank *rk = rank + (size_t)omp_get_thread_num() * (size_t)n_pages;
-            const float *qh = q + (i * nh + h) * (int64_t)hd;
-            const int32_t kh = h / group;
-            for (int64_t p = 0; p < pages; p++)
-                rk[p] = (page_rank){kv_quest_bound(qh, meta[p] + (int64_t)kh * 2 * hd, hd), p};
+            page_rank *rk = rank + (size_t)omp_get_thread_num() * (size_t)group * (size_t)n_pages;
+            const float *qg = q + (i * nh + h0) * (int64_t)hd;
+            for (int64_t p = 0; p < pages; p++) {
+                const float *mm = meta[p] + (int64_t)kh * 2 * hd;
+                for (int32_t g = 0; g < group; g++)
+                    rk[g * n_pages + p] = (page_rank){kv_quest_bound(qg + g * hd, mm, hd), p};
+            }
             const int64_t k = kv_quest_pages(st->budget, pt, pages);
-            qsort(rk, (size_t)pages, sizeof(*rk), by_bound);
-            qsort(rk, (size_t)k, sizeof(*rk), by_page);
-            for (int64_t t = 0; t < k; t++) chosen[(li - l0) * kmax + t] = rk[t].page;
+            for (int32_t g = 0; g < group; g++) {
+                page_rank *r = rk + g * n_pages;
+                top_by_bound(r, pages, k);
+                qsort(r, (size_t)k, sizeof(*r), by_page);
+                for (int64_t t = 0; t < k; t++) chosen[(li0 + g - l0) * kmax + t] = r[t].page;
+            }
         }
         for (int64_t li = l0; li < l1 && s == MI_STATUS_SUCCESS; li++) {
             const int64_t i = li / nh, end = rows - n + i + 1, pages = (end + pt - 1) / pt;
