@@ -9,6 +9,7 @@
  * time of kv_method_select for one query row of every head (a decode step's layer); the
  * per-token figure multiplies by 32 layers (the LLaMA-3-8B shape).
  */
+#include "args.h"
 #include "kv_method.h"
 #include "minference_kv.h"
 #include "tool_util.h"
@@ -28,35 +29,32 @@ static float rnd(void) {
     return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
+static const char usage_text[] =
+    "usage: bench_quest_select [--lens L1,L2,...] [--heads H] [--kv-heads H] [--dim D]\n"
+    "         [--budget TOKENS] [--dtype 0 (f32 pages) | 3 (fp8 pages)] [--repeats R]\n";
+
 int main(int argc, char **argv) {
     const char *lens_s = "131072,1048576";
     int heads = 32, kv_heads = 8, dim = 128, budget = 4096, dtype = MI_KV_FP8_E4M3, repeats = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "--lens")) lens_s = v;
-        else if (!strcmp(a, "--heads")) heads = atoi(v);
-        else if (!strcmp(a, "--kv-heads")) kv_heads = atoi(v);
-        else if (!strcmp(a, "--dim")) dim = atoi(v);
-        else if (!strcmp(a, "--budget")) budget = atoi(v);
-        else if (!strcmp(a, "--dtype")) dtype = atoi(v);
-        else if (!strcmp(a, "--repeats")) repeats = atoi(v);
-        else {
-            fprintf(stderr, "bench_quest_select: unknown option %s\n", a);
-            return 2;
-        }
-    }
-    if (heads < 1 || kv_heads < 1 || heads % kv_heads || dim < 1 || dim > 256 || repeats < 1 ||
-        repeats > 100 || (dtype != MI_KV_F32 && dtype != MI_KV_FP8_E4M3)) {
-        fprintf(stderr, "bench_quest_select: bad shape, dtype (0 or 3) or repeats\n");
-        return 2;
-    }
+    const arg_spec specs[] = {
+        {"lens", ARG_STR, &lens_s, 0, 0, NULL},         {"heads", ARG_INT, &heads, 1, 256, NULL},
+        {"kv-heads", ARG_INT, &kv_heads, 1, 256, NULL}, {"dim", ARG_INT, &dim, 1, 256, NULL},
+        {"budget", ARG_INT, &budget, 1, 1 << 30, NULL}, {"dtype", ARG_INT, &dtype, 0, 3, NULL},
+        {"repeats", ARG_INT, &repeats, 1, 100, NULL},
+    };
+    args_result ar =
+        args_parse("bench_quest_select", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
+                   argc - 1, argv + 1, NULL, 0, NULL);
+    if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
+    if (heads % kv_heads || (dtype != MI_KV_F32 && dtype != MI_KV_FP8_E4M3))
+        return args_error("bench_quest_select", usage_text,
+                          "--heads must be a multiple of --kv-heads, --dtype 0 or 3");
     printf("%10s %12s %14s\n", "tokens", "ms / layer", "ms / token (32)");
     for (const char *p = lens_s; p && *p;) {
         char *end = NULL;
         const long long L = strtoll(p, &end, 10);
         if (end == p || L < 1) {
-            fprintf(stderr, "bench_quest_select: bad --lens %s\n", lens_s);
-            return 2;
+            return args_error("bench_quest_select", usage_text, "bad --lens '%s'", lens_s);
         }
         p = *end == ',' ? end + 1 : NULL;
         mi_kv_pool_params pp = mi_kv_pool_default_params();

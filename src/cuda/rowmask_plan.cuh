@@ -76,7 +76,8 @@ __host__ __device__ __forceinline__ rm_seg rm_tile(const rm_seg *sg, int t) {
 
 /* Position of the first row of CTA x (rows rows, rs apart): residue x % rs, the last row tiles
  * first (their rows keep the most keys). */
-__host__ __device__ __forceinline__ int rm_first_row(int q_off, const rm_head &hd, int x, int rows) {
+__host__ __device__ __forceinline__ int rm_first_row(int q_off, const rm_head &hd, int x,
+                                                     int rows) {
     const int tiles = hd.groups / hd.rs;
     return q_off + x % hd.rs + (tiles - 1 - x / hd.rs) * rows * hd.rs;
 }
@@ -123,7 +124,9 @@ inline rm_head rm_head_of(const mi_head_plan &hp, int64_t h, int64_t L) {
 }
 
 /* CTAs of one (b, h) with rows rs apart, and 64-key tiles of a hull. */
-inline int64_t rm_ctas(int64_t Lq, int64_t rs) { return rs * (((Lq + rs - 1) / rs + RM_BM - 1) / RM_BM); }
+inline int64_t rm_ctas(int64_t Lq, int64_t rs) {
+    return rs * (((Lq + rs - 1) / rs + RM_BM - 1) / RM_BM);
+}
 inline int64_t rm_tiles_of(int64_t keys) { return (keys + RM_BN - 1) / RM_BN; }
 
 /* Whether two passes walk fewer tiles than one (rows s apart): the dense windows' hull grows by
@@ -142,7 +145,6 @@ inline bool rm_two_passes(const rm_head &hd, int64_t L, int64_t Lq) {
         rm_ctas(Lq, 1) * (1 + rm_tiles_of(hd.n_init) + window(1)) + rm_ctas(Lq, s) * (2 + dilated);
     return two < one;
 }
-
 
 } // namespace mi_cuda
 

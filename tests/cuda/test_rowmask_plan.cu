@@ -90,8 +90,8 @@ static void check_case(const mi_head_plan &hp, int L, int q_off, int len, bool t
     char what[200];
     snprintf(what, sizeof what,
              "%s n_init %d n_local %d stride %d dense %d, L %d q_off %d len %d, %s pass%s",
-             hp.strided ? "strided" : "dilated", hp.n_init, hp.n_local, hp.stride,
-             hp.dense_local, L, q_off, len, two ? "two" : "one", two ? "es" : "");
+             hp.strided ? "strided" : "dilated", hp.n_init, hp.n_local, hp.stride, hp.dense_local,
+             L, q_off, len, two ? "two" : "one", two ? "es" : "");
     const rm_head hd = rm_head_of(hp, 0, L);
     const int64_t Lq = L - q_off;
     std::vector<std::vector<int>> got(Lq);
@@ -111,7 +111,8 @@ static void check_case(const mi_head_plan &hp, int L, int q_off, int len, bool t
         std::sort(got[i].begin(), got[i].end());
         EXPECT(want == got[i], "%s: row %lld keeps %zu keys, the rule %zu", what, (long long)p,
                got[i].size(), want.size());
-        for (int k : got[i]) EXPECT(k >= 0 && k <= p, "%s: row %lld, key %d", what, (long long)p, k);
+        for (int k : got[i])
+            EXPECT(k >= 0 && k <= p, "%s: row %lld, key %d", what, (long long)p, k);
     }
 }
 
