@@ -342,7 +342,8 @@ def source(rs):
 
 
 def shapes_in_order(tab, keyf):
-    return sorted({k[0] for k in tab}, key=lambda s: keyf(json.loads(s)))
+    # the shape's own text breaks ties: a set's order changes from one process to the next
+    return sorted({k[0] for k in tab}, key=lambda s: (keyf(json.loads(s)), s))
 
 
 def table_cpu(rows):
