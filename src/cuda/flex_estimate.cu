@@ -462,8 +462,11 @@ extern "C" mi_status mi_cuda_flex_estimate_run(mi_context *ctx, const mi_attn_sh
     int64_t cap = (int64_t)((scratch_bytes - lo.fixed) / lo.per_pair);
     if (cap > FX_MAX_PAIRS) cap = FX_MAX_PAIRS;
     if (s->len <= 0) return MI_STATUS_SUCCESS;
+    /* heads that keep every block (gamma >= 1000) never read the sums: not scored */
+    uint8_t scored[MI_CUDA_MAX_HEADS];
+    for (int64_t h = 0; h < s->heads_q; h++) scored[h] = (!active || active[h]) && gamma[h] < 1000;
     const float *vert = nullptr, *slash = nullptr;
-    st = mi_cuda_vs_sums_run(ctx, s, q, k, seq_lens, scale, active, dense_below, scratch, &vert,
+    st = mi_cuda_vs_sums_run(ctx, s, q, k, seq_lens, scale, scored, dense_below, scratch, &vert,
                              &slash);
     if (st != MI_STATUS_SUCCESS) return st;
 
