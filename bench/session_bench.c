@@ -4,7 +4,7 @@
  *   bench_session [--model PATH (default: SmolLM2) | --random llama3-8b] [--device cuda|cpu]
  *                 [--lens 32768,131072,...] [--method minference|dense|...] [--followup N]
  *                 [--requests R] [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]
- *                 [--kv-dtype 0..3] [--kv SPEC[;SPEC...]] [--chunk N]
+ *                 [--kv-dtype 0..3] [--kv SPEC[;SPEC...]] [--chunk N] [--pinned 0|1]
  *                 [--json OUT]
  *
  * For each length L, on one session: the prefill of L tokens (TTFT, with the attention method;
@@ -32,7 +32,8 @@ static const char usage_text[] =
     "         [--lens L1,L2,...] [--method NAME] [--followup N] [--requests R]\n"
     "         [--question Q] [--decode N] [--reprefill 0|1] [--offload 0|1]\n"
     "         [--kv-dtype N (0: the model's own precision, 1 f16, 2 bf16, 3 fp8)]\n"
-    "         [--kv METHOD[:key=value,...][;METHOD...]] [--chunk N] [--gpu NAME]\n"
+    "         [--kv METHOD[:key=value,...][;METHOD...]] [--chunk N] [--pinned 0|1]\n"
+    "         [--gpu NAME]\n"
     "         [--json OUT]\n";
 
 typedef struct row {
@@ -147,7 +148,7 @@ fail_s:
 
 typedef struct run_meta {
     const char *gpu, *device, *model, *method, *kv;
-    int offload, kv_dtype;
+    int offload, kv_dtype, pinned;
 } run_meta;
 
 /* The run's JSON with the rows so far: rewritten after each row, so a run stopped by a time
@@ -167,6 +168,7 @@ static int write_json(const char *path, const run_meta *meta, json_t *rows) {
     json_object_set_new(root, "method", json_string(meta->method));
     json_object_set_new(root, "kv_offload", json_boolean(meta->offload));
     json_object_set_new(root, "kv_dtype", json_integer(meta->kv_dtype));
+    if (meta->pinned) json_object_set_new(root, "kv_pinned", json_true());
     json_object_set_new(root, "kv", json_string(meta->kv ? meta->kv : "dense"));
     json_object_set(root, "rows", rows);
     const int rc = json_dump_file(root, path, JSON_INDENT(1));
@@ -179,7 +181,7 @@ int main(int argc, char **argv) {
     const char *model_path = NULL, *random = NULL, *device = "cuda", *lens_s = "32768,131072";
     const char *method = "minference", *gpu = "", *json_path = NULL;
     int followup = 1024, requests = 2, question = 64, n_decode = 16, reprefill = 1, offload = 0;
-    int kv_dtype = 0;
+    int kv_dtype = 0, pinned = 0;
     long long chunk = 0;
     const char *kv = NULL;
     const arg_spec specs[] = {
@@ -197,6 +199,7 @@ int main(int argc, char **argv) {
         {"kv-dtype", ARG_INT, &kv_dtype, 0, 3, NULL},
         {"kv", ARG_STR, &kv, 0, 0, NULL},
         {"chunk", ARG_INT64, &chunk, 0, 1LL << 40, NULL},
+        {"pinned", ARG_INT, &pinned, 0, 1, NULL},
         {"gpu", ARG_STR, &gpu, 0, 0, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
     };
@@ -227,6 +230,7 @@ int main(int argc, char **argv) {
     mi_model_params mp = mi_model_default_params();
     mp.device = strcmp(device, "cpu") == 0 ? MI_DEVICE_CPU : MI_DEVICE_CUDA;
     mp.kv_offload = offload;
+    mp.kv_pinned = pinned;
     mi_model *model = tool_bench_model("bench_session", random ? NULL : model_path, &mp);
     if (!model) return 1;
     if (mi_model_set_attention_name(model, method, NULL, -1) != MI_STATUS_SUCCESS) {
@@ -249,8 +253,9 @@ int main(int argc, char **argv) {
     json_t *rows = json_array();
     int failures = 0;
     const run_meta meta = {
-        gpu,     device,  random ? "random weights, LLaMA-3-8B shape" : model_path, method, kv,
-        offload, kv_dtype};
+        gpu,      device, random ? "random weights, LLaMA-3-8B shape" : model_path,
+        method,   kv,     offload,
+        kv_dtype, pinned};
     /* the KV methods: none (dense), one spec, or several separated by ';' (specs hold commas) */
     char *kv_list = kv ? strdup(kv) : NULL, *kv_save = NULL;
     const char *specs_kv[16] = {NULL};

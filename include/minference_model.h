@@ -92,6 +92,12 @@ typedef struct mi_model_params {
      * needs one layer of cache, not all of them). The model's own sequence (mi_model_prefill /
      * decode) then runs in an internal session. Ignored on the CPU. */
     int kv_offload;
+    /* CUDA: 1 keeps the sessions' pages in pinned host memory, which the device reads itself:
+     * an upload is one kernel over the pages as stored (an fp8 page crosses the bus at half the
+     * bytes of its bf16 rows) and no host core converts rows. 0 (default) keeps them in pageable
+     * memory: uploads decode rows on the host and copy them through a pinned buffer. Both give
+     * the same rows bit for bit. Ignored on the CPU. */
+    int kv_pinned;
 } mi_model_params;
 
 MI_API mi_model_params mi_model_default_params(void);

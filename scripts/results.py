@@ -150,7 +150,8 @@ UNITS = {"ms": "ms", "speedup": "x", "gflops": "GFLOP/s", "tflops": "TFLOP/s", "
          "device_peak_bytes": "bytes", "gemm_ms_per_layer": "ms", "attention_ms_per_layer": "ms",
          "sparse_ms": "ms", "dense_ms": "ms", "estimate_ms": "ms", "rest_s": "s",
          "ttft_128k_s": "s", "prefill_s": "s", "fork_s": "s", "followup_s": "s",
-         "fork_added_mib": "MiB", "device_peak_gib": "GiB"}
+         "fork_added_mib": "MiB", "device_peak_gib": "GiB", "multi_request_s": "s",
+         "reprefill_s": "s"}
 
 
 def rows_of_run(run):
@@ -221,9 +222,15 @@ def rows_of_run(run):
                      "followup_tokens": e.get("followup_tokens")}
             if e.get("chunk"):  # the prompt prefilled in calls of this many tokens
                 shape["chunk"] = e["chunk"]
+            if run.get("kv_pinned"):  # pages in pinned memory, decoded by the device
+                shape["kv_pinned"] = True
             for m in ("prefill_s", "fork_s", "fork_added_mib", "followup_s",
                       "decode_tokens_per_s", "device_peak_gib", "pool_mib"):
                 add("session", shape, run.get("method", "minference"), m, e.get(m))
+            if e.get("requests") and e.get("reprefill_s"):
+                # multi-request: R questions on forks of the context against re-prefilling it
+                for m in ("requests", "multi_request_s", "reprefill_s"):
+                    add("session", shape, run.get("method", "minference"), m, e.get(m))
             if e.get("prefill_s") and e.get("followup_s"):
                 add("session", shape, run.get("method", "minference"), "followup_share",
                     e["followup_s"] / e["prefill_s"])
@@ -471,7 +478,8 @@ def table_model_ttft(rows):
 def table_sessions(rows):
     tab = newest(rows, "session", lambda s: s["device"] == "cuda")
     out = ["| model | L | cache | prefill | fork | follow-up turn | share of the prefill "
-           "| decode | device peak | KV pages |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| decode | R questions: forks / re-prefill | device peak | KV pages |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in shapes_in_order(tab, lambda s: (s["model"], s["tokens"], s["kv_offload"], s["kv"])):
         sh = json.loads(s)
         cache = "offloaded" if sh["kv_offload"] else "on the device"
@@ -480,6 +488,8 @@ def table_sessions(rows):
             cache += f", {dtype} pages"
         if sh.get("chunk"):
             cache += f", prefilled in chunks of {length(sh['chunk'])}"
+        if sh.get("kv_pinned"):  # the device reads the pages itself
+            cache += ", pinned pages"
         if sh.get("kv", "dense") != "dense":  # a KV method attends on the host after the prefill
             cache = f"{sh['kv']} (host pages)"
         fork_s, added = g(tab, s, "minference", "fork_s"), g(tab, s, "minference", "fork_added_mib")
@@ -491,12 +501,18 @@ def table_sessions(rows):
         if not sh.get("followup_tokens"):
             share = None
         tps = g(tab, s, 'minference', 'decode_tokens_per_s')
+        n_req = g(tab, s, "minference", "requests")
+        multi, re_pre = g(tab, s, "minference", "multi_request_s"), g(tab, s, "minference",
+                                                                        "reprefill_s")
+        reuse = f"{n_req:.0f}: {multi:.2f} s / {re_pre:.2f} s" if n_req and multi and re_pre \
+            else "-"
         out.append(f"| {sh['model']} | {length(sh['tokens'])} | {cache} "
                    f"| {f(g(tab, s, 'minference', 'prefill_s'), '.2f')} s "
                    f"| {f(1e3 * fork_s if fork_s is not None else None, '.3f')} ms, "
                    f"+{f(added, '.0f')} MiB | {turn} "
                    f"| {f(100 * share, '.1f') + ' %' if share is not None else '-'} "
                    f"| {f(tps, '.1f' if tps is None or tps >= 1 else '.3f')} tokens/s "
+                   f"| {reuse} "
                    f"| {f(g(tab, s, 'minference', 'device_peak_gib'), '.1f')} GiB "
                    f"| {f(mib / 1024 if mib is not None else None, '.2f')} GiB |")
     return out, list(tab.values()), ""

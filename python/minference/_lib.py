@@ -363,6 +363,7 @@ class mi_model_params(ctypes.Structure):
         ("device_id", c_int),
         ("check_weights", c_int),
         ("kv_offload", c_int),
+        ("kv_pinned", c_int),
     ]
 
 

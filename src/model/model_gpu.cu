@@ -31,6 +31,7 @@ extern "C" {
 #include "minference_cuda.h"
 #include "model_gpu.h"
 }
+#include "model_gpu_pages.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -99,6 +100,12 @@ struct gpu_state {
     const mi_kv_pool *slot_pool; /* the pool whose page ids the slots name */
     void *stage;                 /* pinned: two halves, each K then V of stage_rows rows */
     size_t stage_bytes;
+    /* uploads decoded on the device (model_gpu_pages.h): one job per page, pinned on the host
+     * and mirrored on the device; pages_read marks the last upload done reading the pages */
+    mim_page_job *jobs_host, *jobs_dev;
+    int64_t jobs_cap;
+    cudaEvent_t pages_read;
+    int pageable_slabs; /* slabs the pinned allocator had to take from pageable memory */
     /* a session's new rows go to the host on their own stream, overlapped with the layer's
      * attention and MLP: kv_ready marks the layer's K/V written, chunk_done each stage half */
     cudaStream_t copy;
@@ -440,6 +447,7 @@ mi_status attach(mi_model *m) {
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->kv_ready, cudaEventDisableTiming);
     for (int i = 0; i < 2 && e == cudaSuccess; i++)
         e = cudaEventCreateWithFlags(&g->chunk_done[i], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->pages_read, cudaEventDisableTiming);
     if (e != cudaSuccess) return cuda_fail(m, e, "stream");
     if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS)
         return mim_model_fail(m, MI_STATUS_DEVICE_ERROR, "cannot create a cuBLAS handle");
@@ -840,6 +848,19 @@ extern "C" mi_status mim_gpu_attach(mi_model *m, char *err, size_t err_size) {
     return st;
 }
 
+extern "C" void mim_gpu_pool_memory(mi_model *m, mi_kv_pool_params *pp) {
+    gpu_state *g = m ? GPU(m) : NULL;
+    if (!g || !m->params.kv_pinned) return;
+    pp->alloc = mim_pinned_alloc;
+    pp->free = mim_pinned_free;
+    pp->alloc_user = &g->pageable_slabs;
+    /* pinning costs per call: slabs of about 16 MiB (an fp8 page of the 8B shape is 132 KiB) */
+    const int64_t page_guess =
+        2 * (int64_t)m->n_kv * m->hd * (pp->page_tokens > 0 ? pp->page_tokens : 64);
+    pp->slab_pages = (int32_t)((16 << 20) / (page_guess > 0 ? page_guess : 1));
+    if (pp->slab_pages < 1) pp->slab_pages = 1;
+}
+
 extern "C" void mim_gpu_detach(mi_model *m) {
     gpu_state *g = m ? GPU(m) : NULL;
     if (!g) return;
@@ -877,6 +898,8 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     dev_free(g, (char **)&g->workspace, g->workspace_bytes);
     free(g->slots);
     if (g->stage) cudaFreeHost(g->stage);
+    if (g->jobs_host) cudaFreeHost(g->jobs_host);
+    dev_free(g, &g->jobs_dev, (size_t)g->jobs_cap);
     ev_free(&g->attn_ev);
     ev_free(&g->gemm_ev);
     if (g->blas) cublasDestroy(g->blas);
@@ -888,6 +911,7 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     if (g->kv_ready) cudaEventDestroy(g->kv_ready);
     for (int i = 0; i < 2; i++)
         if (g->chunk_done[i]) cudaEventDestroy(g->chunk_done[i]);
+    if (g->pages_read) cudaEventDestroy(g->pages_read);
     free(g);
     m->gpu = NULL;
 }
@@ -1158,8 +1182,78 @@ void slot_set(page_slot *s, const mi_kv_page_view *v) {
     s->id = v->page_id, s->version = v->version, s->rows = v->rows;
 }
 
+/* layer_upload on the device: the pages to upload go as one job list, decoded by one launch
+ * straight from pinned host memory. *done false: the pages are not device-readable (pageable
+ * memory, another dtype), and nothing was done. */
+mi_status upload_pages(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, page_slot *slots,
+                       bool *done) {
+    gpu_state *g = GPU(m);
+    *done = false;
+    mi_kv_page_layout lay;
+    if (g->pageable_slabs > 0 ||
+        mi_kv_pool_layout(mi_kv_seq_pool(seq), &lay) != MI_STATUS_SUCCESS ||
+        !mim_pages_decodable(&lay) || lay.n_kv_heads != m->n_kv || lay.head_dim != m->hd)
+        return MI_STATUS_SUCCESS;
+    const int64_t kvd = (int64_t)m->n_kv * m->hd, P = lay.page_tokens;
+    const int64_t pages = (rows + P - 1) / P;
+    if (pages > g->jobs_cap) {
+        const int64_t cap = pages > 2 * g->jobs_cap ? pages : 2 * g->jobs_cap;
+        cudaError_t e = cudaEventSynchronize(g->pages_read); /* the old lists may be in use */
+        if (g->jobs_host) cudaFreeHost(g->jobs_host);
+        dev_free(g, &g->jobs_dev, (size_t)g->jobs_cap);
+        g->jobs_host = NULL, g->jobs_cap = 0;
+        if (e == cudaSuccess)
+            e = cudaMallocHost((void **)&g->jobs_host, (size_t)cap * sizeof(mim_page_job));
+        if (e == cudaSuccess) e = dev_alloc(g, &g->jobs_dev, (size_t)cap);
+        if (e != cudaSuccess) {
+            if (g->jobs_host) cudaFreeHost(g->jobs_host);
+            g->jobs_host = NULL;
+            return cuda_fail(m, e, "page list for an upload");
+        }
+        g->jobs_cap = cap;
+    }
+    /* the previous upload's list may still be on its way to the device */
+    cudaError_t e = cudaEventSynchronize(g->pages_read);
+    if (e != cudaSuccess) return cuda_fail(m, e, "upload of a session's pages");
+    int64_t n = 0;
+    for (int64_t i = 0; i < pages; i++) {
+        mi_kv_page_view v;
+        if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS)
+            return mim_model_fail(m, MI_STATUS_INTERNAL, "layer %d: page %lld of %lld", l,
+                                  (long long)i, (long long)pages);
+        if (slots && slot_holds(&slots[i], &v)) continue;
+        if (n == 0 && !mim_host_is_pinned(v.data)) return MI_STATUS_SUCCESS;
+        const int64_t left = rows - i * P;
+        g->jobs_host[n].page = (const unsigned char *)v.data;
+        g->jobs_host[n].row0 = i * P;
+        g->jobs_host[n].rows = (int32_t)(v.rows < left ? v.rows : left);
+        g->jobs_host[n].pad = 0;
+        n++;
+    }
+    *done = true;
+    if (n == 0) return MI_STATUS_SUCCESS;
+    e = cudaMemcpyAsync(g->jobs_dev, g->jobs_host, (size_t)n * sizeof(mim_page_job),
+                        cudaMemcpyHostToDevice, g->stream);
+    /* a grid's x extent is 2^31 - 1 CTAs: far more pages than a layer holds */
+    if (e == cudaSuccess)
+        e = mim_pages_to_rows(g->jobs_dev, (int)n, &lay, g->k_cache[l], g->v_cache[l], kvd,
+                              g->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(g->pages_read, g->stream);
+    if (e != cudaSuccess) return cuda_fail(m, e, "upload of a session's pages");
+    for (int64_t i = 0; slots && i < n; i++) {
+        mi_kv_page_view v;
+        page_slot *s = &slots[g->jobs_host[i].row0 / P];
+        if (mi_kv_seq_page(seq, l, g->jobs_host[i].row0 / P, &v) == MI_STATUS_SUCCESS)
+            slot_set(s, &v);
+        else
+            s->id = -1, s->rows = 0;
+    }
+    return MI_STATUS_SUCCESS;
+}
+
 /* Makes the device cache hold rows 0..rows-1 of layer l of seq: the pages whose slot differs
- * (use_slots), or all of them (kv_offload, where the buffer held another layer). */
+ * (use_slots), or all of them (kv_offload, where the buffer held another layer). Pages in pinned
+ * memory are decoded on the device; others go through the host and the pinned stage. */
 mi_status layer_upload(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, int64_t stage_rows,
                        bool use_slots) {
     gpu_state *g = GPU(m);
@@ -1167,6 +1261,9 @@ mi_status layer_upload(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, i
     const int64_t pages = (rows + P - 1) / P;
     bf16 *sk = (bf16 *)g->stage, *sv = sk + stage_rows * kvd;
     page_slot *slots = use_slots ? g->slots + (int64_t)l * g->slot_cap : NULL;
+    bool done = false;
+    mi_status st = upload_pages(m, seq, l, rows, slots, &done);
+    if (st != MI_STATUS_SUCCESS || done) return st;
     for (int64_t i = 0; i < pages;) {
         mi_kv_page_view v;
         if (mi_kv_seq_page(seq, l, i, &v) != MI_STATUS_SUCCESS)
@@ -1225,7 +1322,9 @@ mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64
         if (e == cudaSuccess) e = cudaEventRecord(g->chunk_done[h], g->copy);
         return e;
     };
-    cudaError_t e = cudaStreamWaitEvent(g->copy, g->kv_ready, 0);
+    /* the pages are written below: no upload may still be reading them */
+    cudaError_t e = cudaEventSynchronize(g->pages_read);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(g->copy, g->kv_ready, 0);
     if (e == cudaSuccess && n > 0) e = issue(0, 0);
     mi_status st = MI_STATUS_SUCCESS;
     for (int64_t c0 = 0, i = 0; c0 < n && e == cudaSuccess && st == MI_STATUS_SUCCESS;

@@ -22,6 +22,10 @@ mi_status mim_gpu_attach(mi_model *m, char *err, size_t err_size);
 /* Releases every device buffer (NULL-safe). */
 void mim_gpu_detach(mi_model *m);
 
+/* Sets the host memory of a session pool of this model: pinned, for the device to read pages
+ * directly (model_gpu_pages.h), where params.kv_pinned asks for it; nothing otherwise. */
+void mim_gpu_pool_memory(mi_model *m, mi_kv_pool_params *pp);
+
 /* The forward pass of model_forward.c on the GPU: tokens (validated by the caller) at positions
  * n_past.. (fresh: from 0, through mi_prefill_attention; otherwise dense over the cache). Writes
  * the last position's logits (may be NULL). With capture (fresh only), calls capture->on_layer

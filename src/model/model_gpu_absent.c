@@ -12,6 +12,11 @@ mi_status mim_gpu_attach(mi_model *m, char *err, size_t err_size) {
 
 void mim_gpu_detach(mi_model *m) { (void)m; }
 
+void mim_gpu_pool_memory(mi_model *m, mi_kv_pool_params *pp) {
+    (void)m;
+    (void)pp;
+}
+
 mi_status mim_gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh, float *logits,
                           const mi_model_capture *capture) {
     (void)tokens;

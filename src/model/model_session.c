@@ -9,6 +9,7 @@
 
 #include "../kv/kv_method.h"
 #include "minference_kv.h"
+#include "model_gpu.h"
 #include "model_runner.h"
 
 #include <math.h>
@@ -92,6 +93,7 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
         /* per-page key bounds for Quest: 2 * head_dim floats per KV head, 1.6 % of an f32 page
          * (the CUDA model runs no method that reads them) */
         pp.meta_kinds = m->gpu ? 0 : MI_KV_META_KEY_MINMAX;
+        mim_gpu_pool_memory(m, &pp);
         mi_status st = mi_kv_pool_create(m->ctx, &pp, &m->kv_pool);
         if (st != MI_STATUS_SUCCESS)
             return mim_model_fail(m, st, "cannot create the KV page pool: %s",
@@ -136,6 +138,9 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
         qp.meta_kinds = MI_KV_META_KEY_MINMAX;
         own = true;
     }
+    /* pages the device reads on uploads: pinned (a method's pages are attended on the host) */
+    if (own && (qp.dtype == MI_KV_BF16 || qp.dtype == MI_KV_F16 || qp.dtype == MI_KV_FP8_E4M3))
+        mim_gpu_pool_memory(m, &qp);
     if (own && (st = mi_kv_pool_create(m->ctx, &qp, &pool)) != MI_STATUS_SUCCESS) {
         kv_method_destroy(method);
         free(s);

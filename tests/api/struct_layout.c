@@ -183,6 +183,7 @@ int main(void) {
         F(device_id);
         F(check_weights);
         F(kv_offload);
+        F(kv_pinned);
         end();
     }
     {

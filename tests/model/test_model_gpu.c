@@ -353,7 +353,7 @@ static void compare_offload(const char *name, const mi_model_shape *s) {
     mi_session_params sp = mi_session_default_params();
     sp.kv_dtype = MI_KV_FP8_E4M3;
     mi_session *x = NULL, *y = NULL, *solo = NULL;
-    float *xs = malloc(sizeof(float) * (size_t)V * steps);
+    float *xs = malloc(sizeof(float) * (size_t)V * steps * 2); /* fp8, then f16 (below) */
     CHECK(mi_session_create(plain, &sp, &solo) == 0, "%s fp8 session: %s", name,
           mi_model_last_error(plain));
     if (solo) {
@@ -381,6 +381,48 @@ static void compare_offload(const char *name, const mi_model_shape *s) {
         }
         CHECK(bad == 0, "%s: fp8 session differs when interleaved (%d steps)", name, bad);
     }
+    /* Pinned pages (kv_pinned) are decoded by the device, pageable ones (the default) on the
+     * host: the same bf16 rows either way, so the same logits bit for bit, resident or
+     * offloaded; fp8 (xs above) and f16 pages. */
+    mi_session *f16 = NULL;
+    sp.kv_dtype = MI_KV_F16;
+    CHECK(mi_session_create(plain, &sp, &f16) == 0, "%s f16 session", name);
+    if (f16) {
+        CHECK(mi_session_prefill(f16, tok, n, b) == 0, "%s f16 prefill", name);
+        for (int i = 0; i < steps; i++)
+            CHECK(mi_session_decode(f16, tok + n + i, 1, xs + (size_t)V * (steps + i)) == 0,
+                  "%s f16 decode", name);
+    }
+    for (int variant = 0; variant < 6 && solo && f16; variant++) {
+        mi_model_params q = p;
+        q.kv_pinned = variant % 3 != 1;
+        q.kv_offload = variant % 3 != 0;
+        sp.kv_dtype = variant < 3 ? MI_KV_FP8_E4M3 : MI_KV_F16;
+        const float *want = xs + (size_t)V * steps * (variant < 3 ? 0 : 1);
+        mi_model *mm = NULL;
+        mi_session *ss = NULL;
+        CHECK(mi_model_create_random(test_ctx(), s, 5, &q, &mm) == 0, "%s model: %s", name,
+              TEST_ERR);
+        if (mm) CHECK(mi_session_create(mm, &sp, &ss) == 0, "%s session", name);
+        if (!ss) {
+            mi_model_destroy(mm);
+            continue;
+        }
+        bad = 0;
+        CHECK(mi_session_prefill(ss, tok, n, b) == 0, "%s prefill: %s", name,
+              mi_session_last_error(ss));
+        for (int i = 0; i < steps; i++) {
+            CHECK(mi_session_decode(ss, tok + n + i, 1, b) == 0, "%s decode: %s", name,
+                  mi_session_last_error(ss));
+            bad += memcmp(b, want + (size_t)V * i, sizeof(float) * (size_t)V) != 0;
+        }
+        CHECK(bad == 0, "%s: %s pages %s, %s: %d steps differ from pageable resident ones", name,
+              variant < 3 ? "fp8" : "f16", q.kv_pinned ? "pinned" : "pageable",
+              q.kv_offload ? "offloaded" : "resident", bad);
+        mi_session_destroy(ss);
+        mi_model_destroy(mm);
+    }
+    mi_session_destroy(f16);
     mi_session_destroy(x);
     mi_session_destroy(y);
     mi_session_destroy(solo);
