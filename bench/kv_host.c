@@ -157,10 +157,9 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
     for (int r = 0; r <= c->repeats && rc == 0; r++) {
         char e[256];
         const double t0 = tool_now_s();
-        if (!out || mim_seq_attend(&sh, last_seq, last,
-                                   c->layer, q + (nq - 1) * qd, 1, rows - 1,
-                                   1.0f / sqrtf((float)c->dim), out, e,
-                                   sizeof e) != MI_STATUS_SUCCESS) {
+        if (!out ||
+            mim_seq_attend(&sh, last_seq, last, c->layer, q + (nq - 1) * qd, 1, rows - 1,
+                           1.0f / sqrtf((float)c->dim), out, e, sizeof e) != MI_STATUS_SUCCESS) {
             fprintf(stderr, "bench_kv_host: decode: %s\n", out ? e : "out of memory");
             rc = 1;
         }

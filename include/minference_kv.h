@@ -319,6 +319,13 @@ typedef struct mi_kv_attend_params {
 MI_API mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
                                   const float *q, const mi_kv_attend_params *params, float *scores,
                                   float *out);
+/* The same for n_q queries of the KV head at once (the query heads of a grouped-query head):
+ * q and out [n_q, head_dim], scores [n_q, end - first]. Each row is read (and decoded) once for
+ * all of them; each query's result is mi_kv_seq_attend's bit for bit. n_q in 1..8. */
+MI_API mi_status mi_kv_seq_attend_heads(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
+                                        const float *q, int32_t n_q,
+                                        const mi_kv_attend_params *params, float *scores,
+                                        float *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* LeanK key-channel masks                                                                     */

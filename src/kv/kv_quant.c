@@ -167,79 +167,125 @@ static float sum_lanes(const float *a, int32_t n) {
     return t;
 }
 
-/* One row's sum_d qs_d c_d over its nb bytes; nb is a constant where it is inlined with one, so
- * the passes unroll into a few vector instructions. */
-static inline __attribute__((always_inline)) float
-row_dot(const float *restrict qs, const unsigned char *restrict row, int32_t nb, int bits) {
+/* The planar codes of one row as floats: cf[i * nb + j] = channel cpb * j + i (exact). */
+static inline __attribute__((always_inline)) void
+row_codes(const unsigned char *restrict row, int32_t nb, int bits, float *restrict cf) {
     const int32_t cpb = 8 / bits;
     const unsigned mask = (1u << bits) - 1u;
+    for (int32_t i = 0; i < cpb; i++)
+        for (int32_t j = 0; j < nb; j++) cf[i * nb + j] = (float)((row[j] >> (bits * i)) & mask);
+}
+
+/* One row's sum_d qs_d c_d over its nb bytes from its unpacked codes: the products of the
+ * first plane, then each later plane added, then the eight lanes; nb is a constant where it
+ * is inlined with one, so the passes unroll into a few vector instructions. */
+static inline __attribute__((always_inline)) float
+row_dot(const float *restrict qs, const float *restrict cf, int32_t nb, int bits) {
+    const int32_t cpb = 8 / bits;
     float a[MI_KV_MAX_HEAD_DIM];
-    for (int32_t j = 0; j < nb; j++) a[j] = qs[j] * (float)(row[j] & mask);
+    for (int32_t j = 0; j < nb; j++) a[j] = qs[j] * cf[j];
     for (int32_t i = 1; i < cpb; i++)
-        for (int32_t j = 0; j < nb; j++)
-            a[j] += qs[i * nb + j] * (float)((row[j] >> (bits * i)) & mask);
+        for (int32_t j = 0; j < nb; j++) a[j] += qs[i * nb + j] * cf[i * nb + j];
     return sum_lanes(a, nb);
 }
 
-void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
-                     int32_t r1, const float *q, float scale, float *out) {
-    const mi_kv_page_layout *L = &pool->layout;
-    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, cpb = 8 / bits;
-    const int32_t nb = hd / cpb;
-    float qs[MI_KV_MAX_HEAD_DIM];
+/* The rows' codes are unpacked once for all the queries (the query heads of a KV head read
+ * the same rows); each query's arithmetic is the one-query order, so results do not depend on
+ * how many share a call. nb and bits are constants where inlined with them. */
+static inline __attribute__((always_inline)) void
+scores_rows(const mi_kv_page_layout *L, const unsigned char *page, int32_t h, int32_t r0,
+            int32_t r1, const float *q, int32_t nq, float scale, float *out, int64_t ld_out,
+            int32_t nb, int bits) {
+    const int32_t G = L->group_size, hd = L->head_dim, cpb = 8 / bits;
+    float qs[KV_QUANT_QUERIES][MI_KV_MAX_HEAD_DIM], qz[KV_QUANT_QUERIES];
+    float cf[MI_KV_MAX_HEAD_DIM], ks[MI_KV_MAX_HEAD_DIM], km[MI_KV_MAX_HEAD_DIM];
     for (int32_t r = r0; r < r1;) {
-        /* the group's scale and min folded into the query: q.k = sum qs_d c_d + sum q_d min_d */
+        /* the group's scale and min folded into each query: q.k = sum qs_d c_d + sum q_d min_d */
         const int32_t g = r / G, stop = (g + 1) * G < r1 ? (g + 1) * G : r1;
         const unsigned char *p = k_param(L, page, h, g, 0);
-        float qz = 0.0f;
-        for (int32_t d = 0; d < hd; d++) {
-            qs[(d % cpb) * nb + d / cpb] = q[d] * f16_at(p + 4 * d);
-            qz += q[d] * f16_at(p + 4 * d + 2);
+        for (int32_t d = 0; d < hd; d++) ks[d] = f16_at(p + 4 * d), km[d] = f16_at(p + 4 * d + 2);
+        for (int32_t t = 0; t < nq; t++) {
+            const float *qt = q + (int64_t)t * hd;
+            qz[t] = 0.0f;
+            for (int32_t d = 0; d < hd; d++) {
+                qs[t][(d % cpb) * nb + d / cpb] = qt[d] * ks[d];
+                qz[t] += qt[d] * km[d];
+            }
         }
         for (; r < stop; r++) {
-            const unsigned char *row = code_row(L, (unsigned char *)page, 0, h, r);
-            float dotv;
-            if (bits == 2 && nb == 16)
-                dotv = row_dot(qs, row, 16, 2); /* head_dim 64 */
-            else if (bits == 2 && nb == 32)
-                dotv = row_dot(qs, row, 32, 2); /* head_dim 128 */
-            else if (bits == 4 && nb == 32)
-                dotv = row_dot(qs, row, 32, 4);
-            else if (bits == 4 && nb == 64)
-                dotv = row_dot(qs, row, 64, 4);
-            else
-                dotv = row_dot(qs, row, nb, bits);
-            out[r - r0] = (dotv + qz) * scale;
+            row_codes(code_row(L, (unsigned char *)page, 0, h, r), nb, bits, cf);
+            for (int32_t t = 0; t < nq; t++)
+                out[t * ld_out + (r - r0)] = (row_dot(qs[t], cf, nb, bits) + qz[t]) * scale;
         }
     }
 }
 
-void kv_quant_accum(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
-                    int32_t r1, const float *w, float *acc) {
+void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
+                     int32_t r1, const float *q, int32_t nq, float scale, float *out,
+                     int64_t ld_out) {
     const mi_kv_page_layout *L = &pool->layout;
-    const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, cpb = 8 / bits;
-    const int32_t nb = hd / cpb, groups = hd / G, bpg = G / cpb; /* bytes per channel group */
-    const unsigned mask = (1u << bits) - 1u;
-    float ap[MI_KV_MAX_HEAD_DIM], zs[MI_KV_MAX_HEAD_DIM], ws[MI_KV_MAX_HEAD_DIM];
-    memset(ap, 0, (size_t)hd * sizeof(float));
-    memset(zs, 0, (size_t)groups * sizeof(float));
+    const int32_t nb = L->head_dim / (8 / L->bits);
+    if (L->bits == 2 && nb == 16) /* head_dim 64 */
+        scores_rows(L, page, h, r0, r1, q, nq, scale, out, ld_out, 16, 2);
+    else if (L->bits == 2 && nb == 32) /* head_dim 128 */
+        scores_rows(L, page, h, r0, r1, q, nq, scale, out, ld_out, 32, 2);
+    else if (L->bits == 4 && nb == 32)
+        scores_rows(L, page, h, r0, r1, q, nq, scale, out, ld_out, 32, 4);
+    else if (L->bits == 4 && nb == 64)
+        scores_rows(L, page, h, r0, r1, q, nq, scale, out, ld_out, 64, 4);
+    else
+        scores_rows(L, page, h, r0, r1, q, nq, scale, out, ld_out, nb, L->bits);
+}
+
+static inline __attribute__((always_inline)) void
+accum_rows(const mi_kv_page_layout *L, const unsigned char *page, int32_t h, int32_t r0, int32_t r1,
+           const float *w, int64_t ld_w, int32_t nq, float *acc, int32_t nb, int bits) {
+    const int32_t G = L->group_size, hd = L->head_dim, cpb = 8 / bits;
+    const int32_t groups = hd / G, bpg = G / cpb; /* bytes per channel group */
+    float ap[KV_QUANT_QUERIES][MI_KV_MAX_HEAD_DIM], zs[KV_QUANT_QUERIES][MI_KV_MAX_HEAD_DIM];
+    float ws[MI_KV_MAX_HEAD_DIM], cf[MI_KV_MAX_HEAD_DIM], gs[MI_KV_MAX_HEAD_DIM],
+        gz[MI_KV_MAX_HEAD_DIM], gsb[MI_KV_MAX_HEAD_DIM];
+    /* the channel group of byte j of a row (planar order: byte j holds channels cpb * j..) */
+    int32_t grp[MI_KV_MAX_HEAD_DIM];
+    for (int32_t j = 0; j < nb; j++) grp[j] = j / bpg;
+    for (int32_t t = 0; t < nq; t++) {
+        memset(ap[t], 0, (size_t)hd * sizeof(float));
+        memset(zs[t], 0, (size_t)groups * sizeof(float));
+    }
     for (int32_t r = r0; r < r1; r++) {
-        const float wr = w[r - r0];
-        if (wr == 0.0f) continue;
-        const unsigned char *restrict row = code_row(L, (unsigned char *)page, 1, h, r);
+        bool any = false;
+        for (int32_t t = 0; t < nq; t++) any |= w[t * ld_w + (r - r0)] != 0.0f;
+        if (!any) continue;
+        row_codes(code_row(L, (unsigned char *)page, 1, h, r), nb, bits, cf);
         const unsigned char *p = v_param(L, page, h, r, 0);
-        for (int32_t g = 0; g < groups; g++, p += 4) {
-            const float s = wr * f16_at(p);
-            for (int32_t j = g * bpg; j < (g + 1) * bpg; j++) ws[j] = s;
-            zs[g] += wr * f16_at(p + 2);
-        }
-        for (int32_t i = 0; i < cpb; i++) {
-            float *ai = ap + i * nb;
-            const int sh = bits * i;
-            for (int32_t j = 0; j < nb; j++) ai[j] += ws[j] * (float)((row[j] >> sh) & mask);
+        for (int32_t g = 0; g < groups; g++)
+            gs[g] = f16_at(p + 4 * g), gz[g] = f16_at(p + 4 * g + 2);
+        for (int32_t j = 0; j < nb; j++) gsb[j] = gs[grp[j]]; /* byte j's group scale */
+        for (int32_t t = 0; t < nq; t++) {
+            const float wr = w[t * ld_w + (r - r0)];
+            if (wr == 0.0f) continue;
+            for (int32_t j = 0; j < nb; j++) ws[j] = wr * gsb[j];
+            for (int32_t g = 0; g < groups; g++) zs[t][g] += wr * gz[g];
+            float *a = ap[t];
+            for (int32_t i = 0; i < cpb; i++)
+                for (int32_t j = 0; j < nb; j++) a[i * nb + j] += ws[j] * cf[i * nb + j];
         }
     }
-    for (int32_t d = 0; d < hd; d++) acc[d] += ap[(d % cpb) * nb + d / cpb] + zs[d / G];
+    for (int32_t t = 0; t < nq; t++)
+        for (int32_t d = 0; d < hd; d++)
+            acc[t * hd + d] += ap[t][(d % cpb) * nb + d / cpb] + zs[t][d / G];
+}
+
+void kv_quant_accum(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
+                    int32_t r1, const float *w, int64_t ld_w, int32_t nq, float *acc) {
+    const mi_kv_page_layout *L = &pool->layout;
+    const int32_t nb = L->head_dim / (8 / L->bits);
+    if (L->bits == 2 && nb == 32)
+        accum_rows(L, page, h, r0, r1, w, ld_w, nq, acc, 32, 2);
+    else if (L->bits == 4 && nb == 64)
+        accum_rows(L, page, h, r0, r1, w, ld_w, nq, acc, 64, 4);
+    else
+        accum_rows(L, page, h, r0, r1, w, ld_w, nq, acc, nb, L->bits);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -35,12 +35,18 @@ static inline float kv_dot(const float *a, const float *b, int32_t n) {
     return t;
 }
 
-/* out[r - r0] = scale * q . k_r for rows r0..r1-1 of head h of a KIVI page, from the codes (the
- * group's scale and min are folded into q once per group). */
+/* The most queries one call of the kernels below takes (the query heads of one KV head). */
+#define KV_QUANT_QUERIES 8
+
+/* out[t * ld_out + r - r0] = scale * q_t . k_r for rows r0..r1-1 of head h of a KIVI page and
+ * queries q_t = q + t * head_dim, t < nq <= KV_QUANT_QUERIES: the codes of a row are unpacked
+ * once for all of them, the group's scale and min folded into each query once per group. */
 void kv_quant_scores(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
-                     int32_t r1, const float *q, float scale, float *out);
-/* acc[d] += sum_r w[r - r0] * v_r[d] for rows r0..r1-1 of head h of a KIVI page. */
+                     int32_t r1, const float *q, int32_t nq, float scale, float *out,
+                     int64_t ld_out);
+/* acc[t * head_dim + d] += sum_r w[t * ld_w + r - r0] * v_r[d] for rows r0..r1-1 of head h of a
+ * KIVI page, t < nq <= KV_QUANT_QUERIES. */
 void kv_quant_accum(const mi_kv_pool *pool, const unsigned char *page, int32_t h, int32_t r0,
-                    int32_t r1, const float *w, float *acc);
+                    int32_t r1, const float *w, int64_t ld_w, int32_t nq, float *acc);
 
 #endif /* MI_KV_QUANT_H */

@@ -104,6 +104,12 @@ static int64_t segment_end(int64_t r, int64_t end, int64_t paged, int32_t P, int
 
 mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head, const float *q,
                            const mi_kv_attend_params *p, float *scores, float *out) {
+    return mi_kv_seq_attend_heads(seq, layer, kv_head, q, 1, p, scores, out);
+}
+
+mi_status mi_kv_seq_attend_heads(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
+                                 const float *q, int32_t nq, const mi_kv_attend_params *p,
+                                 float *scores, float *out) {
     if (!seq) return MI_STATUS_INVALID_ARGUMENT;
     const mi_kv_pool *pool = seq->pool;
     static const char fn[] = "mi_kv_seq_attend";
@@ -116,23 +122,31 @@ mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
                        "%s: q, params and out must be given and head %d in 0..%d", fn, kv_head,
                        Lay->n_kv_heads - 1);
+    if (nq < 1 || nq > KV_QUANT_QUERIES)
+        return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: %d queries (1..%d)", fn, nq,
+                       KV_QUANT_QUERIES);
     if (p->first < 0 || p->first > p->end || p->end > L->len || !isfinite(p->scale))
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT,
                        "%s: rows %lld..%lld are outside layer %d's %lld rows (or a bad scale)", fn,
                        (long long)p->first, (long long)p->end, layer, (long long)L->len);
     if (p->end > p->first && !scores)
         return kv_fail(pool, MI_STATUS_INVALID_ARGUMENT, "%s: scores is NULL", fn);
+    const int64_t n = p->end - p->first;
 
-    /* LeanK: the masked query for the middle rows; a head without channels skips them */
-    float qm[MI_KV_MAX_HEAD_DIM], qk[MI_KV_MAX_HEAD_DIM];
+    /* LeanK: the masked queries for the middle rows (the mask is the KV head's, the same for
+     * every query); a head without channels skips them */
+    float qm[KV_QUANT_QUERIES * MI_KV_MAX_HEAD_DIM], qk[KV_QUANT_QUERIES][MI_KV_MAX_HEAD_DIM];
     int32_t idx[MI_KV_MAX_HEAD_DIM], kept = 0;
     int64_t m0 = 0, m1 = 0;
     bool skip_mid = false;
     if (p->channel_mask) {
-        for (int32_t d = 0; d < hd; d++) {
-            qm[d] = p->channel_mask[d] ? q[d] : 0.0f;
-            if (p->channel_mask[d]) qk[kept] = q[d], idx[kept++] = d;
-        }
+        for (int32_t d = 0; d < hd; d++)
+            if (p->channel_mask[d]) idx[kept++] = d;
+        for (int32_t t = 0; t < nq; t++)
+            for (int32_t d = 0, c = 0; d < hd; d++) {
+                qm[t * hd + d] = p->channel_mask[d] ? q[t * hd + d] : 0.0f;
+                if (p->channel_mask[d]) qk[t][c++] = q[t * hd + d];
+            }
         m0 = p->mask_first > p->first ? p->mask_first : p->first;
         m1 = p->mask_end < p->end ? p->mask_end : p->end;
         if (m1 < m0) m1 = m0;
@@ -141,84 +155,116 @@ mi_status mi_kv_seq_attend(const mi_kv_seq *seq, int32_t layer, int32_t kv_head,
     }
     const int64_t paged = paged_rows(pool, L);
     const bool quant = kv_is_quant(pool), f32 = Lay->dtype == MI_KV_F32;
-    float buf[MI_KV_MAX_HEAD_DIM];
-    float mx = -INFINITY;
+    float buf[MI_KV_MAX_HEAD_DIM], mx[KV_QUANT_QUERIES];
+    for (int32_t t = 0; t < nq; t++) mx[t] = -INFINITY;
     for (int64_t r = p->first; r < p->end;) {
         const int64_t stop = segment_end(r, p->end, paged, P, m0, m1);
         const bool mid = r >= m0 && r < m1;
-        float *sc = scores + (r - p->first);
+        float *sc = scores + (r - p->first); /* query t's at sc + t * n */
         if (mid && skip_mid) {
-            for (int64_t i = r; i < stop; i++) sc[i - r] = -INFINITY;
+            for (int32_t t = 0; t < nq; t++)
+                for (int64_t i = r; i < stop; i++) sc[t * n + i - r] = -INFINITY;
             r = stop;
             continue;
         }
-        const float *qq = mid ? qm : q;
         if (r >= paged) {
-            for (int64_t i = r; i < stop; i++)
-                sc[i - r] = dot(kv_resid_row(pool, L, 0, kv_head, i - paged), qq, hd) * p->scale;
+            for (int64_t i = r; i < stop; i++) {
+                const float *k = kv_resid_row(pool, L, 0, kv_head, i - paged);
+                for (int32_t t = 0; t < nq; t++)
+                    sc[t * n + i - r] = dot(k, (mid ? qm : q) + t * hd, hd) * p->scale;
+            }
         } else {
             const unsigned char *page = kv_page(pool, L->pages[r / P]);
             const int32_t a = (int32_t)(r % P), b = (int32_t)(a + (stop - r));
-            if (quant) {
-                kv_quant_scores(pool, page, kv_head, a, b, qq, p->scale, sc);
+            if (quant && mid) {
+                kv_quant_scores(pool, page, kv_head, a, b, qm, nq, p->scale, sc, n);
+            } else if (quant) {
+                kv_quant_scores(pool, page, kv_head, a, b, q, nq, p->scale, sc, n);
             } else if (f32 && mid) { /* LeanK: only the kept channels are multiplied */
                 const float *k = (const float *)(page + Lay->k_offset + kv_head * Lay->head_stride);
                 for (int32_t i = a; i < b; i++) {
                     const float *kr = k + (size_t)i * hd;
-                    float acc = 0.0f;
-                    for (int32_t c = 0; c < kept; c++) acc += qk[c] * kr[idx[c]];
-                    sc[i - a] = acc * p->scale;
+                    for (int32_t t = 0; t < nq; t++) {
+                        float acc = 0.0f;
+                        for (int32_t c = 0; c < kept; c++) acc += qk[t][c] * kr[idx[c]];
+                        sc[t * n + i - a] = acc * p->scale;
+                    }
                 }
             } else if (f32) {
                 const float *k = (const float *)(page + Lay->k_offset + kv_head * Lay->head_stride);
                 for (int32_t i = a; i < b; i++)
-                    sc[i - a] = dot(k + (size_t)i * hd, qq, hd) * p->scale;
+                    for (int32_t t = 0; t < nq; t++)
+                        sc[t * n + i - a] = dot(k + (size_t)i * hd, q + t * hd, hd) * p->scale;
             } else {
                 for (int32_t i = a; i < b; i++) {
                     kv_rows_decode(pool, page, 0, kv_head, i, i + 1, buf);
-                    sc[i - a] = dot(buf, qq, hd) * p->scale;
+                    for (int32_t t = 0; t < nq; t++)
+                        sc[t * n + i - a] = dot(buf, (mid ? qm : q) + t * hd, hd) * p->scale;
                 }
             }
         }
-        for (int64_t i = r; i < stop; i++) mx = sc[i - r] > mx ? sc[i - r] : mx;
+        for (int32_t t = 0; t < nq; t++)
+            for (int64_t i = r; i < stop; i++)
+                mx[t] = sc[t * n + i - r] > mx[t] ? sc[t * n + i - r] : mx[t];
         r = stop;
     }
-    for (int32_t d = 0; d < hd; d++) out[d] = 0.0f;
-    if (!(mx > -INFINITY)) return MI_STATUS_SUCCESS; /* no row attended */
-    float sum = 0.0f;
-    for (int64_t i = 0; i < p->end - p->first; i++) {
-        scores[i] = expf(scores[i] - mx);
-        sum += scores[i];
+    for (int32_t t = 0; t < nq; t++)
+        for (int32_t d = 0; d < hd; d++) out[t * hd + d] = 0.0f;
+    float sum[KV_QUANT_QUERIES];
+    bool any = false;
+    for (int32_t t = 0; t < nq; t++) {
+        sum[t] = 0.0f;
+        float *sc = scores + t * n;
+        if (!(mx[t] > -INFINITY)) { /* no row attended: zero weights, a zero output */
+            for (int64_t i = 0; i < n; i++) sc[i] = 0.0f;
+            continue;
+        }
+        any = true;
+        for (int64_t i = 0; i < n; i++) {
+            sc[i] = expf(sc[i] - mx[t]);
+            sum[t] += sc[i];
+        }
     }
+    if (!any) return MI_STATUS_SUCCESS;
     for (int64_t r = p->first; r < p->end;) {
         const int64_t stop = segment_end(r, p->end, paged, P, m0, m1);
-        const float *w = scores + (r - p->first);
+        const float *w = scores + (r - p->first); /* query t's at w + t * n */
         if (r >= paged) {
             for (int64_t i = r; i < stop; i++) {
                 const float *v = kv_resid_row(pool, L, 1, kv_head, i - paged);
-                for (int32_t d = 0; d < hd; d++) out[d] += w[i - r] * v[d];
+                for (int32_t t = 0; t < nq; t++)
+                    for (int32_t d = 0; d < hd; d++) out[t * hd + d] += w[t * n + i - r] * v[d];
             }
         } else {
             const unsigned char *page = kv_page(pool, L->pages[r / P]);
             const int32_t a = (int32_t)(r % P), b = (int32_t)(a + (stop - r));
             if (quant) {
-                kv_quant_accum(pool, page, kv_head, a, b, w, out);
+                kv_quant_accum(pool, page, kv_head, a, b, w, n, nq, out);
             } else {
                 const float *v = (const float *)(page + Lay->v_offset + kv_head * Lay->head_stride);
                 for (int32_t i = a; i < b; i++) {
-                    if (w[i - a] == 0.0f) continue;
+                    bool used = false;
+                    for (int32_t t = 0; t < nq; t++) used |= w[t * n + i - a] != 0.0f;
+                    if (!used) continue;
+                    const float *vr = v + (size_t)i * hd;
                     if (!f32) {
                         kv_rows_decode(pool, page, 1, kv_head, i, i + 1, buf);
-                        for (int32_t d = 0; d < hd; d++) out[d] += w[i - a] * buf[d];
-                    } else {
-                        for (int32_t d = 0; d < hd; d++) out[d] += w[i - a] * v[(size_t)i * hd + d];
+                        vr = buf;
+                    }
+                    for (int32_t t = 0; t < nq; t++) {
+                        const float wi = w[t * n + i - a];
+                        if (wi == 0.0f) continue;
+                        for (int32_t d = 0; d < hd; d++) out[t * hd + d] += wi * vr[d];
                     }
                 }
             }
         }
         r = stop;
     }
-    const float inv = 1.0f / sum;
-    for (int32_t d = 0; d < hd; d++) out[d] *= inv;
+    for (int32_t t = 0; t < nq; t++) {
+        if (!(mx[t] > -INFINITY)) continue;
+        const float inv = 1.0f / sum[t];
+        for (int32_t d = 0; d < hd; d++) out[t * hd + d] *= inv;
+    }
     return MI_STATUS_SUCCESS;
 }

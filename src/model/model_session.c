@@ -471,7 +471,10 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
     const int32_t group = j->n_heads / j->n_kv, hd = j->hd;
     /* a group's scores where its heads go together (attend_group), else one head's */
     const bool grouped = !j->reader && group > 1 && group <= MI_GQA_MAX && hd <= MI_GQA_MAX_DIM;
-    float *sc = malloc((size_t)(grouped ? group : 1) * (size_t)(j->n_past + j->n) * sizeof(float));
+    /* the reader takes a group's queries in one call too, each row decoded once for them */
+    const bool read_grouped = j->reader && !j->sel && group > 1 && group <= 8;
+    float *sc = malloc((size_t)(grouped || read_grouped ? group : 1) * (size_t)(j->n_past + j->n) *
+                       sizeof(float));
     /* a selection over pages that are not f32 decodes a page's rows at a time */
     float *tile = j->sel && !j->kp ? malloc((size_t)j->pt * (size_t)hd * sizeof(float)) : NULL;
     float acc[1024];
@@ -530,8 +533,11 @@ static void seq_task(void *arg, int64_t b, int64_t e, int thread) {
             }
             /* a head that keeps every channel of f32 pages reads them as dense does */
             if (ap.channel_mask || !j->kp) {
-                if (mi_kv_seq_attend(j->seq, j->layer, kvh, q, &ap, sc, o) != MI_STATUS_SUCCESS)
-                    memset(o, 0, (size_t)hd * sizeof(float)); /* arguments checked before */
+                const int32_t ng = read_grouped && h % group == 0 && t + group <= e ? group : 1;
+                if (mi_kv_seq_attend_heads(j->seq, j->layer, kvh, q, ng, &ap, sc, o) !=
+                    MI_STATUS_SUCCESS)
+                    memset(o, 0, (size_t)ng * hd * sizeof(float)); /* arguments checked before */
+                t += ng - 1;
                 continue;
             }
         }

@@ -6,7 +6,9 @@
  *  - quantization independent of the chunking (a fork and a fresh sequence agree bit for bit);
  *  - fork / copy-on-write, truncate and rewind into quantized rows, save / load, old files;
  *  - attention over KIVI pages (the fused reader) against float64 attention over the dequantized
- *    rows; a residual covering everything is attention over f32 pages, bit for bit;
+ *    rows; several queries of one KV head at once equal one-query calls bit for bit (every
+ *    dtype, with and without LeanK's channel mask); a residual covering everything is attention
+ *    over f32 pages, bit for bit;
  *  - bytes per token at the LLaMA-3-8B shape (printed; KIVI-2 <= 0.2 x bf16).
  */
 #include "kv_test_util.h"
@@ -465,6 +467,35 @@ static void test_attend(mi_kv_dtype dt) {
     }
     CHECK(worst < 2e-4, "attention over %s pages vs float64 over the dequantized rows: %g",
           mi_kv_dtype_name(dt), worst);
+    /* several queries at once (a grouped-query head's): each one's result bit for bit, with and
+     * without a key-channel mask over the middle rows, and a mask that keeps no channel */
+    {
+        enum { NQ = 5 };
+        float qs[NQ * 64], outs[NQ * 64], one[64], *sc = malloc((size_t)NQ * len * 4);
+        uint8_t mask[64];
+        int differ = 0;
+        for (int trial = 0; trial < 9; trial++) {
+            for (int32_t i = 0; i < NQ * D; i++) qs[i] = rng_value(2.0f);
+            for (int32_t d = 0; d < D; d++) mask[d] = trial < 6 ? (uint8_t)(rng_int(0, 3) != 0) : 0;
+            const int32_t nq = 1 + trial % NQ, h = trial % H;
+            const int64_t first = trial % 2 ? 0 : rng_int(0, 400), end = rng_int(first + 1, len);
+            mi_kv_attend_params p = {first,      end,     scale, trial % 3 ? mask : NULL,
+                                     first + 50, end - 40};
+            CHECK_OK(mi_kv_seq_attend_heads(seq, 0, h, qs, nq, &p, sc, outs));
+            for (int32_t t = 0; t < nq; t++) {
+                CHECK_OK(mi_kv_seq_attend(seq, 0, h, qs + t * D, &p, scores, one));
+                differ += memcmp(one, outs + t * D, (size_t)D * 4) != 0;
+            }
+        }
+        CHECK(differ == 0, "%s: %d grouped queries differ from one-query calls",
+              mi_kv_dtype_name(dt), differ);
+        mi_kv_attend_params p = {0, len, scale, NULL, 0, 0};
+        CHECK_STATUS(mi_kv_seq_attend_heads(seq, 0, 0, qs, 0, &p, sc, outs),
+                     MI_STATUS_INVALID_ARGUMENT);
+        CHECK_STATUS(mi_kv_seq_attend_heads(seq, 0, 0, qs, 9, &p, sc, outs),
+                     MI_STATUS_INVALID_ARGUMENT);
+        free(sc);
+    }
     mi_kv_attend_params bad = {0, len + 1, scale, NULL, 0, 0};
     CHECK_STATUS(mi_kv_seq_attend(seq, 0, 0, q, &bad, scores, out), MI_STATUS_INVALID_ARGUMENT);
     bad.end = len;
@@ -579,6 +610,8 @@ int main(void) {
     test_attend(MI_KV_KIVI4);
     test_attend(MI_KV_F32);
     test_attend(MI_KV_BF16);
+    test_attend(MI_KV_F16);
+    test_attend(MI_KV_FP8_E4M3);
     test_residual_is_dense();
     test_bytes_per_token();
     test_threads(MI_KV_KIVI2);
