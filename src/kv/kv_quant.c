@@ -52,13 +52,6 @@ static void group_params(float mn, float mx, int bits, float *scale, float *zero
     *zero = f16_at(pair + 2);
 }
 
-static inline int quant_one(float x, float scale, float zero, int maxq) {
-    if (!(scale > 0.0f)) return 0;
-    const float c = rintf((x - zero) / scale);
-    if (!(c > 0.0f)) return 0; /* also NaN */
-    return c > (float)maxq ? maxq : (int)c;
-}
-
 static void minmax(const float *x, int64_t n, int64_t stride, float *mn, float *mx) {
     float a = INFINITY, b = -INFINITY;
     for (int64_t i = 0; i < n; i++) {
@@ -92,29 +85,59 @@ static unsigned char *v_param(const mi_kv_page_layout *L, const unsigned char *p
 }
 
 /* Keys rows r0..r0+G-1 of head h (rows[i]: head_dim floats) as one group per channel. */
+/* The codes of n values: round((x - min) / scale) clamped to 0..maxq, in a form that
+ * vectorizes (a NaN or a value below the min gives 0, one above the max maxq; a group whose
+ * scale is not positive codes 0). */
+static inline void quant_codes(const float *restrict x, const float *restrict scale,
+                               const float *restrict zero, int32_t n, int maxq,
+                               uint8_t *restrict code) {
+    const float top = (float)maxq;
+    for (int32_t d = 0; d < n; d++) {
+        float c = rintf((x[d] - zero[d]) / scale[d]);
+        c = c > 0.0f ? c : 0.0f; /* also NaN, and a zero scale's inf or NaN */
+        c = c < top ? c : top;
+        code[d] = scale[d] > 0.0f ? (uint8_t)c : 0;
+    }
+}
+
+/* Packs n codes of `bits` bits into a row, channel d at bit d * bits. */
+static inline void pack_codes(const uint8_t *restrict code, int32_t n, int bits,
+                              unsigned char *restrict row) {
+    if (bits == 2) {
+        for (int32_t j = 0; j < n / 4; j++)
+            row[j] = (unsigned char)(code[4 * j] | code[4 * j + 1] << 2 | code[4 * j + 2] << 4 |
+                                     code[4 * j + 3] << 6);
+    } else {
+        for (int32_t j = 0; j < n / 2; j++)
+            row[j] = (unsigned char)(code[2 * j] | code[2 * j + 1] << 4);
+    }
+}
+
+/* One key group of head h (rows r0..r0+G-1 of the page): scale and min per channel. */
 static void quant_k_group(const mi_kv_page_layout *L, unsigned char *page, int32_t h, int32_t r0,
                           const float *const *rows) {
     const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, maxq = (1 << bits) - 1;
-    float scale[MI_KV_MAX_HEAD_DIM], zero[MI_KV_MAX_HEAD_DIM];
-    for (int32_t d = 0; d < hd; d++) {
-        float mn = INFINITY, mx = -INFINITY;
-        for (int32_t i = 0; i < G; i++) {
-            const float v = rows[i][d];
-            if (!isfinite(v)) continue;
-            mn = v < mn ? v : mn;
-            mx = v > mx ? v : mx;
+    float scale[MI_KV_MAX_HEAD_DIM], zero[MI_KV_MAX_HEAD_DIM], mn[MI_KV_MAX_HEAD_DIM],
+        mx[MI_KV_MAX_HEAD_DIM];
+    uint8_t code[MI_KV_MAX_HEAD_DIM];
+    /* min and max per channel over the group's finite values, row by row (contiguous) */
+    for (int32_t d = 0; d < hd; d++) mn[d] = INFINITY, mx[d] = -INFINITY;
+    for (int32_t i = 0; i < G; i++) {
+        const float *x = rows[i];
+        for (int32_t d = 0; d < hd; d++) {
+            const bool ok = isfinite(x[d]);
+            mn[d] = ok && x[d] < mn[d] ? x[d] : mn[d];
+            mx[d] = ok && x[d] > mx[d] ? x[d] : mx[d];
         }
-        if (mn > mx) mn = mx = 0.0f;
-        group_params(mn, mx, bits, &scale[d], &zero[d]);
+    }
+    for (int32_t d = 0; d < hd; d++) {
+        if (mn[d] > mx[d]) mn[d] = mx[d] = 0.0f;
+        group_params(mn[d], mx[d], bits, &scale[d], &zero[d]);
         put_pair(k_param(L, page, h, r0 / G, d), scale[d], zero[d]);
     }
     for (int32_t i = 0; i < G; i++) {
-        unsigned char *row = code_row(L, page, 0, h, r0 + i);
-        memset(row, 0, L->row_stride);
-        for (int32_t d = 0; d < hd; d++) {
-            const int c = quant_one(rows[i][d], scale[d], zero[d], maxq);
-            row[d * bits / 8] |= (unsigned char)(c << ((d * bits) % 8));
-        }
+        quant_codes(rows[i], scale, zero, hd, maxq, code);
+        pack_codes(code, hd, bits, code_row(L, page, 0, h, r0 + i));
     }
 }
 
@@ -122,18 +145,17 @@ static void quant_k_group(const mi_kv_page_layout *L, unsigned char *page, int32
 static void quant_v_row(const mi_kv_page_layout *L, unsigned char *page, int32_t h, int32_t r,
                         const float *x) {
     const int32_t G = L->group_size, hd = L->head_dim, bits = L->bits, maxq = (1 << bits) - 1;
-    unsigned char *row = code_row(L, page, 1, h, r);
-    memset(row, 0, L->row_stride);
+    float scale[MI_KV_MAX_HEAD_DIM], zero[MI_KV_MAX_HEAD_DIM];
+    uint8_t code[MI_KV_MAX_HEAD_DIM];
     for (int32_t c0 = 0; c0 < hd; c0 += G) {
-        float mn, mx, scale, zero;
+        float mn, mx, sg, zg;
         minmax(x + c0, G, 1, &mn, &mx);
-        group_params(mn, mx, bits, &scale, &zero);
-        put_pair(v_param(L, page, h, r, c0 / G), scale, zero);
-        for (int32_t d = c0; d < c0 + G; d++) {
-            const int c = quant_one(x[d], scale, zero, maxq);
-            row[d * bits / 8] |= (unsigned char)(c << ((d * bits) % 8));
-        }
+        group_params(mn, mx, bits, &sg, &zg);
+        put_pair(v_param(L, page, h, r, c0 / G), sg, zg);
+        for (int32_t d = c0; d < c0 + G; d++) scale[d] = sg, zero[d] = zg;
     }
+    quant_codes(x, scale, zero, hd, maxq, code);
+    pack_codes(code, hd, bits, code_row(L, page, 1, h, r));
 }
 
 void kv_quant_decode_rows(const mi_kv_pool *pool, const unsigned char *page, int kv, int32_t h,
