@@ -54,13 +54,13 @@ static uint64_t rng_next(uint64_t *s) {
     return *s >> 17;
 }
 
-/* best[i] = the nearest centroid of rows x [nb, d] (scores as one sgemm: sc [nb, n_lists]). */
+/* best[i] = the nearest of the K centroids cent to rows x [nb, d] (scores as one sgemm:
+ * sc [nb, K]; half_norm[c] = |cent_c|^2 / 2). */
 #define ASSIGN_ROWS 256
-static void assign_block(const kv_retr_index *ix, const float *half_norm, const float *x,
+static void assign_block(const float *cent, int64_t K, const float *half_norm, const float *x,
                          int64_t nb, int32_t d, float *sc, int64_t *best) {
-    const int64_t K = ix->n_lists;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)K, d, 1.0f, x, d, ix->cent,
-                d, 0.0f, sc, (int)K);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)K, d, 1.0f, x, d, cent, d,
+                0.0f, sc, (int)K);
     for (int64_t i = 0; i < nb; i++) {
         int64_t b = 0;
         float bv = -INFINITY;
@@ -73,6 +73,27 @@ static void assign_block(const kv_retr_index *ix, const float *half_norm, const 
         }
         best[i] = b;
     }
+}
+
+/* best[i] = the nearest of the K centroids to keys rows[i] (i < m), in blocks of ASSIGN_ROWS. */
+static bool assign_rows(const float *cent, int64_t K, const float *keys, int64_t ld, int32_t d,
+                        const int64_t *rows, int64_t m, int64_t *best) {
+    float *hn = malloc((size_t)(K ? K : 1) * sizeof(float));
+    float *xb = malloc((size_t)(ASSIGN_ROWS * d) * sizeof(float));
+    float *sc = malloc((size_t)(ASSIGN_ROWS * K) * sizeof(float));
+    const bool ok = hn && xb && sc;
+    for (int64_t c = 0; ok && c < K; c++) hn[c] = 0.5f * dot(cent + c * d, cent + c * d, d);
+    for (int64_t i0 = 0; ok && i0 < m; i0 += ASSIGN_ROWS) {
+        const int64_t nb = m - i0 < ASSIGN_ROWS ? m - i0 : ASSIGN_ROWS;
+        for (int64_t i = 0; i < nb; i++)
+            memcpy(xb + i * d, keys + (rows ? rows[i0 + i] : i0 + i) * ld,
+                   (size_t)d * sizeof(float));
+        assign_block(cent, K, hn, xb, nb, d, sc, best + i0);
+    }
+    free(hn);
+    free(xb);
+    free(sc);
+    return ok;
 }
 
 static bool list_push(retr_list *l, int32_t d, const float *key, int64_t id) {
@@ -103,9 +124,56 @@ void kv_retr_free(kv_retr_index *ix) {
     free(ix);
 }
 
-/* Lloyd's k-means over the training rows into ix->cent (initialised from distinct samples). */
-static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
-                   const kv_retr_params *p) {
+/* Lloyd's k-means of keys rows[0..m) into the K centroids cent, initialised from the first K
+ * of those rows (a random sample: the rows come shuffled); an empty list takes a random row. */
+static bool lloyd(const float *keys, int64_t ld, int32_t d, const int64_t *rows, int64_t m,
+                  int64_t K, float *cent, int32_t iters, uint64_t *rs) {
+    float *sum = malloc((size_t)(K * d) * sizeof(float));
+    int64_t *cnt = malloc((size_t)K * sizeof(int64_t));
+    int64_t *best = malloc((size_t)(m ? m : 1) * sizeof(int64_t));
+    bool ok = sum && cnt && best;
+    for (int64_t c = 0; ok && c < K; c++)
+        memcpy(cent + c * d, keys + rows[c] * ld, (size_t)d * sizeof(float));
+    for (int32_t it = 0; ok && it < iters; it++) {
+        if (!(ok = assign_rows(cent, K, keys, ld, d, rows, m, best))) break;
+        memset(sum, 0, (size_t)(K * d) * sizeof(float));
+        memset(cnt, 0, (size_t)K * sizeof(int64_t));
+        for (int64_t i = 0; i < m; i++) {
+            const float *x = keys + rows[i] * ld;
+            cnt[best[i]]++;
+            for (int32_t k = 0; k < d; k++) sum[best[i] * d + k] += x[k];
+        }
+        for (int64_t c = 0; c < K; c++) {
+            if (cnt[c] == 0) {
+                const int64_t i = (int64_t)(rng_next(rs) % (uint64_t)m);
+                memcpy(cent + c * d, keys + rows[i] * ld, (size_t)d * sizeof(float));
+                continue;
+            }
+            for (int32_t k = 0; k < d; k++) cent[c * d + k] = sum[c * d + k] / (float)cnt[c];
+        }
+    }
+    free(sum);
+    free(cnt);
+    free(best);
+    return ok;
+}
+
+/* Up to this many lists the centroids come from one k-means and every key is compared with
+ * every centroid; more lists are trained in two levels (below). */
+#define FLAT_LISTS 256
+
+/*
+ * The centroids of ix->n_lists lists, and assign[i] the list of key i (i < n).
+ * Flat: Lloyd's k-means over a sample of at most train_max keys, then every key against every
+ * centroid. Two levels (more than FLAT_LISTS lists, e.g. 2048 at 128K keys): the sample is
+ * clustered into about sqrt(lists) coarse cells, each cell's sample into its share of the lists
+ * (proportional to its size), and a key is compared with the coarse centroids and then with its
+ * cell's lists only: about 2 sqrt(lists) products a key instead of lists, the bulk of an index's
+ * build at long contexts. A key may then miss its globally nearest centroid; the calibration
+ * that follows measures the recall as built and sets the scan to reach the target.
+ */
+static bool train_and_assign(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
+                             const kv_retr_params *p, int64_t *assign) {
     const int32_t d = ix->d;
     const int64_t K = ix->n_lists;
     uint64_t rs = p->seed ? p->seed : 1;
@@ -113,24 +181,8 @@ static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
     if (nt < K) nt = K;
     if (nt > n) nt = n;
     int64_t *train = malloc((size_t)n * sizeof(int64_t));
-    float *sum = malloc((size_t)(K * d) * sizeof(float));
-    float *hn = malloc((size_t)K * sizeof(float));
-    int64_t *cnt = malloc((size_t)K * sizeof(int64_t));
-    float *xb = malloc((size_t)(ASSIGN_ROWS * d) * sizeof(float));
-    float *sc = malloc((size_t)(ASSIGN_ROWS * K) * sizeof(float));
-    int64_t *best = malloc((size_t)ASSIGN_ROWS * sizeof(int64_t));
-    if (!train || !sum || !hn || !cnt || !xb || !sc || !best) {
-        free(train);
-        free(sum);
-        free(hn);
-        free(cnt);
-        free(xb);
-        free(sc);
-        free(best);
-        return false;
-    }
-    /* a seeded partial shuffle: the first nt entries are a uniform sample, the first K of them
-     * the initial centroids */
+    if (!train) return false;
+    /* a seeded partial shuffle: the first nt entries are a uniform sample */
     for (int64_t i = 0; i < n; i++) train[i] = i;
     for (int64_t i = 0; i < nt; i++) {
         const int64_t j = i + (int64_t)(rng_next(&rs) % (uint64_t)(n - i));
@@ -138,40 +190,98 @@ static bool kmeans(kv_retr_index *ix, const float *keys, int64_t n, int64_t ld,
         train[i] = train[j];
         train[j] = t;
     }
-    for (int64_t c = 0; c < K; c++)
-        memcpy(ix->cent + c * d, keys + train[c] * ld, (size_t)d * sizeof(float));
-    for (int32_t it = 0; it < p->kmeans_iters; it++) {
-        for (int64_t c = 0; c < K; c++) hn[c] = 0.5f * dot(ix->cent + c * d, ix->cent + c * d, d);
-        memset(sum, 0, (size_t)(K * d) * sizeof(float));
-        memset(cnt, 0, (size_t)K * sizeof(int64_t));
-        for (int64_t i0 = 0; i0 < nt; i0 += ASSIGN_ROWS) {
-            const int64_t nb = nt - i0 < ASSIGN_ROWS ? nt - i0 : ASSIGN_ROWS;
-            for (int64_t i = 0; i < nb; i++)
-                memcpy(xb + i * d, keys + train[i0 + i] * ld, (size_t)d * sizeof(float));
-            assign_block(ix, hn, xb, nb, d, sc, best);
-            for (int64_t i = 0; i < nb; i++) {
-                const int64_t c = best[i];
-                cnt[c]++;
-                for (int32_t k = 0; k < d; k++) sum[c * d + k] += xb[i * d + k];
-            }
+    bool ok;
+    if (K <= FLAT_LISTS) {
+        ok = lloyd(keys, ld, d, train, nt, K, ix->cent, p->kmeans_iters, &rs) &&
+             assign_rows(ix->cent, K, keys, ld, d, NULL, n, assign);
+        free(train);
+        return ok;
+    }
+    int64_t K1 = (int64_t)ceil(sqrt((double)K));
+    float *coarse = malloc((size_t)(K1 * d) * sizeof(float));
+    int64_t *cell = malloc((size_t)n * sizeof(int64_t)); /* sample i's, then key i's cell */
+    int64_t *first = calloc((size_t)K1 + 1, sizeof(int64_t)), *lists = calloc((size_t)K1, 8);
+    int64_t *order = malloc((size_t)n * sizeof(int64_t)), *fill = calloc((size_t)K1, 8);
+    ok = coarse && cell && first && lists && order && fill &&
+         lloyd(keys, ld, d, train, nt, K1, coarse, p->kmeans_iters, &rs) &&
+         assign_rows(coarse, K1, keys, ld, d, train, nt, cell);
+    if (ok) {
+        /* the lists per cell: proportional to its share of the sample, at least one where the
+         * cell has samples, at most its samples; the rounding's excess or deficit goes to the
+         * largest cells */
+        int64_t *m = fill; /* samples per cell */
+        for (int64_t i = 0; i < nt; i++) m[cell[i]]++;
+        int64_t total = 0;
+        for (int64_t c = 0; c < K1; c++) {
+            lists[c] = (int64_t)((double)K * (double)m[c] / (double)nt + 0.5);
+            if (m[c] > 0 && lists[c] < 1) lists[c] = 1;
+            if (lists[c] > m[c]) lists[c] = m[c];
+            total += lists[c];
         }
-        for (int64_t c = 0; c < K; c++) {
-            if (cnt[c] == 0) { /* an empty list takes a random training key */
-                const int64_t i = (int64_t)(rng_next(&rs) % (uint64_t)nt);
-                memcpy(ix->cent + c * d, keys + train[i] * ld, (size_t)d * sizeof(float));
-                continue;
+        while (total != K) {
+            int64_t pick = -1;
+            for (int64_t c = 0; c < K1; c++) {
+                const bool can = total < K ? lists[c] < m[c] : lists[c] > 1;
+                if (can && (pick < 0 || m[c] > m[pick])) pick = c;
             }
-            for (int32_t k = 0; k < d; k++) ix->cent[c * d + k] = sum[c * d + k] / (float)cnt[c];
+            if (pick < 0) break; /* cannot happen: nt >= K samples, K >= K1 lists */
+            lists[pick] += total < K ? 1 : -1;
+            total += total < K ? 1 : -1;
+        }
+        ok = total == K;
+        /* the sample grouped by cell (stable: each cell keeps the shuffled order) */
+        for (int64_t c = 0; c < K1; c++) first[c + 1] = first[c] + m[c];
+        memset(fill, 0, (size_t)K1 * sizeof(int64_t));
+        for (int64_t i = 0; i < nt; i++) order[first[cell[i]] + fill[cell[i]]++] = train[i];
+        /* each cell's lists, in cell order */
+        for (int64_t c = 0, at = 0; ok && c < K1; at += lists[c], c++)
+            if (lists[c] > 0)
+                ok = lloyd(keys, ld, d, order + first[c], m[c], lists[c], ix->cent + at * d,
+                           p->kmeans_iters, &rs);
+        /* every key: its cell, then the nearest of that cell's lists */
+        if (ok) ok = assign_rows(coarse, K1, keys, ld, d, NULL, n, cell);
+        if (ok) {
+            int64_t *cnt = fill, *lfirst = first; /* keys per cell; first list of each cell */
+            memset(cnt, 0, (size_t)K1 * sizeof(int64_t));
+            for (int64_t i = 0; i < n; i++) cnt[cell[i]]++;
+            int64_t *kfirst = malloc((size_t)(K1 + 1) * sizeof(int64_t));
+            ok = kfirst != NULL;
+            if (ok) {
+                kfirst[0] = 0;
+                for (int64_t c = 0; c < K1; c++) kfirst[c + 1] = kfirst[c] + cnt[c];
+                memset(cnt, 0, (size_t)K1 * sizeof(int64_t));
+                for (int64_t i = 0; i < n; i++) order[kfirst[cell[i]] + cnt[cell[i]]++] = i;
+                lfirst[0] = 0;
+                for (int64_t c = 0; c < K1; c++) lfirst[c + 1] = lfirst[c] + lists[c];
+            }
+            for (int64_t c = 0; ok && c < K1; c++) {
+                const int64_t mk = kfirst[c + 1] - kfirst[c];
+                if (mk == 0) continue;
+                if (lists[c] == 0) { /* a cell no sample fell in: the flat nearest */
+                    int64_t *b = malloc((size_t)mk * sizeof(int64_t));
+                    ok = b && assign_rows(ix->cent, K, keys, ld, d, order + kfirst[c], mk, b);
+                    for (int64_t i = 0; ok && i < mk; i++) assign[order[kfirst[c] + i]] = b[i];
+                    free(b);
+                    continue;
+                }
+                int64_t *b = malloc((size_t)mk * sizeof(int64_t));
+                ok = b && assign_rows(ix->cent + lfirst[c] * d, lists[c], keys, ld, d,
+                                      order + kfirst[c], mk, b);
+                for (int64_t i = 0; ok && i < mk; i++)
+                    assign[order[kfirst[c] + i]] = lfirst[c] + b[i];
+                free(b);
+            }
+            free(kfirst);
         }
     }
     free(train);
-    free(sum);
-    free(hn);
-    free(cnt);
-    free(xb);
-    free(sc);
-    free(best);
-    return true;
+    free(coarse);
+    free(cell);
+    free(first);
+    free(lists);
+    free(order);
+    free(fill);
+    return ok;
 }
 
 /* Min-heap of (score, id) of at most cap entries: the k largest seen. */
@@ -326,25 +436,14 @@ kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d
     ix->cent = calloc((size_t)(ix->n_lists * d), sizeof(float));
     ix->lists = calloc((size_t)ix->n_lists, sizeof(retr_list));
     int64_t *assign = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    float *hn = malloc((size_t)ix->n_lists * sizeof(float));
-    bool ok = ix->cent && ix->lists && assign && hn;
-    if (ok && n > 0 && ix->n_lists > 1) ok = kmeans(ix, keys, n, ld, &p);
+    bool ok = ix->cent && ix->lists && assign;
     if (ok && n > 0) {
-        for (int64_t c = 0; c < ix->n_lists; c++)
-            hn[c] = 0.5f * dot(ix->cent + c * d, ix->cent + c * d, d);
-        float *xb = malloc((size_t)(ASSIGN_ROWS * d) * sizeof(float));
-        float *sc = malloc((size_t)(ASSIGN_ROWS * ix->n_lists) * sizeof(float));
-        ok = xb && sc;
-        for (int64_t i0 = 0; i0 < n && ok; i0 += ASSIGN_ROWS) {
-            const int64_t nb = n - i0 < ASSIGN_ROWS ? n - i0 : ASSIGN_ROWS;
-            for (int64_t i = 0; i < nb; i++)
-                memcpy(xb + i * d, keys + (i0 + i) * ld, (size_t)d * sizeof(float));
-            assign_block(ix, hn, xb, nb, d, sc, assign + i0);
-            for (int64_t i = 0; i < nb && ok; i++)
-                ok = list_push(&ix->lists[assign[i0 + i]], d, keys + (i0 + i) * ld, id0 + i0 + i);
-        }
-        free(xb);
-        free(sc);
+        if (ix->n_lists > 1)
+            ok = train_and_assign(ix, keys, n, ld, &p, assign);
+        else
+            memset(assign, 0, (size_t)n * sizeof(int64_t));
+        for (int64_t i = 0; i < n && ok; i++)
+            ok = list_push(&ix->lists[assign[i]], d, keys + i * ld, id0 + i);
         ix->size = n;
         for (int64_t c = 0; c < ix->n_lists; c++)
             if (ix->lists[c].len > ix->max_len) ix->max_len = ix->lists[c].len;
@@ -357,7 +456,6 @@ kv_retr_index *kv_retr_build(const float *keys, int64_t n, int64_t ld, int32_t d
         p.target_recall < 1.0f)
         ok = calibrate(ix, keys, n, ld, assign, queries, nq, ld_q, top_k, p.target_recall);
     free(assign);
-    free(hn);
     if (!ok) {
         kv_retr_free(ix);
         return NULL;
