@@ -4,7 +4,7 @@
  *
  *   bench_kv_host [--lens 131072,...] [--heads 32] [--kv-heads 8] [--dim 128] [--layers 32]
  *                 [--layer 16] [--kv "snapkv;pyramidkv;kivi:bits=2;quest:token_budget=4096;..."]
- *                 [--dtype 0|3] [--repeats 3] [--threads N]
+ *                 [--dtype 0|3] [--repeats 3] [--threads N] [--sweep N]
  *
  * Per method and length, one layer of random rows (the LLaMA-3-8B shape by default; layer 16, past
  * Quest's dense first layers, in the middle of PyramidKV's budgets):
@@ -13,7 +13,9 @@
  *                  pages), which includes the encoding;
  *   after prefill  the method's step after the prompt (SnapKV and PyramidKV: the observation
  *                  window's scores, the ranking and the compaction; RetrievalAttention: the
- *                  index), on a fork of the layer with the window's queries;
+ *                  index), on a fork of the layer with the window's queries; with --sweep N,
+ *                  on N consecutive layers (the same rows) by one method, as a call's layers
+ *                  follow each other (a method may keep its buffers from one to the next);
  *   select         one decode row's selection (Quest's page ranking, RetrievalAttention's search);
  *   decode         one decode row's whole host attention (mim_seq_attend: the selection, then
  *                  the attention over what it picked, on --threads threads), the part of a CUDA
@@ -53,10 +55,11 @@ static double median(double *t, int n) {
 static const char usage_text[] =
     "usage: bench_kv_host [--lens L1,L2,...] [--heads H] [--kv-heads H] [--dim D]\n"
     "         [--layers N] [--layer I] [--kv METHOD[:key=value,...][;METHOD...]]\n"
-    "         [--dtype 0 (f32 pages) | 3 (fp8 pages)] [--repeats R] [--threads N]\n";
+    "         [--dtype 0 (f32 pages) | 3 (fp8 pages)] [--repeats R] [--threads N]\n"
+    "         [--sweep N]\n";
 
 typedef struct bench_cfg {
-    int heads, kv_heads, dim, layers, layer, dtype, repeats, threads;
+    int heads, kv_heads, dim, layers, layer, dtype, repeats, threads, sweep;
     mim_pool *pool;
 } bench_cfg;
 
@@ -69,7 +72,7 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
         return 1;
     }
     mi_kv_pool_params pp = mi_kv_pool_default_params();
-    pp.n_layers = c->layer + 1, pp.n_kv_heads = c->kv_heads, pp.head_dim = c->dim;
+    pp.n_layers = c->layer + c->sweep, pp.n_kv_heads = c->kv_heads, pp.head_dim = c->dim;
     pp.dtype = (mi_kv_dtype)c->dtype;
     pp.meta_kinds = MI_KV_META_KEY_MINMAX;
     const kv_geometry geo = {c->layers, c->heads, c->kv_heads, c->dim, pp.page_tokens};
@@ -98,12 +101,14 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
         for (int64_t i = 0; i < c->kv_heads * n * c->dim; i++) k[i] = rnd(), v[i] = rnd();
         mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, c->kv_heads, n, c->dim);
         mi_tensor tv = mi_tensor_bhld(v, MI_DTYPE_F32, MI_DEVICE_CPU, 1, c->kv_heads, n, c->dim);
-        const double t0 = tool_now_s();
-        if (mi_kv_seq_append(seq, c->layer, &tk, &tv) != MI_STATUS_SUCCESS) {
-            fprintf(stderr, "bench_kv_host: %s\n", mi_kv_pool_last_error(pool));
-            return 1;
+        for (int l = c->layer; l < c->layer + c->sweep; l++) {
+            const double t0 = tool_now_s();
+            if (mi_kv_seq_append(seq, l, &tk, &tv) != MI_STATUS_SUCCESS) {
+                fprintf(stderr, "bench_kv_host: %s\n", mi_kv_pool_last_error(pool));
+                return 1;
+            }
+            if (l == c->layer) append_s += tool_now_s() - t0;
         }
-        append_s += tool_now_s() - t0;
     }
     free(k);
     free(v);
@@ -113,7 +118,8 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
     float *q = malloc((size_t)(nq * qd) * sizeof(float));
     if (!q) return 1;
     for (int64_t i = 0; i < nq * qd; i++) q[i] = rnd();
-    double t_after[100], t_sel[100], t_dec[100];
+    double t_after[100 * 64], t_sel[100], t_dec[100];
+    int n_after = 0;
     int rc = 0;
     kv_method *last = NULL;
     mi_kv_seq *last_seq = NULL;
@@ -127,12 +133,14 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
             rc = 1;
             break;
         }
-        const double t0 = tool_now_s();
-        if (kv_method_after_prefill(mr, f, c->layer, q, nq) != MI_STATUS_SUCCESS) {
-            fprintf(stderr, "bench_kv_host: %s\n", mr->error);
-            rc = 1;
+        for (int l = c->layer; l < c->layer + c->sweep && rc == 0; l++) {
+            const double t0 = tool_now_s();
+            if (kv_method_after_prefill(mr, f, l, q, nq) != MI_STATUS_SUCCESS) {
+                fprintf(stderr, "bench_kv_host: %s\n", mr->error);
+                rc = 1;
+            }
+            t_after[n_after++] = tool_now_s() - t0;
         }
-        t_after[r] = tool_now_s() - t0;
         kv_method_destroy(last);
         mi_kv_seq_destroy(last_seq);
         last = mr, last_seq = f;
@@ -167,7 +175,7 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
     }
     free(out);
     if (rc == 0) {
-        const double a = has_after ? 1e3 * median(t_after, c->repeats) : -1.0;
+        const double a = has_after ? 1e3 * median(t_after, n_after) : -1.0;
         const double s = has_select ? 1e3 * median(t_sel, c->repeats) : -1.0;
         const double d = 1e3 * median(t_dec, c->repeats);
         char ac[32] = "-", sc[32] = "-", at[32] = "-", st[32] = "-";
@@ -198,7 +206,7 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
 int main(int argc, char **argv) {
     const char *lens_s = "131072";
     const char *kv = "snapkv;pyramidkv;kivi:bits=2;kivi:bits=4;quest:token_budget=4096;retr_attn";
-    bench_cfg c = {32, 8, 128, 32, 16, MI_KV_F32, 3, 0, NULL};
+    bench_cfg c = {32, 8, 128, 32, 16, MI_KV_F32, 3, 0, 1, NULL};
     const arg_spec specs[] = {
         {"lens", ARG_STR, &lens_s, 0, 0, NULL},
         {"heads", ARG_INT, &c.heads, 1, 256, NULL},
@@ -210,6 +218,7 @@ int main(int argc, char **argv) {
         {"dtype", ARG_INT, &c.dtype, 0, 3, NULL},
         {"repeats", ARG_INT, &c.repeats, 1, 100, NULL},
         {"threads", ARG_INT, &c.threads, 0, 1024, NULL},
+        {"sweep", ARG_INT, &c.sweep, 1, 64, NULL},
     };
     args_result ar =
         args_parse("bench_kv_host", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
@@ -217,10 +226,10 @@ int main(int argc, char **argv) {
     if (ar != ARGS_OK) return ar == ARGS_HELP ? 0 : 2;
     openblas_set_num_threads(1); /* as a loaded model sets it: the threads come from OpenMP */
     if (c.heads % c.kv_heads || (c.dtype != MI_KV_F32 && c.dtype != MI_KV_FP8_E4M3) ||
-        c.layer >= c.layers)
+        c.layer + c.sweep > c.layers)
         return args_error("bench_kv_host", usage_text,
                           "--heads must be a multiple of --kv-heads, --dtype 0 or 3, --layer "
-                          "below --layers");
+                          "+ --sweep at most --layers");
     if (c.threads <= 0) c.threads = omp_get_num_procs();
     c.pool = mim_pool_create(c.threads);
     if (!c.pool) return 1;

@@ -439,6 +439,21 @@ mi_status kv_method_compact(kv_method *m, mi_kv_seq *seq, int32_t layer, int64_t
 /* ------------------------------------------------------------------------------------------ */
 /* Selections                                                                                  */
 
+void *kv_scratch_get(kv_scratch *s, size_t bytes) {
+    if (bytes <= s->cap && s->p) return s->p;
+    free(s->p);
+    s->cap = 0;
+    s->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (s->p) s->cap = bytes;
+    return s->p;
+}
+
+void kv_scratch_free(kv_scratch *s) {
+    free(s->p);
+    s->p = NULL;
+    s->cap = 0;
+}
+
 void kv_selection_init(kv_selection *sel) { memset(sel, 0, sizeof(*sel)); }
 
 void kv_selection_free(kv_selection *sel) {

@@ -195,13 +195,24 @@ mi_status kv_selection_reset(kv_selection *sel, int64_t n_lists);
 mi_status kv_selection_push(kv_selection *sel, int64_t start, int64_t end);
 void kv_selection_close(kv_selection *sel);
 
+/* Scratch memory a method keeps from one layer to the next of a call: the buffers of a long
+ * context are hundreds of MiB, and a fresh allocation per layer faults every page in again. */
+typedef struct kv_scratch {
+    void *p;
+    size_t cap;
+} kv_scratch;
+/* At least `bytes` (64-byte aligned; the contents are not kept); NULL when out of memory. */
+void *kv_scratch_get(kv_scratch *s, size_t bytes);
+void kv_scratch_free(kv_scratch *s);
+
 /* The methods' rules, exposed for their reference tests. */
 /* SnapKV's selection: q [w][n_heads * hd] (the last w queries), k [n_kv][len][hd]; keep
  * [n_kv][n_keep + w] gets, per KV head, its n_keep highest-scoring rows of 0..len-w-1 ascending,
- * then the window's rows. pooling 0: avgpool, 1: maxpool; kernel odd. */
+ * then the window's rows. pooling 0: avgpool, 1: maxpool; kernel odd. scratch (may be NULL)
+ * holds its buffers. */
 mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t len, int32_t n_heads,
                            int32_t n_kv, int32_t hd, int64_t kernel, int pooling, int64_t n_keep,
-                           int64_t *keep);
+                           int64_t *keep, kv_scratch *scratch);
 /* PyramidKV's rows kept before the window in a layer of len rows; -1: the layer stays whole. */
 int64_t kv_pyramid_prefix_budget(int64_t capacity, int64_t window, int64_t beta, int32_t n_layers,
                                  int32_t layer, int64_t len);

@@ -42,6 +42,9 @@ typedef struct snap_state {
     int64_t window, capacity, kernel, beta;
     int pooling; /* 0 avg, 1 max */
     bool pyramid;
+    /* the keys read and the selection's buffers, kept from one layer to the next of a call
+     * (freed after the last layer) */
+    kv_scratch keys, select;
 } snap_state;
 
 int64_t kv_pyramid_prefix_budget(int64_t capacity, int64_t window, int64_t beta, int32_t n_layers,
@@ -79,7 +82,7 @@ static int by_row(const void *a, const void *b) {
 
 mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t len, int32_t n_heads,
                            int32_t n_kv, int32_t hd, int64_t kernel, int pooling, int64_t n_keep,
-                           int64_t *keep) {
+                           int64_t *keep, kv_scratch *scratch) {
     const int64_t prefix = len - w;
     if (w < 1 || prefix < 0 || n_keep < 0 || n_keep > prefix || kernel < 1 || !(kernel & 1))
         return MI_STATUS_INVALID_ARGUMENT;
@@ -89,19 +92,21 @@ mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t le
     /* Heads on threads, each with its own scores and pooled row (summed into its KV head's in
      * head order afterwards, so the result does not depend on the thread count). */
     const int nt = omp_get_max_threads() < n_heads ? omp_get_max_threads() : n_heads;
-    float *sc = malloc((size_t)nt * (size_t)(w * len) * sizeof(float));
-    float *sum = malloc((size_t)nt * (size_t)P * sizeof(float));
-    float *head_pool = malloc((size_t)n_heads * (size_t)P * sizeof(float));
-    float *pooled = calloc((size_t)(n_kv * P), sizeof(float));
-    rank_item *items = malloc((size_t)n_kv * (size_t)P * sizeof(rank_item));
-    if (!sc || !sum || !head_pool || !pooled || !items) {
-        free(sc);
-        free(sum);
-        free(head_pool);
-        free(pooled);
-        free(items);
-        return MI_STATUS_OUT_OF_MEMORY;
-    }
+    /* one block for every buffer: scores [nt][w][len], sums [nt][P], pooled rows per query head
+     * [n_heads][P] and per KV head [n_kv][P], rank items [n_kv][P] (64-byte aligned parts) */
+    const size_t a = 16; /* floats per 64 bytes */
+    const size_t n_sc = ((size_t)nt * (size_t)(w * len) + a - 1) / a * a;
+    const size_t n_sum = ((size_t)nt * (size_t)P + a - 1) / a * a;
+    const size_t n_hp = ((size_t)n_heads * (size_t)P + a - 1) / a * a;
+    const size_t n_pool = ((size_t)n_kv * (size_t)P + a - 1) / a * a;
+    const size_t bytes = (n_sc + n_sum + n_hp + n_pool) * sizeof(float) +
+                         (size_t)n_kv * (size_t)P * sizeof(rank_item);
+    kv_scratch own = {NULL, 0};
+    float *sc = kv_scratch_get(scratch ? scratch : &own, bytes);
+    if (!sc) return MI_STATUS_OUT_OF_MEMORY;
+    float *sum = sc + n_sc, *head_pool = sum + n_sum, *pooled = head_pool + n_hp;
+    rank_item *items = (rank_item *)(pooled + n_pool);
+    memset(pooled, 0, (size_t)(n_kv * P) * sizeof(float));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int32_t h = 0; h < n_heads; h++) {
         const int32_t kh = h / group;
@@ -149,11 +154,7 @@ mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t le
         qsort(out, (size_t)n_keep, sizeof(int64_t), by_row);
         for (int64_t i = 0; i < w; i++) out[n_keep + i] = prefix + i;
     }
-    free(head_pool);
-    free(sc);
-    free(sum);
-    free(pooled);
-    free(items);
+    kv_scratch_free(&own);
     return MI_STATUS_SUCCESS;
 }
 
@@ -187,12 +188,20 @@ static mi_status snap_create_common(kv_method *m, bool pyramid) {
 
 static mi_status snap_create(kv_method *m) { return snap_create_common(m, false); }
 static mi_status pyramid_create(kv_method *m) { return snap_create_common(m, true); }
-static void snap_destroy(kv_method *m) { free(m->state); }
+static void snap_destroy(kv_method *m) {
+    snap_state *st = m->state;
+    if (st) {
+        kv_scratch_free(&st->keys);
+        kv_scratch_free(&st->select);
+    }
+    free(st);
+}
 
 static mi_status snap_clone(const kv_method *m, kv_method *out) {
     snap_state *st = malloc(sizeof(*st));
     if (!st) return kv_method_fail(out, MI_STATUS_OUT_OF_MEMORY, "out of memory");
     *st = *(const snap_state *)m->state;
+    st->keys = st->select = (kv_scratch){NULL, 0}; /* buffers are not shared */
     out->state = st;
     return MI_STATUS_SUCCESS;
 }
@@ -218,46 +227,59 @@ static bool snap_plan(const kv_method *m, int32_t layer, int64_t len, int64_t n,
     return *n_keep >= 0 && *n_keep + *w < len;
 }
 
-static mi_status snap_keep(kv_method *m, int32_t layer, const float *q, int64_t n, const float *k,
-                           int64_t len, int64_t slack, int64_t *keep, int64_t *count) {
-    (void)slack;
+static mi_status snap_keep_with(kv_method *m, int32_t layer, const float *q, int64_t n,
+                                const float *k, int64_t len, int64_t *keep, int64_t *count,
+                                kv_scratch *scratch) {
     const snap_state *st = m->state;
     int64_t w = 0, n_keep = 0;
     *count = len;
     if (!snap_plan(m, layer, len, n, &w, &n_keep)) return MI_STATUS_SUCCESS;
     mi_status s = kv_snapkv_select(q + (n - w) * (int64_t)m->geo.n_heads * m->geo.head_dim, w, k,
                                    len, m->geo.n_heads, m->geo.n_kv_heads, m->geo.head_dim,
-                                   st->kernel, st->pooling, n_keep, keep);
+                                   st->kernel, st->pooling, n_keep, keep, scratch);
     if (s != MI_STATUS_SUCCESS) return kv_method_fail(m, s, "selecting rows of layer %d", layer);
     *count = n_keep + w;
     return MI_STATUS_SUCCESS;
 }
 
+static mi_status snap_keep(kv_method *m, int32_t layer, const float *q, int64_t n, const float *k,
+                           int64_t len, int64_t slack, int64_t *keep, int64_t *count) {
+    (void)slack;
+    return snap_keep_with(m, layer, q, n, k, len, keep, count, NULL);
+}
+
 static mi_status snap_compress(kv_method *m, mi_kv_seq *seq, int32_t layer, const float *q,
                                int64_t n) {
+    snap_state *st = m->state;
     const int64_t len = mi_kv_seq_length(seq, layer);
     int64_t w = 0, n_keep = 0;
-    if (!snap_plan(m, layer, len, n, &w, &n_keep)) return MI_STATUS_SUCCESS;
-    const int32_t H = m->geo.n_kv_heads, hd = m->geo.head_dim;
-    float *k = malloc((size_t)(len * H * hd) * sizeof(float));
-    int64_t *keep = malloc((size_t)((n_keep + w) * H) * sizeof(int64_t));
-    if (!k || !keep) {
-        free(k);
+    mi_status s = MI_STATUS_SUCCESS;
+    if (snap_plan(m, layer, len, n, &w, &n_keep)) {
+        const int32_t H = m->geo.n_kv_heads, hd = m->geo.head_dim;
+        float *k = kv_scratch_get(&st->keys, (size_t)(len * H * hd) * sizeof(float));
+        int64_t *keep = malloc((size_t)((n_keep + w) * H) * sizeof(int64_t));
+        if (!k || !keep) {
+            s = kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory compressing %lld rows",
+                               (long long)len);
+        } else {
+            mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, len, hd);
+            int64_t count = len;
+            s = mi_kv_seq_read(seq, layer, 0, len, &tk, NULL);
+            if (s != MI_STATUS_SUCCESS)
+                kv_method_fail(m, s, "reading layer %d: %s", layer,
+                               mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
+            else if ((s = snap_keep_with(m, layer, q, n, k, len, keep, &count, &st->select)) ==
+                         MI_STATUS_SUCCESS &&
+                     count < len)
+                s = kv_method_compact(m, seq, layer, count, keep);
+        }
         free(keep);
-        return kv_method_fail(m, MI_STATUS_OUT_OF_MEMORY, "out of memory compressing %lld rows",
-                              (long long)len);
     }
-    mi_tensor tk = mi_tensor_bhld(k, MI_DTYPE_F32, MI_DEVICE_CPU, 1, H, len, hd);
-    int64_t count = len;
-    mi_status s = mi_kv_seq_read(seq, layer, 0, len, &tk, NULL);
-    if (s != MI_STATUS_SUCCESS)
-        kv_method_fail(m, s, "reading layer %d: %s", layer,
-                       mi_kv_pool_last_error(mi_kv_seq_pool(seq)));
-    else if ((s = snap_keep(m, layer, q, n, k, len, 0, keep, &count)) == MI_STATUS_SUCCESS &&
-             count < len)
-        s = kv_method_compact(m, seq, layer, count, keep);
-    free(k);
-    free(keep);
+    /* the call's last layer: nothing more to reuse the buffers for */
+    if (layer == m->geo.n_layers - 1 || s != MI_STATUS_SUCCESS) {
+        kv_scratch_free(&st->keys);
+        kv_scratch_free(&st->select);
+    }
     return s;
 }
 

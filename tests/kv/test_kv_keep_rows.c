@@ -97,7 +97,7 @@ static void test_snapkv(void) {
             /* the rule itself */
             int64_t *direct = malloc((size_t)(NKV * count) * sizeof(int64_t));
             CHECK_OK(kv_snapkv_select(qtok + (n - w) * NH * HD, w, k, len, NH, NKV, HD, 5,
-                                      trial % 2, count - w, direct));
+                                      trial % 2, count - w, direct, NULL));
             CHECK(memcmp(direct, keep, (size_t)(NKV * count) * sizeof(int64_t)) == 0,
                   "%s: kv_snapkv_select's rows", spec);
             free(direct);

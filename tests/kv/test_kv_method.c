@@ -341,6 +341,7 @@ static void test_compact(void) {
 
 static void test_snapkv_rule(void) {
     const int32_t nh = 6, nkv = 2, hd = 16, group = nh / nkv;
+    kv_scratch scratch = {NULL, 0}; /* reused across the trials' sizes, as across layers */
     for (int trial = 0; trial < 12; trial++) {
         check_seed = rng_state = 500 + (uint64_t)trial;
         const int64_t len = rng_int(40, 300), w = rng_int(1, 24);
@@ -352,7 +353,8 @@ static void test_snapkv_rule(void) {
         for (int64_t i = 0; i < w * nh * hd; i++) q[i] = rng_value(3.0f);
         for (int64_t i = 0; i < nkv * len * hd; i++) k[i] = rng_value(3.0f);
         int64_t *keep = malloc((size_t)(nkv * (n_keep + w)) * sizeof(int64_t));
-        CHECK_OK(kv_snapkv_select(q, w, k, len, nh, nkv, hd, kernel, pooling, n_keep, keep));
+        CHECK_OK(
+            kv_snapkv_select(q, w, k, len, nh, nkv, hd, kernel, pooling, n_keep, keep, &scratch));
         /* float64: the causal softmax of each window query, summed over the window, pooled,
          * summed over each KV head's query heads */
         double *score = calloc((size_t)(nkv * prefix + 1), sizeof(double));
@@ -407,7 +409,7 @@ static void test_snapkv_rule(void) {
         }
         /* keeping every prefix row keeps the whole layer */
         int64_t *all = malloc((size_t)(nkv * len) * sizeof(int64_t));
-        CHECK_OK(kv_snapkv_select(q, w, k, len, nh, nkv, hd, kernel, pooling, prefix, all));
+        CHECK_OK(kv_snapkv_select(q, w, k, len, nh, nkv, hd, kernel, pooling, prefix, all, NULL));
         for (int64_t i = 0; i < nkv * len; i++) CHECK_EQ(all[i], i % len);
         free(all);
         free(score);
@@ -417,8 +419,9 @@ static void test_snapkv_rule(void) {
         free(q);
         free(k);
     }
-    CHECK_STATUS(kv_snapkv_select(NULL, 4, NULL, 3, 2, 1, 4, 5, 0, 0, NULL),
+    CHECK_STATUS(kv_snapkv_select(NULL, 4, NULL, 3, 2, 1, 4, 5, 0, 0, NULL, NULL),
                  MI_STATUS_INVALID_ARGUMENT);
+    kv_scratch_free(&scratch);
 }
 
 static void test_pyramid_budgets(void) {
