@@ -17,6 +17,8 @@
  */
 #include "kv_method.h"
 
+#include "../core/simd.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -62,6 +64,35 @@ int64_t kv_pyramid_prefix_budget(int64_t capacity, int64_t window, int64_t beta,
     if (keep < 0) keep = 0;
     if (keep > len - window) keep = len - window;
     return keep;
+}
+
+/* Row i of the window's scores: row[j] = exp(row[j] - max) for the visible j (0 after), and
+ * sum[j] += row[j] / total for the prefix j < prefix. Vectors of VL; exp as 2^((x - max) log2 e),
+ * within a few float ulps of expf. */
+static inline vf load_u(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v); /* rows start anywhere: an unaligned load */
+    return v;
+}
+
+static void window_row(float *row, int64_t visible, int64_t prefix, float *sum) {
+    vf m = vset1(-INFINITY);
+    int64_t j = 0;
+    for (; j + VL <= visible; j += VL) m = vmax(m, load_u(row + j));
+    float mx = -INFINITY;
+    for (int i = 0; i < VL; i++) mx = m[i] > mx ? m[i] : mx;
+    for (; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
+    const vf vmx = vset1(mx), l2e = vset1(1.4426950408889634f);
+    vf z = vset1(0.0f);
+    for (j = 0; j + VL <= visible; j += VL) {
+        const vf e = vexp2((load_u(row + j) - vmx) * l2e);
+        memcpy(row + j, &e, sizeof e);
+        z += e;
+    }
+    float total = hsum(z);
+    for (; j < visible; j++) total += (row[j] = exp2f((row[j] - mx) * 1.4426950408889634f));
+    const float inv = 1.0f / total;
+    for (j = 0; j < prefix; j++) sum[j] += row[j] * inv;
 }
 
 typedef struct rank_item {
@@ -117,16 +148,8 @@ mi_status kv_snapkv_select(const float *q, int64_t w, const float *k, int64_t le
                     q + (int64_t)h * hd, n_heads * hd, k + (int64_t)kh * len * hd, hd, 0.0f, my_sc,
                     (int)len);
         for (int64_t j = 0; j < prefix; j++) my_sum[j] = 0.0f;
-        for (int64_t i = 0; i < w; i++) {
-            float *row = my_sc + i * len;
-            const int64_t visible = prefix + i + 1; /* causal inside the window */
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
-            float z = 0.0f;
-            for (int64_t j = 0; j < visible; j++) z += (row[j] = expf(row[j] - mx));
-            const float inv = 1.0f / z;
-            for (int64_t j = 0; j < prefix; j++) my_sum[j] += row[j] * inv;
-        }
+        for (int64_t i = 0; i < w; i++) /* causal inside the window */
+            window_row(my_sc + i * len, prefix + i + 1, prefix, my_sum);
         float *pool = head_pool + (int64_t)h * P;
         const int64_t half = kernel / 2;
         for (int64_t j = 0; j < prefix; j++) {
