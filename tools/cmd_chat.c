@@ -25,6 +25,7 @@ static const char usage_text[] =
     "           [--session FILE] [--max-new-tokens N] [--max-context N] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "           [--kv METHOD[:key=value,...]] [--device cpu|cuda] [--kv-offload]\n"
+    "           [--kv-pinned]\n"
     "\n"
     "A conversation with a model, one message per line on stdin. The KV cache is kept\n"
     "across turns: a turn prefills only its own tokens and attends to the whole history.\n"
@@ -47,6 +48,7 @@ static const char usage_text[] =
     "                    in bf16 host pages mirrored on the GPU (dense KV only)\n"
     "  --kv-offload      cuda: the GPU holds one layer's rows at a time (the cache stays in\n"
     "                    host pages; every turn re-reads it over PCIe)\n"
+    "  --kv-pinned       cuda: the cache's pages in pinned host memory, read by the GPU itself\n"
     "\n"
     "commands:\n"
     "  /save FILE    write the conversation's cache to FILE\n"
@@ -236,7 +238,7 @@ int mi_cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *config_path = NULL, *system = NULL, *session_path = NULL;
     const char *attn = "minference", *tmpl_name = "auto", *kv = NULL;
     const char *device_name = "cpu";
-    bool kv_offload = false;
+    bool kv_offload = false, kv_pinned = false;
     int max_new = 256, threads = 0, dense_below = -1, top_k = 0;
     long long seed = 0, max_context = 0;
     double temperature = 0.0, top_p = 1.0;
@@ -260,6 +262,7 @@ int mi_cmd_chat(int argc, char **argv) {
         {"kv", ARG_STR, &kv, 0, 0, NULL},
         {"device", ARG_STR, &device_name, 0, 0, NULL},
         {"kv-offload", ARG_BOOL, &kv_offload, 0, 0, NULL},
+        {"kv-pinned", ARG_BOOL, &kv_pinned, 0, 0, NULL},
     };
     args_result ar = args_parse("chat", usage_text, specs, (int)(sizeof specs / sizeof specs[0]),
                                 argc, argv, NULL, 0, NULL);
@@ -311,6 +314,7 @@ int mi_cmd_chat(int argc, char **argv) {
     mp.n_threads = threads;
     mp.device = strcmp(device_name, "cuda") == 0 ? MI_DEVICE_CUDA : MI_DEVICE_CPU;
     mp.kv_offload = kv_offload ? 1 : 0;
+    mp.kv_pinned = kv_pinned ? 1 : 0;
     mi_context *ectx = NULL; /* receives the loader's message */
     mi_context_create(NULL, &ectx);
     mi_status st = mi_model_load(ectx, model_path, &mp, &c.model);

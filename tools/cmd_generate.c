@@ -30,7 +30,7 @@ static const char usage_text[] =
     "           [--chat[=chatml|llama3]] [--system TEXT] [--threads N]\n"
     "           [--dense-below N] [--temperature T] [--top-k K] [--top-p P]\n"
     "           [--seed S] [--session FILE] [--kv METHOD[:key=value,...]]\n"
-    "           [--kv-dtype f32|f16|bf16|fp8] [--chunk N] [--kv-offload]\n"
+    "           [--kv-dtype f32|f16|bf16|fp8] [--chunk N] [--kv-offload] [--kv-pinned]\n"
     "           [--allow-long-context] [--quiet]\n"
     "       minference generate --prompts FILE.jsonl [--batch N] [same options]\n"
     "\n"
@@ -69,6 +69,8 @@ static const char usage_text[] =
     "  --kv-offload   cuda: the KV cache in host pages, the GPU holding one layer's rows\n"
     "                 at a time (long contexts on one GPU; each call re-reads the cache\n"
     "                 over PCIe)\n"
+    "  --kv-pinned    cuda: the session's pages in pinned host memory, read by the GPU\n"
+    "                 itself on uploads (fp8 pages cross the bus as stored)\n"
     "  --allow-long-context\n"
     "                 run a prompt longer than the model's trained context (its RoPE\n"
     "                 scaling, where it has one, decides how well that goes); refused\n"
@@ -166,7 +168,7 @@ int mi_cmd_generate(int argc, char **argv) {
     const char *system = NULL, *attn = "minference", *device_name = "cpu", *chat_name = "auto";
     const char *session_path = NULL, *kv = NULL, *kv_dtype_name = "f32";
     int chunk = 0, batch = 8;
-    bool kv_offload = false;
+    bool kv_offload = false, kv_pinned = false;
     const char *prompts_path = NULL;
     mi_session *sess = NULL;
     char kv_shown[1024] = "";
@@ -200,6 +202,7 @@ int mi_cmd_generate(int argc, char **argv) {
         {"kv-dtype", ARG_STR, &kv_dtype_name, 0, 0, NULL},
         {"chunk", ARG_INT, &chunk, 0, 1 << 30, NULL},
         {"kv-offload", ARG_BOOL, &kv_offload, 0, 0, NULL},
+        {"kv-pinned", ARG_BOOL, &kv_pinned, 0, 0, NULL},
         {"allow-long-context", ARG_BOOL, &long_context, 0, 0, NULL},
         {"prompts", ARG_STR, &prompts_path, 0, 0, NULL},
         {"batch", ARG_INT, &batch, 1, 4096, NULL},
@@ -296,6 +299,7 @@ int mi_cmd_generate(int argc, char **argv) {
     mp.device = device;
     mp.n_threads = threads;
     mp.kv_offload = kv_offload ? 1 : 0;
+    mp.kv_pinned = kv_pinned ? 1 : 0;
     double t_load = tool_now_s();
     mi_context *ectx = NULL; /* receives the loader's message */
     mi_context_create(NULL, &ectx);

@@ -120,7 +120,7 @@ def _parse_device(device, device_id):
 
 
 def _params(device, threads, max_context, mlp_chunk, device_id, check_weights=False,
-            kv_offload=False):
+            kv_offload=False, kv_pinned=False):
     dev, ordinal = _parse_device(device, device_id)
     p = L.mi_model_params()
     p.device = dev
@@ -130,6 +130,7 @@ def _params(device, threads, max_context, mlp_chunk, device_id, check_weights=Fa
     p.mlp_chunk = _int_arg(mlp_chunk, "mlp_chunk", L.c_int64, minimum=0)
     p.check_weights = 1 if check_weights else 0
     p.kv_offload = 1 if kv_offload else 0
+    p.kv_pinned = 1 if kv_pinned else 0
     return p
 
 
@@ -295,12 +296,13 @@ class Model(_Closing):
     projection / MLP chunk (0: 4096); check_weights=True checks every weight for NaN/inf at load
     (reads the whole file; by default vectors whole and each matrix's first and last row).
     kv_offload=True (CUDA): the KV cache in host pages, the device holding one layer's rows at a
-    time (docs/kv-cache.md)."""
+    time; kv_pinned=True (CUDA): the sessions' pages in pinned host memory, which the device
+    reads itself on uploads (docs/kv-cache.md)."""
 
     def __init__(self, path=None, device="cpu", threads=0, max_context=0, mlp_chunk=0,
-                 device_id=0, check_weights=False, kv_offload=False):
+                 device_id=0, check_weights=False, kv_offload=False, kv_pinned=False):
         params = _params(device, threads, max_context, mlp_chunk, device_id, check_weights,
-                         kv_offload)
+                         kv_offload, kv_pinned)
         if path is None:
             path = default_model_path()
             if path is None:
@@ -320,14 +322,14 @@ class Model(_Closing):
 
     @classmethod
     def random(cls, shape=None, seed=0, device="cpu", threads=0, max_context=0, mlp_chunk=0,
-               device_id=0, kv_offload=False):
+               device_id=0, kv_offload=False, kv_pinned=False):
         """A model with seeded random weights (the same seed gives the same weights) and a
         byte-level vocabulary (256 bytes, fillers, then <|begin_of_text|> and <|end_of_text|>).
         shape: None for LLaMA-3-8B, or a dict overriding its fields (n_layers, hidden, n_heads,
         n_kv_heads, head_dim, ffn, vocab >= 258, rope_theta, context_length, sliding_window,
         qkv_bias)."""
         params = _params(device, threads, max_context, mlp_chunk, device_id,
-                         kv_offload=kv_offload)
+                         kv_offload=kv_offload, kv_pinned=kv_pinned)
         s = _shape(shape)
         seed = _int_arg(seed, "seed", L.c_uint64)
         lib = L.load_model()

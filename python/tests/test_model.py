@@ -235,6 +235,23 @@ def test_capture_and_progress():
         assert len(calls) == 2
 
 
+def test_cuda_memory_options_reach_the_params():
+    """kv_offload and kv_pinned are CUDA options: they reach mi_model_params, and a CPU model
+    ignores them (its logits equal the plain model's)."""
+    from minference.model import _params
+    p = _params("cpu", 0, 0, 0, 0, kv_offload=True, kv_pinned=True)
+    assert (p.kv_offload, p.kv_pinned) == (1, 1)
+    assert (_params("cpu", 0, 0, 0, 0).kv_offload, _params("cpu", 0, 0, 0, 0).kv_pinned) == (0, 0)
+    toks = list(range(40, 60))
+    a = Model.random(SMALL, seed=3, threads=2)
+    b = Model.random(SMALL, seed=3, threads=2, kv_offload=True, kv_pinned=True)
+    try:
+        assert np.array_equal(a.prefill(toks), b.prefill(toks))
+    finally:
+        a.close()
+        b.close()
+
+
 def test_errors():
     with pytest.raises(ValueError, match="device"):
         Model.random(SMALL, device="gpu")
