@@ -123,22 +123,6 @@ static mi_status seg_attention(mi_model *m, const bseg *sg, int32_t l, const flo
     return mim_seq_attention(m, sg->seq, sg->method, l, q, n, lp, scale, att);
 }
 
-/* The method's compaction of one session after the call (model_forward.c's method_after_call). */
-static mi_status seg_after_call(mi_model *m, const bseg *sg) {
-    const int64_t qd = (int64_t)m->n_heads * m->hd;
-    kv_method_appended(sg->method, sg->n);
-    for (int32_t l = 0; l < m->n_layers; l++) {
-        mi_status st = MI_STATUS_SUCCESS;
-        if (sg->n >= 2 && sg->qkeep)
-            st = kv_method_after_prefill(sg->method, sg->seq, l,
-                                         sg->qkeep + (int64_t)l * sg->q_rows * qd, sg->q_rows);
-        if (st == MI_STATUS_SUCCESS) st = kv_method_after_append(sg->method, sg->seq, l, sg->n);
-        if (st != MI_STATUS_SUCCESS)
-            return mim_model_fail(m, st, "layer %d: %s", l, sg->method->error);
-    }
-    return MI_STATUS_SUCCESS;
-}
-
 /* The forward pass of every segment. *kept: the layers succeeded, so every session keeps the
  * call's tokens even if a method's compaction then failed. */
 static mi_status batch_forward(mi_model *m, bseg *sg, int64_t ns, int64_t N, float *logits,
@@ -289,7 +273,8 @@ static mi_status batch_forward(mi_model *m, bseg *sg, int64_t ns, int64_t N, flo
     *kept = true;
     for (int64_t i = 0; i < ns; i++) {
         if (!sg[i].method) continue;
-        mi_status ms = seg_after_call(m, &sg[i]);
+        mi_status ms =
+            mim_method_after_call(m, sg[i].seq, sg[i].method, sg[i].qkeep, sg[i].q_rows, sg[i].n);
         if (ms != MI_STATUS_SUCCESS && st == MI_STATUS_SUCCESS) {
             char msg[MIM_ERROR_CAPACITY];
             snprintf(msg, sizeof msg, "%s", m->last_error);

@@ -380,19 +380,14 @@ static void free_bufs(fwd_bufs *b) {
     free(b->rows0);
 }
 
-/* The KV method's compaction after a session's call, every layer: its queries (the last q_rows of
- * the call, kept per layer) to after_prefill (calls of two or more tokens), then after_append
- * (eviction). It runs once every layer has attended, so a failure inside the layers leaves no
- * compacted layer behind. */
-static mi_status method_after_call(mi_model *m, mi_kv_seq *seq, kv_method *method,
-                                   const fwd_bufs *b, int64_t n) {
+mi_status mim_method_after_call(mi_model *m, mi_kv_seq *seq, kv_method *method, const float *qkeep,
+                                int64_t q_rows, int64_t n) {
     const int64_t qd = (int64_t)m->n_heads * m->hd;
-    const int64_t rows = n < b->q_rows ? n : b->q_rows;
+    kv_method_appended(method, n);
     for (int32_t l = 0; l < m->n_layers; l++) {
         mi_status st = MI_STATUS_SUCCESS;
-        if (n >= 2 && b->qkeep)
-            st = kv_method_after_prefill(method, seq, l, b->qkeep + (int64_t)l * b->q_rows * qd,
-                                         rows);
+        if (n >= 2 && qkeep)
+            st = kv_method_after_prefill(method, seq, l, qkeep + (int64_t)l * q_rows * qd, q_rows);
         if (st == MI_STATUS_SUCCESS) st = kv_method_after_append(method, seq, l, n);
         if (st != MI_STATUS_SUCCESS) return mim_model_fail(m, st, "layer %d: %s", l, method->error);
     }
@@ -422,8 +417,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
         const mim_gpu_seq_call call = {seq, method, pos, b.qkeep, b.q_rows};
         mi_status st = mim_gpu_forward_seq(m, &call, tokens, n, logits);
         if (st == MI_STATUS_SUCCESS && method) { /* as below: the call's rows stay */
-            kv_method_appended(method, n);
-            st = method_after_call(m, seq, method, &b, n);
+            st = mim_method_after_call(m, seq, method, b.qkeep, b.q_rows, n);
             if (kept) *kept = true;
         }
         free(b.qkeep);
@@ -620,8 +614,7 @@ static mi_status forward(mi_model *m, mi_kv_seq *seq, kv_method *method, int64_t
             /* every layer holds the call's rows and the logits are out; a compaction that fails
              * here keeps the call's tokens (layers compacted before it cannot be restored): the
              * session sees more rows than before the call and counts them */
-            kv_method_appended(method, n);
-            st = method_after_call(m, seq, method, &b, n);
+            st = mim_method_after_call(m, seq, method, b.qkeep, b.q_rows, n);
             if (kept) *kept = true;
         }
     } else if (seq) {

@@ -118,6 +118,13 @@ struct kv_method;
  * (src/kv/kv_method.h). On failure every layer is cut back to its length before the call,
  * except when the method's compaction after the layers fails: *kept (may be NULL) then says
  * the call's tokens stay. Layers may differ in length (PyramidKV). */
+/* The KV method's steps after a session's call of n tokens, every layer (once every layer has
+ * attended, so a failure inside the layers leaves no compacted layer behind): the call counted,
+ * then after_prefill with the call's last q_rows queries of each layer (qkeep
+ * [n_layers][q_rows][n_heads * hd]; calls of two or more tokens, where qkeep is given), then
+ * after_append (eviction). */
+mi_status mim_method_after_call(mi_model *m, mi_kv_seq *seq, struct kv_method *method,
+                                const float *qkeep, int64_t q_rows, int64_t n);
 mi_status mim_forward_seq(mi_model *m, mi_kv_seq *seq, struct kv_method *method, int64_t pos,
                           const int32_t *tokens, int64_t n, float *logits, bool *kept);
 
