@@ -42,6 +42,7 @@ static const char usage_text[] =
     "           [--turns N] [--examples N] [--seed N] [--mode multi-turn|multi-request|both]\n"
     "           [--attn LIST] [--kv LIST] [--config CFG.json] [--max-new-tokens N]\n"
     "           [--max-length N] [--chat auto|chatml|llama3|none] [--reprefill]\n"
+    "           [--no-golden-context]\n"
     "           [--json FILE] [--png FILE] [--curves FILE] [--save-data DIR]\n"
     "           [--icl-csv FILE] [--text-src FILE] [--py-src DIR] [--threads N]\n"
     "           [--dense-below N] [--device cpu|cuda] [--quiet]\n"
@@ -73,6 +74,8 @@ static const char usage_text[] =
     "               prompt is cut in the middle to fit, as the original does\n"
     "  --chat       chat template (default auto: from the vocabulary; none: plain text)\n"
     "  --reprefill  multi-request: also time each query with the context prefilled again\n"
+    "  --no-golden-context  multi-turn: a later turn carries the model's own previous\n"
+    "               answer, not the reference one (the original's --disable_golden_context)\n"
     "  --json, --png, --curves  result files (--png: tasks x methods per mode; --curves:\n"
     "               mean accuracy per turn, one line per method)\n"
     "  --save-data  write the generated examples to DIR/<task>.jsonl\n"
@@ -111,6 +114,7 @@ typedef struct sc_run {
     int max_new_cap;
     int64_t max_length;
     bool quiet, reprefill;
+    bool own_answers; /* multi-turn history: the model's answers (no golden context) */
     sc_chat_fmt chat;
     char *chat_prefix, *chat_tail;
     json_t *runs; /* one object per (mode, method, task, example) */
@@ -325,6 +329,7 @@ static bool run_example(sc_run *r, sc_method *m, const char *task, const json_t 
         json_object_set_new(rec, "error", json_string(mi_session_last_error(s)));
         c->errors++;
     }
+    char *prev_pred = NULL; /* the model's answer of the previous turn (own_answers) */
     for (int i = 0; i < nt; i++) {
         const json_t *turn = json_array_get(turns, (size_t)i);
         const int max_new = turn_max_new(r, task, turn);
@@ -332,7 +337,13 @@ static bool run_example(sc_run *r, sc_method *m, const char *task, const json_t 
         if (st == MI_STATUS_SUCCESS) {
             if (!multi_request && i > 0) {
                 size_t nq = 0;
-                int32_t *tq = tokenize(r->model, prompts[i], 0, &nq);
+                char *own =
+                    r->own_answers
+                        ? sc_turn_prompt_answered(task, ex, r->chat.prefix ? &r->chat : NULL, i,
+                                                  prev_pred, max_turns)
+                        : NULL;
+                int32_t *tq = tokenize(r->model, own ? own : prompts[i], 0, &nq);
+                free(own);
                 t = tool_now_s();
                 st = tq ? mi_session_prefill(s, tq, nq, r->logits) : MI_STATUS_OUT_OF_MEMORY;
                 prefill_s += tool_now_s() - t;
@@ -364,8 +375,10 @@ static bool run_example(sc_run *r, sc_method *m, const char *task, const json_t 
             fprintf(stderr, "    turn %d: %.2f  %.60s\n", i,
                     json_real_value(json_object_get(json_array_get(preds, (size_t)i), "score")),
                     pred ? pred : "(failed)");
-        free(pred);
+        free(prev_pred);
+        prev_pred = pred;
     }
+    free(prev_pred);
     const double total = tool_now_s() - start;
     c->prefill_s += prefill_s, c->decode_s += decode_s, c->total_s += total;
     json_object_set_new(rec, "prefill_s", json_real(prefill_s));
@@ -563,6 +576,8 @@ static int emit(const sc_run *r, const sc_method *methods, int nm, char **task_n
     json_object_set_new(root, "seed", json_integer(seed));
     json_object_set_new(root, "data", json_string(data_dir ? data_dir : "generated"));
     json_object_set_new(root, "chat", json_boolean(r->chat.prefix != NULL));
+    /* multi-turn history: the reference answers (the original's default) or the model's own */
+    json_object_set_new(root, "golden_context", json_boolean(!r->own_answers));
     json_t *jt = json_array(), *jm = json_array(), *jres = json_array();
     for (int ti = 0; ti < n_tasks; ti++) json_array_append_new(jt, json_string(task_names[ti]));
     for (int mi = 0; mi < nm; mi++) {
@@ -680,7 +695,7 @@ int mi_cmd_scbench(int argc, char **argv) {
     long long length = 1024, max_length = 0, seed = 1;
     int turns = 5, examples = 1, max_new = 0, threads = 0, dense_below = 0;
     const char *device_name = "cpu";
-    bool reprefill = false, quiet = false;
+    bool reprefill = false, quiet = false, no_golden = false;
     const arg_spec specs[] = {
         {"model", ARG_STR, &model_path, 0, 0, NULL},
         {"tasks", ARG_STR, &tasks_arg, 0, 0, NULL},
@@ -697,6 +712,7 @@ int mi_cmd_scbench(int argc, char **argv) {
         {"max-length", ARG_INT64, &max_length, 0, (long long)1 << 30, NULL},
         {"chat", ARG_STR, &chat_name, 0, 0, NULL},
         {"reprefill", ARG_BOOL, &reprefill, 0, 0, NULL},
+        {"no-golden-context", ARG_BOOL, &no_golden, 0, 0, NULL},
         {"json", ARG_STR, &json_path, 0, 0, NULL},
         {"png", ARG_STR, &png_path, 0, 0, NULL},
         {"curves", ARG_STR, &curves_path, 0, 0, NULL},
@@ -780,6 +796,7 @@ int mi_cmd_scbench(int argc, char **argv) {
     int n_own = 0;
     sc_run r = {0};
     r.quiet = quiet, r.reprefill = reprefill, r.max_new_cap = max_new;
+    r.own_answers = no_golden;
     sc_method methods[MAX_LIST * MAX_LIST];
     int nm = 0;
     json_t *data[MAX_LIST * 2] = {0};

@@ -128,6 +128,11 @@ typedef struct sc_chat_fmt {
 char **sc_build_prompts(const char *task, const json_t *example, bool multi_request,
                         const sc_chat_fmt *chat, int max_turns, int *n, const char **why);
 void sc_free_prompts(char **prompts, int n);
+/* Multi-turn without the golden context: the prompt of turn i >= 1 with `answer` (the model's
+ * own answer of turn i - 1; NULL: "") where the reference answer would be. malloc'ed; NULL on a
+ * malformed example or turn. */
+char *sc_turn_prompt_answered(const char *task, const json_t *example, const sc_chat_fmt *chat,
+                              int i, const char *answer, int max_turns);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The method matrix (cmd_scbench_matrix.c)                                                     */

@@ -200,6 +200,26 @@ void sc_free_prompts(char **prompts, int n) {
     free(prompts);
 }
 
+char *sc_turn_prompt_answered(const char *task, const json_t *example, const sc_chat_fmt *chat,
+                              int i, const char *answer, int max_turns) {
+    if (i < 1) return NULL;
+    json_t *copy = json_deep_copy(example);
+    json_t *prev = json_array_get(json_object_get(copy, "multi_turns"), (size_t)i - 1);
+    char *out = NULL;
+    if (prev && json_object_set_new(prev, "answer", json_string(answer ? answer : "")) == 0) {
+        int np = 0;
+        const char *why = NULL;
+        char **p = sc_build_prompts(task, copy, false, chat, max_turns, &np, &why);
+        if (p && i < np) {
+            out = p[i];
+            p[i] = NULL;
+        }
+        sc_free_prompts(p, np);
+    }
+    json_decref(copy);
+    return out;
+}
+
 char **sc_build_prompts(const char *task, const json_t *example, bool multi_request,
                         const sc_chat_fmt *chat, int max_turns, int *n, const char **why) {
     *n = 0;

@@ -83,7 +83,7 @@ def _names(value, what, sep=","):
 def command(model=None, tasks=None, data=None, length=1024, turns=5, examples=1, seed=1,
             mode="both", attn=("dense",), kv=("dense",), max_new_tokens=0, max_length=0,
             chat="auto", reprefill=False, json_path=None, png=None, curves=None, save_data=None,
-            threads=0, dense_below=0, config=None, quiet=True):
+            threads=0, dense_below=0, config=None, quiet=True, golden_context=True):
     """The argument list of the tool (without the program), after checking the values."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, not {mode!r}")
@@ -115,6 +115,8 @@ def command(model=None, tasks=None, data=None, length=1024, turns=5, examples=1,
         args += ["--max-length", str(max_length)]
     if reprefill:
         args.append("--reprefill")
+    if not golden_context:
+        args.append("--no-golden-context")
     if quiet:
         args.append("--quiet")
     return args
@@ -123,13 +125,15 @@ def command(model=None, tasks=None, data=None, length=1024, turns=5, examples=1,
 def run(model=None, tasks=None, data=None, length=1024, turns=5, examples=1, seed=1,
         mode="both", attn=("dense",), kv=("dense",), max_new_tokens=0, max_length=0,
         chat="auto", reprefill=False, png=None, curves=None, save_data=None, threads=0,
-        dense_below=0, config=None, quiet=True, cli=None, timeout=None):
+        dense_below=0, config=None, quiet=True, cli=None, timeout=None, golden_context=True):
     """Runs SCBench and returns the tool's JSON as a dict, with the printed table under "table".
 
     tasks: SCBench task names (default: the generated ones); data: a folder of the public
     <task>.jsonl files; length: generated context length in the model's tokens; attn: prefill
     patterns (names, or NAME:V1:... with budgets); kv: KV-cache specs (a method the library
-    refuses is reported with "supported": False in "methods"). Raises ValueError for bad
+    refuses is reported with "supported": False in "methods"); golden_context=False: a later
+    multi-turn turn carries the model's own previous answer, not the reference one (the
+    original's --disable_golden_context). Raises ValueError for bad
     arguments, FileNotFoundError when the tool is not found, RuntimeError when it fails.
     """
     exe = cli or find_cli()
@@ -143,7 +147,7 @@ def run(model=None, tasks=None, data=None, length=1024, turns=5, examples=1, see
                        max_new_tokens=max_new_tokens, max_length=max_length, chat=chat,
                        reprefill=reprefill, json_path=out, png=png, curves=curves,
                        save_data=save_data, threads=threads, dense_below=dense_below,
-                       config=config, quiet=quiet)
+                       config=config, quiet=quiet, golden_context=golden_context)
         proc = subprocess.run([exe] + args, stdout=subprocess.PIPE,
                               stderr=None if not quiet else subprocess.PIPE, text=True,
                               timeout=timeout, check=False)

@@ -21,6 +21,8 @@ def test_command_flags():
     assert args[args.index("--length") + 1] == "512"
     assert "--reprefill" in args and "--quiet" in args
     assert args[args.index("--json") + 1] == "/tmp/x.json"
+    assert "--no-golden-context" not in args
+    assert "--no-golden-context" in scbench.command(golden_context=False)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -408,6 +408,15 @@ static void test_prompts(void) {
     CHECK(p && n == 4 && !strcmp(p[0], "<s>U:CTX") && !strcmp(p[1], "Q1</s>A:") &&
           !strcmp(p[3], "Q3</s>A:"));
     sc_free_prompts(p, n);
+    /* without the golden context: the model's own answer where the reference one stood */
+    char *own = sc_turn_prompt_answered("scbench_kv", ex, NULL, 1, "mine", 0);
+    CHECK(own && !strcmp(own, "mine\n\nQ2"), "%s", own ? own : "(null)");
+    free(own);
+    own = sc_turn_prompt_answered("scbench_vt", ex, &chat, 2, NULL, 0);
+    CHECK(own && !strcmp(own, "</s>U:Q3</s>A:"), "%s", own ? own : "(null)");
+    free(own);
+    CHECK(sc_turn_prompt_answered("scbench_kv", ex, NULL, 0, "x", 0) == NULL);
+    CHECK(sc_turn_prompt_answered("scbench_kv", ex, NULL, 3, "x", 0) == NULL);
     json_decref(ex);
 
     /* math find: "What is {the ... }?" from the turn's own "The ... is" */
