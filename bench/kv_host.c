@@ -19,7 +19,9 @@
  *   select         one decode row's selection (Quest's page ranking, RetrievalAttention's search);
  *   decode         one decode row's whole host attention (mim_seq_attend: the selection, then
  *                  the attention over what it picked, on --threads threads), the part of a CUDA
- *                  model's decode step that a method runs on the host, per layer.
+ *                  model's decode step that a method runs on the host, per layer;
+ *   read           the whole layer read back into bf16 rows, as a CUDA model's upload from
+ *                  pageable pages does (an offloaded layer's every call).
  * Medians of --repeats runs; the per-token columns multiply by --layers. Random rows make every
  * row about as likely as any other: the cost, not the choice, is what this measures.
  */
@@ -118,7 +120,7 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
     float *q = malloc((size_t)(nq * qd) * sizeof(float));
     if (!q) return 1;
     for (int64_t i = 0; i < nq * qd; i++) q[i] = rnd();
-    double t_after[100 * 64], t_sel[100], t_dec[100];
+    double t_after[100 * 64], t_sel[100], t_dec[100], t_read[100];
     int n_after = 0;
     int rc = 0;
     kv_method *last = NULL;
@@ -174,10 +176,26 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
         if (r > 0) t_dec[r - 1] = tool_now_s() - t0;
     }
     free(out);
+    /* the layer read back as bf16 [H][L][D] rows (KIVI pools are read through their own path) */
+    const size_t half_rows = (size_t)L * (size_t)(c->kv_heads * c->dim);
+    uint16_t *rk = malloc(half_rows * 2), *rv = malloc(half_rows * 2);
+    for (int r = 0; r <= c->repeats && rc == 0 && rk && rv; r++) {
+        mi_tensor tk = mi_tensor_bhld(rk, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, c->kv_heads, L, c->dim);
+        mi_tensor tv = mi_tensor_bhld(rv, MI_DTYPE_BF16, MI_DEVICE_CPU, 1, c->kv_heads, L, c->dim);
+        const double t0 = tool_now_s();
+        if (mi_kv_seq_read(seq, c->layer, 0, L, &tk, &tv) != MI_STATUS_SUCCESS) {
+            fprintf(stderr, "bench_kv_host: read: %s\n", mi_kv_pool_last_error(pool));
+            rc = 1;
+        }
+        if (r > 0) t_read[r - 1] = tool_now_s() - t0;
+    }
+    free(rk);
+    free(rv);
     if (rc == 0) {
         const double a = has_after ? 1e3 * median(t_after, n_after) : -1.0;
         const double s = has_select ? 1e3 * median(t_sel, c->repeats) : -1.0;
         const double d = 1e3 * median(t_dec, c->repeats);
+        const double rd = 1e3 * median(t_read, c->repeats);
         char ac[32] = "-", sc[32] = "-", at[32] = "-", st[32] = "-";
         if (has_after) {
             snprintf(ac, sizeof ac, "%.1f", a);
@@ -187,8 +205,8 @@ static int run_one(const bench_cfg *c, const char *spec_s, long long L) {
             snprintf(sc, sizeof sc, "%.2f", s);
             snprintf(st, sizeof st, "%.1f", s * c->layers);
         }
-        printf("%-28s %9lld %10.1f %12s %12s %10s %12s %10.2f %12.1f\n", spec_s, L, 1e3 * append_s,
-               ac, at, sc, st, d, d * c->layers);
+        printf("%-28s %9lld %10.1f %12s %12s %10s %12s %10.2f %12.1f %10.1f\n", spec_s, L,
+               1e3 * append_s, ac, at, sc, st, d, d * c->layers, rd);
         fflush(stdout);
     }
     kv_selection_free(&sel);
@@ -233,8 +251,9 @@ int main(int argc, char **argv) {
     if (c.threads <= 0) c.threads = omp_get_num_procs();
     c.pool = mim_pool_create(c.threads);
     if (!c.pool) return 1;
-    printf("%-28s %9s %10s %12s %12s %10s %12s %10s %12s\n", "method", "tokens", "append ms",
-           "after-pf ms", "after-pf s", "select ms", "sel ms/tok", "decode ms", "dec ms/tok");
+    printf("%-28s %9s %10s %12s %12s %10s %12s %10s %12s %10s\n", "method", "tokens", "append ms",
+           "after-pf ms", "after-pf s", "select ms", "sel ms/tok", "decode ms", "dec ms/tok",
+           "read ms");
     char *save = NULL;
     int failures = 0;
     for (const char *p = lens_s; p && *p;) {

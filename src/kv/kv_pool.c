@@ -112,6 +112,32 @@ static inline const float *fp8_decode_table(void) {
 
 float mi_fp8_e4m3_to_f32(uint8_t x) { return fp8_decode_table()[x]; }
 
+void kv_fp8_decode(const uint8_t *restrict code, int32_t n, const float *restrict c, float s,
+                   float *restrict dst) {
+    /* The table's values by bit arithmetic, which vectorises: the 7 magnitude bits placed at the
+     * top of an f32's exponent and mantissa and scaled by 2^120 give 2^(e-7) * 1.m for e > 0;
+     * e = 0 (subnormal) is m * 2^-9 from an integer (exact, also where denormals are flushed);
+     * magnitude 0x7f is NaN; then the sign. code * s is exact (s is a power of two), so
+     * c + code * s rounds once, as c[d] + table[code] * s does. */
+    for (int32_t d = 0; d < n; d++) {
+        const uint32_t x = code[d], mag = x & 0x7fu;
+        uint32_t nb = mag << 20, sb;
+        float normal, sub = (float)(int32_t)(mag & 7u) * 0x1p-9f, v;
+        memcpy(&normal, &nb, sizeof normal);
+        normal *= 0x1p120f;
+        memcpy(&nb, &normal, sizeof nb);
+        memcpy(&sb, &sub, sizeof sb);
+        /* masks, not branches: the loop stays one vector path */
+        const uint32_t is_sub = 0u - (uint32_t)((mag >> 3) == 0u);
+        const uint32_t is_nan = 0u - (uint32_t)(mag == 0x7fu);
+        uint32_t bits = (nb & ~is_sub) | (sb & is_sub);
+        bits = (bits & ~is_nan) | (0x7fc00000u & is_nan);
+        bits |= (x & 0x80u) << 24;
+        memcpy(&v, &bits, sizeof v);
+        dst[d] = c[d] + v * s;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Pool                                                                                        */
 
@@ -488,7 +514,6 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
     const float s = pool->layout.has_scales ? *scale_of(pool, page, kv, h) : 1.0f;
     float c[MI_KV_MAX_HEAD_DIM];
     if (pool->layout.has_scales) centre_get(pool, page, kv, h, c);
-    const float *fp8 = pool->layout.dtype == MI_KV_FP8_E4M3 ? fp8_decode_table() : NULL;
     for (int32_t r = r0; r < r1; r++, dst += hd) {
         const unsigned char *row = kv_row_at(pool, page, kv, h, r);
         switch (pool->layout.dtype) {
@@ -507,9 +532,7 @@ void kv_rows_decode(const mi_kv_pool *pool, const unsigned char *page, int kv, i
                 dst[d] = mi_bf16_to_f32(u);
             }
             break;
-        case MI_KV_FP8_E4M3:
-            for (int32_t d = 0; d < hd; d++) dst[d] = c[d] + fp8[row[d]] * s;
-            break;
+        case MI_KV_FP8_E4M3: kv_fp8_decode(row, hd, c, s, dst); break;
         case MI_KV_KIVI2:
         case MI_KV_KIVI4: kv_quant_decode_rows(pool, page, kv, h, r, r + 1, dst); break;
         }

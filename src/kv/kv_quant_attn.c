@@ -155,7 +155,8 @@ mi_status mi_kv_seq_attend_heads(const mi_kv_seq *seq, int32_t layer, int32_t kv
     }
     const int64_t paged = paged_rows(pool, L);
     const bool quant = kv_is_quant(pool), f32 = Lay->dtype == MI_KV_F32;
-    float buf[MI_KV_MAX_HEAD_DIM], mx[KV_QUANT_QUERIES];
+    enum { DEC_ROWS = 16 }; /* rows of pages of another dtype decoded per call */
+    float buf[DEC_ROWS * MI_KV_MAX_HEAD_DIM], mx[KV_QUANT_QUERIES];
     for (int32_t t = 0; t < nq; t++) mx[t] = -INFINITY;
     for (int64_t r = p->first; r < p->end;) {
         const int64_t stop = segment_end(r, p->end, paged, P, m0, m1);
@@ -195,11 +196,15 @@ mi_status mi_kv_seq_attend_heads(const mi_kv_seq *seq, int32_t layer, int32_t kv
                 for (int32_t i = a; i < b; i++)
                     for (int32_t t = 0; t < nq; t++)
                         sc[t * n + i - a] = dot(k + (size_t)i * hd, q + t * hd, hd) * p->scale;
-            } else {
-                for (int32_t i = a; i < b; i++) {
-                    kv_rows_decode(pool, page, 0, kv_head, i, i + 1, buf);
-                    for (int32_t t = 0; t < nq; t++)
-                        sc[t * n + i - a] = dot(buf, (mid ? qm : q) + t * hd, hd) * p->scale;
+            } else { /* decoded DEC_ROWS rows at a time (the page's scale and centre read once) */
+                for (int32_t i0 = a; i0 < b; i0 += DEC_ROWS) {
+                    const int32_t i1 = i0 + DEC_ROWS < b ? i0 + DEC_ROWS : b;
+                    kv_rows_decode(pool, page, 0, kv_head, i0, i1, buf);
+                    for (int32_t i = i0; i < i1; i++)
+                        for (int32_t t = 0; t < nq; t++)
+                            sc[t * n + i - a] =
+                                dot(buf + (size_t)(i - i0) * hd, (mid ? qm : q) + t * hd, hd) *
+                                p->scale;
                 }
             }
         }
@@ -242,14 +247,19 @@ mi_status mi_kv_seq_attend_heads(const mi_kv_seq *seq, int32_t layer, int32_t kv
                 kv_quant_accum(pool, page, kv_head, a, b, w, n, nq, out);
             } else {
                 const float *v = (const float *)(page + Lay->v_offset + kv_head * Lay->head_stride);
+                int32_t have0 = 0, have1 = 0; /* rows decoded into buf */
                 for (int32_t i = a; i < b; i++) {
                     bool used = false;
                     for (int32_t t = 0; t < nq; t++) used |= w[t * n + i - a] != 0.0f;
                     if (!used) continue;
                     const float *vr = v + (size_t)i * hd;
                     if (!f32) {
-                        kv_rows_decode(pool, page, 1, kv_head, i, i + 1, buf);
-                        vr = buf;
+                        if (i >= have1) {
+                            have0 = i;
+                            have1 = i + DEC_ROWS < b ? i + DEC_ROWS : b;
+                            kv_rows_decode(pool, page, 1, kv_head, have0, have1, buf);
+                        }
+                        vr = buf + (size_t)(i - have0) * hd;
                     }
                     for (int32_t t = 0; t < nq; t++) {
                         const float wi = w[t * n + i - a];

@@ -333,32 +333,53 @@ mi_status mi_kv_seq_read(const mi_kv_seq *seq, int32_t layer, int64_t start, int
         return st;
     const int32_t P = pool->params.page_tokens, H = pool->params.n_kv_heads,
                   hd = pool->params.head_dim;
-    /* rows on threads for long reads (an offloaded layer's upload reads all of its rows) */
+    /* Blocks of up to READ_BLOCK rows inside one page, on threads for long reads (an offloaded
+     * layer's upload reads all of its rows): a block's rows of one head are decoded in one call,
+     * which reads the page's fp8 centre and scale once. */
+    enum { READ_BLOCK = 16 };
+    const int64_t first_block = start / READ_BLOCK,
+                  end_block = (start + count + READ_BLOCK - 1) / READ_BLOCK;
 #pragma omp parallel for schedule(static) if (count >= KV_PARALLEL_ROWS)
-    for (int64_t i = 0; i < count; i++) {
-        float buf[MI_KV_MAX_HEAD_DIM];
-        const int64_t row = start + i;
-        if (kv_is_quant(pool) && row >= L->qlen) { /* the KIVI residual */
-            for (int32_t h = 0; h < H; h++) {
-                if (k_out) store_row(k_out, h, i, kv_resid_row(pool, L, 0, h, row - L->qlen), hd);
-                if (v_out) store_row(v_out, h, i, kv_resid_row(pool, L, 1, h, row - L->qlen), hd);
-            }
-            continue;
-        }
-        const unsigned char *page = kv_page(pool, L->pages[row / P]);
-        const int32_t r = (int32_t)(row % P);
-        for (int32_t h = 0; h < H; h++)
-            for (int kv = 0; kv < 2; kv++) {
-                mi_tensor *out = kv ? v_out : k_out;
-                if (!out) continue;
-                if (same_bytes(pool, out)) {
-                    memcpy((void *)elem_ptr(out, h, i), kv_row_at(pool, page, kv, h, r),
-                           pool->layout.row_stride);
-                    continue;
+    for (int64_t b = first_block; b < end_block; b++) {
+        float buf[READ_BLOCK * MI_KV_MAX_HEAD_DIM];
+        /* the block's rows, clipped to the read; READ_BLOCK divides no page size in general,
+         * so a block is also cut where a page ends */
+        int64_t row = b * READ_BLOCK > start ? b * READ_BLOCK : start;
+        const int64_t stop =
+            (b + 1) * READ_BLOCK < start + count ? (b + 1) * READ_BLOCK : start + count;
+        while (row < stop) {
+            if (kv_is_quant(pool) && row >= L->qlen) { /* the KIVI residual */
+                for (int32_t h = 0; h < H; h++) {
+                    if (k_out)
+                        store_row(k_out, h, row - start, kv_resid_row(pool, L, 0, h, row - L->qlen),
+                                  hd);
+                    if (v_out)
+                        store_row(v_out, h, row - start, kv_resid_row(pool, L, 1, h, row - L->qlen),
+                                  hd);
                 }
-                kv_rows_decode(pool, page, kv, h, r, r + 1, buf);
-                store_row(out, h, i, buf, hd);
+                row++;
+                continue;
             }
+            int64_t run = (row / P + 1) * P < stop ? (row / P + 1) * P : stop;
+            if (kv_is_quant(pool) && run > L->qlen) run = L->qlen;
+            const unsigned char *page = kv_page(pool, L->pages[row / P]);
+            const int32_t r = (int32_t)(row % P), n = (int32_t)(run - row);
+            for (int32_t h = 0; h < H; h++)
+                for (int kv = 0; kv < 2; kv++) {
+                    mi_tensor *out = kv ? v_out : k_out;
+                    if (!out) continue;
+                    if (same_bytes(pool, out)) {
+                        for (int32_t i = 0; i < n; i++)
+                            memcpy((void *)elem_ptr(out, h, row - start + i),
+                                   kv_row_at(pool, page, kv, h, r + i), pool->layout.row_stride);
+                        continue;
+                    }
+                    kv_rows_decode(pool, page, kv, h, r, r + n, buf);
+                    for (int32_t i = 0; i < n; i++)
+                        store_row(out, h, row - start + i, buf + (size_t)i * hd, hd);
+                }
+            row = run;
+        }
     }
     return MI_STATUS_SUCCESS;
 }

@@ -459,6 +459,61 @@ static void test_fp8_codec(void) {
     CHECK(bad == 0);
 }
 
+/* Every fp8 code through the readers (mi_kv_seq_read, read_tile, attend's decoding): the page's
+ * codes overwritten with all 256 values (NaN codes, subnormals, both signs) under a few scales
+ * and random centres, each read value equal to the table's bit for bit. */
+static void test_fp8_read_all_codes(void) {
+    const int32_t H = 2, D = 256, P = 16, N = 20;
+    mi_kv_pool *pool = make_pool(1, H, D, MI_KV_FP8_E4M3, P, 0, 0);
+    mi_kv_seq *s;
+    mi_kv_seq_create(pool, &s);
+    ref_seq *ref = ref_new(1, H, D);
+    append_random(s, ref, 0, N);
+    mi_kv_page_layout L;
+    CHECK_OK(mi_kv_pool_layout(pool, &L));
+    static const float scales[] = {1.0f, 0x1p-7f, 0x1p+5f, 0x1p-120f};
+    int bad = 0;
+    for (int si = 0; si < 4; si++) {
+        for (int64_t pg = 0; pg * P < N; pg++) {
+            mi_kv_page_view v;
+            CHECK_OK(mi_kv_seq_page(s, 0, pg, &v));
+            unsigned char *base = (unsigned char *)v.data; /* the test writes codes directly */
+            for (int kv = 0; kv < 2; kv++)
+                for (int32_t h = 0; h < H; h++) {
+                    memcpy(base + L.scale_offset + ((size_t)kv * H + h) * 4, &scales[si], 4);
+                    for (int32_t d = 0; d < D; d++) {
+                        const uint16_t c = mi_f32_to_bf16(rng_value(3.0f));
+                        memcpy(base + L.center_offset + (((size_t)kv * H + h) * D + d) * 2, &c, 2);
+                    }
+                    for (int32_t r = 0; r < v.rows; r++)
+                        for (int32_t d = 0; d < D; d++)
+                            base[(kv ? L.v_offset : L.k_offset) + h * L.head_stride +
+                                 r * L.row_stride + d] = (unsigned char)(d * 7 + r * 13 + h + kv);
+                }
+        }
+        float *k = read_layer(s, 0, 0, H, D), *v = read_layer(s, 0, 1, H, D);
+        float tile[P * 256];
+        for (int64_t i = 0; i < N; i++) {
+            mi_kv_page_view pv;
+            CHECK_OK(mi_kv_seq_page(s, 0, i / P, &pv));
+            for (int kv = 0; kv < 2; kv++)
+                for (int32_t h = 0; h < H; h++) {
+                    CHECK_OK(mi_kv_seq_read_tile(s, 0, h, kv, i, 1, tile));
+                    for (int32_t d = 0; d < D; d++) {
+                        const float want = page_value(&L, pv.data, kv, h, (int32_t)(i % P), d);
+                        const float got = (kv ? v : k)[((size_t)i * H + h) * D + d];
+                        bad += memcmp(&want, &got, 4) != 0 || memcmp(&want, &tile[d], 4) != 0;
+                    }
+                }
+        }
+        free(k), free(v);
+    }
+    CHECK(bad == 0, "%d fp8 values read differently from the table", bad);
+    ref_free(ref);
+    mi_kv_seq_destroy(s);
+    mi_kv_pool_destroy(pool);
+}
+
 /* Bad input: a status and a message, nothing changed. */
 static void test_bad_input(void) {
     mi_context *ctx = NULL; /* receives the messages */
@@ -733,6 +788,7 @@ int main(void) {
     rng_state = 20261206;
     fprintf(stderr, "seed %llu\n", (unsigned long long)rng_state);
     test_fp8_codec();
+    test_fp8_read_all_codes();
     test_bad_input();
     test_read_formats();
     for (size_t i = 0; i < sizeof DTYPES / sizeof DTYPES[0]; i++) {
