@@ -109,7 +109,7 @@ static inline void kv_page_set_fill(mi_kv_pool *pool, int32_t id, int32_t fill) 
 /* Drops one reference; the page returns to the free list at zero. */
 void kv_page_release(mi_kv_pool *pool, int32_t id);
 
-/* dst[d] = c[d] + e4m3(code[d]) * s, d < n: mi_fp8_e4m3_to_f32's value bit for bit, vectorised. */
+/* dst[d] = c[d] + mi_fp8_e4m3_to_f32(code[d]) * s, d < n, in a loop that vectorises. */
 void kv_fp8_decode(const uint8_t *code, int32_t n, const float *c, float s, float *dst);
 
 /* Rows r0..r1-1 of head h of K (kv = 0) or V (kv = 1) of a page, decoded to float:

@@ -9,7 +9,6 @@
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,53 +88,34 @@ static void fp8_encode_scaled(uint8_t *restrict out, const float *restrict x,
     for (int32_t d = 0; d < n; d++) out[d] = fp8_from_f32((x[d] - c[d]) * inv);
 }
 
-/* All 256 codes decoded once (0x7f / 0xff NaN). */
-static float fp8_table[256];
-static void fp8_table_fill(void) {
-    for (int x = 0; x < 256; x++) {
-        const int e = (x >> 3) & 15, m = x & 7;
-        float v;
-        if (e == 15 && m == 7)
-            v = NAN;
-        else if (e == 0)
-            v = ldexpf((float)m, -9);
-        else
-            v = ldexpf((float)(8 + m), e - 10);
-        fp8_table[x] = (x & 0x80) ? -v : v;
-    }
-}
-static pthread_once_t fp8_table_once = PTHREAD_ONCE_INIT;
-static inline const float *fp8_decode_table(void) {
-    pthread_once(&fp8_table_once, fp8_table_fill);
-    return fp8_table;
+/* An e4m3 code's value by bit arithmetic, which vectorises where it is inlined into a loop: the
+ * 7 magnitude bits placed at the top of an f32's exponent and mantissa and scaled by 2^120 give
+ * 2^(e-7) * 1.m for e > 0; e = 0 (subnormal) is m * 2^-9 from an integer (exact, also where
+ * denormals are flushed); magnitude 0x7f is NaN; then the sign. Masks, not branches, so a loop
+ * stays one vector path. */
+static inline float fp8_value(uint32_t x) {
+    const uint32_t mag = x & 0x7fu;
+    uint32_t nb = mag << 20, sb;
+    float normal, sub = (float)(int32_t)(mag & 7u) * 0x1p-9f, v;
+    memcpy(&normal, &nb, sizeof normal);
+    normal *= 0x1p120f;
+    memcpy(&nb, &normal, sizeof nb);
+    memcpy(&sb, &sub, sizeof sb);
+    const uint32_t is_sub = 0u - (uint32_t)((mag >> 3) == 0u);
+    const uint32_t is_nan = 0u - (uint32_t)(mag == 0x7fu);
+    uint32_t bits = (nb & ~is_sub) | (sb & is_sub);
+    bits = (bits & ~is_nan) | (0x7fc00000u & is_nan);
+    bits |= (x & 0x80u) << 24;
+    memcpy(&v, &bits, sizeof v);
+    return v;
 }
 
-float mi_fp8_e4m3_to_f32(uint8_t x) { return fp8_decode_table()[x]; }
+float mi_fp8_e4m3_to_f32(uint8_t x) { return fp8_value(x); }
 
 void kv_fp8_decode(const uint8_t *restrict code, int32_t n, const float *restrict c, float s,
                    float *restrict dst) {
-    /* The table's values by bit arithmetic, which vectorises: the 7 magnitude bits placed at the
-     * top of an f32's exponent and mantissa and scaled by 2^120 give 2^(e-7) * 1.m for e > 0;
-     * e = 0 (subnormal) is m * 2^-9 from an integer (exact, also where denormals are flushed);
-     * magnitude 0x7f is NaN; then the sign. code * s is exact (s is a power of two), so
-     * c + code * s rounds once, as c[d] + table[code] * s does. */
-    for (int32_t d = 0; d < n; d++) {
-        const uint32_t x = code[d], mag = x & 0x7fu;
-        uint32_t nb = mag << 20, sb;
-        float normal, sub = (float)(int32_t)(mag & 7u) * 0x1p-9f, v;
-        memcpy(&normal, &nb, sizeof normal);
-        normal *= 0x1p120f;
-        memcpy(&nb, &normal, sizeof nb);
-        memcpy(&sb, &sub, sizeof sb);
-        /* masks, not branches: the loop stays one vector path */
-        const uint32_t is_sub = 0u - (uint32_t)((mag >> 3) == 0u);
-        const uint32_t is_nan = 0u - (uint32_t)(mag == 0x7fu);
-        uint32_t bits = (nb & ~is_sub) | (sb & is_sub);
-        bits = (bits & ~is_nan) | (0x7fc00000u & is_nan);
-        bits |= (x & 0x80u) << 24;
-        memcpy(&v, &bits, sizeof v);
-        dst[d] = c[d] + v * s;
-    }
+    /* code * s is exact (s is a power of two), so c + code * s rounds once */
+    for (int32_t d = 0; d < n; d++) dst[d] = c[d] + fp8_value(code[d]) * s;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -158,6 +158,19 @@ static bool lloyd(const float *keys, int64_t ld, int32_t d, const int64_t *rows,
     return ok;
 }
 
+/* A counting sort of rows by cell: first[c]..first[c + 1] - 1 index the rows of cell c in order
+ * (first [K1 + 1]); order holds ids[i] (NULL: i) of the rows i < n with cell[i] == c, in i's
+ * order. */
+static void group_by_cell(const int64_t *cell, const int64_t *ids, int64_t n, int64_t K1,
+                          int64_t *first, int64_t *order) {
+    memset(first, 0, (size_t)(K1 + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) first[cell[i] + 1]++;
+    for (int64_t c = 0; c < K1; c++) first[c + 1] += first[c];
+    for (int64_t i = 0; i < n; i++) order[first[cell[i]]++] = ids ? ids[i] : i;
+    for (int64_t c = K1; c > 0; c--) first[c] = first[c - 1]; /* back to the starts */
+    first[0] = 0;
+}
+
 /* Up to this many lists the centroids come from one k-means and every key is compared with
  * every centroid; more lists are trained in two levels (below). */
 #define FLAT_LISTS 256
@@ -197,90 +210,70 @@ static bool train_and_assign(kv_retr_index *ix, const float *keys, int64_t n, in
         free(train);
         return ok;
     }
-    int64_t K1 = (int64_t)ceil(sqrt((double)K));
+    const int64_t K1 = (int64_t)ceil(sqrt((double)K));
     float *coarse = malloc((size_t)(K1 * d) * sizeof(float));
-    int64_t *cell = malloc((size_t)n * sizeof(int64_t)); /* sample i's, then key i's cell */
-    int64_t *first = calloc((size_t)K1 + 1, sizeof(int64_t)), *lists = calloc((size_t)K1, 8);
-    int64_t *order = malloc((size_t)n * sizeof(int64_t)), *fill = calloc((size_t)K1, 8);
-    ok = coarse && cell && first && lists && order && fill &&
+    int64_t *cell = malloc((size_t)n * sizeof(int64_t));          /* a row's coarse cell */
+    int64_t *order = malloc((size_t)n * sizeof(int64_t));         /* rows grouped by cell */
+    int64_t *best = malloc((size_t)n * sizeof(int64_t));          /* a key's list within its cell */
+    int64_t *first = malloc((size_t)(K1 + 1) * sizeof(int64_t));  /* a cell's rows in order */
+    int64_t *lfirst = malloc((size_t)(K1 + 1) * sizeof(int64_t)); /* a cell's first list */
+    int64_t *lists = malloc((size_t)K1 * sizeof(int64_t));        /* lists per cell */
+    ok = coarse && cell && order && best && first && lfirst && lists &&
          lloyd(keys, ld, d, train, nt, K1, coarse, p->kmeans_iters, &rs) &&
          assign_rows(coarse, K1, keys, ld, d, train, nt, cell);
     if (ok) {
+        /* the sample grouped by cell (each cell keeps the shuffled order) */
+        group_by_cell(cell, train, nt, K1, first, order);
         /* the lists per cell: proportional to its share of the sample, at least one where the
          * cell has samples, at most its samples; the rounding's excess or deficit goes to the
          * largest cells */
-        int64_t *m = fill; /* samples per cell */
-        for (int64_t i = 0; i < nt; i++) m[cell[i]]++;
         int64_t total = 0;
         for (int64_t c = 0; c < K1; c++) {
-            lists[c] = (int64_t)((double)K * (double)m[c] / (double)nt + 0.5);
-            if (m[c] > 0 && lists[c] < 1) lists[c] = 1;
-            if (lists[c] > m[c]) lists[c] = m[c];
+            const int64_t m = first[c + 1] - first[c];
+            lists[c] = (int64_t)((double)K * (double)m / (double)nt + 0.5);
+            if (m > 0 && lists[c] < 1) lists[c] = 1;
+            if (lists[c] > m) lists[c] = m;
             total += lists[c];
         }
         while (total != K) {
-            int64_t pick = -1;
+            int64_t pick = -1, pick_m = 0;
             for (int64_t c = 0; c < K1; c++) {
-                const bool can = total < K ? lists[c] < m[c] : lists[c] > 1;
-                if (can && (pick < 0 || m[c] > m[pick])) pick = c;
+                const int64_t m = first[c + 1] - first[c];
+                const bool can = total < K ? lists[c] < m : lists[c] > 1;
+                if (can && (pick < 0 || m > pick_m)) pick = c, pick_m = m;
             }
             if (pick < 0) break; /* cannot happen: nt >= K samples, K >= K1 lists */
             lists[pick] += total < K ? 1 : -1;
             total += total < K ? 1 : -1;
         }
         ok = total == K;
-        /* the sample grouped by cell (stable: each cell keeps the shuffled order) */
-        for (int64_t c = 0; c < K1; c++) first[c + 1] = first[c] + m[c];
-        memset(fill, 0, (size_t)K1 * sizeof(int64_t));
-        for (int64_t i = 0; i < nt; i++) order[first[cell[i]] + fill[cell[i]]++] = train[i];
-        /* each cell's lists, in cell order */
-        for (int64_t c = 0, at = 0; ok && c < K1; at += lists[c], c++)
+        lfirst[0] = 0;
+        for (int64_t c = 0; c < K1; c++) lfirst[c + 1] = lfirst[c] + lists[c];
+        /* each cell's lists from its samples */
+        for (int64_t c = 0; ok && c < K1; c++)
             if (lists[c] > 0)
-                ok = lloyd(keys, ld, d, order + first[c], m[c], lists[c], ix->cent + at * d,
-                           p->kmeans_iters, &rs);
-        /* every key: its cell, then the nearest of that cell's lists */
-        if (ok) ok = assign_rows(coarse, K1, keys, ld, d, NULL, n, cell);
-        if (ok) {
-            int64_t *cnt = fill, *lfirst = first; /* keys per cell; first list of each cell */
-            memset(cnt, 0, (size_t)K1 * sizeof(int64_t));
-            for (int64_t i = 0; i < n; i++) cnt[cell[i]]++;
-            int64_t *kfirst = malloc((size_t)(K1 + 1) * sizeof(int64_t));
-            ok = kfirst != NULL;
-            if (ok) {
-                kfirst[0] = 0;
-                for (int64_t c = 0; c < K1; c++) kfirst[c + 1] = kfirst[c] + cnt[c];
-                memset(cnt, 0, (size_t)K1 * sizeof(int64_t));
-                for (int64_t i = 0; i < n; i++) order[kfirst[cell[i]] + cnt[cell[i]]++] = i;
-                lfirst[0] = 0;
-                for (int64_t c = 0; c < K1; c++) lfirst[c + 1] = lfirst[c] + lists[c];
-            }
-            for (int64_t c = 0; ok && c < K1; c++) {
-                const int64_t mk = kfirst[c + 1] - kfirst[c];
-                if (mk == 0) continue;
-                if (lists[c] == 0) { /* a cell no sample fell in: the flat nearest */
-                    int64_t *b = malloc((size_t)mk * sizeof(int64_t));
-                    ok = b && assign_rows(ix->cent, K, keys, ld, d, order + kfirst[c], mk, b);
-                    for (int64_t i = 0; ok && i < mk; i++) assign[order[kfirst[c] + i]] = b[i];
-                    free(b);
-                    continue;
-                }
-                int64_t *b = malloc((size_t)mk * sizeof(int64_t));
-                ok = b && assign_rows(ix->cent + lfirst[c] * d, lists[c], keys, ld, d,
-                                      order + kfirst[c], mk, b);
-                for (int64_t i = 0; ok && i < mk; i++)
-                    assign[order[kfirst[c] + i]] = lfirst[c] + b[i];
-                free(b);
-            }
-            free(kfirst);
-        }
+                ok = lloyd(keys, ld, d, order + first[c], first[c + 1] - first[c], lists[c],
+                           ix->cent + lfirst[c] * d, p->kmeans_iters, &rs);
+    }
+    /* every key: its cell, then the nearest of that cell's lists (of all lists, in a cell no
+     * sample fell in) */
+    if (ok) ok = assign_rows(coarse, K1, keys, ld, d, NULL, n, cell);
+    if (ok) group_by_cell(cell, NULL, n, K1, first, order);
+    for (int64_t c = 0; ok && c < K1; c++) {
+        const int64_t mk = first[c + 1] - first[c], l0 = lists[c] ? lfirst[c] : 0;
+        if (mk == 0) continue;
+        ok = assign_rows(ix->cent + l0 * d, lists[c] ? lists[c] : K, keys, ld, d, order + first[c],
+                         mk, best);
+        for (int64_t i = 0; ok && i < mk; i++) assign[order[first[c] + i]] = l0 + best[i];
     }
     free(train);
     free(coarse);
     free(cell);
-    free(first);
-    free(lists);
     free(order);
-    free(fill);
+    free(best);
+    free(first);
+    free(lfirst);
+    free(lists);
     return ok;
 }
 

@@ -1196,14 +1196,15 @@ mi_status upload_pages(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, p
         return MI_STATUS_SUCCESS;
     const int64_t kvd = (int64_t)m->n_kv * m->hd, P = lay.page_tokens;
     const int64_t pages = (rows + P - 1) / P;
+    /* the previous upload's list may still be on its way to the device */
+    cudaError_t e = cudaEventSynchronize(g->pages_read);
+    if (e != cudaSuccess) return cuda_fail(m, e, "upload of a session's pages");
     if (pages > g->jobs_cap) {
         const int64_t cap = pages > 2 * g->jobs_cap ? pages : 2 * g->jobs_cap;
-        cudaError_t e = cudaEventSynchronize(g->pages_read); /* the old lists may be in use */
         if (g->jobs_host) cudaFreeHost(g->jobs_host);
         dev_free(g, &g->jobs_dev, (size_t)g->jobs_cap);
         g->jobs_host = NULL, g->jobs_cap = 0;
-        if (e == cudaSuccess)
-            e = cudaMallocHost((void **)&g->jobs_host, (size_t)cap * sizeof(mim_page_job));
+        e = cudaMallocHost((void **)&g->jobs_host, (size_t)cap * sizeof(mim_page_job));
         if (e == cudaSuccess) e = dev_alloc(g, &g->jobs_dev, (size_t)cap);
         if (e != cudaSuccess) {
             if (g->jobs_host) cudaFreeHost(g->jobs_host);
@@ -1212,9 +1213,6 @@ mi_status upload_pages(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, p
         }
         g->jobs_cap = cap;
     }
-    /* the previous upload's list may still be on its way to the device */
-    cudaError_t e = cudaEventSynchronize(g->pages_read);
-    if (e != cudaSuccess) return cuda_fail(m, e, "upload of a session's pages");
     int64_t n = 0;
     for (int64_t i = 0; i < pages; i++) {
         mi_kv_page_view v;
@@ -1229,6 +1227,7 @@ mi_status upload_pages(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, p
         g->jobs_host[n].rows = (int32_t)(v.rows < left ? v.rows : left);
         g->jobs_host[n].pad = 0;
         n++;
+        if (slots) slot_set(&slots[i], &v); /* undone below if the launch fails */
     }
     *done = true;
     if (n == 0) return MI_STATUS_SUCCESS;
@@ -1239,14 +1238,9 @@ mi_status upload_pages(mi_model *m, const mi_kv_seq *seq, int l, int64_t rows, p
         e = mim_pages_to_rows(g->jobs_dev, (int)n, &lay, g->k_cache[l], g->v_cache[l], kvd,
                               g->stream);
     if (e == cudaSuccess) e = cudaEventRecord(g->pages_read, g->stream);
-    if (e != cudaSuccess) return cuda_fail(m, e, "upload of a session's pages");
-    for (int64_t i = 0; slots && i < n; i++) {
-        mi_kv_page_view v;
-        page_slot *s = &slots[g->jobs_host[i].row0 / P];
-        if (mi_kv_seq_page(seq, l, g->jobs_host[i].row0 / P, &v) == MI_STATUS_SUCCESS)
-            slot_set(s, &v);
-        else
-            s->id = -1, s->rows = 0;
+    if (e != cudaSuccess) {
+        for (int64_t i = 0; slots && i < n; i++) slots[g->jobs_host[i].row0 / P].id = -1;
+        return cuda_fail(m, e, "upload of a session's pages");
     }
     return MI_STATUS_SUCCESS;
 }
