@@ -40,6 +40,7 @@ typedef struct row {
     int64_t tokens;
     double prefill_s, fork_s, followup_s, decode_tps, multi_s, reprefill_s;
     double pool_before, pool_after, peak_gib;
+    int64_t device_calls; /* calls whose KV method attended on the device */
 } row;
 
 static double used_mib(const mi_session *s) {
@@ -103,8 +104,11 @@ static int run_length(mi_model *model, const int32_t *prompt, int64_t L, int fol
     }
     t = tool_now_s() - t;
     r->decode_tps = n_decode > 0 && t > 0 ? n_decode / t : 0;
+    mi_session_stats ds;
+    if (mi_session_stats_get(s, &ds) == MI_STATUS_SUCCESS) r->device_calls = ds.kv_device_calls;
     if (n_decode > 0)
-        fprintf(stderr, "%lld tokens: decode %.3f tokens/s\n", (long long)L, r->decode_tps);
+        fprintf(stderr, "%lld tokens: decode %.3f tokens/s (%lld calls selected on the device)\n",
+                (long long)L, r->decode_tps, (long long)r->device_calls);
     if (mi_session_rewind(s, n_decode) != MI_STATUS_SUCCESS) goto fail_s;
     /* multi-request: each question on a fork of the context */
     t = tool_now_s();
@@ -304,6 +308,7 @@ int main(int argc, char **argv) {
             json_object_set_new(o, "question_tokens", json_integer(question));
             json_object_set_new(o, "multi_request_s", json_real(r.multi_s));
             json_object_set_new(o, "reprefill_s", json_real(r.reprefill_s));
+            json_object_set_new(o, "kv_device_calls", json_integer(r.device_calls));
             json_object_set_new(o, "device_peak_gib", json_real(r.peak_gib));
             json_array_append_new(rows, o);
             if (json_path && write_json(json_path, &meta, rows) != 0) failures++;

@@ -125,6 +125,9 @@ typedef struct mi_session_stats {
     int32_t page_tokens;
     int64_t kv_rows; /* rows kept per layer (the longest layer): n_tokens unless a KV method
                       * evicted or compacted rows */
+    /* calls whose KV method selected and attended on the device (Quest's one-token calls on a
+     * CUDA model with kv_pinned); the others of a method attend on the host */
+    int64_t kv_device_calls;
 } mi_session_stats;
 
 MI_API mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out);

@@ -488,6 +488,7 @@ class mi_session_stats(ctypes.Structure):
         ("pool_sessions", c_int32),
         ("page_tokens", c_int32),
         ("kv_rows", c_int64),
+        ("kv_device_calls", c_int64),
     ]
 
 

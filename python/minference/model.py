@@ -989,7 +989,8 @@ class Session(_Closing):
         """n_tokens (tokens seen), max_tokens, bytes, shared_bytes (pages shared with a fork),
         and the model's pool: pool_used_bytes, pool_allocated_bytes, pool_capacity_bytes,
         pool_sessions; page_tokens; kv_rows (rows kept: fewer than n_tokens once a KV method
-        evicted or compacted the cache)."""
+        evicted or compacted the cache); kv_device_calls (calls whose KV method selected and
+        attended on the device: Quest's decode steps on a CUDA model with kv_pinned)."""
         st = L.mi_session_stats()
         with self.model._lock:
             self._check(self._lib.mi_session_stats_get(self.handle, ctypes.byref(st)),

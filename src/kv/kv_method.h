@@ -134,7 +134,8 @@ struct kv_method {
     /* per layer: how many trailing rows are the last tokens, in order (rows since the last
      * compaction, plus the part a compaction kept in place) */
     int64_t *exact_tail;
-    int64_t q_rows; /* queries after_prefill wants (the call's last ones); set by create */
+    int64_t q_rows;       /* queries after_prefill wants (the call's last ones); set by create */
+    int64_t device_calls; /* calls whose selection and attention ran on the device (CUDA) */
     char error[KV_METHOD_ERROR_MAX];
 };
 

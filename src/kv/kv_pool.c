@@ -322,11 +322,19 @@ static int64_t slab_count(const mi_kv_pool *pool, int32_t s) {
     return rest < pool->slab_pages ? rest : pool->slab_pages;
 }
 
+/* The metadata of n pages, rounded up as the allocator wants (a multiple of 256 bytes). They come
+ * from the pool's allocator like the pages, so a device that reads pinned pages reads them too. */
+static size_t meta_slab_bytes(const mi_kv_pool *pool, size_t n) {
+    return (n * pool->layout.meta_bytes + 255) / 256 * 256;
+}
+
 static void pool_free(mi_kv_pool *pool) {
     for (int32_t s = 0; s < pool->n_slabs; s++) {
         const size_t n = (size_t)slab_count(pool, s);
         pool->params.free(pool->params.alloc_user, pool->slabs[s], n * pool->layout.page_bytes);
-        if (pool->meta_slabs) free(pool->meta_slabs[s]);
+        if (pool->meta_slabs)
+            pool->params.free(pool->params.alloc_user, pool->meta_slabs[s],
+                              meta_slab_bytes(pool, n));
     }
     free(pool->slabs);
     free(pool->meta_slabs);
@@ -414,7 +422,7 @@ static mi_status grow(mi_kv_pool *pool) {
     unsigned char *data = pool->params.alloc(pool->params.alloc_user, bytes);
     float *meta = NULL;
     if (data && pool->layout.meta_bytes) {
-        meta = malloc((size_t)count * pool->layout.meta_bytes);
+        meta = pool->params.alloc(pool->params.alloc_user, meta_slab_bytes(pool, (size_t)count));
         if (!meta) pool->params.free(pool->params.alloc_user, data, bytes);
     }
     if (!data || (pool->layout.meta_bytes && !meta))

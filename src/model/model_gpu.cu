@@ -28,10 +28,12 @@
 #include <string.h>
 
 extern "C" {
+#include "../kv/kv_method.h"
 #include "minference_cuda.h"
 #include "model_gpu.h"
 }
 #include "model_gpu_pages.h"
+#include "model_gpu_quest.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -106,6 +108,9 @@ struct gpu_state {
     int64_t jobs_cap;
     cudaEvent_t pages_read;
     int pageable_slabs; /* slabs the pinned allocator had to take from pageable memory */
+    /* Quest's one-token calls over pinned pages, on the device (model_gpu_quest.h) */
+    mim_quest_dev *quest;
+    size_t quest_bytes; /* of g->bytes, held by quest */
     /* a session's new rows go to the host on their own stream, overlapped with the layer's
      * attention and MLP: kv_ready marks the layer's K/V written, chunk_done each stage half */
     cudaStream_t copy;
@@ -900,6 +905,7 @@ extern "C" void mim_gpu_detach(mi_model *m) {
     if (g->stage) cudaFreeHost(g->stage);
     if (g->jobs_host) cudaFreeHost(g->jobs_host);
     dev_free(g, &g->jobs_dev, (size_t)g->jobs_cap);
+    mim_quest_dev_destroy(g->quest);
     ev_free(&g->attn_ev);
     ev_free(&g->gemm_ev);
     if (g->blas) cublasDestroy(g->blas);
@@ -925,6 +931,9 @@ mi_status layer_download(mi_model *m, mi_kv_seq *seq, int l, int64_t row0, int64
                          int64_t stage_rows);
 mi_status host_attention(mi_model *m, const mim_gpu_seq_call *call, int l, int64_t n,
                          int64_t layer_rows, float scale);
+bool quest_on_device(mi_model *m, const mim_gpu_seq_call *call, int64_t n);
+mi_status quest_attention(mi_model *m, const mim_gpu_seq_call *call, int l, int64_t rows,
+                          float scale);
 
 /* mim_gpu_forward, and a session's call when `call` is set: each layer's new rows are appended
  * to the session after its attention, and with kv_offload the layer's earlier rows are uploaded
@@ -944,6 +953,8 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
      * dropped rows */
     const int64_t pos0 = call ? call->pos : n_past;
     const bool host_attn = call && call->method && n_past > 0;
+    /* Quest's one-token calls over pinned pages select and attend on the device instead */
+    const bool device_select = host_attn && quest_on_device(m, call, n);
     /* this call writes the cache rows from n_past on (with kv_offload, every layer's buffer) */
     slots_drop_from(m, m->params.kv_offload ? 0 : n_past);
     const int64_t D = m->hidden, qd = (int64_t)m->n_heads * m->hd, kvd = (int64_t)m->n_kv * m->hd;
@@ -1013,7 +1024,10 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
             /* the rows first (the host attention reads them from the pages), then attention */
             const int64_t layer_rows = mi_kv_seq_length(seq, l);
             st = layer_download(m, seq, l, n_past, n, stage_rows);
-            if (st == MI_STATUS_SUCCESS) st = host_attention(m, call, l, n, layer_rows, scale);
+            if (st == MI_STATUS_SUCCESS && device_select)
+                st = quest_attention(m, call, l, layer_rows + n, scale);
+            else if (st == MI_STATUS_SUCCESS)
+                st = host_attention(m, call, l, n, layer_rows, scale);
         } else {
             if (seq && m->params.kv_offload && n_past > 0)
                 st = layer_upload(m, seq, l, n_past, stage_rows, false);
@@ -1074,6 +1088,7 @@ mi_status gpu_forward(mi_model *m, const int32_t *tokens, int64_t n, bool fresh,
     } else {
         cudaStreamSynchronize(g->stream);
     }
+    if (st == MI_STATUS_SUCCESS && device_select) call->method->device_calls++;
     if (st == MI_STATUS_SUCCESS && !capture) {
         m->n_past = n_past + n;
     } else {
@@ -1374,6 +1389,54 @@ mi_status host_attention(mi_model *m, const mim_gpu_seq_call *call, int l, int64
     free(q);
     free(b);
     return st;
+}
+
+/* Whether a call of n tokens with call's method selects and attends on the device: Quest, one
+ * token, every page and its bounds in pinned memory the device reads (kv_pinned), pages the
+ * device decodes, no sliding window and no queries kept for the method. */
+bool quest_on_device(mi_model *m, const mim_gpu_seq_call *call, int64_t n) {
+    gpu_state *g = GPU(m);
+    mi_kv_page_layout lay;
+    const mi_kv_pool *pool = mi_kv_seq_pool(call->seq);
+    if (n != 1 || !m->params.kv_pinned || g->pageable_slabs > 0 || m->sliding_window > 0 ||
+        call->method->entry != &kv_method_quest_entry || (call->qkeep && call->q_rows > 0) ||
+        mi_kv_pool_layout(pool, &lay) != MI_STATUS_SUCCESS ||
+        !mim_quest_dev_readable(&lay, m->n_kv, m->hd))
+        return false;
+    mi_kv_page_view v;
+    if (mi_kv_seq_page(call->seq, 0, 0, &v) != MI_STATUS_SUCCESS || !v.key_minmax ||
+        !mim_host_is_pinned(v.data) || !mim_host_is_pinned(v.key_minmax))
+        return false;
+    if (!g->quest && !(g->quest = mim_quest_dev_create(m->n_layers, m->n_heads, m->n_kv, m->hd)))
+        return false;
+    return true;
+}
+
+/* Quest's selection and attention of layer l (rows rows, the call's one included) on the device,
+ * into att; the first dense_layers layers, and a context within the budget, read every page. */
+mi_status quest_attention(mi_model *m, const mim_gpu_seq_call *call, int l, int64_t rows,
+                          float scale) {
+    gpu_state *g = GPU(m);
+    const kv_spec *spec = &call->method->spec;
+    const int64_t budget = (int64_t)kv_spec_get(spec, "token_budget");
+    const bool all = l < (int64_t)kv_spec_get(spec, "dense_layers") || rows <= budget;
+    char err[256];
+    cudaError_t e = mim_quest_dev_attend(g->quest, call->seq, l, rows, budget, all, g->q, scale,
+                                         g->att, g->stream, err, sizeof err);
+    /* its device memory joins the model's */
+    const size_t now = mim_quest_dev_bytes(g->quest);
+    g->bytes += now - g->quest_bytes;
+    g->quest_bytes = now;
+    if (g->bytes > g->peak) g->peak = g->bytes;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return mim_model_fail(
+            m, e == cudaErrorMemoryAllocation ? MI_STATUS_OUT_OF_MEMORY : MI_STATUS_DEVICE_ERROR,
+            "layer %d: %s", l, err);
+    }
+    /* the pages are read until the attention is done: a later append must wait */
+    e = cudaEventRecord(g->pages_read, g->stream);
+    return e == cudaSuccess ? MI_STATUS_SUCCESS : cuda_fail(m, e, "event");
 }
 
 } // namespace

@@ -138,8 +138,10 @@ mi_status mi_session_create(mi_model *m, const mi_session_params *params, mi_ses
         qp.meta_kinds = MI_KV_META_KEY_MINMAX;
         own = true;
     }
-    /* pages the device reads on uploads: pinned (a method's pages are attended on the host) */
-    if (own && (qp.dtype == MI_KV_BF16 || qp.dtype == MI_KV_F16 || qp.dtype == MI_KV_FP8_E4M3))
+    /* pages the device reads: pinned where kv_pinned asks for it (uploads; Quest's decode steps,
+     * whose f32 pages the device reads too) */
+    if (own && (qp.dtype == MI_KV_BF16 || qp.dtype == MI_KV_F16 || qp.dtype == MI_KV_FP8_E4M3 ||
+                (qp.dtype == MI_KV_F32 && kv_method_selects(method))))
         mim_gpu_pool_memory(m, &qp);
     if (own && (st = mi_kv_pool_create(m->ctx, &qp, &pool)) != MI_STATUS_SUCCESS) {
         kv_method_destroy(method);
@@ -360,6 +362,7 @@ mi_status mi_session_stats_get(const mi_session *s, mi_session_stats *out) {
     if (st != MI_STATUS_SUCCESS) return st;
     out->n_tokens = s->n_pos;
     out->kv_rows = ss.tokens;
+    out->kv_device_calls = s->method ? s->method->device_calls : 0;
     out->max_tokens = s->max_tokens;
     out->bytes = ss.bytes;
     out->shared_bytes = ss.shared_bytes;

@@ -395,6 +395,7 @@ int main(void) {
         F(pool_sessions);
         F(page_tokens);
         F(kv_rows);
+        F(kv_device_calls);
         end();
     }
     {

@@ -520,6 +520,89 @@ static void compare_methods(const char *name, const mi_model_shape *s) {
     mi_model_destroy(gpu);
 }
 
+/* Quest's decode steps on the device (kv_pinned: the device ranks the pages and reads the chosen
+ * ones itself) against the host's (pageable pages: the host ranks and attends), on two models
+ * of the same weights: the same pages win, so the logits differ only by the order of the
+ * attention's float sums; f32, bf16 and fp8 pages, resident and offloaded, the first layer read
+ * whole or not. And the selection matters: the same steps read densely differ by far more. */
+static void compare_quest_device(const char *name, const mi_model_shape *s) {
+    const int V = s->vocab, n = 1500, steps = 6;
+    int32_t *tok = malloc(sizeof(int32_t) * (n + steps));
+    test_byte_tokens(tok, n + steps, 43);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    float *d = malloc(sizeof(float) * (size_t)V);
+    static const int dtypes[] = {MI_KV_F32, MI_KV_BF16, MI_KV_FP8_E4M3};
+    for (int variant = 0; variant < 6; variant++) {
+        const int dtype = dtypes[variant % 3];
+        const int offload = variant >= 3;
+        const char *spec = variant % 2 ? "quest:token_budget=128,chunk_size=64,dense_layers=1"
+                                       : "quest:token_budget=200,chunk_size=64,dense_layers=0";
+        mi_model *mm[2] = {NULL, NULL};
+        mi_session *ss[3] = {NULL, NULL, NULL}; /* device, host, dense (on the host model) */
+        for (int k = 0; k < 2; k++) {
+            mi_model_params p = mi_model_default_params();
+            p.device = MI_DEVICE_CUDA;
+            p.n_threads = 4;
+            p.mlp_chunk = 256;
+            p.kv_offload = offload;
+            p.kv_pinned = k == 0;
+            CHECK(mi_model_create_random(test_ctx(), s, 5, &p, &mm[k]) == 0, "%s model: %s", name,
+                  TEST_ERR);
+        }
+        for (int k = 0; k < 3 && mm[0] && mm[1]; k++) {
+            mi_session_params sp = mi_session_default_params();
+            sp.kv_dtype = dtype;
+            sp.kv = k < 2 ? spec : "dense";
+            if (k == 2 && dtype == MI_KV_F32) sp.kv_dtype = MI_KV_BF16; /* dense: device pages */
+            CHECK(mi_session_create(mm[k == 0 ? 0 : 1], &sp, &ss[k]) == 0, "%s session: %s", name,
+                  mi_model_last_error(mm[k == 0 ? 0 : 1]));
+        }
+        double worst = 0, apart = 0;
+        int worst_rank = 0;
+        if (ss[0] && ss[1] && ss[2]) {
+            CHECK(mi_session_prefill(ss[0], tok, n, a) == 0, "%s prefill: %s", name,
+                  mi_session_last_error(ss[0]));
+            CHECK(mi_session_prefill(ss[1], tok, n, b) == 0, "%s prefill", name);
+            CHECK(mi_session_prefill(ss[2], tok, n, d) == 0, "%s prefill", name);
+            for (int i = 0; i < steps; i++) {
+                CHECK(mi_session_decode(ss[0], tok + n + i, 1, a) == 0, "%s decode: %s", name,
+                      mi_session_last_error(ss[0]));
+                CHECK(mi_session_decode(ss[1], tok + n + i, 1, b) == 0, "%s decode: %s", name,
+                      mi_session_last_error(ss[1]));
+                CHECK(mi_session_decode(ss[2], tok + n + i, 1, d) == 0, "%s decode", name);
+                const double e = test_rel_l2(a, b, V), f = test_rel_l2(b, d, V);
+                const int r = rank_of_top(a, b, V);
+                worst = e > worst ? e : worst;
+                apart = f > apart ? f : apart;
+                worst_rank = r > worst_rank ? r : worst_rank;
+            }
+            mi_session_stats t0, t1;
+            mi_session_stats_get(ss[0], &t0);
+            mi_session_stats_get(ss[1], &t1);
+            printf("%s quest on the device, %s pages, %s, %s: vs host rel_l2 %.2e (rank %d), "
+                   "host vs dense %.3f, device calls %lld / %lld\n",
+                   name, mi_kv_dtype_name((mi_kv_dtype)dtype), offload ? "offloaded" : "resident",
+                   spec, worst, worst_rank, apart, (long long)t0.kv_device_calls,
+                   (long long)t1.kv_device_calls);
+            CHECK(t0.kv_device_calls == steps && t1.kv_device_calls == 0,
+                  "%s: device calls %lld and %lld, want %d and 0", name,
+                  (long long)t0.kv_device_calls, (long long)t1.kv_device_calls, steps);
+            CHECK(worst < 5e-3 && worst_rank == 0,
+                  "%s %s %s: quest on the device differs from the host's by %.2e (rank %d)", name,
+                  mi_kv_dtype_name((mi_kv_dtype)dtype), spec, worst, worst_rank);
+            CHECK(apart > 10 * worst, "%s %s: quest's selection barely matters (%.2e vs %.2e)",
+                  name, spec, apart, worst);
+        }
+        for (int k = 0; k < 3; k++) mi_session_destroy(ss[k]);
+        mi_model_destroy(mm[0]);
+        mi_model_destroy(mm[1]);
+    }
+    free(tok);
+    free(a);
+    free(b);
+    free(d);
+}
+
 /* The real SmolLM2 (when $MI_MODEL or the package provides it): both paths on a text prompt of
  * about 1500 tokens, dense and minference with the dense fallback off. */
 static void compare_smollm2(void) {
@@ -594,6 +677,7 @@ int main(void) {
     compare_sessions("hd64", &s);
     compare_offload("hd64", &s);
     compare_methods("hd64", &s);
+    compare_quest_device("hd64", &s);
 
     s.hidden = 512;
     s.n_heads = 8;
@@ -605,6 +689,7 @@ int main(void) {
     compare_model("hd128+bias", &s);
     compare_sessions("hd128+bias", &s);
     compare_offload("hd128+bias", &s);
+    compare_quest_device("hd128+bias", &s);
 
     s.qkv_bias = 0;
     s.sliding_window = 300;
