@@ -32,9 +32,9 @@ typedef __nv_bfloat16 bf16;
 namespace {
 
 const int MAX_HD = 256;
-const int MAX_GROUP = 16;       /* query heads per KV head the bounds kernel scores at once */
-const int CHUNK_PAGES = 64;     /* pages gathered per attention pass */
-const int BOUND_THREADS = 128;  /* pages per CTA of bounds_kernel */
+const int MAX_GROUP = 16;      /* query heads per KV head the bounds kernel scores at once */
+const int CHUNK_PAGES = 64;    /* pages gathered per attention pass */
+const int BOUND_THREADS = 128; /* pages per CTA of bounds_kernel */
 const int SELECT_THREADS = 1024;
 const int ATTEND_THREADS = 256;
 
@@ -183,8 +183,9 @@ __global__ void iota_kernel(int32_t *sel, int64_t pages, int64_t page_cap) {
 /* rows[h][kv][t * P + r][hd] (f32) for the chunk's pages t of query head h (blockIdx.y). */
 template <int KIND>
 __global__ void __launch_bounds__(128)
-    gather_kernel(const int32_t *sel, int64_t t0, int64_t page_cap, const unsigned char *const *pages,
-                  page_geom g, int group, int P, int64_t rows, float *out) {
+    gather_kernel(const int32_t *sel, int64_t t0, int64_t page_cap,
+                  const unsigned char *const *pages, page_geom g, int group, int P, int64_t rows,
+                  float *out) {
     typedef page_vec<KIND> V;
     __shared__ float centre[MAX_HD];
     const int t = blockIdx.x, h = blockIdx.y, kv = blockIdx.z;
@@ -203,7 +204,8 @@ __global__ void __launch_bounds__(128)
         V::to_f32(w, centre + c0, s, f);
         float4 *o = (float4 *)(dst + (int64_t)r * g.hd + c0);
 #pragma unroll
-        for (int e = 0; e < V::ELEMS / 4; e++) o[e] = make_float4(f[4 * e], f[4 * e + 1], f[4 * e + 2], f[4 * e + 3]);
+        for (int e = 0; e < V::ELEMS / 4; e++)
+            o[e] = make_float4(f[4 * e], f[4 * e + 1], f[4 * e + 2], f[4 * e + 3]);
     }
 }
 
@@ -231,9 +233,11 @@ __global__ void __launch_bounds__(ATTEND_THREADS)
     float *qs = sh, *sc = qs + MAX_HD, *part = sc + CHUNK_PAGES * P, *red = part + ATTEND_THREADS;
     const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nw = blockDim.x / 32;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = __bfloat162float(q[(int64_t)h * hd + d]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+        qs[d] = __bfloat162float(q[(int64_t)h * hd + d]);
     __syncthreads();
-    const float *K = kvrows + (int64_t)h * 2 * CHUNK_PAGES * P * hd, *Vr = K + (int64_t)CHUNK_PAGES * P * hd;
+    const float *K = kvrows + (int64_t)h * 2 * CHUNK_PAGES * P * hd,
+                *Vr = K + (int64_t)CHUNK_PAGES * P * hd;
     const int n_rows = cnt * P;
     for (int r = warp; r < n_rows; r += nw) {
         const int t = r / P, i = r - t * P;
@@ -278,7 +282,8 @@ __global__ void __launch_bounds__(ATTEND_THREADS)
         const float acc = (first ? 0.0f : st[2 + threadIdx.x]) * alpha + sum;
         const float l_new = l_old * alpha + l;
         if (last)
-            out[(int64_t)h * hd + threadIdx.x] = __float2bfloat16_rn(l_new > 0.0f ? acc / l_new : 0.0f);
+            out[(int64_t)h * hd + threadIdx.x] =
+                __float2bfloat16_rn(l_new > 0.0f ? acc / l_new : 0.0f);
         else
             st[2 + threadIdx.x] = acc;
         if (threadIdx.x == 0 && !last) st[0] = m_new, st[1] = l_new;
@@ -292,9 +297,9 @@ __global__ void __launch_bounds__(ATTEND_THREADS)
 struct mim_quest_dev {
     int n_layers, n_heads, n_kv, hd;
     int32_t page_tokens;
-    const mi_kv_pool *pool; /* whose page ids the mirror names */
-    int64_t page_cap;       /* pages per layer the arrays hold */
-    float *meta;            /* device [n_layers][page_cap][n_kv][2][hd] */
+    const mi_kv_pool *pool;      /* whose page ids the mirror names */
+    int64_t page_cap;            /* pages per layer the arrays hold */
+    float *meta;                 /* device [n_layers][page_cap][n_kv][2][hd] */
     const unsigned char **pages; /* device [n_layers][page_cap]: page bases (mapped) */
     page_key *keys;              /* host [n_layers][page_cap]: what the mirror holds */
     mirror_job *jobs_host, *jobs_dev;
@@ -314,19 +319,42 @@ static cudaError_t fail(char *err, size_t size, cudaError_t e, const char *fmt, 
         va_start(ap, fmt);
         int n = vsnprintf(err, size, fmt, ap);
         va_end(ap);
-        if (n >= 0 && (size_t)n < size) snprintf(err + n, size - (size_t)n, " (%s)", cudaGetErrorString(e));
+        if (n >= 0 && (size_t)n < size)
+            snprintf(err + n, size - (size_t)n, " (%s)", cudaGetErrorString(e));
     }
     return e;
 }
 
-template <typename T> static cudaError_t grow(mim_quest_dev *d, T **p, size_t old_n, size_t n) {
-    T *q = NULL;
-    cudaError_t e = cudaMalloc((void **)&q, n * sizeof(T));
-    if (e != cudaSuccess) return e;
-    if (*p) cudaFree(*p);
-    d->bytes += (n - old_n) * sizeof(T);
-    *p = q;
+template <typename T> static cudaError_t alloc(mim_quest_dev *d, T **p, size_t n) {
+    *p = NULL;
+    cudaError_t e = cudaMalloc((void **)p, n * sizeof(T));
+    if (e != cudaSuccess) {
+        *p = NULL;
+        (void)cudaGetLastError(); /* out of memory is not sticky */
+        return e;
+    }
+    d->bytes += n * sizeof(T);
     return cudaSuccess;
+}
+
+template <typename T> static void release(mim_quest_dev *d, T **p, size_t n) {
+    if (*p) {
+        cudaFree(*p);
+        d->bytes -= n * sizeof(T);
+    }
+    *p = NULL;
+}
+
+/* The arrays sized by page_cap, gone (page_cap 0). */
+static void free_page_arrays(mim_quest_dev *d) {
+    const size_t L = (size_t)d->n_layers, H = (size_t)d->n_heads, cap = (size_t)d->page_cap;
+    release(d, &d->meta, L * cap * (size_t)d->n_kv * 2 * (size_t)d->hd);
+    release(d, &d->pages, L * cap);
+    release(d, &d->bounds, H * cap);
+    release(d, &d->sel, H * cap);
+    free(d->keys);
+    d->keys = NULL;
+    d->page_cap = 0;
 }
 
 mim_quest_dev *mim_quest_dev_create(int n_layers, int n_heads, int n_kv, int head_dim) {
@@ -344,15 +372,11 @@ void mim_quest_dev_destroy(mim_quest_dev *d) {
     if (!d) return;
     cudaEventSynchronize(d->jobs_read);
     cudaEventDestroy(d->jobs_read);
-    cudaFree(d->meta);
-    cudaFree(d->pages);
+    free_page_arrays(d);
     cudaFree(d->jobs_dev);
-    cudaFree(d->bounds);
-    cudaFree(d->sel);
     cudaFree(d->rows);
     cudaFree(d->state);
     if (d->jobs_host) cudaFreeHost(d->jobs_host);
-    free(d->keys);
     free(d);
 }
 
@@ -376,39 +400,34 @@ static cudaError_t ensure(mim_quest_dev *d, const mi_kv_pool *pool, int32_t P, i
         d->pool = pool, d->page_tokens = P;
     }
     if (pages > d->page_cap) {
-        /* grows by half again: a decode adds a page every P tokens */
+        /* the mirror restarts (every page is copied again on its next use), with room to grow:
+         * a decode adds a page every P tokens */
         int64_t cap = d->page_cap + d->page_cap / 2;
-        if (cap < pages) cap = pages;
-        const size_t L = (size_t)d->n_layers, old = (size_t)d->page_cap;
+        if (cap < pages + pages / 8 + 16) cap = pages + pages / 8 + 16;
+        const size_t L = (size_t)d->n_layers, H = (size_t)d->n_heads;
         const size_t mf = (size_t)d->n_kv * 2 * (size_t)d->hd;
-        page_key *k = (page_key *)malloc(L * (size_t)cap * sizeof(page_key));
-        if (!k) return cudaErrorMemoryAllocation;
-        for (size_t i = 0; i < L * (size_t)cap; i++) k[i].id = -1;
-        /* the mirror restarts: every page is copied again on its next use */
-        free(d->keys);
-        d->keys = k;
-        if ((e = grow(d, &d->meta, L * old * mf, L * (size_t)cap * mf)) != cudaSuccess ||
-            (e = grow(d, &d->pages, L * old, L * (size_t)cap)) != cudaSuccess ||
-            (e = grow(d, &d->bounds, (size_t)d->n_heads * old, (size_t)d->n_heads * cap)) !=
-                cudaSuccess ||
-            (e = grow(d, &d->sel, (size_t)d->n_heads * old, (size_t)d->n_heads * cap)) != cudaSuccess) {
-            /* a partial growth leaves the smaller arrays; the mirror stays forgotten */
-            for (size_t i = 0; i < L * (size_t)cap; i++) k[i].id = -1;
-            d->page_cap = 0;
+        free_page_arrays(d);
+        d->keys = (page_key *)malloc(L * (size_t)cap * sizeof(page_key));
+        if (!d->keys) return cudaErrorMemoryAllocation;
+        for (size_t i = 0; i < L * (size_t)cap; i++) d->keys[i].id = -1;
+        if ((e = alloc(d, &d->meta, L * (size_t)cap * mf)) != cudaSuccess ||
+            (e = alloc(d, &d->pages, L * (size_t)cap)) != cudaSuccess ||
+            (e = alloc(d, &d->bounds, H * (size_t)cap)) != cudaSuccess ||
+            (e = alloc(d, &d->sel, H * (size_t)cap)) != cudaSuccess) {
+            d->page_cap = cap; /* the sizes free_page_arrays subtracts */
+            free_page_arrays(d);
             return e;
         }
         d->page_cap = cap;
     }
+    const size_t row_floats = (size_t)d->n_heads * 2 * CHUNK_PAGES * (size_t)d->hd;
     if (d->rows_tokens != P) {
-        const size_t old = d->rows_tokens ? (size_t)d->n_heads * 2 * CHUNK_PAGES * d->rows_tokens * d->hd : 0;
-        if ((e = grow(d, &d->rows, old, (size_t)d->n_heads * 2 * CHUNK_PAGES * (size_t)P * d->hd)) !=
-            cudaSuccess) {
-            d->rows_tokens = 0;
-            return e;
-        }
+        release(d, &d->rows, row_floats * (size_t)d->rows_tokens);
+        d->rows_tokens = 0;
+        if ((e = alloc(d, &d->rows, row_floats * (size_t)P)) != cudaSuccess) return e;
         d->rows_tokens = P;
     }
-    if (!d->state) e = grow(d, &d->state, 0, (size_t)d->n_heads * (2 + d->hd));
+    if (!d->state) e = alloc(d, &d->state, (size_t)d->n_heads * (2 + d->hd));
     return e;
 }
 
@@ -423,8 +442,8 @@ static cudaError_t refresh(mim_quest_dev *d, const mi_kv_seq *seq, int l, int64_
     for (int64_t p = 0; p < pages; p++) {
         mi_kv_page_view v;
         if (mi_kv_seq_page(seq, l, p, &v) != MI_STATUS_SUCCESS || !v.key_minmax)
-            return fail(err, err_size, cudaErrorInvalidValue, "quest: layer %d page %lld unreadable",
-                        l, (long long)p);
+            return fail(err, err_size, cudaErrorInvalidValue,
+                        "quest: layer %d page %lld unreadable", l, (long long)p);
         page_key *k = &keys[p];
         if (k->id == v.page_id && k->version == v.version && k->meta_rows == v.meta_rows) continue;
         if (n == d->jobs_cap) {
@@ -433,7 +452,8 @@ static cudaError_t refresh(mim_quest_dev *d, const mi_kv_seq *seq, int l, int64_
             if ((e = cudaMallocHost((void **)&h, (size_t)cap * sizeof(*h))) != cudaSuccess ||
                 (e = cudaMalloc((void **)&dv, (size_t)cap * sizeof(*dv))) != cudaSuccess) {
                 if (h) cudaFreeHost(h);
-                for (int64_t i = 0; i < n; i++) keys[d->jobs_host[i].index - (int64_t)l * d->page_cap].id = -1;
+                for (int64_t i = 0; i < n; i++)
+                    keys[d->jobs_host[i].index - (int64_t)l * d->page_cap].id = -1;
                 return fail(err, err_size, e, "quest: page list of %lld", (long long)cap);
             }
             if (n) memcpy(h, d->jobs_host, (size_t)n * sizeof(*h));
@@ -457,7 +477,8 @@ static cudaError_t refresh(mim_quest_dev *d, const mi_kv_seq *seq, int l, int64_
                                                        d->pages);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) {
-        for (int64_t i = 0; i < n; i++) keys[d->jobs_host[i].index - (int64_t)l * d->page_cap].id = -1;
+        for (int64_t i = 0; i < n; i++)
+            keys[d->jobs_host[i].index - (int64_t)l * d->page_cap].id = -1;
         return fail(err, err_size, e, "quest: refreshing layer %d's bounds", l);
     }
     return cudaSuccess;
@@ -468,8 +489,8 @@ static void gather(const mim_quest_dev *d, int l, int64_t t0, int cnt, const pag
                    int64_t rows, cudaStream_t stream) {
     const dim3 grid((unsigned)cnt, (unsigned)d->n_heads, 2);
     gather_kernel<KIND><<<grid, 128, 0, stream>>>(d->sel, t0, d->page_cap,
-                                                   d->pages + (int64_t)l * d->page_cap, g,
-                                                   d->n_heads / d->n_kv, P, rows, d->rows);
+                                                  d->pages + (int64_t)l * d->page_cap, g,
+                                                  d->n_heads / d->n_kv, P, rows, d->rows);
 }
 
 cudaError_t mim_quest_dev_attend(mim_quest_dev *d, const mi_kv_seq *seq, int layer, int64_t rows,
@@ -484,13 +505,14 @@ cudaError_t mim_quest_dev_attend(mim_quest_dev *d, const mi_kv_seq *seq, int lay
     const int P = lay.page_tokens, group = d->n_heads / d->n_kv;
     const int64_t pages = (rows + P - 1) / P;
     cudaError_t e = ensure(d, pool, P, pages);
-    if (e != cudaSuccess) return fail(err, err_size, e, "quest: device memory for %lld pages", (long long)pages);
+    if (e != cudaSuccess)
+        return fail(err, err_size, e, "quest: device memory for %lld pages", (long long)pages);
     if ((e = refresh(d, seq, layer, pages, stream, err, err_size)) != cudaSuccess) return e;
     const int64_t k = all ? pages : kv_quest_pages(budget, P, pages);
     const float *meta = d->meta + (int64_t)layer * d->page_cap * d->n_kv * 2 * d->hd;
     if (k >= pages) {
-        iota_kernel<<<dim3((unsigned)((pages + 255) / 256), (unsigned)d->n_heads), 256, 0, stream>>>(
-            d->sel, pages, d->page_cap);
+        iota_kernel<<<dim3((unsigned)((pages + 255) / 256), (unsigned)d->n_heads), 256, 0,
+                      stream>>>(d->sel, pages, d->page_cap);
     } else {
         const dim3 grid((unsigned)((pages + BOUND_THREADS - 1) / BOUND_THREADS), (unsigned)d->n_kv);
         if (group == 1)
@@ -503,18 +525,21 @@ cudaError_t mim_quest_dev_attend(mim_quest_dev *d, const mi_kv_seq *seq, int lay
             bounds_kernel<4><<<grid, BOUND_THREADS, 0, stream>>>(q, meta, pages, d->n_kv, d->hd,
                                                                  group, d->bounds, d->page_cap);
         select_kernel<<<(unsigned)d->n_heads, SELECT_THREADS, 0, stream>>>(d->bounds, pages, k,
-                                                                            d->page_cap, d->sel);
+                                                                           d->page_cap, d->sel);
     }
-    if ((e = cudaGetLastError()) != cudaSuccess) return fail(err, err_size, e, "quest: page selection");
+    if ((e = cudaGetLastError()) != cudaSuccess)
+        return fail(err, err_size, e, "quest: page selection");
     const page_geom g = page_geom_of(&lay);
     const size_t smem = (size_t)(MAX_HD + CHUNK_PAGES * P + ATTEND_THREADS + 32) * sizeof(float);
     static bool smem_set = false; /* the attribute is per function, for every device alike */
     if (!smem_set) {
-        e = cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        e = cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 200 * 1024);
         if (e != cudaSuccess) return fail(err, err_size, e, "quest: attention's shared memory");
         smem_set = true;
     }
-    if (smem > 200 * 1024) return fail(err, err_size, cudaErrorInvalidValue, "quest: %d-token pages", P);
+    if (smem > 200 * 1024)
+        return fail(err, err_size, cudaErrorInvalidValue, "quest: %d-token pages", P);
     for (int64_t t0 = 0; t0 < k; t0 += CHUNK_PAGES) {
         const int cnt = (int)(k - t0 < CHUNK_PAGES ? k - t0 : CHUNK_PAGES);
         switch (lay.dtype) {
@@ -526,7 +551,8 @@ cudaError_t mim_quest_dev_attend(mim_quest_dev *d, const mi_kv_seq *seq, int lay
         attend_kernel<<<(unsigned)d->n_heads, ATTEND_THREADS, smem, stream>>>(
             q, d->sel, t0, cnt, d->page_cap, P, rows, d->hd, scale, d->rows, d->state, t0 == 0,
             t0 + CHUNK_PAGES >= k, out);
-        if ((e = cudaGetLastError()) != cudaSuccess) return fail(err, err_size, e, "quest: attention");
+        if ((e = cudaGetLastError()) != cudaSuccess)
+            return fail(err, err_size, e, "quest: attention");
     }
     return cudaSuccess;
 }
