@@ -151,7 +151,7 @@ UNITS = {"ms": "ms", "speedup": "x", "gflops": "GFLOP/s", "tflops": "TFLOP/s", "
          "sparse_ms": "ms", "dense_ms": "ms", "estimate_ms": "ms", "rest_s": "s",
          "ttft_128k_s": "s", "prefill_s": "s", "fork_s": "s", "followup_s": "s",
          "fork_added_mib": "MiB", "device_peak_gib": "GiB", "multi_request_s": "s",
-         "reprefill_s": "s"}
+         "reprefill_s": "s", "decode_first_s": "s", "decode_later_tokens_per_s": "tokens/s"}
 
 
 def rows_of_run(run):
@@ -225,7 +225,8 @@ def rows_of_run(run):
             if run.get("kv_pinned"):  # pages in pinned memory, decoded by the device
                 shape["kv_pinned"] = True
             for m in ("prefill_s", "fork_s", "fork_added_mib", "followup_s",
-                      "decode_tokens_per_s", "device_peak_gib", "pool_mib"):
+                      "decode_tokens_per_s", "decode_first_s", "decode_later_tokens_per_s",
+                      "kv_device_calls", "device_peak_gib", "pool_mib"):
                 add("session", shape, run.get("method", "minference"), m, e.get(m))
             if e.get("requests") and e.get("reprefill_s"):
                 # multi-request: R questions on forks of the context against re-prefilling it
