@@ -49,6 +49,7 @@ static const char usage_text[] =
     "  --kv-offload      cuda: the GPU holds one layer's rows at a time (the cache stays in\n"
     "                    host pages; every turn re-reads it over PCIe)\n"
     "  --kv-pinned       cuda: the cache's pages in pinned host memory, read by the GPU itself\n"
+    "                    (and Quest's pages ranked and read on the GPU)\n"
     "\n"
     "commands:\n"
     "  /save FILE    write the conversation's cache to FILE\n"

@@ -297,7 +297,8 @@ class Model(_Closing):
     (reads the whole file; by default vectors whole and each matrix's first and last row).
     kv_offload=True (CUDA): the KV cache in host pages, the device holding one layer's rows at a
     time; kv_pinned=True (CUDA): the sessions' pages in pinned host memory, which the device
-    reads itself on uploads (docs/kv-cache.md)."""
+    reads itself on uploads, and where a Quest session's decode steps rank and read their pages
+    on the device (later calls faster, the prefill slower: docs/kv-cache.md)."""
 
     def __init__(self, path=None, device="cpu", threads=0, max_context=0, mlp_chunk=0,
                  device_id=0, check_weights=False, kv_offload=False, kv_pinned=False):
