@@ -396,6 +396,82 @@ static void test_host_oom(void) {
     mi_kv_pool_destroy(pool);
 }
 
+/* The pages' metadata comes from the pool's allocator too (a CUDA model pins both, and its
+ * device reads Quest's bounds from there): every key_minmax lies in a block the allocator gave,
+ * every block goes back with the size it was asked for, and a refused metadata block fails the
+ * append cleanly. */
+#define TRACKED_MAX 64
+static struct {
+    unsigned char *ptr[TRACKED_MAX];
+    size_t bytes[TRACKED_MAX];
+    int n, live, budget;
+    int bad_free;
+} tracked;
+static void *tracked_alloc(void *user, size_t bytes) {
+    (void)user;
+    if (tracked.budget-- <= 0 || tracked.n == TRACKED_MAX) return NULL;
+    unsigned char *p = aligned_alloc(256, bytes);
+    if (!p) return NULL;
+    tracked.ptr[tracked.n] = p, tracked.bytes[tracked.n] = bytes;
+    tracked.n++, tracked.live++;
+    return p;
+}
+static void tracked_free(void *user, void *ptr, size_t bytes) {
+    (void)user;
+    int i = 0;
+    while (i < tracked.n && tracked.ptr[i] != ptr) i++;
+    if (i == tracked.n || tracked.bytes[i] != bytes) tracked.bad_free++;
+    if (i < tracked.n) tracked.ptr[i] = NULL;
+    tracked.live--;
+    free(ptr);
+}
+static bool tracked_holds(const void *p, size_t size) {
+    const unsigned char *c = p;
+    for (int i = 0; i < tracked.n; i++)
+        if (tracked.ptr[i] && c >= tracked.ptr[i] && c + size <= tracked.ptr[i] + tracked.bytes[i])
+            return true;
+    return false;
+}
+
+static void test_meta_allocator(void) {
+    memset(&tracked, 0, sizeof tracked);
+    tracked.budget = 1000;
+    mi_kv_pool_params p = mi_kv_pool_default_params();
+    p.n_layers = 2, p.n_kv_heads = 2, p.head_dim = 8, p.page_tokens = 8, p.slab_pages = 3;
+    p.meta_kinds = MI_KV_META_KEY_MINMAX;
+    p.alloc = tracked_alloc, p.free = tracked_free;
+    mi_kv_pool *pool;
+    CHECK_STATUS(mi_kv_pool_create(NULL, &p, &pool), MI_STATUS_SUCCESS);
+    mi_kv_seq *s;
+    CHECK_STATUS(mi_kv_seq_create(pool, &s), MI_STATUS_SUCCESS);
+    ref_seq *ref = ref_new(2, 2, 8);
+    for (int32_t l = 0; l < 2; l++) append_random(s, ref, l, 37); /* 5 pages a layer: 4 slabs */
+    const size_t meta = (size_t)2 * 2 * 8 * sizeof(float);
+    int outside = 0;
+    for (int32_t l = 0; l < 2; l++)
+        for (int64_t i = 0; i < 5; i++) {
+            mi_kv_page_view v;
+            CHECK_STATUS(mi_kv_seq_page(s, l, i, &v), MI_STATUS_SUCCESS);
+            outside +=
+                !v.key_minmax || !tracked_holds(v.key_minmax, meta) || !tracked_holds(v.data, 1);
+        }
+    CHECK(outside == 0);
+    CHECK(tracked.n == 8); /* 4 slabs: pages and metadata each */
+    check_vs_ref(s, ref, MI_KV_F32, "metadata from the allocator");
+    /* the next slab's pages are given, its metadata refused: nothing appended, nothing leaked */
+    tracked.budget = 1;
+    const int64_t before = mi_kv_seq_length(s, 0);
+    chunk c = chunk_make(2, 8, 8, MI_DTYPE_F32, false, 1.0f);
+    for (int k = 0; k < 3; k++) mi_kv_seq_append(s, 0, &c.tk, &c.tv); /* fills the pool */
+    CHECK(mi_kv_seq_length(s, 0) < before + 24);
+    CHECK(strstr(mi_kv_pool_last_error(pool), "host memory") != NULL);
+    chunk_free(&c);
+    mi_kv_seq_destroy(s);
+    ref_free(ref);
+    mi_kv_pool_destroy(pool);
+    CHECK(tracked.live == 0 && tracked.bad_free == 0);
+}
+
 /* The e4m3 rounding written with libm (round to nearest even), against which the library's
  * bit-level form is checked. */
 static uint8_t fp8_reference(float x) {
@@ -816,6 +892,7 @@ int main(void) {
     }
     test_capacity();
     test_host_oom();
+    test_meta_allocator();
     test_versions(MI_KV_BF16);
     test_versions(MI_KV_FP8_E4M3);
     return check_finish("kv.seq");
