@@ -14,8 +14,8 @@
 #   --sessions LENS the sessions of the LLaMA-3-8B shape (bench_session) at LENS: resident
 #                   cache (fork, 1K turn, decode, multi-request vs re-prefill), then offload
 #                   (bf16 pages; fp8 pages decoded on the host, then pinned ones the GPU reads
-#                   itself) and each KV method's decode at the first length; JSON beside the
-#                   others
+#                   itself; Quest ranking and reading pinned pages on the GPU) and each KV
+#                   method's decode at the first length; JSON beside the others
 #   --methods LIST  prefill methods (default dense,minference)
 #   --tag NAME      suffix of the runs' JSON files (default: none)
 set -uo pipefail
@@ -90,9 +90,14 @@ if [ -n "$LENS_SESS" ]; then
       --reprefill 0 --decode 4 --json "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p$pinned$TAG.json" \
       2>>"$LOGS/sessions-8b.log" || rc=1
   done
+  # Quest on the device: its pages ranked and read by the GPU from pinned host memory
+  timeout 1800 "${B[@]}" --lens "$first" --offload 1 --kv-dtype 3 --pinned 1 --followup 0 \
+    --requests 0 --reprefill 0 --decode 16 --kv "quest:token_budget=4096,chunk_size=64,dense_layers=0" \
+    --json "$RESULTS/$DAY-gpu-sessions-8b-quest-pinned$TAG.json" 2>>"$LOGS/sessions-8b.log" || rc=1
   for j in "$RESULTS/$DAY-gpu-sessions-8b$TAG.json" "$RESULTS/$DAY-gpu-sessions-8b-offload$TAG.json" \
            "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p0$TAG.json" \
-           "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p1$TAG.json"; do
+           "$RESULTS/$DAY-gpu-sessions-8b-offload-fp8-p1$TAG.json" \
+           "$RESULTS/$DAY-gpu-sessions-8b-quest-pinned$TAG.json"; do
     [ -f "$j" ] && python3 scripts/results.py append --store "$STORE" "$j"
   done
   # every KV method on the one loaded model (a row each), decode only
