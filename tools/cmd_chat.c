@@ -180,6 +180,8 @@ static void print_stats(chat *c) {
     if (ss.max_tokens > 0) printf(" of %lld", (long long)ss.max_tokens);
     if (ss.kv_rows != ss.n_tokens)
         printf(", %lld rows kept by the kv method", (long long)ss.kv_rows);
+    if (ss.kv_device_calls > 0)
+        printf(", %lld steps of the kv method on the GPU", (long long)ss.kv_device_calls);
     printf("\ncache: %.2f MiB (%.2f MiB shared), pool %.2f MiB in use, %.2f MiB allocated, "
            "%d token pages\n",
            (double)ss.bytes / mib, (double)ss.shared_bytes / mib, (double)ss.pool_used_bytes / mib,

@@ -511,10 +511,14 @@ int mi_cmd_generate(int argc, char **argv) {
                 ttft, n_gen, dec_steps > 0 && t_dec > 0 ? dec_steps / t_dec : 0.0, c_dec,
                 (double)ru.ru_maxrss / 1024.0);
         mi_session_stats ss;
-        if (sess && mi_session_stats_get(sess, &ss) == MI_STATUS_SUCCESS)
+        if (sess && mi_session_stats_get(sess, &ss) == MI_STATUS_SUCCESS) {
             fprintf(stderr, "KV cache: %lld rows kept of %lld tokens, %.1f MiB (kv %s)\n",
                     (long long)ss.kv_rows, (long long)ss.n_tokens,
                     (double)ss.bytes / (1024.0 * 1024.0), kv_shown[0] ? kv_shown : "dense");
+            if (ss.kv_device_calls > 0)
+                fprintf(stderr, "KV method on the GPU: %lld steps selected and attended there\n",
+                        (long long)ss.kv_device_calls);
+        }
         mi_model_timing tm;
         if (mi_model_last_timing(model, &tm) == MI_STATUS_SUCCESS && tm.total_s > 0) {
             fprintf(stderr, "prefill parts: attention %.3f s (%.1f%%), GEMM %.3f s (%.1f%%)\n",
