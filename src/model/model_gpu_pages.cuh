@@ -17,6 +17,15 @@ extern "C" {
 #include "minference_kv.h"
 }
 
+/* N decoded values rounded once to bf16 (nearest even), stored as N / 8 16-byte vectors. */
+template <int N> __device__ inline void store_bf16(const float *f, __nv_bfloat16 *dst) {
+    __align__(16) __nv_bfloat16 o[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] = __float2bfloat16_rn(f[i]);
+#pragma unroll
+    for (int i = 0; i < N / 8; i++) *(uint4 *)(dst + 8 * i) = *(const uint4 *)(o + 8 * i);
+}
+
 /* 16 bytes of a row in: ELEMS elements (4 for f32, 8 for bf16 and f16, 16 for fp8). c: the elements'
  * centres, s: the page's scale (fp8 only). */
 template <int KIND> struct page_vec;
@@ -52,10 +61,7 @@ template <> struct page_vec<MI_KV_F16> {
     __device__ static void to_bf16(uint4 w, const float *c, float s, __nv_bfloat16 *dst) {
         float f[8];
         to_f32(w, c, s, f);
-        __align__(16) __nv_bfloat16 o[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) o[i] = __float2bfloat16_rn(f[i]);
-        *(uint4 *)dst = *(const uint4 *)o;
+        store_bf16<8>(f, dst);
     }
 };
 
@@ -72,11 +78,7 @@ template <> struct page_vec<MI_KV_FP8_E4M3> {
     __device__ static void to_bf16(uint4 w, const float *c, float s, __nv_bfloat16 *dst) {
         float f[16];
         to_f32(w, c, s, f);
-        __align__(16) __nv_bfloat16 o[16];
-#pragma unroll
-        for (int i = 0; i < 16; i++) o[i] = __float2bfloat16_rn(f[i]);
-        *(uint4 *)dst = *(const uint4 *)o;
-        *(uint4 *)(dst + 8) = *(const uint4 *)(o + 8);
+        store_bf16<16>(f, dst);
     }
 };
 
